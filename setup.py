@@ -1,0 +1,25 @@
+"""Build the C core (`velox._native`).
+
+Only the extension is declared here; all metadata lives in pyproject.toml. The flags are the
+project's contract for its C code: C11, warning-free under -Wall -Wextra -Werror.
+"""
+
+from setuptools import Extension, setup
+
+NATIVE_SOURCES = [
+    "native/_velox_native.c",
+    "native/vx_ring.c",
+    "native/vx_bucket.c",
+    "native/vx_stats.c",
+]
+
+setup(
+    ext_modules=[
+        Extension(
+            "velox._native",
+            sources=NATIVE_SOURCES,
+            include_dirs=["native"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+        )
+    ],
+)
