@@ -1,0 +1,989 @@
+/* velox._native: the CPython binding of the native core (vx_ring, vx_bucket, vx_stats).
+ *
+ * Only argument parsing, reference ownership and exceptions live here; the algorithms are
+ * in the plain-C files. Heap types created per module (PyType_FromModuleAndSpec) and
+ * multi-phase init, so the module holds no process-global Python state.
+ *
+ * Errors: ValueError for bad values (including integers too large for int64, never
+ * OverflowError), TypeError for wrong types, IndexError for slot/field out of range.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h> /* PyMemberDef, T_PYSSIZET: the 3.11 spelling */
+
+#include "vx_bucket.h"
+#include "vx_ring.h"
+#include "vx_stats.h"
+
+#include <errno.h>
+
+PyDoc_STRVAR(module_doc,
+             "Private native core of Velox: bounded MPMC ring, shared token bucket, shared\n"
+             "counters and latency histograms.\n\n"
+             "Do not import this module directly: the public faces are velox.ring,\n"
+             "velox.ratelimit and velox.stats.");
+
+typedef struct {
+    PyTypeObject *ring_type;
+    PyTypeObject *bucket_type;
+    PyTypeObject *counters_type;
+    PyTypeObject *hist_type;
+} module_state;
+
+/* ---------------------------------------------------------------- integer arguments */
+
+/* Convert o (an int or an object with __index__) to int64 into *out. Returns 0, or -1 with
+ * TypeError set for non-integers. *overflow is set to +1/-1 (and *out to INT64_MAX/INT64_MIN)
+ * when the value does not fit, so callers can clamp or raise ValueError as their contract
+ * says, instead of leaking OverflowError. */
+static int to_i64(PyObject *o, int64_t *out, int *overflow)
+{
+    long long v;
+    *overflow = 0;
+    if (PyLong_CheckExact(o)) {
+        v = PyLong_AsLongLongAndOverflow(o, overflow);
+    } else {
+        PyObject *idx = PyNumber_Index(o); /* new reference; TypeError for float, str, ... */
+        if (idx == NULL)
+            return -1;
+        v = PyLong_AsLongLongAndOverflow(idx, overflow);
+        Py_DECREF(idx);
+    }
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (*overflow)
+        v = *overflow > 0 ? INT64_MAX : INT64_MIN;
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* to_i64 that also requires lo <= value <= hi; otherwise ValueError naming the argument and
+ * quoting the value as given. Returns 0 or -1 with an exception set. */
+static int arg_in_range(PyObject *o, const char *name, int64_t lo, int64_t hi, int64_t *out)
+{
+    int overflow;
+    if (to_i64(o, out, &overflow) < 0)
+        return -1;
+    if (overflow || *out < lo || *out > hi) {
+        PyErr_Format(PyExc_ValueError, "%s must be an integer in [%lld, %lld], got %R", name,
+                     (long long)lo, (long long)hi, o);
+        return -1;
+    }
+    return 0;
+}
+
+/* Slot/field index: 0 <= value < n, or IndexError. */
+static int arg_index(PyObject *o, const char *name, size_t n, size_t *out)
+{
+    int64_t v;
+    int overflow;
+    if (to_i64(o, &v, &overflow) < 0)
+        return -1;
+    if (overflow || v < 0 || (uint64_t)v >= n) {
+        PyErr_Format(PyExc_IndexError, "%s %R out of range [0, %zu)", name, o, n);
+        return -1;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+/* Histogram slot: -1 (all slots) or a valid index, else IndexError. */
+static int arg_hist_slot(PyObject *o, size_t n, long *out)
+{
+    if (o == NULL) {
+        *out = -1;
+        return 0;
+    }
+    int64_t v;
+    int overflow;
+    if (to_i64(o, &v, &overflow) < 0)
+        return -1;
+    if (overflow || v < -1 || (v >= 0 && (uint64_t)v >= n)) {
+        PyErr_Format(PyExc_IndexError, "slot %R out of range: -1 (all) or [0, %zu)", o, n);
+        return -1;
+    }
+    *out = (long)v;
+    return 0;
+}
+
+static int check_nargs(const char *fname, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi)
+{
+    if (nargs < lo || nargs > hi) {
+        if (lo == hi)
+            PyErr_Format(PyExc_TypeError, "%s() takes exactly %zd positional argument%s (%zd given)",
+                         fname, lo, lo == 1 ? "" : "s", nargs);
+        else
+            PyErr_Format(PyExc_TypeError, "%s() takes from %zd to %zd positional arguments (%zd given)",
+                         fname, lo, hi, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- Ring */
+
+/* The ring holds one strong reference per stored item: try_push takes a new reference,
+ * try_pop / pop_batch hand that reference to the caller, clear/dealloc release the rest. */
+typedef struct {
+    PyObject_HEAD
+    vx_ring *ring;         /* owned; NULL only while tp_new is failing */
+    PyObject *weakreflist; /* so wrappers and tests can hold weak references */
+} RingObject;
+
+static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"capacity", NULL};
+    PyObject *cap_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Ring", kwlist, &cap_obj))
+        return NULL;
+    int64_t cap;
+    int overflow;
+    if (to_i64(cap_obj, &cap, &overflow) < 0)
+        return NULL;
+    if (overflow || cap < 2 || !vx_ring_capacity_ok((size_t)cap)) {
+        PyErr_Format(PyExc_ValueError,
+                     "capacity must be a power of two in [2, %zu], got %R",
+                     (size_t)VX_RING_MAX_CAPACITY, cap_obj);
+        return NULL;
+    }
+    RingObject *self = (RingObject *)type->tp_alloc(type, 0); /* new ref, GC-tracked */
+    if (self == NULL)
+        return NULL;
+    int status;
+    self->ring = vx_ring_create((size_t)cap, &status);
+    if (self->ring == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static int visit_item(void *item, void *ctx)
+{
+    void **pair = ctx; /* {visitproc, arg} */
+    visitproc visit = (visitproc)(uintptr_t)pair[0];
+    return visit((PyObject *)item, pair[1]);
+}
+
+static int Ring_traverse(RingObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self)); /* heap type instances own a reference to their type */
+    if (self->ring == NULL)
+        return 0;
+    /* The GC runs with the GIL held and every ring operation holds it too, so the ring is
+     * quiescent here, as vx_ring_visit requires. */
+    void *pair[2] = {(void *)(uintptr_t)visit, arg};
+    return vx_ring_visit(self->ring, visit_item, pair);
+}
+
+/* Release every stored reference. Each item leaves the ring before its DECREF, so a
+ * finaliser that touches the ring sees a consistent one. */
+static int Ring_clear(RingObject *self)
+{
+    void *item;
+    if (self->ring == NULL)
+        return 0;
+    while (vx_ring_pop(self->ring, &item) == VX_OK)
+        Py_DECREF((PyObject *)item);
+    return 0;
+}
+
+static void Ring_dealloc(RingObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, Ring_dealloc)
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    Ring_clear(self);
+    vx_ring_free(self->ring);
+    self->ring = NULL;
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp); /* inside the trashcan block: a deferred dealloc must not drop it twice */
+    Py_TRASHCAN_END
+}
+
+PyDoc_STRVAR(Ring_try_push_doc,
+             "try_push($self, obj, /)\n--\n\n"
+             "Store obj (the ring takes a new reference). False when full; never blocks.");
+
+static PyObject *Ring_try_push(RingObject *self, PyObject *obj)
+{
+    /* INCREF first: once pushed, the item may be popped (and its reference handed out)
+     * by anyone. */
+    Py_INCREF(obj);
+    if (vx_ring_push(self->ring, obj) == VX_OK)
+        Py_RETURN_TRUE;
+    Py_DECREF(obj); /* the caller's reference keeps it alive */
+    Py_RETURN_FALSE;
+}
+
+PyDoc_STRVAR(Ring_try_pop_doc,
+             "try_pop($self, /)\n--\n\n"
+             "Oldest item (its reference passes to the caller), or None when empty.");
+
+static PyObject *Ring_try_pop(RingObject *self, PyObject *Py_UNUSED(ignored))
+{
+    void *item;
+    if (vx_ring_pop(self->ring, &item) == VX_OK)
+        return (PyObject *)item; /* the ring's reference becomes the caller's */
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Ring_pop_batch_doc,
+             "pop_batch($self, max_n=64, /)\n--\n\n"
+             "Up to max_n oldest items in FIFO order (a new list owning their references),\n"
+             "[] when empty. max_n <= 0 raises ValueError.");
+
+#define POP_CHUNK 256
+
+static PyObject *Ring_pop_batch(RingObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t max_n = 64;
+    if (check_nargs("pop_batch", nargs, 0, 1) < 0)
+        return NULL;
+    if (nargs == 1) {
+        int overflow;
+        if (to_i64(args[0], &max_n, &overflow) < 0)
+            return NULL;
+        if (max_n <= 0) {
+            PyErr_Format(PyExc_ValueError, "max_n must be >= 1, got %R", args[0]);
+            return NULL;
+        }
+    }
+    /* Size the list by what is there: every Python-level user of the ring holds the GIL, so
+     * the count is exact here, and a big max_n does not allocate a big list. */
+    size_t want = vx_ring_size(self->ring);
+    if ((uint64_t)max_n < want)
+        want = (size_t)max_n;
+    PyObject *list = PyList_New((Py_ssize_t)want); /* new reference, NULL items */
+    if (list == NULL || want == 0)
+        return list;
+    /* The list exists before anything is popped, so a MemoryError never loses items. */
+    void *buf[POP_CHUNK];
+    size_t got = 0;
+    while (got < want) {
+        size_t chunk = want - got < POP_CHUNK ? want - got : POP_CHUNK, n;
+        if (vx_ring_pop_batch(self->ring, buf, chunk, &n) != VX_OK)
+            break;
+        for (size_t i = 0; i < n; i++)
+            PyList_SET_ITEM(list, (Py_ssize_t)(got + i), (PyObject *)buf[i]); /* steals */
+        got += n;
+        if (n < chunk)
+            break;
+    }
+    Py_SET_SIZE(list, (Py_ssize_t)got); /* only shrinks; the unused tail slots are NULL */
+    return list;
+}
+
+static Py_ssize_t Ring_len(RingObject *self)
+{
+    return (Py_ssize_t)vx_ring_size(self->ring);
+}
+
+static PyObject *Ring_get_capacity(RingObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(vx_ring_capacity(self->ring));
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"try_push", (PyCFunction)Ring_try_push, METH_O, Ring_try_push_doc},
+    {"try_pop", (PyCFunction)Ring_try_pop, METH_NOARGS, Ring_try_pop_doc},
+    {"pop_batch", (PyCFunction)(void (*)(void))Ring_pop_batch, METH_FASTCALL, Ring_pop_batch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Ring_getset[] = {
+    {"capacity", (getter)Ring_get_capacity, NULL, "Number of slots (a power of two).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef Ring_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(RingObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(Ring_doc,
+             "Ring(capacity)\n--\n\n"
+             "Bounded lock-free MPMC FIFO of objects; capacity is a power of two >= 2.\n"
+             "try_pop returns None when empty, so None cannot be told apart from 'empty'.");
+
+static PyType_Slot Ring_slots[] = {
+    {Py_tp_doc, (void *)Ring_doc},
+    {Py_tp_new, Ring_new},
+    {Py_tp_dealloc, Ring_dealloc},
+    {Py_tp_traverse, Ring_traverse},
+    {Py_tp_clear, Ring_clear},
+    {Py_tp_methods, Ring_methods},
+    {Py_tp_getset, Ring_getset},
+    {Py_tp_members, Ring_members},
+    {Py_sq_length, Ring_len},
+    {0, NULL},
+};
+
+static PyType_Spec Ring_spec = {
+    .name = "velox._native.Ring",
+    .basicsize = sizeof(RingObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Ring_slots,
+};
+
+/* ---------------------------------------------------------------- TokenBucket */
+
+typedef struct {
+    PyObject_HEAD
+    vx_bucket *bucket; /* owned view of the shared mapping; NULL only while tp_new fails */
+} BucketObject;
+
+static PyObject *Bucket_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"rate_per_minute", "burst", NULL};
+    PyObject *rate_obj, *burst_obj;
+    int64_t rate, burst;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:TokenBucket", kwlist, &rate_obj, &burst_obj))
+        return NULL;
+    if (arg_in_range(rate_obj, "rate_per_minute", 1, VX_BUCKET_MAX_RATE, &rate) < 0 ||
+        arg_in_range(burst_obj, "burst", 1, VX_BUCKET_MAX_BURST, &burst) < 0)
+        return NULL;
+    BucketObject *self = (BucketObject *)type->tp_alloc(type, 0); /* new reference */
+    if (self == NULL)
+        return NULL;
+    self->bucket = vx_bucket_create(rate, burst, vx_now_us());
+    if (self->bucket == NULL) {
+        Py_DECREF(self);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
+static void Bucket_dealloc(BucketObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    vx_bucket_destroy(self->bucket); /* this process's view; other processes keep theirs */
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Token count argument: n >= 1 else ValueError. Huge n saturates at INT64_MAX, which every
+ * caller treats as "more than burst". */
+static int arg_tokens(PyObject *o, int64_t *n)
+{
+    int overflow;
+    if (to_i64(o, n, &overflow) < 0)
+        return -1;
+    if (*n < 1) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 1, got %R", o);
+        return -1;
+    }
+    return 0;
+}
+
+static int arg_now(PyObject *o, int64_t *now)
+{
+    return arg_in_range(o, "now_us", INT64_MIN, INT64_MAX, now);
+}
+
+PyDoc_STRVAR(Bucket_acquire_doc,
+             "acquire($self, n=1, /)\n--\n\n"
+             "Take n tokens at once or none. False at once when n > burst.");
+
+static PyObject *Bucket_acquire(BucketObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t n = 1;
+    if (nargs != 0) {
+        if (check_nargs("acquire", nargs, 0, 1) < 0 || arg_tokens(args[0], &n) < 0)
+            return NULL;
+    }
+    return PyBool_FromLong(vx_bucket_acquire(self->bucket, n));
+}
+
+PyDoc_STRVAR(Bucket_acquire_up_to_doc,
+             "acquire_up_to($self, n, /)\n--\n\n"
+             "Take min(n, whole tokens available); return how many. n < 0: ValueError.");
+
+static PyObject *Bucket_acquire_up_to(BucketObject *self, PyObject *arg)
+{
+    int64_t n;
+    int overflow;
+    if (to_i64(arg, &n, &overflow) < 0)
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", arg);
+        return NULL;
+    }
+    return PyLong_FromLongLong(vx_bucket_acquire_up_to(self->bucket, n));
+}
+
+PyDoc_STRVAR(Bucket_wait_hint_us_doc,
+             "wait_hint_us($self, n=1, /)\n--\n\n"
+             "Microseconds until n tokens can be available: 0 if now, -1 if n > burst.");
+
+static PyObject *Bucket_wait_hint_us(BucketObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t n = 1;
+    if (check_nargs("wait_hint_us", nargs, 0, 1) < 0 || (nargs == 1 && arg_tokens(args[0], &n) < 0))
+        return NULL;
+    return PyLong_FromLongLong(vx_bucket_wait_hint_us(self->bucket, n, vx_now_us()));
+}
+
+PyDoc_STRVAR(Bucket_available_doc,
+             "available($self, /)\n--\n\n"
+             "Whole tokens available now, pending refill included (approximate; a metric).");
+
+static PyObject *Bucket_available(BucketObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(vx_bucket_available(self->bucket, vx_now_us()));
+}
+
+PyDoc_STRVAR(Bucket_acquire_at_doc,
+             "_acquire_at($self, n, now_us, /)\n--\n\n"
+             "Test hook: acquire(n) with an explicit CLOCK_MONOTONIC time in microseconds.");
+
+static PyObject *Bucket_acquire_at(BucketObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t n, now;
+    if (check_nargs("_acquire_at", nargs, 2, 2) < 0 || arg_tokens(args[0], &n) < 0 ||
+        arg_now(args[1], &now) < 0)
+        return NULL;
+    return PyBool_FromLong(vx_bucket_acquire_at(self->bucket, n, now));
+}
+
+PyDoc_STRVAR(Bucket_acquire_up_to_at_doc,
+             "_acquire_up_to_at($self, n, now_us, /)\n--\n\n"
+             "Test hook: acquire_up_to(n) with an explicit clock.");
+
+static PyObject *Bucket_acquire_up_to_at(BucketObject *self, PyObject *const *args,
+                                         Py_ssize_t nargs)
+{
+    int64_t n, now;
+    if (check_nargs("_acquire_up_to_at", nargs, 2, 2) < 0 || arg_tokens(args[0], &n) < 0 ||
+        arg_now(args[1], &now) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_bucket_acquire_up_to_at(self->bucket, n, now));
+}
+
+#define HAMMER_MAX_US INT64_C(60000000) /* a test hook should not be able to hang a run */
+
+PyDoc_STRVAR(Bucket_hammer_doc,
+             "_hammer($self, duration_us, n, /)\n--\n\n"
+             "Test hook: with the GIL released, call acquire(n) in a tight loop for\n"
+             "duration_us (at most 60 s); return the number of tokens admitted.");
+
+static PyObject *Bucket_hammer(BucketObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t duration, n, admitted = 0;
+    if (check_nargs("_hammer", nargs, 2, 2) < 0 ||
+        arg_in_range(args[0], "duration_us", 0, HAMMER_MAX_US, &duration) < 0 ||
+        arg_tokens(args[1], &n) < 0)
+        return NULL;
+    vx_bucket *b = self->bucket; /* the object outlives the call: the caller holds it */
+    Py_BEGIN_ALLOW_THREADS
+    int64_t deadline = vx_now_us() + duration;
+    while (vx_now_us() < deadline) {
+        if (vx_bucket_acquire(b, n))
+            admitted += n;
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(admitted);
+}
+
+static PyObject *Bucket_get_rate(BucketObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->bucket->rate);
+}
+
+static PyObject *Bucket_get_burst(BucketObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->bucket->burst);
+}
+
+#define FASTCALL(f) (PyCFunction)(void (*)(void))(f)
+
+static PyMethodDef Bucket_methods[] = {
+    {"acquire", FASTCALL(Bucket_acquire), METH_FASTCALL, Bucket_acquire_doc},
+    {"acquire_up_to", (PyCFunction)Bucket_acquire_up_to, METH_O, Bucket_acquire_up_to_doc},
+    {"wait_hint_us", FASTCALL(Bucket_wait_hint_us), METH_FASTCALL, Bucket_wait_hint_us_doc},
+    {"available", (PyCFunction)Bucket_available, METH_NOARGS, Bucket_available_doc},
+    {"_acquire_at", FASTCALL(Bucket_acquire_at), METH_FASTCALL, Bucket_acquire_at_doc},
+    {"_acquire_up_to_at", FASTCALL(Bucket_acquire_up_to_at), METH_FASTCALL,
+     Bucket_acquire_up_to_at_doc},
+    {"_hammer", FASTCALL(Bucket_hammer), METH_FASTCALL, Bucket_hammer_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Bucket_getset[] = {
+    {"rate_per_minute", (getter)Bucket_get_rate, NULL, "Refill rate, tokens per minute.", NULL},
+    {"burst", (getter)Bucket_get_burst, NULL, "Capacity in tokens.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Bucket_doc,
+             "TokenBucket(rate_per_minute, burst)\n--\n\n"
+             "Lock-free token bucket in shared memory; starts full. A bucket created before\n"
+             "fork() is one bucket for the parent and all children.");
+
+static PyType_Slot Bucket_slots[] = {
+    {Py_tp_doc, (void *)Bucket_doc},
+    {Py_tp_new, Bucket_new},
+    {Py_tp_dealloc, Bucket_dealloc},
+    {Py_tp_methods, Bucket_methods},
+    {Py_tp_getset, Bucket_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Bucket_spec = {
+    .name = "velox._native.TokenBucket",
+    .basicsize = sizeof(BucketObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Bucket_slots,
+};
+
+/* ---------------------------------------------------------------- Counters */
+
+typedef struct {
+    PyObject_HEAD
+    vx_counters c; /* owned view of the shared mapping (c.base NULL until created) */
+} CountersObject;
+
+static PyObject *Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"slots", "fields", NULL};
+    PyObject *slots_obj, *fields_obj;
+    int64_t slots, fields;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Counters", kwlist, &slots_obj, &fields_obj))
+        return NULL;
+    if (arg_in_range(slots_obj, "slots", 1, VX_STATS_MAX_SLOTS, &slots) < 0 ||
+        arg_in_range(fields_obj, "fields", 1, VX_COUNTERS_MAX_FIELDS, &fields) < 0)
+        return NULL;
+    CountersObject *self = (CountersObject *)type->tp_alloc(type, 0); /* new ref, zeroed */
+    if (self == NULL)
+        return NULL;
+    int err = vx_counters_init(&self->c, (size_t)slots, (size_t)fields);
+    if (err != 0) {
+        Py_DECREF(self);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
+static void Counters_dealloc(CountersObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    vx_counters_destroy(&self->c);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int counters_cell(CountersObject *self, PyObject *const *args, size_t *slot, size_t *field)
+{
+    if (arg_index(args[0], "slot", self->c.slots, slot) < 0 ||
+        arg_index(args[1], "field", self->c.fields, field) < 0)
+        return -1;
+    return 0;
+}
+
+PyDoc_STRVAR(Counters_add_doc, "add($self, slot, field, n=1, /)\n--\n\n"
+                               "Relaxed atomic fetch_add of n.");
+
+static PyObject *Counters_add(CountersObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    size_t slot, field;
+    int64_t n = 1;
+    if (check_nargs("add", nargs, 2, 3) < 0 || counters_cell(self, args, &slot, &field) < 0)
+        return NULL;
+    if (nargs == 3 && arg_in_range(args[2], "n", INT64_MIN, INT64_MAX, &n) < 0)
+        return NULL;
+    vx_counters_add(&self->c, slot, field, n);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Counters_set_doc, "set($self, slot, field, value, /)\n--\n\n"
+                               "Relaxed atomic store (gauges).");
+
+static PyObject *Counters_set(CountersObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    size_t slot, field;
+    int64_t v;
+    if (check_nargs("set", nargs, 3, 3) < 0 || counters_cell(self, args, &slot, &field) < 0 ||
+        arg_in_range(args[2], "value", INT64_MIN, INT64_MAX, &v) < 0)
+        return NULL;
+    vx_counters_set(&self->c, slot, field, v);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Counters_get_doc, "get($self, slot, field, /)\n--\n\nCurrent value.");
+
+static PyObject *Counters_get(CountersObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    size_t slot, field;
+    if (check_nargs("get", nargs, 2, 2) < 0 || counters_cell(self, args, &slot, &field) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_counters_get(&self->c, slot, field));
+}
+
+PyDoc_STRVAR(Counters_totals_doc, "totals($self, /)\n--\n\nPer-field sums over all slots.");
+
+static PyObject *Counters_totals(CountersObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *list = PyList_New((Py_ssize_t)self->c.fields); /* new reference */
+    if (list == NULL)
+        return NULL;
+    for (size_t f = 0; f < self->c.fields; f++) {
+        PyObject *v = PyLong_FromLongLong(vx_counters_total(&self->c, f));
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)f, v); /* steals v */
+    }
+    return list;
+}
+
+PyDoc_STRVAR(Counters_snapshot_doc, "snapshot($self, /)\n--\n\nPer-slot rows of values.");
+
+static PyObject *Counters_snapshot(CountersObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *rows = PyList_New((Py_ssize_t)self->c.slots); /* new reference */
+    if (rows == NULL)
+        return NULL;
+    for (size_t s = 0; s < self->c.slots; s++) {
+        PyObject *row = PyList_New((Py_ssize_t)self->c.fields);
+        if (row == NULL)
+            goto fail;
+        PyList_SET_ITEM(rows, (Py_ssize_t)s, row); /* steals row; rows owns it now */
+        for (size_t f = 0; f < self->c.fields; f++) {
+            PyObject *v = PyLong_FromLongLong(vx_counters_get(&self->c, s, f));
+            if (v == NULL)
+                goto fail;
+            PyList_SET_ITEM(row, (Py_ssize_t)f, v);
+        }
+    }
+    return rows;
+fail:
+    Py_DECREF(rows); /* list dealloc skips the NULL slots */
+    return NULL;
+}
+
+static PyObject *Counters_get_slots(CountersObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(self->c.slots);
+}
+
+static PyObject *Counters_get_fields(CountersObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(self->c.fields);
+}
+
+static PyMethodDef Counters_methods[] = {
+    {"add", FASTCALL(Counters_add), METH_FASTCALL, Counters_add_doc},
+    {"set", FASTCALL(Counters_set), METH_FASTCALL, Counters_set_doc},
+    {"get", FASTCALL(Counters_get), METH_FASTCALL, Counters_get_doc},
+    {"totals", (PyCFunction)Counters_totals, METH_NOARGS, Counters_totals_doc},
+    {"snapshot", (PyCFunction)Counters_snapshot, METH_NOARGS, Counters_snapshot_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Counters_getset[] = {
+    {"slots", (getter)Counters_get_slots, NULL, "Number of slots (rows).", NULL},
+    {"fields", (getter)Counters_get_fields, NULL, "Number of fields (columns).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Counters_doc,
+             "Counters(slots, fields)\n--\n\n"
+             "slots x fields int64 counters in shared memory, one cache-line-aligned row per\n"
+             "slot; shared with processes forked after construction.");
+
+static PyType_Slot Counters_slots[] = {
+    {Py_tp_doc, (void *)Counters_doc},
+    {Py_tp_new, Counters_new},
+    {Py_tp_dealloc, Counters_dealloc},
+    {Py_tp_methods, Counters_methods},
+    {Py_tp_getset, Counters_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Counters_spec = {
+    .name = "velox._native.Counters",
+    .basicsize = sizeof(CountersObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Counters_slots,
+};
+
+/* ---------------------------------------------------------------- Histogram */
+
+typedef struct {
+    PyObject_HEAD
+    vx_hist h; /* owned view of the shared mapping (h.base NULL until created) */
+} HistObject;
+
+static PyObject *Hist_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"slots", NULL};
+    PyObject *slots_obj;
+    int64_t slots;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Histogram", kwlist, &slots_obj))
+        return NULL;
+    if (arg_in_range(slots_obj, "slots", 1, VX_STATS_MAX_SLOTS, &slots) < 0)
+        return NULL;
+    HistObject *self = (HistObject *)type->tp_alloc(type, 0); /* new ref, zeroed */
+    if (self == NULL)
+        return NULL;
+    int err = vx_hist_init(&self->h, (size_t)slots);
+    if (err != 0) {
+        Py_DECREF(self);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
+static void Hist_dealloc(HistObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    vx_hist_destroy(&self->h);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+PyDoc_STRVAR(Hist_record_doc, "record($self, slot, value_us, /)\n--\n\n"
+                              "Lock-free record of one value; negative values count as 0.");
+
+static PyObject *Hist_record(HistObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    size_t slot;
+    int64_t v;
+    int overflow;
+    if (check_nargs("record", nargs, 2, 2) < 0 || arg_index(args[0], "slot", self->h.slots, &slot) < 0)
+        return NULL;
+    if (to_i64(args[1], &v, &overflow) < 0)
+        return NULL;
+    if (overflow > 0) {
+        PyErr_Format(PyExc_ValueError, "value_us %R does not fit in int64", args[1]);
+        return NULL;
+    }
+    vx_hist_record(&self->h, slot, v);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Hist_percentiles_doc,
+             "percentiles($self, /, qs, slot=-1)\n--\n\n"
+             "Nearest-rank quantiles (each q in (0, 1]) of one slot or (-1) of all slots;\n"
+             "bucket midpoints, exact below 128 us; 0 when empty.");
+
+static PyObject *Hist_percentiles(HistObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"qs", "slot", NULL};
+    PyObject *qs_obj, *slot_obj = NULL;
+    long slot;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:percentiles", kwlist, &qs_obj, &slot_obj) ||
+        arg_hist_slot(slot_obj, self->h.slots, &slot) < 0)
+        return NULL;
+    PyObject *qs = PySequence_Fast(qs_obj, "qs must be a sequence of floats"); /* new ref */
+    if (qs == NULL)
+        return NULL;
+    Py_ssize_t nq = PySequence_Fast_GET_SIZE(qs);
+    PyObject *out = PyList_New(nq);
+    if (out == NULL)
+        goto fail;
+    /* Validate every q before reading any bucket. */
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        double q = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(qs, i)); /* TypeError if not a number */
+        if (q == -1.0 && PyErr_Occurred())
+            goto fail;
+        if (!(q > 0.0 && q <= 1.0)) { /* also rejects NaN */
+            PyErr_Format(PyExc_ValueError, "quantile must be in (0, 1], got %R",
+                         PySequence_Fast_GET_ITEM(qs, i));
+            goto fail;
+        }
+    }
+    int64_t counts[VX_HIST_BUCKETS];
+    int64_t total = vx_hist_merge(&self->h, slot, counts);
+    for (Py_ssize_t i = 0; i < nq; i++) {
+        double q = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(qs, i));
+        PyObject *v = PyLong_FromLongLong(vx_hist_percentile(counts, total, q));
+        if (v == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, v); /* steals v */
+    }
+    Py_DECREF(qs);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(qs);
+    return NULL;
+}
+
+static int parse_slot_only(HistObject *self, const char *fmt, PyObject *args, PyObject *kwds,
+                           long *slot)
+{
+    static char *kwlist[] = {"slot", NULL};
+    PyObject *slot_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &slot_obj))
+        return -1;
+    return arg_hist_slot(slot_obj, self->h.slots, slot);
+}
+
+PyDoc_STRVAR(Hist_count_doc, "count($self, /, slot=-1)\n--\n\nNumber of recorded values.");
+
+static PyObject *Hist_count(HistObject *self, PyObject *args, PyObject *kwds)
+{
+    long slot;
+    if (parse_slot_only(self, "|O:count", args, kwds, &slot) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_hist_count(&self->h, slot));
+}
+
+PyDoc_STRVAR(Hist_total_us_doc, "total_us($self, /, slot=-1)\n--\n\nSum of recorded values.");
+
+static PyObject *Hist_total_us(HistObject *self, PyObject *args, PyObject *kwds)
+{
+    long slot;
+    if (parse_slot_only(self, "|O:total_us", args, kwds, &slot) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_hist_sum(&self->h, slot));
+}
+
+PyDoc_STRVAR(Hist_buckets_doc,
+             "buckets($self, /, slot=-1)\n--\n\n"
+             "(upper_bound_us_inclusive, count) of the non-empty buckets, ascending.");
+
+static PyObject *Hist_buckets(HistObject *self, PyObject *args, PyObject *kwds)
+{
+    long slot;
+    if (parse_slot_only(self, "|O:buckets", args, kwds, &slot) < 0)
+        return NULL;
+    int64_t counts[VX_HIST_BUCKETS];
+    vx_hist_merge(&self->h, slot, counts);
+    PyObject *out = PyList_New(0); /* new reference */
+    if (out == NULL)
+        return NULL;
+    for (size_t b = 0; b < VX_HIST_BUCKETS; b++) {
+        if (counts[b] == 0)
+            continue;
+        PyObject *pair = Py_BuildValue("(LL)", (long long)vx_hist_upper(b), (long long)counts[b]);
+        if (pair == NULL || PyList_Append(out, pair) < 0) { /* Append does not steal */
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return out;
+}
+
+static PyObject *Hist_get_slots(HistObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(self->h.slots);
+}
+
+#define KWCALL(f) (PyCFunction)(void (*)(void))(f)
+
+static PyMethodDef Hist_methods[] = {
+    {"record", FASTCALL(Hist_record), METH_FASTCALL, Hist_record_doc},
+    {"percentiles", KWCALL(Hist_percentiles), METH_VARARGS | METH_KEYWORDS, Hist_percentiles_doc},
+    {"count", KWCALL(Hist_count), METH_VARARGS | METH_KEYWORDS, Hist_count_doc},
+    {"total_us", KWCALL(Hist_total_us), METH_VARARGS | METH_KEYWORDS, Hist_total_us_doc},
+    {"buckets", KWCALL(Hist_buckets), METH_VARARGS | METH_KEYWORDS, Hist_buckets_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Hist_getset[] = {
+    {"slots", (getter)Hist_get_slots, NULL, "Number of per-worker histograms.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Hist_doc,
+             "Histogram(slots)\n--\n\n"
+             "Per-slot log-linear latency histograms in shared memory: microseconds, 1 us to\n"
+             "10 min, 64 sub-buckets per power of two (values < 128 exact), larger values\n"
+             "counted in the top bucket.");
+
+static PyType_Slot Hist_slots[] = {
+    {Py_tp_doc, (void *)Hist_doc},
+    {Py_tp_new, Hist_new},
+    {Py_tp_dealloc, Hist_dealloc},
+    {Py_tp_methods, Hist_methods},
+    {Py_tp_getset, Hist_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Hist_spec = {
+    .name = "velox._native.Histogram",
+    .basicsize = sizeof(HistObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Hist_slots,
+};
+
+/* ---------------------------------------------------------------- module */
+
+static int add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+    /* New reference, kept in the module state; PyModule_AddType adds its own. */
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+    if (*slot == NULL)
+        return -1;
+    return PyModule_AddType(module, *slot);
+}
+
+static int module_exec(PyObject *module)
+{
+    module_state *st = PyModule_GetState(module);
+    if (add_type(module, &Ring_spec, &st->ring_type) < 0 ||
+        add_type(module, &Bucket_spec, &st->bucket_type) < 0 ||
+        add_type(module, &Counters_spec, &st->counters_type) < 0 ||
+        add_type(module, &Hist_spec, &st->hist_type) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    module_state *st = PyModule_GetState(module);
+    if (st == NULL)
+        return 0;
+    Py_VISIT(st->ring_type);
+    Py_VISIT(st->bucket_type);
+    Py_VISIT(st->counters_type);
+    Py_VISIT(st->hist_type);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    module_state *st = PyModule_GetState(module);
+    if (st == NULL)
+        return 0;
+    Py_CLEAR(st->ring_type);
+    Py_CLEAR(st->bucket_type);
+    Py_CLEAR(st->counters_type);
+    Py_CLEAR(st->hist_type);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "velox._native",
+    .m_doc = module_doc,
+    .m_size = sizeof(module_state),
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModuleDef_Init(&native_module);
+}

@@ -1,0 +1,130 @@
+"""Reference and memory ownership of velox._native: nothing leaks through a million
+push/pop cycles, objects left in a ring are released with it, and creating/destroying the
+shared-memory objects unmaps what they mapped."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+
+import psutil
+import pytest
+
+from velox._native import Counters, Histogram, Ring, TokenBucket
+
+MB = 1 << 20
+
+
+def rss() -> int:
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+def mapping_count() -> int:
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc/self/maps")
+    return len(maps.read_text().splitlines())
+
+
+class Item:
+    """Weak-referenceable, and big enough (with its dict) that a leak of 1M shows in RSS."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def test_million_push_pop_keeps_refcount_and_rss_flat() -> None:
+    ring = Ring(1024)
+    sentinel = object()
+    base_refs = sys.getrefcount(sentinel)
+    push, pop = ring.try_push, ring.try_pop
+    for _ in range(10_000):  # warm-up: let the allocator reach its steady state
+        push(Item(0))
+        pop()
+    before = rss()
+    for i in range(1_000_000):
+        push(sentinel)
+        assert pop() is sentinel
+        push(Item(i))  # a fresh object each time: a leaked reference would keep it alive
+        pop()
+    assert sys.getrefcount(sentinel) == base_refs
+    assert rss() - before < 8 * MB  # a leak of 1M Items would be well over 100 MB
+
+
+def test_million_through_pop_batch_keeps_refcount_flat() -> None:
+    ring = Ring(128)
+    sentinel = object()
+    base_refs = sys.getrefcount(sentinel)
+    before = rss()
+    for _ in range(1_000_000 // 64):
+        for _ in range(64):
+            ring.try_push(sentinel)
+        batch = ring.pop_batch(64)
+        assert len(batch) == 64
+        del batch
+    assert sys.getrefcount(sentinel) == base_refs
+    assert rss() - before < 8 * MB
+
+
+def test_failed_push_does_not_keep_a_reference() -> None:
+    ring = Ring(2)
+    sentinel = object()
+    ring.try_push(1)
+    ring.try_push(2)
+    base_refs = sys.getrefcount(sentinel)
+    for _ in range(10_000):
+        assert ring.try_push(sentinel) is False
+    assert sys.getrefcount(sentinel) == base_refs
+
+
+def test_items_left_in_ring_are_released_on_destruction() -> None:
+    ring = Ring(64)
+    items = [Item(i) for i in range(50)]
+    refs = [weakref.ref(x) for x in items]
+    sentinel = object()
+    base_refs = sys.getrefcount(sentinel)
+    for x in items:
+        ring.try_push(x)
+    for _ in range(10):
+        ring.try_push(sentinel)
+    assert sys.getrefcount(sentinel) == base_refs + 10
+    del items, x
+    assert all(r() is not None for r in refs)  # the ring keeps them alive
+    del ring  # no cycle: freed by refcount, without the collector
+    assert all(r() is None for r in refs)
+    assert sys.getrefcount(sentinel) == base_refs
+
+
+def test_errors_do_not_leak_arguments() -> None:
+    big = 2**100
+    base_refs = sys.getrefcount(big)
+    ring = Ring(2)
+    bucket = TokenBucket(10, 10)
+    for _ in range(10_000):
+        with pytest.raises(ValueError):
+            Ring(big)
+        with pytest.raises(ValueError):
+            TokenBucket(big, 1)
+        assert bucket.acquire(big) is False
+        with pytest.raises(ValueError):
+            ring.pop_batch(-big)
+    assert sys.getrefcount(big) == base_refs
+
+
+def test_create_destroy_unmaps_shared_memory() -> None:
+    def churn() -> None:
+        for _ in range(2000):
+            TokenBucket(100, 100).acquire()
+            Counters(8, 8).add(7, 7)
+            Histogram(4).record(3, 1234)
+            Ring(1024).try_push(None)
+
+    churn()  # warm-up
+    maps_before, rss_before = mapping_count(), rss()
+    churn()
+    # A leak would add a mapping per object (6000 here) and at least a touched page each.
+    assert mapping_count() <= maps_before + 2  # allow unrelated noise
+    assert rss() - rss_before < 8 * MB  # leaking every object above would be ~50 MB

@@ -1,0 +1,115 @@
+"""Private native core of Velox (C extension `velox._native`).
+
+Do not import this module directly: the public faces are velox.ring, velox.ratelimit and
+velox.stats. Errors: ValueError for bad values (integers too large for int64 included, never
+OverflowError), TypeError for wrong types, IndexError for slot/field out of range.
+"""
+
+from collections.abc import Sequence
+from typing import final
+
+@final
+class Ring:
+    """Bounded lock-free MPMC FIFO (Vyukov ring) of Python objects.
+
+    The ring holds one strong reference per stored item; items still inside when the ring is
+    destroyed are released, and the garbage collector sees them. `try_pop` returns None when
+    the ring is empty, so a stored None cannot be told apart from "empty": do not store None.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        """capacity: a power of two in [2, 2**30]; anything else raises ValueError."""
+    def try_push(self, obj: object, /) -> bool:
+        """Store obj (a new reference is taken). False when full; never blocks or grows."""
+    def try_pop(self) -> object | None:
+        """The oldest item (its reference passes to the caller), or None when empty."""
+    def pop_batch(self, max_n: int = 64, /) -> list[object]:
+        """Up to max_n oldest items in FIFO order, [] when empty; one C call.
+
+        max_n <= 0 raises ValueError.
+        """
+    def __len__(self) -> int:
+        """Items stored; approximate while other threads push or pop."""
+    @property
+    def capacity(self) -> int: ...
+
+@final
+class TokenBucket:
+    """Lock-free integer token bucket in an anonymous shared mapping.
+
+    Starts full. A bucket created before fork() is one bucket for the parent and every
+    child. Refill is lazy (credited when a take comes up short), integer-only, with
+    microsecond precision.
+    """
+
+    def __init__(self, rate_per_minute: int, burst: int) -> None:
+        """Both in [1, 10**9]; otherwise ValueError naming the argument."""
+    def acquire(self, n: int = 1, /) -> bool:
+        """Take n tokens at once or none. n > burst: False at once. n < 1: ValueError."""
+    def acquire_up_to(self, n: int, /) -> int:
+        """Take min(n, whole tokens available); return how many (0 for n == 0).
+
+        n < 0: ValueError. Huge n is clamped to burst."""
+    def wait_hint_us(self, n: int = 1, /) -> int:
+        """Microseconds until n tokens can be available: 0 if now, -1 if n > burst."""
+    def available(self) -> int:
+        """Whole tokens available now, pending refill included (approximate; for metrics)."""
+    @property
+    def rate_per_minute(self) -> int: ...
+    @property
+    def burst(self) -> int: ...
+    # Test hooks, not API: explicit clocks and a GIL-free hammer for exactness tests.
+    def _acquire_at(self, n: int, now_us: int, /) -> bool:
+        """Test hook: acquire(n) with an explicit CLOCK_MONOTONIC time in microseconds."""
+    def _acquire_up_to_at(self, n: int, now_us: int, /) -> int:
+        """Test hook: acquire_up_to(n) with an explicit clock."""
+    def _hammer(self, duration_us: int, n: int, /) -> int:
+        """Test hook: with the GIL released, call acquire(n) in a tight loop for duration_us
+        (at most 60 s); return the number of tokens admitted."""
+
+@final
+class Counters:
+    """slots x fields int64 counters in an anonymous shared mapping (shared across fork).
+
+    Each slot's row starts on its own 64-byte cache line; one slot per worker process.
+    """
+
+    def __init__(self, slots: int, fields: int) -> None:
+        """slots in [1, 4096], fields in [1, 4096]; otherwise ValueError."""
+    def add(self, slot: int, field: int, n: int = 1, /) -> None:
+        """Relaxed atomic fetch_add. IndexError on a bad slot or field."""
+    def set(self, slot: int, field: int, value: int, /) -> None:
+        """Relaxed atomic store, for gauges."""
+    def get(self, slot: int, field: int, /) -> int: ...
+    def totals(self) -> list[int]:
+        """Per-field sums over all slots."""
+    def snapshot(self) -> list[list[int]]:
+        """Per-slot rows."""
+    @property
+    def slots(self) -> int: ...
+    @property
+    def fields(self) -> int: ...
+
+@final
+class Histogram:
+    """One log-linear latency histogram per slot, in an anonymous shared mapping.
+
+    Values in microseconds, 1 us to 10 min: exact below 128, above that 64 sub-buckets per
+    power of two (bucket width <= 1/64 of its value, reported midpoints within 1/128).
+    Larger values are counted in the top bucket; negative values count as 0.
+    """
+
+    def __init__(self, slots: int) -> None:
+        """slots in [1, 4096]; otherwise ValueError."""
+    def record(self, slot: int, value_us: int, /) -> None:
+        """Lock-free: relaxed fetch_add on the bucket, the count and the sum."""
+    def percentiles(self, qs: Sequence[float], slot: int = -1) -> list[int]:
+        """Nearest-rank quantiles, each q in (0, 1], of one slot or (slot=-1) of all slots
+        merged. Bucket midpoints (exact below 128); 0 when empty."""
+    def count(self, slot: int = -1) -> int: ...
+    def total_us(self, slot: int = -1) -> int:
+        """Sum of the recorded values."""
+    def buckets(self, slot: int = -1) -> list[tuple[int, int]]:
+        """(upper_bound_us_inclusive, count) for the non-empty buckets, ascending."""
+    @property
+    def slots(self) -> int: ...
