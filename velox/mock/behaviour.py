@@ -1,0 +1,265 @@
+"""What the mock upstream answers: request in, `Plan` out (pure; no I/O, no event loop).
+
+`plan_request` routes an OpenAI-style request, applies the per-request control headers
+(`x-mock-latency-ms`, `x-mock-status`, `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`)
+on top of the process defaults, and returns a `Plan`: status, headers, the body (one piece) or
+its parts (one DATA frame / HTTP/1.1 chunk each), delays and an optional fault. The HTTP/1.1 and
+HTTP/2 shells only execute plans, so both protocols behave identically by construction.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from . import payloads
+
+FAULTS = frozenset(("reset", "reset-mid-stream", "goaway", "close", "hang", "slow-body"))
+SLOW_BODY_DEFAULT_DELAY = 0.01  # seconds between pieces when no chunk delay is configured
+RATE_LIMIT = 10000
+
+
+@dataclass(slots=True)
+class Defaults:
+    """Process-wide defaults (from the command line) that control headers override."""
+
+    latency_ms: int = 0
+    chunks: int = 8
+    chunk_delay_ms: int = 0
+
+
+class Plan:
+    """A planned response. `body` xor `parts` is set (`parts` for streams and slow bodies)."""
+
+    __slots__ = ("status", "static", "dynamic", "body", "parts", "content_length", "latency",
+                 "part_delay", "fault", "stream")
+
+    def __init__(self, status: int, static: tuple[tuple[bytes, bytes], ...],
+                 dynamic: list[tuple[bytes, bytes]], body: bytes | None = None,
+                 parts: list[bytes] | None = None, stream: bool = False) -> None:
+        self.status = status
+        self.static = static  # constant headers: hashable, so encodings can be cached
+        self.dynamic = dynamic  # per-response headers (request id, remaining quota)
+        self.body = body
+        self.parts = parts
+        self.content_length: int | None = len(body) if body is not None else None
+        self.latency = 0.0  # seconds before the response headers
+        self.part_delay = 0.0  # seconds between parts
+        self.fault: str | None = None
+        self.stream = stream
+
+    @property
+    def simple(self) -> bool:
+        """True when the whole response can be written at once, right now."""
+        return self.body is not None and self.fault is None and not self.latency
+
+
+_counter = itertools.count(1)
+_salt = b"%08x" % (os.getpid() & 0xFFFFFFFF)
+
+
+def reseed() -> None:
+    """Make ids unique per process (call in a forked worker)."""
+    global _salt
+    _salt = b"%08x" % (os.getpid() & 0xFFFFFFFF)
+
+
+_static_cache: dict[tuple, tuple[tuple[bytes, bytes], ...]] = {}
+
+
+def _static(content_type: bytes, latency_ms: int, extra: tuple = ()) -> tuple:
+    key = (content_type, latency_ms, extra)
+    headers = _static_cache.get(key)
+    if headers is None:
+        headers = ((b"content-type", content_type),
+                   (b"openai-version", b"2020-10-01"),
+                   (b"openai-organization", b"velox-mock"),
+                   (b"openai-processing-ms", b"%d" % max(1, latency_ms)),
+                   (b"x-ratelimit-limit-requests", b"%d" % RATE_LIMIT),
+                   (b"x-ratelimit-limit-tokens", b"30000000")) + extra
+        if len(_static_cache) < 1024:
+            _static_cache[key] = headers
+    return headers
+
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream; charset=utf-8"
+_RATE_LIMITED = ((b"retry-after", b"1"), (b"x-ratelimit-reset-requests", b"1s"))
+
+
+def _ids() -> tuple[bytes, str, int]:
+    n = next(_counter)
+    request_id = b"req_%s%024x" % (_salt, n)
+    return request_id, "%s%x" % (_salt.decode(), n), n
+
+
+def error_plan(status: int, message: str | None = None, latency_ms: int = 0, *,
+               code: str | None = None, param: str | None = None) -> Plan:
+    request_id, _, n = _ids()
+    remaining = b"0" if status == 429 else b"%d" % (RATE_LIMIT - 1 - n % RATE_LIMIT)
+    extra = _RATE_LIMITED if status == 429 else ()
+    return Plan(status, _static(_JSON, latency_ms, extra),
+                [(b"x-request-id", request_id), (b"x-ratelimit-remaining-requests", remaining)],
+                body=payloads.error_body(status, message, code=code, param=param))
+
+
+def _control_int(controls: dict[bytes, bytes], name: bytes, default: int, low: int,
+                 high: int) -> int:
+    raw = controls.get(name)
+    if raw is None:
+        return default
+    value = int(raw)  # ValueError is reported to the client as a 400 by the caller
+    if not low <= value <= high:
+        raise ValueError(f"{name.decode()} must be between {low} and {high}")
+    return value
+
+
+def _split(data: bytes, count: int) -> list[bytes]:
+    count = max(1, min(count, len(data)))
+    size = -(-len(data) // count)
+    return [data[i:i + size] for i in range(0, len(data), size)] or [data]
+
+
+def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                 body: bytes, defaults: Defaults) -> Plan:
+    controls: dict[bytes, bytes] | None = None
+    for name, value in headers:
+        if name[:7] == b"x-mock-":
+            if controls is None:
+                controls = {}
+            controls[name] = value
+    latency_ms, chunks, delay_ms = defaults.latency_ms, defaults.chunks, defaults.chunk_delay_ms
+    status = 0
+    fault = None
+    if controls is not None:
+        try:
+            latency_ms = _control_int(controls, b"x-mock-latency-ms", latency_ms, 0, 3_600_000)
+            chunks = _control_int(controls, b"x-mock-chunks", chunks, 1, 100_000)
+            delay_ms = _control_int(controls, b"x-mock-chunk-delay-ms", delay_ms, 0, 3_600_000)
+            status = _control_int(controls, b"x-mock-status", 0, 200, 599)
+            if status in (204, 304):  # bodiless statuses would need special framing
+                raise ValueError("x-mock-status 204 and 304 are not supported")
+        except ValueError as exc:
+            return error_plan(400, f"Invalid mock control header: {exc}", code="mock_control")
+        raw_fault = controls.get(b"x-mock-fault")
+        if raw_fault is not None:
+            fault = raw_fault.decode("latin-1").strip().lower()
+            if fault not in FAULTS:
+                return error_plan(400, f"Unknown x-mock-fault {fault!r}; expected one of "
+                                  + ", ".join(sorted(FAULTS)), code="mock_control")
+    head = method == b"HEAD"  # answered like GET, minus the body (length still announced)
+    plan = _route(b"GET" if head else method, target.partition(b"?")[0], body, latency_ms,
+                  chunks, status)
+    if head and plan.body is not None:
+        plan.body = b""
+    plan.latency = latency_ms / 1000.0
+    plan.part_delay = delay_ms / 1000.0
+    if fault is not None:
+        plan.fault = fault
+        if fault in ("slow-body", "reset-mid-stream"):
+            whole = plan.body if plan.body is not None else b"".join(plan.parts or ())
+            if fault == "slow-body":
+                plan.parts = _split(whole, max(4, 2 * len(plan.parts or ())))
+                plan.part_delay = plan.part_delay or SLOW_BODY_DEFAULT_DELAY
+            elif plan.body is not None:
+                plan.parts = _split(whole, 4)
+            plan.body = None
+    return plan
+
+
+def _route(method: bytes, path: bytes, body: bytes, latency_ms: int, chunks: int,
+           status: int) -> Plan:
+    if method == b"POST":
+        builder = _POST_ROUTES.get(path)
+        if builder is None:
+            return _not_found(method, path, latency_ms)
+        if status >= 400:
+            return error_plan(status, latency_ms=latency_ms)
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return error_plan(400, "We could not parse the JSON body of your request. (HINT: "
+                              "This likely means you aren't using your HTTP library correctly."
+                              ")", latency_ms)
+        if not isinstance(req, dict):
+            return error_plan(400, "The request body must be a JSON object.", latency_ms)
+        model = req.get("model")
+        if not isinstance(model, str) or not model:
+            return error_plan(400, "you must provide a model parameter", latency_ms,
+                              param="model")
+        return builder(req, model, latency_ms, chunks, status or 200)
+    if method == b"GET" and path.startswith(b"/v1/models"):
+        if status >= 400:
+            return error_plan(status, latency_ms=latency_ms)
+        if path in (b"/v1/models", b"/v1/models/"):
+            content = payloads.model_list()
+        elif path.count(b"/") == 3:
+            content = orjson.dumps(payloads.model_object(path[11:].decode("utf-8", "replace")))
+        else:
+            return _not_found(method, path, latency_ms)
+        return _ok(content, latency_ms, status or 200)
+    return _not_found(method, path, latency_ms)
+
+
+def _not_found(method: bytes, path: bytes, latency_ms: int) -> Plan:
+    return error_plan(404, f"Invalid URL ({method.decode('latin-1')} "
+                      f"{path.decode('latin-1')})", latency_ms)
+
+
+def _ok(content: bytes, latency_ms: int, status: int) -> Plan:
+    request_id, _, n = _ids()
+    return Plan(status, _static(_JSON, latency_ms),
+                [(b"x-request-id", request_id),
+                 (b"x-ratelimit-remaining-requests", b"%d" % (RATE_LIMIT - 1 - n % RATE_LIMIT))],
+                body=content)
+
+
+def _generated(req: dict, model: str, latency_ms: int, chunks: int, status: int,
+               whole, streamed) -> Plan:
+    request_id, uid, n = _ids()
+    dynamic = [(b"x-request-id", request_id),
+               (b"x-ratelimit-remaining-requests", b"%d" % (RATE_LIMIT - 1 - n % RATE_LIMIT))]
+    created = int(time.time())
+    if req.get("stream") is True:
+        return Plan(status, _static(_SSE, latency_ms), dynamic,
+                    parts=streamed(req, model, uid, created, chunks), stream=True)
+    return Plan(status, _static(_JSON, latency_ms), dynamic,
+                body=whole(req, model, uid, created, chunks))
+
+
+def _chat(req: dict, model: str, latency_ms: int, chunks: int, status: int) -> Plan:
+    if not isinstance(req.get("messages"), list):
+        return error_plan(400, "'messages' is a required property", latency_ms,
+                          param="messages")
+    return _generated(req, model, latency_ms, chunks, status, payloads.chat_completion,
+                      payloads.chat_completion_stream)
+
+
+def _completions(req: dict, model: str, latency_ms: int, chunks: int, status: int) -> Plan:
+    return _generated(req, model, latency_ms, chunks, status, payloads.completion,
+                      payloads.completion_stream)
+
+
+def _responses(req: dict, model: str, latency_ms: int, chunks: int, status: int) -> Plan:
+    return _generated(req, model, latency_ms, chunks, status, payloads.response,
+                      payloads.response_stream)
+
+
+def _embeddings(req: dict, model: str, latency_ms: int, chunks: int, status: int) -> Plan:
+    items = payloads.embedding_inputs(req.get("input"))
+    if items is None:
+        return error_plan(400, "'input' must be a non-empty string or array", latency_ms,
+                          param="input")
+    return _ok(payloads.embeddings(req, model, items), latency_ms, status)
+
+
+_POST_ROUTES = {
+    b"/v1/chat/completions": _chat,
+    b"/v1/completions": _completions,
+    b"/v1/responses": _responses,
+    b"/v1/embeddings": _embeddings,
+}
