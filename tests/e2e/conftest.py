@@ -1,0 +1,84 @@
+"""Fixtures for end-to-end tests: a real mock upstream (HTTP/2 + TLS) and real Velox processes.
+
+Gateways are started as `python -m velox` subprocesses with explicit VELOX_* settings and are
+stopped by PID at the end of the test (or module) that started them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from velox.launch import GatewayProcess
+from velox.mock import MockUpstream
+
+UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
+CLIENT_KEY = "sk-client-key-abcdef"
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockUpstream]:
+    certdir = tmp_path_factory.mktemp("mock-certs")
+    with MockUpstream(tls=True, certdir=str(certdir)) as mock:
+        yield mock
+
+
+def gateway_env(mock: MockUpstream, **extra: str) -> dict[str, str]:
+    env = {
+        "VELOX_UPSTREAM_ORIGIN": mock.origin,
+        "VELOX_WORKERS": "2",
+        "VELOX_EGRESS_POOL_CONNECTIONS": "2",
+        "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
+        "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_SHUTDOWN_GRACE_S": "10",
+    }
+    if mock.ca_file:
+        env["VELOX_UPSTREAM_CA_FILE"] = mock.ca_file
+    env.update(extra)
+    return env
+
+
+GatewayFactory = Callable[..., GatewayProcess]
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, upstream: MockUpstream) -> Iterator[GatewayFactory]:
+    started: list[GatewayProcess] = []
+
+    def start(mock: MockUpstream | None = None, wait_ready: bool = True,
+              **env: str) -> GatewayProcess:
+        gw = GatewayProcess(gateway_env(mock or upstream, **env),
+                            log_path=tmp_path / f"velox-{len(started)}.log")
+        started.append(gw)
+        return gw.start(wait_ready=wait_ready)
+
+    yield start
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[GatewayProcess]:
+    """One shared gateway (2 workers, no rate limit) for tests that do not change settings."""
+    log = tmp_path_factory.mktemp("gw") / "velox.log"
+    with GatewayProcess(gateway_env(upstream), log_path=log) as gw:
+        yield gw
+
+
+def client_for(gw: GatewayProcess, **kw: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
+                         timeout=kw.pop("timeout", 20), **kw)  # type: ignore[arg-type]
+
+
+def async_client_for(gw: GatewayProcess, **kw: object) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
+                              timeout=kw.pop("timeout", 20), **kw)  # type: ignore[arg-type]
+
+
+def raw(gw: GatewayProcess) -> httpx.Client:
+    return httpx.Client(base_url=gw.base_url, timeout=20)

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from velox import config
+from velox.config import FIELDS, ConfigError, load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_without_environment() -> None:
+    s = load({}, dotenv=None)
+    assert (s.host, s.port) == ("127.0.0.1", 8080)
+    assert s.ring_depth == 16_384 and s.batch_max == 64 and s.arena_bytes == 262_144
+    assert s.rate_limit_rpm == 10_000 and s.rate_limit_burst == 500
+    assert s.upstream_origin == "https://api.openai.com"
+    assert s.upstream_request_path == "/v1/responses" and s.upstream_warmup_path == "/v1/models"
+    assert s.workers == config.usable_cores() == s.egress_pool_connections
+    assert s.max_body_bytes == 16 * 1024 * 1024
+    assert s.request_timeout_ms == 600_000 and s.connect_timeout_ms == 5_000
+    assert s.stream_idle_timeout_ms == 300_000 and s.shutdown_grace_s == 30
+    assert s.egress_protocol == "h2" and s.egress == "framer"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "form"),
+    [
+        ("VELOX_PORT", "http", "an integer from 0 to 65535"),
+        ("VELOX_PORT", "70000", "an integer from 0 to 65535"),
+        ("VELOX_RING_DEPTH", "1000", "a power of two"),
+        ("VELOX_BATCH_MAX", "0", "an integer from 1 to"),
+        ("VELOX_PIN_WORKERS", "maybe", "one of 1/0"),
+        ("VELOX_QUEUE", "deque", "one of ring, asyncio"),
+        ("VELOX_EGRESS", "curl", "one of framer, jh2, h2, http1, httpx"),
+        ("VELOX_UPSTREAM_ORIGIN", "ftp://example.com", "an origin like"),
+        ("VELOX_UPSTREAM_ORIGIN", "https://api.openai.com/v1", "an origin like"),
+        ("VELOX_UPSTREAM_PROTOCOL", "h3", "one of auto, h2, http1"),
+        ("VELOX_UPSTREAM_WARMUP_PATH", "v1/models", "a URL path starting with '/'"),
+        ("VELOX_UPSTREAM_CA_FILE", "/nonexistent/ca.pem", "an existing PEM file"),
+        ("VELOX_RATE_LIMIT_BURST", "-5", "an integer from 1 to"),
+        ("VELOX_LOG_LEVEL", "loud", "one of debug"),
+    ],
+)
+def test_invalid_value_names_the_variable_and_the_form(name: str, value: str, form: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load({name: value}, dotenv=None)
+    message = str(err.value)
+    assert message.startswith(f"{name}={value!r} is invalid: expected ")
+    assert form in message
+
+
+def test_contradictory_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="VELOX_EGRESS=http1 contradicts"):
+        load({"VELOX_EGRESS": "http1", "VELOX_UPSTREAM_PROTOCOL": "h2"}, dotenv=None)
+
+
+def test_protocol_resolution() -> None:
+    assert load({"VELOX_UPSTREAM_ORIGIN": "http://127.0.0.1:9"}, dotenv=None).egress_protocol == "http1"
+    h2c = load({"VELOX_UPSTREAM_ORIGIN": "http://127.0.0.1:9", "VELOX_UPSTREAM_PROTOCOL": "h2"},
+               dotenv=None)
+    assert h2c.egress_protocol == "h2"
+    assert load({"VELOX_EGRESS": "http1"}, dotenv=None).egress_protocol == "http1"
+
+
+def test_openai_api_key_is_the_fallback_upstream_key() -> None:
+    assert load({"OPENAI_API_KEY": "sk-a"}, dotenv=None).upstream_api_key == "sk-a"
+    both = load({"OPENAI_API_KEY": "sk-a", "VELOX_UPSTREAM_API_KEY": "sk-b"}, dotenv=None)
+    assert both.upstream_api_key == "sk-b"
+
+
+def test_dotenv_is_read_and_environment_wins(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("VELOX_PORT=9001\nVELOX_BATCH_MAX=8\n")
+    s = load({"VELOX_BATCH_MAX": "16"}, dotenv=dotenv)
+    assert (s.port, s.batch_max) == (9001, 16)
+
+
+def test_api_keys_are_a_list_and_redacted() -> None:
+    s = load({"VELOX_API_KEYS": "sk-first-key-123, sk-second-key-456",
+              "VELOX_UPSTREAM_API_KEY": "sk-upstream-secret"}, dotenv=None)
+    assert s.api_keys == ("sk-first-key-123", "sk-second-key-456")
+    shown = repr(s.redacted())
+    for secret in ("sk-first-key-123", "sk-second-key-456", "sk-upstream-secret"):
+        assert secret not in shown
+
+
+def test_env_example_lists_every_setting_with_its_default() -> None:
+    text = (ROOT / ".env.example").read_text()
+    assert text == config.env_example(), "regenerate .env.example from velox.config.env_example()"
+    names = set(re.findall(r"^(VELOX_[A-Z_]+)=", text, flags=re.M))
+    assert names == {f.env for f in FIELDS}
+    fields = {f.attr for f in FIELDS}
+    assert fields <= set(config.Settings.__dataclass_fields__)
+
+
+def test_environment_is_read_only_in_config() -> None:
+    offenders = []
+    for path in (ROOT / "velox").rglob("*.py"):
+        if path.name in ("config.py", "launch.py") or "mock" in path.parts:
+            continue  # launch builds a child's environment; the mock is configured by flags
+        text = path.read_text()
+        if "os.environ" in text or "getenv" in text:
+            offenders.append(path.name)
+    assert offenders == []
+
+
+def _velox(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "velox", *args], env={"PATH": "/usr/bin", **env},
+                          capture_output=True, text=True, timeout=30, cwd=ROOT / "tests")
+
+
+def test_print_config_masks_secrets() -> None:
+    out = _velox(["--print-config"], {"VELOX_UPSTREAM_API_KEY": "sk-live-very-secret-key",
+                                      "VELOX_API_KEYS": "client-key-number-one"})
+    assert out.returncode == 0, out.stderr
+    assert "VELOX_PORT=8080" in out.stdout
+    assert "VELOX_UPSTREAM_API_KEY=sk-…(23 chars)" in out.stdout
+    assert "sk-live-very-secret-key" not in out.stdout
+    assert "client-key-number-one" not in out.stdout
+
+
+def test_invalid_setting_stops_startup_with_a_clear_message() -> None:
+    out = _velox([], {"VELOX_RING_DEPTH": "100"})
+    assert out.returncode == 2
+    assert "VELOX_RING_DEPTH='100' is invalid: expected a power of two" in out.stderr

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pytest
+
+from velox._types import Route
+from velox.config import load
+from velox.errors import MethodNotAllowed, NotFound, Unauthorized
+from velox.route import Auth, classify
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route"),
+    [
+        (b"POST", b"/v1/chat/completions", Route.MODEL_CALL),
+        (b"POST", b"/v1/completions", Route.MODEL_CALL),
+        (b"POST", b"/v1/embeddings", Route.MODEL_CALL),
+        (b"POST", b"/v1/responses?x=1", Route.MODEL_CALL),
+        (b"GET", b"/v1/chat/completions", Route.FORWARD),  # lists stored completions
+        (b"GET", b"/v1/models", Route.FORWARD),
+        (b"GET", b"/v1/models/gpt-4o", Route.FORWARD),
+        (b"DELETE", b"/v1/files/file-1", Route.FORWARD),
+        (b"POST", b"/v1/audio/speech", Route.FORWARD),
+        (b"POST", b"/", Route.ROOT),
+        (b"GET", b"/healthz", Route.HEALTH),
+        (b"HEAD", b"/readyz", Route.READY),
+    ],
+)
+def test_classify(method: bytes, path: bytes, route: Route) -> None:
+    assert classify(method, path) is route
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        (b"PUT", b"/v1/chat/completions", b"POST, GET"),
+        (b"GET", b"/v1/embeddings", b"POST"),
+        (b"POST", b"/v1/models", b"GET"),
+        (b"GET", b"/", b"POST"),
+        (b"POST", b"/healthz", b"GET, HEAD"),
+    ],
+)
+def test_wrong_method_on_known_route_is_405_with_allow(method: bytes, path: bytes,
+                                                       allow: bytes) -> None:
+    with pytest.raises(MethodNotAllowed) as err:
+        classify(method, path)
+    assert err.value.headers == ((b"allow", allow),)
+
+
+@pytest.mark.parametrize("path", [b"/v2/chat/completions", b"/admin", b"/v1", b"/favicon.ico"])
+def test_unknown_route_is_404(path: bytes) -> None:
+    with pytest.raises(NotFound):
+        classify(b"GET", path)
+
+
+def _auth(**env: str) -> Auth:
+    return Auth(load(env, dotenv=None))
+
+
+def test_client_keys_are_enforced() -> None:
+    auth = _auth(VELOX_API_KEYS="k1,k2")
+    auth.check(b"Bearer k2")
+    auth.check(b"bearer k1")
+    for bad in (None, b"Bearer nope", b"Basic k1", b"Bearer", b"k1"):
+        with pytest.raises(Unauthorized):
+            auth.check(bad)
+
+
+def test_no_client_keys_means_no_client_auth() -> None:
+    _auth().check(None)
+
+
+HOP = [
+    (b"host", b"gw"), (b"connection", b"keep-alive, x-trace"), (b"keep-alive", b"5"),
+    (b"transfer-encoding", b"chunked"), (b"te", b"trailers"), (b"upgrade", b"h2c"),
+    (b"content-length", b"10"), (b"expect", b"100-continue"), (b"x-trace", b"1"),
+]
+END_TO_END = [(b"content-type", b"application/json"), (b"openai-organization", b"org-1"),
+              (b"x-stainless-lang", b"python")]
+
+
+def test_upstream_headers_drop_hop_by_hop_and_swap_in_the_gateway_key() -> None:
+    auth = _auth(VELOX_UPSTREAM_API_KEY="sk-upstream", VELOX_API_KEYS="client-key")
+    out = auth.upstream_headers([*HOP, *END_TO_END, (b"authorization", b"Bearer client-key")])
+    assert out == [*END_TO_END, (b"authorization", b"Bearer sk-upstream")]
+
+
+def test_client_gateway_key_is_never_forwarded_even_without_upstream_key() -> None:
+    auth = _auth(VELOX_API_KEYS="client-key")
+    out = auth.upstream_headers([*END_TO_END, (b"authorization", b"Bearer client-key")])
+    assert out == END_TO_END
+
+
+def test_client_key_passes_through_when_gateway_has_none() -> None:
+    auth = _auth()
+    out = auth.upstream_headers([*END_TO_END, (b"authorization", b"Bearer sk-own")])
+    assert out == [*END_TO_END, (b"authorization", b"Bearer sk-own")]

@@ -1,0 +1,104 @@
+"""The values that travel between the stages of a worker, and the interfaces that join them.
+
+A `Request` is built by ingress when a complete HTTP/1.1 request has arrived, travels through
+the ring to the worker, and carries its own reply handle (`Responder`, implemented by the
+client connection) so that no stage downstream of ingress ever imports ingress. The egress pool
+reports what the upstream does through an `UpstreamSink` (implemented by the relay), so egress
+never imports the relay either.
+
+Imports: stdlib only (a leaf of the package).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Protocol
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Route(IntEnum):
+    """What a request path is, as far as the gateway cares (decided by route.classify)."""
+
+    MODEL_CALL = 1  # chat/completions, completions, embeddings, responses: JSON with a model
+    FORWARD = 2  # any other /v1/... path: forwarded unchecked
+    ROOT = 3  # POST /: the raw producer interface, sent to VELOX_UPSTREAM_REQUEST_PATH
+    HEALTH = 4  # GET /healthz
+    READY = 5  # GET /readyz
+
+
+class Responder(Protocol):
+    """The client side of one request: how the stages answer it."""
+
+    closed: bool
+
+    def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
+                body: bytes | memoryview) -> None:
+        """Send a complete response (status line, headers, content-length, body) in one write."""
+
+    def respond_error(self, request: Request, exc: BaseException) -> None:
+        """Send the OpenAI-shaped error for `exc` (see errors.to_response)."""
+
+    def start_stream(self, request: Request, status: int,
+                     headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Send the response head of a streamed (chunked) response."""
+
+    def send_chunk(self, data: bytes) -> None:
+        """Send one chunk of a streamed response, immediately."""
+
+    def end_stream(self) -> None:
+        """Terminate the streamed response (last chunk); the connection may serve the next request."""
+
+    def abort(self) -> None:
+        """The response cannot be completed: close the connection so the client sees the failure."""
+
+
+class UpstreamSink(Protocol):
+    """What the egress pool reports about one upstream exchange (implemented by relay.Exchange)."""
+
+    def on_response(self, status: int, headers: Headers, end_stream: bool) -> None: ...
+
+    def on_data(self, data: bytes, end_stream: bool) -> None: ...
+
+    def on_error(self, exc: BaseException) -> None:
+        """The exchange failed (exc is a VeloxError); called at most once, never after the end."""
+
+
+class Request:
+    """One client request, from ingress to the end of its response."""
+
+    __slots__ = (
+        "conn", "method", "path", "route", "headers", "body", "keep_alive",
+        "t_received", "t_popped", "t_parsed", "t_admitted",
+        "model", "stream", "upstream_path", "exchange", "arena_segment",
+    )
+
+    def __init__(
+        self,
+        conn: Responder,
+        method: bytes,
+        path: bytes,
+        route: Route,
+        headers: Headers,
+        body: bytes | memoryview,
+        keep_alive: bool,
+        t_received: int,
+        arena_segment: int = -1,
+    ) -> None:
+        self.conn = conn
+        self.method = method
+        self.path = path
+        self.route = route
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.t_received = t_received  # perf_counter_ns() when the last byte arrived
+        self.t_popped = 0
+        self.t_parsed = 0
+        self.t_admitted = 0
+        self.model: str | None = None
+        self.stream = False
+        self.upstream_path = path
+        self.exchange: object | None = None
+        self.arena_segment = arena_segment  # arena segment holding the body, -1 if none

@@ -1,0 +1,61 @@
+"""Command line: `velox` (serve), `velox demo` and `velox --print-config`.
+
+Imports: config, supervisor (lazily, so --print-config works without the native extension).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from velox import __version__
+from velox.config import ConfigError, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="velox",
+        description="Low-latency OpenAI-compatible LLM API gateway. "
+        "Configured with VELOX_* environment variables (see .env.example).",
+    )
+    parser.add_argument("--version", action="version", version=f"velox {__version__}")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective settings (secrets masked) and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("serve", help="run the gateway (the default)")
+    sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        from velox.demo import main as demo
+
+        return demo()
+    try:
+        settings = load()
+    except ConfigError as exc:
+        print(f"velox: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        for name, value in settings.redacted().items():
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = int(value)
+            print(f"{name}={value}")
+        return 0
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s velox[%(process)d] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from velox.supervisor import serve
+
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

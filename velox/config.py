@@ -1,0 +1,357 @@
+"""Every setting Velox reads, parsed once into one frozen `Settings`.
+
+This is the only module that looks at the environment. Each variable is declared once in
+`FIELDS` with its default, its parser and a one-line description; `.env.example`, the
+`--print-config` output and the error messages are all derived from that table, so they cannot
+drift apart. A `.env` file in the working directory is read if present; variables already in the
+environment win over it.
+
+Imports: stdlib and python-dotenv only (a leaf of the package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_PORT = 8080
+DEFAULT_RING_DEPTH = 16_384
+DEFAULT_BATCH_MAX = 64
+DEFAULT_ARENA_BYTES = 262_144
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_RATE_LIMIT_RPM = 10_000
+DEFAULT_RATE_LIMIT_BURST = 500
+DEFAULT_REQUEST_TIMEOUT_MS = 600_000
+DEFAULT_CONNECT_TIMEOUT_MS = 5_000
+DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
+DEFAULT_SHUTDOWN_GRACE_S = 30
+DEFAULT_KEEPALIVE_TIMEOUT_S = 75
+# The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
+# every product inside int64 with room to spare.
+MAX_RATE_LIMIT = 1_000_000_000
+
+EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx")
+QUEUE_CHOICES = ("ring", "asyncio")
+PROTOCOL_CHOICES = ("auto", "h2", "http1")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value; the message names the variable and the accepted form."""
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+# --- value parsers: each takes the raw string and returns the typed value or raises ValueError
+# with a description of the accepted form (the caller adds the variable's name and value).
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError(f"an integer from {lo} to {hi}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"an integer from {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def _power_of_two(lo: int, hi: int) -> Callable[[str], int]:
+    as_int = _int_in(lo, hi)
+
+    def parse(raw: str) -> int:
+        form = f"a power of two from {lo} to {hi}"
+        try:
+            value = as_int(raw)
+        except ValueError:
+            raise ValueError(form) from None
+        if value & (value - 1):
+            raise ValueError(form)
+        return value
+
+    return parse
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("one of 1/0, true/false, yes/no, on/off")
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        low = raw.strip().lower()
+        if low not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return low
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
+def _url_path(raw: str) -> str:
+    path = raw.strip()
+    if not path.startswith("/") or any(c in path for c in " \r\n\t"):
+        raise ValueError("a URL path starting with '/' and without spaces")
+    return path
+
+
+def _origin(raw: str) -> str:
+    form = "an origin like https://api.openai.com or http://127.0.0.1:9000 (no path)"
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(form)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(form)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(form) from None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _existing_file(raw: str) -> str:
+    path = raw.strip()
+    if path and not Path(path).is_file():
+        raise ValueError("the path of an existing PEM file")
+    return path
+
+
+def _key_list(raw: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    if any(" " in k for k in keys):
+        raise ValueError("comma-separated keys without spaces inside a key")
+    return keys
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    env: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: str  # as written in .env.example; "" means unset
+    help: str
+    secret: bool = False
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("VELOX_HOST", "host", _text, "127.0.0.1", "address the gateway listens on"),
+    Field("VELOX_PORT", "port", _int_in(0, 65535), str(DEFAULT_PORT),
+          "port the gateway listens on (0 picks a free port and logs it)"),
+    Field("VELOX_WORKERS", "workers", _int_in(1, 1024), "",
+          "worker processes (empty: one per usable core)"),
+    Field("VELOX_PIN_WORKERS", "pin_workers", _bool, "1",
+          "pin each worker to its own core, NUMA node by node"),
+    Field("VELOX_RING_DEPTH", "ring_depth", _power_of_two(2, 1 << 20), str(DEFAULT_RING_DEPTH),
+          "requests a worker queues before answering 503 overloaded (power of two)"),
+    Field("VELOX_BATCH_MAX", "batch_max", _int_in(1, 1024), str(DEFAULT_BATCH_MAX),
+          "largest micro-batch a worker drains from its ring at once"),
+    Field("VELOX_QUEUE", "queue", _choice(*QUEUE_CHOICES), "ring",
+          "ingress queue: the native lock-free ring or a plain asyncio.Queue (for comparison)"),
+    Field("VELOX_ARENA", "arena", _bool, "1",
+          "copy request bodies into the per-worker arena (0: keep them as separate bytes)"),
+    Field("VELOX_ARENA_BYTES", "arena_bytes", _int_in(0, 1 << 30), str(DEFAULT_ARENA_BYTES),
+          "size of each worker's preallocated body arena"),
+    Field("VELOX_MAX_BODY_BYTES", "max_body_bytes", _int_in(1, 1 << 31),
+          str(DEFAULT_MAX_BODY_BYTES), "largest request body accepted (larger gets 413)"),
+    Field("VELOX_MAX_HEADER_BYTES", "max_header_bytes", _int_in(1024, 1 << 24),
+          str(DEFAULT_MAX_HEADER_BYTES), "largest request line plus headers accepted (431)"),
+    Field("VELOX_RATE_LIMIT_RPM", "rate_limit_rpm", _int_in(0, MAX_RATE_LIMIT),
+          str(DEFAULT_RATE_LIMIT_RPM), "global requests per minute across all workers (0: no limit)"),
+    Field("VELOX_RATE_LIMIT_BURST", "rate_limit_burst", _int_in(1, MAX_RATE_LIMIT),
+          str(DEFAULT_RATE_LIMIT_BURST), "token bucket capacity (requests admitted at once)"),
+    Field("VELOX_UPSTREAM_ORIGIN", "upstream_origin", _origin, "https://api.openai.com",
+          "where requests are forwarded"),
+    Field("VELOX_UPSTREAM_PROTOCOL", "upstream_protocol", _choice(*PROTOCOL_CHOICES), "auto",
+          "auto: ALPN for https, HTTP/1.1 for http; h2 on http means h2c prior knowledge"),
+    Field("VELOX_UPSTREAM_REQUEST_PATH", "upstream_request_path", _url_path, "/v1/responses",
+          "upstream path for payloads POSTed to /"),
+    Field("VELOX_UPSTREAM_WARMUP_PATH", "upstream_warmup_path", _url_path, "/v1/models",
+          "GET sent on every new upstream connection before /readyz turns 200"),
+    Field("VELOX_UPSTREAM_CA_FILE", "upstream_ca_file", _existing_file, "",
+          "extra CA certificates (PEM) trusted for the upstream; SSL_CERT_FILE also works"),
+    Field("VELOX_UPSTREAM_API_KEY", "upstream_api_key", _text, "",
+          "bearer token sent upstream (falls back to OPENAI_API_KEY)", secret=True),
+    Field("VELOX_API_KEYS", "api_keys", _key_list, "",
+          "comma-separated keys clients must present (empty: no client auth)", secret=True),
+    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "framer",
+          "egress implementation: an HTTP/2 codec (framer, jh2, h2), http1, or httpx (baseline)"),
+    Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
+          "upstream connections per worker (empty: one per usable core)"),
+    Field("VELOX_REQUEST_TIMEOUT_MS", "request_timeout_ms", _int_in(1, 86_400_000),
+          str(DEFAULT_REQUEST_TIMEOUT_MS), "time allowed for upstream response headers (504)"),
+    Field("VELOX_CONNECT_TIMEOUT_MS", "connect_timeout_ms", _int_in(1, 600_000),
+          str(DEFAULT_CONNECT_TIMEOUT_MS), "time allowed to open an upstream connection"),
+    Field("VELOX_STREAM_IDLE_TIMEOUT_MS", "stream_idle_timeout_ms", _int_in(1, 86_400_000),
+          str(DEFAULT_STREAM_IDLE_TIMEOUT_MS), "longest gap between streamed chunks"),
+    Field("VELOX_SHUTDOWN_GRACE_S", "shutdown_grace_s", _int_in(0, 3600),
+          str(DEFAULT_SHUTDOWN_GRACE_S), "on SIGTERM, time allowed for in-flight requests"),
+    Field("VELOX_KEEPALIVE_TIMEOUT_S", "keepalive_timeout_s", _int_in(1, 3600),
+          str(DEFAULT_KEEPALIVE_TIMEOUT_S), "idle client connections are closed after this"),
+    Field("VELOX_LOG_LEVEL", "log_level", _choice(*LOG_LEVELS), "info", "logging level"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    workers: int = 1
+    pin_workers: bool = True
+    ring_depth: int = DEFAULT_RING_DEPTH
+    batch_max: int = DEFAULT_BATCH_MAX
+    queue: str = "ring"
+    arena: bool = True
+    arena_bytes: int = DEFAULT_ARENA_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    rate_limit_rpm: int = DEFAULT_RATE_LIMIT_RPM
+    rate_limit_burst: int = DEFAULT_RATE_LIMIT_BURST
+    upstream_origin: str = "https://api.openai.com"
+    upstream_protocol: str = "auto"
+    upstream_request_path: str = "/v1/responses"
+    upstream_warmup_path: str = "/v1/models"
+    upstream_ca_file: str = ""
+    upstream_api_key: str = ""
+    api_keys: tuple[str, ...] = ()
+    egress: str = "framer"
+    egress_pool_connections: int = 1
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
+    stream_idle_timeout_ms: int = DEFAULT_STREAM_IDLE_TIMEOUT_MS
+    shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
+    keepalive_timeout_s: int = DEFAULT_KEEPALIVE_TIMEOUT_S
+    log_level: str = "info"
+    # Derived from the environment but not a VELOX_* variable of its own.
+    ssl_cert_file: str = ""
+
+    @property
+    def upstream_scheme(self) -> str:
+        return urlsplit(self.upstream_origin).scheme
+
+    @property
+    def upstream_host(self) -> str:
+        return urlsplit(self.upstream_origin).hostname or ""
+
+    @property
+    def upstream_port(self) -> int:
+        parts = urlsplit(self.upstream_origin)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def upstream_authority(self) -> str:
+        return urlsplit(self.upstream_origin).netloc
+
+    @property
+    def egress_protocol(self) -> str:
+        """The protocol the pool will try first: "h2" or "http1" (ALPN may still fall back)."""
+        if self.egress == "http1" or self.upstream_protocol == "http1":
+            return "http1"
+        if self.upstream_protocol == "h2":
+            return "h2"
+        return "h2" if self.upstream_scheme == "https" else "http1"
+
+    def redacted(self) -> dict[str, object]:
+        """The effective settings by variable name, secrets masked (for --print-config)."""
+        out: dict[str, object] = {}
+        for f in FIELDS:
+            value = getattr(self, f.attr)
+            if f.secret and value:
+                value = _mask(value)
+            out[f.env] = value
+        return out
+
+
+def _mask(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(_mask(v) for v in value)
+    text = str(value)
+    return text[:3] + "…" + f"({len(text)} chars)" if len(text) > 8 else "***"
+
+
+def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = ".env") -> Settings:
+    """Build `Settings` from the environment (and `.env`), or raise ConfigError naming the variable.
+
+    `environ` defaults to os.environ; tests pass their own mapping and `dotenv=None`.
+    """
+    env: dict[str, str] = {}
+    if dotenv is not None and Path(dotenv).is_file():
+        from dotenv import dotenv_values
+
+        env.update({k: v for k, v in dotenv_values(dotenv).items() if v is not None})
+    env.update(os.environ if environ is None else environ)
+
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        raw = env.get(f.env)
+        if raw is None or raw.strip() == "":
+            raw = f.default
+        if raw == "" and f.default == "":
+            continue
+        try:
+            values[f.attr] = f.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{f.env}={raw!r} is invalid: expected {exc}") from None
+
+    cores = usable_cores()
+    values.setdefault("workers", cores)
+    values.setdefault("egress_pool_connections", cores)
+    if not values.get("upstream_api_key"):
+        values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
+    values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()
+    settings = Settings(**values)
+    _check_consistency(settings)
+    return settings
+
+
+def _check_consistency(s: Settings) -> None:
+    if s.upstream_scheme == "http" and s.upstream_ca_file:
+        raise ConfigError(
+            "VELOX_UPSTREAM_CA_FILE is set but VELOX_UPSTREAM_ORIGIN is http://; "
+            "use an https:// origin or unset the CA file"
+        )
+    if s.egress == "http1" and s.upstream_protocol == "h2":
+        raise ConfigError(
+            "VELOX_EGRESS=http1 contradicts VELOX_UPSTREAM_PROTOCOL=h2; pick one protocol"
+        )
+
+
+def replace(settings: Settings, **changes: Any) -> Settings:
+    return dataclasses.replace(settings, **changes)
+
+
+def env_example() -> str:
+    """The text of `.env.example`, generated from FIELDS."""
+    lines = [
+        "# Velox configuration. Every variable is optional; the value shown is the default.",
+        "# Copy to .env (read from the working directory) or export the variables.",
+        "",
+    ]
+    for f in FIELDS:
+        lines.append(f"# {f.help}")
+        lines.append(f"{f.env}={f.default}")
+        lines.append("")
+    lines.append("# Used when VELOX_UPSTREAM_API_KEY is empty.")
+    lines.append("OPENAI_API_KEY=")
+    return "\n".join(lines) + "\n"

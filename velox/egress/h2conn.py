@@ -1,0 +1,291 @@
+"""One multiplexed HTTP/2 upstream connection: the asyncio shell around a sans-IO codec.
+
+All protocol work happens in the codec (`codec.py` and its implementations); this class only
+moves bytes between the codec and the transport and turns the codec's events into calls on the
+exchange of each stream. Requests of one micro-batch are encoded into the codec's buffer and
+written with one `transport.write` when the pool flushes, which is where batching pays off in
+Python (one TLS record and one syscall for many requests).
+
+Connection states: CONNECTING → WARMING (preface sent, warm-up request in flight) → READY →
+DRAINING (GOAWAY received or retiring: no new streams) → CLOSED.
+
+Imports: egress.codec, errors, stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+from velox.egress import codec as ev
+from velox.errors import UpstreamProtocolError, UpstreamUnavailable
+
+if TYPE_CHECKING:
+    from velox.egress.pool import Pool
+
+log = logging.getLogger("velox.egress")
+
+_REFUSED_STREAM = 0x7
+# Stream ids are 31-bit; retire the connection well before they run out.
+_STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
+
+
+class State(IntEnum):
+    CONNECTING = 0
+    WARMING = 1
+    READY = 2
+    DRAINING = 3
+    CLOSED = 4
+
+
+class H2Connection(asyncio.Protocol):
+    __slots__ = (
+        "pool", "index", "codec", "transport", "state", "streams", "active",
+        "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
+    )
+
+    def __init__(self, pool: Pool, index: int, codec: ev.Codec) -> None:
+        self.pool = pool
+        self.index = index
+        self.codec = codec
+        self.transport: asyncio.Transport | None = None
+        self.state = State.CONNECTING
+        self.streams: dict[int, Any] = {}  # stream id → exchange (or the warm-up sink)
+        self.active = 0
+        self.last_stream_id = -1  # from GOAWAY: streams above it were never processed
+        self.flush_pending = False
+        self.opened_at = 0.0
+        self.goaway_received = False
+        self.receiving = False
+
+    # --- transport callbacks ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.opened_at = time.monotonic()
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
+            self.state = State.CLOSED
+            transport.close()
+            self.pool.on_no_h2(self)
+            return
+        self.codec.initiate()
+        self.state = State.WARMING
+        self.pool.on_connected(self)
+        warmup = _Warmup(self)
+        self._open(warmup, b"GET", self.pool.warmup_path, self.pool.warmup_headers, None)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.codec.receive_data(data)
+        except ev.CodecError as exc:
+            log.warning("upstream connection %d: protocol error: %s", self.index, exc)
+            self.flush()
+            self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
+            return
+        streams = self.streams
+        self.receiving = True
+        for event in events:
+            kind = event[0]
+            if kind == ev.DATA:
+                sink = streams.get(event[1])
+                if sink is None:
+                    self.codec.acknowledge(event[1], event[3])
+                    continue
+                end = event[4]
+                if end:
+                    self._close_stream(event[1])
+                sink.on_data(event[2], end)
+                sink.consumed(event[3])
+            elif kind == ev.RESPONSE:
+                sink = streams.get(event[1])
+                if sink is None:
+                    continue
+                end = event[4]
+                if end:
+                    self._close_stream(event[1])
+                sink.on_response(event[2], event[3], end)
+            else:
+                self._control(event)
+        self.receiving = False
+        if not self.flush_pending:
+            self.flush()
+
+    def _control(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == ev.TRAILERS:
+            sink = self.streams.get(event[1])
+            if sink is not None:
+                self._close_stream(event[1])
+                sink.on_data(b"", True)
+        elif kind == ev.RESET:
+            sink = self.streams.get(event[1])
+            if sink is not None:
+                self._close_stream(event[1])
+                if event[2] == _REFUSED_STREAM and self.pool.retry(sink):
+                    return
+                sink.on_error(UpstreamProtocolError(
+                    f"the upstream reset the stream (HTTP/2 error code {event[2]})"))
+        elif kind == ev.GOAWAY:
+            self._goaway(event[1], event[2])
+        elif kind == ev.SETTINGS:
+            self.pool.on_capacity(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(UpstreamUnavailable("the upstream connection was lost"))
+
+    # --- used by the pool ---------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        if self.state is not State.READY:
+            return 0
+        return self.codec.max_concurrent_streams - self.active
+
+    def send(self, exchange: Any) -> None:
+        """Encode the request into the codec's buffer; the pool flushes once per batch."""
+        request = exchange.request
+        self._open(exchange, request.method, exchange.path, exchange.headers_out, request.body)
+        if self.codec.next_stream_id >= _STREAM_ID_LIMIT:
+            self.retire()
+
+    def _open(self, sink: Any, method: bytes, path: bytes, headers: list, body: Any) -> None:
+        try:
+            stream_id = self.codec.send_request(method, path, headers, body or None)
+        except ev.CodecError:
+            # The codec opens no more streams here (GOAWAY seen or sent); nothing was sent, so
+            # the request can go to another connection.
+            self.retire()
+            if not self.pool.retry(sink):
+                sink.on_error(UpstreamUnavailable("no upstream connection could take the request"))
+            return
+        self.streams[stream_id] = sink
+        self.active += 1
+        sink.link = self
+        sink.stream_id = stream_id
+        sink.t_sent = time.perf_counter_ns()
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        data = self.codec.data_to_send()
+        if data and self.transport is not None and self.state is not State.CLOSED:
+            self.transport.write(data)
+
+    def acknowledge(self, sink: Any, n: int) -> None:
+        self.codec.acknowledge(sink.stream_id, n)
+        if not self.receiving:  # inside data_received the frames go out with its own flush
+            self.pool.mark_dirty(self)
+
+    def pause_for(self, sink: Any) -> None:
+        """Nothing to do: withholding flow-control credit is what slows the upstream down."""
+
+    def cancel(self, sink: Any) -> None:
+        """The client left: reset the stream now so the upstream stops generating (and billing)."""
+        if self.streams.pop(sink.stream_id, None) is not None:
+            self.active -= 1
+            if self.state is not State.CLOSED:
+                self.codec.reset_stream(sink.stream_id)
+                self.pool.mark_dirty(self)
+                self.pool.streams_cancelled += 1
+            self._after_stream()
+
+    def retire(self) -> None:
+        """Take no new streams; close once the open ones are done (the pool replaces us)."""
+        if self.state < State.DRAINING:
+            self.state = State.DRAINING
+            self.pool.on_draining(self)
+        if not self.streams:
+            self.close()
+
+    def close(self) -> None:
+        if self.state is State.CLOSED:
+            return
+        if self.transport is not None:
+            self.codec.close()
+            self.flush()
+            self.transport.close()
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _close_stream(self, stream_id: int) -> None:
+        del self.streams[stream_id]
+        self.active -= 1
+        self._after_stream()
+
+    def _after_stream(self) -> None:
+        if self.state is State.DRAINING:
+            if not self.streams:
+                self.close()
+        elif self.pool.waiting:
+            self.pool.on_capacity(self)
+
+    def warmed(self) -> None:
+        if self.state is State.WARMING:
+            self.state = State.READY
+            self.pool.on_ready(self)
+
+    def _goaway(self, last_stream_id: int, error_code: int) -> None:
+        self.goaway_received = True
+        self.last_stream_id = last_stream_id
+        self.pool.goaways += 1
+        if error_code:
+            log.warning("upstream connection %d: GOAWAY error code %d", self.index, error_code)
+        # Stop taking streams first, so the retries below go to another connection.
+        if self.state < State.DRAINING:
+            self.state = State.DRAINING
+            self.pool.on_draining(self)
+        # Streams above last_stream_id were never processed: they may safely go elsewhere.
+        for stream_id in [s for s in self.streams if s > last_stream_id]:
+            sink = self.streams.pop(stream_id)
+            self.active -= 1
+            if not self.pool.retry(sink):
+                sink.on_error(UpstreamUnavailable("the upstream refused the request (GOAWAY)"))
+        self.retire()
+
+    def _fail(self, exc: Exception) -> None:
+        if self.state is State.CLOSED:
+            return
+        was_ready = self.state >= State.READY
+        self.state = State.CLOSED
+        streams, self.streams = self.streams, {}
+        self.active = 0
+        for stream_id, sink in streams.items():
+            unprocessed = self.goaway_received and stream_id > self.last_stream_id
+            if unprocessed and self.pool.retry(sink):
+                continue
+            sink.on_error(exc)
+        if self.transport is not None:
+            self.transport.abort()
+        self.pool.on_closed(self, was_ready)
+
+
+class _Warmup:
+    """The warm-up request's sink: any complete answer proves the connection works end to end."""
+
+    __slots__ = ("conn", "link", "stream_id", "t_sent", "request", "status")
+
+    def __init__(self, conn: H2Connection) -> None:
+        self.conn = conn
+        self.link: Any = None
+        self.stream_id = 0
+        self.t_sent = 0
+        self.status = 0
+
+    def on_response(self, status: int, headers: list, end_stream: bool) -> None:
+        self.status = status
+        if end_stream:
+            self.conn.warmed()
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        if end_stream:
+            self.conn.warmed()
+
+    def consumed(self, n: int) -> None:
+        self.conn.codec.acknowledge(self.stream_id, n)
+
+    def on_error(self, exc: BaseException) -> None:
+        log.warning("upstream connection %d: warm-up failed: %s", self.conn.index, exc)

@@ -1,0 +1,404 @@
+"""Ingress: the HTTP/1.1 server of a worker, written directly on asyncio.Protocol and httptools.
+
+One `ClientConnection` per client socket. It parses requests with httptools' callbacks, answers
+on its own what needs no upstream (health probes, 404/405/401/413/431, 503 while draining or
+when the ring is full), copies each complete body into the worker's arena and pushes the
+`Request` onto the worker's ring; the worker answers later through the `Responder` methods
+below. There is no Task and no framework per request: a request costs the parser callbacks, one
+ring push, and one write for its response.
+
+Requests pipelined on one connection are answered in order: while one is in flight the next
+ones wait here (and reading pauses), because HTTP/1.1 responses cannot be reordered.
+
+Imports: _types, errors, route, arena, config (for Settings) and the ring interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httptools
+import orjson
+
+from velox._types import Request, Route
+from velox.arena import Arena
+from velox.errors import (
+    BadHTTP,
+    HeadersTooLarge,
+    InternalError,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ShuttingDown,
+    VeloxError,
+    to_response,
+)
+from velox.route import Auth, classify
+
+log = logging.getLogger("velox.ingress")
+
+STATUS_LINES = {
+    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
+}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CLOSE = b"connection: close\r\n"
+_CHUNKED = b"transfer-encoding: chunked\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+_HEALTH_BODY = orjson.dumps({"status": "ok"})
+_READY_BODY = orjson.dumps({"status": "ready"})
+_JSON = ((b"content-type", b"application/json"),)
+# Request headers ingress itself acts on; everything else is only collected.
+_WATCHED = frozenset({b"content-length", b"authorization", b"expect"})
+# Pipelined requests queued behind the one in flight before reading pauses.
+_PIPELINE_DEPTH = 8
+
+
+class IngressState:
+    """What every connection of one worker shares (uvicorn's ServerState, plus the ring)."""
+
+    __slots__ = (
+        "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
+        "connections", "draining", "is_ready", "on_response", "overloaded",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ring: Any,
+        wake_drain: Callable[[], None],
+        arena: Arena | None,
+        auth: Auth,
+        max_body: int,
+        max_header: int,
+        is_ready: Callable[[], bool],
+        on_response: Callable[[Request, int, int], None],
+    ) -> None:
+        self.loop = loop
+        self.ring = ring
+        self.wake_drain = wake_drain  # schedules one drain per loop pass; idempotent
+        self.arena = arena
+        self.auth = auth
+        self.max_body = max_body
+        self.max_header = max_header
+        self.connections: set[ClientConnection] = set()
+        self.draining = False
+        self.is_ready = is_ready
+        self.on_response = on_response  # (request, status, bytes_out) for the counters
+        self.overloaded = 0  # requests refused because the ring was full
+
+
+class _Refuse(Exception):
+    """Raised inside a parser callback to stop parsing and answer with `error`, then close."""
+
+    def __init__(self, error: VeloxError) -> None:
+        self.error = error
+
+
+class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "state", "transport", "parser", "closed", "last_active", "write_paused",
+        # the request being parsed
+        "_url", "_headers", "_chunks", "_body_size", "_header_bytes", "_content_length",
+        "_authorization", "_expect", "_reject", "_route",
+        # the request being answered, and those waiting behind it
+        "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
+        "_read_paused",
+    )
+
+    def __init__(self, state: IngressState) -> None:
+        self.state = state
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.closed = False
+        self.last_active = 0.0
+        self.write_paused = False
+        self.current: Request | None = None
+        self._pending: deque[tuple[Request, VeloxError | None]] | None = None
+        self._chunked = True
+        self._streaming = False
+        self._stream_status = 0
+        self._stream_bytes = 0
+        self._read_paused = False
+        self._reset_message()
+
+    # --- transport callbacks ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.last_active = time.monotonic()
+        self.state.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.state.connections.discard(self)
+        self.parser = None  # type: ignore[assignment]  # it refers back to us: break the cycle
+        current = self.current
+        if current is not None and current.exchange is not None:
+            current.exchange.client_gone()  # type: ignore[attr-defined]
+        if self._pending:
+            arena = self.state.arena
+            for request, _ in self._pending:
+                if arena is not None and request.arena_segment >= 0:
+                    arena.release(request.arena_segment)
+            self._pending = None
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Refuse):
+                self._refuse(cause.error)
+            else:
+                log.error("request handling failed", exc_info=cause)
+                self._refuse(InternalError())
+        except httptools.HttpParserUpgrade:
+            self._refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
+        except httptools.HttpParserError as exc:
+            self._refuse(BadHTTP(f"Malformed HTTP request: {exc}"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        current = self.current
+        if current is not None and current.exchange is not None:
+            current.exchange.client_writable()  # type: ignore[attr-defined]
+
+    # --- parser callbacks -----------------------------------------------------------------
+
+    def _reset_message(self) -> None:
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._body_size = 0
+        self._header_bytes = 0
+        self._content_length = -1
+        self._authorization: bytes | None = None
+        self._expect = False
+        self._reject: VeloxError | None = None
+        self._route: Route | None = None
+
+    def on_message_begin(self) -> None:
+        self._reset_message()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+        if self._header_bytes > self.state.max_header:
+            raise _Refuse(HeadersTooLarge())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self._headers.append((name, value))
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self.state.max_header:
+            raise _Refuse(HeadersTooLarge())
+        if name in _WATCHED:
+            if name == b"content-length":
+                self._content_length = int(value)
+            elif name == b"authorization":
+                self._authorization = value
+            elif value.lower() == b"100-continue":
+                self._expect = True
+
+    def on_headers_complete(self) -> None:
+        state = self.state
+        try:
+            route = classify(self.parser.get_method(), self._url)
+            if route <= Route.ROOT:
+                state.auth.check(self._authorization)
+            self._route = route
+        except VeloxError as exc:
+            self._reject = exc
+        if self._content_length > state.max_body:
+            raise _Refuse(PayloadTooLarge(
+                f"The request body is {self._content_length} bytes; this gateway accepts at "
+                f"most {state.max_body} (VELOX_MAX_BODY_BYTES)."))
+        if self._expect and self.transport is not None:
+            if self._reject is not None:
+                # The client holds its body back until told to send it: refuse now and close,
+                # since we cannot know whether it will send the body anyway.
+                raise _Refuse(self._reject)
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > self.state.max_body:
+            raise _Refuse(PayloadTooLarge(
+                f"The request body exceeds {self.state.max_body} bytes (VELOX_MAX_BODY_BYTES)."))
+        if self._reject is None:
+            self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        state = self.state
+        chunks = self._chunks
+        body: bytes | memoryview = b""
+        segment = -1
+        if chunks:
+            placed = state.arena.put(chunks) if state.arena is not None else None
+            if placed is not None:
+                body, segment = placed
+            else:
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        request = Request(
+            self, self.parser.get_method(), self._url, self._route or Route.FORWARD,
+            self._headers, body, self.parser.should_keep_alive(), time.perf_counter_ns(),
+            segment,
+        )
+        if self.current is None:
+            self._start(request, self._reject)
+        else:
+            if self._pending is None:
+                self._pending = deque()
+            self._pending.append((request, self._reject))
+            if len(self._pending) >= _PIPELINE_DEPTH and not self._read_paused:
+                self._read_paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    def _start(self, request: Request, reject: VeloxError | None) -> None:
+        self.current = request
+        state = self.state
+        if reject is not None:
+            self.respond_error(request, reject)
+        elif state.draining:
+            self.respond_error(request, ShuttingDown())
+        elif request.route <= Route.ROOT:
+            if state.ring.try_push(request):
+                state.wake_drain()
+            else:
+                state.overloaded += 1
+                self.respond_error(request, Overloaded(retry_after_s=1))
+        elif request.route is Route.HEALTH:
+            self.respond(request, 200, _JSON, _HEALTH_BODY)
+        elif state.is_ready():
+            self.respond(request, 200, _JSON, _READY_BODY)
+        else:
+            self.respond_error(request, NotReady(retry_after_s=1))
+
+    def _finish(self, keep_alive: bool) -> None:
+        request = self.current
+        self.current = None
+        self._streaming = False
+        if request is not None and request.arena_segment >= 0 and self.state.arena is not None:
+            # Normally released by the relay; this covers answers given without an exchange.
+            self.state.arena.release(request.arena_segment)
+            request.arena_segment = -1
+        if not keep_alive:
+            self.closed = True
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        pending = self._pending
+        if pending:
+            nxt, reject = pending.popleft()
+            if self._read_paused and len(pending) < _PIPELINE_DEPTH:
+                self._read_paused = False
+                self.transport.resume_reading()  # type: ignore[union-attr]
+            self._start(nxt, reject)
+
+    def _refuse(self, error: VeloxError) -> None:
+        """Answer a request we stopped parsing, then close: the parser cannot resync."""
+        if self.closed:
+            return
+        if self.current is not None:
+            # A response is in flight for an earlier request; it must not be interleaved.
+            self.closed = True
+            self.transport.close()  # type: ignore[union-attr]
+            return
+        request = Request(self, b"", self._url, Route.FORWARD, [], b"", False,
+                          time.perf_counter_ns())
+        self.current = request
+        self.respond_error(request, error)
+
+    # --- Responder: how the stages answer -------------------------------------------------
+
+    def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
+                body: bytes | memoryview) -> None:
+        if request is not self.current or self.closed:
+            return
+        keep_alive = request.keep_alive and not self.state.draining
+        parts = [STATUS_LINES[status], b"content-length: %d\r\n" % len(body)]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            parts.append(_CLOSE)
+        parts.append(b"\r\n")
+        if request.method != b"HEAD":
+            parts.append(body)
+        data = b"".join(parts)
+        self.transport.write(data)  # type: ignore[union-attr]
+        self.state.on_response(request, status, len(data))
+        self._finish(keep_alive)
+
+    def respond_error(self, request: Request, exc: BaseException) -> None:
+        error = to_response(exc)
+        self.respond(request, error.status, error.headers, error.body)
+
+    def start_stream(self, request: Request, status: int,
+                     headers: Sequence[tuple[bytes, bytes]]) -> None:
+        if request is not self.current or self.closed:
+            return
+        # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
+        self._chunked = self.parser.get_http_version() != "1.0"
+        if not self._chunked:
+            request.keep_alive = False
+        parts = [STATUS_LINES[status]]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if self._chunked:
+            parts.append(_CHUNKED)
+        if not request.keep_alive or self.state.draining:
+            parts.append(_CLOSE)
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        self._streaming = True
+        self._stream_status = status
+        self._stream_bytes = len(head)
+        self.transport.write(head)  # type: ignore[union-attr]
+
+    def send_chunk(self, data: bytes) -> None:
+        if not self._streaming or self.closed or not data:
+            return
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        self._stream_bytes += len(data)
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def end_stream(self) -> None:
+        request = self.current
+        if not self._streaming or self.closed or request is None:
+            return
+        if self._chunked:
+            self.transport.write(_LAST_CHUNK)  # type: ignore[union-attr]
+        self.state.on_response(request, self._stream_status, self._stream_bytes + 5)
+        self._finish(request.keep_alive and not self.state.draining)
+
+    def abort(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # Closing mid-body is the only way HTTP/1.1 can tell the client the response failed.
+        self.transport.close()  # type: ignore[union-attr]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None
+
+    def close_if_idle(self) -> bool:
+        if self.current is None and not self.closed:
+            self.closed = True
+            self.transport.close()  # type: ignore[union-attr]
+            return True
+        return False

@@ -1,0 +1,116 @@
+"""Run a real Velox gateway as a child process (for the demo, the tests and the benchmarks).
+
+`GatewayProcess` starts `python -m velox` with the given VELOX_* settings, waits until
+`/readyz` answers 200, and stops it by its PID. Its stderr goes to a file so a test can read
+the log afterwards (for instance to prove a key never appears in it).
+
+Imports: stdlib only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+class GatewayProcess:
+    def __init__(self, env: Mapping[str, str], port: int | None = None,
+                 host: str = "127.0.0.1", log_path: str | Path | None = None,
+                 inherit_env: bool = True) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "")}
+        # Settings come only from what the caller passes, not from a stray .env or shell.
+        base = {k: v for k, v in base.items() if not k.startswith("VELOX_")}
+        base.pop("OPENAI_API_KEY", None)
+        self.env = {**base, **env, "VELOX_HOST": host, "VELOX_PORT": str(self.port)}
+        self.log_path = Path(log_path) if log_path else Path(
+            tempfile.mkstemp(prefix="velox-", suffix=".log")[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 30.0, wait_ready: bool = True) -> GatewayProcess:
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "velox"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=tempfile.gettempdir(),
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        path = "/readyz" if wait_ready else "/healthz"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"velox exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                status, _ = http_get(self.host, self.port, path, timeout=1.0)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"velox did not become ready within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,136 @@
+"""Routing: which requests exist, who may make them, and what goes upstream.
+
+Pure functions of the request and the settings, with no I/O: `classify` decides at header time
+whether a path is served, forwarded or refused (404/405), `check_auth` enforces VELOX_API_KEYS
+(401), and `upstream_headers` turns the client's headers into the upstream's: hop-by-hop headers
+dropped, the gateway's key swapped in, the client's gateway key never forwarded.
+
+Imports: _types, errors, config.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from velox._types import Headers, Route
+from velox.config import Settings
+from velox.errors import MethodNotAllowed, NotFound, Unauthorized
+
+# OpenAI endpoints whose POST body must be JSON naming a model; other methods on them are
+# either real OpenAI calls (GET /v1/chat/completions lists stored completions) or 405.
+_MODEL_CALLS: dict[bytes, tuple[bytes, ...]] = {
+    b"/v1/chat/completions": (b"POST", b"GET"),
+    b"/v1/completions": (b"POST",),
+    b"/v1/embeddings": (b"POST",),
+    b"/v1/responses": (b"POST",),
+}
+_KNOWN_FORWARDS: dict[bytes, tuple[bytes, ...]] = {
+    b"/v1/models": (b"GET",),
+}
+_PROBES = (b"GET", b"HEAD")
+
+# RFC 9110 §7.6.1 connection-specific fields, plus those an HTTP/2 request must not carry
+# (RFC 9113 §8.2.2) and those the egress recomputes (host becomes :authority, content-length
+# is set from the body actually sent, expect is answered by ingress).
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
+    b"te", b"trailer", b"host", b"content-length", b"expect", b"proxy-authorization",
+    b"http2-settings",
+})
+
+
+def classify(method: bytes, path: bytes) -> Route:
+    """Route of a request line, or raise NotFound / MethodNotAllowed."""
+    bare = path.split(b"?", 1)[0]
+    allowed = _MODEL_CALLS.get(bare)
+    if allowed is not None:
+        if method == b"POST":
+            return Route.MODEL_CALL
+        if method in allowed:
+            return Route.FORWARD
+        raise _not_allowed(allowed)
+    allowed = _KNOWN_FORWARDS.get(bare)
+    if allowed is not None:
+        if method in allowed:
+            return Route.FORWARD
+        raise _not_allowed(allowed)
+    if bare.startswith(b"/v1/"):
+        return Route.FORWARD
+    if bare == b"/":
+        if method == b"POST":
+            return Route.ROOT
+        raise _not_allowed((b"POST",))
+    if bare == b"/healthz" or bare == b"/readyz":
+        if method in _PROBES:
+            return Route.HEALTH if bare == b"/healthz" else Route.READY
+        raise _not_allowed(_PROBES)
+    raise NotFound(f"Unknown URL: {method.decode('latin-1')} {bare.decode('latin-1')}")
+
+
+def _not_allowed(allowed: tuple[bytes, ...]) -> MethodNotAllowed:
+    return MethodNotAllowed(
+        "Method not allowed; this URL accepts " + ", ".join(m.decode() for m in allowed),
+        headers=((b"allow", b", ".join(allowed)),),
+    )
+
+
+class Auth:
+    """Client authentication and the upstream's credentials, prepared once per worker."""
+
+    __slots__ = ("_client_keys", "_upstream_value")
+
+    def __init__(self, settings: Settings) -> None:
+        self._client_keys = tuple(k.encode() for k in settings.api_keys)
+        key = settings.upstream_api_key
+        self._upstream_value = b"Bearer " + key.encode() if key else None
+
+    @property
+    def required(self) -> bool:
+        return bool(self._client_keys)
+
+    def check(self, authorization: bytes | None) -> None:
+        """Raise Unauthorized unless the client presented one of VELOX_API_KEYS (if any are set)."""
+        if not self._client_keys:
+            return
+        if authorization is None:
+            raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        scheme, _, presented = authorization.partition(b" ")
+        presented = presented.strip()
+        if scheme.lower() == b"bearer" and presented:
+            # Constant-time compare against every key so timing reveals neither key nor index.
+            matched = False
+            for key in self._client_keys:
+                matched |= hmac.compare_digest(presented, key)
+            if matched:
+                return
+        raise Unauthorized("Incorrect API key provided to the gateway.")
+
+    def upstream_headers(self, headers: Headers) -> Headers:
+        """The client's end-to-end headers with the upstream's authorization applied."""
+        out: Headers = []
+        client_auth = None
+        listed: set[bytes] | None = None
+        for header in headers:
+            name = header[0]
+            if name in HOP_BY_HOP:
+                if name == b"connection":
+                    listed = _connection_tokens(header[1], listed)
+            elif name == b"authorization":
+                client_auth = header
+            else:
+                out.append(header)
+        if listed:
+            out = [h for h in out if h[0] not in listed]
+        if self._upstream_value is not None:
+            out.append((b"authorization", self._upstream_value))
+        elif client_auth is not None and not self._client_keys:
+            # No gateway key and no client auth: the client's own key is the upstream's.
+            out.append(client_auth)
+        return out
+
+
+def _connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:
+    """Names listed in a Connection header are hop-by-hop too (RFC 9110 §7.6.1)."""
+    names = into if into is not None else set()
+    names.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    return names

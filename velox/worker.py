@@ -1,0 +1,274 @@
+"""A worker process: one pinned core, one uvloop event loop, the whole pipeline.
+
+Ingress pushes complete requests onto this worker's ring. The first push of a loop pass
+schedules one `drain` (not one per request), which pops micro-batches of up to
+VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
+parse (400s), one `acquire_up_to` on the shared token bucket for the whole batch (429s for the
+tail), routing, then the egress pool encodes every admitted request and writes each upstream
+connection's frames once. Answers come back through the relay.
+
+This is the only module that runs the stages in sequence; each stage knows nothing of the
+others.
+
+Imports: every stage below it (ingress, parse, ratelimit, route, egress, relay), ring, arena,
+stats, config, errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import time
+from typing import Any
+
+from velox._types import Request, Route
+from velox.arena import Arena
+from velox.config import Settings
+from velox.egress.pool import Pool
+from velox.errors import RateLimited, VeloxError
+from velox.ingress import ClientConnection, IngressState
+from velox.parse import parse_model_call
+from velox.ratelimit import Limiter
+from velox.relay import Exchange
+from velox.ring import make_queue
+from velox.route import Auth
+from velox.stats import F, H, SharedStats
+
+log = logging.getLogger("velox.worker")
+
+# Batches run per drain before yielding to the loop, so a deep ring cannot starve I/O.
+_BATCHES_PER_PASS = 16
+_TICK_S = 0.25
+_CLASS_FIELD = {1: F.RESP_2XX, 2: F.RESP_2XX, 3: F.RESP_3XX, 4: F.RESP_4XX, 5: F.RESP_5XX}
+
+
+class Worker:
+    def __init__(self, settings: Settings, slot: int, shared: SharedStats, limiter: Limiter,
+                 sock: Any) -> None:
+        self.settings = settings
+        self.slot = slot
+        self.shared = shared
+        self.counters = shared.counters
+        self.histograms = shared.histograms
+        self.limiter = limiter
+        self.sock = sock
+        self.batch_max = settings.batch_max
+        self.upstream_root_path = settings.upstream_request_path.encode()
+        self.auth = Auth(settings)
+        self.drain_pending = False
+        self.in_flight = 0
+        self.stopping: asyncio.Event | None = None
+        self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0}
+        # Built in serve(), after the process has pinned itself, so memory is node-local.
+        self.loop: asyncio.AbstractEventLoop
+        self.ring: Any
+        self.arena: Arena | None
+        self.pool: Any
+        self.ingress: IngressState
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        settings = self.settings
+        self.loop = loop = asyncio.get_running_loop()
+        self.stopping = asyncio.Event()
+        self.ring = make_queue(settings.queue, settings.ring_depth)
+        self.arena = Arena(settings.arena_bytes) if settings.arena and settings.arena_bytes else None
+        self.pool = make_pool(settings, loop)
+        self.ingress = IngressState(
+            loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
+            settings.max_header_bytes, self.is_ready, self.on_response,
+        )
+        counters, slot = self.counters, self.slot
+        counters.set(slot, F.READY, 0)
+        counters.add(slot, F.STARTS, 1)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        server = await loop.create_server(
+            lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
+        self.pool.start()
+        # Everything alive now lives as long as the worker: move it out of the collector's
+        # sight, so the rare full collections only walk per-request objects. The hot path makes
+        # no reference cycles (relay and ingress cut theirs), so refcounting frees requests.
+        gc.collect()
+        gc.freeze()
+        ticker = loop.call_later(_TICK_S, self._tick)
+        await self.stopping.wait()
+        ticker.cancel()
+        await self.shutdown(server)
+
+    async def shutdown(self, server: asyncio.AbstractServer) -> None:
+        """Stop accepting, let in-flight requests finish within the grace period, then close.
+
+        Idle keep-alive connections stay open meanwhile, so a request that arrives on one gets
+        a clear 503 shutting_down (with Connection: close) instead of a reset.
+        """
+        state = self.ingress
+        state.draining = True
+        server.close()
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while time.monotonic() < deadline and (
+            len(self.ring) or any(not c.idle for c in state.connections)
+        ):
+            await asyncio.sleep(0.02)
+        left = [c for c in state.connections if not c.idle]
+        if left:
+            log.warning("grace period over: closing %d connection(s) with requests in flight",
+                        len(left))
+            for conn in left:
+                conn.abort()
+        for conn in list(state.connections):
+            conn.close_if_idle()
+        await self.pool.close()
+        self.counters.set(self.slot, F.READY, 0)
+        self.counters.set(self.slot, F.IN_FLIGHT, 0)
+
+    def is_ready(self) -> bool:
+        if not self.pool.ready:
+            return False
+        counters = self.counters
+        # Every worker must be warm: any of them may be handed the next connection.
+        return all(counters.get(s, F.READY) for s in range(counters.slots) if s != self.slot)
+
+    def _tick(self) -> None:
+        counters, slot, pool = self.counters, self.slot, self.pool
+        counters.set(slot, F.READY, 1 if pool.ready else 0)
+        counters.set(slot, F.IN_FLIGHT, self.in_flight)
+        counters.set(slot, F.RING_DEPTH, len(self.ring))
+        counters.set(slot, F.UPSTREAM_CONNECTIONS, pool.open_connections)
+        published = self._published
+        for name, field, value in (
+            ("reconnects", F.RECONNECTS, pool.reconnects),
+            ("goaways", F.GOAWAYS, pool.goaways),
+            ("retries", F.RETRIES, pool.retries),
+            ("cancelled", F.STREAMS_CANCELLED, pool.streams_cancelled),
+        ):
+            if value != published[name]:
+                counters.add(slot, field, value - published[name])
+                published[name] = value
+        if self.ingress.overloaded:
+            counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
+            self.ingress.overloaded = 0
+        now = time.monotonic()
+        idle_before = now - self.settings.keepalive_timeout_s
+        for conn in [c for c in self.ingress.connections if c.last_active < idle_before]:
+            conn.close_if_idle()
+        self.loop.call_later(_TICK_S, self._tick)
+
+    # --- the pipeline -------------------------------------------------------------------------
+
+    def wake_drain(self) -> None:
+        if not self.drain_pending:
+            self.drain_pending = True
+            self.loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        self.drain_pending = False
+        ring = self.ring
+        for _ in range(_BATCHES_PER_PASS):
+            batch = ring.pop_batch(self.batch_max)
+            if not batch:
+                return
+            self.process(batch)
+        if len(ring):
+            self.wake_drain()
+
+    def process(self, batch: list[Request]) -> None:
+        """Run one micro-batch through parse → rate limit → route → egress."""
+        counters, slot = self.counters, self.slot
+        size = len(batch)
+        counters.add(slot, F.BATCHES, 1)
+        counters.add(slot, F.BATCH_ITEMS, size)
+        if size == self.batch_max:
+            counters.add(slot, F.BATCHES_FULL, 1)
+
+        now = time.perf_counter_ns()
+        parsed: list[Request] = []
+        bytes_in = 0
+        for request in batch:
+            request.t_popped = now
+            if request.conn.closed:
+                self.release_body(request)  # the client left while the request was queued
+                continue
+            bytes_in += len(request.body)
+            if request.route is not Route.FORWARD:
+                try:
+                    parse_model_call(request)
+                except VeloxError as exc:
+                    request.conn.respond_error(request, exc)
+                    continue
+                if request.route is Route.ROOT:
+                    request.upstream_path = self.upstream_root_path
+            parsed.append(request)
+        counters.add(slot, F.BYTES_IN, bytes_in)
+
+        t_parsed = time.perf_counter_ns()
+        admitted = self.limiter.admit(len(parsed)) if parsed else 0
+        t_admitted = time.perf_counter_ns()
+        if admitted < len(parsed):
+            self._refuse_rate_limited(parsed[admitted:])
+
+        pool = self.pool
+        headers_for = self.auth.upstream_headers
+        for request in parsed[:admitted]:
+            request.t_parsed = t_parsed
+            request.t_admitted = t_admitted
+            exchange = Exchange(request, request.upstream_path, headers_for(request.headers),
+                                self.on_done, self.release_body)
+            self.in_flight += 1
+            pool.submit(exchange)
+        pool.flush()
+        if self.arena is not None:
+            self.arena.reset()
+
+    def _refuse_rate_limited(self, requests: list[Request]) -> None:
+        retry_after = self.limiter.retry_after_s()
+        self.counters.add(self.slot, F.REJECT_RATE_LIMITED, len(requests))
+        error = RateLimited(retry_after_s=retry_after)
+        for request in requests:
+            request.conn.respond_error(request, error)
+
+    # --- accounting callbacks ----------------------------------------------------------------
+
+    def release_body(self, request: Request) -> None:
+        segment = request.arena_segment
+        if segment >= 0:
+            request.arena_segment = -1
+            self.arena.release(segment)  # type: ignore[union-attr]
+
+    def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+        counters, slot = self.counters, self.slot
+        counters.add(slot, F.REQUESTS, 1)
+        counters.add(slot, _CLASS_FIELD.get(status // 100, F.RESP_5XX), 1)
+        counters.add(slot, F.BYTES_OUT, bytes_out)
+
+    def on_done(self, exchange: Exchange, status: int) -> None:
+        self.in_flight -= 1
+        if not exchange.t_headers:
+            if status >= 500:
+                self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)
+            return
+        now = time.perf_counter_ns()
+        request = exchange.request
+        if exchange.streaming:
+            total = exchange.t_headers - request.t_received
+            upstream = exchange.t_headers - exchange.t_sent
+        else:
+            total = now - request.t_received
+            upstream = now - exchange.t_sent
+        hist, slot = self.histograms, self.slot
+        hist[H.TOTAL].record(slot, total // 1000)
+        hist[H.UPSTREAM].record(slot, upstream // 1000)
+        hist[H.OVERHEAD].record(slot, (total - upstream) // 1000)
+        self.counters.add(slot, F.UPSTREAM_REQUESTS, 1)
+
+
+def make_pool(settings: Settings, loop: asyncio.AbstractEventLoop) -> Any:
+    """The egress named by VELOX_EGRESS: the project's pool, or httpx as a measured baseline."""
+    if settings.egress == "httpx":
+        from velox.egress.httpx_pool import HttpxPool
+
+        return HttpxPool(settings, loop)
+    return Pool(settings, loop)
