@@ -181,16 +181,14 @@ class Exchange:
 
     def _server_timing(self) -> bytes:
         r = self.request
-        return b"ring;dur=%s, parse;dur=%s, ratelimit;dur=%s, upstream;dur=%s" % (
-            _ms(r.t_popped - r.t_received),
-            _ms(r.t_parsed - r.t_popped),
-            _ms(r.t_admitted - r.t_parsed),
-            _ms(self.t_headers - self.t_sent),
-        )
+        # One formatting call, integer microseconds shown as milliseconds: no float formatting.
+        ring = max(0, r.t_popped - r.t_received) // 1000
+        parse = max(0, r.t_parsed - r.t_popped) // 1000
+        limit = max(0, r.t_admitted - r.t_parsed) // 1000
+        upstream = max(0, self.t_headers - self.t_sent) // 1000
+        return _TIMING % (ring // 1000, ring % 1000, parse // 1000, parse % 1000,
+                          limit // 1000, limit % 1000, upstream // 1000, upstream % 1000)
 
 
-def _ms(ns: int) -> bytes:
-    """Nanoseconds as milliseconds with microsecond resolution, without float formatting."""
-    us = max(0, ns) // 1000
-    return b"%d.%03d" % divmod(us, 1000)
-
+_TIMING = (b"ring;dur=%d.%03d, parse;dur=%d.%03d, ratelimit;dur=%d.%03d, "
+           b"upstream;dur=%d.%03d")

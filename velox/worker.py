@@ -70,10 +70,11 @@ class Worker:
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def serve(self) -> None:
+    def build(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the worker's ring, arena, pool and ingress state (first touch happens here,
+        so call it after pinning). Split from serve() so the pipeline can run without sockets."""
         settings = self.settings
-        self.loop = loop = asyncio.get_running_loop()
-        self.stopping = asyncio.Event()
+        self.loop = loop
         self.ring = make_queue(settings.queue, settings.ring_depth)
         self.arena = Arena(settings.arena_bytes) if settings.arena and settings.arena_bytes else None
         self.pool = make_pool(settings, loop)
@@ -81,6 +82,11 @@ class Worker:
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
         )
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.build(loop)
+        self.stopping = asyncio.Event()
         counters, slot = self.counters, self.slot
         counters.set(slot, F.READY, 0)
         counters.add(slot, F.STARTS, 1)
@@ -246,6 +252,7 @@ class Worker:
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
+        self.pool.done(exchange)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)

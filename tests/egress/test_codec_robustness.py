@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from velox.egress.codec import (
+    CANCEL,
     COMPRESSION_ERROR,
     DATA,
     ENHANCE_YOUR_CALM,
@@ -212,9 +213,16 @@ def test_data_after_end_stream_resets_the_stream(codec: str) -> None:
     peer.codec.send_request(b"POST", b"/", [], bytes(70_000))  # body still blocked on window
     peer.up()
     events = peer.codec.receive_data(raw_frame(1, 5, 1, STATUS_200) + raw_frame(0, 0, 1, b"x"))
-    assert events == [(RESPONSE, 1, 200, [], True), (RESET, 1, STREAM_CLOSED)]
     resets = [f for f in parse_frames(peer.codec.data_to_send()) if isinstance(f, RstStreamFrame)]
-    assert [(f.stream_id, f.error_code) for f in resets] == [(1, STREAM_CLOSED)]
+    if codec == "framer":
+        # A complete response ends the blocked upload at once (CANCEL), so the stray DATA
+        # arrives on a stream already reset by us and is dropped (RFC 9113 §5.4.2).
+        assert events == [(RESPONSE, 1, 200, [], True)]
+        assert [(f.stream_id, f.error_code) for f in resets] == [(1, CANCEL)]
+        assert peer.codec.stream_state_count == 0  # type: ignore[attr-defined]
+    else:
+        assert events == [(RESPONSE, 1, 200, [], True), (RESET, 1, STREAM_CLOSED)]
+        assert [(f.stream_id, f.error_code) for f in resets] == [(1, STREAM_CLOSED)]
 
 
 # --- Arbitrary splits ---------------------------------------------------------------------------

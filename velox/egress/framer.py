@@ -528,9 +528,7 @@ class Framer:
         stream.recv_window = window
         if flags & _END_STREAM:
             self._events.append((DATA, sid, buf[start:stop], flow, True))
-            stream.rx = _REMOTE_CLOSED
-            if not stream.tx_open:
-                del self._streams[sid]
+            self._end_remote(sid, stream)
         else:
             self._events.append((DATA, sid, buf[start:stop], flow, False))
 
@@ -634,6 +632,11 @@ class Framer:
         stream.rx = _REMOTE_CLOSED
         if not stream.tx_open:
             del self._streams[sid]
+        elif stream.body is not None:
+            # The response is complete while part of our body still waits for window: the
+            # rest can change nothing, so stop the upload (RFC 9113 §8.1 lets either side end
+            # it) rather than hold the stream until a window that may never come.
+            self.reset_stream(sid, CANCEL)
 
     def _on_rst_stream(self, flags: int, sid: int, buf: bytes, start: int, stop: int) -> None:
         if stop - start != 4:

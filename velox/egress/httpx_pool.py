@@ -99,6 +99,9 @@ class HttpxPool:
     def flush(self) -> None:
         pass
 
+    def done(self, exchange: Any) -> None:
+        pass
+
     def cancel(self, exchange: Any) -> None:
         task = self.tasks.pop(exchange, None)
         if task is not None:

@@ -80,8 +80,9 @@ class Pool:
         self.connecting = [False] * self.size
         self.closing = False
         self.ready_once = False
-        self.awaiting_headers: list[Any] = []
-        self.in_body: set[Any] = set()
+        # Exchanges in flight, oldest first; each leaves as soon as it is done (done()), so a
+        # request's objects die young, where the garbage collector's work is cheap.
+        self.inflight: dict[Any, None] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.timer: asyncio.TimerHandle | None = None
         # HTTP/1.1 mode
@@ -134,8 +135,12 @@ class Pool:
     def submit(self, exchange: Any) -> None:
         """Send now if a connection has room, else queue; the worker flushes after the batch."""
         exchange.deadline = time.monotonic() + self.request_timeout_s
-        self.awaiting_headers.append(exchange)
+        self.inflight[exchange] = None
         self._dispatch(exchange)
+
+    def done(self, exchange: Any) -> None:
+        """The exchange is over (answered, failed or abandoned): stop watching its deadlines."""
+        self.inflight.pop(exchange, None)
 
     def _dispatch(self, exchange: Any) -> None:
         if self.protocol == "http1":
@@ -409,26 +414,18 @@ class Pool:
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        # Rebuilt every tick, so finished exchanges are let go within one tick even when an
-        # older request is still legitimately waiting for its headers.
-        waiting_headers = []
-        in_body = self.in_body
-        for exchange in self.awaiting_headers:
+        idle_limit = now - self.idle_timeout_s
+        expired = []
+        for exchange in self.inflight:
             if exchange.finished:
                 continue
-            if exchange.t_headers:
-                in_body.add(exchange)
-            elif exchange.deadline <= now:
-                self._expire(exchange, "response headers")
-            else:
-                waiting_headers.append(exchange)
-        self.awaiting_headers = waiting_headers
-        if in_body:
-            idle_limit = now - self.idle_timeout_s
-            for exchange in [e for e in in_body if e.finished or e.last_activity < idle_limit]:
-                in_body.discard(exchange)
-                if not exchange.finished:
-                    self._expire(exchange, "the next chunk of the response")
+            if not exchange.t_headers:
+                if exchange.deadline <= now:
+                    expired.append((exchange, "response headers"))
+            elif exchange.last_activity < idle_limit:
+                expired.append((exchange, "the next chunk of the response"))
+        for exchange, waiting_for in expired:
+            self._expire(exchange, waiting_for)
         if not self.closing:
             self._schedule_sweep()
 
