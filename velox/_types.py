@@ -81,7 +81,7 @@ class Request:
         path: bytes,
         route: Route,
         headers: Headers,
-        body: bytes | memoryview,
+        body: bytes | bytearray | memoryview,
         keep_alive: bool,
         t_received: int,
         arena_segment: int = -1,

@@ -166,3 +166,15 @@ def test_gateway_key_replaces_the_clients_upstream(gateway: GatewayProcess,
 def test_probes(gateway: GatewayProcess, path: str) -> None:
     response = raw(gateway).get(path)
     assert response.status_code == 200 and response.json()["status"] in ("ok", "ready")
+
+
+def test_large_body_is_forwarded_intact(gateway: GatewayProcess, upstream: MockUpstream) -> None:
+    # Far larger than the upstream's initial stream window: sent as WINDOW_UPDATEs arrive.
+    text = "".join(chr(0x41 + i % 26) for i in range(64)) * (8 * 1024 * 1024 // 64)
+    body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]})
+    response = raw(gateway).post("/v1/chat/completions", content=body,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 200
+    seen = last_upstream_request(upstream, "/v1/chat/completions")
+    assert seen["body_length"] == len(body)
+    assert seen["body_sha256"] == hashlib.sha256(body).hexdigest()

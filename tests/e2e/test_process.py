@@ -164,6 +164,9 @@ def test_every_egress_implementation_serves_the_api(start_gateway: GatewayFactor
     gw = start_gateway(VELOX_EGRESS=egress, VELOX_WORKERS="1")
     client = client_for(gw)
     assert client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
+    big = "x" * (3 * 1024 * 1024)  # several initial windows: exercises body flow control
+    assert client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": big}]).choices[0].message.content
     chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True))
     assert len(chunks) == 8 and chunks[-1].choices[0].finish_reason == "stop"
     with pytest.raises(openai.RateLimitError):

@@ -184,7 +184,7 @@ class Codec(Protocol):
         method: bytes,
         path: bytes,
         headers: Sequence[tuple[bytes, bytes]],
-        body: bytes | memoryview | None,
+        body: bytes | bytearray | memoryview | None,
     ) -> int:
         """Open a stream carrying one request and return its stream id.
 
@@ -196,8 +196,10 @@ class Codec(Protocol):
             `make_codec`).
         :param body: the request body, or ``None``/empty for none (END_STREAM then rides on
             HEADERS). As much as the peer's windows allow is framed at once, END_STREAM on the
-            last DATA frame; the rest is copied (the caller may reuse its buffer as soon as this
-            returns) and sent from `receive_data` as WINDOW_UPDATEs arrive.
+            last DATA frame; the rest is sent from `receive_data` as WINDOW_UPDATEs arrive. A
+            ``bytes`` or ``bytearray`` body is handed over and kept by reference (the caller
+            must not modify a bytearray afterwards); a ``memoryview`` is borrowed (it may point
+            into a buffer the caller reuses, such as the arena), so its unsent rest is copied.
         :raises CodecError: with `REFUSED_STREAM` if no stream can be opened here any more.
 
         Staying within `max_concurrent_streams` is the caller's job; an implementation may refuse

@@ -268,7 +268,7 @@ class Framer:
         self._conn_recv_window = LOCAL_CONNECTION_WINDOW
 
     def send_request(
-        self, method: bytes, path: bytes, headers: _Fields, body: bytes | memoryview | None
+        self, method: bytes, path: bytes, headers: _Fields, body: bytes | bytearray | memoryview | None
     ) -> int:
         if self._refusal is not None:
             raise CodecError(REFUSED_STREAM, self._refusal)
@@ -294,9 +294,9 @@ class Framer:
             return sid
         sent = self._write_data(sid, stream, body, 0)
         if sent < n:
-            # Keep the remainder: a bytes body is immutable so an offset into it suffices;
-            # anything else may be reused by the caller and is copied.
-            if type(body) is bytes:
+            # Keep the remainder: bytes and bytearray bodies are handed over, so an offset
+            # into them suffices; a memoryview is borrowed and may be reused, so it is copied.
+            if type(body) is bytes or type(body) is bytearray:
                 stream.body, stream.body_off = body, sent
             else:
                 stream.body, stream.body_off = bytes(body[sent:]), 0
@@ -435,7 +435,7 @@ class Framer:
             out += chunk
             ftype, first_flags = _CONTINUATION, 0
 
-    def _write_data(self, sid: int, stream: _Stream, body: bytes | memoryview, off: int) -> int:
+    def _write_data(self, sid: int, stream: _Stream, body: bytes | bytearray | memoryview, off: int) -> int:
         """Frame as much of body[off:] as the windows allow; return the new offset."""
         total = len(body)
         n = min(total - off, self._conn_send_window, stream.send_window)

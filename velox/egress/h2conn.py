@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("velox.egress")
 
 _REFUSED_STREAM = 0x7
+# Bytes handed to the transport per loop pass. TLS encrypts inside transport.write, so one
+# large upload written at once would hold the loop for many milliseconds; in slices of this
+# size it costs a fraction of a millisecond per pass and other requests keep moving.
+WRITE_SLICE = 256 * 1024
+# A connection with more than this still queued is skipped by the pool when another can take
+# the request, so small calls do not wait behind a large upload's bytes.
+BACKLOG_LIMIT = 1024 * 1024
 # Stream ids are 31-bit; retire the connection well before they run out.
 _STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
 
@@ -45,6 +53,7 @@ class H2Connection(asyncio.Protocol):
     __slots__ = (
         "pool", "index", "codec", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
+        "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
     )
 
     def __init__(self, pool: Pool, index: int, codec: ev.Codec) -> None:
@@ -60,6 +69,10 @@ class H2Connection(asyncio.Protocol):
         self.opened_at = 0.0
         self.goaway_received = False
         self.receiving = False
+        self.backlog: deque[memoryview] = deque()  # bytes the codec produced, not yet written
+        self.backlog_bytes = 0
+        self.write_paused = False
+        self.drain_scheduled = False
 
     # --- transport callbacks ----------------------------------------------------------------
 
@@ -172,8 +185,45 @@ class H2Connection(asyncio.Protocol):
     def flush(self) -> None:
         self.flush_pending = False
         data = self.codec.data_to_send()
-        if data and self.transport is not None and self.state is not State.CLOSED:
-            self.transport.write(data)
+        if not data or self.transport is None or self.state is State.CLOSED:
+            return
+        if not self.backlog_bytes and not self.write_paused and len(data) <= WRITE_SLICE:
+            self.transport.write(data)  # the common case: one write for the whole batch
+            return
+        self.backlog.append(memoryview(data))
+        self.backlog_bytes += len(data)
+        self._write_backlog()
+
+    def _write_backlog(self) -> None:
+        """Write one slice of the backlog; continue on the next loop pass or on resume."""
+        self.drain_scheduled = False
+        if self.write_paused or self.transport is None or self.state is State.CLOSED:
+            return
+        budget = WRITE_SLICE
+        backlog = self.backlog
+        while backlog and budget > 0:
+            piece = backlog[0]
+            if len(piece) > budget:
+                backlog[0] = piece[budget:]
+                piece = piece[:budget]
+            else:
+                backlog.popleft()
+            self.transport.write(piece)
+            budget -= len(piece)
+            self.backlog_bytes -= len(piece)
+        if backlog and not self.write_paused and not self.drain_scheduled:
+            self.drain_scheduled = True
+            self.pool.loop.call_soon(self._write_backlog)
+        elif not backlog and self.pool.waiting:
+            self.pool.on_capacity(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.backlog:
+            self._write_backlog()
 
     def acknowledge(self, sink: Any, n: int) -> None:
         self.codec.acknowledge(sink.stream_id, n)

@@ -92,7 +92,7 @@ class H2LibCodec:
         method: bytes,
         path: bytes,
         headers: Sequence[tuple[bytes, bytes]],
-        body: bytes | memoryview | None,
+        body: bytes | bytearray | memoryview | None,
     ) -> int:
         if self._refusal is not None:
             raise CodecError(REFUSED_STREAM, self._refusal)
@@ -114,7 +114,8 @@ class H2LibCodec:
             raise CodecError(REFUSED_STREAM, f"cannot open a stream: {exc}") from exc
         self._next_sid = sid + 2
         if body:
-            self._send_body(sid, body if type(body) is bytes else bytes(body), 0)
+            # A memoryview is borrowed (see the Codec contract): copy it; owned bodies are not.
+            self._send_body(sid, bytes(body) if type(body) is memoryview else body, 0)
         return sid
 
     def receive_data(self, data: bytes) -> list[tuple]:

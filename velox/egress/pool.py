@@ -28,7 +28,7 @@ from typing import Any
 from velox.config import Settings
 from velox.egress.codec import make_codec
 from velox.egress.h1conn import H1Connection
-from velox.egress.h2conn import H2Connection, State
+from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
 from velox.errors import Overloaded, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("velox.egress")
@@ -154,15 +154,21 @@ class Pool:
             self.mark_dirty(conn)
 
     def _pick(self) -> H2Connection | None:
+        """Round-robin over connections with free streams, passing over any that is busy
+        writing a large upload unless no other can take the request."""
         conns = self.conns
         n = len(conns)
         start = self.rr
+        fallback = None
         for i in range(n):
             conn = conns[(start + i) % n]
             if conn is not None and conn.capacity > 0:
+                if conn.backlog_bytes > BACKLOG_LIMIT:
+                    fallback = fallback or conn
+                    continue
                 self.rr = (start + i + 1) % n
                 return conn
-        return None
+        return fallback
 
     def _enqueue(self, exchange: Any) -> None:
         if len(self.waiting) >= self.waiting_limit:
