@@ -355,3 +355,14 @@ def env_example() -> str:
     lines.append("# Used when VELOX_UPSTREAM_API_KEY is empty.")
     lines.append("OPENAI_API_KEY=")
     return "\n".join(lines) + "\n"
+
+
+def markdown_table() -> str:
+    """The README's configuration table, generated from FIELDS (a test keeps them equal)."""
+    per_core = {"VELOX_WORKERS", "VELOX_EGRESS_POOL_CONNECTIONS"}
+    rows = ["| Variable | Default | What it does |", "|---|---|---|"]
+    for f in FIELDS:
+        default = "usable cores" if f.env in per_core else (f"`{f.default}`" if f.default else "—")
+        rows.append(f"| `{f.env}` | {default} | {f.help} |")
+    rows.append("| `OPENAI_API_KEY` | — | upstream key used when `VELOX_UPSTREAM_API_KEY` is empty |")
+    return "\n".join(rows) + "\n"

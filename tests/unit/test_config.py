@@ -128,3 +128,10 @@ def test_invalid_setting_stops_startup_with_a_clear_message() -> None:
     out = _velox([], {"VELOX_RING_DEPTH": "100"})
     assert out.returncode == 2
     assert "VELOX_RING_DEPTH='100' is invalid: expected a power of two" in out.stderr
+
+
+def test_readme_configuration_table_is_generated_from_the_settings() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- config:start -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
+    assert section == config.markdown_table(), (
+        "regenerate the README table from velox.config.markdown_table()")
