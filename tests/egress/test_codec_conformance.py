@@ -42,7 +42,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from velox.egress import framer
+from velox.egress import hpack_static
 from velox.egress.codec import (
     CANCEL,
     DATA,
@@ -391,7 +391,7 @@ def test_ten_thousand_streams_leave_no_state(codec: str) -> None:
         assert len(events) == 200
         assert peer.codec.stream_state_count == 0  # type: ignore[attr-defined]
     assert peer.codec.next_stream_id == 20_001
-    assert len(framer._FIELD_CACHE) <= framer._FIELD_CACHE_LIMIT
+    assert len(hpack_static.FIELD_CACHE) <= hpack_static.FIELD_CACHE_LIMIT
 
 
 @each_codec

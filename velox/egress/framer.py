@@ -4,7 +4,7 @@ It is Velox's default egress codec: it does only what a client of an HTTP API ne
 per-frame work reduced to a struct unpack, a table dispatch and one slice, and it writes every
 outgoing frame straight into one bytearray. Response header blocks are HPACK-decoded with jh2's
 compiled decoder when it is installed, else with the pure-Python `hpack` decoder. Requests are
-HPACK-encoded statelessly (static table and literals only), so the peer's decoder table never holds
+HPACK-encoded statelessly (static table and literals only; see hpack_static.py), so the peer's decoder table never holds
 anything of ours and we need no encoder state at all. See CODECS.md for what is deliberately left
 out.
 
@@ -13,11 +13,13 @@ Imports: the standard library, `velox.egress.codec`, and `jh2._hazmat` or `hpack
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from .hpack_static import (
+    FIELD_CACHE, encode_new_field, hpack_field, make_decoder, make_python_decoder,
+)
 from .codec import (
     CANCEL, COMPRESSION_ERROR, CONNECTION_WINDOW_UPDATE_THRESHOLD, DATA,
     DEFAULT_MAX_CONCURRENT_STREAMS, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR,
@@ -68,122 +70,6 @@ _AWAITING_RESPONSE, _RECEIVING_BODY, _REMOTE_CLOSED = 0, 1, 2
 _Handler = Callable[[int, int, bytes, int, int], None]
 _Fields = Sequence[tuple[bytes, bytes]]
 
-# --- HPACK request encoding ---------------------------------------------------------------------
-# Stateless: indexed static entries where name and value match exactly, otherwise literals that
-# are never added to the peer's dynamic table, and no Huffman coding. Request headers are a few
-# hundred bytes on a connection that then carries kilobytes of JSON, so compression would buy
-# little, and statelessness means encoded fields can be cached and shared by every connection.
-
-# RFC 7541 Appendix A, in index order (index = position + 1).
-_STATIC_TABLE: tuple[tuple[bytes, bytes], ...] = (
-    (b":authority", b""), (b":method", b"GET"), (b":method", b"POST"), (b":path", b"/"),
-    (b":path", b"/index.html"), (b":scheme", b"http"), (b":scheme", b"https"),
-    (b":status", b"200"), (b":status", b"204"), (b":status", b"206"), (b":status", b"304"),
-    (b":status", b"400"), (b":status", b"404"), (b":status", b"500"),
-    (b"accept-charset", b""), (b"accept-encoding", b"gzip, deflate"),
-) + tuple((name, b"") for name in (
-    b"accept-language accept-ranges accept access-control-allow-origin age allow authorization "
-    b"cache-control content-disposition content-encoding content-language content-length "
-    b"content-location content-range content-type cookie date etag expect expires from host "
-    b"if-match if-modified-since if-none-match if-range if-unmodified-since last-modified link "
-    b"location max-forwards proxy-authenticate proxy-authorization range referer refresh "
-    b"retry-after server set-cookie strict-transport-security transfer-encoding user-agent vary "
-    b"via www-authenticate"
-).split())  # fmt: skip
-_STATIC_NAME: dict[bytes, int] = {}
-_STATIC_EXACT: dict[tuple[bytes, bytes], int] = {}
-for _index, (_name, _value) in enumerate(_STATIC_TABLE, 1):
-    _STATIC_NAME.setdefault(_name, _index)
-    if _value:
-        _STATIC_EXACT[_name, _value] = _index
-
-# Encoded (name, value) fields shared by all connections. Cleared wholesale when full: refilling
-# costs a microsecond per distinct field, far less than tracking recency on every lookup.
-_FIELD_CACHE: dict[tuple[bytes, bytes], bytes] = {}
-_FIELD_CACHE_LIMIT = 4096
-_BYTE = [bytes((i,)) for i in range(256)]
-
-
-def _hpack_int(value: int, prefix_bits: int, pattern: int) -> bytes:
-    """RFC 7541 section 5.1 integer with an N-bit prefix; pattern holds the high bits."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return _BYTE[pattern | value]
-    out = bytearray((pattern | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _hpack_field(name: bytes, value: bytes, never_indexed: bool = False) -> bytes:
-    if not never_indexed:
-        index = _STATIC_EXACT.get((name, value))
-        if index:
-            return _hpack_int(index, 7, 0x80)
-    pattern = 0x10 if never_indexed else 0x00  # literal never indexed / without indexing
-    index = _STATIC_NAME.get(name, 0)
-    head = _hpack_int(index, 4, pattern)
-    if not index:
-        head += _hpack_int(len(name), 7, 0) + name
-    return head + _hpack_int(len(value), 7, 0) + value
-
-
-# The value-independent start of a never-indexed literal for each credential header.
-_NEVER_INDEXED_HEADS = {name: _hpack_field(name, b"", True)[:-1] for name in SENSITIVE_HEADERS}
-
-
-def _encode_new_field(field: tuple[bytes, bytes]) -> bytes:
-    name, value = field
-    head = _NEVER_INDEXED_HEADS.get(name)
-    if head is not None:
-        # Credentials are encoded afresh each time and never cached: with pass-through keys the
-        # cache would otherwise keep many tenants' secrets alive in a long-lived structure, for a
-        # saving of a fraction of a microsecond per request.
-        return head + _hpack_int(len(value), 7, 0) + value
-    encoded = _hpack_field(name, value)
-    if len(_FIELD_CACHE) >= _FIELD_CACHE_LIMIT:
-        _FIELD_CACHE.clear()
-    _FIELD_CACHE[field] = encoded
-    return encoded
-
-
-_Decoder = tuple[Callable[[bytes], list], Callable[[list], list], type[Exception]]
-
-
-def _make_decoder() -> _Decoder:
-    """Return (decode, strip_pseudo, oversized-list error) for the best HPACK decoder installed."""
-    try:
-        from jh2._hazmat import Decoder, OversizedHeaderListError
-    except ImportError:
-        return _make_python_decoder()
-    decoder = Decoder(max_header_list_size=LOCAL_MAX_HEADER_LIST_SIZE)
-    decoder.max_allowed_table_size = LOCAL_HEADER_TABLE_SIZE
-    # jh2 yields (name, value, sensitive) triples. The filter drops pseudo-headers (58 is ":")
-    # and the caller compares lengths to spot misplaced ones, so one pass does both jobs; an
-    # empty name raises IndexError, which the caller treats as malformed.
-
-    def strip(fields: list) -> list:
-        return [(n, v) for n, v, _ in fields if n[0] != 58]
-
-    return decoder.decode, strip, OversizedHeaderListError
-
-
-def _make_python_decoder() -> _Decoder:
-    from hpack import Decoder, OversizedHeaderListError
-
-    decoder = Decoder(max_header_list_size=LOCAL_MAX_HEADER_LIST_SIZE)
-    decoder.max_allowed_table_size = LOCAL_HEADER_TABLE_SIZE
-    decode = functools.partial(decoder.decode, raw=True)
-
-    def strip(fields: list) -> list:
-        return [(n, v) for n, v in fields if n[0] != 58]
-
-    return decode, strip, OversizedHeaderListError
-
-
 class _Stream:
     """What one stream needs: windows both ways, the unsent body, and the states of each side."""
 
@@ -206,7 +92,7 @@ class Framer:
         self._authority = authority
         self._scheme = scheme
         self._decode, self._strip_pseudo, self._oversized = (
-            _make_decoder() if compiled_hpack else _make_python_decoder()
+            make_decoder() if compiled_hpack else make_python_decoder()
         )
         self._out = bytearray()
         self._streams: dict[int, _Stream] = {}
@@ -399,9 +285,9 @@ class Framer:
         if prefix is None:
             prefix = self._encode_prefix(method, path)
         out += prefix
-        cached = _FIELD_CACHE.get
+        cached = FIELD_CACHE.get
         for field in headers:
-            out += cached(field) or _encode_new_field(field)
+            out += cached(field) or encode_new_field(field)
         size = len(out) - at - 9
         if size <= self._peer_max_frame:
             _pack_head_into(out, at, size >> 16, size & 0xFFFF, _HEADERS, flags, sid)
@@ -410,10 +296,10 @@ class Framer:
 
     def _encode_prefix(self, method: bytes, path: bytes) -> bytes:
         prefix = (
-            _hpack_field(b":method", method)
-            + _hpack_field(b":scheme", self._scheme)
-            + _hpack_field(b":authority", self._authority)
-            + _hpack_field(b":path", path)
+            hpack_field(b":method", method)
+            + hpack_field(b":scheme", self._scheme)
+            + hpack_field(b":authority", self._authority)
+            + hpack_field(b":path", path)
         )
         if len(self._prefixes) >= _PREFIX_CACHE_LIMIT:
             self._prefixes.clear()
