@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("velox.egress")
 
 
-class H1Connection(asyncio.Protocol):
+# Reads land in a buffer of ours (see READ_BUFFER in h2conn for why).
+_READ_BUFFER = 64 * 1024
+
+
+class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
+        "read_buffer",
         "pool", "transport", "parser", "sink", "headers", "status", "keep_alive",
         "closed", "reading_paused", "warm", "authority",
     )
@@ -43,6 +48,7 @@ class H1Connection(asyncio.Protocol):
         self.reading_paused = False
         self.warm = False
         self.authority = pool.authority.encode()
+        self.read_buffer = memoryview(bytearray(_READ_BUFFER))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -99,6 +105,13 @@ class H1Connection(asyncio.Protocol):
             self.close()
 
     # --- transport callbacks ------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # httptools parses the view in place; the callbacks receive their own bytes.
+        self.data_received(self.read_buffer[:nbytes])  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         try:
