@@ -39,6 +39,9 @@ HOP_BY_HOP = frozenset({
 })
 
 
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+
+
 def classify(method: bytes, path: bytes) -> Route:
     """Route of a request line, or raise NotFound / MethodNotAllowed."""
     bare = path.split(b"?", 1)[0]
@@ -113,7 +116,8 @@ class Auth:
         for header in headers:
             name = header[0]
             if name in HOP_BY_HOP:
-                if name == b"connection":
+                # "keep-alive" and "close" name no extra hop-by-hop headers: skip the parse.
+                if name == b"connection" and header[1].lower() not in _PLAIN_CONNECTION:
                     listed = _connection_tokens(header[1], listed)
             elif name == b"authorization":
                 client_auth = header

@@ -274,3 +274,51 @@ def test_sigint_also_drains_and_exits_0(start_gateway: GatewayFactory) -> None:
         process.send_signal(signal.SIGINT)
     assert len([first, *stream]) == 6
     assert gw.wait(timeout=20) == 0
+
+
+def test_upstream_certificate_is_verified(start_gateway: GatewayFactory,
+                                          upstream: MockUpstream) -> None:
+    # Without the mock's CA the TLS handshake must fail: never ready, and calls get 502.
+    gw = start_gateway(wait_ready=False, VELOX_UPSTREAM_CA_FILE="",
+                       VELOX_CONNECT_TIMEOUT_MS="1000")
+    wait_for(lambda: "certificate verify failed" in gw.log().lower())
+    assert raw(gw).get("/readyz").status_code == 503
+    with pytest.raises(openai.InternalServerError) as err:
+        client_for(gw).chat.completions.create(model="m", messages=MESSAGES)
+    assert err.value.status_code == 502
+
+
+def test_ssl_cert_file_adds_a_trusted_ca(start_gateway: GatewayFactory,
+                                         upstream: MockUpstream) -> None:
+    gw = start_gateway(VELOX_UPSTREAM_CA_FILE="", SSL_CERT_FILE=upstream.ca_file or "")
+    assert client_for(gw).chat.completions.create(model="m", messages=MESSAGES).choices
+
+
+def test_demo_answers_an_sdk_call_and_stops_on_ctrl_c(tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VELOX_")}
+    env["VELOX_PORT"] = str(port)
+    demo = subprocess.Popen([sys.executable, "-m", "velox", "demo"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop" in line:
+                break
+        text = "".join(lines)
+        assert f'OpenAI(base_url="http://127.0.0.1:{port}/v1", api_key="sk-velox-demo")' in text
+        assert "chat.completions  → 'Hello from the Velox mock upstream'" in text
+        assert "streamed 6 chunks" in text
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=30) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz")
