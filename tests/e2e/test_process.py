@@ -185,6 +185,17 @@ def test_http1_fallback_when_upstream_offers_no_h2(start_gateway: GatewayFactory
         assert {r["protocol"] for r in mock.requests(10)} == {"http/1.1"}
         assert "falling back to HTTP/1.1" in gw.log()
 
+        async def burst() -> int:
+            client = async_client_for(gw)
+            replies = await asyncio.gather(*[
+                client.chat.completions.create(model="m", messages=MESSAGES) for _ in range(40)])
+            await client.close()
+            return len(replies)
+
+        assert asyncio.run(burst()) == 40
+        # The pool grows with demand (one connection per waiting request at most), not beyond.
+        assert mock.stats()["open_connections"] <= 40 + 2
+
 
 @pytest.mark.parametrize(("protocol", "seen"), [("h2", "h2"), ("auto", "http/1.1")])
 def test_cleartext_upstream(start_gateway: GatewayFactory, protocol: str, seen: str) -> None:

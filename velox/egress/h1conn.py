@@ -33,7 +33,7 @@ class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
         "pool", "transport", "parser", "sink", "headers", "status", "keep_alive",
-        "closed", "reading_paused", "warm", "authority",
+        "closed", "reading_paused", "warm", "authority", "idle_since",
     )
 
     def __init__(self, pool: Pool) -> None:
@@ -47,6 +47,7 @@ class H1Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.reading_paused = False
         self.warm = False
+        self.idle_since = 0.0
         self.authority = pool.authority.encode()
         self.read_buffer = memoryview(bytearray(_READ_BUFFER))
 

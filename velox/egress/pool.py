@@ -39,6 +39,8 @@ MAX_H1_CONNECTIONS = 512
 # the upstream keeps refusing.
 MAX_ATTEMPTS = 5
 _BACKOFF_MIN_S = 0.05
+# HTTP/1.1 connections above the pool size are closed after this long unused.
+_H1_IDLE_S = 30.0
 _BACKOFF_MAX_S = 5.0
 
 
@@ -84,10 +86,12 @@ class Pool:
         # request's objects die young, where the garbage collector's work is cheap.
         self.inflight: dict[Any, None] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.tls_contexts: dict[tuple[str, ...], ssl.SSLContext] = {}
         self.timer: asyncio.TimerHandle | None = None
         # HTTP/1.1 mode
-        self.h1_idle_conns: list[H1Connection] = []
+        self.h1_idle_conns: list[H1Connection] = []  # most recently used last
         self.h1_total = 0
+        self.h1_connecting = 0
         # counters the worker copies into shared memory
         self.goaways = 0
         self.reconnects = 0
@@ -114,6 +118,28 @@ class Pool:
         if self.protocol == "http1":
             return self.h1_total
         return sum(1 for c in self.conns if c is not None and c.state < State.CLOSED)
+
+    def describe(self) -> dict[str, Any]:
+        """The pool's state for the admin's /stats: per connection, and its counters."""
+        now = time.monotonic()
+        conns = []
+        if self.protocol != "http1":  # HTTP/1.1 connections are anonymous: counted below
+            conns = [{"index": i, "state": c.state.name if c is not None else
+                      "CONNECTING" if self.connecting[i] else "DOWN",
+                      "active_streams": 0 if c is None else c.active,
+                      "max_concurrent_streams": 0 if c is None else c.codec.max_concurrent_streams,
+                      "age_s": round(now - c.opened_at, 1) if c is not None and c.opened_at
+                      else None}
+                     for i, c in enumerate(self.conns)]
+        return {
+            "protocol": self.protocol, "authority": self.authority, "ready": self.ready,
+            "connections": conns, "open_connections": self.open_connections,
+            "idle_http1_connections": len(self.h1_idle_conns),
+            "queued": len(self.waiting), "in_flight": len(self.inflight),
+            "goaways": self.goaways, "reconnects": self.reconnects, "retries": self.retries,
+            "streams_cancelled": self.streams_cancelled,
+            "connect_failures": self.connect_failures,
+        }
 
     async def close(self) -> None:
         self.closing = True
@@ -290,6 +316,7 @@ class Pool:
     def _spawn_h1(self, warm: bool) -> None:
         # Counted before the connect starts, so one batch cannot overshoot the cap.
         self.h1_total += 1
+        self.h1_connecting += 1
         task = self.loop.create_task(self._open_h1(warm))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -307,8 +334,7 @@ class Pool:
             if delay:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             codec = make_codec(self.codec_name, self.authority.encode(), self.scheme.encode())
-            ctx = (make_ssl_context(self.settings, self._alpn())
-                   if self.scheme == "https" else None)
+            ctx = self._tls(tuple(self._alpn())) if self.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
                     lambda: H2Connection(self, index, codec), self.host, self.port,
@@ -327,6 +353,14 @@ class Pool:
             self.loop.call_soon(self._spawn, index)
         finally:
             self.connecting[index] = False
+
+    def _tls(self, alpn: tuple[str, ...]) -> ssl.SSLContext:
+        """One context per ALPN list, built once: loading the CA bundle costs milliseconds,
+        which an HTTP/1.1 pool opening connections under load would pay on the loop each time."""
+        ctx = self.tls_contexts.get(alpn)
+        if ctx is None:
+            ctx = self.tls_contexts[alpn] = make_ssl_context(self.settings, list(alpn))
+        return ctx
 
     def _alpn(self) -> list[str]:
         if self.settings.upstream_protocol == "h2":
@@ -348,16 +382,17 @@ class Pool:
             conn = self.h1_idle_conns.pop()
             request = exchange.request
             conn.send(exchange, request.method, exchange.path, exchange.headers_out, request.body)
-        elif self.h1_total < MAX_H1_CONNECTIONS and not self.closing:
-            self._enqueue(exchange)
-            self._spawn_h1(warm=False)
         else:
             self._enqueue(exchange)
+            # One new connection per waiting request at most: a busy connection coming free
+            # first takes a waiter, and its would-be replacement would only sit idle.
+            if (self.h1_connecting < len(self.waiting) and self.h1_total < MAX_H1_CONNECTIONS
+                    and not self.closing):
+                self._spawn_h1(warm=False)
 
     async def _open_h1(self, warm: bool) -> None:
         try:
-            ctx = (make_ssl_context(self.settings, ["http/1.1"])
-                   if self.scheme == "https" else None)
+            ctx = self._tls(("http/1.1",)) if self.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
                     lambda: H1Connection(self), self.host, self.port,
@@ -365,6 +400,7 @@ class Pool:
                 self.connect_timeout_s,
             )
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            self.h1_connecting -= 1
             self.h1_total -= 1
             self.connect_failures += 1
             log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
@@ -376,6 +412,7 @@ class Pool:
                 await asyncio.sleep(_BACKOFF_MIN_S * random.uniform(1, 4))
                 self._spawn_h1(warm=True)
             return
+        self.h1_connecting -= 1
         if self.closing:
             conn.close()
             return
@@ -396,6 +433,7 @@ class Pool:
         if self.closing:
             conn.close()
             return
+        conn.idle_since = time.monotonic()
         self.h1_idle_conns.append(conn)
         if not self.ready_once and len(self.h1_idle_conns) >= self.size:
             self.ready_once = True
@@ -432,8 +470,16 @@ class Pool:
                 expired.append((exchange, "the next chunk of the response"))
         for exchange, waiting_for in expired:
             self._expire(exchange, waiting_for)
+        self._reap_idle_h1(now)
         if not self.closing:
             self._schedule_sweep()
+
+    def _reap_idle_h1(self, now: float) -> None:
+        """Close HTTP/1.1 connections beyond the pool size that a burst opened and that have
+        sat unused for a while (the least recently used are at the front of the idle list)."""
+        idle = self.h1_idle_conns
+        while len(idle) > self.size and now - idle[0].idle_since > _H1_IDLE_S:
+            idle.pop(0).close()
 
     def _expire(self, exchange: Any, waiting_for: str) -> None:
         link = exchange.link
