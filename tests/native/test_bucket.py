@@ -10,9 +10,9 @@ minute, so a rate of r tokens per minute adds exactly r units per microsecond):
 * lower: admitted + left + 1 > burst + rate * (t_end - t_created) / U, where `left` is
   `available()` read after t_end (whole tokens still in the bucket, refill pending since
   the last refill included) and the 1 is the fraction of a token `available()` rounds
-  away. It holds exactly as long as no credit was discarded at the cap, which the test
-  parameters guarantee (the burst covers more than a second of refill, and the bucket is
-  drained within microseconds and kept near empty by the hammering).
+  away. It holds exactly as long as no credit was discarded at the cap, which the tests
+  guarantee: they drain the bucket right after creating it, the burst covers more than a
+  second of refill, and the hammering keeps it near empty.
 """
 
 from __future__ import annotations
@@ -220,11 +220,12 @@ def check_bounds(admitted: int, left: int, t_start: int, t_created: int, t_end: 
 def test_exact_under_four_threads_without_gil() -> None:
     t_start = now_us()
     bucket = TokenBucket(RATE, BURST)
-    # One take now puts the bucket below its cap for good; the time it sat full before the
-    # take (stamp_full) is not credit, so the lower bound counts from here.
-    assert bucket.acquire()
+    # Drain it now: from here on it sits far below its cap, so no credit is ever discarded
+    # there (a refill of a nearly full bucket would discard some, and the lower bound would
+    # not hold); acquire_up_to refilled first, so the lower bound counts from here.
+    assert bucket.acquire_up_to(BURST) == BURST
     t_created = now_us()
-    results = [1, 0, 0, 0, 0]
+    results = [BURST, 0, 0, 0, 0]
 
     def run(i: int) -> None:
         results[i] = bucket._hammer(HAMMER_US, 1 + i % 2)  # mixed demand: 1 and 2 tokens
@@ -259,7 +260,9 @@ def test_exact_across_forked_processes() -> None:
     ctx = multiprocessing.get_context("fork")
     t_start = now_us()
     bucket = TokenBucket(RATE, BURST)
-    assert bucket.acquire()  # below the cap from here on (see the thread test)
+    # Drained before the children start (see the thread test): forking takes milliseconds,
+    # and a child's first refill of a still-full bucket would discard their credit.
+    assert bucket.acquire_up_to(BURST) == BURST
     t_created = now_us()
     bodies: list[Callable[[TokenBucket, int, object], None]] = [
         _hammer_native,
@@ -288,4 +291,4 @@ def test_exact_across_forked_processes() -> None:
                 p.join()
     t_end = now_us()
     left = bucket.available()
-    check_bounds(1 + sum(counts), left, t_start, t_created, t_end)
+    check_bounds(BURST + sum(counts), left, t_start, t_created, t_end)
