@@ -11,6 +11,7 @@ NATIVE_SOURCES = [
     "native/vx_ring.c",
     "native/vx_bucket.c",
     "native/vx_stats.c",
+    "native/vx_json.c",
 ]
 
 setup(

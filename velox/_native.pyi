@@ -6,7 +6,9 @@ OverflowError), TypeError for wrong types, IndexError for slot/field out of rang
 """
 
 from collections.abc import Sequence
-from typing import final
+from typing import Final, final
+
+from typing_extensions import Buffer
 
 @final
 class Ring:
@@ -113,3 +115,54 @@ class Histogram:
         """(upper_bound_us_inclusive, count) for the non-empty buckets, ascending."""
     @property
     def slots(self) -> int: ...
+
+# ---------------------------------------------------------------- JSON request scanner
+
+# Kinds (JSON type of a value); JSON_ABSENT: key not present / top level not an object.
+JSON_ABSENT: Final[int]  # 0
+JSON_NULL: Final[int]  # 1
+JSON_FALSE: Final[int]  # 2
+JSON_TRUE: Final[int]  # 3
+JSON_NUMBER: Final[int]  # 4
+JSON_STRING: Final[int]  # 5
+JSON_ARRAY: Final[int]  # 6
+JSON_OBJECT: Final[int]  # 7
+
+# Error codes. Only "JSON_OK or not" is guaranteed to match orjson; the code is a best effort.
+JSON_OK: Final[int]  # 0
+JSON_E_EMPTY: Final[int]  # 1: empty or whitespace-only
+JSON_E_TRUNCATED: Final[int]  # 2: input ends inside a value
+JSON_E_SYNTAX: Final[int]  # 3: unexpected byte
+JSON_E_TRAILING: Final[int]  # 4: content after the top-level value
+JSON_E_DEPTH: Final[int]  # 5: more than JSON_MAX_DEPTH nested arrays/objects
+JSON_E_NUMBER: Final[int]  # 6: malformed number
+JSON_E_RANGE: Final[int]  # 7: number that is +-infinity as a double (orjson refuses those)
+JSON_E_CONTROL: Final[int]  # 8: raw byte < 0x20 in a string
+JSON_E_ESCAPE: Final[int]  # 9: bad backslash escape
+JSON_E_SURROGATE: Final[int]  # 10: lone surrogate in a \u escape
+JSON_E_UTF8: Final[int]  # 11: ill-formed UTF-8 in a string
+JSON_E_TOO_LARGE: Final[int]  # 12: 2**60 bytes or more
+JSON_MAX_DEPTH: Final[int]  # 1024, as orjson
+
+def scan_json(buf: Buffer, /) -> tuple[int, int, int, int, int, int, int]:
+    """Validate buf as one JSON text and locate the top-level "model" and "stream" keys.
+
+    Accepts exactly what orjson.loads accepts (differentially tested). Returns
+    (error, error_offset, model_start, model_end, model_kind, stream_kind, top_kind):
+
+    - error: JSON_OK (0) or a JSON_E_* code; error_offset: byte offset where validation
+      failed (len(buf) when the input ends too early), 0 on success. On error every other
+      item is 0.
+    - model_start, model_end: byte span of the value of the top-level "model" key (quotes
+      included for a string: orjson.loads(buf[model_start:model_end]) is its value); 0, 0
+      when absent. model_kind: its JSON_* kind, JSON_ABSENT when absent.
+    - stream_kind: kind of the top-level "stream" value: JSON_TRUE / JSON_FALSE for the
+      literals, JSON_ABSENT when absent, any other kind otherwise.
+    - top_kind: kind of the top-level value; fields are reported only for JSON_OBJECT.
+
+    Keys are compared after unescaping; a repeated key reports its last occurrence (as
+    orjson). Keys of nested objects are ignored. buf is any C-contiguous buffer (bytes,
+    bytearray, memoryview); others raise BufferError or TypeError. From 64 KiB on the GIL is
+    released during the scan, so a thread can scan a large body while the event loop runs;
+    do not modify the buffer meanwhile (a bytearray cannot be resized during the scan).
+    """
