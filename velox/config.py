@@ -131,6 +131,18 @@ def _origin(raw: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def _listen_addr(raw: str) -> str:
+    form = "host:port (e.g. 127.0.0.1:6060, [::1]:6060; port 0 picks one) or off"
+    text = raw.strip()
+    if text.lower() == "off":
+        return "off"
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535 or " " in host:
+        raise ValueError(form)
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+
+
 def _existing_file(raw: str) -> str:
     path = raw.strip()
     if path and not Path(path).is_file():
@@ -210,6 +222,10 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_KEEPALIVE_TIMEOUT_S", "keepalive_timeout_s", _int_in(1, 3600),
           str(DEFAULT_KEEPALIVE_TIMEOUT_S), "idle client connections are closed after this"),
     Field("VELOX_LOG_LEVEL", "log_level", _choice(*LOG_LEVELS), "info", "logging level"),
+    Field("VELOX_ADMIN_ADDR", "admin_addr", _listen_addr, "127.0.0.1:6060",
+          "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
+    Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
+          "one JSON line per request on stdout (never keys, bodies or query strings)"),
 )
 
 
@@ -243,6 +259,8 @@ class Settings:
     shutdown_grace_s: int = DEFAULT_SHUTDOWN_GRACE_S
     keepalive_timeout_s: int = DEFAULT_KEEPALIVE_TIMEOUT_S
     log_level: str = "info"
+    admin_addr: str = "127.0.0.1:6060"
+    access_log: bool = True
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
 
@@ -262,6 +280,14 @@ class Settings:
     @property
     def upstream_authority(self) -> str:
         return urlsplit(self.upstream_origin).netloc
+
+    @property
+    def admin_endpoint(self) -> tuple[str, int] | None:
+        """VELOX_ADMIN_ADDR as (host, port), or None when it is off."""
+        if self.admin_addr == "off":
+            return None
+        host, _, port = self.admin_addr.rpartition(":")
+        return host.strip("[]"), int(port)
 
     @property
     def egress_protocol(self) -> str:

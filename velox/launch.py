@@ -1,8 +1,10 @@
 """Run a real Velox gateway as a child process (for the demo, the tests and the benchmarks).
 
 `GatewayProcess` starts `python -m velox` with the given VELOX_* settings, waits until
-`/readyz` answers 200, and stops it by its PID. Its stderr goes to a file so a test can read
-the log afterwards (for instance to prove a key never appears in it).
+`/readyz` answers 200, and stops it by its PID. Its stdout and stderr go to a file so a test
+can read the log afterwards (for instance to prove a key never appears in it). Unless the
+caller sets VELOX_ADMIN_ADDR, the admin server gets a free port of its own, so gateways
+started side by side never collide.
 
 Imports: stdlib only.
 """
@@ -48,6 +50,7 @@ class GatewayProcess:
         base = {k: v for k, v in base.items() if not k.startswith("VELOX_")}
         base.pop("OPENAI_API_KEY", None)
         self.env = {**base, **env, "VELOX_HOST": host, "VELOX_PORT": str(self.port)}
+        self.env.setdefault("VELOX_ADMIN_ADDR", f"{host}:{free_port(host)}")
         self.log_path = Path(log_path) if log_path else Path(
             tempfile.mkstemp(prefix="velox-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
@@ -55,6 +58,14 @@ class GatewayProcess:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str | None:
+        """http://host:port of the admin server (None when VELOX_ADMIN_ADDR=off or port 0)."""
+        addr = self.env["VELOX_ADMIN_ADDR"].strip()
+        if addr.lower() == "off" or addr.endswith(":0"):
+            return None
+        return f"http://{addr}"
 
     @property
     def pid(self) -> int:

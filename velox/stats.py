@@ -5,7 +5,7 @@ slot (its own cache lines) of the same shared mapping, and the supervisor or any
 the slots without asking the workers anything. Field meanings are fixed here; the native
 `Counters` and `Histogram` know only numbers.
 
-Imports: the native extension and stdlib.
+Imports: the native extension, _types (route numbers) and stdlib.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from velox._native import Counters, Histogram
+from velox._types import Route
 
 
 class F(IntEnum):
@@ -44,6 +45,7 @@ class F(IntEnum):
     NUMA_NODE = 23  # gauge
     UPSTREAM_CONNECTIONS = 24  # gauge: open upstream connections
     STARTS = 25  # times a worker started in this slot (restarts = STARTS - 1)
+    ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
 
 
 class H(IntEnum):
@@ -52,13 +54,29 @@ class H(IntEnum):
     OVERHEAD = 2  # TOTAL minus UPSTREAM: what the gateway itself added
 
 
+# Responses by route and status class live in their own Counters: field = route * 4 + class.
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
+# Label of each route in /metrics and /stats. Requests refused before routing (404, 405, bad
+# HTTP) are counted as FORWARD, since ingress gives them that route.
+ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.FORWARD: "forward", Route.ROOT: "root",
+               Route.HEALTH: "healthz", Route.READY: "readyz"}
+ROUTE_FIELDS = (max(Route) + 1) * len(STATUS_CLASSES)
+# ROUTE_STATUS_FIELD[route][status // 100]: one tuple index on the hot path, no arithmetic.
+# 1xx is never a final answer and counts with 2xx, as in F; anything past 5xx counts as 5xx.
+_CLASS_OF = (0, 0, 0, 1, 2, 3, 3, 3, 3, 3)
+ROUTE_STATUS_FIELD = tuple(
+    tuple(route * len(STATUS_CLASSES) + c for c in _CLASS_OF) for route in range(max(Route) + 1)
+)
+
+
 class SharedStats:
-    __slots__ = ("workers", "counters", "histograms")
+    __slots__ = ("workers", "counters", "histograms", "routes")
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.counters = Counters(workers, len(F))
         self.histograms = tuple(Histogram(workers) for _ in H)
+        self.routes = Counters(workers, ROUTE_FIELDS)
 
     def all_ready(self) -> bool:
         rows = self.counters.snapshot()

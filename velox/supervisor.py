@@ -12,7 +12,10 @@ waits for them, up to the grace period, before exiting 0.
 
 The supervisor never runs an event loop; it sleeps in select() on a signal wake-up pipe.
 
-Imports: worker, ratelimit, stats, topology, config, stdlib.
+The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
+own threads; each worker gets a control socketpair, made right before its fork.
+
+Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib.
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ import socket
 import sys
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from velox.config import Settings
 from velox.ratelimit import Limiter
 from velox.stats import F, SharedStats
 from velox.topology import pin, plan
+
+if TYPE_CHECKING:
+    from velox.admin.server import AdminServer
 
 log = logging.getLogger("velox.supervisor")
 
@@ -78,6 +85,13 @@ class Supervisor:
         self.stop_signal = 0
         self.stopping = False
         self.kill_deadline = 0.0
+        self.admin: AdminServer | None = None
+        endpoint = settings.admin_endpoint
+        if endpoint is not None:
+            from velox.admin.server import AdminServer
+
+            # Bound now, before any fork: a taken address stops start-up with a clear message.
+            self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -93,6 +107,8 @@ class Supervisor:
         log.info("listening on http://%s:%d with %d worker(s); upstream %s",
                  self.settings.host, self.port, self.settings.workers,
                  self.settings.upstream_origin)
+        if self.admin is not None:
+            self.admin.start()
         while True:
             select.select([rfd], [], [], 0.2)
             try:
@@ -112,6 +128,8 @@ class Supervisor:
                         _signal(pid, signal.SIGKILL)
             else:
                 self._respawn_due()
+        if self.admin is not None:
+            self.admin.stop()
         log.info("all workers stopped; exiting")
         return 0
 
@@ -130,6 +148,7 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         self.started_at[slot] = time.monotonic()
+        control = self.admin.hub.pair() if self.admin is not None else None
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -138,16 +157,22 @@ class Supervisor:
                 os.close(self._wake[0])
                 os.close(self._wake[1])
                 self.sock.close()  # the port reservation is the supervisor's
+                if self.admin is not None and control is not None:
+                    self.admin.close_in_child()
+                    control[0].close()
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
                 code = run_worker(self.settings, slot, self.port, self.shared, self.limiter,
-                                  self.placement[slot])
+                                  self.placement[slot], control[1] if control else None)
             except BaseException:
                 traceback.print_exc()
             finally:
                 logging.shutdown()
                 os._exit(code)
         self.children[pid] = slot
+        if self.admin is not None and control is not None:
+            control[1].close()
+            self.admin.hub.attach(slot, control[0])
 
     def _reap(self) -> None:
         while self.children:
@@ -190,7 +215,8 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def run_worker(settings: Settings, slot: int, port: int, shared: SharedStats,
-               limiter: Limiter, placement: tuple[int, int]) -> int:
+               limiter: Limiter, placement: tuple[int, int],
+               control: socket.socket | None = None) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.worker import Worker
 
@@ -211,6 +237,7 @@ def run_worker(settings: Settings, slot: int, port: int, shared: SharedStats,
     asyncio.set_event_loop(loop)
     sock = bind(settings.host, port, listen=True)
     worker = Worker(settings, slot, shared, limiter, sock)
+    worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
     try:
         loop.run_until_complete(worker.serve())
     finally:

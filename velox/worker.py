@@ -11,7 +11,7 @@ This is the only module that runs the stages in sequence; each stage knows nothi
 others.
 
 Imports: every stage below it (ingress, parse, ratelimit, route, egress, relay), ring, arena,
-stats, config, errors.
+stats, config, errors; admin.agent (in serve: control channel and access log).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from velox.ratelimit import Limiter
 from velox.relay import Exchange
 from velox.ring import make_queue
 from velox.route import Auth
-from velox.stats import F, H, SharedStats
+from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
 
 log = logging.getLogger("velox.worker")
 
@@ -61,6 +61,11 @@ class Worker:
         self.in_flight = 0
         self.stopping: asyncio.Event | None = None
         self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0}
+        self.routes = shared.routes
+        # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
+        # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
+        self.control_sock: Any = None
+        self.log_access: Any = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any
@@ -95,6 +100,10 @@ class Worker:
         server = await loop.create_server(
             lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
         self.pool.start()
+        from velox.admin.agent import Agent
+
+        agent = Agent(self)
+        await agent.start()
         # Everything alive now lives as long as the worker: move it out of the collector's
         # sight, so the rare full collections only walk per-request objects. The hot path makes
         # no reference cycles (relay and ingress cut theirs), so refcounting frees requests.
@@ -104,6 +113,7 @@ class Worker:
         await self.stopping.wait()
         ticker.cancel()
         await self.shutdown(server)
+        agent.close()
 
     async def shutdown(self, server: asyncio.AbstractServer) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then close.
@@ -249,6 +259,10 @@ class Worker:
         counters.add(slot, F.REQUESTS, 1)
         counters.add(slot, _CLASS_FIELD.get(status // 100, F.RESP_5XX), 1)
         counters.add(slot, F.BYTES_OUT, bytes_out)
+        self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][status // 100], 1)
+        log_access = self.log_access
+        if log_access is not None:  # a deque append: the log thread formats and writes
+            log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1

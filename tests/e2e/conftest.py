@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess
+from velox.launch import GatewayProcess, free_port
 from velox.mock import MockUpstream
 
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
@@ -35,6 +35,8 @@ def gateway_env(mock: MockUpstream, **extra: str) -> dict[str, str]:
         "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
         "VELOX_RATE_LIMIT_RPM": "0",
         "VELOX_SHUTDOWN_GRACE_S": "10",
+        # Its own admin port: gateways of concurrently running tests must never collide.
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
     }
     if mock.ca_file:
         env["VELOX_UPSTREAM_CA_FILE"] = mock.ca_file

@@ -1,0 +1,149 @@
+"""The worker's side of the admin: its control channel and its access log.
+
+`Agent.start` runs inside `Worker.serve`, on the worker's event loop: it starts the access log
+thread (unless VELOX_ACCESS_LOG=0) and hands the worker the deque's `append` for its hot path,
+then wraps the worker's end of the control socketpair in a loop transport, so commands are
+read between the loop's other callbacks and answers are written without ever blocking it.
+
+Commands (see control.py for the framing):
+
+* `state`: this worker's upstream pool per connection (`Pool.describe()`), in-flight
+  requests, ring depth, client connections. Answered at once, from the loop thread, so a
+  worker that cannot answer quickly is busy, which the supervisor reports as such.
+* `profile {seconds}`: start pyinstrument on this (the loop's) thread; after `seconds`
+  (`loop.call_later`) stop it and answer with the compacted session.
+
+Imports: admin.accesslog, admin.control, stdlib; admin.profiling when a profile starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from velox.admin.accesslog import AccessLog
+from velox.admin.control import ControlError, FrameReader, encode
+
+log = logging.getLogger("velox.admin")
+
+
+class Agent:
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.access_log: AccessLog | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.profile: Any = None
+        self.profile_timer: asyncio.TimerHandle | None = None
+
+    async def start(self) -> None:
+        worker = self.worker
+        if worker.settings.access_log:
+            self.access_log = AccessLog(worker.slot, worker.counters)
+            self.access_log.start()
+            worker.log_access = self.access_log.append
+        sock = worker.control_sock
+        if sock is not None:
+            worker.control_sock = None
+            sock.setblocking(False)
+            await worker.loop.connect_accepted_socket(lambda: _ControlProtocol(self), sock)
+
+    def close(self) -> None:
+        """After the worker has drained: stop profiling, close the channel, flush the log."""
+        if self.profile_timer is not None:
+            self.profile_timer.cancel()
+        if self.profile is not None:
+            self.profile.profiler.stop()
+            self.profile = None
+        if self.transport is not None:
+            self.transport.close()
+        self.worker.log_access = None
+        if self.access_log is not None:
+            self.access_log.close()
+
+    # --- commands -------------------------------------------------------------------------
+
+    def handle(self, message: dict[str, Any]) -> None:
+        msg_id = message.get("id")
+        cmd = message.get("cmd")
+        try:
+            if cmd == "state":
+                self.reply(msg_id, self.state())
+            elif cmd == "profile":
+                self.start_profile(msg_id, float(message.get("seconds", 10)))
+            elif cmd == "ping":
+                self.reply(msg_id, os.getpid())
+            else:
+                raise ControlError(f"unknown command {cmd!r}")
+        except Exception as exc:  # noqa: BLE001 - an admin command must not hurt the worker
+            self.reply(msg_id, error=str(exc) or type(exc).__name__)
+
+    def reply(self, msg_id: Any, result: Any = None, error: str | None = None) -> None:
+        if self.transport is None or self.transport.is_closing():  # type: ignore[attr-defined]
+            return
+        message = {"id": msg_id, "ok": error is None}
+        if error is None:
+            message["result"] = result
+        else:
+            message["error"] = error
+        self.transport.write(encode(message))  # type: ignore[attr-defined]
+
+    def state(self) -> dict[str, Any]:
+        worker = self.worker
+        pool = worker.pool
+        describe = getattr(pool, "describe", None)
+        arena = worker.arena
+        return {
+            "pid": os.getpid(),
+            "in_flight": worker.in_flight,
+            "ring_depth": len(worker.ring),
+            "client_connections": len(worker.ingress.connections),
+            "arena": None if arena is None else {"live_bodies": arena.live,
+                                                 "spills": arena.spills},
+            "upstream": describe() if describe is not None else {"egress": type(pool).__name__},
+            "profiling": self.profile is not None,
+            "access_log_queued": len(self.access_log.queue) if self.access_log else None,
+        }
+
+    def start_profile(self, msg_id: Any, seconds: float) -> None:
+        if self.profile is not None:
+            raise ControlError("a profile is already running in this worker")
+        from velox.admin.profiling import MAX_SECONDS, WorkerProfile
+
+        seconds = min(max(seconds, 0.01), MAX_SECONDS)
+        self.profile = WorkerProfile(f"velox worker {self.worker.slot} (pid {os.getpid()})")
+        self.profile_timer = self.worker.loop.call_later(seconds, self.finish_profile, msg_id)
+
+    def finish_profile(self, msg_id: Any) -> None:
+        profile, self.profile, self.profile_timer = self.profile, None, None
+        if profile is None:
+            return
+        try:
+            result = profile.stop()
+        except Exception as exc:  # noqa: BLE001
+            self.reply(msg_id, error=f"profiling failed: {exc}")
+            return
+        self.reply(msg_id, result)
+
+
+class _ControlProtocol(asyncio.Protocol):
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.reader = FrameReader()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.agent.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.reader.feed(data)
+        except Exception:  # noqa: BLE001 - a corrupt frame: the stream cannot resync
+            log.warning("control channel: unreadable frame; closing it")
+            self.agent.transport.close()  # type: ignore[union-attr]
+            return
+        for message in messages:
+            self.agent.handle(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.agent.transport = None

@@ -1,0 +1,324 @@
+"""`velox doctor`: check the configuration and the path to the upstream, one line per check.
+
+Each check prints `PASS` or `FAIL` (or `SKIP` when an earlier failure makes it meaningless)
+with what it found, and for a failure what to do about it. In order:
+
+1. the configuration loads (the same `config.load` the gateway uses);
+2. the gateway's port and 3. the admin port are free, or Velox is already up on them (then its
+   /healthz and /readyz are asked);
+4. the upstream's host resolves, 5. accepts a TCP connection, 6. completes a TLS handshake
+   trusting the configured CAs, 7. negotiates h2 by ALPN (or Velox will fall back to
+   HTTP/1.1), and 8. answers `GET VELOX_UPSTREAM_WARMUP_PATH` with the configured key. Any HTTP
+   status proves the upstream reachable; 401/403 means the key is missing or wrong.
+
+The exit status is 1 if any check failed, else 0. The warm-up request goes over HTTP/2 with the
+gateway's own codec when h2 was negotiated, so it exercises the same framing the egress uses.
+
+Imports: config, egress.codec, egress.pool (the TLS context), stdlib.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import socket
+import ssl
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from velox.config import ConfigError, Settings, load
+
+_PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # PASS, FAIL, SKIP
+    detail: str
+    fix: str = ""
+
+
+def _pass(name: str, detail: str) -> Result:
+    return Result(name, "PASS", detail)
+
+
+def _fail(name: str, detail: str, fix: str) -> Result:
+    return Result(name, "FAIL", detail, fix)
+
+
+# --- ports --------------------------------------------------------------------------------------
+
+
+def _port_free(host: str, port: int) -> OSError | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR only (not SO_REUSEPORT): a running Velox must make this bind fail.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None
+
+
+def _get_json(host: str, port: int, path: str) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection(host, port, timeout=_PROBE_TIMEOUT_S)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(body)
+    except ValueError:
+        return response.status, None
+
+
+def check_port(name: str, variable: str, host: str, port: int, velox_paths: tuple[str, ...],
+               ) -> Result:
+    where = f"{host}:{port}"
+    if port == 0:
+        return _pass(name, f"{variable} port 0: a free port is picked at start-up")
+    error = _port_free(host, port)
+    if error is None:
+        return _pass(name, f"{where} is free")
+    if error.errno != errno.EADDRINUSE:
+        return _fail(name, f"cannot bind {where}: {error.strerror or error}",
+                     f"set {variable} to an address of this machine")
+    try:
+        status, body = _get_json(host, port, "/healthz")
+    except (OSError, http.client.HTTPException):
+        status, body = 0, None
+    if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
+        return _fail(name, f"{where} is in use by another program (not Velox)",
+                     f"stop that program or set {variable} to a free port")
+    details = ["Velox is up there"]
+    for path in velox_paths:
+        try:
+            status, body = _get_json(host, port, path)
+        except (OSError, http.client.HTTPException) as exc:
+            return _fail(name, f"Velox is up on {where} but {path} failed: {exc}",
+                         "look at the gateway's log")
+        if status != 200:
+            return _fail(name, f"Velox is up on {where} but {path} answers {status}: "
+                         f"{json.dumps(body)[:160]}",
+                         "its upstream connections are not warm: see the upstream checks "
+                         "below and the gateway's log")
+        details.append(f"{path} 200")
+    return _pass(name, f"{where}: " + ", ".join(details))
+
+
+# --- upstream -----------------------------------------------------------------------------------
+
+
+class _Upstream:
+    """State carried from one upstream check to the next (the socket, what ALPN said)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.host = settings.upstream_host
+        self.port = settings.upstream_port
+        self.sock: socket.socket | None = None
+        self.alpn: str | None = None
+        self.timeout = min(10.0, settings.connect_timeout_ms / 1000)
+
+    def resolve(self) -> Result:
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            return _fail("upstream-dns", f"{self.host} does not resolve: {exc.strerror}",
+                         "check VELOX_UPSTREAM_ORIGIN and this machine's DNS")
+        addresses = sorted({info[4][0] for info in infos})
+        return _pass("upstream-dns", f"{self.host} resolves to {', '.join(addresses[:4])}")
+
+    def connect(self) -> Result:
+        started = time.monotonic()
+        try:
+            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                reason = f"no answer within {self.timeout:g} s"
+            return _fail("upstream-connect", f"cannot connect to {self.host}:{self.port}: "
+                         f"{reason}", "check that the upstream runs and VELOX_UPSTREAM_ORIGIN's "
+                         "host and port are right (and no firewall is in between)")
+        ms = (time.monotonic() - started) * 1000
+        return _pass("upstream-connect", f"TCP connection to {self.host}:{self.port} in "
+                     f"{ms:.0f} ms")
+
+    def tls(self) -> Result:
+        from velox.egress.pool import make_ssl_context
+
+        settings = self.settings
+        alpn = ["h2"] if settings.upstream_protocol == "h2" else (
+            ["http/1.1"] if settings.egress_protocol == "http1" else ["h2", "http/1.1"])
+        assert self.sock is not None
+        try:
+            ctx = make_ssl_context(settings, alpn)
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as exc:
+            return _fail("upstream-tls", f"the upstream's certificate is not trusted: "
+                         f"{exc.verify_message}",
+                         "set VELOX_UPSTREAM_CA_FILE (or SSL_CERT_FILE) to the PEM bundle of "
+                         "the CA that signed it")
+        except (ssl.SSLError, OSError) as exc:
+            return _fail("upstream-tls", f"TLS handshake with {self.host} failed: {exc}",
+                         "check that VELOX_UPSTREAM_ORIGIN's port speaks TLS (or use http://)")
+        assert isinstance(self.sock, ssl.SSLSocket)
+        self.alpn = self.sock.selected_alpn_protocol()
+        cas = "system CAs" + (" + VELOX_UPSTREAM_CA_FILE" if settings.upstream_ca_file else "")
+        return _pass("upstream-tls", f"{self.sock.version()} handshake, certificate verified "
+                     f"({cas})")
+
+    def protocol(self) -> Result:
+        settings = self.settings
+        if settings.upstream_scheme == "http":
+            proto = "h2c (prior knowledge)" if settings.egress_protocol == "h2" else "HTTP/1.1"
+            return _pass("upstream-h2", f"plain http:// origin: Velox speaks {proto}")
+        if self.alpn == "h2":
+            return _pass("upstream-h2", "ALPN negotiated h2: requests are multiplexed")
+        if settings.upstream_protocol == "h2":
+            return _fail("upstream-h2", f"ALPN did not pick h2 (got {self.alpn!r}) but "
+                         "VELOX_UPSTREAM_PROTOCOL=h2",
+                         "set VELOX_UPSTREAM_PROTOCOL=auto to allow HTTP/1.1")
+        return _pass("upstream-h2", f"no h2 from ALPN (got {self.alpn or 'nothing'}): Velox "
+                     "falls back to HTTP/1.1 keep-alive connections")
+
+    def warmup(self) -> Result:
+        settings = self.settings
+        path = settings.upstream_warmup_path
+        key = settings.upstream_api_key
+        headers = [(b"user-agent", b"velox-doctor")]
+        if key:
+            headers.append((b"authorization", b"Bearer " + key.encode()))
+        started = time.monotonic()
+        try:
+            if self.alpn == "h2" or (settings.upstream_scheme == "http"
+                                     and settings.egress_protocol == "h2"):
+                status = self._get_h2(path.encode(), headers)
+            else:
+                status = self._get_h1(path.encode(), headers)
+        except (OSError, ValueError, RuntimeError) as exc:
+            return _fail("upstream-warmup", f"GET {path} got no HTTP answer: {exc}",
+                         "check that the upstream is an HTTP server and "
+                         "VELOX_UPSTREAM_WARMUP_PATH exists on it")
+        ms = (time.monotonic() - started) * 1000
+        if status in (401, 403):
+            what = ("no key is configured" if not key else "the configured key was refused")
+            return _fail("upstream-warmup", f"GET {path} answered {status}: {what}",
+                         "set VELOX_UPSTREAM_API_KEY (or OPENAI_API_KEY) to a valid key")
+        return _pass("upstream-warmup", f"GET {path} answered {status} in {ms:.0f} ms "
+                     "(the upstream is reachable)")
+
+    def _get_h1(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+        assert self.sock is not None
+        lines = [b"GET %s HTTP/1.1" % path,
+                 b"host: " + self.settings.upstream_authority.encode(), b"connection: close"]
+        lines += [name + b": " + value for name, value in headers]
+        self.sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
+        data = b""
+        while b"\r\n" not in data:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise RuntimeError("the connection closed before a status line")
+            data += chunk
+        parts = data.split(b"\r\n", 1)[0].split()
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+            raise RuntimeError(f"not an HTTP status line: {parts[:3]!r}")
+        return int(parts[1])
+
+    def _get_h2(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+        from velox.egress import codec as ev
+
+        assert self.sock is not None
+        codec = ev.make_codec("framer", self.settings.upstream_authority.encode(),
+                              self.settings.upstream_scheme.encode())
+        codec.initiate()
+        stream_id = codec.send_request(b"GET", path, headers, None)
+        self.sock.sendall(codec.data_to_send())
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                raise RuntimeError("the connection closed before the response")
+            events = codec.receive_data(data)
+            pending = codec.data_to_send()  # SETTINGS acks, PING answers
+            if pending:
+                self.sock.sendall(pending)
+            for event in events:
+                if event[0] == ev.RESPONSE and event[1] == stream_id:
+                    return int(event[2])
+                if event[0] == ev.RESET and event[1] == stream_id:
+                    raise RuntimeError(f"the upstream reset the stream (code {event[2]})")
+                if event[0] == ev.GOAWAY:
+                    raise RuntimeError(f"the upstream sent GOAWAY (code {event[2]})")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_checks(settings: Settings) -> list[Result]:
+    results = [
+        check_port("port", "VELOX_PORT", settings.host, settings.port, ("/readyz",)),
+    ]
+    endpoint = settings.admin_endpoint
+    if endpoint is None:
+        results.append(_pass("admin-port", "VELOX_ADMIN_ADDR=off: no admin server"))
+    else:
+        results.append(check_port("admin-port", "VELOX_ADMIN_ADDR", endpoint[0], endpoint[1],
+                                  ("/stats",)))
+    upstream = _Upstream(settings)
+    steps: list[tuple[str, Callable[[], Result]]] = [
+        ("upstream-dns", upstream.resolve),
+        ("upstream-connect", upstream.connect),
+    ]
+    if settings.upstream_scheme == "https":
+        steps.append(("upstream-tls", upstream.tls))
+    steps += [("upstream-h2", upstream.protocol), ("upstream-warmup", upstream.warmup)]
+    try:
+        failed = False
+        for name, step in steps:
+            if failed:
+                results.append(Result(name, "SKIP", "skipped: an earlier upstream check failed"))
+                continue
+            result = step()
+            results.append(result)
+            failed = result.status == "FAIL"
+    finally:
+        upstream.close()
+    return results
+
+
+def main(out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        settings = load()
+    except ConfigError as exc:
+        _print(out, _fail("config", str(exc), "fix that variable (see .env.example)"))
+        return 1
+    _print(out, _pass("config", f"settings load: {settings.workers} worker(s), upstream "
+                      f"{settings.upstream_origin}, egress {settings.egress}"))
+    results = run_checks(settings)
+    for result in results:
+        _print(out, result)
+    failures = sum(1 for r in results if r.status == "FAIL")
+    passed = 1 + sum(1 for r in results if r.status == "PASS")
+    total = len(results) + 1
+    print(f"{failures} check(s) failed, {passed} of {total} passed" if failures
+          else f"all {total} checks passed", file=out)
+    return 1 if failures else 0
+
+
+def _print(out: TextIO, result: Result) -> None:
+    print(f"{result.status}  {result.name:<17} {result.detail}", file=out)
+    if result.fix:
+        print(f"      {'':<17} → {result.fix}", file=out)

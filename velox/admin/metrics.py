@@ -1,0 +1,192 @@
+"""`GET /metrics`: the Prometheus exposition, built by a prometheus-client collector.
+
+`VeloxCollector` is registered on a private `CollectorRegistry` (so nothing of the process's
+default registry leaks in) and reads, at scrape time, only what lives in shared memory: the
+workers' counter slots, the native histograms and the token bucket. A scrape never talks to a
+worker, so it costs the workers nothing and answers even when all of them are saturated.
+
+Latency histograms: the native histogram has ~1,500 log-linear buckets; Prometheus wants a
+small fixed set of cumulative `le` bounds that stay the same across scrapes, so the native
+buckets are summed into `LE_BOUNDS_S`. A native bucket is counted under the first bound that
+holds its whole range (at most 1/64 of the value wide), so a `le` count can lag by at most
+the one native bucket straddling the bound.
+
+Imports: stats, stdlib, prometheus_client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from velox import __version__
+from velox.stats import F, H, ROUTE_NAMES, ROUTE_STATUS_FIELD, STATUS_CLASSES, SharedStats
+
+LE_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+               0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_HISTOGRAMS = (
+    (H.TOTAL, "velox_request_duration_seconds",
+     "Request's last byte to response complete (streams: to first byte), upstream included."),
+    (H.UPSTREAM, "velox_upstream_latency_seconds",
+     "Request sent upstream to the upstream's response headers."),
+    (H.OVERHEAD, "velox_gateway_overhead_seconds",
+     "What the gateway itself added: request duration minus upstream latency."),
+)
+# (field, metric name, help) for per-worker counters read straight from F.
+_COUNTERS = (
+    (F.BYTES_IN, "velox_request_body_bytes", "Request body bytes received."),
+    (F.BYTES_OUT, "velox_response_bytes", "Response bytes written to clients."),
+    (F.BATCHES, "velox_batches", "Micro-batches drained from the ring."),
+    (F.BATCH_ITEMS, "velox_batch_items", "Requests in those micro-batches."),
+    (F.BATCHES_FULL, "velox_batches_full", "Micro-batches that hit VELOX_BATCH_MAX."),
+    (F.UPSTREAM_REQUESTS, "velox_upstream_responses", "Upstream exchanges that got headers."),
+    (F.UPSTREAM_ERRORS, "velox_upstream_errors",
+     "Upstream exchanges the gateway failed with 5xx (no upstream response)."),
+    (F.GOAWAYS, "velox_upstream_goaways", "GOAWAY frames received from the upstream."),
+    (F.RECONNECTS, "velox_upstream_reconnects", "Upstream connections replaced."),
+    (F.RETRIES, "velox_upstream_retries",
+     "Requests re-sent on another connection (provably not processed upstream)."),
+    (F.STREAMS_CANCELLED, "velox_upstream_streams_cancelled",
+     "Upstream streams reset because the client left."),
+    (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
+)
+_GAUGES = (
+    (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),
+    (F.RING_DEPTH, "velox_ring_depth", "Requests queued in the worker's ring (sampled)."),
+    (F.UPSTREAM_CONNECTIONS, "velox_upstream_connections", "Open upstream connections."),
+    (F.READY, "velox_worker_ready", "1 once the worker's upstream pool is warm."),
+    (F.CORE, "velox_worker_core", "Core the worker is pinned to (-1: not pinned)."),
+    (F.NUMA_NODE, "velox_worker_numa_node", "NUMA node of that core."),
+)
+
+
+class VeloxCollector(Collector):
+    def __init__(self, shared: SharedStats, limiter: Any, ring_capacity: int,
+                 started_at: float, profile_runs: Callable[[], tuple[int, bool]]) -> None:
+        self.shared = shared
+        self.limiter = limiter
+        self.ring_capacity = ring_capacity
+        self.started_at = started_at  # time.time() when the supervisor started
+        self.profile_runs = profile_runs
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self.shared.counters.snapshot()
+        workers = [str(w) for w in range(len(rows))]
+        yield from self._requests(workers)
+        for field, name, doc in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["worker"])
+            for w, row in zip(workers, rows):
+                family.add_metric([w], row[field])
+            yield family
+        rejected = CounterMetricFamily(
+            "velox_rejected_requests", "Requests the gateway refused before sending upstream.",
+            labels=["reason", "worker"])
+        for w, row in zip(workers, rows):
+            rejected.add_metric(["ring_full", w], row[F.REJECT_RING_FULL])
+            rejected.add_metric(["rate_limited", w], row[F.REJECT_RATE_LIMITED])
+        yield rejected
+        mean = GaugeMetricFamily("velox_batch_size_mean",
+                                 "Mean micro-batch size since start.", labels=["worker"])
+        for w, row in zip(workers, rows):
+            mean.add_metric([w], row[F.BATCH_ITEMS] / row[F.BATCHES] if row[F.BATCHES] else 0.0)
+        yield mean
+        for field, name, doc in _GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["worker"])
+            for w, row in zip(workers, rows):
+                family.add_metric([w], row[field])
+            yield family
+        starts = CounterMetricFamily("velox_worker_restarts",
+                                     "Times the worker in this slot was restarted.",
+                                     labels=["worker"])
+        for w, row in zip(workers, rows):
+            starts.add_metric([w], max(0, row[F.STARTS] - 1))
+        yield starts
+        yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
+                                value=self.ring_capacity)
+        yield from self._rate_limit()
+        yield from self._histograms(workers)
+        runs, active = self.profile_runs()
+        yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",
+                                  value=runs)
+        yield GaugeMetricFamily("velox_profile_active", "1 while a profile is running.",
+                                value=1 if active else 0)
+        yield GaugeMetricFamily("velox_start_time_seconds", "Supervisor start, Unix time.",
+                                value=self.started_at)
+        yield GaugeMetricFamily("velox_uptime_seconds", "Seconds since the supervisor started.",
+                                value=max(0.0, time.time() - self.started_at))
+        info = GaugeMetricFamily("velox_info", "Velox version.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+
+    def _requests(self, workers: list[str]) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "velox_requests", "Requests answered, by route, status class and worker.",
+            labels=["route", "status_class", "worker"])
+        rows = self.shared.routes.snapshot()
+        for route, route_name in ROUTE_NAMES.items():
+            fields = ROUTE_STATUS_FIELD[route]
+            for cls_index, cls in enumerate(STATUS_CLASSES):
+                field = fields[2 + cls_index]  # indexed by status // 100: 2xx is 2
+                for w, row in zip(workers, rows):
+                    family.add_metric([route_name, cls, w], row[field])
+        yield family
+
+    def _rate_limit(self) -> Iterator[Metric]:
+        bucket = getattr(self.limiter, "bucket", None)
+        yield GaugeMetricFamily("velox_ratelimit_enabled", "1 if VELOX_RATE_LIMIT_RPM > 0.",
+                                value=0 if bucket is None else 1)
+        if bucket is None:
+            return
+        yield GaugeMetricFamily("velox_ratelimit_tokens_available",
+                                "Tokens in the shared bucket now.", value=bucket.available())
+        yield GaugeMetricFamily("velox_ratelimit_rate_per_minute",
+                                "Refill rate of the shared bucket.", value=bucket.rate_per_minute)
+        yield GaugeMetricFamily("velox_ratelimit_burst", "Capacity of the shared bucket.",
+                                value=bucket.burst)
+
+    def _histograms(self, workers: list[str]) -> Iterator[Metric]:
+        for kind, name, doc in _HISTOGRAMS:
+            hist = self.shared.histograms[kind]
+            family = HistogramMetricFamily(name, doc, labels=["worker"])
+            for slot, w in enumerate(workers):
+                buckets, total_s = prometheus_buckets(hist, slot)
+                family.add_metric([w], buckets, sum_value=total_s)
+            yield family
+
+
+def prometheus_buckets(hist: Any, slot: int = -1) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative (le, count) pairs over LE_BOUNDS_S plus +Inf, and the sum in seconds."""
+    native = hist.buckets(slot)
+    out: list[tuple[str, float]] = []
+    cumulative = 0
+    i = 0
+    for bound in LE_BOUNDS_S:
+        limit_us = bound * 1_000_000
+        while i < len(native) and native[i][0] <= limit_us:
+            cumulative += native[i][1]
+            i += 1
+        out.append((_le(bound), cumulative))
+    # +Inf from the same bucket snapshot, not count(): writers keep recording meanwhile, and
+    # +Inf must never be below a finite bucket.
+    out.append(("+Inf", cumulative + sum(n for _, n in native[i:])))
+    return out, hist.total_us(slot) / 1_000_000
+
+
+def _le(bound: float) -> str:
+    return f"{bound:g}" if bound >= 0.001 else f"{bound:.5f}".rstrip("0")
+
+
+def make_registry(collector: VeloxCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

@@ -1,0 +1,128 @@
+"""`GET /stats`: one JSON document for people and scripts, durations in µs with the unit in the key.
+
+Everything but the `state` of each worker comes from shared memory (counters, histograms, the
+token bucket), like /metrics. `state` (the worker's upstream pool per connection, its client
+connections, what it holds in flight) can only come from the worker, over the control channel;
+all workers are asked at once and given `STATE_TIMEOUT_S` together. A worker whose loop is too
+busy to answer in that time is reported as `"busy"` instead of holding the response up.
+
+Imports: admin.control, stats, stdlib.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from velox import __version__
+from velox.admin.control import ControlError, ControlHub, ControlTimeout
+from velox.stats import F, H, ROUTE_NAMES, ROUTE_STATUS_FIELD, STATUS_CLASSES, SharedStats
+
+STATE_TIMEOUT_S = 0.25
+QUANTILES = ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us"), (0.999, "p999_us"))
+
+
+def latency(hist: Any, slot: int = -1) -> dict[str, Any]:
+    count = hist.count(slot)
+    out: dict[str, Any] = {"count": count,
+                           "mean_us": round(hist.total_us(slot) / count) if count else 0}
+    values = hist.percentiles([q for q, _ in QUANTILES], slot)
+    out.update({key: value for (_, key), value in zip(QUANTILES, values)})
+    return out
+
+
+def worker_states(hub: ControlHub | None, slots: list[int],
+                  timeout: float = STATE_TIMEOUT_S) -> dict[int, Any]:
+    if hub is None:
+        return {slot: "unavailable" for slot in slots}
+    answers = hub.call_each(slots, "state", timeout)
+    out: dict[int, Any] = {}
+    for slot, answer in answers.items():
+        if isinstance(answer, ControlTimeout):
+            out[slot] = "busy"
+        elif isinstance(answer, ControlError):
+            out[slot] = f"unavailable: {answer}"
+        else:
+            out[slot] = answer
+    return out
+
+
+def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | None,
+          started_at: float, profile_runs: int, profile_active: bool) -> dict[str, Any]:
+    """The /stats document. `started_at` is the supervisor's start in time.time()."""
+    rows = shared.counters.snapshot()
+    totals = shared.counters.totals()
+    routes = shared.routes.totals()
+    hists = shared.histograms
+    states = worker_states(hub, list(range(len(rows))))
+
+    by_route = {}
+    for route, name in ROUTE_NAMES.items():
+        fields = ROUTE_STATUS_FIELD[route]
+        by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
+    bucket = getattr(limiter, "bucket", None)
+    workers = []
+    for slot, row in enumerate(rows):
+        workers.append({
+            "worker": slot,
+            "pid": row[F.PID],
+            "core": row[F.CORE],
+            "numa_node": row[F.NUMA_NODE],
+            "ready": bool(row[F.READY]),
+            "restarts": max(0, row[F.STARTS] - 1),
+            "requests": row[F.REQUESTS],
+            "in_flight": row[F.IN_FLIGHT],
+            "ring_depth": row[F.RING_DEPTH],
+            "upstream_connections": row[F.UPSTREAM_CONNECTIONS],
+            "latency_total": latency(hists[H.TOTAL], slot),
+            "state": states.get(slot, "unavailable"),
+        })
+    return {
+        "version": __version__,
+        "uptime_s": round(max(0.0, time.time() - started_at), 3),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at)),
+        "requests": {
+            "total": totals[F.REQUESTS],
+            "by_status_class": {"2xx": totals[F.RESP_2XX], "3xx": totals[F.RESP_3XX],
+                                "4xx": totals[F.RESP_4XX], "5xx": totals[F.RESP_5XX]},
+            "by_route": by_route,
+            "bytes_in": totals[F.BYTES_IN],
+            "bytes_out": totals[F.BYTES_OUT],
+        },
+        "latency": {
+            "total": latency(hists[H.TOTAL]),
+            "overhead": latency(hists[H.OVERHEAD]),
+            "upstream": latency(hists[H.UPSTREAM]),
+        },
+        "ring": {"depth": totals[F.RING_DEPTH], "capacity": settings.ring_depth,
+                 "rejected_full": totals[F.REJECT_RING_FULL]},
+        "batches": {
+            "total": totals[F.BATCHES],
+            "mean_size": round(totals[F.BATCH_ITEMS] / totals[F.BATCHES], 2)
+            if totals[F.BATCHES] else 0.0,
+            "full": totals[F.BATCHES_FULL],
+            "max_size": settings.batch_max,
+        },
+        "rate_limit": {
+            "enabled": bucket is not None,
+            "rpm": bucket.rate_per_minute if bucket is not None else None,
+            "burst": bucket.burst if bucket is not None else None,
+            "available": bucket.available() if bucket is not None else None,
+            "rejected": totals[F.REJECT_RATE_LIMITED],
+        },
+        "upstream": {
+            "origin": settings.upstream_origin,
+            "connections": totals[F.UPSTREAM_CONNECTIONS],
+            "in_flight": totals[F.IN_FLIGHT],
+            "responses": totals[F.UPSTREAM_REQUESTS],
+            "errors": totals[F.UPSTREAM_ERRORS],
+            "goaways": totals[F.GOAWAYS],
+            "reconnects": totals[F.RECONNECTS],
+            "retries": totals[F.RETRIES],
+            "streams_cancelled": totals[F.STREAMS_CANCELLED],
+        },
+        "restarts": sum(max(0, row[F.STARTS] - 1) for row in rows),
+        "access_log": {"enabled": settings.access_log, "lines": totals[F.ACCESS_LOG_LINES]},
+        "profiles": {"runs": profile_runs, "active": profile_active},
+        "workers": workers,
+    }
