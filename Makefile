@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: all install build test test-native test-py demo bench clean
+.PHONY: all install build test test-native test-py demo bench bench-deps bench-litellm bench-e2e \
+	bench-soak bench-report clean
 
 all: build
 
@@ -35,6 +36,31 @@ demo: build
 
 bench: build
 	$(VENV)/bin/pytest --benchmark
+
+# End-to-end benchmarks (benches/e2e, docs/benchmarks.md): wrk and nginx from Debian if missing,
+# matplotlib for the report, LiteLLM in its own venv (.bench/) from a hash-pinned lock.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install --quiet -c constraints.txt -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench-deps: build $(BENCH_STAMP)
+	@command -v wrk >/dev/null && command -v nginx >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq wrk nginx-light; }
+
+bench-litellm: $(STAMP)
+	$(PY) -m benches.e2e install-litellm
+
+bench-e2e: bench-deps bench-litellm
+	$(PY) -m benches.e2e run
+
+bench-soak: bench-deps
+	$(PY) -m benches.e2e soak
+
+bench-report: bench-deps
+	$(PY) -m velox bench report
 
 clean:
 	rm -rf build native/build velox/*.so .pytest_cache .benchmarks

@@ -10,6 +10,8 @@ Groups (one `benchmark.group` per comparison; every figure is normalised per ite
                loop) and a Python counter under threading.Lock
 * bucket-64:   acquire(64), per token
 * stats:       Counters.add / Histogram.record vs multiprocessing.Value under its lock
+* json-scan:   scan_json (validate + find "model"/"stream") vs orjson.loads on OpenAI-style
+               chat bodies of 48 B, 4 KB, 64 KB and 16 MiB (the last one a base64 image)
 
 pytest-benchmark times one call of each benchmarked function; every call here does many
 items (a loop in the function, the same loop shape for every contender), so the reported
@@ -24,8 +26,10 @@ ratios can be computed).
 from __future__ import annotations
 
 import asyncio
+import base64
 import multiprocessing
 import queue
+import random
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -33,9 +37,10 @@ from itertools import repeat
 from typing import Any
 
 import aiolimiter
+import orjson
 import pytest
 
-from velox._native import Counters, Histogram, Ring, TokenBucket
+from velox._native import JSON_OK, Counters, Histogram, Ring, TokenBucket, scan_json
 
 N = 1000  # items per call in the loop benchmarks
 BATCH = 64
@@ -350,3 +355,90 @@ def test_stats_histogram_record(benchmark: Any) -> None:
     benchmark(run)
     record(benchmark, "histogram_record", N, "Histogram.record(slot, value)")
     ratios(benchmark, "histogram_record", ["mp_value"])
+
+
+# ---------------------------------------------------------------- json-scan
+
+
+def chat_body(size: int) -> bytes:
+    """An OpenAI-style chat request of exactly `size` bytes (deterministic). Small ones are
+    conversations with some non-ASCII text; from 1 MiB on, the bulk is one base64 image in a
+    data URL, which is what makes real bodies that large."""
+    if size == 48:
+        body = b'{"model":"gpt-4o","messages":[{"content":"hi"}]}'
+        assert len(body) == 48
+        return body
+    rnd = random.Random(size)
+    words = ["the", "model", "r\\u00e9ponse", "caf\u00e9", "naïve", "数据", "テスト", "🙂", "quick",
+             "brown", "fox", "über", "Ελληνικά", "jumps", "over", "lazy", "dog", "42", "—"]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. Réponds en français."}
+    ]
+    doc: dict[str, Any] = {"model": "gpt-4o", "messages": messages, "stream": True,
+                           "temperature": 0.7, "max_tokens": 1024}
+    if size >= 1 << 20:
+        image = base64.b64encode(rnd.randbytes(size * 3 // 4)).decode()
+        messages.append({"role": "user", "content": [
+            {"type": "text", "text": "What is in this image? Décris-la."},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + image}},
+        ]})
+    else:
+        while len(orjson.dumps(doc)) < size - 400:
+            role = "user" if len(messages) % 2 else "assistant"
+            text = " ".join(rnd.choice(words) for _ in range(rnd.randrange(10, 60)))
+            messages.append({"role": role, "content": text})
+        messages.append({"role": "user", "content": ""})
+    # Trim (the image) or pad (the last message) to the exact size.
+    body = orjson.dumps(doc)
+    last = messages[-1]
+    if len(body) > size:
+        url = last["content"][1]["image_url"]
+        url["url"] = url["url"][: len(url["url"]) - (len(body) - size)]
+    else:
+        last["content"] += "x" * (size - len(body))
+    body = orjson.dumps(doc)
+    assert len(body) == size, (len(body), size)
+    return body
+
+
+JSON_SIZES = {"48B": 48, "4KB": 4096, "64KB": 65536, "16MiB": 16 << 20}
+# Bodies per benchmarked call, so that a call lasts well above the timer's resolution.
+JSON_PER_CALL = {"48B": 1000, "4KB": 200, "64KB": 20, "16MiB": 1}
+
+
+def _json_run(fn: Any, body: bytes, per_call: int) -> Any:
+    def run() -> None:
+        for _ in repeat(None, per_call):
+            fn(body)
+
+    return run
+
+
+def _json_record(benchmark: Any, name: str, label: str, size: int, note: str) -> None:
+    per_call = JSON_PER_CALL[label]
+    ns = record(benchmark, name, per_call, note)
+    benchmark.extra_info["body_bytes"] = size
+    benchmark.extra_info["mb_per_s"] = round(size / ns * 1e3, 1)
+
+
+@pytest.mark.parametrize("label", list(JSON_SIZES))
+def test_json_orjson_loads(benchmark: Any, label: str) -> None:
+    benchmark.group = f"json-scan: {label} chat body"
+    size = JSON_SIZES[label]
+    body = chat_body(size)
+    benchmark(_json_run(orjson.loads, body, JSON_PER_CALL[label]))
+    _json_record(benchmark, f"orjson_loads_{label}", label, size, "orjson.loads(body)")
+
+
+@pytest.mark.parametrize("label", list(JSON_SIZES))
+def test_json_scan_json(benchmark: Any, label: str) -> None:
+    benchmark.group = f"json-scan: {label} chat body"
+    size = JSON_SIZES[label]
+    body = chat_body(size)
+    assert scan_json(body)[0] == JSON_OK
+    benchmark(_json_run(scan_json, body, JSON_PER_CALL[label]))
+    name = f"scan_json_{label}"
+    _json_record(benchmark, name, label, size, "scan_json(body)")
+    base = f"orjson_loads_{label}"
+    if base in MEDIANS:
+        benchmark.extra_info["ratio_vs_orjson_loads"] = round(MEDIANS[base] / MEDIANS[name], 2)

@@ -1,6 +1,7 @@
-"""Command line: `velox` (serve), `velox demo` and `velox --print-config`.
+"""Command line: `velox` (serve), `velox demo`, `velox --print-config` and `velox bench report`.
 
-Imports: config, supervisor (lazily, so --print-config works without the native extension).
+Imports: config, supervisor (lazily, so --print-config works without the native extension),
+admin.doctor (lazily, for `velox doctor`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the gateway (the default)")
     sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
+    sub.add_parser("doctor", help="check the configuration, the ports and the path to the "
+                   "upstream (DNS, TLS, h2, key); exit 1 if a check fails")
+    bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
+    bench.add_argument("action", choices=["report"])
+    bench.add_argument("options", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -34,6 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         from velox.demo import main as demo
 
         return demo()
+    if args.command == "doctor":
+        from velox.admin.doctor import main as doctor
+
+        return doctor()
+    if args.command == "bench":
+        from velox.benchreport import main as report
+
+        return report(args.options)
     try:
         settings = load()
     except ConfigError as exc:

@@ -1,0 +1,90 @@
+"""The benchmark report generator: tables from saved results, README markers, the HTML page.
+
+Synthetic results only (no benchmark runs, no plots), so this stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benches.e2e import summary
+from velox import benchreport
+
+MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores": 2,
+           "memory_mib": 4096, "os": "TestOS", "kernel": "6.0", "python": "3.11.7",
+           "packages": {"uvloop": "0.23.0", "orjson": "3.13.0"}, "git_commit": "abc1234",
+           "git_dirty": False, "loadavg": [0.5, 0.4, 0.3]}
+
+
+def _run(target: str, conns: int, rnd: int, rps: float, p50: float, section: str = "fixed",
+         **extra: object) -> dict:
+    lat = {"p50": p50, "p90": p50 * 1.5, "p99": p50 * 3, "p99.9": p50 * 5}
+    return {"section": section, "round": rnd, "target": target, "conns": conns, "rps": rps,
+            "latency_us": lat, "requests": int(rps * 5), "generator": "wrk",
+            "errors_total": 0, "non_2xx": 0, "foreign_cores": 0.01, "target_cores": 1.0,
+            "rss_kib": [30 * 1024, 31 * 1024], "cpu_us_per_request": 40.0, **extra}
+
+
+def _e2e_doc() -> dict:
+    runs = []
+    for rnd in range(3):
+        for conns, scale in ((1, 1), (64, 20)):
+            runs += [_run("direct", conns, rnd, 10000 * scale, 50 * scale),
+                     _run("velox", conns, rnd, 4000 * scale, 150 * scale),
+                     _run("nginx", conns, rnd, 8000 * scale, 70 * scale),
+                     _run("litellm", conns, rnd, 100, 9000)]
+    runs.append(_run("velox-arch", 64, 0, 20000, 2500, section="arch", config="default"))
+    s = summary.summarize(runs, {"rss_kib_start": [30000, 30000], "rss_kib_end": [31000, 31000]})
+    return {"machine": MACHINE, "placement": "everything on 2 cores", "notes": [],
+            "plan": {"rounds": 3, "duration_s": 5}, "summary": json.loads(json.dumps(s))}
+
+
+def test_summary_pairs_rounds_and_judges_goals() -> None:
+    s = _e2e_doc()["summary"]
+    assert s["overhead"]["velox"]["1"]["p50"] == 100  # 150 - 50 in every round
+    assert s["overhead"]["nginx"]["1"]["p50"] == 20
+    goals = {g["goal"]: g for g in s["goals"]}
+    assert goals["added p50 latency at 1 connection <= 2x nginx's"]["reached"] is False
+    assert goals["Velox adds <= 150 us at p50 with one connection"]["reached"] is True
+    assert goals["requests/s at 64 connections >= 200x LiteLLM's"]["reached"] is True
+    assert goals["RSS flat over ~1M requests (soak)"]["reached"] is None
+
+
+def test_fixed_table_has_one_row_per_target_and_concurrency() -> None:
+    head, rows = benchreport.table_fixed(_e2e_doc()["summary"])
+    assert [r[0] for r in rows] == ["direct", "direct", "velox", "velox", "nginx", "nginx",
+                                    "litellm", "litellm"]
+    velox_1 = rows[2]
+    assert velox_1[head.index("added p50 µs")] == "100"
+    assert velox_1[head.index("req/s")] == "4,000"
+
+
+def test_readme_markers_are_replaced_and_the_rest_kept(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- bench:e2e:start -->\nold\n<!-- bench:e2e:end -->\noutro\n")
+    found = benchreport.update_readme(readme, {"e2e": "new table\n", "micro": "x\n"})
+    text = readme.read_text()
+    assert found == ["e2e"]
+    assert "old" not in text and "new table" in text
+    assert text.startswith("intro\n") and text.endswith("outro\n")
+
+
+def test_generate_writes_html_and_readme_without_plots(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "e2e.json").write_text(json.dumps(_e2e_doc()))
+    micro = {"machine": MACHINE, "benchmarks": [{
+        "group": "ring", "name": "test_ring", "stats": {"median": 2e-5},
+        "extra_info": {"median_per_item_ns": 20.0, "ratio_vs_deque": 1.5}}]}
+    (tmp_path / "micro.json").write_text(json.dumps(micro))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:micro:start --><!-- bench:micro:end -->\n"
+                      "<!-- bench:e2e:start --><!-- bench:e2e:end -->\n")
+    monkeypatch.setattr(benchreport, "_draw", lambda *a: set())
+    out = benchreport.generate(tmp_path, readme)
+    assert sorted(out["readme_markers"]) == ["e2e", "micro"]
+    page = (tmp_path / "report.html").read_text()
+    assert "Test CPU" in page and "1.50× vs deque" in page
+    assert "| velox | 1 | 4,000 |" in readme.read_text()

@@ -1,0 +1,321 @@
+"""`velox bench report`: turn the saved benchmark results into plots, an HTML page and README tables.
+
+Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`) and
+soak.json (`make bench-soak`) when present, and writes into the same directory: one PNG per
+plot, report.html (every table and plot, with the machine facts), and the README's performance
+sections, replaced between their markers:
+
+    <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
+    <!-- bench:micro:start --> ... <!-- bench:micro:end -->
+
+Every number comes from the saved files; nothing is typed in here. The plots are drawn by
+benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
+does); without it the tables are still written.
+
+Imports: stdlib; benches.e2e.plots lazily.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MARKERS = ("e2e", "micro")
+TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
+PCTS = ("p50", "p90", "p99", "p99.9")
+Table = tuple[list[str], list[list[str]]]
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _n(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _ordered(d: dict[str, Any]) -> list[str]:
+    return sorted(d, key=lambda t: (TARGET_ORDER.index(t) if t in TARGET_ORDER else 99, t))
+
+
+def _keys(d: dict[Any, Any]) -> list[Any]:
+    return sorted(d, key=lambda k: float(k))
+
+
+def machine_line(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    pk = m.get("packages", {})
+    return (f"{m['cpu_model']}, {m['cores']} cores, {m['memory_mib'] // 1024} GiB, {m['os']}, "
+            f"kernel {m['kernel']}, Python {m['python']} (uvloop {pk.get('uvloop', '?')}, orjson "
+            f"{pk.get('orjson', '?')}); commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''}, "
+            f"{m['date'][:16].replace('T', ' ')} UTC, load average {m['loadavg'][0]:.2f}")
+
+
+# --- tables --------------------------------------------------------------------------------
+
+
+def table_fixed(s: dict[str, Any]) -> Table:
+    head = ["target", "connections", "req/s", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs",
+            "added p50 µs", "added p99 µs", "req/s vs direct", "CPU µs/req", "errors"]
+    rows = []
+    for target in _ordered(s["fixed"]):
+        for conns in _keys(s["fixed"][target]):
+            r, o = s["fixed"][target][conns], s["overhead"].get(target, {}).get(conns, {})
+            rows.append([target, str(conns), _n(r["rps"]), *(_n(r[p]) for p in PCTS),
+                         _n(o.get("p50")), _n(o.get("p99")),
+                         _n(o.get("throughput_ratio"), 3) if o else "1", _n(r.get("cpu_us_per_request"), 1),
+                         _n(r["errors"] + r["non_2xx"])])
+    return head, rows
+
+
+def table_goals(s: dict[str, Any]) -> Table:
+    head = ["issue", "goal", "measured", "target", "verdict", "note"]
+    verdict = {True: "reached", False: "**missed**", None: "not measured"}
+    rows = [[g["source"], g["goal"], f"{_n(g['measured'], 1)} {g['unit']}",
+             f"{_n(g['target'], 1)} {g['unit']}", verdict[g["reached"]], g.get("detail", "")]
+            for g in s["goals"]]
+    return head, rows
+
+
+def table_arch(s: dict[str, Any]) -> Table:
+    head = ["configuration (one switch from the default)", "req/s", "vs default", "p50 µs",
+            "p99 µs", "CPU µs/req", "errors"]
+    rows = [[r["config"], _n(r["rps"]), _n(r.get("rps_vs_default"), 2), _n(r["p50"]), _n(r["p99"]),
+             _n(r["cpu_us_per_request"], 1), _n(r["errors"])] for r in s["arch"]]
+    return head, rows
+
+
+def table_stream(s: dict[str, Any]) -> Table:
+    head = ["streams", "target", "TTFB p50 µs", "TTFB p99 µs", "added TTFB p50 µs",
+            "added TTFB p99 µs", "total p50 µs", "longest gap p99 µs", "streams", "stalled"]
+    rows = []
+    for scen in sorted(s["stream"], key=lambda k: (k.startswith("many"), int(k.split("=")[1]))):
+        for target in _ordered(s["stream"][scen]):
+            r = s["stream"][scen][target]
+            rows.append([scen.replace("many=", "") + (" long" if scen.startswith("many") else ""),
+                         target, _n(r["ttfb_p50"]), _n(r["ttfb_p99"]), _n(r.get("added_ttfb_p50")),
+                         _n(r.get("added_ttfb_p99")), _n(r["total_p50"]), _n(r["max_gap_p99"]),
+                         _n(r["streams"]), _n(r["stalled"])])
+    return head, rows
+
+
+def table_rate(s: dict[str, Any]) -> Table:
+    head = ["target", "offered req/s", "achieved req/s", "p50 µs", "p99 µs", "p99.9 µs", "errors"]
+    rows = [[t, _n(float(k)), _n(r["achieved_rps"]), _n(r["p50"]), _n(r["p99"]), _n(r["p99.9"]),
+             _n(r["errors"])] for t in _ordered(s["rate"]) for k, r in
+            sorted(s["rate"][t].items(), key=lambda kv: float(kv[0]))]
+    return head, rows
+
+
+def table_resources(doc: dict[str, Any]) -> Table:
+    s = doc["summary"]
+    fx, arch = s["fixed"], {r["config"]: r for r in s["arch"]}
+    head = ["figure", "value"]
+    rows = []
+    for conns in ("1", "16", "64", "256"):
+        v = fx.get("velox", {}).get(conns, {}) or fx.get("velox", {}).get(int(conns), {})
+        if v:
+            rows.append([f"Velox CPU per request, HTTP/2 + TLS egress, {conns} connections",
+                         f"{_n(v.get('cpu_us_per_request'), 1)} µs (mock upstream: "
+                         f"{_n(v.get('upstream_cpu_us_per_request'), 1)} µs)"])
+    for name in ("egress=http1", "egress=http1 cleartext"):
+        if name in arch:
+            rows.append([f"Velox CPU per request, {name.split('=')[1]} egress, 64 connections",
+                         f"{_n(arch[name]['cpu_us_per_request'], 1)} µs"])
+    mem = s["memory"]
+    rows.append(["Velox RSS per worker: start → end of the run (MiB)",
+                 f"{mem.get('rss_mib_start')} → {mem.get('rss_mib_end')}"])
+    rows.append(["Velox largest worker RSS in any run", f"{_n(mem.get('max_worker_rss_mib'), 1)} MiB"])
+    if "litellm_rss_mib" in mem:
+        rows.append(["LiteLLM proxy RSS (1 worker, process tree)", f"{_n(mem['litellm_rss_mib'], 1)} MiB"])
+    for section, ld in s.get("load", {}).items():
+        rows.append([f"other people's load during '{section}' runs (cores)",
+                     f"median {_n(ld['median'], 2)}, max {_n(ld['max'], 2)}; {ld['repeated']} of "
+                     f"{ld['runs']} runs repeated, {ld['over_limit']} still over the limit"])
+    for gen, c in s.get("ceiling", {}).items():
+        rows.append([f"{gen} ceiling against nginx `return 200`, 64 connections",
+                     f"{_n(c['rps'])} req/s, {_n(c['generator_cpu_us_per_request'], 1)} µs of "
+                     f"generator CPU per request"])
+    return head, rows
+
+
+def _speedups(name: str, info: dict[str, Any]) -> str:
+    parts = []
+    for key, value in info.items():
+        if not isinstance(value, (int, float)) or not value:
+            continue
+        if key.startswith(("ratio_vs_", "cpu_ratio_vs_")):
+            label = ("CPU " if key.startswith("cpu_") else "") + key.split("_vs_", 1)[1]
+            parts.append(f"{value:.2f}× vs {label}")
+        elif key.startswith("ratio_to_") and f"[{key[9:]}]" not in name:
+            parts.append(f"{1 / value:.2f}× vs {key[len('ratio_to_'):]}")
+    return ", ".join(parts)
+
+
+_PER_ITEM = (("median_per_item_ns", "ns/item"), ("median_per_parse_us", "µs/parse"),
+             ("per_request_us_median", "µs/request"), ("client_cpu_us_per_request", "µs CPU/request"),
+             ("mock_cpu_us_per_request", "µs CPU/request"))
+
+
+def table_micro(doc: dict[str, Any]) -> Table:
+    head = ["group", "benchmark", "median per call", "per item", "speed-up"]
+    rows = []
+    for b in sorted(doc["benchmarks"], key=lambda b: (b["group"] or "", b["name"])):
+        info = b["extra_info"]
+        item = next((f"{info[k]:,.2f} {unit}" for k, unit in _PER_ITEM if k in info), "")
+        rows.append([b["group"] or "", b["name"], f"{b['stats']['median'] * 1e6:,.1f} µs", item,
+                     _speedups(b["name"], info)])
+    return head, rows
+
+
+def markdown(table: Table) -> str:
+    head, rows = table
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def html_table(table: Table) -> str:
+    head, rows = table
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c).replace('**', '')}</td>" for c in row)
+                   + "</tr>" for row in rows)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --- documents -----------------------------------------------------------------------------
+
+
+def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
+             soak: dict[str, Any] | None) -> list[tuple[str, str, Table | None, str | None]]:
+    """(marker, title, table, plot file) in reading order; the source of both outputs."""
+    out: list[tuple[str, str, Table | None, str | None]] = []
+    if e2e:
+        s = e2e["summary"]
+        out += [
+            ("e2e", "Goals", table_goals(s), None),
+            ("e2e", "Fixed concurrency, non-streaming (wrk)", table_fixed(s), "throughput.png"),
+            ("e2e", "Latency percentiles", None, "latency_percentiles.png"),
+            ("e2e", "Added latency against direct", None, "overhead.png"),
+            ("e2e", "Constant request rate (open loop, latency from the due time)",
+             table_rate(s), "rate.png"),
+            ("e2e", "Streaming", table_stream(s), "streaming.png"),
+            ("e2e", "Architecture switches, 64 connections", table_arch(s), "architecture.png"),
+            ("e2e", "CPU, memory and the load generators' ceilings", table_resources(e2e), None),
+        ]
+    if soak:
+        out.append(("e2e", "Soak: worker RSS over about a million requests", None, "soak.png"))
+    if micro:
+        out.append(("micro", "Micro-benchmarks (`pytest --benchmark`)", table_micro(micro),
+                    "micro_ratios.png"))
+    return out
+
+
+def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str]) -> str:
+    lines = [f"<!-- Generated by `velox bench report` from benches/results/; do not edit. -->"]
+    doc = docs["e2e"] if marker == "e2e" else docs["micro"]
+    if doc:
+        lines.append(f"\nMeasured on {machine_line(doc)}.")
+        if marker == "e2e":
+            lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
+                         f"interleaved rounds of {doc['plan']['duration_s']} s.")
+    for mk, title, table, plot in secs:
+        if mk != marker:
+            continue
+        lines.append(f"\n#### {title}\n")
+        if table:
+            lines.append(markdown(table))
+        if plot and plot in plots:
+            lines.append(f"\n![{title}](benches/results/{plot})")
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(readme: Path, blocks: dict[str, str]) -> list[str]:
+    """Replace the text between each marker pair; returns the markers found."""
+    text = readme.read_text()
+    found = []
+    for marker, block in blocks.items():
+        pattern = re.compile(rf"(<!-- bench:{marker}:start -->)(.*?)(<!-- bench:{marker}:end -->)",
+                             re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda m: m.group(1) + "\n" + block + m.group(3), text)
+            found.append(marker)
+    readme.write_text(text)
+    return found
+
+
+def html_page(secs: list, docs: dict[str, Any], plots: set[str]) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Velox benchmarks</title>",
+             "<style>body{font:14px sans-serif;max-width:1100px;margin:2em auto}table{"
+             "border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 7px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+             "</style></head><body><h1>Velox benchmarks</h1>"]
+    for name, doc in docs.items():
+        if doc:
+            parts.append(f"<p><b>{name}</b>: {html.escape(machine_line(doc))}</p>")
+    if docs.get("e2e"):
+        parts.append(f"<p>{html.escape(docs['e2e']['placement'])}</p>")
+        parts += [f"<p>Note: {html.escape(n)}</p>" for n in docs["e2e"].get("notes", [])]
+    for _, title, table, plot in secs:
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if table:
+            parts.append(html_table(table))
+        if plot and plot in plots:
+            parts.append(f"<img src='{plot}' alt='{html.escape(title)}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> set[str]:
+    """The plots are drawn by benches/e2e/plots.py, next to the benchmarks that made the data:
+    found in the checkout this package runs from, or two levels above the results directory."""
+    for root in (Path(__file__).resolve().parents[1], results.resolve().parents[1]):
+        if (root / "benches" / "e2e" / "plots.py").exists():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            break
+    try:
+        from benches.e2e import plots
+    except ImportError as exc:  # matplotlib missing, or not run from a checkout
+        print(f"plots skipped: {exc} (make bench-report installs matplotlib)")
+        return set()
+    return plots.draw(results, docs["e2e"], docs["micro"], soak)
+
+
+def generate(results: Path, readme: Path | None) -> dict[str, Any]:
+    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json")}
+    soak = _load(results / "soak.json")
+    plots = _draw(results, docs, soak)
+    secs = sections(docs["e2e"], docs["micro"], soak)
+    (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
+    found: list[str] = []
+    if readme is not None and readme.exists():
+        blocks = {m: readme_block(m, secs, docs, plots) for m in MARKERS if docs.get(m)}
+        found = update_readme(readme, blocks)
+    return {"plots": sorted(plots), "readme_markers": found, "html": str(results / "report.html")}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="velox bench report")
+    p.add_argument("--results", type=Path, default=Path("benches/results"))
+    p.add_argument("--readme", type=Path, default=Path("README.md"))
+    p.add_argument("--no-readme", action="store_true")
+    args = p.parse_args(argv)
+    if not args.results.is_dir():
+        print(f"no results directory at {args.results} (run from the repository root)")
+        return 2
+    out = generate(args.results, None if args.no_readme else args.readme)
+    print(f"wrote {out['html']} and {len(out['plots'])} plot(s); README sections updated: "
+          f"{', '.join(out['readme_markers']) or 'none (no markers found)'}")
+    return 0
