@@ -25,6 +25,7 @@ DEFAULT_BATCH_MAX = 64
 DEFAULT_ARENA_BYTES = 262_144
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_PARSE_OFF_LOOP_BYTES = 256 * 1024
 DEFAULT_RATE_LIMIT_RPM = 10_000
 DEFAULT_RATE_LIMIT_BURST = 500
 DEFAULT_REQUEST_TIMEOUT_MS = 600_000
@@ -189,6 +190,9 @@ FIELDS: tuple[Field, ...] = (
           str(DEFAULT_MAX_BODY_BYTES), "largest request body accepted (larger gets 413)"),
     Field("VELOX_MAX_HEADER_BYTES", "max_header_bytes", _int_in(1024, 1 << 24),
           str(DEFAULT_MAX_HEADER_BYTES), "largest request line plus headers accepted (431)"),
+    Field("VELOX_PARSE_OFF_LOOP_BYTES", "parse_off_loop_bytes", _int_in(0, 1 << 31),
+          str(DEFAULT_PARSE_OFF_LOOP_BYTES),
+          "bodies this large are validated in a thread, off the event loop (0: never)"),
     Field("VELOX_RATE_LIMIT_RPM", "rate_limit_rpm", _int_in(0, MAX_RATE_LIMIT),
           str(DEFAULT_RATE_LIMIT_RPM), "global requests per minute across all workers (0: no limit)"),
     Field("VELOX_RATE_LIMIT_BURST", "rate_limit_burst", _int_in(1, MAX_RATE_LIMIT),
@@ -242,6 +246,7 @@ class Settings:
     arena_bytes: int = DEFAULT_ARENA_BYTES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    parse_off_loop_bytes: int = DEFAULT_PARSE_OFF_LOOP_BYTES
     rate_limit_rpm: int = DEFAULT_RATE_LIMIT_RPM
     rate_limit_burst: int = DEFAULT_RATE_LIMIT_BURST
     upstream_origin: str = "https://api.openai.com"

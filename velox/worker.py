@@ -5,7 +5,9 @@ schedules one `drain` (not one per request), which pops micro-batches of up to
 VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
 parse (400s), one `acquire_up_to` on the shared token bucket for the whole batch (429s for the
 tail), routing, then the egress pool encodes every admitted request and writes each upstream
-connection's frames once. Answers come back through the relay.
+connection's frames once. Answers come back through the relay. A body of
+VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
+re-enters the ring, parsed, when the scan is done.
 
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
@@ -19,17 +21,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.config import Settings
 from velox.egress.pool import Pool
-from velox.errors import RateLimited, VeloxError
+from velox.errors import Overloaded, RateLimited, VeloxError
 from velox.ingress import ClientConnection, IngressState
-from velox.parse import parse_model_call
+from velox.parse import parse_model_call, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
 from velox.ring import make_queue
@@ -59,6 +65,9 @@ class Worker:
         self.auth = Auth(settings)
         self.drain_pending = False
         self.in_flight = 0
+        # Bodies from this size on are validated in a thread (see velox.parse); 0 means never.
+        self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
+        self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
         self.stopping: asyncio.Event | None = None
         self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0}
         self.routes = shared.routes
@@ -138,6 +147,8 @@ class Worker:
         for conn in list(state.connections):
             conn.close_if_idle()
         await self.pool.close()
+        if self.scanner is not None:
+            self.scanner.shutdown(wait=False)
         self.counters.set(self.slot, F.READY, 0)
         self.counters.set(self.slot, F.IN_FLIGHT, 0)
 
@@ -204,19 +215,25 @@ class Worker:
         parsed: list[Request] = []
         bytes_in = 0
         for request in batch:
-            request.t_popped = now
             if request.conn.closed:
                 self.release_body(request)  # the client left while the request was queued
                 continue
-            bytes_in += len(request.body)
-            if request.route is not Route.FORWARD:
-                try:
-                    parse_model_call(request)
-                except VeloxError as exc:
-                    request.conn.respond_error(request, exc)
-                    continue
-                if request.route is Route.ROOT:
-                    request.upstream_path = self.upstream_root_path
+            # A request whose model is known was scanned off the loop and came back: its
+            # bytes are counted and its t_popped kept, so its parse time includes the scan.
+            if request.model is None:
+                request.t_popped = now
+                bytes_in += len(request.body)
+                if request.route is not Route.FORWARD:
+                    if len(request.body) >= self.off_loop_min:
+                        self._scan_off_loop(request)
+                        continue
+                    try:
+                        parse_model_call(request)
+                    except VeloxError as exc:
+                        request.conn.respond_error(request, exc)
+                        continue
+            if request.route is Route.ROOT:
+                request.upstream_path = self.upstream_root_path
             parsed.append(request)
         counters.add(slot, F.BYTES_IN, bytes_in)
 
@@ -238,6 +255,32 @@ class Worker:
         pool.flush()
         if self.arena is not None:
             self.arena.reset()
+
+    def _scan_off_loop(self, request: Request) -> None:
+        """Validate a large body in the scanner thread; the request re-enters the ring after."""
+        if self.scanner is None:
+            self.scanner = ThreadPoolExecutor(1, thread_name_prefix=f"velox-scan-{self.slot}",
+                                              initializer=_lower_priority)
+        future = self.loop.run_in_executor(self.scanner, scan_model_call, request.body)
+        future.add_done_callback(partial(self._scanned, request))
+
+    def _scanned(self, request: Request, future: asyncio.Future[tuple[str, bool]]) -> None:
+        if future.cancelled():  # the loop is closing
+            return
+        conn = request.conn
+        if conn.closed:
+            self.release_body(request)
+            return
+        exc = future.exception()
+        if exc is not None:
+            conn.respond_error(request, exc)
+            return
+        request.model, request.stream = future.result()
+        if self.ring.try_push(request):
+            self.wake_drain()
+        else:
+            self.ingress.overloaded += 1
+            conn.respond_error(request, Overloaded(retry_after_s=1))
 
     def _refuse_rate_limited(self, requests: list[Request]) -> None:
         retry_after = self.limiter.retry_after_s()
@@ -284,6 +327,15 @@ class Worker:
         hist[H.UPSTREAM].record(slot, upstream // 1000)
         hist[H.OVERHEAD].record(slot, (total - upstream) // 1000)
         self.counters.add(slot, F.UPSTREAM_REQUESTS, 1)
+
+
+def _lower_priority() -> None:
+    """Run the calling thread at nice +10: sharing its core with the event loop, it then yields
+    the core whenever the loop has work, instead of taking turns of a few milliseconds."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except OSError:  # not permitted here: the scan still runs, at normal priority
+        pass
 
 
 def make_pool(settings: Settings, loop: asyncio.AbstractEventLoop) -> Any:

@@ -178,3 +178,14 @@ def test_large_body_is_forwarded_intact(gateway: GatewayProcess, upstream: MockU
     seen = last_upstream_request(upstream, "/v1/chat/completions")
     assert seen["body_length"] == len(body)
     assert seen["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_large_streaming_call_is_relayed(gateway: GatewayProcess, upstream: MockUpstream) -> None:
+    # Over VELOX_PARSE_OFF_LOOP_BYTES: model and stream come from the scanner thread.
+    content = "word " * (400 * 1024 // 5)
+    chunks = list(client_for(gateway).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": content}], stream=True,
+        extra_headers={"x-mock-chunks": "6"}))
+    assert len(chunks) == 6 and chunks[-1].choices[0].finish_reason == "stop"
+    seen = last_upstream_request(upstream, "/v1/chat/completions")
+    assert seen["body_length"] > 400 * 1024

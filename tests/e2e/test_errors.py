@@ -272,3 +272,31 @@ def test_upstream_dropping_the_connection_is_502_and_the_gateway_recovers(
     assert err.value.status_code == 502
     for _ in range(10):
         assert client.chat.completions.create(model="m", messages=MESSAGES).choices
+
+
+LARGE = b" " * (300 * 1024)  # padding that puts a body over VELOX_PARSE_OFF_LOOP_BYTES
+
+
+@pytest.mark.parametrize(("body", "code", "words"), [
+    (b'{"model": "gpt-4o", "messages": [' + LARGE, "invalid_json", "ends inside a value"),
+    (b'{"model": "gpt-4o"}' + LARGE + b"x", "invalid_json", "trailing characters"),
+    (b'{"messages": []}' + LARGE, "missing_required_parameter", "model parameter"),
+    (b"[" + LARGE + b"]", "invalid_request", "must be a JSON object"),
+])
+def test_large_bad_bodies_get_the_same_400s(gateway: GatewayProcess, body: bytes, code: str,
+                                             words: str) -> None:
+    response = raw(gateway).post("/v1/chat/completions", content=body,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == code and words in error["message"], error
+    # The worker goes on serving.
+    ok = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    assert raw(gateway).post("/v1/chat/completions", content=ok).status_code == 200
+
+
+def test_sdk_raises_bad_request_for_a_large_body_without_model(gateway: GatewayProcess) -> None:
+    big = [{"role": "user", "content": "x" * (300 * 1024)}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client_for(gateway).chat.completions.create(model="", messages=big)
+    assert err.value.code == "missing_required_parameter"

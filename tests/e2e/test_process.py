@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import threading
 import time
 
 import httpx
+import orjson
 import openai
 import psutil
 import pytest
@@ -195,6 +197,18 @@ def test_http1_fallback_when_upstream_offers_no_h2(start_gateway: GatewayFactory
         assert asyncio.run(burst()) == 40
         # The pool grows with demand (one connection per waiting request at most), not beyond.
         assert mock.stats()["open_connections"] <= 40 + 2
+
+        # A body far over the write slice goes out a slice per loop pass, intact, and the
+        # connection serves the next request.
+        text = "0123456789abcdef" * (3 * 1024 * 1024 // 16)
+        body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]})
+        reply = httpx.post(f"{gw.base_url}/v1/chat/completions", content=body, timeout=30,
+                           headers={"content-type": "application/json"})
+        assert reply.status_code == 200
+        seen = [r for r in mock.requests(5) if r["path"] == "/v1/chat/completions"][-1]
+        assert seen["body_length"] == len(body)
+        assert seen["body_sha256"] == hashlib.sha256(body).hexdigest()
+        assert client.chat.completions.create(model="m", messages=MESSAGES).choices
 
 
 @pytest.mark.parametrize(("protocol", "seen"), [("h2", "h2"), ("auto", "http/1.1")])

@@ -46,6 +46,7 @@ from velox.egress import hpack_static
 from velox.egress.codec import (
     CANCEL,
     DATA,
+    DATA_PER_CALL,
     GOAWAY,
     LOCAL_CONNECTION_WINDOW,
     LOCAL_INITIAL_WINDOW_SIZE,
@@ -263,6 +264,34 @@ def test_body_larger_than_the_window_waits_for_window_updates(codec: str) -> Non
     assert [e.stream_id for e in received(peer, StreamEnded)] == [sid]
     frames = [f for f in parse_frames(bytes(peer.client_wire)) if isinstance(f, DataFrame)]
     assert max(len(f.data) for f in frames) <= 1000
+
+
+@each_codec
+def test_a_large_body_is_framed_a_budget_per_call(codec: str) -> None:
+    # Windows wide open: only DATA_PER_CALL limits what one data_to_send call carries.
+    big = {SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1}
+    peer = ready(codec, big)
+    peer.server.increment_flow_control_window(2**31 - 1 - 65535)
+    peer.pump()
+    body = random.Random(11).randbytes(3 * DATA_PER_CALL + 12345)
+    small = b'{"model": "m"}'
+    sid = peer.codec.send_request(b"POST", b"/v1/files", [], body)
+    calls = 0
+    while True:
+        data = peer.codec.data_to_send()
+        calls += 1
+        frames = parse_frames(data)
+        assert sum(len(f.data) for f in frames if isinstance(f, DataFrame)) <= DATA_PER_CALL
+        peer._up(data)
+        if calls == 2:  # another request in between is not held up behind the upload
+            other = peer.codec.send_request(b"POST", b"/v1/chat/completions", [], small)
+        if not peer.codec.data_pending:
+            break
+        assert calls < 10
+    assert calls == 4
+    assert body_received(peer, sid) == body
+    assert body_received(peer, other) == small
+    assert sorted(e.stream_id for e in received(peer, StreamEnded)) == [sid, other]
 
 
 @each_codec

@@ -129,6 +129,12 @@ CONNECTION_WINDOW_UPDATE_THRESHOLD = LOCAL_CONNECTION_WINDOW // 2
 # assume the common server value until told otherwise.
 DEFAULT_MAX_CONCURRENT_STREAMS = 100
 
+# Most request-body bytes framed per `data_to_send` call. Framing copies the body, so a 16 MiB
+# upload framed at once would hold the event loop for milliseconds; in 1 MiB steps (well under a
+# millisecond each) the rest waits for the caller's next loop pass, when `data_pending` says so.
+# A whole micro-batch of ordinary requests (64 x a few KiB) still goes out in one call.
+DATA_PER_CALL = 1024 * 1024
+
 # Upper bound on what we report for the peer's MAX_CONCURRENT_STREAMS: per-connection bookkeeping
 # and head-of-line blocking on one TCP connection make more streams than this counterproductive.
 MAX_CONCURRENT_STREAMS_CAP = 512
@@ -223,7 +229,19 @@ class Codec(Protocol):
         """Return everything queued since the last call, or ``b""``.
 
         The caller writes it with one ``transport.write`` per event-loop iteration: coalescing the
-        frames of many streams into one write is where much of the CPU saving comes from.
+        frames of many streams into one write is where much of the CPU saving comes from. Request
+        bodies are framed at most `DATA_PER_CALL` bytes per call (counted from the previous call);
+        when that, not flow control, held body data back, `data_pending` is true and the next
+        call frames more.
+        """
+        ...
+
+    @property
+    def data_pending(self) -> bool:
+        """Body data the windows would allow is waiting for the next `data_to_send` call.
+
+        The caller should call `data_to_send` again on a later event-loop pass (once it has
+        written what it already has), so one large upload never holds the loop for long.
         """
         ...
 

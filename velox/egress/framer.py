@@ -21,7 +21,7 @@ from .hpack_static import (
     FIELD_CACHE, encode_new_field, hpack_field, make_decoder, make_python_decoder,
 )
 from .codec import (
-    CANCEL, COMPRESSION_ERROR, CONNECTION_WINDOW_UPDATE_THRESHOLD, DATA,
+    CANCEL, COMPRESSION_ERROR, CONNECTION_WINDOW_UPDATE_THRESHOLD, DATA, DATA_PER_CALL,
     DEFAULT_MAX_CONCURRENT_STREAMS, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR,
     GOAWAY, LOCAL_CONNECTION_WINDOW, LOCAL_HEADER_TABLE_SIZE, LOCAL_INITIAL_WINDOW_SIZE,
     LOCAL_MAX_FRAME_SIZE, LOCAL_MAX_HEADER_LIST_SIZE, MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID,
@@ -97,6 +97,8 @@ class Framer:
         self._out = bytearray()
         self._streams: dict[int, _Stream] = {}
         self._blocked: dict[int, _Stream] = {}  # streams with body bytes waiting for window
+        self._budget = DATA_PER_CALL  # body bytes that may still be framed before data_to_send
+        self._deferred = False  # the budget, not a window, held body bytes back
         self._next_sid = 1
         self._refusal: str | None = None  # why no new stream may be opened, once that is so
         self._error: CodecError | None = None
@@ -170,9 +172,11 @@ class Framer:
             return sid
         self._write_headers(sid, method, path, headers, _END_HEADERS)
         n = len(body)
-        if n <= self._peer_max_frame and n <= self._conn_send_window and n <= stream.send_window:
+        if (n <= self._peer_max_frame and n <= self._conn_send_window
+                and n <= stream.send_window and n <= self._budget):
             # The common case, a body that fits one DATA frame, without the general machinery.
             self._conn_send_window -= n
+            self._budget -= n
             stream.send_window -= n
             self._out += _pack_head(n >> 16, n & 0xFFFF, _DATA, _END_STREAM, sid)
             self._out += body
@@ -217,12 +221,20 @@ class Framer:
         return events
 
     def data_to_send(self) -> bytes:
+        if self._deferred and self._budget > 0:
+            self._deferred = False
+            self._resume_bodies()
+        self._budget = DATA_PER_CALL
         out = self._out
         if not out:
             return b""
         data = bytes(out)
         out.clear()
         return data
+
+    @property
+    def data_pending(self) -> bool:
+        return self._deferred
 
     def acknowledge(self, stream_id: int, n: int) -> None:
         stream = self._streams.get(stream_id)
@@ -325,10 +337,14 @@ class Framer:
         """Frame as much of body[off:] as the windows allow; return the new offset."""
         total = len(body)
         n = min(total - off, self._conn_send_window, stream.send_window)
+        if n > self._budget:
+            n = self._budget
+            self._deferred = True
         if n <= 0:
             return off
         self._conn_send_window -= n
         stream.send_window -= n
+        self._budget -= n
         out = self._out
         step = self._peer_max_frame
         view = memoryview(body)
@@ -353,7 +369,9 @@ class Framer:
 
     def _resume_bodies(self) -> None:
         for sid, stream in list(self._blocked.items()):
-            if self._conn_send_window <= 0:
+            if self._conn_send_window <= 0 or self._budget <= 0:
+                if self._budget <= 0:
+                    self._deferred = True
                 return
             if stream.send_window > 0 and stream.body is not None:
                 stream.body_off = self._write_data(sid, stream, stream.body, stream.body_off)

@@ -3,9 +3,10 @@
 One request at a time per connection; the pool keeps idle connections and opens more on
 demand. The response is parsed with httptools and reported to the exchange like the HTTP/2
 path does. Backpressure: when the client of the current exchange stops reading, we stop
-reading the upstream socket until it drains.
+reading the upstream socket until it drains. A large request body is written a slice per loop
+pass, as on HTTP/2, since TLS encrypts inside transport.write.
 
-Imports: errors, stdlib, httptools.
+Imports: h2conn (WRITE_SLICE), errors, stdlib, httptools.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
+from velox.egress.h2conn import WRITE_SLICE
 from velox.errors import UpstreamProtocolError, UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class H1Connection(asyncio.BufferedProtocol):
         "read_buffer",
         "pool", "transport", "parser", "sink", "headers", "status", "keep_alive",
         "closed", "reading_paused", "warm", "authority", "idle_since",
+        "body_rest", "write_paused", "write_scheduled",
     )
 
     def __init__(self, pool: Pool) -> None:
@@ -50,6 +53,9 @@ class H1Connection(asyncio.BufferedProtocol):
         self.idle_since = 0.0
         self.authority = pool.authority.encode()
         self.read_buffer = memoryview(bytearray(_READ_BUFFER))
+        self.body_rest: memoryview | None = None  # the part of a large body not yet written
+        self.write_paused = False
+        self.write_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -64,10 +70,37 @@ class H1Connection(asyncio.BufferedProtocol):
         if body or method == b"POST":
             parts.append(b"content-length: %d\r\n" % len(body or b""))
         parts.append(b"\r\n")
-        if body:
+        large = body is not None and len(body) > WRITE_SLICE
+        if body and not large:
             parts.append(body)
         sink.t_sent = time.perf_counter_ns()
         self.transport.write(b"".join(parts))  # type: ignore[union-attr]
+        if large:
+            # A memoryview is the arena's and may be reused before the last slice is out.
+            self.body_rest = memoryview(bytes(body) if type(body) is memoryview else body)
+            self._write_body()
+
+    def _write_body(self) -> None:
+        self.write_scheduled = False
+        rest = self.body_rest
+        if rest is None or self.write_paused or self.closed or self.transport is None:
+            return
+        self.transport.write(rest[:WRITE_SLICE])
+        if len(rest) > WRITE_SLICE:
+            self.body_rest = rest[WRITE_SLICE:]
+            if not self.write_paused:
+                self.write_scheduled = True
+                self.pool.loop.call_soon(self._write_body)
+        else:
+            self.body_rest = None
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.body_rest is not None and not self.write_scheduled:
+            self._write_body()
 
     # --- parser callbacks ---------------------------------------------------------------------
 
@@ -100,7 +133,12 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.reading_paused:
             self.reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
-        if self.keep_alive and not self.closed:
+        if self.body_rest is not None:
+            # The upstream answered before the whole body was sent: the rest would be read
+            # as the next request, so this connection cannot be reused.
+            self.body_rest = None
+            self.close()
+        elif self.keep_alive and not self.closed:
             self.pool.h1_idle(self)
         else:
             self.close()

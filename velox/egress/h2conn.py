@@ -201,6 +201,8 @@ class H2Connection(asyncio.BufferedProtocol):
             return
         if not self.backlog_bytes and not self.write_paused and len(data) <= WRITE_SLICE:
             self.transport.write(data)  # the common case: one write for the whole batch
+            if self.codec.data_pending:
+                self.pool.mark_dirty(self)  # more of a large body, on the next loop pass
             return
         self.backlog.append(memoryview(data))
         self.backlog_bytes += len(data)
@@ -226,8 +228,13 @@ class H2Connection(asyncio.BufferedProtocol):
         if backlog and not self.write_paused and not self.drain_scheduled:
             self.drain_scheduled = True
             self.pool.loop.call_soon(self._write_backlog)
-        elif not backlog and self.pool.waiting:
-            self.pool.on_capacity(self)
+        elif not backlog:
+            if self.codec.data_pending:
+                # Frame the next part of a large body only now that the last part is out:
+                # what the connection buffers stays bounded, and no pass copies much.
+                self.pool.mark_dirty(self)
+            elif self.pool.waiting:
+                self.pool.on_capacity(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from .codec import (
-    CANCEL, COMPRESSION_ERROR, DATA, DEFAULT_MAX_CONCURRENT_STREAMS, GOAWAY,
+    CANCEL, COMPRESSION_ERROR, DATA, DATA_PER_CALL, DEFAULT_MAX_CONCURRENT_STREAMS, GOAWAY,
     LOCAL_CONNECTION_WINDOW, LOCAL_INITIAL_WINDOW_SIZE, LOCAL_MAX_HEADER_LIST_SIZE,
     MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, REFUSED_STREAM, RESET, RESPONSE,
     SENSITIVE_HEADERS, SETTINGS, TRAILERS, CodecError,
@@ -65,6 +65,8 @@ class H2LibCodec:
         self._authority = authority
         self._scheme = scheme
         self._bodies: dict[int, tuple[bytes, int]] = {}  # unsent body remainders by stream
+        self._budget = DATA_PER_CALL  # body bytes that may still be sent before data_to_send
+        self._deferred = False  # the budget, not a window, held body bytes back
         self._next_sid = 1
         self._max_streams = DEFAULT_MAX_CONCURRENT_STREAMS
         self._got_settings = False
@@ -142,7 +144,15 @@ class H2LibCodec:
         return events
 
     def data_to_send(self) -> bytes:
+        if self._deferred and self._budget > 0:
+            self._deferred = False
+            self._resume_bodies()
+        self._budget = DATA_PER_CALL
         return self._conn.data_to_send()
+
+    @property
+    def data_pending(self) -> bool:
+        return self._deferred
 
     def acknowledge(self, stream_id: int, n: int) -> None:
         if not (stream_id & 1 and 0 < stream_id < self._next_sid):
@@ -188,11 +198,15 @@ class H2LibCodec:
         window = conn.local_flow_control_window(sid)
         step = conn.max_outbound_frame_size
         while off < total and window > 0:
-            n = min(window, step, total - off)
+            if self._budget <= 0:
+                self._deferred = True
+                break
+            n = min(window, step, total - off, self._budget)
             chunk = body if n == total else body[off : off + n]
             conn.send_data(sid, chunk, end_stream=off + n == total)
             off += n
             window -= n
+            self._budget -= n
         if off < total:
             self._bodies[sid] = (body, off)
         else:
