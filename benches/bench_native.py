@@ -442,3 +442,45 @@ def test_json_scan_json(benchmark: Any, label: str) -> None:
     base = f"orjson_loads_{label}"
     if base in MEDIANS:
         benchmark.extra_info["ratio_vs_orjson_loads"] = round(MEDIANS[base] / MEDIANS[name], 2)
+
+
+# ---------------------------------------------------------------- C, no Python
+
+# Row labels of native/tests/bench.c's table, and the key each figure is saved under.
+C_ROWS = {
+    "ring push + pop (one item, single thread)": "ring_push_pop",
+    "ring pop, draining a full ring, per item": "ring_pop_drain",
+    "ring pop_batch(64) claim, draining, per item": "ring_pop_batch_claim",
+    "bucket acquire(1), uncontended": "bucket_acquire",
+    "bucket acquire(64), uncontended, per token": "bucket_acquire64_per_token",
+    "counters add (relaxed fetch_add)": "counters_add",
+    "histogram record (3 relaxed fetch_adds)": "histogram_record",
+    "ring push + pop, 2 threads sharing one ring, wall": "ring_push_pop_2_threads",
+}
+
+
+def test_c_core_ns_per_op(benchmark: Any) -> None:
+    """native/tests/bench.c (built by `make -C native bench`, -O2): the primitives without
+    Python, each figure the median of 7 runs inside the program."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    native = Path(__file__).resolve().parents[1] / "native"
+    out: list[str] = []
+
+    def run() -> None:
+        done = subprocess.run(["make", "-s", "-C", str(native), "bench"], capture_output=True,
+                              text=True, timeout=300, check=True)
+        out.append(done.stdout)
+
+    benchmark.group = "C core, no Python: ns per operation"
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    figures = {}
+    for line in out[-1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] in C_ROWS and re.fullmatch(r"[\d.]+", cells[1]):
+            figures[C_ROWS[cells[0]]] = float(cells[1])
+    assert set(figures) == set(C_ROWS.values()), out[-1]
+    benchmark.extra_info.update({f"c_ns_{k}": v for k, v in figures.items()})
+    print("\n" + out[-1])

@@ -162,8 +162,82 @@ def _speedups(name: str, info: dict[str, Any]) -> str:
 
 
 _PER_ITEM = (("median_per_item_ns", "ns/item"), ("median_per_parse_us", "µs/parse"),
-             ("per_request_us_median", "µs/request"), ("client_cpu_us_per_request", "µs CPU/request"),
+             ("per_request_us_median", "µs/request"), ("per_request_us", "µs/request"),
+             ("client_cpu_us_per_request", "µs CPU/request"),
              ("mock_cpu_us_per_request", "µs CPU/request"))
+
+# Benchmarks that measure a scenario (a running gateway, seconds long) rather than one call:
+# their figures get a table each instead of a row of the micro table.
+_SCENARIOS = ("test_large_uploads_do_not_stall_the_loop", "test_client_disconnect_cancel_latency",
+              "test_access_log_cost", "test_profile_throughput_cost")
+
+
+def _scenario(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((b["extra_info"] for b in doc["benchmarks"] if b["name"] == name), None)
+
+
+def table_bigbody(doc: dict[str, Any]) -> Table | None:
+    info = _scenario(doc, "test_large_uploads_do_not_stall_the_loop")
+    if info is None:
+        return None
+    rows = []
+    for variant, label in (("off-loop_quiet", "no uploads"),
+                           ("off-loop_uploads", "16 MiB chat uploads, scanned off the loop (default)"),
+                           ("on-loop_uploads", "16 MiB chat uploads, orjson on the loop"),
+                           ("no_parse_uploads", "16 MiB uploads to a path that is not parsed")):
+        rows.append([label, *(_n(info.get(f"{variant}_{k}")) for k in
+                              ("p50_us", "p99_us", "p999_us", "max_us", "uploads"))])
+    return ["one worker, /healthz probes", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "uploads"], rows
+
+
+def table_cancel(doc: dict[str, Any]) -> Table | None:
+    info = _scenario(doc, "test_client_disconnect_cancel_latency")
+    if info is None:
+        return None
+    rows = [[label, *(_n(info.get(f"{kind}_{k}"), 2) for k in ("p50_ms", "p90_ms", "max_ms")),
+             _n(info.get(f"{kind}_n"))]
+            for kind, label in (("idle", "idle gateway"), ("busy", "32 other streams running"))]
+    return ["client closes mid-stream", "p50 ms", "p90 ms", "max ms", "rounds"], rows
+
+
+def table_admin_cost(doc: dict[str, Any]) -> Table | None:
+    log, prof = (_scenario(doc, "test_access_log_cost"),
+                 _scenario(doc, "test_profile_throughput_cost"))
+    rows = []
+    if log:
+        rows += [[f"access log {v}: CPU per request, one worker's path without sockets",
+                  f"{_n(log.get(f'cpu_us_per_request_{v}'), 2)} µs"]
+                 for v in ("off", "enqueue", "on")]
+    if prof:
+        rows += [["requests/s, 2 workers, 64 connections: without a profile / while profiling",
+                  f"{_n(prof.get('rps_without_profile'))} / {_n(prof.get('rps_while_profiling'))} "
+                  f"({_n(prof.get('throughput_cost_pct'), 1)}% fewer)"],
+                 ["worker CPU per request: without a profile / while profiling",
+                  f"{_n(prof.get('worker_cpu_us_per_request'), 1)} / "
+                  f"{_n(prof.get('worker_cpu_us_per_request_profiling'), 1)} µs"]]
+    return (["figure", "value"], rows) if rows else None
+
+
+# native/tests/bench.c's figures (saved by benches/bench_native.py) and the issue's targets.
+C_FIGURES = (
+    ("ring_push_pop", "ring push + pop, one item", "<= 25"),
+    ("ring_pop_drain", "ring pop, draining a full ring, per item", ""),
+    ("ring_pop_batch_claim", "ring pop_batch(64) claim, per item", ""),
+    ("bucket_acquire", "bucket acquire(1), uncontended", "<= 10"),
+    ("bucket_acquire64_per_token", "bucket acquire(64), per token", ""),
+    ("counters_add", "counter add", ""),
+    ("histogram_record", "histogram record", ""),
+    ("ring_push_pop_2_threads", "ring push + pop, 2 threads sharing one ring (wall)", ""),
+)
+
+
+def table_c(doc: dict[str, Any]) -> Table | None:
+    info = next((b["extra_info"] for b in doc["benchmarks"]
+                 if any(k.startswith("c_ns_") for k in b["extra_info"])), None)
+    if info is None:
+        return None
+    rows = [[label, _n(info.get(f"c_ns_{key}"), 2), target] for key, label, target in C_FIGURES]
+    return ["operation (C, -O2, median of 7 runs)", "ns/op", "target ns"], rows
 
 
 def table_micro(doc: dict[str, Any]) -> Table:
@@ -171,8 +245,11 @@ def table_micro(doc: dict[str, Any]) -> Table:
     rows = []
     for b in sorted(doc["benchmarks"], key=lambda b: (b["group"] or "", b["name"])):
         info = b["extra_info"]
+        if any(k.startswith("c_ns_") for k in info) or b["name"] in _SCENARIOS:
+            continue  # tables of their own: one call is a whole scenario, its time says nothing
         item = next((f"{info[k]:,.2f} {unit}" for k, unit in _PER_ITEM if k in info), "")
-        rows.append([b["group"] or "", b["name"], f"{b['stats']['median'] * 1e6:,.1f} µs", item,
+        name = b["name"].replace("\\u2192", "→")  # pytest escapes non-ASCII in ids
+        rows.append([b["group"] or "", name, f"{b['stats']['median'] * 1e6:,.1f} µs", item,
                      _speedups(b["name"], info)])
     return head, rows
 
@@ -215,8 +292,19 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
     if soak:
         out.append(("e2e", "Soak: worker RSS over about a million requests", None, "soak.png"))
     if micro:
+        c_table = table_c(micro)
+        if c_table is not None:
+            out.append(("micro", "Native core without Python", c_table, None))
         out.append(("micro", "Micro-benchmarks (`pytest --benchmark`)", table_micro(micro),
                     "micro_ratios.png"))
+        for title, table in (
+                ("Large uploads do not hold the loop (`benches/bench_bigbody.py`)",
+                 table_bigbody(micro)),
+                ("Client disconnect to upstream RST_STREAM (`benches/bench_cancel.py`)",
+                 table_cancel(micro)),
+                ("What seeing inside costs (`benches/bench_admin.py`)", table_admin_cost(micro))):
+            if table is not None:
+                out.append(("micro", title, table, None))
     return out
 
 

@@ -88,3 +88,37 @@ def test_generate_writes_html_and_readme_without_plots(tmp_path: Path,
     page = (tmp_path / "report.html").read_text()
     assert "Test CPU" in page and "1.50× vs deque" in page
     assert "| velox | 1 | 4,000 |" in readme.read_text()
+
+
+def test_c_core_figures_get_their_own_table() -> None:
+    info = {f"c_ns_{key}": 1.5 + i for i, (key, _, _) in enumerate(benchreport.C_FIGURES)}
+    micro = {"machine": MACHINE, "benchmarks": [
+        {"group": "C core", "name": "test_c_core_ns_per_op", "stats": {"median": 9.0},
+         "extra_info": info},
+        {"group": "ring", "name": "test_ring", "stats": {"median": 2e-5},
+         "extra_info": {"median_per_item_ns": 20.0}}]}
+    head, rows = benchreport.table_c(micro)  # type: ignore[misc]
+    assert rows[0] == ["ring push + pop, one item", "1.50", "<= 25"]
+    assert rows[3][1:] == ["4.50", "<= 10"]
+    assert [r[1] for r in benchreport.table_micro(micro)[1]] == ["test_ring"]
+    assert benchreport.table_c({"benchmarks": micro["benchmarks"][1:]}) is None
+
+
+def test_scenario_benchmarks_get_tables_not_micro_rows() -> None:
+    micro = {"machine": MACHINE, "benchmarks": [
+        {"group": "cancel", "name": "test_client_disconnect_cancel_latency",
+         "stats": {"median": 9.0},
+         "extra_info": {"idle_p50_ms": 0.4, "idle_p90_ms": 1.3, "idle_max_ms": 1.5, "idle_n": 20,
+                        "busy_p50_ms": 0.5, "busy_p90_ms": 1.6, "busy_max_ms": 1.7, "busy_n": 20}},
+        {"group": "admin", "name": "test_profile_throughput_cost", "stats": {"median": 20.0},
+         "extra_info": {"rps_without_profile": 20000, "rps_while_profiling": 15000,
+                        "throughput_cost_pct": 25.0, "worker_cpu_us_per_request": 36.0,
+                        "worker_cpu_us_per_request_profiling": 72.0}}]}
+    assert benchreport.table_micro(micro)[1] == []
+    head, rows = benchreport.table_cancel(micro)  # type: ignore[misc]
+    assert rows[0] == ["idle gateway", "0.40", "1.30", "1.50", "20"]
+    _, admin = benchreport.table_admin_cost(micro)  # type: ignore[misc]
+    assert admin[0][1] == "20,000 / 15,000 (25.0% fewer)"
+    assert benchreport.table_bigbody(micro) is None
+    titles = [t for _, t, _, _ in benchreport.sections(None, micro, None)]
+    assert "Client disconnect to upstream RST_STREAM (`benches/bench_cancel.py`)" in titles

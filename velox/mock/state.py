@@ -105,7 +105,7 @@ class MockState:
     def cancelled(self, record: list | None) -> None:
         self.counters.row[CANCELLED] += 1
         if record is not None:
-            record[R_CANCELLED] = True
+            record[R_CANCELLED] = time.time()  # when the reset arrived, for cancel latency
 
     def count(self, field: int, n: int = 1) -> None:
         self.counters.row[field] += n
@@ -172,7 +172,8 @@ class MockState:
             "method": r[R_METHOD].decode("latin-1"), "path": r[R_TARGET].decode("latin-1"),
             "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in r[R_HEADERS]],
             "body_length": r[R_LEN], "body_sha256": r[R_SHA].hex(), "stream": r[R_STREAM],
-            "cancelled": r[R_CANCELLED], "status": r[R_STATUS], "fault": r[R_FAULT],
+            "cancelled": bool(r[R_CANCELLED]), "cancelled_at": r[R_CANCELLED] or None,
+            "status": r[R_STATUS], "fault": r[R_FAULT],
             "request_id": r[R_ID].decode() if r[R_ID] else None,
         } for r in records]
 
