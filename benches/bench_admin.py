@@ -7,6 +7,8 @@
 * `test_profile_throughput_cost`: a real gateway (2 workers) in front of the mock upstream,
   under a closed loop of 64 connections; requests per second and the workers' CPU time per
   request, first without and then while `/debug/pprof/profile` runs, alternating a few times.
+  Meanwhile `/stats` and `/metrics` are fetched every 50 ms: how long the admin server takes
+  to answer while the workers are saturated.
 
 Run: `pytest --benchmark benches/bench_admin.py -s`.
 """
@@ -24,7 +26,6 @@ from collections.abc import Callable
 import httpx
 import orjson
 import psutil
-import pytest
 
 from benches._closedloop import ClosedLoop, chat_request
 from benches._pipeline import Pipeline
@@ -87,8 +88,26 @@ def _worker_cpu_s(gw: GatewayProcess) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in psutil.Process(gw.pid).children())
 
 
+class AdminProbe(threading.Thread):
+    """Fetches /stats and /metrics alternately every 50 ms; records how long each took."""
+
+    def __init__(self, admin_url: str) -> None:
+        super().__init__(name="admin-probe", daemon=True)
+        self.admin_url = admin_url
+        self.stop = threading.Event()
+        self.ms: dict[str, list[float]] = {"/stats": [], "/metrics": []}
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.admin_url, timeout=30) as client:
+            while not self.stop.wait(0.05):
+                for path, samples in self.ms.items():
+                    started = time.perf_counter()
+                    assert client.get(path).status_code == 200
+                    samples.append((time.perf_counter() - started) * 1e3)
+
+
 def _run(gw: GatewayProcess, request: bytes, seconds: float,
-         profile: bool) -> tuple[float, float]:
+         profile: bool, probe: AdminProbe | None = None) -> tuple[float, float]:
     """(requests per second, worker CPU µs per request) over one closed-loop run."""
     load = ClosedLoop("127.0.0.1", gw.port, request, concurrency=CLIENTS,
                       max_seconds=seconds + 0.5)
@@ -97,6 +116,8 @@ def _run(gw: GatewayProcess, request: bytes, seconds: float,
     time.sleep(0.25)  # connections open, loop warm
     done_before, t0 = load.completed, time.monotonic()
     profiler = None
+    if probe is not None:
+        probe.start()
     if profile:
         profiler = threading.Thread(target=lambda: httpx.get(
             f"{gw.admin_url}/debug/pprof/profile?seconds={seconds}&format=text",
@@ -105,6 +126,9 @@ def _run(gw: GatewayProcess, request: bytes, seconds: float,
     time.sleep(seconds)
     done, t1 = load.completed, time.monotonic()
     load.join()
+    if probe is not None:
+        probe.stop.set()
+        probe.join(60)
     if profiler is not None:
         profiler.join()
     assert set(load.statuses) == {200} and not load.errors, (load.statuses, load.errors[:3])
@@ -117,6 +141,7 @@ def test_profile_throughput_cost(benchmark) -> None:  # noqa: ANN001
                          "messages": [{"role": "user", "content": "hello"}]})
     request = chat_request(body)
     results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    probes: list[AdminProbe] = []
     with MockUpstream(tls=True, certdir=tempfile.mkdtemp()) as mock:
         env = {"VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",
                "VELOX_WORKERS": "2", "VELOX_EGRESS_POOL_CONNECTIONS": "2",
@@ -127,13 +152,23 @@ def test_profile_throughput_cost(benchmark) -> None:  # noqa: ANN001
             def measure() -> None:
                 for _ in range(3):
                     for profile in (False, True):
-                        results[profile].append(_run(gw, request, 3.0, profile))
+                        probe = None if profile else AdminProbe(gw.admin_url or "")
+                        if probe is not None:
+                            probes.append(probe)
+                        results[profile].append(_run(gw, request, 3.0, profile, probe))
 
             benchmark.pedantic(measure, rounds=1, iterations=1)
     base_rps = statistics.median(r for r, _ in results[False])
     prof_rps = statistics.median(r for r, _ in results[True])
     base_cpu = statistics.median(c for _, c in results[False])
     prof_cpu = statistics.median(c for _, c in results[True])
+    for path in ("/stats", "/metrics"):
+        samples = sorted(ms for probe in probes for ms in probe.ms[path])
+        key = path.strip("/")
+        benchmark.extra_info.update({
+            f"admin_{key}_under_load_p50_ms": round(statistics.median(samples), 2),
+            f"admin_{key}_under_load_max_ms": round(samples[-1], 2),
+            f"admin_{key}_under_load_n": len(samples)})
     benchmark.extra_info.update({
         "rps_without_profile": round(base_rps), "rps_while_profiling": round(prof_rps),
         "throughput_cost_pct": round((1 - prof_rps / base_rps) * 100, 1),

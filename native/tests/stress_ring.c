@@ -10,6 +10,7 @@
  * Exit status 0 when every check passes, 1 otherwise.
  */
 #include "vx_ring.h"
+#include "check.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -26,16 +27,6 @@
 /* A broken ring tends to hang rather than crash (a consumer waits for items that were lost):
  * the watchdog turns "no progress for this long" into a failure. */
 #define STALL_SECONDS 20
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* ---- unit checks (single thread) ---- */
 

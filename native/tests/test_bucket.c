@@ -7,6 +7,7 @@
  * to the unit. Exit status 0 when every check passes.
  */
 #include "vx_bucket.h"
+#include "check.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -18,16 +19,6 @@
 
 #define U VX_BUCKET_UNITS_PER_TOKEN
 #define T0 INT64_C(1000000000000) /* an arbitrary "boot + 11.6 days" in microseconds */
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 static int64_t tokens_of(vx_bucket *b)
 {

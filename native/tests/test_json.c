@@ -10,22 +10,13 @@
  * check passes; the orjson agreement itself is tested from Python.
  */
 #include "vx_json.h"
+#include "check.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* String literal and its length, embedded NULs included. */
 #define DOC(s) (s), sizeof(s) - 1

@@ -6,6 +6,7 @@
  * forked child whose records the parent reads. Exit status 0 when every check passes.
  */
 #include "vx_stats.h"
+#include "check.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -14,16 +15,6 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* |approx - exact| <= exact / 128, in integers. */
 static int within_bound(int64_t approx, int64_t exact)

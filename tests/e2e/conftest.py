@@ -6,8 +6,10 @@ stopped by PID at the end of the test (or module) that started them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -84,3 +86,14 @@ def async_client_for(gw: GatewayProcess, **kw: object) -> openai.AsyncOpenAI:
 
 def raw(gw: GatewayProcess) -> httpx.Client:
     return httpx.Client(base_url=gw.base_url, timeout=20)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:
+    """Poll until predicate() is truthy and return its value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("condition not met in time")

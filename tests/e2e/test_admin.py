@@ -28,7 +28,7 @@ from benches._closedloop import ClosedLoop, chat_request
 from velox.launch import GatewayProcess, free_port
 from velox.mock import MockUpstream
 
-from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, gateway_env
+from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, gateway_env, wait_for
 
 BODY = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
 QUERY_SECRET = "qs-SECRET-in-the-query-4242"
@@ -61,16 +61,6 @@ def timed_get(client: httpx.Client, url: str) -> httpx.Response:
     elapsed = time.monotonic() - started
     assert elapsed < ADMIN_BOUND_S, f"{url} took {elapsed:.2f} s under load"
     return response
-
-
-def wait_for(predicate: Any, timeout: float = 15.0, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def metric_samples(text: str) -> dict[str, list[Any]]:

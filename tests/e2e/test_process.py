@@ -18,7 +18,7 @@ import pytest
 from velox.launch import GatewayProcess, free_port
 from velox.mock import MockUpstream
 
-from .conftest import UPSTREAM_KEY, GatewayFactory, async_client_for, client_for, raw
+from .conftest import UPSTREAM_KEY, GatewayFactory, async_client_for, client_for, raw, wait_for
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -34,16 +34,6 @@ def cpu_ns(pid: int) -> int:
         with open(f"/proc/{pid}/task/{task}/schedstat") as f:
             total += int(f.read().split()[0])
     return total
-
-
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
 
 
 def test_workers_are_pinned_to_distinct_cores(start_gateway: GatewayFactory) -> None:
