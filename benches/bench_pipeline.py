@@ -55,7 +55,7 @@ def test_pipeline_round(benchmark, variant: str) -> None:  # noqa: ANN001
     gc.unfreeze()
 
 
-@pytest.mark.parametrize("phase", ["client request → upstream frames", "upstream answer → client"])
+@pytest.mark.parametrize("phase", ["client request -> upstream frames", "upstream answer -> client"])
 def test_pipeline_phase(benchmark, phase: str) -> None:  # noqa: ANN001
     pipeline = _ready()
     benchmark.group = "pipeline phases (default configuration), 64 requests per round"

@@ -253,8 +253,7 @@ def table_micro(doc: dict[str, Any]) -> Table:
         if any(k.startswith("c_ns_") for k in info) or b["name"] in _SCENARIOS:
             continue  # tables of their own: one call is a whole scenario, its time says nothing
         item = next((f"{info[k]:,.2f} {unit}" for k, unit in _PER_ITEM if k in info), "")
-        name = b["name"].replace("\\u2192", "→")  # pytest escapes non-ASCII in ids
-        rows.append([b["group"] or "", name, f"{b['stats']['median'] * 1e6:,.1f} µs", item,
+        rows.append([b["group"] or "", b["name"], f"{b['stats']['median'] * 1e6:,.1f} µs", item,
                      _speedups(b["name"], info)])
     return head, rows
 

@@ -369,9 +369,10 @@ class Framer:
 
     def _resume_bodies(self) -> None:
         for sid, stream in list(self._blocked.items()):
-            if self._conn_send_window <= 0 or self._budget <= 0:
-                if self._budget <= 0:
-                    self._deferred = True
+            if self._budget <= 0:
+                self._deferred = True
+                return
+            if self._conn_send_window <= 0:
                 return
             if stream.send_window > 0 and stream.body is not None:
                 stream.body_off = self._write_data(sid, stream, stream.body, stream.body_off)
