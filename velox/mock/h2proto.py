@@ -280,8 +280,14 @@ class H2Protocol(asyncio.Protocol):
     def _maybe_close(self) -> None:
         if not self.draining or self.active or self.receiving or self.transport is None:
             return
-        if self.conn.goaway_sent and self.loop.time() < self.drain_deadline:
-            return  # the grace timer will call again
+        if self.conn.goaway_sent:
+            left = self.drain_deadline - self.loop.time()
+            if left > 0:
+                # The grace timer may fire a hair early (the loop's clock and its timers round
+                # differently): look again when the grace is really over, or the connection
+                # would never be closed.
+                self.loop.call_later(left, self._maybe_close)
+                return
         self._drop(abort=False)
 
     # -- output ---------------------------------------------------------------------------
