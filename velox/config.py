@@ -6,7 +6,7 @@ This is the only module that looks at the environment. Each variable is declared
 drift apart. A `.env` file in the working directory is read if present; variables already in the
 environment win over it.
 
-Imports: stdlib and python-dotenv only (a leaf of the package).
+Imports: tables (the TOML tables), stdlib and python-dotenv.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from velox.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 
 DEFAULT_PORT = 8080
 DEFAULT_RING_DEPTH = 16_384
@@ -268,6 +270,23 @@ class Settings:
     access_log: bool = True
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
+    # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
+    # from the VELOX_UPSTREAM_* settings above", which __post_init__ does.
+    tables: Tables | None = None
+
+    def __post_init__(self) -> None:
+        if self.tables is None:
+            object.__setattr__(self, "tables", single_upstream(self.default_upstream()))
+
+    def default_upstream(self) -> UpstreamSpec:
+        """The one upstream the VELOX_UPSTREAM_* variables describe."""
+        protocol = "http1" if self.egress == "http1" else self.upstream_protocol
+        return UpstreamSpec(
+            name=DEFAULT_UPSTREAM, origin=self.upstream_origin, api_key=self.upstream_api_key,
+            protocol=protocol, connections=self.egress_pool_connections,
+            ca_file=self.upstream_ca_file, request_timeout_ms=self.request_timeout_ms,
+            connect_timeout_ms=self.connect_timeout_ms, warmup_path=self.upstream_warmup_path,
+        )
 
     @property
     def upstream_scheme(self) -> str:
@@ -369,6 +388,9 @@ def _check_consistency(s: Settings) -> None:
 
 
 def replace(settings: Settings, **changes: Any) -> Settings:
+    tables = settings.tables
+    if "tables" not in changes and tables is not None and not tables.source:
+        changes["tables"] = None  # synthesised from the settings: synthesise again
     return dataclasses.replace(settings, **changes)
 
 
