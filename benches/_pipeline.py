@@ -153,7 +153,7 @@ class Pipeline:
         self.loop = FakeLoop()
         self.worker = Worker(settings, 0, SharedStats(1), Limiter(None), None)
         self.worker.build(self.loop)  # type: ignore[arg-type]
-        pool = self.worker.pool
+        pool = self.worker.pool.pool  # type: ignore[attr-defined]  # the Upstream's H2Pool
         self.upstream_transport = FakeTransport()
         conn = H2Connection(pool, 0, make_codec(codec, b"upstream.invalid", b"https"))
         conn.connection_made(self.upstream_transport)  # type: ignore[arg-type]

@@ -11,10 +11,10 @@ whole response. One timed call sends `REQUESTS` requests; the figures per reques
 * `mock_cpu_us_per_request`: the mock's share, for scale.
 
 Contenders: `httpx` (a Task per request and httpx's pool, the generic way), then
-`velox.egress.pool.Pool` built from `velox.config.load(...)` with VELOX_EGRESS = h2, jh2,
+`velox.egress.upstream.Upstream` built from `velox.config.load(...)` with VELOX_EGRESS = h2, jh2,
 framer (HTTP/2, the default pool of 2 connections) and http1 (HTTP/1.1 keep-alive over TLS).
-The pool is driven the way the worker drives it, through minimal stand-ins for the relay's
-exchanges. Each pool benchmark records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx`
+The upstream is driven the way the worker drives it, through minimal stand-ins for the relay's
+exchanges (egress `Client`s). Each pool benchmark records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx`
 (> 1: the pool is cheaper).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_egress.py` (the whole file, httpx runs first).
@@ -34,7 +34,9 @@ import uvloop
 
 from benches.e2e.machine import tree_cpu
 from velox.config import load
-from velox.egress.pool import Pool
+from velox.egress.interfaces import AttemptHandle
+from velox.egress.pool import EgressOptions
+from velox.egress.upstream import Upstream
 
 IN_FLIGHT = 64
 REQUESTS = {"httpx": 400}
@@ -51,52 +53,31 @@ HEADERS = [(b"content-type", b"application/json"),
 _results: dict[str, dict[str, float]] = {}
 
 
-class _Request:
-    __slots__ = ("method", "body")
-
-    def __init__(self) -> None:
-        self.method = b"POST"
-        self.body = BODY
-
-
 class _Exchange:
-    """What the pool needs of relay.Exchange, and nothing else: count the answer, send the next."""
+    """What egress needs of relay.Exchange (an egress `Client`): count the answer, send the next."""
 
-    __slots__ = ("driver", "request", "path", "headers_out", "finished", "t_headers", "streaming",
-                 "attempts", "link", "stream_id", "t_sent", "deadline", "last_activity", "status")
+    __slots__ = ("driver", "attempt", "finished", "status")
+
+    method = b"POST"
+    path = PATH
+    headers_out = HEADERS
+    body = BODY
+    paused = False
 
     def __init__(self, driver: _Driver) -> None:
         self.driver = driver
-        self.request = _Request()
-        self.path = PATH
-        self.headers_out = HEADERS
+        self.attempt: AttemptHandle | None = None
         self.finished = False
-        self.t_headers = 0
-        self.streaming = False
-        self.attempts = 0
-        self.link: Any = None
-        self.stream_id = 0
-        self.t_sent = 0
-        self.deadline = 0.0
-        self.last_activity = 0.0
         self.status = 0
 
     def on_response(self, status: int, headers: list, end_stream: bool) -> None:
         self.status = status
-        self.t_headers = 1
         if end_stream:
             self._finish()
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if end_stream:
             self._finish()
-
-    def consumed(self, n: int) -> None:
-        if self.link is not None:
-            self.link.acknowledge(self, n)
-
-    def on_release(self, request: Any) -> None:
-        pass
 
     def on_error(self, exc: BaseException) -> None:
         self.driver.errors += 1
@@ -105,11 +86,12 @@ class _Exchange:
     def _finish(self) -> None:
         if not self.finished:
             self.finished = True
+            self.attempt = None
             self.driver.complete(self)
 
 
 class _Driver:
-    def __init__(self, pool: Pool, total: int) -> None:
+    def __init__(self, pool: Upstream, total: int) -> None:
         self.pool, self.total = pool, total
         self.sent = self.done = self.errors = 0
         self.future: asyncio.Future[None] = pool.loop.create_future()
@@ -132,7 +114,7 @@ class _Driver:
             self.future.set_result(None)
 
 
-async def _pool_round(pool: Pool, total: int) -> int:
+async def _pool_round(pool: Upstream, total: int) -> int:
     driver = _Driver(pool, total)
     driver.start()
     await driver.future
@@ -176,7 +158,8 @@ def test_egress(benchmark: Any, mock_upstream: Any, who: str) -> None:
         settings = load({"VELOX_UPSTREAM_ORIGIN": mock_upstream.origin, "VELOX_EGRESS": who,
                          "VELOX_UPSTREAM_CA_FILE": mock_upstream.ca_file,
                          "VELOX_UPSTREAM_API_KEY": "sk-bench-not-a-secret"}, dotenv=None)
-        pool = Pool(settings, loop)
+        assert settings.tables is not None
+        pool = Upstream(settings.tables.upstreams[0], EgressOptions.from_settings(settings), loop)
         pool.start()
 
         async def ready() -> None:

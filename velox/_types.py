@@ -2,9 +2,9 @@
 
 A `Request` is built by ingress when a complete HTTP/1.1 request has arrived, travels through
 the ring to the worker, and carries its own reply handle (`Responder`, implemented by the
-client connection) so that no stage downstream of ingress ever imports ingress. The egress pool
-reports what the upstream does through an `UpstreamSink` (implemented by the relay), so egress
-never imports the relay either.
+client connection) so that no stage downstream of ingress ever imports ingress. Egress reports
+what the upstream does through an `egress.interfaces.Client` (implemented by the relay), so
+egress never imports the relay either.
 
 Imports: stdlib only (a leaf of the package).
 """
@@ -32,6 +32,7 @@ class Responder(Protocol):
     """The client side of one request: how the stages answer it."""
 
     closed: bool
+    write_paused: bool  # the client is not reading: its transport paused our writes
 
     def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
                 body: bytes | memoryview) -> None:
@@ -52,17 +53,6 @@ class Responder(Protocol):
 
     def abort(self) -> None:
         """The response cannot be completed: close the connection so the client sees the failure."""
-
-
-class UpstreamSink(Protocol):
-    """What the egress pool reports about one upstream exchange (implemented by relay.Exchange)."""
-
-    def on_response(self, status: int, headers: Headers, end_stream: bool) -> None: ...
-
-    def on_data(self, data: bytes, end_stream: bool) -> None: ...
-
-    def on_error(self, exc: BaseException) -> None:
-        """The exchange failed (exc is a VeloxError); called at most once, never after the end."""
 
 
 class Request:

@@ -1,27 +1,31 @@
 """Relay: carry one upstream response back to its client, streamed or whole.
 
 An `Exchange` is created by the worker for every admitted request and handed to the egress
-pool, which reports the upstream's response through it (`on_response`, `on_data`, `on_error`).
+front of its upstream (an `egress.interfaces.Client`), which reports the upstream's response
+through it (`on_response`, `on_data`, `on_error`) and points it at the current attempt.
 Server-sent events (any `text/event-stream` response) are relayed chunk by chunk as each
 upstream DATA frame arrives: no buffering, `data: [DONE]` passed through untouched. Other
 responses are short JSON documents, so they are collected and sent with one write and a
 Content-Length, unless they grow past `_BUFFER_LIMIT`, in which case they are streamed too.
 
 Backpressure runs end to end: a streaming client that stops reading pauses our writes to it,
-and while it is paused we stop crediting the upstream's HTTP/2 flow-control window, so the
-upstream slows down instead of our memory growing. A client that disconnects cancels the
+and while it is paused egress stops crediting the upstream's HTTP/2 flow-control window (the
+attempt withholds it; `paused` is what egress asks), so the upstream slows down instead of our
+memory growing. A client that disconnects cancels the
 upstream stream (RST_STREAM) at once, so no tokens are paid for after the user has left.
 
-Imports: _types, errors, stats (field numbers) and stdlib.
+Imports: _types, egress.interfaces (annotations only) and stdlib.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from velox._types import Headers, Request
+
+if TYPE_CHECKING:
+    from velox.egress.interfaces import AttemptHandle
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
 # plus content-length, which ingress writes from the bytes it actually sends.
@@ -35,12 +39,17 @@ _BUFFER_LIMIT = 1 << 20
 
 
 class Exchange:
-    """One request's round trip through the upstream (an UpstreamSink for egress)."""
+    """One client request's round trip through the upstream (an egress `Client`).
+
+    The exchange is the client side only: egress keeps its own record of each try
+    (`attempt`, replaced when the request is sent again), and this class never assumes one
+    connection for its life: it cancels or resumes whichever attempt is current.
+    """
 
     __slots__ = (
-        "request", "conn", "path", "headers_out", "link", "stream_id", "on_done", "on_release",
+        "request", "conn", "path", "headers_out", "attempt", "on_done", "on_release",
         "status", "headers", "chunks", "size", "streaming", "started", "finished",
-        "unacked", "t_sent", "t_headers", "last_activity", "attempts", "deadline",
+        "t_sent", "t_headers",
     )
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
@@ -51,8 +60,7 @@ class Exchange:
         self.path = path  # upstream path
         self.headers_out = headers_out  # upstream headers (hop-by-hop dropped, auth applied)
         request.exchange = self
-        self.link: Any = None  # the upstream connection (or queue) that holds this exchange
-        self.stream_id = 0
+        self.attempt: AttemptHandle | None = None  # egress's current try; set by egress
         self.on_done = on_done  # (exchange, status) once the client has its full answer
         self.on_release = on_release  # frees the request body once no retry can need it
         self.status = 0
@@ -62,26 +70,33 @@ class Exchange:
         self.streaming = False
         self.started = False  # response head sent to the client
         self.finished = False
-        self.unacked = 0  # flow-controlled bytes not yet credited back to the upstream
-        self.t_sent = 0
+        self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
         self.t_headers = 0
-        self.last_activity = 0.0
-        self.attempts = 0
-        self.deadline = 0.0
 
     # --- what the request carries upstream ------------------------------------------------
 
     @property
-    def body(self) -> bytes | memoryview:
+    def method(self) -> bytes:
+        return self.request.method
+
+    @property
+    def body(self) -> bytes | bytearray | memoryview:
         return self.request.body
+
+    @property
+    def paused(self) -> bool:
+        """The client is not reading (its transport paused our writes)."""
+        return self.conn.write_paused
 
     # --- egress → client ------------------------------------------------------------------
 
     def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
         if self.finished:
             return
-        self.t_headers = time.perf_counter_ns()
-        self.last_activity = time.monotonic()
+        attempt = self.attempt
+        if attempt is not None:
+            self.t_sent = attempt.t_sent
+            self.t_headers = attempt.t_headers
         self.on_release(self.request)  # the upstream has the request: no retry can need it
         out = [h for h in headers if h[0] not in _DROP]
         out.append((b"server-timing", self._server_timing()))
@@ -98,7 +113,6 @@ class Exchange:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
             return
-        self.last_activity = time.monotonic()
         if self.streaming:
             self.conn.send_chunk(data)
         else:
@@ -122,19 +136,6 @@ class Exchange:
             self.conn.respond_error(self.request, exc)
         self._done(getattr(exc, "status", 502))
 
-    # --- flow control ---------------------------------------------------------------------
-
-    def consumed(self, n: int) -> None:
-        """n flow-controlled bytes were delivered to us: credit them now or when the client drains."""
-        link = self.link
-        if link is None:
-            return
-        if self.conn.write_paused and not self.finished:  # type: ignore[attr-defined]
-            self.unacked += n
-            link.pause_for(self)
-        else:
-            link.acknowledge(self, n)
-
     # --- ingress → egress -----------------------------------------------------------------
 
     def client_gone(self) -> None:
@@ -142,14 +143,16 @@ class Exchange:
             return
         self.finished = True
         self.on_release(self.request)
-        if self.link is not None:
-            self.link.cancel(self)
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.cancel()
         self._done(499)
 
     def client_writable(self) -> None:
-        if self.unacked and self.link is not None and not self.finished:
-            n, self.unacked = self.unacked, 0
-            self.link.acknowledge(self, n)
+        """The client drains again: the current attempt returns the credit it withheld."""
+        attempt = self.attempt
+        if attempt is not None and not self.finished:
+            attempt.resume()
 
     # --- internals ------------------------------------------------------------------------
 
@@ -174,9 +177,11 @@ class Exchange:
         self._done(self.status)
 
     def _done(self, status: int) -> None:
-        # Request and exchange point at each other; cutting the link here lets reference
-        # counting free both at once instead of leaving a cycle for the garbage collector.
+        # Request and exchange point at each other, as do exchange and attempt; cutting the
+        # links here lets reference counting free them at once instead of leaving cycles for
+        # the garbage collector.
         self.request.exchange = None
+        self.attempt = None
         self.on_done(self, status)
 
     def _server_timing(self) -> bytes:

@@ -32,7 +32,10 @@ from typing import Any
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.config import Settings
-from velox.egress.pool import Pool
+from velox.egress.attempt import Tally
+from velox.egress.interfaces import Egress
+from velox.egress.pool import EgressOptions
+from velox.egress.upstream import Upstream
 from velox.errors import Overloaded, RateLimited, VeloxError
 from velox.ingress import ClientConnection, IngressState
 from velox.parse import parse_model_call, scan_model_call
@@ -69,7 +72,6 @@ class Worker:
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
         self.stopping: asyncio.Event | None = None
-        self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0}
         self.routes = shared.routes
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
@@ -79,7 +81,7 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any
         self.arena: Arena | None
-        self.pool: Any
+        self.pool: Egress  # the one upstream's egress (settings.tables.upstreams[0])
         self.ingress: IngressState
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -91,7 +93,7 @@ class Worker:
         self.loop = loop
         self.ring = make_queue(settings.queue, settings.ring_depth)
         self.arena = Arena(settings.arena_bytes) if settings.arena and settings.arena_bytes else None
-        self.pool = make_pool(settings, loop)
+        self.pool = make_pool(settings, loop, Tally(self.counters, self.slot))
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -165,16 +167,6 @@ class Worker:
         counters.set(slot, F.IN_FLIGHT, self.in_flight)
         counters.set(slot, F.RING_DEPTH, len(self.ring))
         counters.set(slot, F.UPSTREAM_CONNECTIONS, pool.open_connections)
-        published = self._published
-        for name, field, value in (
-            ("reconnects", F.RECONNECTS, pool.reconnects),
-            ("goaways", F.GOAWAYS, pool.goaways),
-            ("retries", F.RETRIES, pool.retries),
-            ("cancelled", F.STREAMS_CANCELLED, pool.streams_cancelled),
-        ):
-            if value != published[name]:
-                counters.add(slot, field, value - published[name])
-                published[name] = value
         if self.ingress.overloaded:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
@@ -309,7 +301,6 @@ class Worker:
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
-        self.pool.done(exchange)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)
@@ -338,10 +329,13 @@ def _lower_priority() -> None:
         pass
 
 
-def make_pool(settings: Settings, loop: asyncio.AbstractEventLoop) -> Any:
-    """The egress named by VELOX_EGRESS: the project's pool, or httpx as a measured baseline."""
+def make_pool(settings: Settings, loop: asyncio.AbstractEventLoop, tally: Tally) -> Egress:
+    """The egress named by VELOX_EGRESS for the first upstream of the tables: the project's
+    pools, or httpx as a measured baseline. Egress counts its events in `tally` itself."""
     if settings.egress == "httpx":
         from velox.egress.httpx_pool import HttpxPool
 
-        return HttpxPool(settings, loop)
-    return Pool(settings, loop)
+        return HttpxPool(settings, loop, tally)
+    assert settings.tables is not None  # Settings.__post_init__ synthesises them
+    return Upstream(settings.tables.upstreams[0], EgressOptions.from_settings(settings), loop,
+                    tally)

@@ -40,6 +40,6 @@ def test_hot_path_makes_no_garbage_cycles_and_keeps_nothing() -> None:
         gc.enable()
     assert grown < 20, f"{grown} objects kept after 3,200 requests"
     worker = pipeline.worker
-    assert worker.in_flight == 0 and not worker.pool.inflight
+    assert worker.in_flight == 0 and not worker.pool.pool.conns[0].streams  # type: ignore[attr-defined]
     assert worker.arena is not None and worker.arena.live == 0
     assert not pipeline.conn.streams and pipeline.conn.codec.stream_state_count == 0

@@ -1,12 +1,14 @@
 """One HTTP/1.1 keep-alive upstream connection (the fallback when the upstream has no h2).
 
-One request at a time per connection; the pool keeps idle connections and opens more on
-demand. The response is parsed with httptools and reported to the exchange like the HTTP/2
-path does. Backpressure: when the client of the current exchange stops reading, we stop
-reading the upstream socket until it drains. A large request body is written a slice per loop
-pass, as on HTTP/2, since TLS encrypts inside transport.write.
+One attempt at a time per connection; the pool keeps idle connections and opens more on
+demand. The response is parsed with httptools and reported to the attempt's client like the
+HTTP/2 path does. Backpressure: when the client stops reading, we stop reading the upstream
+socket (the attempt is marked as withholding) until it reads again, or the attempt ends, which
+`_release` (the one exit of an attempt) turns back on. A large request body is written a slice
+per loop pass, as on HTTP/2, since TLS encrypts inside transport.write.
 
-Imports: h2conn (WRITE_SLICE), errors, stdlib, httptools.
+Imports: egress.h2conn (WRITE_SLICE), egress.attempt, egress.interfaces (annotations),
+errors, stdlib, httptools.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httptools
 
+from velox.egress.attempt import Attempt
 from velox.egress.h2conn import WRITE_SLICE
 from velox.errors import UpstreamProtocolError, UpstreamUnavailable
 
 if TYPE_CHECKING:
-    from velox.egress.pool import Pool
+    from velox.egress.interfaces import H1Owner
 
 log = logging.getLogger("velox.egress")
 
@@ -34,16 +37,16 @@ _READ_BUFFER = 64 * 1024
 class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
-        "pool", "transport", "parser", "sink", "headers", "status", "keep_alive",
+        "pool", "transport", "parser", "attempt", "headers", "status", "keep_alive",
         "closed", "reading_paused", "warm", "authority", "idle_since",
         "body_rest", "write_paused", "write_scheduled",
     )
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: H1Owner) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.sink: Any = None
+        self.attempt: Attempt | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.status = 0
         self.keep_alive = True
@@ -51,7 +54,7 @@ class H1Connection(asyncio.BufferedProtocol):
         self.reading_paused = False
         self.warm = False
         self.idle_since = 0.0
-        self.authority = pool.authority.encode()
+        self.authority = pool.front.spec.authority.encode()
         self.read_buffer = memoryview(bytearray(_READ_BUFFER))
         self.body_rest: memoryview | None = None  # the part of a large body not yet written
         self.write_paused = False
@@ -60,20 +63,22 @@ class H1Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, sink: Any, method: bytes, path: bytes, headers: list, body: Any) -> None:
-        self.sink = sink
-        sink.link = self
-        sink.stream_id = 0
-        parts = [method, b" ", path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
-        for name, value in headers:
+    def send(self, attempt: Attempt) -> None:
+        client = attempt.client
+        method, body = client.method, client.body
+        self.attempt = attempt
+        attempt.conn = self
+        attempt.stream_id = 0
+        parts: list[bytes | bytearray | memoryview] = [method, b" ", client.path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
+        for name, value in client.headers_out:
             parts += (name, b": ", value, b"\r\n")
         if body or method == b"POST":
             parts.append(b"content-length: %d\r\n" % len(body or b""))
         parts.append(b"\r\n")
-        large = body is not None and len(body) > WRITE_SLICE
+        large = len(body) > WRITE_SLICE
         if body and not large:
             parts.append(body)
-        sink.t_sent = time.perf_counter_ns()
+        attempt.t_sent = time.perf_counter_ns()
         self.transport.write(b"".join(parts))  # type: ignore[union-attr]
         if large:
             # A memoryview is the arena's and may be reused before the last slice is out.
@@ -115,31 +120,39 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.status < 200:
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
-        if self.sink is not None:
-            self.sink.on_response(self.status, self.headers, False)
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.t_headers = time.perf_counter_ns()
+            attempt.last_activity = time.monotonic()
+            attempt.client.on_response(self.status, self.headers, False)
 
     def on_body(self, body: bytes) -> None:
-        sink = self.sink
-        if sink is not None:
-            sink.on_data(body, False)
-            sink.consumed(len(body))
+        attempt = self.attempt
+        if attempt is None:
+            return
+        attempt.last_activity = time.monotonic()
+        client = attempt.client
+        client.on_data(body, False)
+        if attempt.conn is self and client.paused:
+            attempt.withheld += len(body)
+            if not self.reading_paused and self.transport is not None:
+                self.reading_paused = True
+                self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
         if self.status < 200:
             return
-        sink, self.sink = self.sink, None
-        if sink is not None:
-            sink.on_data(b"", True)
-        if self.reading_paused:
-            self.reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+        attempt = self.attempt
+        if attempt is not None:
+            self._release(attempt)
+            attempt.client.on_data(b"", True)
         if self.body_rest is not None:
             # The upstream answered before the whole body was sent: the rest would be read
             # as the next request, so this connection cannot be reused.
             self.body_rest = None
             self.close()
         elif self.keep_alive and not self.closed:
-            self.pool.h1_idle(self)
+            self.pool.on_idle(self)
         else:
             self.close()
 
@@ -165,30 +178,38 @@ class H1Connection(asyncio.BufferedProtocol):
         if not self.closed:
             self._fail(UpstreamUnavailable("the upstream closed the connection"))
         self.closed = True
-        self.pool.h1_closed(self)
+        self.pool.on_closed(self)
 
     def _fail(self, exc: Exception) -> None:
-        sink, self.sink = self.sink, None
-        if sink is not None:
-            sink.on_error(exc)
+        attempt = self.attempt
+        if attempt is not None:
+            self._release(attempt)
+            attempt.client.on_error(exc)
 
-    # --- link interface (called by the exchange) -----------------------------------------------
-
-    def acknowledge(self, sink: Any, n: int) -> None:
-        if self.reading_paused and sink is self.sink:
+    def _release(self, attempt: Attempt) -> None:
+        """The one exit of an attempt: forget it and read again if it held reading back."""
+        self.attempt = None
+        attempt.conn = None
+        attempt.withheld = 0
+        if self.reading_paused:
             self.reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
 
-    def pause_for(self, sink: Any) -> None:
-        if not self.reading_paused and sink is self.sink and self.transport is not None:
-            self.reading_paused = True
-            self.transport.pause_reading()
+    # --- Carrier: called through the attempt ----------------------------------------------------
 
-    def cancel(self, sink: Any) -> None:
+    def credit(self, attempt: Attempt) -> None:
+        if attempt is self.attempt and attempt.withheld:
+            attempt.withheld = 0
+            if self.reading_paused and self.transport is not None:
+                self.reading_paused = False
+                self.transport.resume_reading()
+
+    def cancel(self, attempt: Attempt) -> None:
         # HTTP/1.1 cannot cancel one request: the connection has to go.
-        if sink is self.sink:
-            self.sink = None
-            self.pool.streams_cancelled += 1
+        if attempt is self.attempt:
+            self._release(attempt)
+            self.pool.tally.cancelled()
             self.close()
 
     def close(self) -> None:
@@ -196,3 +217,8 @@ class H1Connection(asyncio.BufferedProtocol):
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
+
+    # --- for the pool -------------------------------------------------------------------------
+
+    def live(self) -> list[Attempt]:
+        return [] if self.attempt is None else [self.attempt]

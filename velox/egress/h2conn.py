@@ -2,14 +2,23 @@
 
 All protocol work happens in the codec (`codec.py` and its implementations); this class only
 moves bytes between the codec and the transport and turns the codec's events into calls on the
-exchange of each stream. Requests of one micro-batch are encoded into the codec's buffer and
-written with one `transport.write` when the pool flushes, which is where batching pays off in
-Python (one TLS record and one syscall for many requests).
+client of each stream's `Attempt`. Requests of one micro-batch are encoded into the codec's
+buffer and written with one `transport.write` when the pool flushes, which is where batching
+pays off in Python (one TLS record and one syscall for many requests).
 
-Connection states: CONNECTING → WARMING (preface sent, warm-up request in flight) → READY →
-DRAINING (GOAWAY received or retiring: no new streams) → CLOSED.
+States move by one transition table (`TRANSITIONS`, as h2's connection state machine): a
+(state, input) pair not in it is a bug, which raises `ConnectionStateError` and leaves the
+connection CLOSED.
 
-Imports: egress.codec, errors, stdlib.
+    CONNECTING --CONNECTED--> WARMING --WARMED--> READY
+    WARMING | READY --RETIRE / GOAWAY--> DRAINING (no new streams; closes once they are done)
+    any but CLOSED --LOST--> CLOSED;  CONNECTING --NO_H2--> CLOSED (ALPN chose HTTP/1.1)
+
+Every way a stream ends goes through `_release` (end of response, trailers, reset, GOAWAY,
+cancel, deadline, connection loss), which is the one place that gives back the flow-control
+credit its attempt withholds for a client that stopped reading.
+
+Imports: egress.codec, egress.attempt, egress.interfaces (annotations), errors, stdlib.
 """
 
 from __future__ import annotations
@@ -18,18 +27,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from enum import Enum, IntEnum
+from typing import TYPE_CHECKING
 
 from velox.egress import codec as ev
+from velox.egress.attempt import MAX_ATTEMPTS, Attempt
 from velox.errors import UpstreamProtocolError, UpstreamUnavailable
 
 if TYPE_CHECKING:
-    from velox.egress.pool import Pool
+    from velox.egress.interfaces import AttemptHandle, H2Owner, Headers
 
 log = logging.getLogger("velox.egress")
 
-_REFUSED_STREAM = 0x7
 # Bytes handed to the transport per loop pass. TLS encrypts inside transport.write, so one
 # large upload written at once would hold the loop for many milliseconds; in slices of this
 # size it costs a fraction of a millisecond per pass and other requests keep moving.
@@ -53,6 +62,44 @@ class State(IntEnum):
     CLOSED = 4
 
 
+class Input(Enum):
+    CONNECTED = "connected"  # transport up, h2 negotiated (or prior knowledge), preface sent
+    NO_H2 = "no_h2"  # ALPN chose something else
+    WARMED = "warmed"  # the warm-up request was answered
+    RETIRE = "retire"  # we stop using it (stream ids running out, codec refuses streams)
+    GOAWAY = "goaway"  # the peer stops taking streams
+    LOST = "lost"  # transport gone, protocol error, or closed by us
+
+
+TRANSITIONS: dict[tuple[State, Input], State] = {
+    (State.CONNECTING, Input.CONNECTED): State.WARMING,
+    (State.CONNECTING, Input.NO_H2): State.CLOSED,
+    (State.CONNECTING, Input.LOST): State.CLOSED,
+    (State.WARMING, Input.WARMED): State.READY,
+    (State.WARMING, Input.RETIRE): State.DRAINING,
+    (State.WARMING, Input.GOAWAY): State.DRAINING,
+    (State.WARMING, Input.LOST): State.CLOSED,
+    (State.READY, Input.RETIRE): State.DRAINING,
+    (State.READY, Input.GOAWAY): State.DRAINING,
+    (State.READY, Input.LOST): State.CLOSED,
+    (State.DRAINING, Input.RETIRE): State.DRAINING,
+    (State.DRAINING, Input.GOAWAY): State.DRAINING,  # a second GOAWAY lowering last_stream_id
+    (State.DRAINING, Input.LOST): State.CLOSED,
+}
+
+
+class ConnectionStateError(RuntimeError):
+    """An input the connection's state does not allow: a bug in the caller."""
+
+
+def next_state(state: State, event: Input) -> State:
+    """The state `event` moves `state` to; raises ConnectionStateError if the table has no entry."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise ConnectionStateError(f"{event.name} is not allowed in state {state.name}") from None
+
+
 class H2Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
@@ -61,13 +108,13 @@ class H2Connection(asyncio.BufferedProtocol):
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
     )
 
-    def __init__(self, pool: Pool, index: int, codec: ev.Codec) -> None:
+    def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
         self.pool = pool
         self.index = index
         self.codec = codec
         self.transport: asyncio.Transport | None = None
         self.state = State.CONNECTING
-        self.streams: dict[int, Any] = {}  # stream id → exchange (or the warm-up sink)
+        self.streams: dict[int, Attempt] = {}  # stream id → attempt (the warm-up's included)
         self.active = 0
         self.last_stream_id = -1  # from GOAWAY: streams above it were never processed
         self.flush_pending = False
@@ -80,6 +127,13 @@ class H2Connection(asyncio.BufferedProtocol):
         self.write_paused = False
         self.drain_scheduled = False
 
+    def _move(self, event: Input) -> None:
+        try:
+            self.state = next_state(self.state, event)
+        except ConnectionStateError:
+            self.state = State.CLOSED
+            raise
+
     # --- transport callbacks ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -87,15 +141,14 @@ class H2Connection(asyncio.BufferedProtocol):
         self.opened_at = time.monotonic()
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
-            self.state = State.CLOSED
+            self._move(Input.NO_H2)
             transport.close()
-            self.pool.on_no_h2(self)
+            self.pool.front.on_no_h2()
             return
         self.codec.initiate()
-        self.state = State.WARMING
+        self._move(Input.CONNECTED)
         self.pool.on_connected(self)
-        warmup = _Warmup(self)
-        self._open(warmup, b"GET", self.pool.warmup_path, self.pool.warmup_headers, None)
+        self._open(Attempt(_Warmup(self), MAX_ATTEMPTS, float("inf")))
         self.flush()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -105,35 +158,49 @@ class H2Connection(asyncio.BufferedProtocol):
         self.data_received(bytes(self.read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
+        codec = self.codec
         try:
-            events = self.codec.receive_data(data)
+            events = codec.receive_data(data)
         except ev.CodecError as exc:
             log.warning("upstream connection %d: protocol error: %s", self.index, exc)
             self.flush()
             self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
             return
         streams = self.streams
+        now = time.monotonic()
         self.receiving = True
         for event in events:
             kind = event[0]
             if kind == ev.DATA:
-                sink = streams.get(event[1])
-                if sink is None:
-                    self.codec.acknowledge(event[1], event[3])
+                sid = event[1]
+                attempt = streams.get(sid)
+                if attempt is None:
+                    codec.acknowledge(sid, event[3])  # a stream we reset: credit the connection
                     continue
-                end = event[4]
-                if end:
-                    self._close_stream(event[1])
-                sink.on_data(event[2], end)
-                sink.consumed(event[3])
+                attempt.last_activity = now
+                client = attempt.client
+                if event[4]:
+                    self._release(attempt)
+                    codec.acknowledge(sid, event[3])
+                    client.on_data(event[2], True)
+                else:
+                    client.on_data(event[2], False)
+                    # Checked after on_data, which may be what filled the client's buffer;
+                    # credit goes straight back if the attempt ended meanwhile.
+                    if attempt.conn is self and client.paused:
+                        attempt.withheld += event[3]
+                    else:
+                        codec.acknowledge(sid, event[3])
             elif kind == ev.RESPONSE:
-                sink = streams.get(event[1])
-                if sink is None:
+                attempt = streams.get(event[1])
+                if attempt is None:
                     continue
+                attempt.t_headers = time.perf_counter_ns()
+                attempt.last_activity = now
                 end = event[4]
                 if end:
-                    self._close_stream(event[1])
-                sink.on_response(event[2], event[3], end)
+                    self._release(attempt)
+                attempt.client.on_response(event[2], event[3], end)
             else:
                 self._control(event)
         self.receiving = False
@@ -143,17 +210,17 @@ class H2Connection(asyncio.BufferedProtocol):
     def _control(self, event: tuple) -> None:
         kind = event[0]
         if kind == ev.TRAILERS:
-            sink = self.streams.get(event[1])
-            if sink is not None:
-                self._close_stream(event[1])
-                sink.on_data(b"", True)
+            attempt = self.streams.get(event[1])
+            if attempt is not None:
+                self._release(attempt)
+                attempt.client.on_data(b"", True)
         elif kind == ev.RESET:
-            sink = self.streams.get(event[1])
-            if sink is not None:
-                self._close_stream(event[1])
-                if event[2] == _REFUSED_STREAM and self.pool.retry(sink):
+            attempt = self.streams.get(event[1])
+            if attempt is not None:
+                self._release(attempt)
+                if event[2] == ev.REFUSED_STREAM and self.pool.front.retry(attempt):
                     return
-                sink.on_error(UpstreamProtocolError(
+                attempt.client.on_error(UpstreamProtocolError(
                     f"the upstream reset the stream (HTTP/2 error code {event[2]})"))
         elif kind == ev.GOAWAY:
             self._goaway(event[1], event[2])
@@ -171,28 +238,29 @@ class H2Connection(asyncio.BufferedProtocol):
             return 0
         return self.codec.max_concurrent_streams - self.active
 
-    def send(self, exchange: Any) -> None:
+    def send(self, attempt: Attempt) -> None:
         """Encode the request into the codec's buffer; the pool flushes once per batch."""
-        request = exchange.request
-        self._open(exchange, request.method, exchange.path, exchange.headers_out, request.body)
+        self._open(attempt)
         if self.codec.next_stream_id >= _STREAM_ID_LIMIT:
             self.retire()
 
-    def _open(self, sink: Any, method: bytes, path: bytes, headers: list, body: Any) -> None:
+    def _open(self, attempt: Attempt) -> None:
+        client = attempt.client
         try:
-            stream_id = self.codec.send_request(method, path, headers, body or None)
+            stream_id = self.codec.send_request(client.method, client.path, client.headers_out,
+                                                client.body or None)
         except ev.CodecError:
             # The codec opens no more streams here (GOAWAY seen or sent); nothing was sent, so
             # the request can go to another connection.
             self.retire()
-            if not self.pool.retry(sink):
-                sink.on_error(UpstreamUnavailable("no upstream connection could take the request"))
+            if not self.pool.front.retry(attempt):
+                client.on_error(UpstreamUnavailable("no upstream connection could take the request"))
             return
-        self.streams[stream_id] = sink
+        self.streams[stream_id] = attempt
         self.active += 1
-        sink.link = self
-        sink.stream_id = stream_id
-        sink.t_sent = time.perf_counter_ns()
+        attempt.conn = self
+        attempt.stream_id = stream_id
+        attempt.t_sent = time.perf_counter_ns()
 
     def flush(self) -> None:
         self.flush_pending = False
@@ -244,33 +312,42 @@ class H2Connection(asyncio.BufferedProtocol):
         if self.backlog:
             self._write_backlog()
 
-    def acknowledge(self, sink: Any, n: int) -> None:
-        self.codec.acknowledge(sink.stream_id, n)
-        if not self.receiving:  # inside data_received the frames go out with its own flush
-            self.pool.mark_dirty(self)
+    # --- Carrier: called through the attempt ----------------------------------------------------
 
-    def pause_for(self, sink: Any) -> None:
-        """Nothing to do: withholding flow-control credit is what slows the upstream down."""
-
-    def cancel(self, sink: Any) -> None:
-        """The client left: reset the stream now so the upstream stops generating (and billing)."""
-        if self.streams.pop(sink.stream_id, None) is not None:
-            self.active -= 1
-            if self.state is not State.CLOSED:
-                self.codec.reset_stream(sink.stream_id)
+    def credit(self, attempt: Attempt) -> None:
+        """The attempt's client reads again: give the upstream back what it withheld."""
+        if attempt.conn is self and attempt.withheld:
+            n, attempt.withheld = attempt.withheld, 0
+            self.codec.acknowledge(attempt.stream_id, n)
+            if not self.receiving:  # inside data_received the frames go out with its own flush
                 self.pool.mark_dirty(self)
-                self.pool.streams_cancelled += 1
-            self._after_stream()
+
+    def cancel(self, attempt: Attempt) -> None:
+        """Abandon the attempt (client gone, deadline, retried elsewhere): reset the stream now
+        so the upstream stops generating (and billing)."""
+        if attempt.conn is not self:
+            return
+        if self.state is not State.CLOSED:
+            self.codec.reset_stream(attempt.stream_id)
+            self.pool.mark_dirty(self)
+            self.pool.tally.cancelled()
+        self._release(attempt)
+
+    # --- lifecycle ------------------------------------------------------------------------------
 
     def retire(self) -> None:
         """Take no new streams; close once the open ones are done (the pool replaces us)."""
-        if self.state < State.DRAINING:
-            self.state = State.DRAINING
+        if self.state is State.CLOSED:
+            return
+        was = self.state
+        self._move(Input.RETIRE)
+        if was is not State.DRAINING:
             self.pool.on_draining(self)
         if not self.streams:
             self.close()
 
     def close(self) -> None:
+        """Say GOAWAY and close the transport; connection_lost then closes the state."""
         if self.state is State.CLOSED:
             return
         if self.transport is not None:
@@ -280,71 +357,86 @@ class H2Connection(asyncio.BufferedProtocol):
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _close_stream(self, stream_id: int) -> None:
-        del self.streams[stream_id]
+    def _release(self, attempt: Attempt) -> None:
+        """The one exit of a stream: forget it and return the credit its attempt withheld."""
+        del self.streams[attempt.stream_id]
         self.active -= 1
-        self._after_stream()
-
-    def _after_stream(self) -> None:
+        attempt.conn = None
+        if attempt.withheld:
+            n, attempt.withheld = attempt.withheld, 0
+            if self.state is not State.CLOSED:
+                # The connection window must be credited even for a stream that is over.
+                self.codec.acknowledge(attempt.stream_id, n)
+                if not self.receiving:
+                    self.pool.mark_dirty(self)
         if self.state is State.DRAINING:
             if not self.streams:
                 self.close()
-        elif self.pool.waiting:
+        elif self.pool.waiting and self.state is State.READY:
             self.pool.on_capacity(self)
 
     def warmed(self) -> None:
         if self.state is State.WARMING:
-            self.state = State.READY
+            self._move(Input.WARMED)
             self.pool.on_ready(self)
 
     def _goaway(self, last_stream_id: int, error_code: int) -> None:
         self.goaway_received = True
         self.last_stream_id = last_stream_id
-        self.pool.goaways += 1
+        self.pool.tally.goaway()
         if error_code:
             log.warning("upstream connection %d: GOAWAY error code %d", self.index, error_code)
         # Stop taking streams first, so the retries below go to another connection.
-        if self.state < State.DRAINING:
-            self.state = State.DRAINING
+        was = self.state
+        self._move(Input.GOAWAY)
+        if was is not State.DRAINING:
             self.pool.on_draining(self)
         # Streams above last_stream_id were never processed: they may safely go elsewhere.
-        for stream_id in [s for s in self.streams if s > last_stream_id]:
-            sink = self.streams.pop(stream_id)
-            self.active -= 1
-            if not self.pool.retry(sink):
-                sink.on_error(UpstreamUnavailable("the upstream refused the request (GOAWAY)"))
-        self.retire()
+        for attempt in [a for s, a in self.streams.items() if s > last_stream_id]:
+            self._release(attempt)
+            if not self.pool.front.retry(attempt):
+                attempt.client.on_error(
+                    UpstreamUnavailable("the upstream refused the request (GOAWAY)"))
+        if not self.streams and self.state is not State.CLOSED:
+            self.close()
 
     def _fail(self, exc: Exception) -> None:
         if self.state is State.CLOSED:
             return
         was_ready = self.state >= State.READY
-        self.state = State.CLOSED
-        streams, self.streams = self.streams, {}
-        self.active = 0
-        for stream_id, sink in streams.items():
-            unprocessed = self.goaway_received and stream_id > self.last_stream_id
-            if unprocessed and self.pool.retry(sink):
+        self._move(Input.LOST)
+        attempts = list(self.streams.values())
+        for attempt in attempts:
+            self._release(attempt)
+        for attempt in attempts:
+            unprocessed = self.goaway_received and attempt.stream_id > self.last_stream_id
+            if unprocessed and self.pool.front.retry(attempt):
                 continue
-            sink.on_error(exc)
+            attempt.client.on_error(exc)
         if self.transport is not None:
             self.transport.abort()
         self.pool.on_closed(self, was_ready)
 
 
 class _Warmup:
-    """The warm-up request's sink: any complete answer proves the connection works end to end."""
+    """The warm-up request (a `Client`): any complete answer proves the connection works."""
 
-    __slots__ = ("conn", "link", "stream_id", "t_sent", "request", "status")
+    __slots__ = ("conn", "attempt", "status", "method", "path", "headers_out", "body")
 
     def __init__(self, conn: H2Connection) -> None:
         self.conn = conn
-        self.link: Any = None
-        self.stream_id = 0
-        self.t_sent = 0
+        self.attempt: AttemptHandle | None = None
         self.status = 0
+        self.method = b"GET"
+        self.path = conn.pool.warmup_path
+        self.headers_out: Headers = conn.pool.warmup_headers
+        self.body = b""
 
-    def on_response(self, status: int, headers: list, end_stream: bool) -> None:
+    @property
+    def paused(self) -> bool:
+        return False
+
+    def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
         self.status = status
         if end_stream:
             self.conn.warmed()
@@ -352,9 +444,6 @@ class _Warmup:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if end_stream:
             self.conn.warmed()
-
-    def consumed(self, n: int) -> None:
-        self.conn.codec.acknowledge(self.stream_id, n)
 
     def on_error(self, exc: BaseException) -> None:
         log.warning("upstream connection %d: warm-up failed: %s", self.conn.index, exc)

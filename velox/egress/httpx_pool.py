@@ -4,7 +4,12 @@ A Task per request and httpx's own pool: the generic way to write a Python proxy
 benchmarks can show what the project's own pool and codec are worth. It is correct enough to
 serve the same traffic (streaming and errors included) but it is never the default.
 
-Imports: egress.pool (for the TLS context), errors, config, stdlib, httpx (lazily).
+It implements the same `interfaces.Egress` as `upstream.Upstream` and carries each request's
+`Attempt` (it is the attempt's `Carrier`: cancelling cancels the task; httpx does its own flow
+control, so there is no credit to return).
+
+Imports: egress.pool (for the TLS context), egress.attempt, egress.interfaces (annotations),
+errors, config, stdlib, httpx (lazily).
 """
 
 from __future__ import annotations
@@ -12,17 +17,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from velox.config import Settings
+from velox.egress.attempt import Attempt, Tally
 from velox.egress.pool import make_ssl_context
 from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+
+if TYPE_CHECKING:
+    from velox.egress.interfaces import Client
 
 log = logging.getLogger("velox.egress")
 
 
 class HttpxPool:
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop,
+                 tally: Tally | None = None) -> None:
         import httpx
 
         self._httpx = httpx
@@ -40,9 +50,17 @@ class HttpxPool:
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
         )
         self.origin = settings.upstream_origin
-        self.tasks: dict[Any, asyncio.Task[None]] = {}
-        self.ready = False
-        self.goaways = self.reconnects = self.retries = self.streams_cancelled = 0
+        self.tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self.warm = False
+        self.tally = tally if tally is not None else Tally()
+
+    @property
+    def ready(self) -> bool:
+        return self.warm
+
+    def describe(self) -> dict[str, Any]:
+        return {"egress": "httpx", "ready": self.warm, "in_flight": len(self.tasks),
+                **self.tally.as_dict()}
 
     @property
     def open_connections(self) -> int:
@@ -52,67 +70,65 @@ class HttpxPool:
         self.loop.create_task(self._warm())
 
     async def _warm(self) -> None:
-        while not self.ready:
+        while not self.warm:
             try:
                 await self.client.get(self.origin + self.settings.upstream_warmup_path)
-                self.ready = True
+                self.warm = True
             except self._httpx.HTTPError as exc:
                 log.warning("httpx warm-up failed: %s", exc)
                 await asyncio.sleep(0.5)
 
-    def submit(self, exchange: Any) -> None:
+    def submit(self, client: Client) -> None:
         # The body may live in the arena, which is reused after this batch: copy it now.
-        body = bytes(exchange.request.body)
-        exchange.on_release(exchange.request)
-        exchange.link = self
-        self.tasks[exchange] = self.loop.create_task(self._run(exchange, body))
+        body = bytes(client.body)
+        attempt = Attempt(client, 0, 0.0)
+        attempt.conn = self
+        client.attempt = attempt
+        self.tasks[attempt] = self.loop.create_task(self._run(attempt, body))
 
-    async def _run(self, exchange: Any, body: bytes) -> None:
+    async def _run(self, attempt: Attempt, body: bytes) -> None:
         httpx = self._httpx
-        request = exchange.request
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in exchange.headers_out]
-        exchange.t_sent = time.perf_counter_ns()
+        client = attempt.client
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in client.headers_out]
+        attempt.t_sent = time.perf_counter_ns()
         response = None
         try:
             response = await self.client.send(
-                self.client.build_request(request.method.decode(),
-                                          self.origin + exchange.path.decode("latin-1"),
+                self.client.build_request(client.method.decode(),
+                                          self.origin + client.path.decode("latin-1"),
                                           headers=headers, content=body or None),
                 stream=True,
             )
             raw = [(k.lower(), v) for k, v in response.headers.raw]
-            exchange.on_response(response.status_code, raw, False)
+            attempt.t_headers = time.perf_counter_ns()
+            client.on_response(response.status_code, raw, False)
             async for chunk in response.aiter_raw():
-                exchange.on_data(chunk, False)
-            exchange.on_data(b"", True)
+                client.on_data(chunk, False)
+            client.on_data(b"", True)
         except httpx.TimeoutException:
-            exchange.on_error(UpstreamTimeout())
+            client.on_error(UpstreamTimeout())
         except httpx.RemoteProtocolError as exc:
-            exchange.on_error(UpstreamProtocolError(str(exc)))
+            client.on_error(UpstreamProtocolError(str(exc)))
         except httpx.HTTPError as exc:
-            exchange.on_error(UpstreamUnavailable(str(exc)))
+            client.on_error(UpstreamUnavailable(str(exc)))
         finally:
-            self.tasks.pop(exchange, None)
+            self.tasks.pop(attempt, None)
+            attempt.conn = None
             if response is not None:
                 await response.aclose()
 
     def flush(self) -> None:
-        pass
+        """Each request's task writes it: nothing batched."""
 
-    def done(self, exchange: Any) -> None:
-        pass
-
-    def cancel(self, exchange: Any) -> None:
-        task = self.tasks.pop(exchange, None)
+    def cancel(self, attempt: Attempt) -> None:
+        task = self.tasks.pop(attempt, None)
+        attempt.conn = None
         if task is not None:
-            self.streams_cancelled += 1
+            self.tally.cancelled()
             task.cancel()
 
-    def acknowledge(self, exchange: Any, n: int) -> None:
-        pass
-
-    def pause_for(self, exchange: Any) -> None:
-        pass
+    def credit(self, attempt: Attempt) -> None:
+        """httpx reads the response at its own pace: there is no credit withheld to return."""
 
     async def close(self) -> None:
         for task in list(self.tasks.values()):

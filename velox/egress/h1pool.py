@@ -1,0 +1,195 @@
+"""The HTTP/1.1 pool of one upstream: keep-alive connections that grow with demand.
+
+Used when the spec asks for `http1`, when an `http` origin is not told to use h2c, and when
+ALPN shows the upstream has no h2 (the `Upstream` switches once). It keeps `spec.connections`
+warm connections, opens one more per waiting attempt up to `MAX_H1_CONNECTIONS`, and closes
+those above the pool size after `_H1_IDLE_S` unused. HTTP/1.1 cannot cancel one request: a
+cancelled attempt closes its connection.
+
+Imports: egress.pool, egress.h1conn, egress.attempt, egress.interfaces (annotations), errors,
+stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from velox.egress.attempt import MAX_ATTEMPTS, Attempt
+from velox.egress.h1conn import H1Connection
+from velox.egress.pool import _BACKOFF_MIN_S, BasePool, EgressOptions
+from velox.errors import UpstreamUnavailable
+
+if TYPE_CHECKING:
+    from velox.egress.interfaces import AttemptHandle, Front, Headers
+
+log = logging.getLogger("velox.egress")
+
+MAX_H1_CONNECTIONS = 512
+# HTTP/1.1 connections above the pool size are closed after this long unused.
+_H1_IDLE_S = 30.0
+
+
+class H1Pool(BasePool):
+    protocol = "http1"
+
+    def __init__(self, front: Front, options: EgressOptions) -> None:
+        super().__init__(front, options)
+        self.conns: set[H1Connection] = set()  # open, idle or busy
+        self.idle_conns: list[H1Connection] = []  # most recently used last
+        self.total = 0  # open or opening
+        self.connecting = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for _ in range(self.size):
+            self._spawn(warm=True)
+        self._schedule_sweep()
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_once
+
+    @property
+    def open_connections(self) -> int:
+        return self.total
+
+    def describe(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "authority": self.authority, "ready": self.ready,
+                "connections": [], "open_connections": self.total,
+                "idle_http1_connections": len(self.idle_conns), "queued": len(self.waiting),
+                "in_flight": sum(1 for c in self.conns if c.attempt is not None)}
+
+    def close(self) -> None:
+        self._stop(UpstreamUnavailable("the gateway is shutting down"))
+        for conn in list(self.conns):
+            conn.close()
+
+    # --- sending -------------------------------------------------------------------------------
+
+    def dispatch(self, attempt: Attempt) -> None:
+        if self.idle_conns:
+            self.idle_conns.pop().send(attempt)
+            return
+        self._enqueue(attempt)
+        # One new connection per waiting request at most: a busy connection coming free
+        # first takes a waiter, and its would-be replacement would only sit idle.
+        if (self.connecting < len(self.waiting) and self.total < MAX_H1_CONNECTIONS
+                and not self.closing):
+            self._spawn(warm=False)
+
+    def flush(self) -> None:
+        """Nothing batched: each request was written as it was sent."""
+
+    def _live(self) -> Iterator[Attempt]:
+        for conn in self.conns:
+            if conn.attempt is not None:
+                yield conn.attempt
+
+    # --- connection events ---------------------------------------------------------------------
+
+    def on_idle(self, conn: H1Connection) -> None:
+        conn.warm = True
+        attempt = self._next_waiting()
+        if attempt is not None:
+            conn.send(attempt)
+            return
+        if self.closing:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        self.idle_conns.append(conn)
+        if not self.ready_once and len(self.idle_conns) >= self.size:
+            self.ready_once = True
+            log.info("upstream pool warm: %d HTTP/1.1 connection(s) to %s",
+                     self.size, self.authority)
+
+    def on_closed(self, conn: H1Connection) -> None:
+        self.total -= 1
+        self.conns.discard(conn)
+        try:
+            self.idle_conns.remove(conn)
+        except ValueError:
+            pass
+        if not self.closing and self.total < self.size:
+            self._spawn(warm=True)
+
+    # --- connecting ----------------------------------------------------------------------------
+
+    def _spawn(self, warm: bool) -> None:
+        # Counted before the connect starts, so one batch cannot overshoot the cap.
+        self.total += 1
+        self.connecting += 1
+        self._run(self._open(warm))
+
+    async def _open(self, warm: bool) -> None:
+        spec = self.spec
+        try:
+            ctx = self.front.tls(("http/1.1",)) if spec.scheme == "https" else None
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(
+                    lambda: H1Connection(self), spec.host, spec.port,
+                    ssl=ctx, server_hostname=spec.host if ctx else None),
+                self.connect_timeout_s,
+            )
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            self.connecting -= 1
+            self.total -= 1
+            self.tally.connect_failures += 1
+            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            if self.total == 0:
+                self._fail_waiting(UpstreamUnavailable(
+                    f"the upstream {self.authority} is unreachable"))
+            if warm and not self.closing:
+                await asyncio.sleep(_BACKOFF_MIN_S * random.uniform(1, 4))
+                self._spawn(warm=True)
+            return
+        self.connecting -= 1
+        if self.closing:
+            conn.close()
+            return
+        self.conns.add(conn)
+        if warm and not conn.warm:
+            conn.send(Attempt(_Warmup(self), MAX_ATTEMPTS, float("inf")))
+        else:
+            self.on_idle(conn)
+
+    def sweep(self, now: float) -> None:
+        super().sweep(now)
+        # Close connections beyond the pool size that a burst opened and that have sat unused
+        # for a while (the least recently used are at the front of the idle list).
+        idle = self.idle_conns
+        while len(idle) > self.size and now - idle[0].idle_since > _H1_IDLE_S:
+            idle.pop(0).close()
+
+
+class _Warmup:
+    """The warm-up request of a new HTTP/1.1 connection (a `Client`)."""
+
+    __slots__ = ("attempt", "method", "path", "headers_out", "body")
+
+    def __init__(self, pool: H1Pool) -> None:
+        self.attempt: AttemptHandle | None = None
+        self.method = b"GET"
+        self.path = pool.warmup_path
+        self.headers_out: Headers = pool.warmup_headers
+        self.body = b""
+
+    @property
+    def paused(self) -> bool:
+        return False
+
+    def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
+        pass
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        pass
+
+    def on_error(self, exc: BaseException) -> None:
+        log.warning("upstream warm-up failed: %s", exc)

@@ -1,0 +1,214 @@
+"""The HTTP/2 pool of one upstream: pre-warmed multiplexed connections, round-robin, queueing.
+
+It keeps `spec.connections` connections and spreads attempts over them round-robin, respecting
+each server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Every connection is
+warmed with a GET of the spec's warm-up path before it takes traffic; a connection that is lost
+or told GOAWAY is replaced with exponential backoff. Requests the upstream has provably not
+processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec)
+go back to the `Upstream` (`front.retry`), which sends them again; requests that may have been
+processed are failed with 502, never replayed.
+
+Imports: egress.pool, egress.h2conn, egress.codec, egress.attempt, egress.interfaces
+(annotations), errors, stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from velox.egress.attempt import Attempt
+from velox.egress.codec import make_codec
+from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
+from velox.egress.pool import BasePool, EgressOptions, next_backoff
+from velox.errors import UpstreamUnavailable
+
+if TYPE_CHECKING:
+    from velox.egress.interfaces import Front
+
+log = logging.getLogger("velox.egress")
+
+
+class H2Pool(BasePool):
+    protocol = "h2"
+
+    def __init__(self, front: Front, options: EgressOptions) -> None:
+        super().__init__(front, options)
+        self.conns: list[H2Connection | None] = [None] * self.size
+        self.dirty: list[H2Connection] = []
+        self.flush_scheduled = False
+        self.rr = 0
+        self.backoff = [0.0] * self.size
+        self.connecting = [False] * self.size
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for index in range(self.size):
+            self._spawn(index)
+        self._schedule_sweep()
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_once and any(c is not None and c.state is State.READY
+                                       for c in self.conns)
+
+    @property
+    def open_connections(self) -> int:
+        return sum(1 for c in self.conns if c is not None and c.state < State.CLOSED)
+
+    def describe(self) -> dict[str, Any]:
+        now = time.monotonic()
+        conns = [{"index": i, "state": c.state.name if c is not None else
+                  "CONNECTING" if self.connecting[i] else "DOWN",
+                  "active_streams": 0 if c is None else c.active,
+                  "max_concurrent_streams": 0 if c is None else c.codec.max_concurrent_streams,
+                  "age_s": round(now - c.opened_at, 1) if c is not None and c.opened_at
+                  else None}
+                 for i, c in enumerate(self.conns)]
+        return {"protocol": self.protocol, "authority": self.authority, "ready": self.ready,
+                "connections": conns, "open_connections": self.open_connections,
+                "idle_http1_connections": 0, "queued": len(self.waiting),
+                "in_flight": sum(c.active for c in self.conns if c is not None)}
+
+    def close(self) -> None:
+        self._stop(UpstreamUnavailable("the gateway is shutting down"))
+        for conn in self.conns:
+            if conn is not None:
+                conn.close()
+
+    # --- sending -------------------------------------------------------------------------------
+
+    def dispatch(self, attempt: Attempt) -> None:
+        conn = self._pick()
+        if conn is None:
+            self._enqueue(attempt)
+        else:
+            conn.send(attempt)
+            self.mark_dirty(conn)
+
+    def _pick(self) -> H2Connection | None:
+        """Round-robin over connections with free streams, passing over any that is busy
+        writing a large upload unless no other can take the request."""
+        conns = self.conns
+        n = len(conns)
+        start = self.rr
+        fallback = None
+        for i in range(n):
+            conn = conns[(start + i) % n]
+            if conn is not None and conn.capacity > 0:
+                if conn.backlog_bytes > BACKLOG_LIMIT:
+                    fallback = fallback or conn
+                    continue
+                self.rr = (start + i + 1) % n
+                return conn
+        return fallback
+
+    def flush(self) -> None:
+        """Write each connection's pending frames with one write (called after every batch)."""
+        self.flush_scheduled = False
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush()
+
+    def mark_dirty(self, conn: H2Connection) -> None:
+        if not conn.flush_pending:
+            conn.flush_pending = True
+            self.dirty.append(conn)
+            if not self.flush_scheduled:
+                self.flush_scheduled = True
+                self.loop.call_soon(self.flush)
+
+    def _live(self) -> Iterator[Attempt]:
+        for conn in self.conns:
+            if conn is not None:
+                yield from conn.streams.values()
+
+    # --- connection events ---------------------------------------------------------------------
+
+    def on_connected(self, conn: H2Connection) -> None:
+        # Registered from connection_made, so the warm-up answer can never beat it here.
+        self.conns[conn.index] = conn
+
+    def on_ready(self, conn: H2Connection) -> None:
+        self.backoff[conn.index] = 0.0
+        if not self.ready_once and all(c is not None and c.state >= State.READY
+                                       for c in self.conns):
+            self.ready_once = True
+            log.info("upstream pool warm: %d HTTP/2 connection(s) to %s",
+                     self.size, self.authority)
+        self.on_capacity(conn)
+
+    def on_capacity(self, conn: H2Connection) -> None:
+        while self.waiting and conn.capacity > 0:
+            attempt = self._next_waiting()
+            if attempt is not None:
+                conn.send(attempt)
+                self.mark_dirty(conn)
+
+    def on_draining(self, conn: H2Connection) -> None:
+        if self.conns[conn.index] is conn:
+            self.conns[conn.index] = None
+            self.tally.reconnect()
+            self._spawn(conn.index)
+
+    def on_closed(self, conn: H2Connection, was_ready: bool) -> None:
+        if self.conns[conn.index] is not conn:
+            return  # a retired connection finishing; its replacement is already underway
+        self.conns[conn.index] = None
+        if self.closing:
+            return
+        self.tally.reconnect()
+        self.backoff[conn.index] = 0.0 if was_ready else next_backoff(self.backoff[conn.index])
+        self._spawn(conn.index)
+
+    # --- connecting ----------------------------------------------------------------------------
+
+    def _spawn(self, index: int) -> None:
+        if self.closing or self.connecting[index]:
+            return
+        self.connecting[index] = True
+        self._run(self._open(index))
+
+    def _alpn(self) -> tuple[str, ...]:
+        return ("h2",) if self.spec.protocol == "h2" else ("h2", "http/1.1")
+
+    async def _open(self, index: int) -> None:
+        spec = self.spec
+        try:
+            delay = self.backoff[index]
+            if delay:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            codec = make_codec(self.options.codec, self.authority.encode(), spec.scheme.encode())
+            ctx = self.front.tls(self._alpn()) if spec.scheme == "https" else None
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(
+                    lambda: H2Connection(self, index, codec), spec.host, spec.port,
+                    ssl=ctx, server_hostname=spec.host if ctx else None),
+                self.connect_timeout_s,
+            )
+            if conn.state is State.CLOSED and spec.protocol == "h2":
+                raise OSError(f"{self.authority} did not negotiate h2 via ALPN")
+            if self.closing:
+                conn.close()
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            self.tally.connect_failures += 1
+            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            self.backoff[index] = next_backoff(self.backoff[index])
+            self._fail_waiting_if_unreachable()
+            self.loop.call_soon(self._spawn, index)
+        finally:
+            self.connecting[index] = False
+
+    def _fail_waiting_if_unreachable(self) -> None:
+        # Nothing can carry the queued requests: fail them now rather than at their deadline.
+        if not any(c is not None and c.state <= State.READY for c in self.conns):
+            self._fail_waiting(UpstreamUnavailable(
+                f"the upstream {self.authority} is unreachable"))
