@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: all install build test test-native test-py demo bench bench-deps bench-litellm bench-e2e \
+.PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
 	bench-soak bench-report clean
 
 all: build
@@ -29,7 +29,11 @@ test-native:
 test-py: build
 	$(VENV)/bin/pytest -q -m "not slow"
 
-test: build test-native test-py
+# The egress contracts (velox/egress/interfaces.py) are Protocols: mypy checks both sides.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: build typecheck test-native test-py
 
 demo: build
 	$(PY) -m velox demo

@@ -28,7 +28,7 @@ import logging
 import time
 from collections import deque
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from velox.egress import codec as ev
 from velox.egress.attempt import MAX_ATTEMPTS, Attempt
@@ -207,7 +207,7 @@ class H2Connection(asyncio.BufferedProtocol):
         if not self.flush_pending:
             self.flush()
 
-    def _control(self, event: tuple) -> None:
+    def _control(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
         if kind == ev.TRAILERS:
             attempt = self.streams.get(event[1])

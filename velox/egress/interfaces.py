@@ -147,10 +147,17 @@ class Pool(Protocol):
 class Front(Protocol):
     """What a pool needs of the `Upstream` it serves."""
 
-    spec: UpstreamSpec
-    loop: asyncio.AbstractEventLoop
-    tally: Tally
-    closing: bool
+    @property
+    def spec(self) -> UpstreamSpec: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
+
+    @property
+    def closing(self) -> bool: ...
 
     def retry(self, attempt: Attempt) -> bool:
         """Re-send a request the upstream provably did not process; False: fail it instead."""
@@ -164,12 +171,23 @@ class Front(Protocol):
 class H2Owner(Protocol):
     """What an HTTP/2 connection needs of its pool (h2pool.H2Pool)."""
 
-    front: Front
-    loop: asyncio.AbstractEventLoop
-    tally: Tally
-    waiting: Sized
-    warmup_path: bytes
-    warmup_headers: Headers
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
+
+    @property
+    def waiting(self) -> Sized: ...
+
+    @property
+    def warmup_path(self) -> bytes: ...
+
+    @property
+    def warmup_headers(self) -> Headers: ...
 
     def mark_dirty(self, conn: H2Connection) -> None:
         """Flush this connection's frames once, after the current batch."""
@@ -190,9 +208,14 @@ class H2Owner(Protocol):
 class H1Owner(Protocol):
     """What an HTTP/1.1 connection needs of its pool (h1pool.H1Pool)."""
 
-    front: Front
-    loop: asyncio.AbstractEventLoop
-    tally: Tally
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
 
     def on_idle(self, conn: H1Connection) -> None:
         """The connection finished a response and can be reused."""

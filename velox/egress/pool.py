@@ -16,9 +16,9 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from velox.config import Settings
 from velox.egress.attempt import Attempt
@@ -123,8 +123,8 @@ class BasePool:
 
     # --- tasks and lifecycle --------------------------------------------------------------------
 
-    def _run(self, coro: object) -> None:
-        task = self.loop.create_task(coro)  # type: ignore[arg-type]
+    def _run(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
