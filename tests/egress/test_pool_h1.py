@@ -1,0 +1,95 @@
+"""The HTTP/1.1 pool and its connections, socket-free: canned responses into real httptools
+parsing, a fake transport that records whether the connection reads."""
+
+from __future__ import annotations
+
+import time
+
+from velox.egress.h1conn import H1Connection
+from velox.egress.h1pool import H1Pool
+from velox.errors import UpstreamTimeout, UpstreamUnavailable
+from velox.stats import F
+
+from ._pool_peer import REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
+
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n")
+
+
+def _pool() -> tuple[PoolPeer, H1Pool]:
+    peer = PoolPeer(protocol="http1")
+    pool = peer.upstream.pool
+    assert isinstance(pool, H1Pool)
+    return peer, pool
+
+
+def _connection(pool: H1Pool) -> tuple[H1Connection, FakeTransport]:
+    """An open, warm, idle connection, as `_open` leaves it."""
+    conn = H1Connection(pool)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    pool.total += 1
+    pool.conns.add(conn)
+    pool.on_idle(conn)
+    return conn, transport
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_a_paused_client_stops_the_reading_until_it_reads_or_leaves() -> None:
+    peer, pool = _pool()
+    conn, transport = _connection(pool)
+    client = peer.submit()
+    assert transport.take().startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    conn.data_received(HEAD + _chunk(b"data: 1\n\n"))
+    assert client.status == 200 and transport.reading
+
+    client.paused = True
+    conn.data_received(_chunk(b"data: 2\n\n"))
+    assert not transport.reading
+    assert client.attempt is not None
+    client.paused = False
+    client.attempt.resume()
+    assert transport.reading
+
+    client.paused = True
+    conn.data_received(_chunk(b"data: 3\n\n"))
+    assert not transport.reading
+    client.attempt.cancel()  # the client leaves: HTTP/1.1 can only close the connection
+    assert transport.closed and conn.attempt is None
+    assert peer.tally.streams_cancelled == peer.counter(F.STREAMS_CANCELLED) == 1
+
+
+def test_connection_loss_mid_response_is_502_and_the_pool_refills() -> None:
+    peer, pool = _pool()
+    conn, _ = _connection(pool)
+    client = peer.submit()
+    conn.data_received(HEAD + _chunk(b"data: 1\n\n"))
+    spawned = peer.loop.spawned
+    conn.connection_lost(ConnectionResetError())
+    assert isinstance(client.error, UpstreamUnavailable)
+    assert not pool.conns and peer.loop.spawned == spawned + 1
+    assert pool.total == pool.connecting == 1  # only the replacement, still connecting
+
+
+def test_deadline_sweep_closes_a_silent_connection() -> None:
+    peer, pool = _pool()
+    conn, transport = _connection(pool)
+    client = peer.submit()
+    queued = peer.submit(FakeClient())  # no idle connection left: it waits
+    assert len(pool.waiting) == 1
+    pool.sweep(time.monotonic() + REQUEST_TIMEOUT_MS / 1000 + 1)
+    assert isinstance(client.error, UpstreamTimeout) and isinstance(queued.error, UpstreamTimeout)
+    assert transport.closed and not pool.waiting
+
+
+def test_a_complete_response_frees_the_connection_for_the_next_request() -> None:
+    peer, pool = _pool()
+    conn, transport = _connection(pool)
+    first, second = peer.submit(), peer.submit()
+    assert len(pool.waiting) == 1
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+    assert first.ended and first.received == 2
+    assert not pool.waiting and conn.attempt is not None and second.attempt is conn.attempt
