@@ -348,12 +348,12 @@ class H2Connection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         """Say GOAWAY and close the transport; connection_lost then closes the state."""
-        if self.state is State.CLOSED:
-            return
-        if self.transport is not None:
-            self.codec.close()
-            self.flush()
-            self.transport.close()
+        transport = self.transport
+        if self.state is State.CLOSED or transport is None or transport.is_closing():
+            return  # closed already, or closing (a drained GOAWAY and a retire both close)
+        self.codec.close()
+        self.flush()
+        transport.close()
 
     # --- internals ------------------------------------------------------------------------------
 
