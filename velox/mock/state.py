@@ -6,6 +6,12 @@ per worker process, so with `--workers N` every worker answers `/_mock/stats` wi
 all workers; `/_mock/reset` stores a baseline instead of zeroing other processes' rows (no
 cross-process write races). The request log (`/_mock/requests`) and by_path entries for paths
 outside the API routes are kept per process.
+
+Each `/_mock/requests` entry says which mock answered (`instance`, from `--name`) and what it
+received: `path` and `query` (and `target`, both together), the body's `model`, the Azure
+`deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
+`key_sha256`: `fingerprint(credential)`}, plus the raw `headers` as before (tests of the
+gateway's header forwarding compare them; the mock only ever sees test keys).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from . import fingerprint
 from .behaviour import Defaults, Plan, error_plan, plan_request
 
 FIELDS = ("requests", "h2_streams", "h1_requests", "connections", "open_connections",
@@ -35,7 +42,24 @@ LOG_SIZE = 1000
 
 # Request log record layout (a list, cheap to build per request); index names:
 R_TIME, R_PROTO, R_METHOD, R_TARGET, R_HEADERS, R_LEN, R_SHA, R_STREAM, R_CANCELLED, \
-    R_STATUS, R_FAULT, R_ID = range(12)
+    R_STATUS, R_FAULT, R_ID, R_MODEL, R_DEPLOYMENT = range(14)
+
+
+def auth_of(headers: list[tuple[bytes, bytes]]) -> dict:
+    """How a request authenticated: `kind` ("authorization", "api-key", "both" or None) and
+    the fingerprint of the credential (the api-key value, else the bearer token)."""
+    api_key = bearer = None
+    for name, value in headers:
+        if name == b"api-key":
+            api_key = value.strip()
+        elif name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            bearer = token.strip() if scheme.lower() == b"bearer" else value.strip()
+    if api_key is None and bearer is None:
+        return {"kind": None, "key_sha256": None}
+    kind = "both" if api_key is not None and bearer is not None else (
+        "api-key" if api_key is not None else "authorization")
+    return {"kind": kind, "key_sha256": fingerprint(api_key if api_key is not None else bearer)}
 
 
 class SharedCounters:
@@ -70,8 +94,9 @@ class MockState:
 
     def __init__(self, defaults: Defaults, *, max_concurrent_streams: int = 1000,
                  goaway_after: int = 0, h2_allowed: bool = True,
-                 counters: SharedCounters | None = None) -> None:
+                 counters: SharedCounters | None = None, name: str = "mock") -> None:
         self.defaults = defaults
+        self.name = name  # --name: tells the log entries of several mocks apart
         self.max_concurrent_streams = max_concurrent_streams
         self.goaway_after = goaway_after
         self.h2_allowed = h2_allowed
@@ -133,7 +158,7 @@ class MockState:
             row[FAULTS] += 1
         record = [time.time(), proto, method, target, headers, len(body),
                   hashlib.sha256(body).digest(), plan.stream, False, plan.status, plan.fault,
-                  plan.dynamic[0][1] if plan.dynamic else None]
+                  plan.dynamic[0][1] if plan.dynamic else None, plan.model, plan.deployment]
         self.log.append(record)
         return plan, record
 
@@ -162,14 +187,19 @@ class MockState:
         out["by_path"] = by_path
         out["workers"] = self.counters.workers
         out["pid"] = os.getpid()
+        out["name"] = self.name
         return out
 
     def requests(self, limit: int) -> list[dict]:
         limit = max(0, min(limit, LOG_SIZE))
         records = list(self.log)[-limit:] if limit else []
         return [{
-            "time": r[R_TIME], "protocol": r[R_PROTO],
-            "method": r[R_METHOD].decode("latin-1"), "path": r[R_TARGET].decode("latin-1"),
+            "instance": self.name, "time": r[R_TIME], "protocol": r[R_PROTO],
+            "method": r[R_METHOD].decode("latin-1"),
+            "path": r[R_TARGET].partition(b"?")[0].decode("latin-1"),
+            "query": r[R_TARGET].partition(b"?")[2].decode("latin-1"),
+            "target": r[R_TARGET].decode("latin-1"),
+            "model": r[R_MODEL], "deployment": r[R_DEPLOYMENT], "auth": auth_of(r[R_HEADERS]),
             "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in r[R_HEADERS]],
             "body_length": r[R_LEN], "body_sha256": r[R_SHA].hex(), "stream": r[R_STREAM],
             "cancelled": bool(r[R_CANCELLED]), "cancelled_at": r[R_CANCELLED] or None,
