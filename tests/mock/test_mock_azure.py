@@ -52,14 +52,14 @@ def test_azure_sdk_chat_streaming_and_embeddings(azure, mock):
     assert [d.index for d in emb.data] == [0, 1]
 
     log = mock.requests(10)
-    assert [e["path"] for e in log] == [
+    assert [e["path"].partition("?")[0] for e in log] == [
         "/openai/deployments/gpt4o-prod/chat/completions",
         "/openai/deployments/gpt4o-prod/chat/completions",
         "/openai/deployments/emb-small/embeddings"]
     for entry in log:
         assert entry["instance"] == "azure-east"
         assert entry["query"] == f"api-version={API_VERSION}"
-        assert entry["target"] == entry["path"] + "?" + entry["query"]
+        assert entry["path"].endswith("?" + entry["query"])
         assert entry["auth"] == {"kind": "api-key", "key_sha256": fingerprint(AZURE_KEY)}
         assert AZURE_KEY not in json.dumps({k: v for k, v in entry.items() if k != "headers"})
         assert entry["status"] == 200

@@ -30,8 +30,8 @@ Quick reference (details in the module docstrings):
   error code `mock_control`.
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
-  Each request-log entry names the `instance` that answered and what it received: `path`,
-  `query`, the body's `model`, the Azure `deployment`, and `auth` (kind + `fingerprint()` of
+  Each request-log entry names the `instance` that answered and what it received: `path`
+  (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and `auth` (kind + `fingerprint()` of
   the credential).
 """
 

@@ -8,7 +8,8 @@ cross-process write races). The request log (`/_mock/requests`) and by_path entr
 outside the API routes are kept per process.
 
 Each `/_mock/requests` entry says which mock answered (`instance`, from `--name`) and what it
-received: `path` and `query` (and `target`, both together), the body's `model`, the Azure
+received: `path` (the request target as received, query included, as it always was) and
+`query` (the part after '?', "" without one), the body's `model`, the Azure
 `deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
 `key_sha256`: `fingerprint(credential)`}, plus the raw `headers` as before (tests of the
 gateway's header forwarding compare them; the mock only ever sees test keys).
@@ -196,9 +197,8 @@ class MockState:
         return [{
             "instance": self.name, "time": r[R_TIME], "protocol": r[R_PROTO],
             "method": r[R_METHOD].decode("latin-1"),
-            "path": r[R_TARGET].partition(b"?")[0].decode("latin-1"),
+            "path": r[R_TARGET].decode("latin-1"),  # as received: with its query, if any
             "query": r[R_TARGET].partition(b"?")[2].decode("latin-1"),
-            "target": r[R_TARGET].decode("latin-1"),
             "model": r[R_MODEL], "deployment": r[R_DEPLOYMENT], "auth": auth_of(r[R_HEADERS]),
             "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in r[R_HEADERS]],
             "body_length": r[R_LEN], "body_sha256": r[R_SHA].hex(), "stream": r[R_STREAM],
