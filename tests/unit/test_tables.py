@@ -218,7 +218,8 @@ ROUTE = '[[route]]\nmodel = "gpt-4o"\ntargets = [{ upstream = "openai" }]\n'
     (UP + "max_in_flight = true\n",
      '[[upstream]] #1 (name "openai"): max_in_flight: must be an integer from 0 to 1000000, '
      "got the boolean true"),
-    (UP.replace('"openai"', "42", 1), "[[upstream]] #1: name: must be a string, got the integer 42"),
+    (UP.replace('"openai"', "42", 1),
+     "[[upstream]] #1: name: must be a string, got the integer 42"),
     (UP + '[[route]]\nmodel = "m"\ntargets = "openai"\n',
      '[[route]] #1 (model "m"): targets: must be a non-empty array of inline tables'),
     (UP + '[[route]]\nmodel = "m"\ntargets = ["openai"]\n',

@@ -31,8 +31,8 @@ Quick reference (details in the module docstrings):
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
   Each request-log entry names the `instance` that answered and what it received: `path`
-  (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and `auth` (kind + `fingerprint()` of
-  the credential).
+  (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and
+  `auth` (kind + `fingerprint()` of the credential).
 """
 
 from __future__ import annotations
