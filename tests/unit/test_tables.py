@@ -413,3 +413,12 @@ def test_example_file_and_readme_section_agree_and_parse(tmp_path: Path) -> None
     s = load({"VELOX_CONFIG": str(ROOT / "velox.example.toml"), **KEYS}, dotenv=None)
     kinds = {u.kind for u in s.tables.upstreams}
     assert kinds == {"openai", "azure"} and len(s.tables.upstreams) == 3
+
+
+def test_azure_path_cache_stays_bounded_and_correct() -> None:
+    from velox import tables
+
+    for n in range(tables._AZURE_PATHS_MAX + 50):
+        got = azure_path(b"/v1/embeddings?n=%d" % n, "e", "1")
+        assert got == b"/openai/deployments/e/embeddings?n=%d&api-version=1" % n
+        assert len(tables._AZURE_PATHS) <= tables._AZURE_PATHS_MAX
