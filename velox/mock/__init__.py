@@ -28,6 +28,8 @@ Quick reference (details in the module docstrings):
   `retry-after: 1` on 429), `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`
   (reset, reset-mid-stream, goaway, close, hang, slow-body). Invalid values answer 400 with
   error code `mock_control`.
+* `POST /_mock/behaviour?status=503&latency-ms=100` (`MockUpstream.behave(...)`): control
+  headers applied to every later request that lacks its own; no parameters restores normal.
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
   Each request-log entry names the `instance` that answered and what it received: `path`
@@ -178,6 +180,14 @@ class MockUpstream:
 
     def reset(self) -> None:
         self._call("POST", "/_mock/reset")
+
+    def behave(self, **controls: object) -> dict:
+        """Apply control headers to every later request: behave(status=503), behave(
+        latency_ms=200), behave(fault="hang"); behave() restores normal answers."""
+        from urllib.parse import urlencode
+
+        query = urlencode({k.replace("_", "-"): str(v) for k, v in controls.items()})
+        return self._call("POST", "/_mock/behaviour" + (f"?{query}" if query else ""))
 
     # -- lifecycle ------------------------------------------------------------------------
 

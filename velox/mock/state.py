@@ -105,6 +105,10 @@ class MockState:
         self.other_paths: dict[bytes, int] = {}
         self.log: deque[list] = deque(maxlen=LOG_SIZE)
         self.connections: set = set()  # live protocol objects, for shutdown
+        # Set by POST /_mock/behaviour: control headers applied to every request that does not
+        # carry its own, so a test can make one of several mocks fail, slow down or recover
+        # without touching the gateway's clients. Per process (tests run one worker).
+        self.overrides: list[tuple[bytes, bytes]] = []
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -154,6 +158,9 @@ class MockState:
             row[slot] += 1
         else:
             self.other_paths[path] = self.other_paths.get(path, 0) + 1
+        if self.overrides:
+            # Overrides first: a header the request carries itself comes later and wins.
+            headers = self.overrides + headers
         plan = plan_request(method, target, headers, body, self.defaults)
         if plan.fault is not None:
             row[FAULTS] += 1
@@ -173,10 +180,30 @@ class MockState:
             except ValueError:
                 return error_plan(400, "limit must be an integer", param="limit")
             return _json_plan(self.requests(limit))
+        if method == b"POST" and path == b"/_mock/behaviour":
+            return self._behaviour(target)
+        if method == b"GET" and path == b"/_mock/behaviour":
+            return _json_plan(self._overrides_dict())
         if method == b"POST" and path == b"/_mock/reset":
             self.reset()
             return _json_plan({"ok": True})
         return error_plan(404, f"Unknown mock control endpoint {path.decode('latin-1')}")
+
+    def _behaviour(self, target: bytes) -> Plan:
+        """POST /_mock/behaviour?status=503&latency-ms=100&fault=hang...: each query parameter
+        NAME becomes the control header x-mock-NAME for every later request (validated like the
+        headers are); no parameters restores normal answers."""
+        query = parse_qs(target.partition(b"?")[2].decode("latin-1"))
+        overrides = [(b"x-mock-" + name.encode(), values[-1].encode())
+                     for name, values in sorted(query.items())]
+        probe = plan_request(b"GET", b"/v1/models", overrides, b"", self.defaults)
+        if probe.status == 400:  # an invalid value: say so, keep the current behaviour
+            return probe
+        self.overrides = overrides
+        return _json_plan(self._overrides_dict())
+
+    def _overrides_dict(self) -> dict:
+        return {name[7:].decode(): value.decode() for name, value in self.overrides}
 
     def stats(self) -> dict:
         totals = self.counters.totals()
