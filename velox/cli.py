@@ -1,6 +1,6 @@
 """Command line: `velox` (serve), `velox demo`, `velox --print-config` and `velox bench report`.
 
-Imports: config, supervisor (lazily, so --print-config works without the native extension),
+Imports: config, tables, supervisor (lazily, so --print-config works without the native extension),
 admin.doctor (lazily, for `velox doctor`).
 """
 
@@ -12,6 +12,7 @@ import sys
 
 from velox import __version__
 from velox.config import ConfigError, load
+from velox.tables import describe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"velox {__version__}")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the effective settings (secrets masked) and exit")
+                        help="print the effective settings and tables (secrets masked) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the gateway (the default)")
     sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             elif isinstance(value, bool):
                 value = int(value)
             print(f"{name}={value}")
+        print()
+        print(describe(settings.tables), end="")  # upstreams and routes, keys masked
         return 0
     logging.basicConfig(
         level=settings.log_level.upper(),
