@@ -78,10 +78,10 @@ class HttpxPool:
                 log.warning("httpx warm-up failed: %s", exc)
                 await asyncio.sleep(0.5)
 
-    def submit(self, client: Client) -> None:
+    def submit(self, client: Client, number: int = 0) -> None:
         # The body may live in the arena, which is reused after this batch: copy it now.
         body = bytes(client.body)
-        attempt = Attempt(client, 0, 0.0)
+        attempt = Attempt(client, number, 0.0)
         attempt.conn = self
         client.attempt = attempt
         self.tasks[attempt] = self.loop.create_task(self._run(attempt, body))

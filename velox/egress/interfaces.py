@@ -106,8 +106,10 @@ class Egress(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(self, client: Client) -> None:
-        """Send the request now if a connection has room, else queue it; never raises."""
+    def submit(self, client: Client, number: int = 0) -> None:
+        """Make the client's next attempt (its `number`-th try, counted across upstreams) and
+        send it now if a connection has room, else queue it; never raises. To move a request
+        to another upstream: cancel its current attempt, then submit it there."""
 
     def flush(self) -> None:
         """Write what the batch encoded (called once after every micro-batch)."""

@@ -71,8 +71,8 @@ class Upstream:
     def start(self) -> None:
         self.pool.start()
 
-    def submit(self, client: Client) -> None:
-        attempt = Attempt(client, 0, time.monotonic() + self.request_timeout_s)
+    def submit(self, client: Client, number: int = 0) -> None:
+        attempt = Attempt(client, number, time.monotonic() + self.request_timeout_s)
         client.attempt = attempt
         self.pool.dispatch(attempt)
 
