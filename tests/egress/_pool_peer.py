@@ -34,6 +34,7 @@ from ._codec_peer import raw_frame
 AUTHORITY = "api.example.com"
 REQUEST_TIMEOUT_MS = 10_000
 IDLE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # UpstreamSpec's default
 
 
 class FakeTransport:
@@ -146,6 +147,7 @@ class Server:
         self.h2.initiate_connection()
         self.events: list[Event] = []
         self.requests: list[int] = []  # stream ids of requests other than the warm-up
+        self.answer_warmup = True
 
     def pump_once(self) -> bool:
         up = self.transport.take()
@@ -155,7 +157,8 @@ class Server:
                 if isinstance(event, RequestReceived):
                     headers = dict(event.headers)
                     if headers[b":method"] == b"GET":  # the warm-up
-                        self.respond(event.stream_id, body=b'{"data":[]}')
+                        if self.answer_warmup:
+                            self.respond(event.stream_id, body=b'{"data":[]}')
                     else:
                         self.requests.append(event.stream_id)
         down = self.h2.data_to_send()
@@ -207,14 +210,16 @@ class PoolPeer:
 
     pool: H2Pool
 
-    def connect(self, index: int = 0) -> Server:
-        """Open connection `index` and warm it up (its server answers the warm-up)."""
+    def connect(self, index: int = 0, warm: bool = True) -> Server:
+        """Open connection `index` and warm it up (unless `warm` is false: its server then
+        never answers the warm-up)."""
         conn = H2Connection(self.pool, index, make_codec(self.codec, AUTHORITY.encode(), b"https"))
         transport = FakeTransport()
         conn.connection_made(transport)  # type: ignore[arg-type]
         server = self.servers[index] = Server(conn, transport)
+        server.answer_warmup = warm
         self.pump()
-        assert conn.state is State.READY
+        assert conn.state is (State.READY if warm else State.WARMING)
         return server
 
     def pump(self) -> None:

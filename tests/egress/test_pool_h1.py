@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 from velox.egress.h1conn import H1Connection
-from velox.egress.h1pool import H1Pool
+from velox.egress.h1pool import H1Pool, _Warmup
 from velox.errors import UpstreamTimeout, UpstreamUnavailable
 from velox.stats import F
 
-from ._pool_peer import REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
+from ._pool_peer import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"transfer-encoding: chunked\r\n\r\n")
@@ -93,3 +93,21 @@ def test_a_complete_response_frees_the_connection_for_the_next_request() -> None
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
     assert first.ended and first.received == 2
     assert not pool.waiting and conn.attempt is not None and second.attempt is conn.attempt
+
+
+def test_an_unanswered_warm_up_closes_the_connection_at_the_connect_timeout() -> None:
+    peer, pool = _pool()
+    conn = H1Connection(pool)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    pool.total += 1
+    pool.conns.add(conn)
+    conn.send(pool.warmup_attempt(_Warmup(pool, conn)))  # as _open does for a new connection
+    assert transport.take().startswith(b"GET /v1/models HTTP/1.1\r\n")
+    pool.sweep(time.monotonic() + CONNECT_TIMEOUT_S + 0.1)
+    assert transport.closed and conn.attempt is None
+    spawned = peer.loop.spawned
+    conn.connection_lost(None)
+    assert peer.loop.spawned == spawned + 1  # replaced
+    assert peer.tally.warmup_timeouts == 1 and peer.tally.streams_cancelled == 0
+    assert not pool.ready

@@ -18,7 +18,7 @@ from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavail
 from velox.stats import F
 
 from ._codec_peer import CODECS
-from ._pool_peer import IDLE_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
+from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
 
 MIB = 1024 * 1024
 
@@ -141,6 +141,23 @@ def test_a_queued_request_the_client_abandons_leaves_the_queue() -> None:
     assert not peer.pool.waiting
     server = peer.connect(0)
     assert server.requests == []  # never sent
+
+
+def test_an_unanswered_warm_up_expires_at_the_connect_timeout_and_reconnects(
+        caplog: pytest.LogCaptureFixture) -> None:
+    peer = PoolPeer()
+    server = peer.connect(0, warm=False)
+    client = peer.submit()  # waits for a warm connection
+    now = time.monotonic()
+    peer.pool.sweep(now + CONNECT_TIMEOUT_S / 2)
+    assert server.conn.state is State.WARMING
+    peer.pool.sweep(now + CONNECT_TIMEOUT_S + 0.1)
+    assert server.conn.state is State.CLOSED and server.transport.closed
+    assert peer.pool.conns[0] is None and peer.loop.spawned == 1  # reconnecting, with backoff
+    assert peer.pool.backoff[0] > 0
+    assert peer.tally.warmup_timeouts == 1 and peer.tally.streams_cancelled == 0
+    assert "did not answer the warm-up request GET /v1/models within 5000 ms" in caplog.text
+    assert not client.done and len(peer.pool.waiting) == 1  # still waiting for a connection
 
 
 # --- a client that stops reading ---------------------------------------------------------------

@@ -75,7 +75,7 @@ class Tally:
     """Per-upstream event counts, mirrored into the shared stats slot of this worker (if any)."""
 
     __slots__ = ("counters", "slot", "goaways", "reconnects", "retries", "streams_cancelled",
-                 "connect_failures")
+                 "connect_failures", "warmup_timeouts")
 
     def __init__(self, counters: Counters | None = None, slot: int = 0) -> None:
         self.counters = counters
@@ -85,6 +85,7 @@ class Tally:
         self.retries = 0
         self.streams_cancelled = 0
         self.connect_failures = 0  # /stats only: not a shared counter
+        self.warmup_timeouts = 0  # /stats only: warm-ups unanswered within the connect timeout
 
     def goaway(self) -> None:
         self.goaways += 1
@@ -109,4 +110,5 @@ class Tally:
     def as_dict(self) -> dict[str, int]:
         return {"goaways": self.goaways, "reconnects": self.reconnects, "retries": self.retries,
                 "streams_cancelled": self.streams_cancelled,
-                "connect_failures": self.connect_failures}
+                "connect_failures": self.connect_failures,
+                "warmup_timeouts": self.warmup_timeouts}

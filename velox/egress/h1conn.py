@@ -209,7 +209,8 @@ class H1Connection(asyncio.BufferedProtocol):
         # HTTP/1.1 cannot cancel one request: the connection has to go.
         if attempt is self.attempt:
             self._release(attempt)
-            self.pool.tally.cancelled()
+            if not self.closed:  # a connection we already close stops nothing more
+                self.pool.tally.cancelled()
             self.close()
 
     def close(self) -> None:

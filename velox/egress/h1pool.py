@@ -20,10 +20,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt
+from velox.egress.attempt import Attempt
 from velox.egress.h1conn import H1Connection
 from velox.egress.pool import _BACKOFF_MIN_S, BasePool, EgressOptions
-from velox.errors import UpstreamUnavailable
+from velox.errors import UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle, Front, Headers
@@ -142,7 +142,8 @@ class H1Pool(BasePool):
             self.connecting -= 1
             self.total -= 1
             self.tally.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            log.warning("upstream connect to %s failed: %s", self.authority,
+                        self.connect_error(exc))
             if self.total == 0:
                 self._fail_waiting(UpstreamUnavailable(
                     f"the upstream {self.authority} is unreachable"))
@@ -154,9 +155,11 @@ class H1Pool(BasePool):
         if self.closing:
             conn.close()
             return
+        if conn.closed:
+            return  # the upstream closed it straight away; on_closed has replaced it
         self.conns.add(conn)
         if warm and not conn.warm:
-            conn.send(Attempt(_Warmup(self), MAX_ATTEMPTS, float("inf")))
+            conn.send(self.warmup_attempt(_Warmup(self, conn)))
         else:
             self.on_idle(conn)
 
@@ -172,9 +175,11 @@ class H1Pool(BasePool):
 class _Warmup:
     """The warm-up request of a new HTTP/1.1 connection (a `Client`)."""
 
-    __slots__ = ("attempt", "method", "path", "headers_out", "body")
+    __slots__ = ("pool", "conn", "attempt", "method", "path", "headers_out", "body")
 
-    def __init__(self, pool: H1Pool) -> None:
+    def __init__(self, pool: H1Pool, conn: H1Connection) -> None:
+        self.pool = pool
+        self.conn = conn
         self.attempt: AttemptHandle | None = None
         self.method = b"GET"
         self.path = pool.warmup_path
@@ -192,4 +197,8 @@ class _Warmup:
         pass
 
     def on_error(self, exc: BaseException) -> None:
-        log.warning("upstream warm-up failed: %s", exc)
+        if isinstance(exc, UpstreamTimeout):  # no answer within the connect timeout
+            self.pool.warmup_expired(f"upstream {self.pool.authority}")
+            self.conn.close()  # on_closed opens the replacement
+        else:
+            log.warning("upstream warm-up failed: %s", exc)

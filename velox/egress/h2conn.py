@@ -31,8 +31,8 @@ from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
 from velox.egress import codec as ev
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt
-from velox.errors import UpstreamProtocolError, UpstreamUnavailable
+from velox.egress.attempt import Attempt
+from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle, H2Owner, Headers
@@ -148,7 +148,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.codec.initiate()
         self._move(Input.CONNECTED)
         self.pool.on_connected(self)
-        self._open(Attempt(_Warmup(self), MAX_ATTEMPTS, float("inf")))
+        self._open(self.pool.warmup_attempt(_Warmup(self)))
         self.flush()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -327,7 +327,7 @@ class H2Connection(asyncio.BufferedProtocol):
         so the upstream stops generating (and billing)."""
         if attempt.conn is not self:
             return
-        if self.state is not State.CLOSED:
+        if self.state is not State.CLOSED:  # (on a closed one nothing is left to stop)
             self.codec.reset_stream(attempt.stream_id)
             self.pool.mark_dirty(self)
             self.pool.tally.cancelled()
@@ -446,4 +446,10 @@ class _Warmup:
             self.conn.warmed()
 
     def on_error(self, exc: BaseException) -> None:
-        log.warning("upstream connection %d: warm-up failed: %s", self.conn.index, exc)
+        conn = self.conn
+        if isinstance(exc, UpstreamTimeout) and conn.state is State.WARMING:
+            conn.pool.warmup_expired(f"upstream connection {conn.index}")
+            # Closed as never ready: the pool reconnects with backoff.
+            conn._fail(UpstreamTimeout("the upstream did not answer the warm-up request"))
+        else:
+            log.warning("upstream connection %d: warm-up failed: %s", conn.index, exc)

@@ -200,7 +200,8 @@ class H2Pool(BasePool):
                 conn.close()
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             self.tally.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            log.warning("upstream connect to %s failed: %s", self.authority,
+                        self.connect_error(exc))
             self.backoff[index] = next_backoff(self.backoff[index])
             self._fail_waiting_if_unreachable()
             self.loop.call_soon(self._spawn, index)

@@ -191,6 +191,12 @@ class H2Owner(Protocol):
     @property
     def warmup_headers(self) -> Headers: ...
 
+    def warmup_attempt(self, client: Client) -> Attempt:
+        """The attempt for a new connection's warm-up request (its deadline: connect timeout)."""
+
+    def warmup_expired(self, what: str) -> None:
+        """Count and log a warm-up left unanswered (`what` names the connection)."""
+
     def mark_dirty(self, conn: H2Connection) -> None:
         """Flush this connection's frames once, after the current batch."""
 

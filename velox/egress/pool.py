@@ -7,12 +7,13 @@ upstream's `request_timeout_ms`: 504), and once streaming no gap over
 VELOX_STREAM_IDLE_TIMEOUT_MS. The sweep walks the attempts the pool's connections carry and the
 queue a few times per shortest timeout; there is no per-request registry to keep up to date.
 
-Imports: egress.attempt, egress.interfaces (annotations), errors, config, stdlib.
+Imports: egress.attempt, egress.interfaces (annotations), errors, config, tables, stdlib.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from collections import deque
@@ -21,11 +22,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from velox.config import Settings
-from velox.egress.attempt import Attempt
+from velox.egress.attempt import MAX_ATTEMPTS, Attempt
 from velox.errors import Overloaded, UpstreamTimeout, VeloxError
+from velox.tables import DEFAULT_UPSTREAM
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import Front
+    from velox.egress.interfaces import Client, Front
+
+log = logging.getLogger("velox.egress")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 5.0
@@ -88,6 +92,9 @@ class BasePool:
         self.warmup_path = spec.warmup_path.encode()
         self.warmup_headers = spec.auth_headers()
         self.connect_timeout_s = spec.connect_timeout_ms / 1000
+        # Where the connect timeout comes from, for log lines that name it.
+        self.connect_timeout_name = ("VELOX_CONNECT_TIMEOUT_MS" if spec.name == DEFAULT_UPSTREAM
+                                     else f"connect_timeout_ms of upstream {spec.name!r}")
         self.idle_timeout_s = options.stream_idle_timeout_s
         self.waiting: deque[Attempt] = deque()
         self.closing = False
@@ -137,6 +144,25 @@ class BasePool:
             task.cancel()
         self._fail_waiting(exc)
 
+    def connect_error(self, exc: BaseException) -> str:
+        """What went wrong, never an empty string: a timeout's str() is ""."""
+        if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
+            spec = self.spec
+            return (f"no connection to {spec.host}:{spec.port} within "
+                    f"{spec.connect_timeout_ms} ms ({self.connect_timeout_name})")
+        return str(exc) or type(exc).__name__
+
+    def warmup_attempt(self, client: Client) -> Attempt:
+        """The warm-up request's attempt: the connect timeout is its deadline, so an upstream
+        that accepts the connection but never answers cannot keep it warming forever."""
+        return Attempt(client, MAX_ATTEMPTS, time.monotonic() + self.connect_timeout_s)
+
+    def warmup_expired(self, what: str) -> None:
+        self.tally.warmup_timeouts += 1
+        log.warning("%s did not answer the warm-up request GET %s within %d ms (%s); "
+                    "reconnecting", what, self.warmup_path.decode(), self.spec.connect_timeout_ms,
+                    self.connect_timeout_name)
+
     # --- deadlines ------------------------------------------------------------------------------
 
     def _live(self) -> Iterator[Attempt]:
@@ -144,7 +170,8 @@ class BasePool:
         raise NotImplementedError
 
     def _schedule_sweep(self) -> None:
-        shortest = min(self.spec.request_timeout_ms / 1000, self.idle_timeout_s)
+        shortest = min(self.spec.request_timeout_ms / 1000, self.idle_timeout_s,
+                       self.connect_timeout_s)  # the warm-up's deadline
         tick = min(1.0, max(0.01, shortest / 4))
         self.timer = self.loop.call_later(tick, self._sweep)
 
@@ -155,7 +182,9 @@ class BasePool:
 
     def sweep(self, now: float) -> None:
         """Fail every attempt past its deadline: no headers by `deadline`, or a stream idle for
-        longer than the stream idle timeout."""
+        longer than the stream idle timeout. The client hears first, then the attempt is
+        cancelled (stream reset, HTTP/1.1 connection closed), unless the client's own reaction
+        already ended it (a warm-up that timed out closes its connection)."""
         idle_limit = now - self.idle_timeout_s
         expired = []
         for attempt in (*self._live(), *self.waiting):
@@ -165,6 +194,6 @@ class BasePool:
             elif attempt.last_activity < idle_limit:
                 expired.append((attempt, "the next chunk of the response"))
         for attempt, waiting_for in expired:
-            attempt.cancel()
             attempt.client.on_error(
                 UpstreamTimeout(f"The upstream did not send {waiting_for} in time."))
+            attempt.cancel()
