@@ -232,11 +232,17 @@ def test_withheld_credit_returns_to_the_connection_however_the_stream_ends(
     clients = _paused_streams(peer, 5, 7 * MIB)
     assert server.window() == before - 35 * MIB
 
+    attempts = [c.attempt for c in clients]
     ENDINGS[ending](peer, clients)
     peer.pump()
     assert all(c.done for c in clients)
     assert not server.conn.streams
     assert server.window() == 64 * MIB  # a connection WINDOW_UPDATE gave it all back
+    for attempt in attempts:  # a client draining late must not credit the same bytes twice
+        assert attempt is not None
+        attempt.resume()
+    peer.pump()
+    assert server.window() == 64 * MIB
 
     after = peer.submit()
     peer.pump()
