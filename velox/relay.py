@@ -113,6 +113,7 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        self._return_credit()  # reset by the upstream or the codec, expired, connection lost
         self.on_release(self.request)
         if self.started:
             # Part of the response is already with the client: all HTTP/1.1 can do is cut the
@@ -141,6 +142,7 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        self._return_credit()  # before the cancel: the stream still exists in the codec
         self.on_release(self.request)
         if self.link is not None:
             self.link.cancel(self)
@@ -153,6 +155,22 @@ class Exchange:
 
     # --- internals ------------------------------------------------------------------------
 
+    def _return_credit(self) -> None:
+        """Hand the connection back the credit held for a paused client, at every ending.
+
+        While the client is paused, `unacked` bytes are kept from the upstream's windows; once
+        the exchange is over nothing else would ever return them, and the connection-level
+        window is shared: ten abandoned 8 MiB streams drain a 64 MiB window to zero and every
+        later stream on the connection stalls. The codec credits only the connection for a
+        stream it has already closed or reset (codec.py, `acknowledge`), which is what we want.
+        """
+        n = self.unacked
+        if n:
+            self.unacked = 0
+            link = self.link
+            if link is not None:
+                link.acknowledge(self, n)
+
     def _start_streaming(self) -> None:
         self.streaming = True
         self.started = True
@@ -164,6 +182,7 @@ class Exchange:
 
     def _complete(self) -> None:
         self.finished = True
+        self._return_credit()  # the stream ended while the client was still paused
         if self.streaming:
             self.conn.end_stream()
         else:
