@@ -111,3 +111,52 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
     finally:
         for sock in clients:
             sock.close()
+
+
+# --- finding 4: the warm-up has a deadline; finding 15: a connect timeout says so ----------
+
+
+def _readyz(gw) -> int:  # type: ignore[no-untyped-def]
+    from velox.launch import http_get
+    try:
+        return http_get("127.0.0.1", gw.port, "/readyz", timeout=1.0)[0]
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("protocol", ["h2", "http1"])
+def test_withheld_warmup_times_out_and_reconnects(protocol: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                  start_gateway: GatewayFactory) -> None:
+    # HTTP/2 over TLS (ALPN h2); HTTP/1.1 over plain TCP.
+    certdir = str(tmp_path / "certs") if protocol == "h2" else None
+    with HostileUpstream(certdir=certdir, script=Script(warmup="withhold",
+                                                        protocol=protocol)) as up:
+        gw = start_gateway(mock=up, wait_ready=False, VELOX_WORKERS="1",
+                           VELOX_EGRESS_POOL_CONNECTIONS="1", VELOX_CONNECT_TIMEOUT_MS="400")
+        _wait_for(lambda: up.warmups >= 3, 20, f"3 warm-up attempts (saw {up.warmups})")
+        assert up.connections >= 3  # each attempt on a fresh connection
+        assert "did not answer" in gw.log() or "no answer to the warm-up" in gw.log()
+        assert "within 400 ms (VELOX_CONNECT_TIMEOUT_MS); reconnecting" in gw.log()
+        assert _readyz(gw) == 503
+        up.script.warmup = "answer"  # the upstream recovers: the next attempt must succeed
+        _wait_for(lambda: _readyz(gw) == 200, 20, "/readyz to turn 200")
+        with httpx.Client(base_url=gw.base_url, timeout=10,
+                          headers={"authorization": f"Bearer {CLIENT_KEY}"}) as client:
+            r = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+        assert r.status_code == 200, r.text
+
+
+def test_connect_timeout_is_named_in_the_log(start_gateway: GatewayFactory) -> None:
+    # A listening socket nobody accepts on: the kernel completes the TCP handshake, the TLS
+    # handshake never starts, so the connect times out.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        gw = start_gateway(wait_ready=False, VELOX_UPSTREAM_ORIGIN=f"https://127.0.0.1:{port}",
+                           VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_CONNECT_TIMEOUT_MS="300")
+        expected = (f"upstream connect to 127.0.0.1:{port} failed: no connection to "
+                    f"127.0.0.1:{port} within 300 ms (VELOX_CONNECT_TIMEOUT_MS)")
+        _wait_for(lambda: expected in gw.log(), 20, f"{expected!r} in the log")
+        assert "failed: \n" not in gw.log()

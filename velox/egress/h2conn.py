@@ -22,7 +22,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from velox.egress import codec as ev
-from velox.errors import UpstreamProtocolError, UpstreamUnavailable
+from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.pool import Pool
@@ -58,7 +58,7 @@ class H2Connection(asyncio.BufferedProtocol):
         "read_buffer",
         "pool", "index", "codec", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
-        "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
+        "backlog", "backlog_bytes", "write_paused", "drain_scheduled", "warmup_timer",
     )
 
     def __init__(self, pool: Pool, index: int, codec: ev.Codec) -> None:
@@ -79,6 +79,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.backlog_bytes = 0
         self.write_paused = False
         self.drain_scheduled = False
+        self.warmup_timer: asyncio.TimerHandle | None = None
 
     # --- transport callbacks ----------------------------------------------------------------
 
@@ -97,6 +98,10 @@ class H2Connection(asyncio.BufferedProtocol):
         warmup = _Warmup(self)
         self._open(warmup, b"GET", self.pool.warmup_path, self.pool.warmup_headers, None)
         self.flush()
+        # The warm-up has the connect timeout as its deadline: an upstream that accepts HTTP/2
+        # but never answers would otherwise leave us WARMING forever (252 s seen), unlogged.
+        self.warmup_timer = self.pool.loop.call_later(self.pool.connect_timeout_s,
+                                                      self._warmup_expired)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.read_buffer
@@ -292,7 +297,23 @@ class H2Connection(asyncio.BufferedProtocol):
         elif self.pool.waiting:
             self.pool.on_capacity(self)
 
+    def _warmup_expired(self) -> None:
+        self.warmup_timer = None
+        if self.state is not State.WARMING:
+            return
+        log.warning("upstream connection %d: no answer to the warm-up request GET %s within "
+                    "%d ms (VELOX_CONNECT_TIMEOUT_MS); reconnecting", self.index,
+                    self.pool.warmup_path.decode(), self.pool.settings.connect_timeout_ms)
+        self.pool.warmup_timeouts += 1
+        self.streams.clear()  # only the warm-up's stream is open while WARMING: no 2nd log line
+        self.active = 0
+        # _fail closes us and the pool reconnects with backoff (the connection never was ready).
+        self._fail(UpstreamTimeout("the upstream did not answer the warm-up request"))
+
     def warmed(self) -> None:
+        if self.warmup_timer is not None:
+            self.warmup_timer.cancel()
+            self.warmup_timer = None
         if self.state is State.WARMING:
             self.state = State.READY
             self.pool.on_ready(self)
@@ -320,6 +341,9 @@ class H2Connection(asyncio.BufferedProtocol):
             return
         was_ready = self.state >= State.READY
         self.state = State.CLOSED
+        if self.warmup_timer is not None:
+            self.warmup_timer.cancel()
+            self.warmup_timer = None
         streams, self.streams = self.streams, {}
         self.active = 0
         for stream_id, sink in streams.items():

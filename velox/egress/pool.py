@@ -98,6 +98,7 @@ class Pool:
         self.retries = 0
         self.streams_cancelled = 0
         self.connect_failures = 0
+        self.warmup_timeouts = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class Pool:
             "goaways": self.goaways, "reconnects": self.reconnects, "retries": self.retries,
             "streams_cancelled": self.streams_cancelled,
             "connect_failures": self.connect_failures,
+            "warmup_timeouts": self.warmup_timeouts,
         }
 
     async def close(self) -> None:
@@ -347,12 +349,20 @@ class Pool:
                 conn.close()
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             self.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            log.warning("upstream connect to %s failed: %s", self.authority,
+                        self._connect_error(exc))
             self._bump_backoff(index, healthy=False)
             self._fail_waiting_if_unreachable()
             self.loop.call_soon(self._spawn, index)
         finally:
             self.connecting[index] = False
+
+    def _connect_error(self, exc: BaseException) -> str:
+        """What went wrong, never an empty string: a timeout's str() is "" (finding 15)."""
+        if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+            return (f"no connection to {self.host}:{self.port} within "
+                    f"{self.settings.connect_timeout_ms} ms (VELOX_CONNECT_TIMEOUT_MS)")
+        return str(exc) or type(exc).__name__
 
     def _tls(self, alpn: tuple[str, ...]) -> ssl.SSLContext:
         """One context per ALPN list, built once: loading the CA bundle costs milliseconds,
@@ -403,7 +413,8 @@ class Pool:
             self.h1_connecting -= 1
             self.h1_total -= 1
             self.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority, exc or type(exc))
+            log.warning("upstream connect to %s failed: %s", self.authority,
+                        self._connect_error(exc))
             if self.h1_total == 0:
                 while self.waiting:
                     self.waiting.popleft().on_error(
@@ -416,8 +427,14 @@ class Pool:
         if self.closing:
             conn.close()
             return
+        if conn.closed:
+            return  # the upstream closed it straight away; h1_closed has replaced it
         if warm and not conn.warm:
-            conn.send(_H1Warmup(self, conn), b"GET", self.warmup_path, self.warmup_headers, None)
+            warmup = _H1Warmup(self, conn)
+            conn.send(warmup, b"GET", self.warmup_path, self.warmup_headers, None)
+            # The warm-up gets the connect timeout too: an upstream that accepts the connection
+            # but never answers would otherwise hold this pool slot, unlogged, forever.
+            self.loop.call_later(self.connect_timeout_s, self._h1_warmup_expired, warmup)
         else:
             self.h1_idle(conn)
 
@@ -439,6 +456,17 @@ class Pool:
             self.ready_once = True
             log.info("upstream pool warm: %d HTTP/1.1 connection(s) to %s",
                      self.size, self.authority)
+
+    def _h1_warmup_expired(self, warmup: _H1Warmup) -> None:
+        conn = warmup.conn
+        if warmup.finished or conn.closed or conn.sink is not warmup:
+            return
+        log.warning("upstream %s did not answer the warm-up request GET %s within %d ms "
+                    "(VELOX_CONNECT_TIMEOUT_MS); reconnecting", self.authority,
+                    self.warmup_path.decode(), self.settings.connect_timeout_ms)
+        self.warmup_timeouts += 1
+        conn.sink = None  # closed by us: no "warm-up failed" line on top of this one
+        conn.close()
 
     def h1_closed(self, conn: H1Connection) -> None:
         self.h1_total -= 1
