@@ -232,6 +232,11 @@ FIELDS: tuple[Field, ...] = (
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
     Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
           "one JSON line per request on stdout (never keys, bodies or query strings)"),
+    Field("VELOX_UPSTREAM_PING_INTERVAL_MS", "upstream_ping_interval_ms",
+          _int_in(0, 86_400_000), "10000",
+          "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
+    Field("VELOX_UPSTREAM_PING_TIMEOUT_MS", "upstream_ping_timeout_ms", _int_in(1, 600_000),
+          "5000", "an upstream connection whose PING is unanswered this long is replaced"),
 )
 
 
@@ -268,6 +273,8 @@ class Settings:
     log_level: str = "info"
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
+    upstream_ping_interval_ms: int = 10_000
+    upstream_ping_timeout_ms: int = 5_000
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

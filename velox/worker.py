@@ -69,7 +69,8 @@ class Worker:
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
         self.stopping: asyncio.Event | None = None
-        self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0}
+        self._published = {"reconnects": 0, "goaways": 0, "retries": 0, "cancelled": 0,
+                           "ping_timeouts": 0, "warmup_timeouts": 0, "timeout_retirements": 0}
         self.routes = shared.routes
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
@@ -171,6 +172,10 @@ class Worker:
             ("goaways", F.GOAWAYS, pool.goaways),
             ("retries", F.RETRIES, pool.retries),
             ("cancelled", F.STREAMS_CANCELLED, pool.streams_cancelled),
+            ("ping_timeouts", F.UPSTREAM_PING_TIMEOUTS, getattr(pool, "ping_timeouts", 0)),
+            ("warmup_timeouts", F.UPSTREAM_WARMUP_TIMEOUTS, getattr(pool, "warmup_timeouts", 0)),
+            ("timeout_retirements", F.UPSTREAM_TIMEOUT_RETIREMENTS,
+             getattr(pool, "timeout_retirements", 0)),
         ):
             if value != published[name]:
                 counters.add(slot, field, value - published[name])

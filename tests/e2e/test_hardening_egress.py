@@ -160,3 +160,81 @@ def test_connect_timeout_is_named_in_the_log(start_gateway: GatewayFactory) -> N
                     f"127.0.0.1:{port} within 300 ms (VELOX_CONNECT_TIMEOUT_MS)")
         _wait_for(lambda: expected in gw.log(), 20, f"{expected!r} in the log")
         assert "failed: \n" not in gw.log()
+
+
+# --- finding 3: a silent upstream connection is noticed and replaced -------------------------
+
+_LIVENESS = {"VELOX_UPSTREAM_PING_INTERVAL_MS": "500", "VELOX_UPSTREAM_PING_TIMEOUT_MS": "500"}
+
+
+def _metric(gw, name: str) -> float:  # type: ignore[no-untyped-def]
+    text = httpx.get(gw.admin_url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith(name + "_created"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _post(gw, hostile: str | None = None, timeout: float = 30) -> httpx.Response:  # type: ignore[no-untyped-def]
+    headers = {"authorization": f"Bearer {CLIENT_KEY}"}
+    if hostile:
+        headers["x-hostile"] = hostile
+    return httpx.post(gw.base_url + "/v1/chat/completions", headers=headers, timeout=timeout,
+                      json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+
+
+def test_silent_connection_with_a_stream_in_flight_is_replaced(
+        tmp_path, start_gateway: GatewayFactory) -> None:  # type: ignore[no-untyped-def]
+    with HostileUpstream(certdir=str(tmp_path / "certs")) as up:
+        gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_REQUEST_TIMEOUT_MS="30000", **_LIVENESS)
+        assert _post(gw).status_code == 200
+        started = time.monotonic()
+        r = _post(gw, hostile="silent")  # the upstream goes silent with this request open
+        elapsed = time.monotonic() - started
+        assert r.status_code == 502, r.text  # not a 504 after the 30 s request timeout
+        assert elapsed < 15, elapsed
+        _wait_for(lambda: up.connections >= 2, 10, "a replacement connection")
+        assert _post(gw).status_code == 200  # the next request goes to the live connection
+        log = gw.log()
+        assert log.count("no answer to a PING within 500 ms") == 1, log
+        assert _metric(gw, "velox_upstream_ping_timeouts") >= 1
+        _wait_for(lambda: _readyz(gw) == 200, 10, "/readyz 200")
+
+
+def test_silent_idle_connection_is_replaced(tmp_path, start_gateway: GatewayFactory,  # type: ignore[no-untyped-def]
+                                            ) -> None:
+    with HostileUpstream() as up:
+        gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_UPSTREAM_PROTOCOL="h2", **_LIVENESS)
+        assert _post(gw).status_code == 200
+        requests_before = len(up.requests)
+
+        def silence() -> None:
+            for proto in up.live:
+                proto.silent = True
+
+        up.call(silence)  # TCP stays open; nothing is answered any more, PINGs included
+        _wait_for(lambda: up.connections >= 2, 15, "the idle silent connection to be replaced")
+        assert len(up.requests) == requests_before  # found by PINGing, no request needed
+        assert _post(gw, timeout=10).status_code == 200
+        assert "no answer to a PING within 500 ms (VELOX_UPSTREAM_PING_TIMEOUT_MS) with 0 " \
+            "stream(s) open; replacing it" in gw.log()
+
+
+def test_consecutive_request_timeouts_retire_the_connection(start_gateway: GatewayFactory,
+                                                            ) -> None:
+    # The connection stays alive (PINGs answered) but never answers requests on it.
+    with HostileUpstream() as up:
+        gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_UPSTREAM_PROTOCOL="h2", VELOX_REQUEST_TIMEOUT_MS="500")
+        for _ in range(3):
+            r = _post(gw, hostile="hang", timeout=10)
+            assert r.status_code == 504, r.text
+        _wait_for(lambda: up.connections >= 2, 10, "a replacement connection")
+        assert "3 requests in a row got no response headers in time; retiring it" in gw.log()
+        _wait_for(lambda: _readyz(gw) == 200, 10, "/readyz 200")
+        assert _post(gw, timeout=10).status_code == 200
+        assert _metric(gw, "velox_upstream_timeout_retirements") >= 1
+

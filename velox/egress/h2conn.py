@@ -41,6 +41,10 @@ BACKLOG_LIMIT = 1024 * 1024
 # TLS layer allocates a fresh 256 KiB bytes object for every read and shrinks it, which costs
 # three syscalls (mmap, mremap, munmap) per response.
 READ_BUFFER = 256 * 1024
+# Requests in a row on one connection that get no response headers within the request timeout
+# before the connection is retired: one slow model is normal, three in a row with no response
+# in between says the connection (or the upstream behind it) is stuck.
+TIMEOUTS_TO_RETIRE = 3
 # Stream ids are 31-bit; retire the connection well before they run out.
 _STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
 
@@ -59,6 +63,8 @@ class H2Connection(asyncio.BufferedProtocol):
         "pool", "index", "codec", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled", "warmup_timer",
+        "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
+        "liveness_timer", "timeouts", "dead",
     )
 
     def __init__(self, pool: Pool, index: int, codec: ev.Codec) -> None:
@@ -80,6 +86,16 @@ class H2Connection(asyncio.BufferedProtocol):
         self.write_paused = False
         self.drain_scheduled = False
         self.warmup_timer: asyncio.TimerHandle | None = None
+        # Liveness (see _liveness): reads counted here, compared with the last tick's count.
+        self.reads = 0
+        self.seen_reads = 0
+        self.quiet_since = 0.0  # loop time of the tick that last saw no new reads begin
+        self.ping_sent_at = 0.0  # loop time of the PING awaiting its ACK (0: none)
+        self.ping_payload = b""
+        self.pings = 0
+        self.liveness_timer: asyncio.TimerHandle | None = None
+        self.timeouts = 0  # requests in a row that got no response headers in time
+        self.dead = False  # failed a liveness check: reconnect with backoff
 
     # --- transport callbacks ----------------------------------------------------------------
 
@@ -102,6 +118,10 @@ class H2Connection(asyncio.BufferedProtocol):
         # but never answers would otherwise leave us WARMING forever (252 s seen), unlogged.
         self.warmup_timer = self.pool.loop.call_later(self.pool.connect_timeout_s,
                                                       self._warmup_expired)
+        if self.pool.ping_interval_s:
+            self.quiet_since = self.pool.loop.time()
+            self.liveness_timer = self.pool.loop.call_later(self.pool.liveness_tick_s,
+                                                            self._liveness)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.read_buffer
@@ -110,6 +130,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.data_received(bytes(self.read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1  # one increment per read, not per frame: all liveness costs here
         try:
             events = self.codec.receive_data(data)
         except ev.CodecError as exc:
@@ -136,6 +157,7 @@ class H2Connection(asyncio.BufferedProtocol):
                 if sink is None:
                     continue
                 end = event[4]
+                self.timeouts = 0
                 if end:
                     self._close_stream(event[1])
                 sink.on_response(event[2], event[3], end)
@@ -164,6 +186,9 @@ class H2Connection(asyncio.BufferedProtocol):
             self._goaway(event[1], event[2])
         elif kind == ev.SETTINGS:
             self.pool.on_capacity(self)
+        elif kind == ev.PING_ACK:
+            if event[1] == self.ping_payload:
+                self.ping_sent_at = 0.0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamUnavailable("the upstream connection was lost"))
@@ -297,6 +322,56 @@ class H2Connection(asyncio.BufferedProtocol):
         elif self.pool.waiting:
             self.pool.on_capacity(self)
 
+    def _liveness(self) -> None:
+        """Notice a silent upstream (finding 3): TCP open, nothing coming back.
+
+        Every tick (at most 1 s): a connection with open streams that read nothing since the
+        last tick, or an idle one quiet for VELOX_UPSTREAM_PING_INTERVAL_MS, is sent a PING;
+        any HTTP/2 peer answers it from its protocol stack, however slow its model is. No ACK
+        within VELOX_UPSTREAM_PING_TIMEOUT_MS and the connection is failed and replaced.
+        """
+        self.liveness_timer = None
+        if self.state is State.CLOSED:
+            return
+        pool = self.pool
+        now = pool.loop.time()
+        if self.reads != self.seen_reads:
+            self.seen_reads = self.reads
+            self.quiet_since = now
+        if self.ping_sent_at:
+            if now - self.ping_sent_at >= pool.ping_timeout_s:
+                self._declare_dead()
+                return
+        elif ((self.active and now - self.quiet_since >= pool.liveness_tick_s)
+              or now - self.quiet_since >= pool.ping_interval_s):
+            self.pings += 1
+            self.ping_payload = self.pings.to_bytes(8, "big")
+            self.ping_sent_at = now
+            self.codec.send_ping(self.ping_payload)
+            pool.mark_dirty(self)
+        self.liveness_timer = pool.loop.call_later(pool.liveness_tick_s, self._liveness)
+
+    def _declare_dead(self) -> None:
+        log.warning("upstream connection %d: no answer to a PING within %d ms "
+                    "(VELOX_UPSTREAM_PING_TIMEOUT_MS) with %d stream(s) open; replacing it",
+                    self.index, self.pool.settings.upstream_ping_timeout_ms, self.active)
+        self.pool.ping_timeouts += 1
+        self.dead = True
+        self._fail(UpstreamUnavailable("the upstream connection stopped answering"))
+
+    def request_timed_out(self) -> None:
+        """A request on this connection got no response headers in time (called by the pool).
+
+        One slow model is no reason to act; `TIMEOUTS_TO_RETIRE` in a row with no response
+        in between is: new requests go to a fresh connection while these streams finish.
+        """
+        self.timeouts += 1
+        if self.timeouts >= TIMEOUTS_TO_RETIRE and self.state is State.READY:
+            log.warning("upstream connection %d: %d requests in a row got no response "
+                        "headers in time; retiring it", self.index, self.timeouts)
+            self.pool.timeout_retirements += 1
+            self.retire()
+
     def _warmup_expired(self) -> None:
         self.warmup_timer = None
         if self.state is not State.WARMING:
@@ -344,6 +419,9 @@ class H2Connection(asyncio.BufferedProtocol):
         if self.warmup_timer is not None:
             self.warmup_timer.cancel()
             self.warmup_timer = None
+        if self.liveness_timer is not None:
+            self.liveness_timer.cancel()
+            self.liveness_timer = None
         streams, self.streams = self.streams, {}
         self.active = 0
         for stream_id, sink in streams.items():
@@ -353,7 +431,7 @@ class H2Connection(asyncio.BufferedProtocol):
             sink.on_error(exc)
         if self.transport is not None:
             self.transport.abort()
-        self.pool.on_closed(self, was_ready)
+        self.pool.on_closed(self, was_ready and not self.dead)
 
 
 class _Warmup:

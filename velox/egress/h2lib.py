@@ -174,7 +174,10 @@ class H2LibCodec:
     def send_ping(self, opaque: bytes) -> None:
         if len(opaque) != 8:
             raise ValueError("a PING payload is exactly 8 bytes")
-        self._conn.ping(opaque)
+        try:
+            self._conn.ping(opaque)
+        except self._protocol_error:
+            pass  # the connection is closed: no answer will come, which is the right verdict
 
     def close(self, error_code: int = NO_ERROR) -> None:
         self._refusal = "connection closed locally"

@@ -71,6 +71,11 @@ class Pool:
         self.connect_timeout_s = settings.connect_timeout_ms / 1000
         self.request_timeout_s = settings.request_timeout_ms / 1000
         self.idle_timeout_s = settings.stream_idle_timeout_ms / 1000
+        self.ping_interval_s = settings.upstream_ping_interval_ms / 1000  # 0: no liveness PINGs
+        self.ping_timeout_s = settings.upstream_ping_timeout_ms / 1000
+        # How often each connection checks its liveness; a connection with open streams and no
+        # frames for a whole tick gets a PING.
+        self.liveness_tick_s = min(1.0, self.ping_interval_s or 1.0, self.ping_timeout_s / 2)
 
         self.conns: list[H2Connection | None] = [None] * self.size
         self.waiting: deque[Any] = deque()
@@ -99,6 +104,8 @@ class Pool:
         self.streams_cancelled = 0
         self.connect_failures = 0
         self.warmup_timeouts = 0
+        self.ping_timeouts = 0
+        self.timeout_retirements = 0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -141,6 +148,8 @@ class Pool:
             "streams_cancelled": self.streams_cancelled,
             "connect_failures": self.connect_failures,
             "warmup_timeouts": self.warmup_timeouts,
+            "ping_timeouts": self.ping_timeouts,
+            "timeout_retirements": self.timeout_retirements,
         }
 
     async def close(self) -> None:
@@ -514,6 +523,8 @@ class Pool:
         exchange.on_error(UpstreamTimeout(f"The upstream did not send {waiting_for} in time."))
         if link is not None:
             link.cancel(exchange)
+            if not exchange.t_headers and isinstance(link, H2Connection):
+                link.request_timed_out()
 
 
 class _H1Warmup:
