@@ -24,7 +24,10 @@ from typing import Any
 from velox._types import Headers, Request
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
-# plus content-length, which ingress writes from the bytes it actually sends.
+# plus content-length, which ingress writes from the bytes it actually sends. Fields an
+# HTTP/1.1 upstream names in its Connection header are removed by h1conn before they get here;
+# an HTTP/2 response carrying connection-specific fields is malformed (RFC 9113 §8.2.2) and
+# never gets here: every codec resets the stream and the client gets a 502.
 _DROP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
     b"te", b"trailer", b"content-length", b"proxy-authenticate", b"alt-svc",

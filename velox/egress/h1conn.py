@@ -31,6 +31,16 @@ log = logging.getLogger("velox.egress")
 _READ_BUFFER = 64 * 1024
 
 
+def _drop_connection_options(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Remove the fields a Connection header names: they describe this hop only (RFC 9110
+    section 7.6.1) and must not reach the client. The relay drops the fixed hop-by-hop set."""
+    named = set()
+    for name, value in headers:
+        if name == b"connection":
+            named.update(token.strip().lower() for token in value.split(b","))
+    return [h for h in headers if h[0] not in named]
+
+
 class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
@@ -115,8 +125,13 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.status < 200:
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
+        headers = self.headers
+        for name, value in headers:
+            if name == b"connection":
+                headers = _drop_connection_options(headers)
+                break
         if self.sink is not None:
-            self.sink.on_response(self.status, self.headers, False)
+            self.sink.on_response(self.status, headers, False)
 
     def on_body(self, body: bytes) -> None:
         sink = self.sink
