@@ -85,6 +85,7 @@ class _H2Server(asyncio.Protocol):
         self.silent = False
         self.requests = 0
         self.window_open = asyncio.Event()
+        self.pending: dict[int, h2.events.RequestReceived] = {}
         self.tasks: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: Any) -> None:
@@ -124,7 +125,14 @@ class _H2Server(asyncio.Protocol):
             if self.silent:
                 return
             if isinstance(event, h2.events.RequestReceived):
-                self._on_request(event)
+                if event.stream_ended is not None:
+                    self._on_request(event)
+                else:  # answer once the whole body is in (a zero window holds it back)
+                    self.pending[event.stream_id] = event
+            elif isinstance(event, h2.events.StreamEnded):
+                request = self.pending.pop(event.stream_id, None)
+                if request is not None:
+                    self._on_request(request)
             elif isinstance(event, h2.events.PingReceived):
                 self.owner.pings += 1
             elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged,

@@ -199,7 +199,8 @@ def test_silent_connection_with_a_stream_in_flight_is_replaced(
         assert _post(gw).status_code == 200  # the next request goes to the live connection
         log = gw.log()
         assert log.count("no answer to a PING within 500 ms") == 1, log
-        assert _metric(gw, "velox_upstream_ping_timeouts") >= 1
+        _wait_for(lambda: _metric(gw, "velox_upstream_ping_timeouts") >= 1, 5,
+                  "the PING timeout in /metrics")  # workers publish counters every tick
         _wait_for(lambda: _readyz(gw) == 200, 10, "/readyz 200")
 
 
@@ -236,7 +237,8 @@ def test_consecutive_request_timeouts_retire_the_connection(start_gateway: Gatew
         assert "3 requests in a row got no response headers in time; retiring it" in gw.log()
         _wait_for(lambda: _readyz(gw) == 200, 10, "/readyz 200")
         assert _post(gw, timeout=10).status_code == 200
-        assert _metric(gw, "velox_upstream_timeout_retirements") >= 1
+        _wait_for(lambda: _metric(gw, "velox_upstream_timeout_retirements") >= 1, 5,
+                  "the retirement in /metrics")
 
 
 # --- finding 13: connection-specific response headers ----------------------------------------
@@ -267,3 +269,37 @@ def test_http1_headers_named_in_connection_are_dropped(start_gateway: GatewayFac
         assert r.headers.get("x-kept") == "yes"
         assert "x-hop" not in r.headers  # named in the upstream's Connection header
         assert "keep-alive" not in r.headers
+
+
+# --- the rest of the hostile repertoire: every misbehaviour gets one clear answer -------------
+
+
+@pytest.mark.parametrize("action", ["continuation", "bad-frame", "goaway", "stream-reset=100000"])
+def test_hostile_frames_get_one_clear_answer_and_the_gateway_recovers(
+        action: str, start_gateway: GatewayFactory) -> None:
+    with HostileUpstream() as up:
+        gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_UPSTREAM_PROTOCOL="h2", VELOX_REQUEST_TIMEOUT_MS="5000")
+        started = time.monotonic()
+        if action.startswith("stream-reset"):
+            # An event stream is relayed as it comes; a reset after its head reached the client
+            # can only cut the client's connection, which the client sees as an error.
+            with pytest.raises(httpx.RemoteProtocolError):
+                _post(gw, hostile=action, timeout=20)
+        else:
+            r = _post(gw, hostile=action, timeout=20)
+            assert r.status_code in (502, 503), r.text
+            assert r.json()["error"]["type"] == "server_error"
+        assert time.monotonic() - started < 10
+        _wait_for(lambda: _readyz(gw) == 200, 15, "/readyz 200 again")
+        assert _post(gw, timeout=10).status_code == 200
+
+
+def test_zero_window_upstream_times_out_the_upload(start_gateway: GatewayFactory) -> None:
+    # The upstream announces INITIAL_WINDOW_SIZE 0 and never opens it: no body byte can move.
+    with HostileUpstream(script=Script(initial_window=0)) as up:
+        gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_UPSTREAM_PROTOCOL="h2", VELOX_REQUEST_TIMEOUT_MS="700")
+        r = _post(gw, timeout=10)
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["code"] == "upstream_timeout"
