@@ -84,7 +84,7 @@ _CLIENTS = 24
 def test_paused_streams_return_connection_credit(ending: str, start_gateway: GatewayFactory,
                                                  hostile_h2c: HostileUpstream) -> None:
     up = hostile_h2c
-    extra = {"VELOX_STREAM_IDLE_TIMEOUT_MS": "1500"} if ending == "idle-deadline" else {}
+    extra = {"VELOX_STREAM_IDLE_TIMEOUT_MS": "2000"} if ending == "idle-deadline" else {}
     gw = start_gateway(mock=up, **_one_connection(**extra))
     action = {"upstream-reset": f"stream-reset={7 * _MIB}",
               "completed-while-paused": f"stream={7 * _MIB}"}.get(ending, f"stream={32 * _MIB}")
@@ -105,6 +105,11 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
             for sock in clients:
                 sock.close()
             clients = []
+        elif ending == "idle-deadline":
+            # The paused streams expire 2 s after their last byte and must hand their credit
+            # back then, though their clients are still connected.
+            _wait_for(lambda: up.send_windows() not in ([0], []), 30,
+                      "the expired streams' credit to come back")
         # The connection must carry new streams again: its window was handed back.
         _hundred_requests(gw.base_url)
         assert up.connections == 1  # the same connection, not a replacement

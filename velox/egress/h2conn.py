@@ -89,8 +89,8 @@ class H2Connection(asyncio.BufferedProtocol):
         # Liveness (see _liveness): reads counted here, compared with the last tick's count.
         self.reads = 0
         self.seen_reads = 0
-        self.quiet_since = 0.0  # loop time of the tick that last saw no new reads begin
-        self.ping_sent_at = 0.0  # loop time of the PING awaiting its ACK (0: none)
+        self.quiet_since = 0.0  # monotonic time of the tick that last saw no new reads begin
+        self.ping_sent_at = 0.0  # monotonic time of the PING awaiting its ACK (0: none)
         self.ping_payload = b""
         self.pings = 0
         self.liveness_timer: asyncio.TimerHandle | None = None
@@ -119,7 +119,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.warmup_timer = self.pool.loop.call_later(self.pool.connect_timeout_s,
                                                       self._warmup_expired)
         if self.pool.ping_interval_s:
-            self.quiet_since = self.pool.loop.time()
+            self.quiet_since = time.monotonic()
             self.liveness_timer = self.pool.loop.call_later(self.pool.liveness_tick_s,
                                                             self._liveness)
 
@@ -334,7 +334,7 @@ class H2Connection(asyncio.BufferedProtocol):
         if self.state is State.CLOSED:
             return
         pool = self.pool
-        now = pool.loop.time()
+        now = time.monotonic()
         if self.reads != self.seen_reads:
             self.seen_reads = self.reads
             self.quiet_since = now

@@ -12,6 +12,11 @@ with REFUSED_STREAM) are retried on another connection. Requests that may have b
 are failed with 502, never replayed. Deadlines: response headers within
 VELOX_REQUEST_TIMEOUT_MS (504), and once streaming, no gap over VELOX_STREAM_IDLE_TIMEOUT_MS.
 
+Liveness: the warm-up must be answered within VELOX_CONNECT_TIMEOUT_MS, else the connection is
+closed and reopened with backoff; HTTP/2 connections are probed with PING (h2conn._liveness) and
+replaced when one goes unanswered for VELOX_UPSTREAM_PING_TIMEOUT_MS; a connection on which
+`TIMEOUTS_TO_RETIRE` requests in a row time out is retired (request_timed_out).
+
 Imports: egress.codec, egress.h2conn, egress.h1conn, errors, config, stdlib.
 """
 
