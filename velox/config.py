@@ -239,6 +239,11 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_CONFIG", "config_file", _text, "",
           "TOML file of upstreams, routes, retry and breaker policies (empty: one upstream "
           "from VELOX_UPSTREAM_*)"),
+    Field("VELOX_UPSTREAM_PING_INTERVAL_MS", "upstream_ping_interval_ms",
+          _int_in(0, 86_400_000), "10000",
+          "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
+    Field("VELOX_UPSTREAM_PING_TIMEOUT_MS", "upstream_ping_timeout_ms", _int_in(1, 600_000),
+          "5000", "an upstream connection whose PING is unanswered this long is replaced"),
 )
 
 
@@ -276,6 +281,8 @@ class Settings:
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
     config_file: str = ""
+    upstream_ping_interval_ms: int = 10_000
+    upstream_ping_timeout_ms: int = 5_000
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

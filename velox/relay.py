@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
-# plus content-length, which ingress writes from the bytes it actually sends.
+# plus content-length, which ingress writes from the bytes it actually sends. Fields an
+# HTTP/1.1 upstream names in its Connection header are removed by h1conn before they get here.
+# HTTP/2 (RFC 9113 §8.2.2) forbids connection-specific fields; with the framer such a response
+# is accepted and this filter strips them (the set below holds all of them), which costs nothing
+# extra; the h2/jh2 codecs validate headers themselves and treat it as a protocol error (502).
+# Connection has no meaning in HTTP/2, so the names an HTTP/2 Connection field lists are not
+# honoured, only the field itself is dropped.
 _DROP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
     b"te", b"trailer", b"content-length", b"proxy-authenticate", b"alt-svc",

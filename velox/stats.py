@@ -46,6 +46,9 @@ class F(IntEnum):
     UPSTREAM_CONNECTIONS = 24  # gauge: open upstream connections
     STARTS = 25  # times a worker started in this slot (restarts = STARTS - 1)
     ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
+    UPSTREAM_PING_TIMEOUTS = 27  # upstream connections replaced for not answering a PING
+    UPSTREAM_WARMUP_TIMEOUTS = 28  # warm-ups that got no answer within the connect timeout
+    UPSTREAM_TIMEOUT_RETIREMENTS = 29  # connections retired after request timeouts in a row
 
 
 class H(IntEnum):

@@ -35,6 +35,7 @@ AUTHORITY = "api.example.com"
 REQUEST_TIMEOUT_MS = 10_000
 IDLE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0  # UpstreamSpec's default
+PING_TIMEOUT_S = 5.0  # EgressOptions' default (VELOX_UPSTREAM_PING_TIMEOUT_MS)
 
 
 class FakeTransport:

@@ -49,6 +49,7 @@ from velox.egress.codec import (
     DATA_PER_CALL,
     GOAWAY,
     LOCAL_CONNECTION_WINDOW,
+    PING_ACK,
     LOCAL_INITIAL_WINDOW_SIZE,
     LOCAL_MAX_HEADER_LIST_SIZE,
     REFUSED_STREAM,
@@ -138,6 +139,34 @@ def test_ping_is_answered(codec: str) -> None:
     assert peer.pump() == []
     (ack,) = received(peer, PingAckReceived)
     assert ack.ping_data == b"velox-01"
+
+
+@each_codec
+def test_our_ping_is_acknowledged_by_the_peer(codec: str) -> None:
+    # The liveness probe: the peer sees our PING, and its ACK comes back as a PING_ACK event.
+    peer = ready(codec)
+    peer.codec.send_ping(b"live-001")
+    events = peer.pump()
+    assert events == [(PING_ACK, b"live-001")]
+    assert any(type(e).__name__ == "PingReceived" and e.ping_data == b"live-001"
+               for e in peer.server_events)
+    with pytest.raises(ValueError):
+        peer.codec.send_ping(b"short")
+
+
+@each_codec
+def test_ping_ack_arrives_between_response_frames(codec: str) -> None:
+    peer = ready(codec)
+    sid = peer.codec.send_request(b"GET", b"/v1/models", [], None)
+    peer.up()
+    peer.codec.send_ping(b"\x00\x01\x02\x03\x04\x05\x06\x07")
+    peer.up()
+    peer.server.send_headers(sid, [(b":status", b"200")])
+    peer.server.send_data(sid, b"ok", end_stream=True)
+    events = peer.pump(client_acks=True)
+    kinds = [e[0] for e in events]
+    assert PING_ACK in kinds and RESPONSE in kinds and DATA in kinds
+    assert (PING_ACK, b"\x00\x01\x02\x03\x04\x05\x06\x07") in events
 
 
 # --- Requests and responses ---------------------------------------------------------------------

@@ -11,14 +11,14 @@ import time
 
 import pytest
 from h2.errors import ErrorCodes
-from h2.events import StreamReset, WindowUpdated
+from h2.events import PingReceived, StreamReset, WindowUpdated
 
 from velox.egress.h2conn import State
 from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.stats import F
 
 from ._codec_peer import CODECS
-from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
+from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, PING_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
 
 MIB = 1024 * 1024
 
@@ -115,6 +115,7 @@ def test_deadline_sweep_expires_headers_then_idle_streams_and_resets_them() -> N
 
     peer.pool.sweep(now + IDLE_TIMEOUT_S + 1)  # the streamed response went quiet
     assert isinstance(stalled.error, UpstreamTimeout) and not silent.done
+    peer.pump()  # the server answers the liveness PING the quiet connection was sent
     peer.pool.sweep(now + REQUEST_TIMEOUT_MS / 1000 + 1)  # no headers in time
     assert isinstance(silent.error, UpstreamTimeout)
     peer.pump()
@@ -158,6 +159,78 @@ def test_an_unanswered_warm_up_expires_at_the_connect_timeout_and_reconnects(
     assert peer.tally.warmup_timeouts == 1 and peer.tally.streams_cancelled == 0
     assert "did not answer the warm-up request GET /v1/models within 5000 ms" in caplog.text
     assert not client.done and len(peer.pool.waiting) == 1  # still waiting for a connection
+
+
+# --- liveness ----------------------------------------------------------------------------------
+
+def test_a_silent_connection_is_pinged_then_failed_and_replaced_with_backoff(
+        caplog: pytest.LogCaptureFixture) -> None:
+    peer = PoolPeer()
+    server = peer.connect(0)
+    client = peer.submit()
+    peer.pump()
+    now = time.monotonic()
+    peer.pool.sweep(now + 1)  # this tick notes the reads so far ...
+    peer.pool.sweep(now + 2)  # ... and the next finds none since, with a stream open: PING
+    peer.loop.run_ready()
+    assert server.transport.take().endswith((1).to_bytes(8, "big"))  # PING, opaque data 1
+    # The upstream says nothing any more (the PING is never delivered, never answered).
+    peer.pool.sweep(now + 2 + PING_TIMEOUT_S / 2)
+    assert server.conn.state is State.READY
+    peer.pool.sweep(now + 2 + PING_TIMEOUT_S)
+    assert isinstance(client.error, UpstreamUnavailable)
+    assert server.conn.state is State.CLOSED and peer.loop.spawned == 1
+    assert peer.pool.backoff[0] > 0  # a dead connection is not replaced in a tight loop
+    assert peer.tally.ping_timeouts == peer.counter(F.UPSTREAM_PING_TIMEOUTS) == 1
+    assert caplog.text.count("no answer to a PING within 5000 ms") == 1
+
+
+def test_a_connection_that_answers_pings_lives_on() -> None:
+    peer = PoolPeer()
+    server = peer.connect(0)
+    client = peer.submit()
+    peer.pump()
+    now = time.monotonic()
+    for step in range(1, 9):  # a slow model: eight seconds without a response byte
+        peer.pool.sweep(now + step * 1.1)
+        peer.pump()  # PINGs are answered
+    assert server.conn.state is State.READY and not client.done
+    assert sum(isinstance(e, PingReceived) for e in server.events) >= 2
+    server.respond(server.requests[0])
+    peer.pump()
+    assert client.status == 200 and peer.tally.ping_timeouts == 0
+
+
+def test_requests_timing_out_in_a_row_retire_the_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    peer = PoolPeer(connections=2)
+    server = peer.connect(0)
+    now = time.monotonic()
+    for n in range(1, 4):
+        client = peer.submit()
+        peer.pump()
+        peer.pool.sweep(now + n * (REQUEST_TIMEOUT_MS / 1000 + 1))
+        peer.pump()
+        assert isinstance(client.error, UpstreamTimeout)
+        assert server.conn.state is (State.READY if n < 3 else State.DRAINING)
+    assert "3 requests in a row got no response headers in time; retiring it" in caplog.text
+    assert peer.tally.timeout_retirements == peer.counter(F.UPSTREAM_TIMEOUT_RETIREMENTS) == 1
+
+
+def test_a_response_in_between_resets_the_timeout_count() -> None:
+    peer = PoolPeer()
+    server = peer.connect(0)
+    now = time.monotonic()
+    for n in range(1, 6):
+        late = peer.submit()
+        answered = peer.submit()
+        peer.pump()
+        server.respond(server.requests[-1])  # the second one is answered
+        peer.pump()
+        peer.pool.sweep(now + n * (REQUEST_TIMEOUT_MS / 1000 + 1))
+        peer.pump()
+        assert isinstance(late.error, UpstreamTimeout) and answered.status == 200
+    assert server.conn.state is State.READY and peer.tally.timeout_retirements == 0
 
 
 # --- a client that stops reading ---------------------------------------------------------------

@@ -59,6 +59,12 @@ _COUNTERS = (
     (F.STREAMS_CANCELLED, "velox_upstream_streams_cancelled",
      "Upstream streams reset because the client left."),
     (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
+    (F.UPSTREAM_PING_TIMEOUTS, "velox_upstream_ping_timeouts",
+     "Upstream connections replaced because a PING went unanswered (silent upstream)."),
+    (F.UPSTREAM_WARMUP_TIMEOUTS, "velox_upstream_warmup_timeouts",
+     "Upstream warm-up requests unanswered within the connect timeout."),
+    (F.UPSTREAM_TIMEOUT_RETIREMENTS, "velox_upstream_timeout_retirements",
+     "Upstream connections retired after consecutive request timeouts."),
 )
 _GAUGES = (
     (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),

@@ -75,7 +75,7 @@ class Tally:
     """Per-upstream event counts, mirrored into the shared stats slot of this worker (if any)."""
 
     __slots__ = ("counters", "slot", "goaways", "reconnects", "retries", "streams_cancelled",
-                 "connect_failures", "warmup_timeouts")
+                 "connect_failures", "warmup_timeouts", "ping_timeouts", "timeout_retirements")
 
     def __init__(self, counters: Counters | None = None, slot: int = 0) -> None:
         self.counters = counters
@@ -85,7 +85,9 @@ class Tally:
         self.retries = 0
         self.streams_cancelled = 0
         self.connect_failures = 0  # /stats only: not a shared counter
-        self.warmup_timeouts = 0  # /stats only: warm-ups unanswered within the connect timeout
+        self.warmup_timeouts = 0  # warm-ups unanswered within the connect timeout
+        self.ping_timeouts = 0  # connections replaced for leaving a PING unanswered
+        self.timeout_retirements = 0  # connections retired after request timeouts in a row
 
     def goaway(self) -> None:
         self.goaways += 1
@@ -103,6 +105,18 @@ class Tally:
         self.streams_cancelled += 1
         self._add(F.STREAMS_CANCELLED)
 
+    def warmup_timeout(self) -> None:
+        self.warmup_timeouts += 1
+        self._add(F.UPSTREAM_WARMUP_TIMEOUTS)
+
+    def ping_timeout(self) -> None:
+        self.ping_timeouts += 1
+        self._add(F.UPSTREAM_PING_TIMEOUTS)
+
+    def timeout_retirement(self) -> None:
+        self.timeout_retirements += 1
+        self._add(F.UPSTREAM_TIMEOUT_RETIREMENTS)
+
     def _add(self, field: F) -> None:
         if self.counters is not None:
             self.counters.add(self.slot, field, 1)
@@ -111,4 +125,5 @@ class Tally:
         return {"goaways": self.goaways, "reconnects": self.reconnects, "retries": self.retries,
                 "streams_cancelled": self.streams_cancelled,
                 "connect_failures": self.connect_failures,
-                "warmup_timeouts": self.warmup_timeouts}
+                "warmup_timeouts": self.warmup_timeouts, "ping_timeouts": self.ping_timeouts,
+                "timeout_retirements": self.timeout_retirements}

@@ -21,6 +21,7 @@ __all__ = [
     "CODEC_NAMES",
     "DATA",
     "GOAWAY",
+    "PING_ACK",
     "RESET",
     "RESPONSE",
     "SETTINGS",
@@ -75,6 +76,14 @@ SETTINGS = 6
 
 Emitted for the peer's first SETTINGS frame and afterwards whenever its MAX_CONCURRENT_STREAMS
 changes. The value is capped at `MAX_CONCURRENT_STREAMS_CAP`.
+"""
+
+PING_ACK = 7
+"""``(PING_ACK, opaque)``: the peer acknowledged one of our PINGs (`Codec.send_ping`).
+
+``opaque`` is the 8-byte payload the ACK carried. The caller matches it against what it sent;
+an ACK nobody asked for is harmless. The peer's own PINGs never surface: they are answered
+inside the codec.
 """
 
 # --- HTTP/2 error codes (RFC 9113 section 7) ---------------------------------------------------
@@ -260,6 +269,16 @@ class Codec(Protocol):
 
         Frames the peer sent before it saw the reset are dropped silently; their DATA still
         credits the connection window. Resetting an unknown or finished stream does nothing.
+        """
+        ...
+
+    def send_ping(self, opaque: bytes) -> None:
+        """Queue a PING carrying ``opaque`` (exactly 8 bytes); the answer is a `PING_ACK` event.
+
+        The pool uses it as a liveness probe: a peer that stops answering PINGs while the TCP
+        connection stays open is dead to us (RFC 9113 section 6.7).
+
+        :raises ValueError: if ``opaque`` is not 8 bytes long.
         """
         ...
 

@@ -34,6 +34,16 @@ log = logging.getLogger("velox.egress")
 _READ_BUFFER = 64 * 1024
 
 
+def _drop_connection_options(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Remove the fields a Connection header names: they describe this hop only (RFC 9110
+    section 7.6.1) and must not reach the client. The relay drops the fixed hop-by-hop set."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection":
+            named.update(token.strip().lower() for token in value.split(b","))
+    return [h for h in headers if h[0] not in named]
+
+
 class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
@@ -120,11 +130,16 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.status < 200:
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
+        headers = self.headers
+        for name, value in headers:
+            if name == b"connection":
+                headers = _drop_connection_options(headers)
+                break
         attempt = self.attempt
         if attempt is not None:
             attempt.t_headers = time.perf_counter_ns()
             attempt.last_activity = time.monotonic()
-            attempt.client.on_response(self.status, self.headers, False)
+            attempt.client.on_response(self.status, headers, False)
 
     def on_body(self, body: bytes) -> None:
         attempt = self.attempt

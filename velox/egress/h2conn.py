@@ -6,6 +6,8 @@ client of each stream's `Attempt`. Requests of one micro-batch are encoded into 
 buffer and written with one `transport.write` when the pool flushes, which is where batching
 pays off in Python (one TLS record and one syscall for many requests).
 
+Liveness (`check_liveness`, `request_timed_out`) is driven by the pool's sweep: see h2pool.
+
 States move by one transition table (`TRANSITIONS`, as h2's connection state machine): a
 (state, input) pair not in it is a bug, which raises `ConnectionStateError` and leaves the
 connection CLOSED.
@@ -50,6 +52,10 @@ BACKLOG_LIMIT = 1024 * 1024
 # TLS layer allocates a fresh 256 KiB bytes object for every read and shrinks it, which costs
 # three syscalls (mmap, mremap, munmap) per response.
 READ_BUFFER = 256 * 1024
+# Requests in a row on one connection that get no response headers within the request timeout
+# before the connection is retired: one slow model is normal, three in a row with no response
+# in between says the connection (or the upstream behind it) is stuck.
+TIMEOUTS_TO_RETIRE = 3
 # Stream ids are 31-bit; retire the connection well before they run out.
 _STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
 
@@ -106,6 +112,8 @@ class H2Connection(asyncio.BufferedProtocol):
         "pool", "index", "codec", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
+        "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
+        "timeouts", "dead",
     )
 
     def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
@@ -126,6 +134,15 @@ class H2Connection(asyncio.BufferedProtocol):
         self.backlog_bytes = 0
         self.write_paused = False
         self.drain_scheduled = False
+        # Liveness (check_liveness): reads counted here, compared with the last tick's count.
+        self.reads = 0
+        self.seen_reads = 0
+        self.quiet_since = 0.0  # monotonic time of the tick that last saw new reads
+        self.ping_sent_at = 0.0  # monotonic time of the PING awaiting its ACK (0: none)
+        self.ping_payload = b""
+        self.pings = 0
+        self.timeouts = 0  # requests in a row that got no response headers in time
+        self.dead = False  # failed a liveness check: reconnect with backoff
 
     def _move(self, event: Input) -> None:
         try:
@@ -138,7 +155,7 @@ class H2Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.opened_at = time.monotonic()
+        self.opened_at = self.quiet_since = time.monotonic()
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
             self._move(Input.NO_H2)
@@ -158,6 +175,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.data_received(bytes(self.read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1  # one increment per read, not per frame: all liveness costs here
         codec = self.codec
         try:
             events = codec.receive_data(data)
@@ -197,6 +215,7 @@ class H2Connection(asyncio.BufferedProtocol):
                     continue
                 attempt.t_headers = time.perf_counter_ns()
                 attempt.last_activity = now
+                self.timeouts = 0
                 end = event[4]
                 if end:
                     self._release(attempt)
@@ -226,6 +245,9 @@ class H2Connection(asyncio.BufferedProtocol):
             self._goaway(event[1], event[2])
         elif kind == ev.SETTINGS:
             self.pool.on_capacity(self)
+        elif kind == ev.PING_ACK:
+            if event[1] == self.ping_payload:
+                self.ping_sent_at = 0.0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamUnavailable("the upstream connection was lost"))
@@ -375,6 +397,52 @@ class H2Connection(asyncio.BufferedProtocol):
         elif self.pool.waiting and self.state is State.READY:
             self.pool.on_capacity(self)
 
+    def check_liveness(self, now: float, tick_s: float, interval_s: float,
+                       timeout_s: float) -> None:
+        """Notice a silent upstream: TCP open, nothing coming back (called every pool tick).
+
+        A connection with open streams that read nothing for a tick, or an idle one quiet for
+        `interval_s`, is sent a PING; any HTTP/2 peer answers it from its protocol stack,
+        however slow its model is. No ACK within `timeout_s` and the connection is failed (its
+        open requests get 502) and replaced with backoff.
+        """
+        if self.state is State.CLOSED or self.state is State.CONNECTING:
+            return
+        if self.reads != self.seen_reads:
+            self.seen_reads = self.reads
+            self.quiet_since = now
+        if self.ping_sent_at:
+            if now - self.ping_sent_at >= timeout_s:
+                self._declare_dead(timeout_s)
+        elif ((self.active and now - self.quiet_since >= tick_s)
+              or now - self.quiet_since >= interval_s):
+            self.pings += 1
+            self.ping_payload = self.pings.to_bytes(8, "big")
+            self.ping_sent_at = now
+            self.codec.send_ping(self.ping_payload)
+            self.pool.mark_dirty(self)
+
+    def _declare_dead(self, timeout_s: float) -> None:
+        log.warning("upstream connection %d: no answer to a PING within %d ms "
+                    "(VELOX_UPSTREAM_PING_TIMEOUT_MS) with %d stream(s) open; replacing it",
+                    self.index, round(timeout_s * 1000), self.active)
+        self.pool.tally.ping_timeout()
+        self.dead = True
+        self._fail(UpstreamUnavailable("the upstream connection stopped answering"))
+
+    def request_timed_out(self) -> None:
+        """A request on this connection got no response headers in time (called by the pool).
+
+        One slow model is no reason to act; `TIMEOUTS_TO_RETIRE` in a row with no response
+        in between is: new requests go to a fresh connection while these streams finish.
+        """
+        self.timeouts += 1
+        if self.timeouts >= TIMEOUTS_TO_RETIRE and self.state is State.READY:
+            log.warning("upstream connection %d: %d requests in a row got no response "
+                        "headers in time; retiring it", self.index, self.timeouts)
+            self.pool.tally.timeout_retirement()
+            self.retire()
+
     def warmed(self) -> None:
         if self.state is State.WARMING:
             self._move(Input.WARMED)
@@ -415,7 +483,7 @@ class H2Connection(asyncio.BufferedProtocol):
             attempt.client.on_error(exc)
         if self.transport is not None:
             self.transport.abort()
-        self.pool.on_closed(self, was_ready)
+        self.pool.on_closed(self, was_ready and not self.dead)  # dead: back off, not at once
 
 
 class _Warmup:

@@ -25,7 +25,8 @@ from typing import Any
 from .codec import (
     CANCEL, COMPRESSION_ERROR, DATA, DATA_PER_CALL, DEFAULT_MAX_CONCURRENT_STREAMS, GOAWAY,
     LOCAL_CONNECTION_WINDOW, LOCAL_INITIAL_WINDOW_SIZE, LOCAL_MAX_HEADER_LIST_SIZE,
-    MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, REFUSED_STREAM, RESET, RESPONSE,
+    MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, PING_ACK, REFUSED_STREAM, RESET,
+    RESPONSE,
     SENSITIVE_HEADERS, SETTINGS, TRAILERS, CodecError,
 )  # fmt: skip
 
@@ -61,6 +62,7 @@ class H2LibCodec:
             events.ConnectionTerminated: self._on_goaway,
             events.RemoteSettingsChanged: self._on_settings,
             events.WindowUpdated: self._on_window_update,
+            events.PingAckReceived: self._on_ping_ack,
         }
         self._authority = authority
         self._scheme = scheme
@@ -169,6 +171,14 @@ class H2LibCodec:
         except self._protocol_error:
             pass  # already closed or never opened: nothing to cancel
 
+    def send_ping(self, opaque: bytes) -> None:
+        if len(opaque) != 8:
+            raise ValueError("a PING payload is exactly 8 bytes")
+        try:
+            self._conn.ping(opaque)
+        except self._protocol_error:
+            pass  # the connection is closed: no answer will come, which is the right verdict
+
     def close(self, error_code: int = NO_ERROR) -> None:
         self._refusal = "connection closed locally"
         try:
@@ -272,3 +282,6 @@ class H2LibCodec:
     def _on_window_update(self, event: Any, out: list[tuple]) -> None:
         if self._bodies:
             self._resume_bodies(event.stream_id)
+
+    def _on_ping_ack(self, event: Any, out: list[tuple]) -> None:
+        out.append((PING_ACK, event.ping_data))

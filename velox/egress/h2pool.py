@@ -8,6 +8,13 @@ processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refu
 go back to the `Upstream` (`front.retry`), which sends them again; requests that may have been
 processed are failed with 502, never replayed.
 
+Liveness: the warm-up must be answered within the connect timeout (its attempt's deadline),
+else the connection is closed and reopened with backoff; each sweep tick, a connection with
+streams open and no frame for a tick, or idle for VELOX_UPSTREAM_PING_INTERVAL_MS, is sent a
+PING (`H2Connection.check_liveness`) and replaced when it goes unanswered for
+VELOX_UPSTREAM_PING_TIMEOUT_MS; a connection on which `TIMEOUTS_TO_RETIRE` requests in a row
+get no response headers in time is retired (`request_timed_out`).
+
 Imports: egress.pool, egress.h2conn, egress.codec, egress.attempt, egress.interfaces
 (annotations), errors, stdlib.
 """
@@ -29,7 +36,7 @@ from velox.egress.pool import BasePool, EgressOptions, next_backoff
 from velox.errors import UpstreamUnavailable
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import Front
+    from velox.egress.interfaces import Carrier, Front
 
 log = logging.getLogger("velox.egress")
 
@@ -125,6 +132,19 @@ class H2Pool(BasePool):
             if not self.flush_scheduled:
                 self.flush_scheduled = True
                 self.loop.call_soon(self.flush)
+
+    def sweep(self, now: float) -> None:
+        super().sweep(now)
+        options = self.options
+        if options.liveness_tick_s:
+            for conn in self.conns:
+                if conn is not None:
+                    conn.check_liveness(now, options.liveness_tick_s, options.ping_interval_s,
+                                        options.ping_timeout_s)
+
+    def _headers_timed_out(self, conn: Carrier) -> None:
+        if isinstance(conn, H2Connection):
+            conn.request_timed_out()
 
     def _live(self) -> Iterator[Attempt]:
         for conn in self.conns:

@@ -27,7 +27,7 @@ from velox.errors import Overloaded, UpstreamTimeout, VeloxError
 from velox.tables import DEFAULT_UPSTREAM
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import Client, Front
+    from velox.egress.interfaces import Carrier, Client, Front
 
 log = logging.getLogger("velox.egress")
 
@@ -44,6 +44,16 @@ class EgressOptions:
     stream_idle_timeout_s: float = 60.0
     ssl_cert_file: str = ""  # SSL_CERT_FILE: trusted for every upstream
     queue_limit: int = 16_384  # attempts an upstream queues before refusing (VELOX_RING_DEPTH)
+    ping_interval_s: float = 10.0  # PING an idle HTTP/2 connection this often (0: no PINGs)
+    ping_timeout_s: float = 5.0  # a PING unanswered this long: the connection is dead
+
+    @property
+    def liveness_tick_s(self) -> float:
+        """How often HTTP/2 connections check their liveness (0: never); a connection with
+        streams open and no frame for a whole tick gets a PING."""
+        if not self.ping_interval_s:
+            return 0.0
+        return min(1.0, self.ping_interval_s, self.ping_timeout_s / 2)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EgressOptions:
@@ -52,6 +62,8 @@ class EgressOptions:
             stream_idle_timeout_s=settings.stream_idle_timeout_ms / 1000,
             ssl_cert_file=settings.ssl_cert_file,
             queue_limit=settings.ring_depth,
+            ping_interval_s=settings.upstream_ping_interval_ms / 1000,
+            ping_timeout_s=settings.upstream_ping_timeout_ms / 1000,
         )
 
 
@@ -158,7 +170,7 @@ class BasePool:
         return Attempt(client, MAX_ATTEMPTS, time.monotonic() + self.connect_timeout_s)
 
     def warmup_expired(self, what: str) -> None:
-        self.tally.warmup_timeouts += 1
+        self.tally.warmup_timeout()
         log.warning("%s did not answer the warm-up request GET %s within %d ms (%s); "
                     "reconnecting", what, self.warmup_path.decode(), self.spec.connect_timeout_ms,
                     self.connect_timeout_name)
@@ -172,7 +184,7 @@ class BasePool:
     def _schedule_sweep(self) -> None:
         shortest = min(self.spec.request_timeout_ms / 1000, self.idle_timeout_s,
                        self.connect_timeout_s)  # the warm-up's deadline
-        tick = min(1.0, max(0.01, shortest / 4))
+        tick = min(1.0, max(0.01, shortest / 4), self.options.liveness_tick_s or 1.0)
         self.timer = self.loop.call_later(tick, self._sweep)
 
     def _sweep(self) -> None:
@@ -194,6 +206,12 @@ class BasePool:
             elif attempt.last_activity < idle_limit:
                 expired.append((attempt, "the next chunk of the response"))
         for attempt, waiting_for in expired:
+            conn = attempt.conn
             attempt.client.on_error(
                 UpstreamTimeout(f"The upstream did not send {waiting_for} in time."))
             attempt.cancel()
+            if conn is not None and not attempt.t_headers:
+                self._headers_timed_out(conn)
+
+    def _headers_timed_out(self, conn: Carrier) -> None:
+        """A request on `conn` got no response headers in time (HTTP/2 counts these)."""
