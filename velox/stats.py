@@ -46,6 +46,8 @@ class F(IntEnum):
     UPSTREAM_CONNECTIONS = 24  # gauge: open upstream connections
     STARTS = 25  # times a worker started in this slot (restarts = STARTS - 1)
     ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
+    HEARTBEAT_MS = 27  # gauge: the worker loop's last tick, time.monotonic() in ms (0: none yet)
+    HANG_KILLS = 28  # workers in this slot killed by the supervisor for a silent loop
 
 
 class H(IntEnum):

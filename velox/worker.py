@@ -179,6 +179,7 @@ class Worker:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
         now = time.monotonic()
+        counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
         for conn in [c for c in self.ingress.connections if c.last_active < idle_before]:
             conn.close_if_idle()

@@ -59,6 +59,8 @@ _COUNTERS = (
     (F.STREAMS_CANCELLED, "velox_upstream_streams_cancelled",
      "Upstream streams reset because the client left."),
     (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
+    (F.HANG_KILLS, "velox_worker_hang_kills",
+     "Workers in this slot killed and restarted because their loop fell silent."),
 )
 _GAUGES = (
     (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),
@@ -111,6 +113,14 @@ class VeloxCollector(Collector):
         for w, row in zip(workers, rows):
             starts.add_metric([w], max(0, row[F.STARTS] - 1))
         yield starts
+        age = GaugeMetricFamily("velox_worker_heartbeat_age_seconds",
+                                "Time since the worker's loop last ticked (-1: not started).",
+                                labels=["worker"])
+        now_ms = time.monotonic() * 1000
+        for w, row in zip(workers, rows):
+            beat = row[F.HEARTBEAT_MS]
+            age.add_metric([w], max(0.0, now_ms - beat) / 1000 if beat else -1.0)
+        yield age
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)
         yield from self._rate_limit()

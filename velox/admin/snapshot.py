@@ -61,6 +61,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         fields = ROUTE_STATUS_FIELD[route]
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
+    now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
     workers = []
     for slot, row in enumerate(rows):
         workers.append({
@@ -70,6 +71,9 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "numa_node": row[F.NUMA_NODE],
             "ready": bool(row[F.READY]),
             "restarts": max(0, row[F.STARTS] - 1),
+            "heartbeat_age_ms": round(now_ms - row[F.HEARTBEAT_MS]) if row[F.HEARTBEAT_MS]
+            else None,
+            "hang_kills": row[F.HANG_KILLS],
             "requests": row[F.REQUESTS],
             "in_flight": row[F.IN_FLIGHT],
             "ring_depth": row[F.RING_DEPTH],
@@ -122,6 +126,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "streams_cancelled": totals[F.STREAMS_CANCELLED],
         },
         "restarts": sum(max(0, row[F.STARTS] - 1) for row in rows),
+        "hang_kills": totals[F.HANG_KILLS],
         "access_log": {"enabled": settings.access_log, "lines": totals[F.ACCESS_LOG_LINES]},
         "profiles": {"runs": profile_runs, "active": profile_active},
         "workers": workers,
