@@ -35,6 +35,7 @@ DEFAULT_CONNECT_TIMEOUT_MS = 5_000
 DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
 DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
+DEFAULT_WORKER_HANG_S = 10
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -160,6 +161,13 @@ def _key_list(raw: str) -> tuple[str, ...]:
     return keys
 
 
+def _token(raw: str) -> str:
+    token = raw.strip()
+    if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise ValueError("printable ASCII without spaces (it travels in an HTTP header)")
+    return token
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     env: str
@@ -232,6 +240,11 @@ FIELDS: tuple[Field, ...] = (
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
     Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
           "one JSON line per request on stdout (never keys, bodies or query strings)"),
+    Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
+          "bearer token the admin server requires on every path but /healthz (empty: none; "
+          "then it may only bind a loopback address)", secret=True),
+    Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
+          "a worker whose loop is silent this long is killed and restarted (0: never)"),
 )
 
 
@@ -268,6 +281,8 @@ class Settings:
     log_level: str = "info"
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
+    admin_token: str = ""
+    worker_hang_s: int = DEFAULT_WORKER_HANG_S
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
