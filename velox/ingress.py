@@ -10,7 +10,8 @@ ring push, and one write for its response.
 Requests pipelined on one connection are answered in order: while one is in flight the next
 ones wait here (and reading pauses), because HTTP/1.1 responses cannot be reordered.
 
-Imports: _types, errors, route, arena, config (for Settings) and the ring interface.
+Imports: _types, errors, route, arena, config (for Settings), the ring interface, httptools
+and orjson.
 """
 
 from __future__ import annotations

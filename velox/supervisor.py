@@ -31,7 +31,7 @@ The supervisor never runs an event loop; it sleeps in select() on a signal wake-
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib.
+Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib, uvloop.
 """
 
 from __future__ import annotations

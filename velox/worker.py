@@ -13,7 +13,7 @@ This is the only module that runs the stages in sequence; each stage knows nothi
 others.
 
 Imports: every stage below it (ingress, parse, ratelimit, route, egress, relay), ring, arena,
-stats, config, errors; admin.agent (in serve: control channel and access log).
+stats, config, errors, _types; admin.agent (in serve: control channel and access log).
 """
 
 from __future__ import annotations

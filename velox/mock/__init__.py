@@ -23,6 +23,8 @@ Quick reference (details in the module docstrings):
   error code `mock_control`.
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
+
+Imports: stdlib only (the server modules run in a subprocess: python -m velox.mock).
 """
 
 from __future__ import annotations

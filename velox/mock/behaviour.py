@@ -5,6 +5,8 @@
 on top of the process defaults, and returns a `Plan`: status, headers, the body (one piece) or
 its parts (one DATA frame / HTTP/1.1 chunk each), delays and an optional fault. The HTTP/1.1 and
 HTTP/2 shells only execute plans, so both protocols behave identically by construction.
+
+Imports: mock.payloads, stdlib, orjson.
 """
 
 from __future__ import annotations

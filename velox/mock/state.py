@@ -6,6 +6,8 @@ per worker process, so with `--workers N` every worker answers `/_mock/stats` wi
 all workers; `/_mock/reset` stores a baseline instead of zeroing other processes' rows (no
 cross-process write races). The request log (`/_mock/requests`) and by_path entries for paths
 outside the API routes are kept per process.
+
+Imports: mock.behaviour, stdlib, orjson.
 """
 
 from __future__ import annotations
