@@ -169,6 +169,10 @@ def test_admin_connections_are_capped(start_gateway: GatewayFactory) -> None:
         for sock in idle:
             sock.close()
     wait_for(lambda: gw.admin_get("/healthz")[0] == 200, timeout=10)
+    metrics = gw.admin_get("/metrics")[1].decode()
+    refused = [s.value for f in text_string_to_metric_families(metrics)
+               for s in f.samples if s.name == "velox_admin_connections_refused_total"]
+    assert refused and refused[0] >= 2 * MAX_CONNECTIONS
 
 
 # --- finding 8: descriptors a restarted worker inherits ------------------------------------
@@ -230,6 +234,14 @@ def test_a_stopped_worker_is_marked_not_ready_then_replaced(
         assert doc["workers"][0]["heartbeat_age_ms"] >= 1000
         health = orjson.loads(gw.admin_get("/healthz")[1])
         assert health["workers_ready"] <= 1
+
+        def readyz() -> int | None:  # the stopped worker never answers: short timeouts
+            try:
+                return http_get(gw.host, gw.port, "/readyz", timeout=0.5)[0]
+            except OSError:
+                return None
+
+        wait_for(lambda: readyz() == 503, timeout=10)  # the live worker says: not all ready
         # The replacement: the stopped pid is SIGKILLed and slot 0 runs a new worker.
         fresh = wait_for(lambda: (p := worker_pids(gw)[0]) != victim and p, timeout=30)
         wait_for(lambda: all(w["ready"] for w in stats(gw)["workers"]), timeout=30)

@@ -74,12 +74,14 @@ _GAUGES = (
 
 class VeloxCollector(Collector):
     def __init__(self, shared: SharedStats, limiter: Any, ring_capacity: int,
-                 started_at: float, profile_runs: Callable[[], tuple[int, bool]]) -> None:
+                 started_at: float, profile_runs: Callable[[], tuple[int, bool]],
+                 admin_refused: Callable[[], int] | None = None) -> None:
         self.shared = shared
         self.limiter = limiter
         self.ring_capacity = ring_capacity
         self.started_at = started_at  # time.time() when the supervisor started
         self.profile_runs = profile_runs
+        self.admin_refused = admin_refused
 
     def collect(self) -> Iterator[Metric]:
         rows = self.shared.counters.snapshot()
@@ -130,6 +132,11 @@ class VeloxCollector(Collector):
                                   value=runs)
         yield GaugeMetricFamily("velox_profile_active", "1 while a profile is running.",
                                 value=1 if active else 0)
+        if self.admin_refused is not None:
+            yield CounterMetricFamily(
+                "velox_admin_connections_refused",
+                "Admin connections answered 503 because the connection cap was reached.",
+                value=self.admin_refused())
         yield GaugeMetricFamily("velox_start_time_seconds", "Supervisor start, Unix time.",
                                 value=self.started_at)
         yield GaugeMetricFamily("velox_uptime_seconds", "Seconds since the supervisor started.",
