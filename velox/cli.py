@@ -3,9 +3,9 @@
 `velox bench report` runs the developer tool benches/report.py, which is not part of the
 package: it works from the repository root of a source checkout and says so elsewhere.
 
-Imports: config, supervisor (lazily, so --print-config works without the native extension),
-admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily, from a
-checkout).
+Imports: config, tables, supervisor (lazily, so --print-config works without the native
+extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily,
+from a checkout).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 
 from velox import __version__
 from velox.config import ConfigError, load
+from velox.tables import describe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"velox {__version__}")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the effective settings (secrets masked) and exit")
+                        help="print the effective settings and tables (secrets masked) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the gateway (the default)")
     sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             elif isinstance(value, bool):
                 value = int(value)
             print(f"{name}={value}")
+        print()
+        print(describe(settings.tables), end="")  # upstreams and routes, keys masked
         return 0
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -6,6 +6,9 @@ This is the only module that looks at the environment. Each variable is declared
 drift apart. A `.env` file in the working directory is read if present; variables already in the
 environment win over it.
 
+`VELOX_CONFIG` names a TOML file of upstreams, routes and failover policies; tables.py parses
+it, and `Settings.tables` holds the result (synthesised from VELOX_UPSTREAM_* without it).
+
 Imports: tables (the TOML tables), stdlib and python-dotenv.
 """
 
@@ -19,7 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from velox.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
+from velox.tables import (DEFAULT_UPSTREAM, TableError, Tables, UpstreamSpec, load_file,
+                          single_upstream)
 
 DEFAULT_PORT = 8080
 DEFAULT_RING_DEPTH = 16_384
@@ -240,6 +244,9 @@ FIELDS: tuple[Field, ...] = (
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
     Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
           "one JSON line per request on stdout (never keys, bodies or query strings)"),
+    Field("VELOX_CONFIG", "config_file", _text, "",
+          "TOML file of upstreams, routes, retry and breaker policies (empty: one upstream "
+          "from VELOX_UPSTREAM_*)"),
     Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
           "bearer token the admin server requires on every path but /healthz (empty: none; "
           "then it may only bind a loopback address)", secret=True),
@@ -269,8 +276,8 @@ class Settings:
     upstream_request_path: str = "/v1/responses"
     upstream_warmup_path: str = "/v1/models"
     upstream_ca_file: str = ""
-    upstream_api_key: str = ""
-    api_keys: tuple[str, ...] = ()
+    upstream_api_key: str = dataclasses.field(default="", repr=False)  # secrets: never in repr
+    api_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
     egress: str = "framer"
     egress_pool_connections: int = 1
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
@@ -281,6 +288,7 @@ class Settings:
     log_level: str = "info"
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
+    config_file: str = ""
     admin_token: str = ""
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     # Derived from the environment but not a VELOX_* variable of its own.
@@ -387,7 +395,27 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()
     settings = Settings(**values)
     _check_consistency(settings)
+    if settings.config_file:
+        settings = dataclasses.replace(settings, tables=_load_tables(settings, env))
     return settings
+
+
+def _load_tables(settings: Settings, env: Mapping[str, str]) -> Tables:
+    """The VELOX_CONFIG file's tables, with the VELOX_* scalars as per-upstream defaults."""
+    try:
+        tables = load_file(settings.config_file, env, settings.default_upstream())
+    except TableError as exc:
+        raise ConfigError(str(exc)) from None
+    if settings.egress == "http1":  # the whole gateway speaks HTTP/1.1 upstream
+        upstreams = []
+        for index, spec in enumerate(tables.upstreams, 1):
+            if spec.protocol == "h2":
+                raise ConfigError(
+                    f"{tables.source}: [[upstream]] #{index} (name \"{spec.name}\"): protocol: "
+                    "\"h2\" contradicts VELOX_EGRESS=http1; pick one protocol")
+            upstreams.append(dataclasses.replace(spec, protocol="http1"))
+        tables = dataclasses.replace(tables, upstreams=tuple(upstreams))
+    return tables
 
 
 def _check_consistency(s: Settings) -> None:

@@ -121,3 +121,31 @@ def test_workers_share_port_and_aggregate_stats():
         assert m.stop() == 0
     assert not any(Path(f"/proc/{k}").exists() and "zombie" not in
                    Path(f"/proc/{k}/status").read_text().lower() for k in kids)
+
+
+def test_behaviour_applies_to_every_later_request_until_restored():
+    with MockUpstream(tls=False) as mock:
+        def status_of_chat() -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=10)
+            try:
+                body = json.dumps({"model": "m", "messages": []})
+                conn.request("POST", "/v1/chat/completions", body,
+                             {"content-type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                return resp.status
+            finally:
+                conn.close()
+
+        assert status_of_chat() == 200
+        assert mock.behave(status=503) == {"status": "503"}
+        assert [status_of_chat() for _ in range(3)] == [503, 503, 503]
+        try:
+            mock.behave(status="abc")  # refused, and the previous behaviour stays
+        except RuntimeError as exc:
+            assert "400" in str(exc)
+        else:
+            raise AssertionError("an invalid behaviour was accepted")
+        assert status_of_chat() == 503
+        assert mock.behave() == {}
+        assert status_of_chat() == 200

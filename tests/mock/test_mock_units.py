@@ -211,3 +211,58 @@ def test_framer_continuation_out_and_pure_python_hpack_in(monkeypatch):
     [resp] = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
     assert dict(resp.headers)[b"x-big"] == big
     assert any(isinstance(e, h2.events.StreamEnded) for e in events)
+
+
+# --- Azure paths, per-input latency, what the request log shows of a credential ------------
+
+def azure_plan(path, headers=((b"api-key", b"k"),), body=CHAT, method=b"POST", defaults=None):
+    return plan_request(method, path, list(headers), body, defaults or Defaults())
+
+
+def test_azure_plan_checks_key_then_version_then_path():
+    chat = b"/openai/deployments/dep-1/chat/completions"
+    no_key = azure_plan(chat + b"?api-version=2024-10-21", headers=())
+    assert no_key.status == 401 and json.loads(no_key.body)["error"]["code"] == "401"
+    assert azure_plan(chat + b"?api-version=2024-10-21",
+                      headers=[(b"api-key", b"  ")]).status == 401  # blank key
+    assert azure_plan(chat, headers=[(b"api-key", b"k")]).status == 404  # no api-version
+    ok = azure_plan(chat + b"?api-version=2024-10-21")
+    assert ok.status == 200 and (ok.model, ok.deployment) == ("gpt-4o", "dep-1")
+    no_model = azure_plan(chat + b"?api-version=1", body=b'{"messages": []}')
+    assert no_model.status == 200 and (no_model.model, no_model.deployment) == (None, "dep-1")
+    assert json.loads(no_model.body)["model"] == "dep-1"
+    quoted = azure_plan(b"/openai/deployments/my%20dep/embeddings?api-version=1",
+                        body=b'{"input": "x"}')
+    assert quoted.status == 200 and quoted.deployment == "my dep"
+    assert azure_plan(b"/openai/deployments//chat/completions?api-version=1").status == 404
+    assert azure_plan(b"/openai/files?api-version=1", method=b"GET").status == 404
+
+
+def test_per_input_latency_is_base_plus_inputs():
+    body = json.dumps({"model": "e", "input": ["a"] * 10}).encode()
+    p = plan_request(b"POST", b"/v1/embeddings", [(b"x-mock-latency-per-input-us", b"500")],
+                     body, Defaults(latency_ms=2))
+    assert p.inputs == 10 and p.latency == pytest.approx(0.002 + 10 * 0.0005)
+    process_default = plan_request(b"POST", b"/v1/embeddings", [], body,
+                                   Defaults(latency_ms=0, latency_per_input_us=100))
+    assert process_default.latency == pytest.approx(0.001)
+    chat = plan_request(b"POST", b"/v1/chat/completions", [], CHAT,
+                        Defaults(latency_per_input_us=100))
+    assert chat.latency == 0 and chat.simple  # only embeddings count inputs
+    bad = plan_request(b"POST", b"/v1/embeddings", [(b"x-mock-latency-per-input-us", b"-1")],
+                       body, Defaults())
+    assert bad.status == 400
+
+
+def test_auth_of_reports_kind_and_fingerprint_never_the_key():
+    from velox.mock import fingerprint
+    from velox.mock.state import auth_of
+
+    assert auth_of([]) == {"kind": None, "key_sha256": None}
+    bearer = auth_of([(b"authorization", b"Bearer sk-secret")])
+    assert bearer == {"kind": "authorization", "key_sha256": fingerprint("sk-secret")}
+    assert auth_of([(b"api-key", b"az-secret")]) == {"kind": "api-key",
+                                                      "key_sha256": fingerprint("az-secret")}
+    both = auth_of([(b"authorization", b"Bearer sk-secret"), (b"api-key", b"az-secret")])
+    assert both == {"kind": "both", "key_sha256": fingerprint("az-secret")}
+    assert len(fingerprint("sk-secret")) == 12 and "secret" not in str(bearer)

@@ -13,16 +13,28 @@ Importing this package is cheap: the server modules load only in the subprocess.
 Quick reference (details in the module docstrings):
 
 * Ready line (stdout, one JSON line): `{"event": "ready", "origin": "https://127.0.0.1:PORT",
-  "port": PORT, "ca_file": PATH_OR_NULL, "pid": PID, "workers": N, "alpn": [...]}`.
+  "port": PORT, "ca_file": PATH_OR_NULL, "pid": PID, "workers": N, "alpn": [...],
+  "name": NAME}`.
 * API: GET /v1/models[/ID], POST /v1/chat/completions, /v1/completions, /v1/embeddings,
   /v1/responses (`"stream": true` gives SSE); anything else is a 404 with an OpenAI-shaped
   error body; malformed JSON or a missing `model` is a 400.
-* Per-request control headers: `x-mock-latency-ms`, `x-mock-status` (200-599, error body for
-  >= 400, `retry-after: 1` on 429), `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`
+* Azure OpenAI: POST /openai/deployments/{d}/chat/completions, /completions, /embeddings,
+  /openai/responses, GET /openai/models, each needing an `api-key` header (401 otherwise) and
+  an `api-version` query parameter (404 otherwise), with Azure's error body.
+* Embeddings: each input's vector is a deterministic function of the input
+  (`payloads.embedding_vector`), `index` per input, usage.prompt_tokens ~ input length / 4.
+* Per-request control headers: `x-mock-latency-ms`, `x-mock-latency-per-input-us`
+  (embeddings: added per input item), `x-mock-status` (200-599, error body for >= 400,
+  `retry-after: 1` on 429), `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`
   (reset, reset-mid-stream, goaway, close, hang, slow-body). Invalid values answer 400 with
   error code `mock_control`.
+* `POST /_mock/behaviour?status=503&latency-ms=100` (`MockUpstream.behave(...)`): control
+  headers applied to every later request that lacks its own; no parameters restores normal.
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
+  Each request-log entry names the `instance` that answered and what it received: `path`
+  (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and
+  `auth` (kind + `fingerprint()` of the credential).
 
 Imports: stdlib only (the server modules run in a subprocess: python -m velox.mock).
 """
@@ -30,6 +42,7 @@ Imports: stdlib only (the server modules run in a subprocess: python -m velox.mo
 from __future__ import annotations
 
 import atexit
+import hashlib
 import http.client
 import json
 import os
@@ -44,10 +57,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["MockUpstream"]
+__all__ = ["MockUpstream", "fingerprint"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding `velox/`
 _live: set[MockUpstream] = set()  # started, not yet stopped: stopped at interpreter exit
+
+
+def fingerprint(secret: str | bytes) -> str:
+    """The `auth.key_sha256` the request log shows for a credential (12 hex of its sha256)."""
+    raw = secret.encode() if isinstance(secret, str) else secret
+    return hashlib.sha256(raw).hexdigest()[:12]
 
 
 class MockUpstream:
@@ -61,15 +80,19 @@ class MockUpstream:
     def __init__(self, *, tls: bool = True, alpn: str = "h2,http/1.1",
                  max_concurrent_streams: int = 1000, latency_ms: int = 0, chunks: int = 8,
                  chunk_delay_ms: int = 0, goaway_after: int = 0, certdir: str | None = None,
-                 extra_args: Sequence[str] = (), log_path: str | None = None) -> None:
-        """`log_path`: write the process's stderr there (default: inherit ours)."""
+                 extra_args: Sequence[str] = (), log_path: str | None = None,
+                 name: str = "mock", latency_per_input_us: int = 0) -> None:
+        """`log_path`: write the process's stderr there (default: inherit ours); `name`: the
+        instance name its request log reports (tests running several mocks tell them apart)."""
         self.tls = tls
         self.log_path = log_path
+        self.name = name
         self.args = [
             "--tls" if tls else "--no-tls", "--alpn", alpn,
             "--max-concurrent-streams", str(max_concurrent_streams),
             "--latency-ms", str(latency_ms), "--chunks", str(chunks),
             "--chunk-delay-ms", str(chunk_delay_ms), "--goaway-after", str(goaway_after),
+            "--name", name, "--latency-per-input-us", str(latency_per_input_us),
             *(["--certdir", str(certdir)] if certdir else []), *extra_args,
         ]
         self.ready: dict[str, Any] = {}
@@ -159,6 +182,14 @@ class MockUpstream:
 
     def reset(self) -> None:
         self._call("POST", "/_mock/reset")
+
+    def behave(self, **controls: object) -> dict:
+        """Apply control headers to every later request: behave(status=503), behave(
+        latency_ms=200), behave(fault="hang"); behave() restores normal answers."""
+        from urllib.parse import urlencode
+
+        query = urlencode({k.replace("_", "-"): str(v) for k, v in controls.items()})
+        return self._call("POST", "/_mock/behaviour" + (f"?{query}" if query else ""))
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     p.add_argument("--chunk-delay-ms", type=_non_negative, default=0)
     p.add_argument("--goaway-after", type=_non_negative, default=0,
                    help="send GOAWAY when a connection opens stream N+1 (0: never)")
+    p.add_argument("--latency-per-input-us", type=_non_negative, default=0,
+                   help="embeddings: extra delay per input item, on top of --latency-ms")
+    p.add_argument("--name", default="mock",
+                   help="instance name, reported in /_mock/requests and /_mock/stats")
     p.add_argument("--workers", type=_positive, default=1,
                    help="processes accepting on the same socket; /_mock/stats counters are "
                         "totals over all of them, the /_mock/requests log is per process")
@@ -65,7 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
                         max_concurrent_streams=a.max_concurrent_streams,
                         latency_ms=a.latency_ms, chunks=a.chunks,
                         chunk_delay_ms=a.chunk_delay_ms, goaway_after=a.goaway_after,
-                        workers=a.workers)
+                        workers=a.workers, name=a.name,
+                        latency_per_input_us=a.latency_per_input_us)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,10 +1,21 @@
 """What the mock upstream answers: request in, `Plan` out (pure; no I/O, no event loop).
 
 `plan_request` routes an OpenAI-style request, applies the per-request control headers
-(`x-mock-latency-ms`, `x-mock-status`, `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`)
-on top of the process defaults, and returns a `Plan`: status, headers, the body (one piece) or
-its parts (one DATA frame / HTTP/1.1 chunk each), delays and an optional fault. The HTTP/1.1 and
-HTTP/2 shells only execute plans, so both protocols behave identically by construction.
+(`x-mock-latency-ms`, `x-mock-latency-per-input-us`, `x-mock-status`, `x-mock-chunks`,
+`x-mock-chunk-delay-ms`, `x-mock-fault`) on top of the process defaults, and returns a `Plan`:
+status, headers, the body (one piece) or its parts (one DATA frame / HTTP/1.1 chunk each), delays
+and an optional fault. The HTTP/1.1 and HTTP/2 shells only execute plans, so both protocols
+behave identically by construction.
+
+Azure OpenAI paths are answered too: POST `/openai/deployments/{d}/chat/completions`,
+`/completions`, `/embeddings` and `/openai/responses`, GET `/openai/models`. They need an
+`api-key` header (401 with Azure's error body otherwise, checked first, as Azure does) and an
+`api-version` query parameter (404 "Resource not found" otherwise, Azure's answer to a missing
+or unknown version). The body's `model` is optional there; the answer names the body's model, or
+the deployment when the body has none.
+
+Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
+per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
 
 Imports: mock.payloads, stdlib, orjson.
 """
@@ -15,6 +26,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import orjson
 
@@ -32,13 +44,14 @@ class Defaults:
     latency_ms: int = 0
     chunks: int = 8
     chunk_delay_ms: int = 0
+    latency_per_input_us: int = 0
 
 
 class Plan:
     """A planned response. `body` xor `parts` is set (`parts` for streams and slow bodies)."""
 
     __slots__ = ("status", "static", "dynamic", "body", "parts", "content_length", "latency",
-                 "part_delay", "fault", "stream")
+                 "part_delay", "fault", "stream", "model", "deployment", "inputs")
 
     def __init__(self, status: int, static: tuple[tuple[bytes, bytes], ...],
                  dynamic: list[tuple[bytes, bytes]], body: bytes | None = None,
@@ -53,6 +66,9 @@ class Plan:
         self.part_delay = 0.0  # seconds between parts
         self.fault: str | None = None
         self.stream = stream
+        self.model: str | None = None  # the request body's model, for the request log
+        self.deployment: str | None = None  # Azure: the deployment named in the path
+        self.inputs = 0  # embeddings: input items (for the per-input latency)
 
     @property
     def simple(self) -> bool:
@@ -135,11 +151,14 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
                 controls = {}
             controls[name] = value
     latency_ms, chunks, delay_ms = defaults.latency_ms, defaults.chunks, defaults.chunk_delay_ms
+    per_input_us = defaults.latency_per_input_us
     status = 0
     fault = None
     if controls is not None:
         try:
             latency_ms = _control_int(controls, b"x-mock-latency-ms", latency_ms, 0, 3_600_000)
+            per_input_us = _control_int(controls, b"x-mock-latency-per-input-us", per_input_us,
+                                        0, 10_000_000)
             chunks = _control_int(controls, b"x-mock-chunks", chunks, 1, 100_000)
             delay_ms = _control_int(controls, b"x-mock-chunk-delay-ms", delay_ms, 0, 3_600_000)
             status = _control_int(controls, b"x-mock-status", 0, 200, 599)
@@ -154,11 +173,17 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
                 return error_plan(400, f"Unknown x-mock-fault {fault!r}; expected one of "
                                   + ", ".join(sorted(FAULTS)), code="mock_control")
     head = method == b"HEAD"  # answered like GET, minus the body (length still announced)
-    plan = _route(b"GET" if head else method, target.partition(b"?")[0], body, latency_ms,
-                  chunks, status)
+    path, _, query = target.partition(b"?")
+    if path[:8] == b"/openai/":
+        plan = _azure(b"GET" if head else method, path, query, headers, body, latency_ms,
+                      chunks, status)
+    else:
+        plan = _route(b"GET" if head else method, path, body, latency_ms, chunks, status)
     if head and plan.body is not None:
         plan.body = b""
     plan.latency = latency_ms / 1000.0
+    if plan.inputs and per_input_us:
+        plan.latency += plan.inputs * per_input_us / 1e6
     plan.part_delay = delay_ms / 1000.0
     if fault is not None:
         plan.fault = fault
@@ -179,21 +204,7 @@ def _route(method: bytes, path: bytes, body: bytes, latency_ms: int, chunks: int
         builder = _POST_ROUTES.get(path)
         if builder is None:
             return _not_found(method, path, latency_ms)
-        if status >= 400:
-            return error_plan(status, latency_ms=latency_ms)
-        try:
-            req = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return error_plan(400, "We could not parse the JSON body of your request. (HINT: "
-                              "This likely means you aren't using your HTTP library correctly."
-                              ")", latency_ms)
-        if not isinstance(req, dict):
-            return error_plan(400, "The request body must be a JSON object.", latency_ms)
-        model = req.get("model")
-        if not isinstance(model, str) or not model:
-            return error_plan(400, "you must provide a model parameter", latency_ms,
-                              param="model")
-        return builder(req, model, latency_ms, chunks, status or 200)
+        return _post(builder, body, latency_ms, chunks, status, None)
     if method == b"GET" and path.startswith(b"/v1/models"):
         if status >= 400:
             return error_plan(status, latency_ms=latency_ms)
@@ -205,6 +216,66 @@ def _route(method: bytes, path: bytes, body: bytes, latency_ms: int, chunks: int
             return _not_found(method, path, latency_ms)
         return _ok(content, latency_ms, status or 200)
     return _not_found(method, path, latency_ms)
+
+
+def _post(builder, body: bytes, latency_ms: int, chunks: int, status: int,
+          deployment: str | None) -> Plan:
+    """A model call: parse the body, check the model (Azure: the deployment stands in)."""
+    if status >= 400:
+        return error_plan(status, latency_ms=latency_ms)
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return error_plan(400, "We could not parse the JSON body of your request. (HINT: "
+                          "This likely means you aren't using your HTTP library correctly."
+                          ")", latency_ms)
+    if not isinstance(req, dict):
+        return error_plan(400, "The request body must be a JSON object.", latency_ms)
+    model = req.get("model")
+    named = model if isinstance(model, str) and model else None
+    if named is None and deployment is None:
+        return error_plan(400, "you must provide a model parameter", latency_ms,
+                          param="model")
+    plan = builder(req, named or deployment, latency_ms, chunks, status or 200)
+    plan.model = named
+    plan.deployment = deployment
+    return plan
+
+
+_AZURE_OPERATIONS = frozenset((b"chat/completions", b"completions", b"embeddings"))
+_AZURE_DEPLOYMENTS = b"/openai/deployments/"
+
+
+def _azure(method: bytes, path: bytes, query: bytes, headers: list[tuple[bytes, bytes]],
+           body: bytes, latency_ms: int, chunks: int, status: int) -> Plan:
+    if not any(name == b"api-key" and value.strip() for name, value in headers):
+        return _azure_error(401, "Access denied due to invalid subscription key or wrong API "
+                            "endpoint. Make sure to provide a valid key for an active "
+                            "subscription and use a correct regional API endpoint for your "
+                            "resource.", latency_ms)
+    if not any(p.partition(b"=")[0] == b"api-version" and p.partition(b"=")[2]
+               for p in query.split(b"&")):
+        return _azure_error(404, "Resource not found", latency_ms)
+    if method == b"POST" and path.startswith(_AZURE_DEPLOYMENTS):
+        deployment, _, operation = path[len(_AZURE_DEPLOYMENTS):].partition(b"/")
+        builder = _POST_ROUTES.get(b"/v1/" + operation) if operation in _AZURE_OPERATIONS \
+            else None
+        if builder is not None and deployment:
+            return _post(builder, body, latency_ms, chunks, status,
+                         unquote(deployment.decode("latin-1")))
+    elif method == b"POST" and path == b"/openai/responses":
+        return _post(_responses, body, latency_ms, chunks, status, None)
+    elif method == b"GET" and path in (b"/openai/models", b"/openai/models/"):
+        if status >= 400:
+            return error_plan(status, latency_ms=latency_ms)
+        return _ok(payloads.model_list(), latency_ms, status or 200)
+    return _azure_error(404, "Resource not found", latency_ms)
+
+
+def _azure_error(status: int, message: str, latency_ms: int) -> Plan:
+    request_id, _, _ = _ids()
+    return Plan(status, _static(_JSON, latency_ms), [(b"apim-request-id", request_id)],
+                body=payloads.azure_error_body(status, message))
 
 
 def _not_found(method: bytes, path: bytes, latency_ms: int) -> Plan:
@@ -256,7 +327,9 @@ def _embeddings(req: dict, model: str, latency_ms: int, chunks: int, status: int
     if items is None:
         return error_plan(400, "'input' must be a non-empty string or array", latency_ms,
                           param="input")
-    return _ok(payloads.embeddings(req, model, items), latency_ms, status)
+    plan = _ok(payloads.embeddings(req, model, items), latency_ms, status)
+    plan.inputs = len(items)
+    return plan
 
 
 _POST_ROUTES = {

@@ -164,7 +164,9 @@ def completion_stream(req: dict, model: str, uid: str, created: int,
 
 
 def embedding_vector(item: Any, dimensions: int) -> list[float]:
-    """A deterministic unit vector derived from the input's hash."""
+    """A deterministic unit vector derived from the input's hash: the bytes of
+    sha256(json(item) + counter as 4 big-endian bytes), counter 0, 1, ..., mapped to [-1, 1]
+    and normalised. The same input always gets the same vector (call this to predict one)."""
     seed = _dumps(item)
     digest = b""
     counter = 0
@@ -305,3 +307,8 @@ def error_body(status: int, message: str | None = None, *, etype: str | None = N
     return _dumps({"error": {"message": message or default_message,
                              "type": etype or default_type, "param": param,
                              "code": code if code is not None else default_code}})
+
+
+def azure_error_body(status: int, message: str) -> bytes:
+    """Azure's own error shape (its gateway answers 401/404 this way, code as a string)."""
+    return _dumps({"error": {"code": str(status), "message": message}})

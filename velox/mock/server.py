@@ -51,6 +51,8 @@ class ServerConfig:
     chunk_delay_ms: int = 0
     goaway_after: int = 0
     workers: int = 1
+    name: str = "mock"
+    latency_per_input_us: int = 0
 
 
 class Dispatch(asyncio.Protocol):
@@ -131,10 +133,11 @@ def _loop_factory():
 async def _serve(cfg: ServerConfig, sock: socket.socket, ctx: ssl.SSLContext | None,
                  counters: SharedCounters, ready: dict | None) -> None:
     loop = asyncio.get_running_loop()
-    state = MockState(Defaults(cfg.latency_ms, cfg.chunks, cfg.chunk_delay_ms),
+    state = MockState(Defaults(cfg.latency_ms, cfg.chunks, cfg.chunk_delay_ms,
+                               cfg.latency_per_input_us),
                       max_concurrent_streams=cfg.max_concurrent_streams,
                       goaway_after=cfg.goaway_after, h2_allowed="h2" in cfg.alpn,
-                      counters=counters)
+                      counters=counters, name=cfg.name)
     tls_options = {"ssl": ctx, "ssl_handshake_timeout": 10.0} if ctx is not None else {}
     server = await loop.create_server(lambda: Dispatch(state), sock=sock, backlog=1024,
                                       **tls_options)
@@ -200,7 +203,7 @@ def run(cfg: ServerConfig) -> int:
         children.append(pid)
     ready = {"event": "ready", "origin": _origin(cfg.tls, cfg.host, port), "port": port,
              "ca_file": ca_file, "pid": os.getpid(), "workers": max(1, cfg.workers),
-             "alpn": list(cfg.alpn) if cfg.tls else None}
+             "alpn": list(cfg.alpn) if cfg.tls else None, "name": cfg.name}
     try:
         _run_loop(cfg, sock, ctx, counters, ready)
     finally:

@@ -7,7 +7,14 @@ all workers; `/_mock/reset` stores a baseline instead of zeroing other processes
 cross-process write races). The request log (`/_mock/requests`) and by_path entries for paths
 outside the API routes are kept per process.
 
-Imports: mock.behaviour, stdlib, orjson.
+Each `/_mock/requests` entry says which mock answered (`instance`, from `--name`) and what it
+received: `path` (the request target as received, query included, as it always was) and
+`query` (the part after '?', "" without one), the body's `model`, the Azure
+`deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
+`key_sha256`: `fingerprint(credential)`}, plus the raw `headers` as before (tests of the
+gateway's header forwarding compare them; the mock only ever sees test keys).
+
+Imports: mock (fingerprint), mock.behaviour, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from . import fingerprint
 from .behaviour import Defaults, Plan, error_plan, plan_request
 
 FIELDS = ("requests", "h2_streams", "h1_requests", "connections", "open_connections",
@@ -37,7 +45,24 @@ LOG_SIZE = 1000
 
 # Request log record layout (a list, cheap to build per request); index names:
 R_TIME, R_PROTO, R_METHOD, R_TARGET, R_HEADERS, R_LEN, R_SHA, R_STREAM, R_CANCELLED, \
-    R_STATUS, R_FAULT, R_ID = range(12)
+    R_STATUS, R_FAULT, R_ID, R_MODEL, R_DEPLOYMENT = range(14)
+
+
+def auth_of(headers: list[tuple[bytes, bytes]]) -> dict:
+    """How a request authenticated: `kind` ("authorization", "api-key", "both" or None) and
+    the fingerprint of the credential (the api-key value, else the bearer token)."""
+    api_key = bearer = None
+    for name, value in headers:
+        if name == b"api-key":
+            api_key = value.strip()
+        elif name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            bearer = token.strip() if scheme.lower() == b"bearer" else value.strip()
+    if api_key is None and bearer is None:
+        return {"kind": None, "key_sha256": None}
+    kind = "both" if api_key is not None and bearer is not None else (
+        "api-key" if api_key is not None else "authorization")
+    return {"kind": kind, "key_sha256": fingerprint(api_key if api_key is not None else bearer)}
 
 
 class SharedCounters:
@@ -72,8 +97,9 @@ class MockState:
 
     def __init__(self, defaults: Defaults, *, max_concurrent_streams: int = 1000,
                  goaway_after: int = 0, h2_allowed: bool = True,
-                 counters: SharedCounters | None = None) -> None:
+                 counters: SharedCounters | None = None, name: str = "mock") -> None:
         self.defaults = defaults
+        self.name = name  # --name: tells the log entries of several mocks apart
         self.max_concurrent_streams = max_concurrent_streams
         self.goaway_after = goaway_after
         self.h2_allowed = h2_allowed
@@ -81,6 +107,10 @@ class MockState:
         self.other_paths: dict[bytes, int] = {}
         self.log: deque[list] = deque(maxlen=LOG_SIZE)
         self.connections: set = set()  # live protocol objects, for shutdown
+        # Set by POST /_mock/behaviour: control headers applied to every request that does not
+        # carry its own, so a test can make one of several mocks fail, slow down or recover
+        # without touching the gateway's clients. Per process (tests run one worker).
+        self.overrides: list[tuple[bytes, bytes]] = []
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -130,12 +160,15 @@ class MockState:
             row[slot] += 1
         else:
             self.other_paths[path] = self.other_paths.get(path, 0) + 1
+        if self.overrides:
+            # Overrides first: a header the request carries itself comes later and wins.
+            headers = self.overrides + headers
         plan = plan_request(method, target, headers, body, self.defaults)
         if plan.fault is not None:
             row[FAULTS] += 1
         record = [time.time(), proto, method, target, headers, len(body),
                   hashlib.sha256(body).digest(), plan.stream, False, plan.status, plan.fault,
-                  plan.dynamic[0][1] if plan.dynamic else None]
+                  plan.dynamic[0][1] if plan.dynamic else None, plan.model, plan.deployment]
         self.log.append(record)
         return plan, record
 
@@ -149,10 +182,30 @@ class MockState:
             except ValueError:
                 return error_plan(400, "limit must be an integer", param="limit")
             return _json_plan(self.requests(limit))
+        if method == b"POST" and path == b"/_mock/behaviour":
+            return self._behaviour(target)
+        if method == b"GET" and path == b"/_mock/behaviour":
+            return _json_plan(self._overrides_dict())
         if method == b"POST" and path == b"/_mock/reset":
             self.reset()
             return _json_plan({"ok": True})
         return error_plan(404, f"Unknown mock control endpoint {path.decode('latin-1')}")
+
+    def _behaviour(self, target: bytes) -> Plan:
+        """POST /_mock/behaviour?status=503&latency-ms=100&fault=hang...: each query parameter
+        NAME becomes the control header x-mock-NAME for every later request (validated like the
+        headers are); no parameters restores normal answers."""
+        query = parse_qs(target.partition(b"?")[2].decode("latin-1"))
+        overrides = [(b"x-mock-" + name.encode(), values[-1].encode())
+                     for name, values in sorted(query.items())]
+        probe = plan_request(b"GET", b"/v1/models", overrides, b"", self.defaults)
+        if probe.status == 400:  # an invalid value: say so, keep the current behaviour
+            return probe
+        self.overrides = overrides
+        return _json_plan(self._overrides_dict())
+
+    def _overrides_dict(self) -> dict:
+        return {name[7:].decode(): value.decode() for name, value in self.overrides}
 
     def stats(self) -> dict:
         totals = self.counters.totals()
@@ -164,14 +217,18 @@ class MockState:
         out["by_path"] = by_path
         out["workers"] = self.counters.workers
         out["pid"] = os.getpid()
+        out["name"] = self.name
         return out
 
     def requests(self, limit: int) -> list[dict]:
         limit = max(0, min(limit, LOG_SIZE))
         records = list(self.log)[-limit:] if limit else []
         return [{
-            "time": r[R_TIME], "protocol": r[R_PROTO],
-            "method": r[R_METHOD].decode("latin-1"), "path": r[R_TARGET].decode("latin-1"),
+            "instance": self.name, "time": r[R_TIME], "protocol": r[R_PROTO],
+            "method": r[R_METHOD].decode("latin-1"),
+            "path": r[R_TARGET].decode("latin-1"),  # as received: with its query, if any
+            "query": r[R_TARGET].partition(b"?")[2].decode("latin-1"),
+            "model": r[R_MODEL], "deployment": r[R_DEPLOYMENT], "auth": auth_of(r[R_HEADERS]),
             "headers": [[n.decode("latin-1"), v.decode("latin-1")] for n, v in r[R_HEADERS]],
             "body_length": r[R_LEN], "body_sha256": r[R_SHA].hex(), "stream": r[R_STREAM],
             "cancelled": bool(r[R_CANCELLED]), "cancelled_at": r[R_CANCELLED] or None,
