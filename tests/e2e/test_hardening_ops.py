@@ -248,7 +248,8 @@ def test_a_stopped_worker_is_marked_not_ready_then_replaced(
         wait_for(lambda: all(w["ready"] for w in stats(gw)["workers"]), timeout=30)
     finally:
         _continue_if_stopped(victim, gw.pid)
-    assert not Path(f"/proc/{victim}").exists() or fresh != victim
+    assert fresh != victim
+    assert not Path(f"/proc/{victim}").exists()  # killed and reaped, not left stopped
     log = gw.log()
     assert re.search(r"worker 0 \(pid %d\): event loop silent for [\d.]+s; marked not ready"
                      % victim, log), log
