@@ -35,6 +35,7 @@ DEFAULT_CONNECT_TIMEOUT_MS = 5_000
 DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
 DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
+DEFAULT_BODY_TIMEOUT_MS = 30_000
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -232,6 +233,9 @@ FIELDS: tuple[Field, ...] = (
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
     Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
           "one JSON line per request on stdout (never keys, bodies or query strings)"),
+    Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
+          str(DEFAULT_BODY_TIMEOUT_MS),
+          "a request (line, headers, body) must arrive within this time of its first byte (408)"),
 )
 
 
@@ -268,6 +272,7 @@ class Settings:
     log_level: str = "info"
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

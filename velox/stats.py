@@ -46,6 +46,8 @@ class F(IntEnum):
     UPSTREAM_CONNECTIONS = 24  # gauge: open upstream connections
     STARTS = 25  # times a worker started in this slot (restarts = STARTS - 1)
     ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
+    RECEIVE_TIMEOUTS = 27  # requests cut off with 408 by VELOX_BODY_TIMEOUT_MS
+    FD_EXHAUSTED = 28  # times the worker ran out of file descriptors (new clients were reset)
 
 
 class H(IntEnum):
