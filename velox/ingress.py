@@ -129,7 +129,7 @@ class ClientConnection(asyncio.Protocol):
         "receiving_since", "_in_body",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
-        "read_paused",
+        "read_paused", "refused",
     )
 
     def __init__(self, state: IngressState) -> None:
@@ -146,6 +146,7 @@ class ClientConnection(asyncio.Protocol):
         self._stream_status = 0
         self._stream_bytes = 0
         self.read_paused = False
+        self.refused = False  # a request was refused mid-parse: nothing more is read
         # monotonic time of the first byte of the request being received; 0.0 between requests.
         self.receiving_since = 0.0
         self._reset_message()
@@ -173,6 +174,8 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self.refused:
+            return  # the parser is in an error state; the connection closes after the refusal
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -185,7 +188,8 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
         except httptools.HttpParserError as exc:
-            self._refuse(BadHTTP(f"Malformed HTTP request: {exc}"))
+            self._refuse(BadHTTP(f"Malformed HTTP request: {exc}"),
+                         not isinstance(exc, httptools.HttpParserInvalidMethodError))
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -346,7 +350,7 @@ class ClientConnection(asyncio.Protocol):
         pending = self._pending
         if pending:
             nxt, reject = pending.popleft()
-            if self.read_paused and len(pending) < _PIPELINE_DEPTH:
+            if self.read_paused and len(pending) < _PIPELINE_DEPTH and not self.refused:
                 self.read_paused = False
                 if self.receiving_since:
                     # A request cut short by the pause gets its full time from now on.
@@ -354,19 +358,29 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.resume_reading()  # type: ignore[union-attr]
             self._start(nxt, reject)
 
-    def _refuse(self, error: VeloxError) -> None:
-        """Answer a request we stopped parsing, then close: the parser cannot resync."""
-        if self.closed:
+    def _refuse(self, error: VeloxError, method_known: bool = True) -> None:
+        """Answer a request we stopped parsing, then close: the parser cannot resync.
+
+        If earlier requests of the connection are still being answered, the refusal waits
+        its turn behind them (HTTP/1.1 answers in order) and reading stops meanwhile."""
+        if self.closed or self.refused:
             return
-        if self.current is not None:
-            # A response is in flight for an earlier request; it must not be interleaved.
-            self.closed = True
-            self.transport.close()  # type: ignore[union-attr]
-            return
-        request = Request(self, b"", self._url, Route.FORWARD, [], b"", False,
+        self.refused = True
+        self.receiving_since = 0.0
+        # A refused HEAD still gets no body. Until llhttp has matched a method it reports its
+        # method 0 (DELETE), which is harmless here; an invalid method is no method at all.
+        method = self.parser.get_method() if method_known else b""
+        request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
                           time.perf_counter_ns())
-        self.current = request
-        self.respond_error(request, error)
+        if self.current is None:
+            self._start(request, error)
+            return
+        if self._pending is None:
+            self._pending = deque()
+        self._pending.append((request, error))
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
 
     # --- Responder: how the stages answer -------------------------------------------------
 
@@ -439,10 +453,9 @@ class ClientConnection(asyncio.Protocol):
         self.transport.close()  # type: ignore[union-attr]
 
     def expire_receive(self) -> None:
-        """The request being received missed its deadline (VELOX_BODY_TIMEOUT_MS): 408, close.
-        If an earlier request's answer is still in flight the 408 cannot be sent in order, and
-        the connection is closed without it."""
-        if self.closed:
+        """The request being received missed its deadline (VELOX_BODY_TIMEOUT_MS): 408, then
+        close. If earlier requests are still being answered, the 408 follows their answers."""
+        if self.closed or self.refused:
             return
         self.receiving_since = 0.0
         self.state.receive_timeouts += 1
