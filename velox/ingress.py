@@ -43,13 +43,13 @@ from velox.arena import Arena
 from velox.errors import (
     BadHTTP,
     HeadersTooLarge,
-    RequestTimeout,
-    UnsupportedTransferCoding,
     InternalError,
     NotReady,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ShuttingDown,
+    UnsupportedTransferCoding,
     VeloxError,
     to_response,
 )
