@@ -40,6 +40,7 @@ DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
 DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
 DEFAULT_WORKER_HANG_S = 10
+DEFAULT_BODY_TIMEOUT_MS = 30_000
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -252,6 +253,9 @@ FIELDS: tuple[Field, ...] = (
           "then it may only bind a loopback address)", secret=True),
     Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
           "a worker whose loop is silent this long is killed and restarted (0: never)"),
+    Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
+          str(DEFAULT_BODY_TIMEOUT_MS),
+          "a request (line, headers, body) must arrive within this time of its first byte (408)"),
 )
 
 
@@ -291,6 +295,7 @@ class Settings:
     config_file: str = ""
     admin_token: str = ""
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

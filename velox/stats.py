@@ -48,6 +48,8 @@ class F(IntEnum):
     ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
     HEARTBEAT_MS = 27  # gauge: the worker loop's last tick, time.monotonic() in ms (0: none yet)
     HANG_KILLS = 28  # workers in this slot killed by the supervisor for a silent loop
+    RECEIVE_TIMEOUTS = 29  # requests cut off with 408 by VELOX_BODY_TIMEOUT_MS
+    FD_EXHAUSTED = 30  # times the worker ran out of file descriptors (new clients were reset)
 
 
 class H(IntEnum):

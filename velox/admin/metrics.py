@@ -61,6 +61,10 @@ _COUNTERS = (
     (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
     (F.HANG_KILLS, "velox_worker_hang_kills",
      "Workers in this slot killed and restarted because their loop fell silent."),
+    (F.RECEIVE_TIMEOUTS, "velox_request_receive_timeouts",
+     "Requests cut off with 408 for not arriving within VELOX_BODY_TIMEOUT_MS."),
+    (F.FD_EXHAUSTED, "velox_fd_exhausted",
+     "Times a worker ran out of file descriptors; new clients are reset meanwhile."),
 )
 _GAUGES = (
     (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),
