@@ -1026,6 +1026,26 @@ static PyObject *Health_peek(HealthObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromLong(vx_breaker_peek(self->h, i, now));
 }
 
+PyDoc_STRVAR(Health_check_doc,
+             "check($self, upstream, now_ms=None, /)\n--\n\n"
+             "0 when a request could go now; 1 when the breaker refuses it (open, or every\n"
+             "probe slot taken); 2 when max_in_flight is reached. Takes nothing.");
+
+static PyObject *Health_check(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, now;
+    if (check_nargs("check", nargs, 1, 2) < 0 || health_index(self, args, &i) < 0 ||
+        health_now(args, nargs, 1, &now) < 0)
+        return NULL;
+    long r = 0;
+    if (vx_breaker_peek(self->h, i, now) >= VX_PEEK_OPEN)
+        r = 1;
+    else if (self->h->up[i].max_in_flight > 0 &&
+             vx_inflight(self->h, i) >= self->h->up[i].max_in_flight)
+        r = 2;
+    return PyLong_FromLong(r);
+}
+
 PyDoc_STRVAR(Health_enter_doc,
              "enter($self, upstream, now_ms=None, /)\n--\n\n"
              "Pass the breaker: -1 refused, 0 admitted (closed), > 0 a probe ticket. Every\n"
@@ -1164,6 +1184,7 @@ static PyObject *Health_get_policy(HealthObject *self, void *Py_UNUSED(closure))
 
 static PyMethodDef Health_methods[] = {
     {"peek", FASTCALL(Health_peek), METH_FASTCALL, Health_peek_doc},
+    {"check", FASTCALL(Health_check), METH_FASTCALL, Health_check_doc},
     {"enter", FASTCALL(Health_enter), METH_FASTCALL, Health_enter_doc},
     {"report", FASTCALL(Health_report), METH_FASTCALL, Health_report_doc},
     {"breaker", FASTCALL(Health_breaker), METH_FASTCALL, Health_breaker_doc},

@@ -214,6 +214,9 @@ class Health:
     def __len__(self) -> int: ...
     def peek(self, upstream: int, now_ms: int | None = None, /) -> int:
         """PEEK_*: what a request would get now, taking nothing."""
+    def check(self, upstream: int, now_ms: int | None = None, /) -> int:
+        """0: a request could go now; 1: the breaker refuses (open, or probe slots taken);
+        2: max_in_flight reached. Takes nothing."""
     def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
         """-1 refused, 0 admitted (closed), > 0 a probe ticket; tickets >= 0 go to report()."""
     def report(self, upstream: int, ticket: int, outcome: int, now_ms: int | None = None, /) -> int:
