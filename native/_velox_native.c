@@ -1046,6 +1046,79 @@ static PyObject *Health_check(HealthObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromLong(r);
 }
 
+PyDoc_STRVAR(Health_usable_mask_doc,
+             "usable_mask($self, upstreams, now_ms, /)\n--\n\n"
+             "Bit i set when check(upstreams[i], now_ms) == 0; upstreams is a tuple of at most\n"
+             "64 indices. One call for a whole group of targets.");
+
+static PyObject *Health_usable_mask(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t now;
+    if (check_nargs("usable_mask", nargs, 2, 2) < 0 || health_now(args, nargs, 1, &now) < 0)
+        return NULL;
+    if (!PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) > 64) {
+        PyErr_SetString(PyExc_TypeError, "upstreams must be a tuple of at most 64 indices");
+        return NULL;
+    }
+    uint64_t mask = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(args[0]); k++) {
+        int64_t i;
+        PyObject *item = PyTuple_GET_ITEM(args[0], k);
+        if (health_index(self, &item, &i) < 0)
+            return NULL;
+        const vx_upstream *u = &self->h->up[i];
+        if (vx_breaker_peek(self->h, i, now) >= VX_PEEK_OPEN)
+            continue;
+        if (u->max_in_flight > 0 && vx_inflight(self->h, i) >= u->max_in_flight)
+            continue;
+        mask |= (uint64_t)1 << k;
+    }
+    return PyLong_FromUnsignedLongLong(mask);
+}
+
+PyDoc_STRVAR(Health_admit_doc,
+             "admit($self, upstream, now_ms, /)\n--\n\n"
+             "enter() + acquire() + count(UP_REQUESTS) in one call: a ticket >= 0, or -1 (breaker\n"
+             "refuses) / -2 (max_in_flight reached), having taken nothing.");
+
+static PyObject *Health_admit(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, now;
+    if (check_nargs("admit", nargs, 2, 2) < 0 || health_index(self, args, &i) < 0 ||
+        health_now(args, nargs, 1, &now) < 0)
+        return NULL;
+    int64_t ticket = vx_breaker_enter(self->h, i, now);
+    if (ticket < 0)
+        return PyLong_FromLong(-1);
+    if (!vx_inflight_acquire(self->h, i)) {
+        vx_breaker_report(self->h, i, ticket, VX_OUTCOME_NEUTRAL, now); /* a probe slot back */
+        return PyLong_FromLong(-2);
+    }
+    vx_health_count(self->h, i, VX_UP_REQUESTS, 1);
+    return PyLong_FromLongLong(ticket);
+}
+
+PyDoc_STRVAR(Health_finish_doc,
+             "finish($self, upstream, ticket, outcome, now_ms, /)\n--\n\n"
+             "release() + report() + count the success or failure, in one call.");
+
+static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, ticket, outcome, now;
+    if (check_nargs("finish", nargs, 4, 4) < 0 || health_index(self, args, &i) < 0 ||
+        arg_in_range(args[1], "ticket", 0, INT64_MAX, &ticket) < 0 ||
+        arg_in_range(args[2], "outcome", 0, 2, &outcome) < 0 ||
+        health_now(args, nargs, 3, &now) < 0)
+        return NULL;
+    vx_inflight_release(self->h, i);
+    vx_breaker_report(self->h, i, ticket, (int)outcome, now);
+    if (outcome == VX_OUTCOME_SUCCESS)
+        vx_health_count(self->h, i, VX_UP_SUCCESSES, 1);
+    else if (outcome == VX_OUTCOME_FAILURE)
+        vx_health_count(self->h, i, VX_UP_FAILURES, 1);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(Health_enter_doc,
              "enter($self, upstream, now_ms=None, /)\n--\n\n"
              "Pass the breaker: -1 refused, 0 admitted (closed), > 0 a probe ticket. Every\n"
@@ -1185,6 +1258,9 @@ static PyObject *Health_get_policy(HealthObject *self, void *Py_UNUSED(closure))
 static PyMethodDef Health_methods[] = {
     {"peek", FASTCALL(Health_peek), METH_FASTCALL, Health_peek_doc},
     {"check", FASTCALL(Health_check), METH_FASTCALL, Health_check_doc},
+    {"usable_mask", FASTCALL(Health_usable_mask), METH_FASTCALL, Health_usable_mask_doc},
+    {"admit", FASTCALL(Health_admit), METH_FASTCALL, Health_admit_doc},
+    {"finish", FASTCALL(Health_finish), METH_FASTCALL, Health_finish_doc},
     {"enter", FASTCALL(Health_enter), METH_FASTCALL, Health_enter_doc},
     {"report", FASTCALL(Health_report), METH_FASTCALL, Health_report_doc},
     {"breaker", FASTCALL(Health_breaker), METH_FASTCALL, Health_breaker_doc},

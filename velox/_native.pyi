@@ -217,6 +217,13 @@ class Health:
     def check(self, upstream: int, now_ms: int | None = None, /) -> int:
         """0: a request could go now; 1: the breaker refuses (open, or probe slots taken);
         2: max_in_flight reached. Takes nothing."""
+    def usable_mask(self, upstreams: tuple[int, ...], now_ms: int | None, /) -> int:
+        """Bit k set when check(upstreams[k], now_ms) == 0 (at most 64 upstreams)."""
+    def admit(self, upstream: int, now_ms: int | None, /) -> int:
+        """enter() + acquire() + count(UP_REQUESTS): a ticket >= 0, or -1 (breaker refuses) /
+        -2 (max_in_flight reached), having taken nothing."""
+    def finish(self, upstream: int, ticket: int, outcome: int, now_ms: int | None, /) -> None:
+        """release() + report() + count UP_SUCCESSES / UP_FAILURES."""
     def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
         """-1 refused, 0 admitted (closed), > 0 a probe ticket; tickets >= 0 go to report()."""
     def report(self, upstream: int, ticket: int, outcome: int, now_ms: int | None = None, /) -> int:

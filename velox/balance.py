@@ -60,13 +60,14 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from time import monotonic_ns
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
 from velox._native import Rendezvous, hash64
 from velox.errors import Overloaded, RateLimited, VeloxError
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS, now_ms
+from velox.health import FAILURE, NEUTRAL, REASON_FULL, SUCCESS, now_ms
 from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
@@ -84,6 +85,10 @@ class LiveState(Protocol):
 
     def check(self, u: int, now: int, /) -> int:
         """0 when a request could go now, else REASON_OPEN or REASON_FULL; takes nothing."""
+        ...
+
+    def usable_mask(self, us: tuple[int, ...], now: int, /) -> int:
+        """Bit k set when check(us[k], now) == 0 (len(us) <= 64)."""
         ...
 
     def in_flight(self, u: int, /) -> int: ...
@@ -105,7 +110,7 @@ class LiveState(Protocol):
 
     def retry_after_s(self, u: int, /) -> int: ...
 
-    def record_request(self, now: int, /) -> None: ...
+    def record_request(self, now: int, /) -> object: ...
 
     def try_retry(self, u: int, now: int, /) -> bool: ...
 
@@ -251,10 +256,16 @@ class Target:
 class Tier:
     """The targets of one priority of one route, with the strategy state they share."""
 
-    __slots__ = ("targets", "current", "hasher")
+    __slots__ = ("targets", "us", "all", "uniform", "current", "hasher")
 
     def __init__(self, targets: list[Target], hash_method: str) -> None:
+        if len(targets) > 64:
+            raise ValueError(f"route {targets[0].route.model!r}: more than 64 targets of one "
+                             "priority")
         self.targets = targets
+        self.us = tuple(t.u for t in targets)  # for one usable_mask call per group
+        self.all = (1 << len(targets)) - 1
+        self.uniform = len({t.weight for t in targets}) == 1
         self.current = [0] * len(targets)  # smooth WRR's current weights (per worker)
         self.hasher = make_hasher(hash_method, [target_seed(t.spec) for t in targets],
                                   [t.weight for t in targets])
@@ -309,16 +320,24 @@ def _draw(cands: list[Target], total: int, rng: random.Random) -> Target:
     return cands[-1]
 
 
-def _least_busy(state: LiveState, cands: list[Target], rng: random.Random) -> Target:
+def _least_busy(state: LiveState, tier: Tier, cands: list[Target], rng: random.Random) -> Target:
     """Power of two choices, weight-aware: fewer in-flight requests per unit of weight wins."""
-    total = 0
-    for t in cands:
-        total += t.weight
-    a = _draw(cands, total, rng)
-    rest = [t for t in cands if t is not a]
-    b = _draw(rest, total - a.weight, rng)
+    n = len(cands)
+    if n == 2:
+        a, b = cands
+    elif tier.uniform:
+        i = int(rng.random() * n)
+        j = int(rng.random() * (n - 1))
+        a, b = cands[i], cands[j if j < i else j + 1]
+    else:
+        total = 0
+        for t in cands:
+            total += t.weight
+        a = _draw(cands, total, rng)
+        rest = [t for t in cands if t is not a]
+        b = _draw(rest, total - a.weight, rng)
     in_flight = state.in_flight
-    # (ia + 1) / wa <= (ib + 1) / wb, in integers
+    # (ia + 1) / wa <= (ib + 1) / wb, in integers; a tie goes to the first drawn
     if (in_flight(a.u) + 1) * b.weight <= (in_flight(b.u) + 1) * a.weight:
         return a
     return b
@@ -327,7 +346,8 @@ def _least_busy(state: LiveState, cands: list[Target], rng: random.Random) -> Ta
 def _by_hash(state: LiveState, tier: Tier, cands: list[Target], key_hash: int) -> Target:
     """The key's first target in rendezvous order whose load stays within the bound."""
     in_flight = state.in_flight
-    loads = {}
+    targets = tier.targets
+    loads = [-1] * len(targets)  # -1: not a candidate (tried, or unavailable)
     total = 0
     weights = 0
     for t in cands:
@@ -335,12 +355,11 @@ def _by_hash(state: LiveState, tier: Tier, cands: list[Target], key_hash: int) -
         loads[t.pos] = n
         total += n
         weights += t.weight
-    targets = tier.targets
     first = None
     for pos in tier.hasher.rank(key_hash):
-        n = loads.get(pos)
-        if n is None:
-            continue  # not a candidate (tried, or unavailable)
+        n = loads[pos]
+        if n < 0:
+            continue
         t = targets[pos]
         if n + 1 <= math.ceil(BOUNDED_LOAD * (total + 1) * t.weight / weights):
             return t
@@ -348,6 +367,17 @@ def _by_hash(state: LiveState, tier: Tier, cands: list[Target], key_hash: int) -
             first = t
     assert first is not None  # cands is not empty; some target is always within the bound
     return first
+
+
+def _select(state: LiveState, strategy: str, tier: Tier, cands: list[Target],
+            key_hash: int | None, rng: random.Random) -> Target:
+    if len(cands) == 1:
+        return cands[0]
+    if strategy == "least_busy":
+        return _least_busy(state, tier, cands, rng)
+    if strategy == "hash" and key_hash is not None:
+        return _by_hash(state, tier, cands, key_hash)
+    return _weighted(tier, cands)
 
 
 class Outcome:
@@ -438,9 +468,23 @@ class Plan:
 
     def first(self, now: int | None = None) -> Attempt | VeloxError:
         """The first attempt, or the error to answer when no target can take the request."""
-        t = now_ms() if now is None else now
-        self.router.state.record_request(t)
-        got = self._choose(t)
+        t = monotonic_ns() // 1_000_000 if now is None else now
+        router = self.router
+        state = router.state
+        state.record_request(t)
+        # Fast path: every target of the first group is usable and the chosen one admits.
+        picker = self.chain[0]
+        tier = picker.tiers[0]
+        if state.usable_mask(tier.us, t) == tier.all:
+            target = _select(state, picker.strategy, tier, tier.targets, self.key_hash, router.rng)
+            ticket = state.admit(target.u, t)
+            if ticket >= 0:
+                self.tried.append(target)
+                self.count = 1
+                return Attempt(target, self.model, ticket, 1, False, 0, t)
+            got = self._choose(t)  # the tier's weights moved once more: harmless
+        else:
+            got = self._choose(t)
         if isinstance(got, Attempt):
             return got
         return self._refusal(got)
@@ -531,45 +575,52 @@ class Plan:
         """One walk over the route and its fallbacks, priorities in order; each target is
         admitted at most once."""
         state = self.router.state
-        check = state.check
+        usable_mask = state.usable_mask
         admit = state.admit
         hard = self.hard
-        tried = self.tried
-        outcome = Outcome()
+        tried = self.tried if skip_tried else None
+        refused: dict[Target, int] | None = None  # admissions refused in this pass
         for picker in self.chain:
             strategy = picker.strategy
             for tier in picker.tiers:
-                cands = []
-                for t in tier.targets:
-                    if hard and t in hard or skip_tried and tried and t in tried:
-                        continue
-                    reason = check(t.u, now)
-                    if reason == 0:
-                        cands.append(t)
-                    elif reason == REASON_OPEN:
-                        outcome.open.append(t)
-                    else:
-                        outcome.full.append(t)
+                mask = usable_mask(tier.us, now)
+                if not mask:
+                    continue
+                if mask == tier.all and not hard and not tried:
+                    cands = tier.targets  # the common case: no copy until one is refused
+                    shared = True
+                else:
+                    cands = [t for t in tier.targets if mask >> t.pos & 1
+                             and not (hard and t in hard) and not (tried and t in tried)]
+                    shared = False
                 while cands:
-                    if len(cands) == 1:
-                        t = cands[0]
-                    elif strategy == "least_busy":
-                        t = _least_busy(state, cands, self.router.rng)
-                    elif strategy == "hash" and self.key_hash is not None:
-                        t = _by_hash(state, tier, cands, self.key_hash)
-                    else:
-                        t = _weighted(tier, cands)
+                    t = _select(state, strategy, tier, cands, self.key_hash, self.router.rng)
                     ticket = admit(t.u, now)
                     if ticket >= 0:
                         return t, ticket
                     # Lost a race for it, or its rpm bucket is empty: the next candidate.
+                    if shared:
+                        cands = list(cands)
+                        shared = False
                     cands.remove(t)
-                    if ticket == -REASON_OPEN:
-                        outcome.open.append(t)
-                    elif ticket == -REASON_FULL:
-                        outcome.full.append(t)
-                    else:
-                        outcome.rate.append(t)
+                    if refused is None:
+                        refused = {}
+                    refused[t] = -ticket
+        return self._outcome(now, tried, refused)
+
+    def _outcome(self, now: int, tried: list[Target] | None,
+                 refused: dict[Target, int] | None) -> Outcome:
+        """Why nothing was admitted: each candidate target by its reason (the slow path)."""
+        check = self.router.state.check
+        hard = self.hard
+        outcome = Outcome()
+        lists = (outcome.full, outcome.open, outcome.full, outcome.rate)  # 0: lost a race
+        for picker in self.chain:
+            for t in picker.targets:
+                if t in hard or tried and t in tried:
+                    continue
+                reason = refused.get(t) if refused else None
+                lists[check(t.u, now) if reason is None else reason].append(t)
         return outcome
 
     def _refusal(self, outcome: Outcome) -> VeloxError:

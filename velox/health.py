@@ -68,11 +68,9 @@ _UP_FIELDS = {
     "panics": _native.UP_PANICS,
     "refused_full": _native.UP_FULL,
 }
-_OUTCOME_FIELD = (_native.UP_SUCCESSES, _native.UP_FAILURES, None)
 _UP_REQUESTS = _native.UP_REQUESTS
 _UP_PANICS = _native.UP_PANICS
 _UP_RETRIES = _native.UP_RETRIES
-_OPEN = _native.BREAKER_OPEN
 _CLOSED = _native.BREAKER_CLOSED
 
 
@@ -86,10 +84,14 @@ def rpm_burst(rpm: int) -> int:
 
 
 class SharedHealth:
-    """The live state of every upstream, shared by all workers (balance.LiveState)."""
+    """The live state of every upstream, shared by all workers (balance.LiveState).
+
+    The per-request calls are bound native methods stored on the instance (no Python frame
+    between the balancer and C): check, usable_mask, in_flight, admit, finish, record_request.
+    """
 
     __slots__ = ("names", "index", "native", "budget", "buckets",
-                 "check", "in_flight", "_enter", "_acquire", "_release", "_report", "_count")
+                 "check", "usable_mask", "in_flight", "admit", "finish", "record_request")
 
     def __init__(self, names: tuple[str, ...], native: Health, budget: RetryBudget,
                  buckets: tuple[TokenBucket | None, ...]) -> None:
@@ -98,14 +100,18 @@ class SharedHealth:
         self.native = native
         self.budget = budget
         self.buckets = buckets
-        # Bound native methods kept as attributes: calling them costs no Python frame.
-        self.check = native.check  # (u, now_ms) -> 0 | REASON_OPEN | REASON_FULL
+        # (u, now) -> 0 | REASON_OPEN | REASON_FULL; takes nothing
+        self.check = native.check
+        # (tuple of u, now) -> bit k set when check(us[k], now) == 0
+        self.usable_mask = native.usable_mask
         self.in_flight = native.in_flight
-        self._enter = native.enter
-        self._acquire = native.acquire
-        self._release = native.release
-        self._report = native.report
-        self._count = native.count
+        # (u, now) -> ticket >= 0, or -REASON_*: breaker passage, an in-flight place, an rpm
+        # token. Native alone when no upstream has an rpm bucket.
+        self.admit = self._admit_rated if any(b is not None for b in buckets) else native.admit
+        # (u, ticket, outcome, now): the one end of every admission; releases its place and
+        # reports the outcome to the breaker.
+        self.finish = native.finish
+        self.record_request = budget.record_request  # (now) -> the second charged
 
     @classmethod
     def create(cls, tables: Tables) -> SharedHealth:
@@ -129,42 +135,36 @@ class SharedHealth:
 
     # --- balance.LiveState -----------------------------------------------------------------
 
-    def admit(self, u: int, now: int) -> int:
-        """Take what one request on upstream u needs: breaker passage, an in-flight place and
-        an rpm token. A ticket >= 0 (hand it to finish()), or -REASON_* having taken nothing."""
-        ticket = self._enter(u, now)
+    def _admit_rated(self, u: int, now: int) -> int:
+        """admit() for tables with rpm buckets: the token is taken last, so a refusal by the
+        breaker or the cap never spends one."""
+        native = self.native
+        ticket = native.enter(u, now)
         if ticket < 0:
             return -REASON_OPEN
-        if not self._acquire(u):
-            self._report(u, ticket, NEUTRAL, now)  # give a probe slot back
+        if not native.acquire(u):
+            native.report(u, ticket, NEUTRAL, now)  # a probe slot back
             return -REASON_FULL
         bucket = self.buckets[u]
         if bucket is not None and not bucket.acquire():
-            self._release(u)
-            self._report(u, ticket, NEUTRAL, now)
+            native.release(u)
+            native.report(u, ticket, NEUTRAL, now)
             return -REASON_RATE
-        self._count(u, _UP_REQUESTS)
+        native.count(u, _UP_REQUESTS)
         return ticket
 
     def admit_panic(self, u: int, now: int) -> int:
         """admit() ignoring the breaker (every target is open): ticket 0 or -REASON_*."""
-        if not self._acquire(u):
+        native = self.native
+        if not native.acquire(u):
             return -REASON_FULL
         bucket = self.buckets[u]
         if bucket is not None and not bucket.acquire():
-            self._release(u)
+            native.release(u)
             return -REASON_RATE
-        self._count(u, _UP_REQUESTS)
-        self._count(u, _UP_PANICS)
+        native.count(u, _UP_REQUESTS)
+        native.count(u, _UP_PANICS)
         return 0
-
-    def finish(self, u: int, ticket: int, outcome: int, now: int) -> None:
-        """The one end of every admission: releases its place and reports its outcome."""
-        self._release(u)
-        self._report(u, ticket, outcome, now)
-        field = _OUTCOME_FIELD[outcome]
-        if field is not None:
-            self._count(u, field)
 
     def open_since(self, u: int, now: int) -> int:
         """When u's breaker last opened (ms); `now` if it never did."""
@@ -178,14 +178,11 @@ class SharedHealth:
             return 1
         return max(1, -(-bucket.wait_hint_us(1) // 1_000_000))
 
-    def record_request(self, now: int) -> None:
-        self.budget.record_request(now)
-
     def try_retry(self, u: int, now: int) -> bool:
         """Take one retry from the gateway's budget for a retry on upstream u (counted)."""
         if not self.budget.try_retry(now):
             return False
-        self._count(u, _UP_RETRIES)
+        self.native.count(u, _UP_RETRIES)
         return True
 
     # --- reporting ---------------------------------------------------------------------------

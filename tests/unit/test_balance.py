@@ -54,6 +54,9 @@ class FakeState:
             return REASON_FULL
         return 0
 
+    def usable_mask(self, us: tuple[int, ...], now: int) -> int:
+        return sum(1 << k for k, u in enumerate(us) if self.check(u, now) == 0)
+
     def in_flight(self, u: int) -> int:
         return self.in_flight_[u]
 
