@@ -437,7 +437,8 @@ class Attempt:
         self.upstream = target.u  # index in tables.upstreams (the target's name is target.upstream)
         # The name to send upstream: the target's own, else the route's public name (the
         # client's for the catch-all route).
-        self.model = target.spec.model or (model if target.route.model == "*" else target.route.model)
+        public = model if target.route.model == "*" else target.route.model
+        self.model = target.spec.model or public
         self.ticket = ticket
         self.number = number  # 1 for the first attempt
         self.panic = panic

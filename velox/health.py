@@ -72,6 +72,7 @@ _UP_REQUESTS = _native.UP_REQUESTS
 _UP_PANICS = _native.UP_PANICS
 _UP_RETRIES = _native.UP_RETRIES
 _CLOSED = _native.BREAKER_CLOSED
+_PEEK_PROBE = _native.PEEK_PROBE
 
 
 def now_ms() -> int:
@@ -184,6 +185,14 @@ class SharedHealth:
             return False
         self.native.count(u, _UP_RETRIES)
         return True
+
+    def needs_probe(self, now: int | None = None) -> list[int]:
+        """Upstreams whose breaker is not closed and would admit a probe now: what a background
+        prober (every [breaker] probe_interval_s) sends its probe to, via admit() and finish(),
+        so an idle upstream recovers without waiting for a user request to be its probe."""
+        t = now_ms() if now is None else now
+        peek = self.native.peek
+        return [i for i in range(len(self.names)) if peek(i, t) == _PEEK_PROBE]
 
     # --- reporting ---------------------------------------------------------------------------
 

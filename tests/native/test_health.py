@@ -43,7 +43,8 @@ def run_children(body: Callable[..., Any], args_list: list[tuple[Any, ...]]) -> 
     def main(send: Any, args: tuple[Any, ...]) -> None:
         send.send(body(*args))
 
-    procs = [ctx.Process(target=main, args=(send, args)) for (_, send), args in zip(pipes, args_list)]
+    procs = [ctx.Process(target=main, args=(send, args))
+             for (_, send), args in zip(pipes, args_list, strict=True)]
     try:
         for p in procs:
             p.start()
@@ -214,7 +215,8 @@ def test_budget_is_exact_across_processes() -> None:
     assert sum(granted) == 500  # 25% of 2000, however the processes raced
 
 
-def _requests_and_retries(b: RetryBudget, seed: int, steps: int) -> tuple[dict[int, int], dict[int, int]]:
+def _requests_and_retries(b: RetryBudget, seed: int,
+                          steps: int) -> tuple[dict[int, int], dict[int, int]]:
     rng = random.Random(seed)
     req: dict[int, int] = {}
     ret: dict[int, int] = {}
@@ -334,7 +336,7 @@ def test_one_workers_failures_protect_the_others() -> None:
     run_children(_worker_fails, [(h, tables, 20)])
     snap = h.snapshot()["upstreams"]
     assert snap["u0"]["state"] == "open" and snap["u0"]["open_count"] == 1
-    assert snap["u0"]["failures"] == 3  # reports after the opening are ignored by the breaker
+    assert snap["u0"]["failures"] == 3  # nothing was sent to u0 once it opened
     # Workers B and C, forked later from the same supervisor state, never send to u0.
     seen = run_children(_worker_fails, [(h, tables, 50), (h, tables, 50)])
     assert all(u == 1 for worker in seen for u in worker)
@@ -355,3 +357,17 @@ def test_panic_through_shared_health_when_all_open() -> None:
     assert h.snapshot(t)["upstreams"]["u1"]["panics"] == 1
     plan.finish(a, NEUTRAL, t)  # type: ignore[union-attr]
     assert h.in_flight(1) == 0
+
+
+def test_needs_probe_lists_due_breakers_and_a_probe_closes_it() -> None:
+    tables = make_tables(n=2, failures=1)
+    h = SharedHealth.create(tables)
+    t = now_ms()
+    assert h.needs_probe(t) == []
+    h.finish(0, h.admit(0, t), FAILURE, t)
+    assert h.needs_probe(t) == [] and h.needs_probe(t + 29_999) == []
+    assert h.needs_probe(t + 30_000) == [0]
+    ticket = h.admit(0, t + 30_000)
+    assert ticket > 0 and h.needs_probe(t + 30_001) == []  # the probe slot is taken
+    h.finish(0, ticket, SUCCESS, t + 30_002)  # successes=1 in make_tables
+    assert h.snapshot(t + 30_002)["upstreams"]["u0"]["state"] == "closed"

@@ -17,6 +17,7 @@ import pytest
 
 from velox.balance import (
     BOUNDED_LOAD,
+    Attempt,
     EVENT_TABLE,
     Event,
     HashRing,
@@ -301,7 +302,8 @@ def test_ring_has_150_virtual_nodes_per_weight() -> None:
 
 def test_target_seed_is_stable() -> None:
     # A change here would move every affinity key of every deployment.
-    assert target_seed(TargetSpec("openai", "gpt-4o")) == target_seed(TargetSpec("openai", "gpt-4o"))
+    seed = target_seed(TargetSpec("openai", "gpt-4o"))
+    assert seed == target_seed(TargetSpec("openai", "gpt-4o"))
     assert target_seed(TargetSpec("a", "b")) != target_seed(TargetSpec("ab", ""))
 
 
@@ -440,19 +442,25 @@ def test_bad_tables_are_refused_with_the_route_named() -> None:
 # ------------------------------------------------------------------------------ retries
 
 
-def fail(plan: Plan, attempt: object, status: int = 502, retry_after: float | None = None,
-         committed: bool = False, now: int = NOW) -> object:
+def start(router: Router, model: str = "m") -> tuple[Plan, Attempt]:
+    plan = router.plan(model)
+    assert plan is not None
+    attempt = plan.first(NOW)
+    assert isinstance(attempt, Attempt), attempt
+    return plan, attempt
+
+
+def fail(plan: Plan, attempt: Attempt, status: int = 502, retry_after: float | None = None,
+         committed: bool = False, now: int = NOW) -> Attempt | None:
     verdict = classify(Event.RESPONSE, status, retry_after)
-    return plan.retry(attempt, verdict, committed=committed, now=now)  # type: ignore[arg-type]
+    return plan.retry(attempt, verdict, committed=committed, now=now)
 
 
 def test_retry_goes_to_untried_targets_then_fallbacks() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 1), fallbacks=("f",)),
                           route("f", (2, 1, 0))], retry=RetryPolicy(attempts=3))
-    plan = router.plan("m")
-    assert plan is not None
-    a = plan.first(NOW)
-    assert not isinstance(a, Exception) and a.upstream == 0 and a.number == 1
+    plan, a = start(router)
+    assert a.upstream == 0 and a.number == 1
     b = fail(plan, a)
     assert b is not None and b.upstream == 1 and b.number == 2 and b.delay_ms == 0
     c = fail(plan, b)
@@ -464,97 +472,91 @@ def test_retry_goes_to_untried_targets_then_fallbacks() -> None:
 
 def test_retry_reuses_a_tried_target_only_when_no_other_remains() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))], retry=RetryPolicy(attempts=4))
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
-    b = fail(plan, a)  # type: ignore[arg-type]
-    assert b.upstream != a.upstream  # type: ignore[union-attr, attr-defined]
+    plan, a = start(router)
+    b = fail(plan, a)
+    assert b is not None and b.upstream != a.upstream
     c = fail(plan, b)
-    assert c is not None and c.upstream in (0, 1) and 50 <= c.delay_ms <= 1000  # type: ignore[attr-defined]
-    plan.finish(c, SUCCESS, NOW)  # type: ignore[arg-type]
+    assert c is not None and c.upstream in (0, 1)
+    assert 50 <= c.delay_ms <= 1000  # a short jittered backoff before the same target again
+    plan.finish(c, SUCCESS, NOW)
     assert state.idle()
 
 
-def test_429_moves_to_another_target_and_long_retry_after_never_returns() -> None:
+def test_429_with_long_retry_after_never_returns_to_its_target() -> None:
     router, state = make([route("m", (0, 1, 0))], retry=RetryPolicy(same_target_retry_after_s=2))
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     assert fail(plan, a, 429, retry_after=30) is None
-    assert plan.stop_reason == "no_target" and state.idle()  # type: ignore[union-attr]
+    assert plan.stop_reason == "no_target" and state.idle()
 
 
 def test_429_with_short_retry_after_retries_same_target_after_waiting() -> None:
     router, state = make([route("m", (0, 1, 0))], retry=RetryPolicy(same_target_retry_after_s=2))
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     b = fail(plan, a, 429, retry_after=1.5)
-    assert b is not None and b.upstream == 0 and b.delay_ms == 1500  # type: ignore[attr-defined]
-    plan.finish(b, SUCCESS, NOW)  # type: ignore[union-attr, arg-type]
+    assert b is not None and b.upstream == 0 and b.delay_ms == 1500
+    plan.finish(b, SUCCESS, NOW)
     assert state.idle()
 
 
 def test_429_prefers_another_target_even_when_same_is_allowed() -> None:
     router, _ = make([route("m", (0, 1, 0), (1, 1, 0))])
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     b = fail(plan, a, 429, retry_after=1)
-    assert b.upstream != a.upstream and b.delay_ms == 0  # type: ignore[union-attr, attr-defined]
+    assert b is not None and b.upstream != a.upstream and b.delay_ms == 0
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 422, 500, 501])
 def test_not_retryable_statuses_stop(status: int) -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))])
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
-    assert fail(plan, a, status) is None and plan.stop_reason == "not_retryable"  # type: ignore[union-attr]
+    plan, a = start(router)
+    assert fail(plan, a, status) is None and plan.stop_reason == "not_retryable"
     assert state.idle()
 
 
 def test_no_retry_after_the_commit_point() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))])
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     assert fail(plan, a, 502, committed=True) is None
-    assert plan.stop_reason == "committed" and state.idle()  # type: ignore[union-attr]
+    assert plan.stop_reason == "committed" and state.idle()
 
 
 def test_no_retry_once_a_failed_attempt_took_too_long() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))], retry=RetryPolicy(max_elapsed_ms=100))
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     assert fail(plan, a, 504, now=NOW + 101) is None
-    assert plan.stop_reason == "elapsed" and state.idle()  # type: ignore[union-attr]
+    assert plan.stop_reason == "elapsed" and state.idle()
 
 
 def test_retry_budget_exhausted_stops_and_releases() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))])
     state.retries_left = 1
-    p1 = router.plan("m")
-    b = fail(p1, p1.first(NOW))  # type: ignore[union-attr]
+    p1, a1 = start(router)
+    b = fail(p1, a1)
     assert b is not None
-    p1.finish(b, SUCCESS, NOW)  # type: ignore[union-attr, arg-type]
-    p2 = router.plan("m")
-    assert fail(p2, p2.first(NOW)) is None  # type: ignore[union-attr]
-    assert p2.stop_reason == "budget" and state.budget_refused == 1  # type: ignore[union-attr]
+    p1.finish(b, SUCCESS, NOW)
+    p2, a2 = start(router)
+    assert fail(p2, a2) is None
+    assert p2.stop_reason == "budget" and state.budget_refused == 1
     assert state.idle()  # the admission taken for the refused retry was given back
 
 
 def test_retry_never_panics_back_into_a_tried_target() -> None:
     router, state = make([route("m", (0, 1, 0))])
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
+    plan, a = start(router)
     state.open[0] = NOW  # this failure opened its breaker
-    assert fail(plan, a, 503) is None and plan.stop_reason == "no_target"  # type: ignore[union-attr]
+    assert fail(plan, a, 503) is None and plan.stop_reason == "no_target"
     assert state.panics[0] == 0 and state.idle()
 
 
 def test_finish_is_idempotent() -> None:
     router, state = make([route("m", (0, 1, 0))])
-    plan = router.plan("m")
-    a = plan.first(NOW)  # type: ignore[union-attr]
-    plan.finish(a, SUCCESS, NOW)  # type: ignore[union-attr, arg-type]
-    plan.finish(a, FAILURE, NOW)  # type: ignore[union-attr, arg-type]
-    assert plan.retry(a, classify(Event.CONNECT_REFUSED), now=NOW) is not None  # type: ignore[union-attr, arg-type]
-    assert len([f for f in state.finished if f[2] == FAILURE]) == 0  # never reported twice
+    plan, a = start(router)
+    plan.finish(a, SUCCESS, NOW)
+    plan.finish(a, FAILURE, NOW)
+    b = plan.retry(a, classify(Event.CONNECT_REFUSED), now=NOW)  # finishes nothing twice
+    assert b is not None
+    plan.finish(b, SUCCESS, NOW)
+    assert [o for _, _, o in state.finished] == [SUCCESS, SUCCESS] and state.idle()
 
 
 # ------------------------------------------------------------------------------ classify
