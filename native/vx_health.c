@@ -482,10 +482,14 @@ void vx_hrw_rank(uint64_t key_hash, const uint64_t *seeds, const double *weights
     double score[64];
     if (n > 64)
         n = 64;
+    bool equal = true; /* equal weights: the order of the raw hashes is the same order */
+    for (size_t i = 1; i < n; i++)
+        equal = equal && weights[i] == weights[0];
     for (size_t i = 0; i < n; i++) {
-        /* 53 random bits, +0.5 so u is in (0, 1): -ln(u) is finite and positive. */
+        /* 53 random bits, +0.5 so u is in (0, 1): -ln(u) is finite and positive, and
+         * w / -ln(u) grows with u, so with equal weights u alone ranks (no log needed). */
         double u = ((double)(mix64(key_hash ^ seeds[i]) >> 11) + 0.5) * 0x1p-53;
-        score[i] = weights[i] / -log(u);
+        score[i] = equal ? u : weights[i] / -log(u);
         /* Insertion sort, highest first: n is small (targets of one route). */
         size_t j = i;
         while (j > 0 && score[order[j - 1]] < score[i]) {

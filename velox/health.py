@@ -18,8 +18,9 @@ Which outcomes are failures is decided by `velox.balance.classify`.
 Retry budget ([retry] table): a retry at second s is allowed only if, counting it,
     retries(last W s) <= budget_percent% x requests(last W s) + budget_min_per_s x W
 where W = budget_window_s and both counts run over the W whole seconds ending at s (the current,
-partial one included). One budget for the whole gateway, in the manner of Finagle's RetryBudget
-(a percentage of requests plus a floor per second over a time window).
+partial one included). One budget for the whole gateway, of the kind Finagle, tower's
+retry::Budget and Linkerd use (a time window, a floor of retries per second, a share of the
+requests); Envoy's retry budget is instead a share of the requests active at the moment.
 
 Per-upstream rpm (`rpm` of an [[upstream]]): its own shared token bucket, burst = 10 s worth
 (at least 1); a target whose bucket is empty is skipped, and a request no target can take
@@ -44,7 +45,7 @@ from typing import Any
 
 from velox import _native
 from velox._native import Health, RetryBudget, TokenBucket
-from velox.tables import Tables
+from velox.tables import TableError, Tables
 
 # Why an upstream cannot take a request now (admit() returns the negative).
 REASON_OPEN = 1  # breaker open, or half-open with its probe slot taken
@@ -78,6 +79,30 @@ _PEEK_PROBE = _native.PEEK_PROBE
 def now_ms() -> int:
     """CLOCK_MONOTONIC in milliseconds (time.monotonic is that clock on Linux)."""
     return time.monotonic_ns() // 1_000_000
+
+
+_MAX_S = 2**31 // 1000  # the native core keeps times in ms below 2^31
+
+
+def check_tables(tables: Tables) -> None:
+    """TableError naming the file, table and key of any value the shared state cannot hold."""
+    b, r = tables.breaker, tables.retry
+    limits: list[tuple[str, int, int, int]] = [
+        ("[breaker] failures", b.failures, 1, 255),
+        ("[breaker] successes", b.successes, 1, 255),
+        ("[breaker] open_s", b.open_s, 1, _MAX_S),
+        ("[breaker] max_open_s", b.max_open_s, b.open_s, _MAX_S),
+        ("[retry] budget_percent", r.budget_percent, 0, 1000),
+        ("[retry] budget_window_s", r.budget_window_s, 1, 3600),
+        ("[retry] budget_min_per_s", r.budget_min_per_s, 0, 10**6),
+    ]
+    for u in tables.upstreams:
+        limits.append((f"[[upstream]] {u.name!r} max_in_flight", u.max_in_flight, 0, 2**62))
+        limits.append((f"[[upstream]] {u.name!r} rpm", u.rpm, 0, 10**9))
+    for key, value, lo, hi in limits:
+        if not lo <= value <= hi:
+            raise TableError(f"{tables.source or 'tables'}: {key} must be an integer in "
+                             f"[{lo}, {hi}], got {value!r}")
 
 
 def rpm_burst(rpm: int) -> int:
@@ -120,13 +145,14 @@ class SharedHealth:
         b = tables.breaker
         r = tables.retry
         ups = tables.upstreams
-        lease_ms = max(u.request_timeout_ms for u in ups) + 1000
+        check_tables(tables)
+        lease_ms = min(max(u.request_timeout_ms for u in ups) + 1000, 2**31)
         native = Health(
             [u.max_in_flight for u in ups],
             failures=b.failures,
             successes=b.successes,
             open_ms=b.open_s * 1000,
-            max_open_ms=max(b.max_open_s, b.open_s) * 1000,
+            max_open_ms=b.max_open_s * 1000,
             probes=1,
             probe_lease_ms=lease_ms,
         )

@@ -23,7 +23,15 @@ from velox.balance import Event, Router, classify
 from velox.errors import RateLimited
 from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
 from velox.health import SharedHealth, now_ms
-from velox.tables import BreakerPolicy, RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.tables import (
+    BreakerPolicy,
+    RetryPolicy,
+    RouteSpec,
+    TableError,
+    Tables,
+    TargetSpec,
+    UpstreamSpec,
+)
 
 T0 = 10**9  # an explicit clock well clear of the real one
 
@@ -371,3 +379,14 @@ def test_needs_probe_lists_due_breakers_and_a_probe_closes_it() -> None:
     assert ticket > 0 and h.needs_probe(t + 30_001) == []  # the probe slot is taken
     h.finish(0, ticket, SUCCESS, t + 30_002)  # successes=1 in make_tables
     assert h.snapshot(t + 30_002)["upstreams"]["u0"]["state"] == "closed"
+
+
+def test_bad_policies_in_tables_name_the_table() -> None:
+    bad = Tables(make_tables().upstreams, make_tables().routes, source="gw.toml",
+                 breaker=BreakerPolicy(open_s=0))
+    with pytest.raises(TableError, match=r"gw.toml: \[breaker\] open_s must be .* got 0"):
+        SharedHealth.create(bad)
+    bad = Tables(make_tables().upstreams, make_tables().routes, source="gw.toml",
+                 retry=RetryPolicy(budget_window_s=0))
+    with pytest.raises(TableError, match=r"gw.toml: \[retry\] budget_window_s .* got 0"):
+        SharedHealth.create(bad)
