@@ -1076,6 +1076,27 @@ static PyObject *Health_usable_mask(HealthObject *self, PyObject *const *args, P
     return PyLong_FromUnsignedLongLong(mask);
 }
 
+PyDoc_STRVAR(Health_in_flight_sum_doc,
+             "in_flight_sum($self, upstreams, /)\n--\n\n"
+             "Sum of in_flight() over a tuple of upstream indices, in one call.");
+
+static PyObject *Health_in_flight_sum(HealthObject *self, PyObject *arg)
+{
+    if (!PyTuple_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "upstreams must be a tuple of indices");
+        return NULL;
+    }
+    int64_t sum = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arg); k++) {
+        int64_t i;
+        PyObject *item = PyTuple_GET_ITEM(arg, k);
+        if (health_index(self, &item, &i) < 0)
+            return NULL;
+        sum += vx_inflight(self->h, i);
+    }
+    return PyLong_FromLongLong(sum);
+}
+
 PyDoc_STRVAR(Health_admit_doc,
              "admit($self, upstream, now_ms, /)\n--\n\n"
              "enter() + acquire() + count(UP_REQUESTS) in one call: a ticket >= 0, or -1 (breaker\n"
@@ -1259,6 +1280,7 @@ static PyMethodDef Health_methods[] = {
     {"peek", FASTCALL(Health_peek), METH_FASTCALL, Health_peek_doc},
     {"check", FASTCALL(Health_check), METH_FASTCALL, Health_check_doc},
     {"usable_mask", FASTCALL(Health_usable_mask), METH_FASTCALL, Health_usable_mask_doc},
+    {"in_flight_sum", (PyCFunction)Health_in_flight_sum, METH_O, Health_in_flight_sum_doc},
     {"admit", FASTCALL(Health_admit), METH_FASTCALL, Health_admit_doc},
     {"finish", FASTCALL(Health_finish), METH_FASTCALL, Health_finish_doc},
     {"enter", FASTCALL(Health_enter), METH_FASTCALL, Health_enter_doc},

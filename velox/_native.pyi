@@ -219,6 +219,8 @@ class Health:
         2: max_in_flight reached. Takes nothing."""
     def usable_mask(self, upstreams: tuple[int, ...], now_ms: int | None, /) -> int:
         """Bit k set when check(upstreams[k], now_ms) == 0 (at most 64 upstreams)."""
+    def in_flight_sum(self, upstreams: tuple[int, ...], /) -> int:
+        """Sum of in_flight() over the upstreams, in one call."""
     def admit(self, upstream: int, now_ms: int | None, /) -> int:
         """enter() + acquire() + count(UP_REQUESTS): a ticket >= 0, or -1 (breaker refuses) /
         -2 (max_in_flight reached), having taken nothing."""

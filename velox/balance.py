@@ -99,6 +99,8 @@ class LiveState(Protocol):
 
     def in_flight(self, u: int, /) -> int: ...
 
+    def in_flight_sum(self, us: tuple[int, ...], /) -> int: ...
+
     def admit(self, u: int, now: int, /) -> int:
         """Take breaker passage, an in-flight place and an rpm token: a ticket >= 0, or
         -REASON_* having taken nothing."""
@@ -108,8 +110,9 @@ class LiveState(Protocol):
         """admit() ignoring the breaker: ticket 0 or -REASON_FULL / -REASON_RATE."""
         ...
 
-    def finish(self, u: int, ticket: int, outcome: int, now: int, /) -> None:
-        """Release an admission and report its outcome (health.SUCCESS/FAILURE/NEUTRAL)."""
+    def finish(self, u: int, ticket: int, outcome: int, now: int | None, /) -> None:
+        """Release an admission and report its outcome (health.SUCCESS/FAILURE/NEUTRAL);
+        now None: read the clock."""
         ...
 
     def open_since(self, u: int, now: int, /) -> int: ...
@@ -245,12 +248,15 @@ def make_hasher(method: str, seeds: list[int], weights: list[int]) -> Rendezvous
 class Target:
     """One target of one route, resolved to its upstream's index."""
 
-    __slots__ = ("spec", "route", "u", "weight", "priority", "pos")
+    __slots__ = ("spec", "route", "u", "weight", "priority", "pos", "model")
 
     def __init__(self, spec: TargetSpec, route: RouteSpec, u: int, pos: int) -> None:
         self.spec = spec
         self.route = route
         self.u = u
+        # The name to send upstream: the target's own, else the route's public name; "" for a
+        # target of the catch-all route without one (the client's name is sent).
+        self.model = spec.model or (route.model if route.model != "*" else "")
         self.weight = spec.weight
         self.priority = spec.priority
         self.pos = pos  # index within its tier
@@ -262,7 +268,7 @@ class Target:
 class Tier:
     """The targets of one priority of one route, with the strategy state they share."""
 
-    __slots__ = ("targets", "us", "all", "uniform", "current", "hasher")
+    __slots__ = ("targets", "us", "all", "uniform", "weight_sum", "current", "hasher")
 
     def __init__(self, targets: list[Target], hash_method: str) -> None:
         if len(targets) > 64:
@@ -272,6 +278,7 @@ class Tier:
         self.us = tuple(t.u for t in targets)  # for one usable_mask call per group
         self.all = (1 << len(targets)) - 1
         self.uniform = len({t.weight for t in targets}) == 1
+        self.weight_sum = sum(t.weight for t in targets)
         self.current = [0] * len(targets)  # smooth WRR's current weights (per worker)
         self.hasher = make_hasher(hash_method, [target_seed(t.spec) for t in targets],
                                   [t.weight for t in targets])
@@ -353,21 +360,23 @@ def _by_hash(state: LiveState, tier: Tier, cands: list[Target], key_hash: int) -
     """The key's first target in rendezvous order whose load stays within the bound."""
     in_flight = state.in_flight
     targets = tier.targets
-    loads = [-1] * len(targets)  # -1: not a candidate (tried, or unavailable)
-    total = 0
-    weights = 0
-    for t in cands:
-        n = in_flight(t.u)
-        loads[t.pos] = n
-        total += n
-        weights += t.weight
+    if cands is targets:  # every target is a candidate: one call for the total
+        total = state.in_flight_sum(tier.us)
+        weights = tier.weight_sum
+        allowed = None
+    else:
+        total = 0
+        weights = 0
+        for t in cands:
+            total += in_flight(t.u)
+            weights += t.weight
+        allowed = {t.pos for t in cands}
     first = None
     for pos in tier.hasher.rank(key_hash):
-        n = loads[pos]
-        if n < 0:
-            continue
+        if allowed is not None and pos not in allowed:
+            continue  # tried, or unavailable
         t = targets[pos]
-        if n + 1 <= math.ceil(BOUNDED_LOAD * (total + 1) * t.weight / weights):
+        if in_flight(t.u) + 1 <= math.ceil(BOUNDED_LOAD * (total + 1) * t.weight / weights):
             return t
         if first is None:
             first = t
@@ -441,10 +450,7 @@ class Attempt:
         self.route = target.route
         self.target = target.spec
         self.upstream = target.u  # index in tables.upstreams (the target's name is target.upstream)
-        # The name to send upstream: the target's own, else the route's public name (the
-        # client's for the catch-all route).
-        public = model if target.route.model == "*" else target.route.model
-        self.model = target.spec.model or public
+        self.model = target.model or model  # the name to send upstream
         self.ticket = ticket
         self.number = number  # 1 for the first attempt
         self.panic = panic
@@ -483,7 +489,11 @@ class Plan:
         picker = self.chain[0]
         tier = picker.tiers[0]
         if state.usable_mask(tier.us, t) == tier.all:
-            target = _select(state, picker.strategy, tier, tier.targets, self.key_hash, router.rng)
+            if picker.strategy == "weighted" or len(tier.targets) == 1:
+                target = _weighted(tier, tier.targets)
+            else:
+                target = _select(state, picker.strategy, tier, tier.targets, self.key_hash,
+                                 router.rng)
             ticket = state.admit(target.u, t)
             if ticket >= 0:
                 self.tried.append(target)
@@ -501,8 +511,7 @@ class Plan:
         if attempt.finished:
             return
         attempt.finished = True
-        self.router.state.finish(attempt.upstream, attempt.ticket, outcome,
-                                 now_ms() if now is None else now)
+        self.router.state.finish(attempt.upstream, attempt.ticket, outcome, now)
 
     def retry(self, attempt: Attempt, verdict: Verdict, *, committed: bool = False,
               now: int | None = None) -> Attempt | None:

@@ -117,7 +117,8 @@ class SharedHealth:
     """
 
     __slots__ = ("names", "index", "native", "budget", "buckets",
-                 "check", "usable_mask", "in_flight", "admit", "finish", "record_request")
+                 "check", "usable_mask", "in_flight", "in_flight_sum", "admit", "finish",
+                 "record_request")
 
     def __init__(self, names: tuple[str, ...], native: Health, budget: RetryBudget,
                  buckets: tuple[TokenBucket | None, ...]) -> None:
@@ -131,6 +132,7 @@ class SharedHealth:
         # (tuple of u, now) -> bit k set when check(us[k], now) == 0
         self.usable_mask = native.usable_mask
         self.in_flight = native.in_flight
+        self.in_flight_sum = native.in_flight_sum  # (tuple of u) -> their in_flight summed
         # (u, now) -> ticket >= 0, or -REASON_*: breaker passage, an in-flight place, an rpm
         # token. Native alone when no upstream has an rpm bucket.
         self.admit = self._admit_rated if any(b is not None for b in buckets) else native.admit

@@ -61,6 +61,9 @@ class FakeState:
     def in_flight(self, u: int) -> int:
         return self.in_flight_[u]
 
+    def in_flight_sum(self, us: tuple[int, ...]) -> int:
+        return sum(self.in_flight_[u] for u in us)
+
     def admit(self, u: int, now: int) -> int:
         reason = self.check(u, now)
         if reason:
