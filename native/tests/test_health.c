@@ -580,6 +580,19 @@ static void test_hashes(void)
     }
     CHECK(llabs(wins[0] - 60000) < 1000 && llabs(wins[1] - 20000) < 1000);
     CHECK(moved == wins[2] && moved_wrongly == 0);
+
+    /* Equal weights skip the log (u alone ranks); a hair of difference takes the weighted
+     * formula. Both must rank the same keys the same way (ties aside). */
+    double equal[3] = {2, 2, 2}, nearly[3] = {2, 2, 2 * (1 + 1e-12)};
+    int64_t differ = 0;
+    for (int k = 0; k < 100000; k++) {
+        uint64_t kh = vx_hash64(&k, sizeof k, 3);
+        uint32_t a[3], b[3];
+        vx_hrw_rank(kh, seeds, equal, 3, a);
+        vx_hrw_rank(kh, seeds, nearly, 3, b);
+        differ += a[0] != b[0] || a[1] != b[1];
+    }
+    CHECK(differ <= 10);
 }
 
 int main(void)

@@ -390,3 +390,38 @@ def test_bad_policies_in_tables_name_the_table() -> None:
                  retry=RetryPolicy(budget_window_s=0))
     with pytest.raises(TableError, match=r"gw.toml: \[retry\] budget_window_s .* got 0"):
         SharedHealth.create(bad)
+
+
+def test_group_calls_match_single_calls_and_refuse_bad_input() -> None:
+    h = health(3, caps=[1, 0, 0])
+    assert h.usable_mask((0, 1, 2), T0) == 0b111
+    assert h.admit(0, T0) == 0 and h.in_flight_sum((0, 1, 2)) == 1
+    assert h.usable_mask((0, 1, 2), T0) == 0b110  # 0 is full
+    assert h.usable_mask((2, 0), T0) == 0b01  # bits follow the tuple's order
+    assert h.admit(0, T0) == -REASON_FULL
+    for _ in range(5):
+        h.report(1, 0, FAILURE, T0)
+    assert h.usable_mask((0, 1, 2), T0) == 0b100 and h.admit(1, T0) == -REASON_OPEN
+    h.finish(0, 0, SUCCESS, None)
+    assert h.in_flight_sum((0, 1, 2)) == 0 and h.counter(0, _native.UP_SUCCESSES) == 1
+    with pytest.raises(TypeError):
+        h.usable_mask([0, 1], T0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        h.usable_mask(tuple(range(65)), T0)
+    with pytest.raises(IndexError):
+        h.usable_mask((0, 3), T0)
+    with pytest.raises(IndexError):
+        h.in_flight_sum((7,))
+
+
+def _maps() -> int:
+    with open("/proc/self/maps") as fh:
+        return sum(1 for _ in fh)
+
+
+def test_create_destroy_unmaps_shared_memory() -> None:
+    before = _maps()
+    for _ in range(5000):
+        Health([0, 0], 5, 2, 1000, 1000, 1, 1000).enter(0)
+        RetryBudget(20, 10, 1).try_retry()
+    assert _maps() - before < 20
