@@ -94,7 +94,7 @@ class Supervisor:
         self.settings = settings
         self.sock = bind(settings.host, settings.port, listen=False)
         self.port = self.sock.getsockname()[1]
-        self.shared = SharedStats(settings.workers)
+        self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst)
         cores = oversubscribed(settings.workers)
         if cores:

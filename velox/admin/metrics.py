@@ -30,7 +30,18 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velox import __version__
-from velox.stats import F, H, ROUTE_NAMES, ROUTE_STATUS_FIELD, STATUS_CLASSES, SharedStats
+from velox.stats import (
+    F,
+    H,
+    RETRY_REASONS,
+    ROUTE_NAMES,
+    ROUTE_STATUS_FIELD,
+    STATUS_CLASSES,
+    UPSTREAM_CLASSES,
+    SharedStats,
+)
+
+BREAKER_STATES = ("closed", "open", "half_open")
 
 LE_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -87,10 +98,42 @@ class VeloxCollector(Collector):
         self.profile_runs = profile_runs
         self.admin_refused = admin_refused
 
+    def _upstreams(self) -> Iterator[Metric]:
+        """Per upstream: attempts by outcome class, breaker state, in flight; retries by reason."""
+        shared = self.shared
+        live = shared.health.snapshot()["upstreams"]
+        status = shared.upstream_status.totals()
+        width = len(UPSTREAM_CLASSES)
+        requests = CounterMetricFamily(
+            "velox_upstream_requests", "Attempts sent to each upstream, by how they ended.",
+            labels=["upstream", "status_class"])
+        state = GaugeMetricFamily(
+            "velox_upstream_state", "Circuit breaker state of each upstream (1: current).",
+            labels=["upstream", "state"])
+        in_flight = GaugeMetricFamily(
+            "velox_upstream_in_flight", "Requests in flight on each upstream, all workers.",
+            labels=["upstream"])
+        for u, spec in enumerate(shared.tables.upstreams):
+            for c, name in enumerate(UPSTREAM_CLASSES):
+                requests.add_metric([spec.name, name], status[u * width + c])
+            row = live[spec.name]
+            for name in BREAKER_STATES:
+                state.add_metric([spec.name, name], 1.0 if row["state"] == name else 0.0)
+            in_flight.add_metric([spec.name], row["in_flight"])
+        yield requests
+        yield state
+        yield in_flight
+        retries = CounterMetricFamily("velox_retries", "Requests sent again, by reason.",
+                                      labels=["reason"])
+        for reason, n in zip(RETRY_REASONS, shared.retries.totals(), strict=True):
+            retries.add_metric([reason], n)
+        yield retries
+
     def collect(self) -> Iterator[Metric]:
         rows = self.shared.counters.snapshot()
         workers = [str(w) for w in range(len(rows))]
         yield from self._requests(workers)
+        yield from self._upstreams()
         for field, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["worker"])
             for w, row in zip(workers, rows):
