@@ -91,6 +91,11 @@ class NotFound(VeloxError):
     default_message = "Unknown URL."
 
 
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+    default_message = "The model does not exist or you do not have access to it."
+
+
 class MethodNotAllowed(VeloxError):
     status = 405
     type = "invalid_request_error"

@@ -129,7 +129,19 @@ class Auth:
         raise Unauthorized("Incorrect API key provided to the gateway.")
 
     def upstream_headers(self, headers: Headers) -> Headers:
-        """The client's end-to-end headers with the upstream's authorization applied."""
+        """The client's end-to-end headers with the default upstream's authorization applied."""
+        out, passthrough = self.client_headers(headers)
+        if self._upstream_value is not None:
+            out.append((b"authorization", self._upstream_value))
+        else:
+            out += passthrough
+        return out
+
+    def client_headers(self, headers: Headers) -> tuple[Headers, Headers]:
+        """(the client's end-to-end headers without its credential, the credential to pass on
+        when the upstream has none of its own): hop-by-hop headers and those the Connection
+        header names are dropped; the client's authorization passes on only when the gateway
+        has no keys of its own (then the client's key is the upstream's)."""
         out: Headers = []
         client_auth = None
         listed: set[bytes] | None = None
@@ -145,12 +157,9 @@ class Auth:
                 out.append(header)
         if listed:
             out = [h for h in out if h[0] not in listed]
-        if self._upstream_value is not None:
-            out.append((b"authorization", self._upstream_value))
-        elif client_auth is not None and not self._client_keys:
-            # No gateway key and no client auth: the client's own key is the upstream's.
-            out.append(client_auth)
-        return out
+        if client_auth is not None and not self._client_keys:
+            return out, [client_auth]
+        return out, []
 
 
 def _connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:
