@@ -64,7 +64,7 @@ bench-soak: bench-deps
 	$(PY) -m benches.e2e soak
 
 bench-report: bench-deps
-	$(PY) -m velox bench report
+	$(PY) -m benches.report
 
 clean:
 	rm -rf build native/build velox/*.so .pytest_cache .benchmarks

@@ -12,6 +12,7 @@ NATIVE_SOURCES = [
     "native/vx_bucket.c",
     "native/vx_stats.c",
     "native/vx_json.c",
+    "native/vx_health.c",
 ]
 
 setup(

@@ -1,4 +1,7 @@
-"""`python -m velox` is the `velox` command."""
+"""`python -m velox` is the `velox` command.
+
+Imports: cli.
+"""
 
 import sys
 

@@ -1,8 +1,9 @@
 """Private native core of Velox (C extension `velox._native`).
 
-Do not import this module directly: the public faces are velox.ring, velox.ratelimit and
-velox.stats. Errors: ValueError for bad values (integers too large for int64 included, never
-OverflowError), TypeError for wrong types, IndexError for slot/field out of range.
+Do not import this module directly: the public faces are velox.ring, velox.ratelimit,
+velox.stats and velox.health. Errors: ValueError for bad values (integers too large for int64
+included, never OverflowError), TypeError for wrong types, IndexError for slot/field out of
+range.
 """
 
 from collections.abc import Sequence
@@ -166,3 +167,123 @@ def scan_json(buf: Buffer, /) -> tuple[int, int, int, int, int, int, int]:
     released during the scan, so a thread can scan a large body while the event loop runs;
     do not modify the buffer meanwhile (a bytearray cannot be resized during the scan).
     """
+
+# Shared per-upstream health (vx_health). The public face is velox.health.
+BREAKER_CLOSED: Final[int]  # 0
+BREAKER_OPEN: Final[int]  # 1
+BREAKER_HALF_OPEN: Final[int]  # 2
+PEEK_CLOSED: Final[int]  # 0: admitted
+PEEK_PROBE: Final[int]  # 1: admitted as a probe
+PEEK_OPEN: Final[int]  # 2: refused, open and not yet due
+PEEK_PROBING: Final[int]  # 3: refused, half-open with every probe slot taken
+OUTCOME_SUCCESS: Final[int]  # 0
+OUTCOME_FAILURE: Final[int]  # 1: upstream-caused
+OUTCOME_NEUTRAL: Final[int]  # 2: neither (client left, gateway refused): frees a probe slot
+TR_NONE: Final[int]  # 0
+TR_OPENED: Final[int]  # 1: closed -> open (this caller was the one opener)
+TR_REOPENED: Final[int]  # 2: half-open -> open
+TR_CLOSED: Final[int]  # 3: half-open -> closed
+UP_REQUESTS: Final[int]  # 0
+UP_SUCCESSES: Final[int]  # 1
+UP_FAILURES: Final[int]  # 2
+UP_RETRIES: Final[int]  # 3
+UP_PANICS: Final[int]  # 4
+UP_FULL: Final[int]  # 5: refused by max_in_flight (counted by acquire)
+UP_COUNTERS: Final[int]  # 6
+
+@final
+class Health:
+    """Per-upstream circuit breakers, in-flight gauges and counters in one shared mapping.
+
+    One entry per item of max_in_flight (1 to 4096). Created before fork(), one state for the
+    parent and every child. now_ms arguments are CLOCK_MONOTONIC milliseconds; None (or
+    omitted) reads the clock. Policy bounds: failures and successes [1, 255], open_ms
+    [1, 2**31], max_open_ms [open_ms, 2**31], probes [1, 63], probe_lease_ms [1, 2**31].
+    """
+
+    def __init__(
+        self,
+        max_in_flight: Sequence[int],
+        failures: int,
+        successes: int,
+        open_ms: int,
+        max_open_ms: int,
+        probes: int,
+        probe_lease_ms: int,
+    ) -> None: ...
+    def __len__(self) -> int: ...
+    def peek(self, upstream: int, now_ms: int | None = None, /) -> int:
+        """PEEK_*: what a request would get now, taking nothing."""
+    def check(self, upstream: int, now_ms: int | None = None, /) -> int:
+        """0: a request could go now; 1: the breaker refuses (open, or probe slots taken);
+        2: max_in_flight reached. Takes nothing."""
+    def usable_mask(self, upstreams: tuple[int, ...], now_ms: int | None, /) -> int:
+        """Bit k set when check(upstreams[k], now_ms) == 0 (at most 64 upstreams)."""
+    def in_flight_sum(self, upstreams: tuple[int, ...], /) -> int:
+        """Sum of in_flight() over the upstreams, in one call."""
+    def admit(self, upstream: int, now_ms: int | None, /) -> int:
+        """enter() + acquire() + count(UP_REQUESTS): a ticket >= 0, or -1 (breaker refuses) /
+        -2 (max_in_flight reached), having taken nothing."""
+    def finish(self, upstream: int, ticket: int, outcome: int, now_ms: int | None, /) -> None:
+        """release() + report() + count UP_SUCCESSES / UP_FAILURES."""
+    def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
+        """-1 refused, 0 admitted (closed), > 0 a probe ticket; tickets >= 0 go to report()."""
+    def report(self, upstream: int, ticket: int, outcome: int, now_ms: int | None = None, /) -> int:
+        """Outcome (OUTCOME_*) of a request admitted with ticket; returns the TR_* it caused."""
+    def breaker(
+        self, upstream: int, now_ms: int | None = None, /
+    ) -> tuple[int, int, int, int, int, int, int, int]:
+        """(state, count, probes, streak, stamp_ms, opened_at_ms, open_count,
+        until_half_open_ms) from one read of the breaker word."""
+    def acquire(self, upstream: int, /) -> bool:
+        """One in-flight place; False (and UP_FULL counted) when max_in_flight is reached."""
+    def release(self, upstream: int, /) -> None: ...
+    def in_flight(self, upstream: int, /) -> int: ...
+    def max_in_flight(self, upstream: int, /) -> int: ...
+    def count(self, upstream: int, field: int, n: int = 1, /) -> None: ...
+    def counter(self, upstream: int, field: int, /) -> int: ...
+    @property
+    def policy(self) -> dict[str, int]: ...
+
+@final
+class RetryBudget:
+    """Gateway-wide retry budget in shared memory (created before fork()).
+
+    A retry at second s (now_ms // 1000) is granted only if, counting it,
+    100 * retries <= percent * requests + 100 * min_per_s * window_s, both summed over the
+    window_s seconds ending at s. percent [0, 1000], window_s [1, 3600], min_per_s [0, 10**6].
+    """
+
+    def __init__(self, percent: int, window_s: int, min_per_s: int) -> None: ...
+    def record_request(self, now_ms: int | None = None, /) -> int:
+        """Count one request; the second it was charged to (-1: not counted)."""
+    def try_retry(self, now_ms: int | None = None, /) -> bool: ...
+    def window(self, now_ms: int | None = None, /) -> tuple[int, int]:
+        """(requests, retries) over the window ending now (a metric)."""
+    @property
+    def percent(self) -> int: ...
+    @property
+    def window_s(self) -> int: ...
+    @property
+    def min_per_s(self) -> int: ...
+    # Test hook, not API.
+    def _try_retry_at(self, now_ms: int, /) -> int:
+        """try_retry returning the second charged, or -1."""
+
+def hash64(data: Buffer, seed: int = 0, /) -> int:
+    """Stable 64-bit hash (the same in every process, run and little-endian machine)."""
+
+@final
+class Rendezvous:
+    """Weighted rendezvous hashing over 1 to 64 targets named by 64-bit seeds.
+
+    Target i wins a key with probability weights[i] / sum(weights) (weights in (0, 1e9]);
+    removing a target moves only the keys it held.
+    """
+
+    def __init__(self, seeds: Sequence[int], weights: Sequence[float]) -> None: ...
+    def __len__(self) -> int: ...
+    def rank(self, key_hash: int, /) -> tuple[int, ...]:
+        """Target indices by score for key_hash, best first."""
+    def first(self, key_hash: int, /) -> int:
+        """rank(key_hash)[0]."""

@@ -1,7 +1,11 @@
 """Command line: `velox` (serve), `velox demo`, `velox --print-config` and `velox bench report`.
 
-Imports: config, tables, supervisor (lazily, so --print-config works without the native extension),
-admin.doctor (lazily, for `velox doctor`).
+`velox bench report` runs the developer tool benches/report.py, which is not part of the
+package: it works from the repository root of a source checkout and says so elsewhere.
+
+Imports: config, tables, supervisor (lazily, so --print-config works without the native
+extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily,
+from a checkout).
 """
 
 from __future__ import annotations
@@ -46,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor()
     if args.command == "bench":
-        from velox.benchreport import main as report
-
+        try:
+            from benches.report import main as report
+        except ImportError as exc:
+            print(f"velox bench report: the report generator is benches/report.py in the source "
+                  f"checkout, not part of the installed package ({exc}); run it from the "
+                  f"repository root: python -m benches.report (or make bench-report)",
+                  file=sys.stderr)
+            return 2
         return report(args.options)
     try:
         settings = load()

@@ -39,6 +39,8 @@ DEFAULT_CONNECT_TIMEOUT_MS = 5_000
 DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
 DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
+DEFAULT_WORKER_HANG_S = 10
+DEFAULT_BODY_TIMEOUT_MS = 30_000
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -164,6 +166,13 @@ def _key_list(raw: str) -> tuple[str, ...]:
     return keys
 
 
+def _token(raw: str) -> str:
+    token = raw.strip()
+    if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise ValueError("printable ASCII without spaces (it travels in an HTTP header)")
+    return token
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     env: str
@@ -239,6 +248,14 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_CONFIG", "config_file", _text, "",
           "TOML file of upstreams, routes, retry and breaker policies (empty: one upstream "
           "from VELOX_UPSTREAM_*)"),
+    Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
+          "bearer token the admin server requires on every path but /healthz (empty: none; "
+          "then it may only bind a loopback address)", secret=True),
+    Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
+          "a worker whose loop is silent this long is killed and restarted (0: never)"),
+    Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
+          str(DEFAULT_BODY_TIMEOUT_MS),
+          "a request (line, headers, body) must arrive within this time of its first byte (408)"),
     Field("VELOX_UPSTREAM_PING_INTERVAL_MS", "upstream_ping_interval_ms",
           _int_in(0, 86_400_000), "10000",
           "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
@@ -281,6 +298,9 @@ class Settings:
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
     config_file: str = ""
+    admin_token: str = ""
+    worker_hang_s: int = DEFAULT_WORKER_HANG_S
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     # Derived from the environment but not a VELOX_* variable of its own.

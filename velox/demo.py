@@ -5,7 +5,7 @@ Starts the mock OpenAI upstream over HTTP/2 + TLS with a fresh CA, starts the ga
 the OpenAI SDK to show the path works, prints what to give your own client, and stays in the
 foreground until Ctrl-C, when it stops everything it started.
 
-Imports: launch, mock, stdlib (openai if installed).
+Imports: config, launch, mock, stdlib (openai if installed).
 """
 
 from __future__ import annotations

@@ -91,6 +91,11 @@ class NotFound(VeloxError):
     default_message = "Unknown URL."
 
 
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+    default_message = "The model does not exist or you do not have access to it."
+
+
 class MethodNotAllowed(VeloxError):
     status = 405
     type = "invalid_request_error"
@@ -122,6 +127,20 @@ class RateLimited(VeloxError):
     source = Source.DOWNSTREAM
     retryable = True
     default_message = "Rate limit of the gateway reached; retry after the indicated time."
+
+
+class RequestTimeout(VeloxError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+    source = Source.DOWNSTREAM
+    default_message = ("The request did not arrive in time (VELOX_BODY_TIMEOUT_MS from its "
+                       "first byte); the connection is closed.")
+
+
+class InvalidPath(BadRequest):
+    code = "invalid_path"
+    default_message = "The URL path is not in normal form."
 
 
 # --- 5xx: the gateway or the upstream failed -----------------------------------------------
@@ -169,6 +188,14 @@ class UpstreamTimeout(VeloxError):
     source = Source.UPSTREAM
     retryable = True
     default_message = "The upstream did not answer in time."
+
+
+class UnsupportedTransferCoding(VeloxError):
+    status = 501
+    type = "invalid_request_error"
+    code = "unsupported_transfer_coding"
+    source = Source.DOWNSTREAM
+    default_message = "Only the chunked transfer coding is supported."
 
 
 class InternalError(VeloxError):

@@ -10,7 +10,20 @@ ring push, and one write for its response.
 Requests pipelined on one connection are answered in order: while one is in flight the next
 ones wait here (and reading pauses), because HTTP/1.1 responses cannot be reordered.
 
-Imports: _types, errors, route, arena, config (for Settings) and the ring interface.
+Memory follows the bytes that arrived, never what a header declares: a body grows as it comes
+(`Content-Length: 16000000` and one byte cost one byte), and a request must arrive whole -
+request line, headers and body - within VELOX_BODY_TIMEOUT_MS of its first byte, or it gets a
+408 and the connection is closed (the worker's tick calls `expire_receive`). Without that
+deadline a client trickling a byte every few seconds would hold its buffer forever, since every
+byte refreshes the keep-alive idle clock.
+
+Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
+otherwise complete the message first and the client got an empty reply), transfer codings other
+than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
+forwarded as headers.
+
+Imports: _types, errors, route, arena, config (for Settings), the ring interface, httptools
+and orjson.
 """
 
 from __future__ import annotations
@@ -35,7 +48,9 @@ from velox.errors import (
     NotReady,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ShuttingDown,
+    UnsupportedTransferCoding,
     VeloxError,
     to_response,
 )
@@ -54,11 +69,13 @@ _HEALTH_BODY = orjson.dumps({"status": "ok"})
 _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
-_WATCHED = frozenset({b"content-length", b"authorization", b"expect"})
+_WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
-# Bodies declared larger than this are copied into one buffer of their final size as they
-# arrive, so completing a multi-megabyte upload costs no single large join on the loop.
+# Bodies declared larger than this are appended to one growing bytearray as they arrive, so
+# completing a multi-megabyte upload costs no single large join on the loop. The buffer is
+# never sized from Content-Length: it holds what arrived (CPython over-allocates ~12% per
+# growth, and glibc grows blocks of 128 KiB and up with mremap, so appending copies no pages).
 _ASSEMBLE_BYTES = 64 * 1024
 
 
@@ -67,7 +84,7 @@ class IngressState:
 
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
-        "connections", "draining", "is_ready", "on_response", "overloaded",
+        "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
     )
 
     def __init__(
@@ -94,6 +111,7 @@ class IngressState:
         self.is_ready = is_ready
         self.on_response = on_response  # (request, status, bytes_out) for the counters
         self.overloaded = 0  # requests refused because the ring was full
+        self.receive_timeouts = 0  # requests cut off by VELOX_BODY_TIMEOUT_MS (408)
 
 
 class _Refuse(Exception):
@@ -109,9 +127,10 @@ class ClientConnection(asyncio.Protocol):
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_expect", "_reject", "_route",
+        "receiving_since", "_in_body",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
-        "_read_paused",
+        "read_paused", "refused",
     )
 
     def __init__(self, state: IngressState) -> None:
@@ -127,7 +146,10 @@ class ClientConnection(asyncio.Protocol):
         self._streaming = False
         self._stream_status = 0
         self._stream_bytes = 0
-        self._read_paused = False
+        self.read_paused = False
+        self.refused = False  # a request was refused mid-parse: nothing more is read
+        # monotonic time of the first byte of the request being received; 0.0 between requests.
+        self.receiving_since = 0.0
         self._reset_message()
 
     # --- transport callbacks ------------------------------------------------------------
@@ -153,6 +175,8 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self.refused:
+            return  # the parser is in an error state; the connection closes after the refusal
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -165,7 +189,8 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
         except httptools.HttpParserError as exc:
-            self._refuse(BadHTTP(f"Malformed HTTP request: {exc}"))
+            self._refuse(BadHTTP(f"Malformed HTTP request: {exc}"),
+                         not isinstance(exc, httptools.HttpParserInvalidMethodError))
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -190,8 +215,11 @@ class ClientConnection(asyncio.Protocol):
         self._expect = False
         self._reject: VeloxError | None = None
         self._route: Route | None = None
+        self._in_body = False
 
     def on_message_begin(self) -> None:
+        # llhttp calls this at the first byte of a request line: the receive deadline starts.
+        self.receiving_since = time.monotonic()
         self._reset_message()
 
     def on_url(self, url: bytes) -> None:
@@ -202,20 +230,29 @@ class ClientConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        self._headers.append((name, value))
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.state.max_header:
             raise _Refuse(HeadersTooLarge())
+        if self._in_body:
+            return  # a trailer field of a chunked body: counted against the limit, not kept
+        self._headers.append((name, value))
         if name in _WATCHED:
             if name == b"content-length":
                 self._content_length = int(value)
             elif name == b"authorization":
                 self._authorization = value
+            elif name == b"transfer-encoding":
+                _check_transfer_coding(value)
             elif value.lower() == b"100-continue":
                 self._expect = True
 
     def on_headers_complete(self) -> None:
         state = self.state
+        self._in_body = True
+        if self.parser.should_upgrade():
+            # Connection: Upgrade (h2c, websocket) or CONNECT. httptools would complete the
+            # message and only then raise HttpParserUpgrade, too late to answer it.
+            raise _Refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
         try:
             route = classify(self.parser.get_method(), self._url)
             if route <= Route.ROOT:
@@ -228,7 +265,7 @@ class ClientConnection(asyncio.Protocol):
                 f"The request body is {self._content_length} bytes; this gateway accepts at "
                 f"most {state.max_body} (VELOX_MAX_BODY_BYTES)."))
         if self._content_length > _ASSEMBLE_BYTES and self._reject is None:
-            self._assembled = bytearray(self._content_length)
+            self._assembled = bytearray()  # grows as the body arrives, see _ASSEMBLE_BYTES
         if self._expect and self.transport is not None:
             if self._reject is not None:
                 # The client holds its body back until told to send it: refuse now and close,
@@ -246,11 +283,11 @@ class ClientConnection(asyncio.Protocol):
             if assembled is None:
                 self._chunks.append(body)
             else:
-                end = self._body_size
-                assembled[end - len(body):end] = body
+                assembled += body
 
     def on_message_complete(self) -> None:
         state = self.state
+        self.receiving_since = 0.0
         chunks = self._chunks
         body: bytes | bytearray | memoryview = b""
         segment = -1
@@ -273,8 +310,8 @@ class ClientConnection(asyncio.Protocol):
             if self._pending is None:
                 self._pending = deque()
             self._pending.append((request, self._reject))
-            if len(self._pending) >= _PIPELINE_DEPTH and not self._read_paused:
-                self._read_paused = True
+            if len(self._pending) >= _PIPELINE_DEPTH and not self.read_paused:
+                self.read_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
 
     # --- dispatch -------------------------------------------------------------------------
@@ -314,24 +351,37 @@ class ClientConnection(asyncio.Protocol):
         pending = self._pending
         if pending:
             nxt, reject = pending.popleft()
-            if self._read_paused and len(pending) < _PIPELINE_DEPTH:
-                self._read_paused = False
+            if self.read_paused and len(pending) < _PIPELINE_DEPTH and not self.refused:
+                self.read_paused = False
+                if self.receiving_since:
+                    # A request cut short by the pause gets its full time from now on.
+                    self.receiving_since = time.monotonic()
                 self.transport.resume_reading()  # type: ignore[union-attr]
             self._start(nxt, reject)
 
-    def _refuse(self, error: VeloxError) -> None:
-        """Answer a request we stopped parsing, then close: the parser cannot resync."""
-        if self.closed:
+    def _refuse(self, error: VeloxError, method_known: bool = True) -> None:
+        """Answer a request we stopped parsing, then close: the parser cannot resync.
+
+        If earlier requests of the connection are still being answered, the refusal waits
+        its turn behind them (HTTP/1.1 answers in order) and reading stops meanwhile."""
+        if self.closed or self.refused:
             return
-        if self.current is not None:
-            # A response is in flight for an earlier request; it must not be interleaved.
-            self.closed = True
-            self.transport.close()  # type: ignore[union-attr]
-            return
-        request = Request(self, b"", self._url, Route.FORWARD, [], b"", False,
+        self.refused = True
+        self.receiving_since = 0.0
+        # A refused HEAD still gets no body. Until llhttp has matched a method it reports its
+        # method 0 (DELETE), which is harmless here; an invalid method is no method at all.
+        method = self.parser.get_method() if method_known else b""
+        request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
                           time.perf_counter_ns())
-        self.current = request
-        self.respond_error(request, error)
+        if self.current is None:
+            self._start(request, error)
+            return
+        if self._pending is None:
+            self._pending = deque()
+        self._pending.append((request, error))
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
 
     # --- Responder: how the stages answer -------------------------------------------------
 
@@ -403,6 +453,15 @@ class ClientConnection(asyncio.Protocol):
         # Closing mid-body is the only way HTTP/1.1 can tell the client the response failed.
         self.transport.close()  # type: ignore[union-attr]
 
+    def expire_receive(self) -> None:
+        """The request being received missed its deadline (VELOX_BODY_TIMEOUT_MS): 408, then
+        close. If earlier requests are still being answered, the 408 follows their answers."""
+        if self.closed or self.refused:
+            return
+        self.receiving_since = 0.0
+        self.state.receive_timeouts += 1
+        self._refuse(RequestTimeout())
+
     # --- lifecycle ------------------------------------------------------------------------
 
     @property
@@ -415,3 +474,17 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
             return True
         return False
+
+
+_CHUNKED_CODING = b"chunked"
+
+
+def _check_transfer_coding(value: bytes) -> None:
+    """Only `chunked` is understood; any other coding (gzip, deflate, identity...) gets 501
+    (RFC 9112 §6.1) instead of being silently ignored."""
+    for coding in value.split(b","):
+        coding = coding.strip().lower()
+        if coding and coding != _CHUNKED_CODING:
+            raise _Refuse(UnsupportedTransferCoding(
+                f"Transfer-Encoding {coding.decode('latin-1')!r} is not supported; "
+                "send the body as is or with chunked only."))

@@ -4,7 +4,8 @@
 `/readyz` answers 200, and stops it by its PID. Its stdout and stderr go to a file so a test
 can read the log afterwards (for instance to prove a key never appears in it). Unless the
 caller sets VELOX_ADMIN_ADDR, the admin server gets a free port of its own, so gateways
-started side by side never collide.
+started side by side never collide. With VELOX_ADMIN_TOKEN in its settings, `admin_headers`
+and `admin_get` carry the token.
 
 Imports: stdlib only.
 """
@@ -29,10 +30,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+def http_get(host: str, port: int, path: str, timeout: float = 2.0,
+             headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=dict(headers or {}))
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -66,6 +68,20 @@ class GatewayProcess:
         if addr.lower() == "off" or addr.endswith(":0"):
             return None
         return f"http://{addr}"
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The Authorization header the admin server wants (none without VELOX_ADMIN_TOKEN)."""
+        token = self.env.get("VELOX_ADMIN_TOKEN", "").strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def admin_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        """GET an admin path, with the token when one is configured."""
+        url = self.admin_url
+        if url is None:
+            raise RuntimeError("this gateway has no admin server (VELOX_ADMIN_ADDR)")
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        return http_get(host.strip("[]"), int(port), path, timeout, self.admin_headers)
 
     @property
     def pid(self) -> int:

@@ -10,7 +10,7 @@ string of the document, about 16 ms for a 16 MiB body, during which the worker s
 allocates nothing and releases the GIL (about 4 ms for the same body), so the worker runs it
 in a thread and keeps serving meanwhile. Both functions accept exactly the same bodies.
 
-Imports: _types, errors, the native extension (scan_json).
+Imports: _types, errors, the native extension (scan_json), orjson.
 """
 
 from __future__ import annotations

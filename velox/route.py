@@ -1,9 +1,18 @@
 """Routing: which requests exist, who may make them, and what goes upstream.
 
 Pure functions of the request and the settings, with no I/O: `classify` decides at header time
-whether a path is served, forwarded or refused (404/405), `check_auth` enforces VELOX_API_KEYS
+whether a path is served, forwarded or refused (400/404/405), `check_auth` enforces VELOX_API_KEYS
 (401), and `upstream_headers` turns the client's headers into the upstream's: hop-by-hop headers
 dropped, the gateway's key swapped in, the client's gateway key never forwarded.
+
+Paths are refused, not normalised: a path that is not already in normal form gets 400
+invalid_path before routing, so what is checked is byte for byte what goes upstream (with the
+upstream's key attached). Refused: dot segments (`/v1/../x`), empty segments (`/v1//x`, and a
+trailing slash such as `/v1/chat/completions/`), backslashes, `;` parameters
+(`/v1/chat/completions;x`), fragments, and percent-encoded dots, slashes and backslashes
+(`%2e %2f %5c`, any case), which an upstream or a proxy in front of it may decode into the
+former. Query strings are not inspected and stay allowed. Normalising instead would route a
+request to a path the client did not write; no OpenAI client sends such paths.
 
 Imports: _types, errors, config.
 """
@@ -11,10 +20,11 @@ Imports: _types, errors, config.
 from __future__ import annotations
 
 import hmac
+import re
 
 from velox._types import Headers, Route
 from velox.config import Settings
-from velox.errors import MethodNotAllowed, NotFound, Unauthorized
+from velox.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
 
 # OpenAI endpoints whose POST body must be JSON naming a model; other methods on them are
 # either real OpenAI calls (GET /v1/chat/completions lists stored completions) or 405.
@@ -42,10 +52,20 @@ HOP_BY_HOP = frozenset({
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 
 
+# Anything that makes a path differ from its normal form, in the path part (query excluded):
+# \ ; # anywhere, %2e %2f %5c in any case, an empty segment (// or a trailing /), a . or ..
+# segment. "/" alone is the root and is allowed (see classify).
+_NOT_NORMAL = re.compile(rb"[\\;#]|%(?:2[eEfF]|5[cC])|//|/\.{1,2}(?:/|$)|./$")
+
+
 def classify(method: bytes, path: bytes) -> Route:
-    """Route of a request line, or raise NotFound / MethodNotAllowed."""
+    """Route of a request line, or raise InvalidPath / NotFound / MethodNotAllowed."""
     bare = path.split(b"?", 1)[0]
     allowed = _MODEL_CALLS.get(bare)
+    if allowed is None and _NOT_NORMAL.search(bare) is not None:
+        raise InvalidPath(
+            f"The URL path {bare.decode('latin-1')!r} is not in normal form (dot or empty "
+            "segments, encoded or back slashes, ';' parameters); send the plain path.")
     if allowed is not None:
         if method == b"POST":
             return Route.MODEL_CALL
@@ -109,7 +129,19 @@ class Auth:
         raise Unauthorized("Incorrect API key provided to the gateway.")
 
     def upstream_headers(self, headers: Headers) -> Headers:
-        """The client's end-to-end headers with the upstream's authorization applied."""
+        """The client's end-to-end headers with the default upstream's authorization applied."""
+        out, passthrough = self.client_headers(headers)
+        if self._upstream_value is not None:
+            out.append((b"authorization", self._upstream_value))
+        else:
+            out += passthrough
+        return out
+
+    def client_headers(self, headers: Headers) -> tuple[Headers, Headers]:
+        """(the client's end-to-end headers without its credential, the credential to pass on
+        when the upstream has none of its own): hop-by-hop headers and those the Connection
+        header names are dropped; the client's authorization passes on only when the gateway
+        has no keys of its own (then the client's key is the upstream's)."""
         out: Headers = []
         client_auth = None
         listed: set[bytes] | None = None
@@ -125,12 +157,9 @@ class Auth:
                 out.append(header)
         if listed:
             out = [h for h in out if h[0] not in listed]
-        if self._upstream_value is not None:
-            out.append((b"authorization", self._upstream_value))
-        elif client_auth is not None and not self._client_keys:
-            # No gateway key and no client auth: the client's own key is the upstream's.
-            out.append(client_auth)
-        return out
+        if client_auth is not None and not self._client_keys:
+            return out, [client_auth]
+        return out, []
 
 
 def _connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:

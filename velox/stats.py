@@ -5,7 +5,8 @@ slot (its own cache lines) of the same shared mapping, and the supervisor or any
 the slots without asking the workers anything. Field meanings are fixed here; the native
 `Counters` and `Histogram` know only numbers.
 
-Imports: the native extension, _types (route numbers) and stdlib.
+Imports: the native extension, _types (route numbers), health and tables (the upstreams' shared
+state) and stdlib.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from enum import IntEnum
 
 from velox._native import Counters, Histogram
 from velox._types import Route
+from velox.health import SharedHealth
+from velox.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 
 
 class F(IntEnum):
@@ -46,9 +49,13 @@ class F(IntEnum):
     UPSTREAM_CONNECTIONS = 24  # gauge: open upstream connections
     STARTS = 25  # times a worker started in this slot (restarts = STARTS - 1)
     ACCESS_LOG_LINES = 26  # access-log lines written (requests minus these: lines dropped)
-    UPSTREAM_PING_TIMEOUTS = 27  # upstream connections replaced for not answering a PING
-    UPSTREAM_WARMUP_TIMEOUTS = 28  # warm-ups that got no answer within the connect timeout
-    UPSTREAM_TIMEOUT_RETIREMENTS = 29  # connections retired after request timeouts in a row
+    HEARTBEAT_MS = 27  # gauge: the worker loop's last tick, time.monotonic() in ms (0: none yet)
+    HANG_KILLS = 28  # workers in this slot killed by the supervisor for a silent loop
+    RECEIVE_TIMEOUTS = 29  # requests cut off with 408 by VELOX_BODY_TIMEOUT_MS
+    FD_EXHAUSTED = 30  # times the worker ran out of file descriptors (new clients were reset)
+    UPSTREAM_PING_TIMEOUTS = 31  # upstream connections replaced for not answering a PING
+    UPSTREAM_WARMUP_TIMEOUTS = 32  # warm-ups that got no answer within the connect timeout
+    UPSTREAM_TIMEOUT_RETIREMENTS = 33  # connections retired after request timeouts in a row
 
 
 class H(IntEnum):
@@ -72,14 +79,43 @@ ROUTE_STATUS_FIELD = tuple(
 )
 
 
-class SharedStats:
-    __slots__ = ("workers", "counters", "histograms", "routes")
+# Why an attempt was sent again (velox_retries_total{reason}); field numbers of `retries`.
+RETRY_REASONS = ("connect", "timeout", "status_5xx", "status_429", "refused", "protocol")
+# Attempts by upstream and outcome class (velox_upstream_requests_total{upstream,status_class}):
+# field = upstream index * len(UPSTREAM_CLASSES) + class; "error" is an attempt without an
+# answer (connection error, timeout, reset).
+UPSTREAM_CLASSES = ("2xx", "3xx", "4xx", "5xx", "error")
+UPSTREAM_CLASS_OF = (0, 0, 0, 1, 2, 3, 3, 3, 3, 3)  # by status // 100
+UPSTREAM_ERROR = 4
 
-    def __init__(self, workers: int) -> None:
+
+class SharedStats:
+    """Everything the workers write and the admin reads, mapped before the workers fork.
+
+    Beside the per-worker counters and latency histograms: the upstreams' shared live state
+    (`health`: breakers, in-flight gauges, the retry budget), one upstream-latency histogram
+    per upstream, the picks of every route target (`targets`, field = the target's position in
+    `target_names`) and retries by reason.
+    """
+
+    __slots__ = ("workers", "counters", "histograms", "routes", "tables", "health",
+                 "upstream_latency", "targets", "target_names", "retries", "upstream_status")
+
+    def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
         self.counters = Counters(workers, len(F))
         self.histograms = tuple(Histogram(workers) for _ in H)
         self.routes = Counters(workers, ROUTE_FIELDS)
+        if tables is None:
+            tables = single_upstream(UpstreamSpec(DEFAULT_UPSTREAM, "https://api.openai.com"))
+        self.tables = tables
+        self.health = SharedHealth.create(tables)
+        self.upstream_latency = tuple(Histogram(workers) for _ in tables.upstreams)
+        self.target_names = tuple((route.model, target.upstream)
+                                  for route in tables.routes for target in route.targets)
+        self.targets = Counters(workers, max(1, len(self.target_names)))
+        self.retries = Counters(workers, len(RETRY_REASONS))
+        self.upstream_status = Counters(workers, len(tables.upstreams) * len(UPSTREAM_CLASSES))
 
     def all_ready(self) -> bool:
         rows = self.counters.snapshot()

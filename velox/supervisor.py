@@ -7,15 +7,31 @@ socket, so the kernel spreads new connections evenly over the workers (with one 
 listening socket, whichever worker wakes first accepts a whole burst and the others idle); the
 supervisor keeps a bound, non-listening socket in the same group to hold the port (and to learn
 it when VELOX_PORT=0) across worker restarts. Then it forks `VELOX_WORKERS` workers, each
-pinned to its own core, restarts any that dies, and on SIGTERM/SIGINT tells them to drain and
+pinned to its own core (none pinned, with a warning, when there are more workers than usable
+cores: see topology.py), restarts any that dies, and on SIGTERM/SIGINT tells them to drain and
 waits for them, up to the grace period, before exiting 0.
+
+SIGHUP is caught and logged, never fatal (nginx-style reloads, logrotate, systemd ExecReload
+and a closed terminal all send it): the loop sees `reload_requested` and calls `_reload()`,
+which is where a configuration reload will go; today it only says that nothing changed.
+Workers ignore SIGHUP (a closed terminal signals the whole process group).
+
+A forked worker closes every file descriptor it inherited but stdin/out/err and its own
+control socket: otherwise it would hold the admin server's client connections (and the other
+workers' channels) open for its whole life.
+
+Hung workers: each worker's loop writes a heartbeat (F.HEARTBEAT_MS, monotonic ms) every
+0.25 s tick. A worker silent for `_SILENT_S` (8 missed ticks) is marked not ready, so /readyz
+and /stats stop counting it; one silent for VELOX_WORKER_HANG_S is SIGKILLed and its slot
+restarted (logged, counted in F.HANG_KILLS). A stopped process (SIGSTOP) or a loop stuck in
+one callback is both: the kernel still queues connections for it, nobody answers them.
 
 The supervisor never runs an event loop; it sleeps in select() on a signal wake-up pipe.
 
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib.
+Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib, uvloop.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from typing import TYPE_CHECKING
 from velox.config import Settings
 from velox.ratelimit import Limiter
 from velox.stats import F, SharedStats
-from velox.topology import pin, plan
+from velox.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
     from velox.admin.server import AdminServer
@@ -45,6 +61,12 @@ _RESTART_BACKOFF_MAX_S = 5.0
 # A worker that dies sooner than this after starting is crash-looping: back off.
 _HEALTHY_UPTIME_S = 2.0
 _KILL_AFTER_GRACE_S = 5.0
+# Heartbeat silence after which a worker counts as not ready: 8 missed 0.25 s ticks.
+_SILENT_S = 2.0
+# A new worker's first heartbeat comes after its imports, its loop and its pool are built;
+# on a loaded 2-core box that has taken a few seconds, so silence before the first beat is
+# only counted after this long.
+_STARTUP_ALLOWANCE_S = 30.0
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
@@ -72,8 +94,13 @@ class Supervisor:
         self.settings = settings
         self.sock = bind(settings.host, settings.port, listen=False)
         self.port = self.sock.getsockname()[1]
-        self.shared = SharedStats(settings.workers)
+        self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst)
+        cores = oversubscribed(settings.workers)
+        if cores:
+            log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
+                        "share cores and none is pinned; set VELOX_WORKERS=%d (or leave it "
+                        "empty) for one worker per core", settings.workers, cores, cores)
         if settings.pin_workers:
             self.placement = plan(settings.workers)
         else:
@@ -83,6 +110,9 @@ class Supervisor:
         self.backoff: dict[int, float] = {}  # slot → next restart delay
         self.respawn_at: dict[int, float] = {}  # slot → when to restart it
         self.stop_signal = 0
+        self.reload_requested = False
+        self.silent: set[int] = set()  # slots whose worker is marked not ready for silence
+        self.hang_killed: set[int] = set()  # pids SIGKILLed for a silent loop, not yet reaped
         self.stopping = False
         self.kill_deadline = 0.0
         self.admin: AdminServer | None = None
@@ -101,6 +131,7 @@ class Supervisor:
         signal.set_wakeup_fd(wfd)
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
         for slot in range(self.settings.workers):
             self._spawn(slot)
@@ -117,6 +148,9 @@ class Supervisor:
             except BlockingIOError:
                 pass
             self._reap()
+            if self.reload_requested:
+                self.reload_requested = False
+                self._reload()
             if self.stop_signal and not self.stopping:
                 self._begin_stop()
             if self.stopping:
@@ -127,6 +161,7 @@ class Supervisor:
                         log.error("worker pid %d did not stop in time; killing it", pid)
                         _signal(pid, signal.SIGKILL)
             else:
+                self._watch_heartbeats()
                 self._respawn_due()
         if self.admin is not None:
             self.admin.stop()
@@ -135,6 +170,45 @@ class Supervisor:
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self.reload_requested = True
+
+    def _reload(self) -> None:
+        """SIGHUP. The place for re-reading VELOX_CONFIG and replacing workers one by one."""
+        log.warning("SIGHUP: configuration reload is not available yet; nothing changed "
+                    "(%d worker(s) keep running)", len(self.children))
+
+    def _watch_heartbeats(self) -> None:
+        counters = self.shared.counters
+        now = time.monotonic()
+        hang_s = self.settings.worker_hang_s
+        silent_s = min(_SILENT_S, hang_s) if hang_s else _SILENT_S
+        for pid, slot in list(self.children.items()):
+            if pid in self.hang_killed:
+                continue
+            beat = counters.get(slot, F.HEARTBEAT_MS)
+            if beat:
+                silent = now - beat / 1000
+            else:  # not started yet: count from the end of the start-up allowance
+                silent = now - self.started_at[slot] - _STARTUP_ALLOWANCE_S
+            if silent < silent_s:
+                if slot in self.silent:
+                    self.silent.discard(slot)
+                    log.info("worker %d (pid %d) is beating again", slot, pid)
+                continue
+            counters.set(slot, F.READY, 0)
+            if slot not in self.silent:
+                self.silent.add(slot)
+                log.warning("worker %d (pid %d): event loop silent for %.1fs; marked not ready",
+                            slot, pid, silent)
+            if hang_s and silent >= hang_s:
+                log.error("worker %d (pid %d): event loop silent for %.1fs "
+                          "(VELOX_WORKER_HANG_S=%d); killing it and starting another",
+                          slot, pid, silent, hang_s)
+                counters.add(slot, F.HANG_KILLS, 1)
+                self.hang_killed.add(pid)
+                _signal(pid, signal.SIGKILL)
 
     def _begin_stop(self) -> None:
         self.stopping = True
@@ -148,6 +222,8 @@ class Supervisor:
 
     def _spawn(self, slot: int) -> None:
         self.started_at[slot] = time.monotonic()
+        self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
+        self.silent.discard(slot)
         control = self.admin.hub.pair() if self.admin is not None else None
         pid = os.fork()
         if pid == 0:
@@ -160,8 +236,10 @@ class Supervisor:
                 if self.admin is not None and control is not None:
                     self.admin.close_in_child()
                     control[0].close()
+                close_inherited_fds({0, 1, 2} | ({control[1].fileno()} if control else set()))
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 code = run_worker(self.settings, slot, self.port, self.shared, self.limiter,
                                   self.placement[slot], control[1] if control else None)
             except BaseException:
@@ -183,6 +261,7 @@ class Supervisor:
             if pid == 0:
                 return
             slot = self.children.pop(pid, None)
+            self.hang_killed.discard(pid)
             if slot is None:
                 continue
             self.shared.counters.set(slot, F.READY, 0)
@@ -205,6 +284,28 @@ class Supervisor:
             if when <= now:
                 del self.respawn_at[slot]
                 self._spawn(slot)
+
+
+def close_inherited_fds(keep: set[int]) -> None:
+    """In a freshly forked worker: close every descriptor but `keep`.
+
+    The supervisor's admin threads may hold hundreds of client sockets at the moment of the
+    fork; the Python objects owning them stay behind in the parent's (now absent) threads, so
+    nothing else would ever close them in the child.
+    """
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: close up to the descriptor limit
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        fds = list(range(3, min(limit, 65536)))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:  # the directory listing's own descriptor, already closed
+                pass
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -4,6 +4,11 @@ Reads the node → CPU lists from /sys (absent on some kernels and containers: t
 core is treated as node 0) and orders the usable cores node by node, so consecutive workers
 fill one node before the next. On a one-node machine this is simply core order.
 
+Never two workers on one core: with more workers than usable cores (VELOX_WORKERS=64 on a
+2-core box) no worker is pinned at all and the kernel's scheduler shares the cores among them.
+Pinning the first N and leaving the rest free would still stack the free ones onto the pinned
+cores (they may run anywhere), while the pinned ones could never move away from them.
+
 Imports: stdlib only.
 """
 
@@ -56,9 +61,18 @@ def core_order(allowed: set[int] | None = None,
 
 def plan(workers: int, allowed: set[int] | None = None,
          nodes: dict[int, list[int]] | None = None) -> list[tuple[int, int]]:
-    """(core, node) for each worker slot; more workers than cores wrap around."""
+    """(core, node) for each worker slot, or (-1, -1) for all when there are more workers than
+    usable cores (see `oversubscribed`)."""
     order = core_order(allowed, nodes)
-    return [order[i % len(order)] for i in range(workers)]
+    if workers > len(order):
+        return [(-1, -1)] * workers
+    return order[:workers]
+
+
+def oversubscribed(workers: int, allowed: set[int] | None = None) -> int:
+    """The number of usable cores if `workers` exceeds it, else 0."""
+    cores = len(os.sched_getaffinity(0) if allowed is None else allowed)
+    return cores if workers > cores else 0
 
 
 def pin(core: int) -> None:

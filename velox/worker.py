@@ -13,12 +13,13 @@ This is the only module that runs the stages in sequence; each stage knows nothi
 others.
 
 Imports: every stage below it (ingress, parse, ratelimit, route, egress, relay), ring, arena,
-stats, config, errors; admin.agent (in serve: control channel and access log).
+stats, config, errors, _types; admin.agent (in serve: control channel and access log).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
@@ -50,6 +51,8 @@ log = logging.getLogger("velox.worker")
 # Batches run per drain before yielding to the loop, so a deep ring cannot starve I/O.
 _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
+# At most one "out of file descriptors" warning per this many seconds per worker.
+_FD_WARN_EVERY_S = 10.0
 _CLASS_FIELD = {1: F.RESP_2XX, 2: F.RESP_2XX, 3: F.RESP_3XX, 4: F.RESP_4XX, 5: F.RESP_5XX}
 
 
@@ -73,6 +76,9 @@ class Worker:
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
         self.stopping: asyncio.Event | None = None
         self.routes = shared.routes
+        self.body_timeout_s = settings.body_timeout_ms / 1000
+        self.fd_exhausted = False
+        self._fd_warned_at = -_FD_WARN_EVERY_S
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
         self.control_sock: Any = None
@@ -171,10 +177,44 @@ class Worker:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
         now = time.monotonic()
+        counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
-        for conn in [c for c in self.ingress.connections if c.last_active < idle_before]:
-            conn.close_if_idle()
+        late_before = now - self.body_timeout_s
+        for conn in [c for c in self.ingress.connections
+                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before]:
+            if 0.0 < conn.receiving_since < late_before and not conn.read_paused:
+                conn.expire_receive()
+            else:
+                conn.close_if_idle()
+        if self.ingress.receive_timeouts:
+            counters.add(slot, F.RECEIVE_TIMEOUTS, self.ingress.receive_timeouts)
+            self.ingress.receive_timeouts = 0
+        self._probe_fds(now)
         self.loop.call_later(_TICK_S, self._tick)
+
+    def _probe_fds(self, now: float) -> None:
+        """Notice when the worker is out of file descriptors. uvloop (libuv's EMFILE trick)
+        then accepts and closes new clients without telling Python anything, so the worker
+        looks for itself: one dup() per tick. Episodes shorter than a tick can be missed."""
+        try:
+            os.close(os.dup(self.sock.fileno()))
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                return
+            if not self.fd_exhausted:
+                self.fd_exhausted = True
+                self.counters.add(self.slot, F.FD_EXHAUSTED, 1)
+                if now - self._fd_warned_at >= _FD_WARN_EVERY_S:
+                    self._fd_warned_at = now
+                    log.warning(
+                        "worker %d is out of file descriptors (%s, %d client connections): "
+                        "new clients are being reset until some close; raise RLIMIT_NOFILE "
+                        "(ulimit -n)", self.slot, errno.errorcode[exc.errno],
+                        len(self.ingress.connections))
+            return
+        if self.fd_exhausted:
+            self.fd_exhausted = False
+            log.info("worker %d has file descriptors again; accepting new clients", self.slot)
 
     # --- the pipeline -------------------------------------------------------------------------
 

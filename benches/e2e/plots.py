@@ -1,7 +1,7 @@
 """The report's plots (matplotlib, PNG), drawn from the saved result documents only.
 
 `draw(results_dir, e2e, micro, soak)` writes whichever plots its inputs allow and returns their
-file names; `velox bench report` embeds them in report.html and the README.
+file names; `python -m benches.report` embeds them in report.html and the README.
 
 Imports: stdlib, matplotlib (Agg backend, no display needed).
 """

@@ -5,6 +5,7 @@
  * pops) to show what sharing the counters' cache lines costs.
  */
 #include "vx_bucket.h"
+#include "vx_health.h"
 #include "vx_ring.h"
 #include "vx_stats.h"
 
@@ -105,6 +106,62 @@ static double hist_record(vx_hist *h)
     return (now_ns() - t) / iters;
 }
 
+/* A closed breaker: peek + enter + in-flight acquire/release + success report, i.e. what one
+ * request costs the shared health state. */
+static double health_request(vx_health *h)
+{
+    const long iters = 10000000;
+    long ok = 0;
+    double t = now_ns();
+    for (long i = 0; i < iters; i++) {
+        ok += vx_breaker_peek(h, 0, i) == VX_PEEK_CLOSED;
+        int64_t ticket = vx_breaker_enter(h, 0, i);
+        if (vx_inflight_acquire(h, 0)) {
+            vx_inflight_release(h, 0);
+            vx_breaker_report(h, 0, ticket, VX_OUTCOME_SUCCESS, i);
+        }
+    }
+    t = now_ns() - t;
+    sink = (void *)ok;
+    return t / iters;
+}
+
+/* record_request + try_retry on a budget with room (the clock moves 1 ms per call). */
+static double budget_pair(vx_budget *b)
+{
+    const long iters = 10000000;
+    long ok = 0;
+    double t = now_ns();
+    for (long i = 0; i < iters; i++) {
+        vx_budget_record_request(b, i);
+        ok += vx_budget_try_retry(b, i) >= 0;
+    }
+    t = now_ns() - t;
+    sink = (void *)ok;
+    return t / iters;
+}
+
+static double hrw_rank(size_t n)
+{
+    const long iters = 2000000;
+    uint64_t seeds[10];
+    double weights[10];
+    uint32_t order[10];
+    for (size_t i = 0; i < n; i++) {
+        seeds[i] = vx_hash64(&i, sizeof i, 7);
+        weights[i] = 1.0;
+    }
+    long acc = 0;
+    double t = now_ns();
+    for (long i = 0; i < iters; i++) {
+        vx_hrw_rank(vx_hash64(&i, sizeof i, 0), seeds, weights, n, order);
+        acc += order[0];
+    }
+    t = now_ns() - t;
+    sink = (void *)acc;
+    return t / iters;
+}
+
 static vx_ring *shared_ring;
 
 static void *pair_thread(void *arg)
@@ -135,14 +192,18 @@ static double ring_two_threads(void)
 
 int main(void)
 {
-    double v[8][TRIALS];
+    double v[12][TRIALS];
     vx_ring *r = vx_ring_create(CAPACITY, NULL);
     shared_ring = vx_ring_create(CAPACITY, NULL);
     /* Burst and rate so large that the bucket never runs dry: the fast path is measured. */
     vx_bucket *b = vx_bucket_create(VX_BUCKET_MAX_RATE, VX_BUCKET_MAX_BURST, vx_now_us());
     vx_counters c = {0};
     vx_hist h = {0};
-    if (r == NULL || shared_ring == NULL || b == NULL || vx_counters_init(&c, 4, 4) != 0 ||
+    vx_health_policy policy = {.failures = 5, .successes = 2, .open_ms = 30000,
+                               .max_open_ms = 300000, .probes = 1, .probe_lease_ms = 60000};
+    vx_health *health = vx_health_create(1, NULL, &policy);
+    vx_budget *budget = vx_budget_create(100, 10, 1000);
+    if (health == NULL || budget == NULL || r == NULL || shared_ring == NULL || b == NULL || vx_counters_init(&c, 4, 4) != 0 ||
         vx_hist_init(&h, 4) != 0) {
         fprintf(stderr, "bench: setup failed\n");
         return 1;
@@ -156,6 +217,10 @@ int main(void)
         v[5][t] = counters_add(&c);
         v[6][t] = hist_record(&h);
         v[7][t] = ring_two_threads();
+        v[8][t] = health_request(health);
+        v[9][t] = budget_pair(budget);
+        v[10][t] = hrw_rank(3);
+        v[11][t] = hrw_rank(10);
         /* Refill the bucket between trials (the 64-token rows take 6.4e8 per trial). */
         atomic_store_explicit(&b->tokens, b->cap, memory_order_relaxed);
     }
@@ -169,6 +234,12 @@ int main(void)
     printf("| counters add (relaxed fetch_add)                  | %6.2f |         |\n", median(v[5]));
     printf("| histogram record (3 relaxed fetch_adds)           | %6.2f |         |\n", median(v[6]));
     printf("| ring push + pop, 2 threads sharing one ring, wall | %6.2f |         |\n", median(v[7]));
+    printf("| health: peek+enter+acquire+release+report, closed | %6.2f |         |\n", median(v[8]));
+    printf("| retry budget: record_request + try_retry          | %6.2f |         |\n", median(v[9]));
+    printf("| hash64 (8 B) + rendezvous rank, 3 targets         | %6.2f |         |\n", median(v[10]));
+    printf("| hash64 (8 B) + rendezvous rank, 10 targets        | %6.2f |         |\n", median(v[11]));
+    vx_health_destroy(health);
+    vx_budget_destroy(budget);
     vx_ring_free(r);
     vx_ring_free(shared_ring);
     vx_bucket_destroy(b);

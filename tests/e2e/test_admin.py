@@ -34,7 +34,9 @@ BODY = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "cont
 QUERY_SECRET = "qs-SECRET-in-the-query-4242"
 # Each pipeline stage, and the names by which it may show in a profile. The rate limiter's one
 # call per micro-batch is ~0.1% of the time; the refusal path (this gateway's bucket is kept
-# below the load, so some requests get 429) is what makes its stage reliably visible.
+# below the load, so some requests get 429) is what makes its stage reliably visible. At 30,000
+# per minute (500/s) it stays below the load even on a busy shared machine; at 150,000 a slowed
+# host sometimes never reached the limit and the stage went missing from the profile.
 STAGES = {
     "ingress": ("data_received", "on_message_complete"),
     "worker": ("drain", "process"),
@@ -95,7 +97,7 @@ def percentile(values: list[int], q: float) -> float:
 
 
 def test_admin_under_load(start_gateway: GatewayFactory) -> None:
-    gw = start_gateway(VELOX_API_KEYS=CLIENT_KEY, VELOX_RATE_LIMIT_RPM="150000",
+    gw = start_gateway(VELOX_API_KEYS=CLIENT_KEY, VELOX_RATE_LIMIT_RPM="30000",
                        VELOX_RATE_LIMIT_BURST="50")
     admin = gw.admin_url
     assert admin is not None
@@ -186,7 +188,7 @@ def test_admin_under_load(start_gateway: GatewayFactory) -> None:
     assert stats["latency"]["total"]["p50_us"] <= client_p99_us
     assert stats["latency"]["overhead"]["p50_us"] <= stats["latency"]["total"]["p50_us"]
     assert stats["requests"]["by_route"]["model_call"] == sent
-    assert stats["rate_limit"]["enabled"] and stats["rate_limit"]["rpm"] == 150000
+    assert stats["rate_limit"]["enabled"] and stats["rate_limit"]["rpm"] == 30000
     assert {w["worker"] for w in stats["workers"]} == {0, 1}
     for worker in stats["workers"]:
         assert worker["pid"] > 0 and worker["ready"]

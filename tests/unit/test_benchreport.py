@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benches.e2e import summary
-from velox import benchreport
+from benches import report as benchreport
 
 MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores": 2,
            "memory_mib": 4096, "os": "TestOS", "kernel": "6.0", "python": "3.11.7",
@@ -122,3 +122,13 @@ def test_scenario_benchmarks_get_tables_not_micro_rows() -> None:
     assert benchreport.table_bigbody(micro) is None
     titles = [t for _, t, _, _ in benchreport.sections(None, micro, None)]
     assert "Client disconnect to upstream RST_STREAM (`benches/bench_cancel.py`)" in titles
+
+
+def test_velox_bench_report_outside_a_checkout_fails_clearly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "velox", "bench", "report"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "python -m benches.report" in out.stderr

@@ -4,7 +4,7 @@ import pytest
 
 from velox._types import Route
 from velox.config import load
-from velox.errors import MethodNotAllowed, NotFound, Unauthorized
+from velox.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
 from velox.route import Auth, classify
 
 
@@ -50,6 +50,31 @@ def test_wrong_method_on_known_route_is_405_with_allow(method: bytes, path: byte
 def test_unknown_route_is_404(path: bytes) -> None:
     with pytest.raises(NotFound):
         classify(b"GET", path)
+
+
+@pytest.mark.parametrize("path", [
+    b"/v1/../x", b"/v1/%2e%2e/x", b"/v1/%2E%2e/x", b"/v1/.%2E/x", b"/v1/chat/completions/../../x",
+    b"/v1//host/x", b"//v1/models", b"/v1/chat/completions/", b"/v1/models/", b"/v1/.",
+    b"/v1/./models", b"/v1/models/..", b"/v1/chat/completions;x", b"/v1/models;v=1",
+    b"/v1/a%2fb", b"/v1/a%2Fb", b"/v1/a%5cb", b"/v1/a%5Cb", b"/v1/a\\b", b"/v1/x#frag",
+    b"/healthz/", b"/./healthz", b"/v1/chat/completions/?x=1",
+])
+@pytest.mark.parametrize("method", [b"GET", b"POST"])
+def test_unnormalised_paths_are_400_before_routing(method: bytes, path: bytes) -> None:
+    with pytest.raises(InvalidPath) as err:
+        classify(method, path)
+    assert err.value.status == 400 and err.value.code == "invalid_path"
+
+
+@pytest.mark.parametrize(("path", "route"), [
+    (b"/v1/models?after=/../x;%2e//", Route.FORWARD),  # queries are not inspected
+    (b"/v1/files/file.jsonl", Route.FORWARD),
+    (b"/v1/files/..hidden", Route.FORWARD),  # a name starting with dots is not a dot segment
+    (b"/v1/a%2Db", Route.FORWARD),  # other escapes are the upstream's business
+    (b"/", Route.ROOT),
+])
+def test_normal_paths_still_route(path: bytes, route: Route) -> None:
+    assert classify(b"POST" if route is Route.ROOT else b"GET", path) is route
 
 
 def _auth(**env: str) -> Auth:

@@ -14,7 +14,8 @@ with what it found, and for a failure what to do about it. In order:
 The exit status is 1 if any check failed, else 0. The warm-up request goes over HTTP/2 with the
 gateway's own codec when h2 was negotiated, so it exercises the same framing the egress uses.
 
-Imports: config, egress.codec, egress.pool (the TLS context), stdlib.
+Imports: config, egress.codec, egress.pool (the TLS context), admin.server (lazily, for the
+admin bind rule), stdlib.
 """
 
 from __future__ import annotations
@@ -66,10 +67,11 @@ def _port_free(host: str, port: int) -> OSError | None:
     return None
 
 
-def _get_json(host: str, port: int, path: str) -> tuple[int, Any]:
+def _get_json(host: str, port: int, path: str,
+              headers: dict[str, str] | None = None) -> tuple[int, Any]:
     conn = http.client.HTTPConnection(host, port, timeout=_PROBE_TIMEOUT_S)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         response = conn.getresponse()
         body = response.read()
     finally:
@@ -81,7 +83,7 @@ def _get_json(host: str, port: int, path: str) -> tuple[int, Any]:
 
 
 def check_port(name: str, variable: str, host: str, port: int, velox_paths: tuple[str, ...],
-               ) -> Result:
+               headers: dict[str, str] | None = None) -> Result:
     where = f"{host}:{port}"
     if port == 0:
         return _pass(name, f"{variable} port 0: a free port is picked at start-up")
@@ -101,10 +103,13 @@ def check_port(name: str, variable: str, host: str, port: int, velox_paths: tupl
     details = ["Velox is up there"]
     for path in velox_paths:
         try:
-            status, body = _get_json(host, port, path)
+            status, body = _get_json(host, port, path, headers)
         except (OSError, http.client.HTTPException) as exc:
             return _fail(name, f"Velox is up on {where} but {path} failed: {exc}",
                          "look at the gateway's log")
+        if status == 401:
+            return _fail(name, f"Velox is up on {where} but {path} answers 401",
+                         "set VELOX_ADMIN_TOKEN to the gateway's admin token")
         if status != 200:
             return _fail(name, f"Velox is up on {where} but {path} answers {status}: "
                          f"{json.dumps(body)[:160]}",
@@ -274,8 +279,17 @@ def run_checks(settings: Settings) -> list[Result]:
     if endpoint is None:
         results.append(_pass("admin-port", "VELOX_ADMIN_ADDR=off: no admin server"))
     else:
-        results.append(check_port("admin-port", "VELOX_ADMIN_ADDR", endpoint[0], endpoint[1],
-                                  ("/stats",)))
+        from velox.admin.server import bind_problem
+
+        problem = bind_problem(settings)
+        if problem is not None:
+            results.append(_fail("admin-port", problem.split("; set")[0],
+                                 "set VELOX_ADMIN_TOKEN to a secret, or bind 127.0.0.1"))
+        else:
+            token = settings.admin_token
+            headers = {"Authorization": f"Bearer {token}"} if token else None
+            results.append(check_port("admin-port", "VELOX_ADMIN_ADDR", endpoint[0],
+                                      endpoint[1], ("/stats",), headers))
     upstream = _Upstream(settings)
     steps: list[tuple[str, Callable[[], Result]]] = [
         ("upstream-dns", upstream.resolve),

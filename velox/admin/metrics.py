@@ -30,7 +30,18 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velox import __version__
-from velox.stats import F, H, ROUTE_NAMES, ROUTE_STATUS_FIELD, STATUS_CLASSES, SharedStats
+from velox.stats import (
+    F,
+    H,
+    RETRY_REASONS,
+    ROUTE_NAMES,
+    ROUTE_STATUS_FIELD,
+    STATUS_CLASSES,
+    UPSTREAM_CLASSES,
+    SharedStats,
+)
+
+BREAKER_STATES = ("closed", "open", "half_open")
 
 LE_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -59,6 +70,12 @@ _COUNTERS = (
     (F.STREAMS_CANCELLED, "velox_upstream_streams_cancelled",
      "Upstream streams reset because the client left."),
     (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
+    (F.HANG_KILLS, "velox_worker_hang_kills",
+     "Workers in this slot killed and restarted because their loop fell silent."),
+    (F.RECEIVE_TIMEOUTS, "velox_request_receive_timeouts",
+     "Requests cut off with 408 for not arriving within VELOX_BODY_TIMEOUT_MS."),
+    (F.FD_EXHAUSTED, "velox_fd_exhausted",
+     "Times a worker ran out of file descriptors; new clients are reset meanwhile."),
     (F.UPSTREAM_PING_TIMEOUTS, "velox_upstream_ping_timeouts",
      "Upstream connections replaced because a PING went unanswered (silent upstream)."),
     (F.UPSTREAM_WARMUP_TIMEOUTS, "velox_upstream_warmup_timeouts",
@@ -78,17 +95,51 @@ _GAUGES = (
 
 class VeloxCollector(Collector):
     def __init__(self, shared: SharedStats, limiter: Any, ring_capacity: int,
-                 started_at: float, profile_runs: Callable[[], tuple[int, bool]]) -> None:
+                 started_at: float, profile_runs: Callable[[], tuple[int, bool]],
+                 admin_refused: Callable[[], int] | None = None) -> None:
         self.shared = shared
         self.limiter = limiter
         self.ring_capacity = ring_capacity
         self.started_at = started_at  # time.time() when the supervisor started
         self.profile_runs = profile_runs
+        self.admin_refused = admin_refused
+
+    def _upstreams(self) -> Iterator[Metric]:
+        """Per upstream: attempts by outcome class, breaker state, in flight; retries by reason."""
+        shared = self.shared
+        live = shared.health.snapshot()["upstreams"]
+        status = shared.upstream_status.totals()
+        width = len(UPSTREAM_CLASSES)
+        requests = CounterMetricFamily(
+            "velox_upstream_requests", "Attempts sent to each upstream, by how they ended.",
+            labels=["upstream", "status_class"])
+        state = GaugeMetricFamily(
+            "velox_upstream_state", "Circuit breaker state of each upstream (1: current).",
+            labels=["upstream", "state"])
+        in_flight = GaugeMetricFamily(
+            "velox_upstream_in_flight", "Requests in flight on each upstream, all workers.",
+            labels=["upstream"])
+        for u, spec in enumerate(shared.tables.upstreams):
+            for c, name in enumerate(UPSTREAM_CLASSES):
+                requests.add_metric([spec.name, name], status[u * width + c])
+            row = live[spec.name]
+            for name in BREAKER_STATES:
+                state.add_metric([spec.name, name], 1.0 if row["state"] == name else 0.0)
+            in_flight.add_metric([spec.name], row["in_flight"])
+        yield requests
+        yield state
+        yield in_flight
+        retries = CounterMetricFamily("velox_retries", "Requests sent again, by reason.",
+                                      labels=["reason"])
+        for reason, n in zip(RETRY_REASONS, shared.retries.totals(), strict=True):
+            retries.add_metric([reason], n)
+        yield retries
 
     def collect(self) -> Iterator[Metric]:
         rows = self.shared.counters.snapshot()
         workers = [str(w) for w in range(len(rows))]
         yield from self._requests(workers)
+        yield from self._upstreams()
         for field, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["worker"])
             for w, row in zip(workers, rows):
@@ -117,6 +168,14 @@ class VeloxCollector(Collector):
         for w, row in zip(workers, rows):
             starts.add_metric([w], max(0, row[F.STARTS] - 1))
         yield starts
+        age = GaugeMetricFamily("velox_worker_heartbeat_age_seconds",
+                                "Time since the worker's loop last ticked (-1: not started).",
+                                labels=["worker"])
+        now_ms = time.monotonic() * 1000
+        for w, row in zip(workers, rows):
+            beat = row[F.HEARTBEAT_MS]
+            age.add_metric([w], max(0.0, now_ms - beat) / 1000 if beat else -1.0)
+        yield age
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)
         yield from self._rate_limit()
@@ -126,6 +185,11 @@ class VeloxCollector(Collector):
                                   value=runs)
         yield GaugeMetricFamily("velox_profile_active", "1 while a profile is running.",
                                 value=1 if active else 0)
+        if self.admin_refused is not None:
+            yield CounterMetricFamily(
+                "velox_admin_connections_refused",
+                "Admin connections answered 503 because the connection cap was reached.",
+                value=self.admin_refused())
         yield GaugeMetricFamily("velox_start_time_seconds", "Supervisor start, Unix time.",
                                 value=self.started_at)
         yield GaugeMetricFamily("velox_uptime_seconds", "Seconds since the supervisor started.",

@@ -1,8 +1,8 @@
 """The admin HTTP server: one address for the whole gateway, served from the supervisor.
 
 It runs in the supervisor process on its own OS threads (stdlib `ThreadingHTTPServer`: one
-thread per admin connection), never on a worker's event loop, so it answers while every worker
-is saturated. /metrics, /healthz and all of /stats but each worker's `state` read shared memory;
+thread per admin connection, at most `MAX_CONNECTIONS` at once), never on a worker's event
+loop, so it answers while every worker is saturated. /metrics, /healthz and all of /stats but each worker's `state` read shared memory;
 profiles and worker state go over the control channel (`control.py`).
 
 Routes (GET; HEAD for the cheap ones):
@@ -17,6 +17,16 @@ Routes (GET; HEAD for the cheap ones):
   a time (409 otherwise); bad parameters get 400 with a JSON error.
 * `/debug/pprof/last?format=...`: the last profile again, in any format, without waiting.
 
+Protection (it can profile the workers and reads every counter):
+
+* VELOX_ADMIN_TOKEN: when set, every path but /healthz needs `Authorization: Bearer <token>`
+  (compared in constant time); anything else gets 401. /healthz stays open for probes.
+* Without a token only a loopback address may be bound: VELOX_ADMIN_ADDR=0.0.0.0:6060 and no
+  token stops start-up with a message saying how to fix it (`bind_problem`).
+* A connection that sends nothing for `READ_TIMEOUT_S` is closed, and at most
+  `MAX_CONNECTIONS` are served at once; the next one gets 503 and is closed at once (3,000
+  idle clients once gave the supervisor 3,004 threads).
+
 The socket is bound when the supervisor starts (before any fork, so a taken address fails
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
@@ -27,6 +37,8 @@ prometheus_client, orjson.
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import socket
 import threading
@@ -48,12 +60,79 @@ log = logging.getLogger("velox.admin")
 # How long past the profile's own duration to wait for the workers' sessions.
 _PROFILE_GRACE_S = 10.0
 _JSON = "application/json"
+# Connections served at once. Scrapers, a profile and a person with curl use a handful; the
+# rest is refused rather than given a thread each.
+MAX_CONNECTIONS = 16
+# An idle keep-alive connection (or one that never sends its request) holds a thread; 10 s
+# outlasts any scrape interval's gap between a client's requests on one connection.
+READ_TIMEOUT_S = 10.0
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Connection: close\r\nContent-Length: %d\r\n\r\n")
+
+
+def bind_problem(settings: Any) -> str | None:
+    """Why VELOX_ADMIN_ADDR may not be bound as configured (None: it may)."""
+    endpoint = settings.admin_endpoint
+    if endpoint is None or settings.admin_token:
+        return None
+    host = endpoint[0]
+    if is_loopback(host):
+        return None
+    return (f"VELOX_ADMIN_ADDR={settings.admin_addr} is not a loopback address and "
+            f"VELOX_ADMIN_TOKEN is empty: anyone who can reach it could read /stats and run "
+            f"profiles; set VELOX_ADMIN_TOKEN to a secret, or bind 127.0.0.1")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
     app: AdminServer
+    slots: threading.BoundedSemaphore
+    refused: int  # connections answered 503 because MAX_CONNECTIONS were being served
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            _refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def _refuse(request: socket.socket) -> None:
+    """Answer 503 and close, from the accepting thread: a short write, never a wait."""
+    body = orjson.dumps({"error": {"status": 503, "message": (
+        f"the admin server is serving {MAX_CONNECTIONS} connections already; "
+        "close idle ones or try again")}})
+    try:
+        request.settimeout(0.5)
+        request.sendall(_BUSY % len(body) + body)
+        request.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        request.close()
 
 
 class AdminServer:
@@ -68,6 +147,10 @@ class AdminServer:
         self.profile_runs = 0
         self.last_profile: Any = None  # the last merged pyinstrument Session
         self.last_profile_title = ""
+        problem = bind_problem(settings)
+        if problem is not None:
+            raise SystemExit(f"velox: {problem}")
+        self.token = (b"Bearer " + settings.admin_token.encode()) if settings.admin_token else b""
         host, port = endpoint
         server_class = type("_AdminHTTPServer", (_HTTPServer,), {
             "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
@@ -79,8 +162,10 @@ class AdminServer:
                 f"{exc.strerror or exc}; set VELOX_ADMIN_ADDR to a free host:port, or off"
             ) from None
         self.httpd.app = self
+        self.httpd.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.httpd.refused = 0
         self.collector = VeloxCollector(shared, limiter, settings.ring_depth, self.started_at,
-                                        self.profile_state)
+                                        self.profile_state, lambda: self.httpd.refused)
         self.registry = make_registry(self.collector)
         self.thread: threading.Thread | None = None
 
@@ -105,6 +190,12 @@ class AdminServer:
         """In a forked worker: close the inherited admin socket and control channels."""
         self.httpd.socket.close()
         self.hub.close_in_child()
+
+    def authorized(self, path: str, header: str | None) -> bool:
+        if not self.token or path == "/healthz":
+            return True
+        return hmac.compare_digest((header or "").strip().encode("latin-1", "replace"),
+                                   self.token)
 
     def profile_state(self) -> tuple[int, bool]:
         return self.profile_runs, self.profile_lock.locked()
@@ -181,6 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
     # The head and the body go out in two writes; with Nagle on, the second waits for the
     # client's delayed ACK of the first, 40 ms on Linux, on every keep-alive request.
     disable_nagle_algorithm = True
+    timeout = READ_TIMEOUT_S  # socket timeout: an idle connection is closed, its thread ends
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's naming
         self._dispatch(head=False)
@@ -194,6 +286,10 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(url.query, keep_blank_values=True)
         path = url.path
         try:
+            if not app.authorized(path, self.headers.get("Authorization")):
+                self._send(*_error(401, "the admin server needs Authorization: Bearer "
+                                   "<VELOX_ADMIN_TOKEN>"), head=head, auth=True)
+                return
             if path == "/healthz":
                 result = app.healthz()
             elif path == "/metrics":
@@ -211,23 +307,29 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:  # noqa: BLE001 - answer 500 and keep serving
             log.exception("admin request %s failed", self.path)
             result = _error(500, "internal error; see the gateway's log")
-        status, content_type, body = result
+        self._send(*result, head=head)
+
+    def _send(self, status: int, content_type: str, body: bytes, head: bool = False,
+              auth: bool = False, allow: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        if auth:
+            self.send_header("WWW-Authenticate", 'Bearer realm="velox-admin"')
+        if allow:
+            self.send_header("Allow", "GET, HEAD")
         self.end_headers()
         if not head:
             self.wfile.write(body)
 
     def do_POST(self) -> None:  # noqa: N802
-        body = _error(405, "the admin server only answers GET")[2]
-        self.send_response(405)
-        self.send_header("Allow", "GET, HEAD")
-        self.send_header("Content-Type", _JSON)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        app = self.server.app
+        if not app.authorized(urlsplit(self.path).path, self.headers.get("Authorization")):
+            self._send(*_error(401, "the admin server needs Authorization: Bearer "
+                               "<VELOX_ADMIN_TOKEN>"), auth=True)
+            return
+        self._send(*_error(405, "the admin server only answers GET"), allow=True)
 
     do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
 

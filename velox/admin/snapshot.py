@@ -16,7 +16,16 @@ from typing import Any
 
 from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
-from velox.stats import F, H, ROUTE_NAMES, ROUTE_STATUS_FIELD, STATUS_CLASSES, SharedStats
+from velox.stats import (
+    F,
+    H,
+    RETRY_REASONS,
+    ROUTE_NAMES,
+    ROUTE_STATUS_FIELD,
+    STATUS_CLASSES,
+    UPSTREAM_CLASSES,
+    SharedStats,
+)
 
 STATE_TIMEOUT_S = 0.25
 QUANTILES = ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us"), (0.999, "p999_us"))
@@ -61,6 +70,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         fields = ROUTE_STATUS_FIELD[route]
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
+    now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
     workers = []
     for slot, row in enumerate(rows):
         workers.append({
@@ -70,6 +80,9 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "numa_node": row[F.NUMA_NODE],
             "ready": bool(row[F.READY]),
             "restarts": max(0, row[F.STARTS] - 1),
+            "heartbeat_age_ms": round(now_ms - row[F.HEARTBEAT_MS]) if row[F.HEARTBEAT_MS]
+            else None,
+            "hang_kills": row[F.HANG_KILLS],
             "requests": row[F.REQUESTS],
             "in_flight": row[F.IN_FLIGHT],
             "ring_depth": row[F.RING_DEPTH],
@@ -122,7 +135,48 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "streams_cancelled": totals[F.STREAMS_CANCELLED],
         },
         "restarts": sum(max(0, row[F.STARTS] - 1) for row in rows),
+        "hang_kills": totals[F.HANG_KILLS],
         "access_log": {"enabled": settings.access_log, "lines": totals[F.ACCESS_LOG_LINES]},
         "profiles": {"runs": profile_runs, "active": profile_active},
+        "upstreams": upstreams(shared),
+        "routes": routes_doc(shared),
+        "retries": dict(zip(RETRY_REASONS, shared.retries.totals(), strict=True)),
+        "retry_budget": shared.health.snapshot()["retry_budget"],
         "workers": workers,
     }
+
+
+def upstreams(shared: SharedStats) -> list[dict[str, Any]]:
+    """Per upstream: its breaker, in-flight gauge, counters and latency (shared memory only)."""
+    live = shared.health.snapshot()
+    status = shared.upstream_status.totals()
+    width = len(UPSTREAM_CLASSES)
+    out = []
+    for u, spec in enumerate(shared.tables.upstreams):
+        row = {"name": spec.name, "origin": spec.origin, "kind": spec.kind}
+        row.update(live["upstreams"][spec.name])
+        row["by_status_class"] = dict(zip(UPSTREAM_CLASSES, status[u * width:(u + 1) * width],
+                                          strict=True))
+        row["latency"] = latency(shared.upstream_latency[u])
+        out.append(row)
+    return out
+
+
+def routes_doc(shared: SharedStats) -> list[dict[str, Any]]:
+    """Per route: each target's picks and its share of the route's traffic."""
+    picks = shared.targets.totals()
+    out: list[dict[str, Any]] = []
+    index = 0
+    for route in shared.tables.routes:
+        counts = picks[index:index + len(route.targets)]
+        total = sum(counts)
+        out.append({
+            "model": route.model, "strategy": route.strategy,
+            "fallbacks": list(route.fallbacks),
+            "targets": [{"upstream": t.upstream, "model": t.model or None,
+                         "weight": t.weight, "priority": t.priority, "picks": n,
+                         "share": round(n / total, 4) if total else 0.0}
+                        for t, n in zip(route.targets, counts, strict=True)],
+        })
+        index += len(route.targets)
+    return out

@@ -9,6 +9,8 @@ allocation Python has and the pool dispatches on `event[0]` anyway.
 
 This module imports only the standard library at import time; `make_codec` imports the chosen
 implementation lazily so that the implementations can depend on this module and never the reverse.
+
+Imports: stdlib; egress.framer and egress.h2lib lazily (the implementations it builds).
 """
 
 from __future__ import annotations

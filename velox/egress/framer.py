@@ -8,7 +8,8 @@ HPACK-encoded statelessly (static table and literals only; see hpack_static.py),
 anything of ours and we need no encoder state at all. See CODECS.md for what is deliberately left
 out.
 
-Imports: the standard library, `velox.egress.codec`, and `jh2._hazmat` or `hpack`. Nothing else.
+Imports: the standard library, `velox.egress.codec`, `velox.egress.hpack_static`, and
+`jh2._hazmat` or `hpack`. Nothing else.
 """
 
 from __future__ import annotations

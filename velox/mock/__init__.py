@@ -35,6 +35,8 @@ Quick reference (details in the module docstrings):
   Each request-log entry names the `instance` that answered and what it received: `path`
   (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and
   `auth` (kind + `fingerprint()` of the credential).
+
+Imports: stdlib only (the server modules run in a subprocess: python -m velox.mock).
 """
 
 from __future__ import annotations

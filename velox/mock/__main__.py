@@ -2,6 +2,8 @@
 
 Prints one JSON line `{"event": "ready", "origin": ..., "port": ..., "ca_file": ..., "pid": ...}`
 on stdout once listening, then serves until SIGTERM/SIGINT (exit status 0).
+
+Imports: mock.server, stdlib.
 """
 
 from __future__ import annotations

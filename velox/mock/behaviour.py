@@ -16,6 +16,8 @@ the deployment when the body has none.
 
 Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
 per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
+
+Imports: mock.payloads, stdlib, orjson.
 """
 
 from __future__ import annotations

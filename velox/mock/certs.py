@@ -4,6 +4,8 @@ A throwaway CA (trustme) signs one server certificate valid for 127.0.0.1, local
 Files written to the cert directory: `ca.pem` (what clients and the gateway trust),
 `server.pem` (leaf + chain) and `server.key`. An existing complete set in the directory is
 reused, so a demo or a gateway config can keep pointing at the same `ca.pem` across restarts.
+
+Imports: stdlib, trustme.
 """
 
 from __future__ import annotations

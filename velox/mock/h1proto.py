@@ -5,6 +5,8 @@ Requests are parsed by httptools (Content-Length and chunked request bodies, `Ex
 written synchronously from `data_received`; delayed ones use a timer, streams and faults a task.
 Responses carry `connection: keep-alive` (or `close`) on purpose: a hop-by-hop header the
 gateway must not forward. A client disconnecting mid-response counts as `streams_cancelled`.
+
+Imports: mock.behaviour, mock.state, stdlib, httptools.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ The hot path (no latency, no fault, body fits the windows) is synchronous inside
 the end, so a batch of requests costs one TLS record and one send(). Delayed responses use a
 timer handle; streams, faults and flow-control waits use a task per stream. Client RST_STREAM
 cancels the stream's timer or task and counts as `streams_cancelled`.
+
+Imports: mock.behaviour, mock.h2server, mock.hpackenc, mock.state, stdlib.
 """
 
 from __future__ import annotations

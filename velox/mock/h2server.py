@@ -11,6 +11,8 @@ where the general-purpose `h2` state machine spends well over 100 µs. It implem
 and nothing more: no server push, no priority scheduling, no dynamic-table HPACK encoding.
 Responses are encoded statelessly (static-table indexes and literals without indexing), which is
 legal whatever the peer's SETTINGS_HEADER_TABLE_SIZE and lets constant header sets be cached.
+
+Imports: stdlib, jh2, hpack.
 """
 
 from __future__ import annotations

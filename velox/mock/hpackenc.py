@@ -5,6 +5,8 @@ whose name refers to the static table where it can. No dynamic-table entries are
 so the encoder has no per-connection state, any peer SETTINGS_HEADER_TABLE_SIZE is honoured
 trivially, and the encoded bytes of a constant header set can be cached and reused across
 connections. Values are sent as raw octets (no Huffman): cheaper to produce, a few bytes larger.
+
+Imports: stdlib only.
 """
 
 from __future__ import annotations

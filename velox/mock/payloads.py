@@ -5,6 +5,8 @@ Each builder takes the parsed request JSON plus a few knobs and returns either o
 so the shells can put each event in its own DATA frame / HTTP/1.1 chunk. Field names follow the
 public OpenAI API reference closely enough for the official SDK to parse them; contents are
 deterministic filler (token counts are rough character-based estimates).
+
+Imports: stdlib, orjson.
 """
 
 from __future__ import annotations

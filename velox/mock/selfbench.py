@@ -5,6 +5,8 @@ with a precomputed request block, or raw HTTP/1.1 keep-alive) that keeps a fixed
 requests in flight, and reads the mock's utime+stime from /proc/PID/stat before and after.
 The result is CPU µs per request *in the mock*, the number that says whether the mock can be
 the bottleneck of a gateway benchmark on a small machine. Linux only (uses /proc).
+
+Imports: mock (MockUpstream), mock.hpackenc, stdlib, uvloop.
 """
 
 from __future__ import annotations

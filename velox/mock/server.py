@@ -6,6 +6,9 @@ starts on `Dispatch`, which picks the protocol from ALPN (TLS) or, when ALPN sai
 there is no TLS, from the first bytes (the HTTP/2 connection preface means h2 with prior
 knowledge), then hands the transport to the HTTP/1.1 or HTTP/2 shell. uvloop is used when
 importable. Once listening, the first process prints one JSON "ready" line on stdout.
+
+Imports: mock.behaviour, mock.certs, mock.h1proto, mock.h2proto, mock.h2server, mock.state,
+stdlib, uvloop.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ received: `path` (the request target as received, query included, as it always w
 `deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
 `key_sha256`: `fingerprint(credential)`}, plus the raw `headers` as before (tests of the
 gateway's header forwarding compare them; the mock only ever sees test keys).
+
+Imports: mock (fingerprint), mock.behaviour, stdlib, orjson.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`velox bench report`: turn the saved benchmark results into plots, an HTML page and README tables.
+"""`python -m benches.report` (`make bench-report`): turn the saved benchmark results into plots,
+an HTML page and README tables. A developer tool, so it lives here and not in the velox package;
+`velox bench report` run from the repository root is the same command.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`) and
 soak.json (`make bench-soak`) when present, and writes into the same directory: one PNG per
@@ -10,7 +12,8 @@ sections, replaced between their markers:
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
-does); without it the tables are still written.
+does); without it the tables are still written. Run it from the repository root (the default
+--results and --readme paths are relative to it).
 
 Imports: stdlib; benches.e2e.plots lazily.
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -368,16 +370,10 @@ def html_page(secs: list, docs: dict[str, Any], plots: set[str]) -> str:
 
 
 def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> set[str]:
-    """The plots are drawn by benches/e2e/plots.py, next to the benchmarks that made the data:
-    found in the checkout this package runs from, or two levels above the results directory."""
-    for root in (Path(__file__).resolve().parents[1], results.resolve().parents[1]):
-        if (root / "benches" / "e2e" / "plots.py").exists():
-            if str(root) not in sys.path:
-                sys.path.insert(0, str(root))
-            break
+    """The plots are drawn by benches/e2e/plots.py, next to the benchmarks that made the data."""
     try:
         from benches.e2e import plots
-    except ImportError as exc:  # matplotlib missing, or not run from a checkout
+    except ImportError as exc:  # matplotlib missing
         print(f"plots skipped: {exc} (make bench-report installs matplotlib)")
         return set()
     return plots.draw(results, docs["e2e"], docs["micro"], soak)
@@ -399,7 +395,7 @@ def generate(results: Path, readme: Path | None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="velox bench report")
+    p = argparse.ArgumentParser(prog="python -m benches.report")
     p.add_argument("--results", type=Path, default=Path("benches/results"))
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--no-readme", action="store_true")
@@ -411,3 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out['html']} and {len(out['plots'])} plot(s); README sections updated: "
           f"{', '.join(out['readme_markers']) or 'none (no markers found)'}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Operations hardening without a gateway: worker placement, the admin bind rule and token,
+the admin read timeout (an in-process AdminServer on a real socket), the new settings."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from velox import config
+from velox.admin import server as admin_server
+from velox.admin.server import AdminServer, bind_problem, is_loopback
+from velox.ratelimit import Limiter
+from velox.stats import SharedStats
+from velox.topology import oversubscribed, plan
+
+NODES = {0: [0, 1], 1: [2, 3]}
+
+
+def test_plan_pins_one_worker_per_core_node_by_node() -> None:
+    assert plan(3, allowed={0, 1, 2, 3}, nodes=NODES) == [(0, 0), (1, 0), (2, 1)]
+    assert plan(4, allowed={0, 1, 2, 3}, nodes=NODES) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+
+
+def test_plan_pins_nothing_when_oversubscribed() -> None:
+    placement = plan(5, allowed={0, 1, 2, 3}, nodes=NODES)
+    assert placement == [(-1, -1)] * 5
+    cores = [core for core, _ in placement if core >= 0]
+    assert len(cores) == len(set(cores))
+    assert oversubscribed(5, allowed={0, 1, 2, 3}) == 4
+    assert oversubscribed(4, allowed={0, 1, 2, 3}) == 0
+
+
+def _settings(**env: str) -> config.Settings:
+    return config.load({"VELOX_WORKERS": "1", **env}, dotenv=None)
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:6060", "[::1]:6060", "localhost:6060",
+                                  "127.0.0.2:1", "off"])
+def test_loopback_or_off_needs_no_token(addr: str) -> None:
+    assert bind_problem(_settings(VELOX_ADMIN_ADDR=addr)) is None
+
+
+@pytest.mark.parametrize("addr", ["0.0.0.0:6060", "[::]:6060", "10.1.2.3:6060"])
+def test_other_addresses_need_a_token(addr: str) -> None:
+    problem = bind_problem(_settings(VELOX_ADMIN_ADDR=addr))
+    assert problem is not None and "VELOX_ADMIN_TOKEN" in problem and "127.0.0.1" in problem
+    assert bind_problem(_settings(VELOX_ADMIN_ADDR=addr, VELOX_ADMIN_TOKEN="t0ken")) is None
+
+
+def test_is_loopback() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("no-such-host.invalid")
+
+
+def test_admin_token_setting_is_secret_and_header_safe() -> None:
+    settings = _settings(VELOX_ADMIN_TOKEN="  abcdefghijkl  ")
+    assert settings.admin_token == "abcdefghijkl"
+    assert "abcdefghijkl" not in str(settings.redacted())
+    with pytest.raises(config.ConfigError, match="VELOX_ADMIN_TOKEN=.*printable ASCII"):
+        _settings(VELOX_ADMIN_TOKEN="two words")
+    assert _settings().worker_hang_s == 10
+    with pytest.raises(config.ConfigError, match="VELOX_WORKER_HANG_S"):
+        _settings(VELOX_WORKER_HANG_S="-1")
+
+
+def _admin(**env: str) -> AdminServer:
+    settings = _settings(VELOX_ADMIN_ADDR="127.0.0.1:0", **env)
+    endpoint = settings.admin_endpoint
+    assert endpoint is not None
+    return AdminServer(settings, SharedStats(1), Limiter.create(0, 1), endpoint)
+
+
+def test_authorized_checks_the_bearer_token() -> None:
+    app = _admin(VELOX_ADMIN_TOKEN="s3cret")
+    try:
+        assert app.authorized("/stats", "Bearer s3cret")
+        assert app.authorized("/healthz", None)
+        for header in (None, "", "Bearer s3cre", "Bearer s3cretX", "bearer s3cret", "s3cret"):
+            assert not app.authorized("/stats", header), header
+        assert not app.authorized("/metrics", "Bearer \u00e9")
+    finally:
+        app.stop()
+    open_app = _admin()
+    try:
+        assert open_app.authorized("/stats", None)
+    finally:
+        open_app.stop()
+
+
+def test_an_idle_admin_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert admin_server._Handler.timeout == admin_server.READ_TIMEOUT_S  # stdlib default: None
+    monkeypatch.setattr(admin_server._Handler, "timeout", 0.3)  # the same path, quicker
+    app = _admin()
+    app.start()
+    try:
+        host, port = app.httpd.server_address[:2]
+        with socket.create_connection((host, port), timeout=5) as idle:
+            started = time.monotonic()
+            assert idle.recv(1) == b""  # closed by the server, not by our 5 s timeout
+            assert time.monotonic() - started < 4
+    finally:
+        app.stop()
