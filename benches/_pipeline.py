@@ -151,7 +151,7 @@ class Pipeline:
                          "VELOX_UPSTREAM_API_KEY": "sk-upstream", "VELOX_EGRESS": codec, **env},
                         dotenv=None)
         self.loop = FakeLoop()
-        self.worker = Worker(settings, 0, SharedStats(1), Limiter(None), None)
+        self.worker = Worker(settings, 0, SharedStats(1, settings.tables), Limiter(None), None)
         self.worker.build(self.loop)  # type: ignore[arg-type]
         pool = self.worker.pool.pool  # type: ignore[attr-defined]  # the Upstream's H2Pool
         self.upstream_transport = FakeTransport()

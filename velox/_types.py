@@ -61,7 +61,7 @@ class Request:
     __slots__ = (
         "conn", "method", "path", "route", "headers", "body", "keep_alive",
         "t_received", "t_popped", "t_parsed", "t_admitted",
-        "model", "stream", "upstream_path", "exchange", "arena_segment",
+        "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
     )
 
     def __init__(
@@ -90,5 +90,6 @@ class Request:
         self.model: str | None = None
         self.stream = False
         self.upstream_path = path
+        self.affinity: str | None = None  # the body's prompt_cache_key, else its user
         self.exchange: object | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none

@@ -62,6 +62,10 @@ def parse_model_call(request: Request) -> None:
         raise MissingParameter(_NO_MODEL, param="model")
     request.model = model
     request.stream = doc.get("stream") is True
+    # The affinity key of `hash` routes (the x-velox-affinity header wins; see dispatch).
+    key = doc.get("prompt_cache_key") or doc.get("user")
+    if type(key) is str:
+        request.affinity = key
 
 
 def scan_model_call(body: bytes | bytearray | memoryview) -> tuple[str, bool]:

@@ -14,17 +14,19 @@ attempt withholds it; `paused` is what egress asks), so the upstream slows down 
 memory growing. A client that disconnects cancels the
 upstream stream (RST_STREAM) at once, so no tokens are paid for after the user has left.
 
-Imports: _types, egress.interfaces (annotations only) and stdlib.
+Imports: _types, errors, dispatch and egress.interfaces (annotations only) and stdlib.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from velox._types import Headers, Request
+from velox.errors import to_response
 
 if TYPE_CHECKING:
+    from velox.dispatch import Dispatch
     from velox.egress.interfaces import AttemptHandle
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
@@ -53,19 +55,33 @@ class Exchange:
     """
 
     __slots__ = (
-        "request", "conn", "path", "headers_out", "attempt", "on_done", "on_release",
-        "status", "headers", "chunks", "size", "streaming", "started", "finished",
+        "request", "conn", "path", "headers_out", "body", "attempt", "on_done", "on_release",
+        "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
+        "finished",
         "t_sent", "t_headers",
+        # failover (velox.dispatch): the plan, its current attempt and what to tell the client
+        "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
+        "headers_base", "passthrough",
     )
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],
-                 on_release: Callable[[Request], None]) -> None:
+                 on_release: Callable[[Request], None],
+                 dispatch: Dispatch | None = None) -> None:
         self.request = request
         self.conn = request.conn
-        self.path = path  # upstream path
+        self.path = path  # upstream path (dispatch sets it per attempt)
         self.headers_out = headers_out  # upstream headers (hop-by-hop dropped, auth applied)
+        self.body: bytes | bytearray | memoryview = request.body  # per attempt: model rewritten
         request.exchange = self
+        self.dispatch = dispatch
+        self.plan: Any = None
+        self.route_attempt: Any = None  # balance.Attempt while one is open
+        self.attempts = 0
+        self.upstream_name = b""
+        self.outcome = 0
+        self.headers_base: Headers = headers_out  # the client's headers without credentials
+        self.passthrough: Headers = []  # the client's credential, when the upstream has none
         self.attempt: AttemptHandle | None = None  # egress's current try; set by egress
         self.on_done = on_done  # (exchange, status) once the client has its full answer
         self.on_release = on_release  # frees the request body once no retry can need it
@@ -74,6 +90,8 @@ class Exchange:
         self.chunks: list[bytes] = []
         self.size = 0
         self.streaming = False
+        self.sse = False  # the response is text/event-stream
+        self.tail = b""  # the last two bytes streamed: b"\n\n" ends an event
         self.started = False  # response head sent to the client
         self.finished = False
         self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
@@ -84,10 +102,6 @@ class Exchange:
     @property
     def method(self) -> bytes:
         return self.request.method
-
-    @property
-    def body(self) -> bytes | bytearray | memoryview:
-        return self.request.body
 
     @property
     def paused(self) -> bool:
@@ -103,14 +117,23 @@ class Exchange:
         if attempt is not None:
             self.t_sent = attempt.t_sent
             self.t_headers = attempt.t_headers
-        self.on_release(self.request)  # the upstream has the request: no retry can need it
+        dispatch = self.dispatch
+        if dispatch is not None:
+            if dispatch.response(self, status, headers):
+                return  # a failure sent again elsewhere: nothing of it reaches the client
+        self.on_release(self.request)  # committed to this answer: no retry can need the body
         out = [h for h in headers if h[0] not in _DROP]
         out.append((b"server-timing", self._server_timing()))
+        if dispatch is not None:
+            out.append((b"x-velox-upstream", self.upstream_name))
+            out.append((b"x-velox-attempts", _ATTEMPTS[self.attempts]
+                        if self.attempts < len(_ATTEMPTS) else b"%d" % self.attempts))
         self.status = status
         self.headers = out
         for name, value in headers:
             if name == b"content-type":
                 if value.startswith(_EVENT_STREAM):
+                    self.sse = True
                     self._start_streaming()
                 break
         if end_stream:
@@ -121,6 +144,8 @@ class Exchange:
             return
         if self.streaming:
             self.conn.send_chunk(data)
+            if data:
+                self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
         else:
             self.chunks.append(data)
             self.size += len(data)
@@ -132,15 +157,44 @@ class Exchange:
     def on_error(self, exc: BaseException) -> None:
         if self.finished:
             return
+        dispatch = self.dispatch
+        if dispatch is not None and not self.started and dispatch.error_failed(self, exc):
+            return  # nothing reached the client yet: sent again elsewhere
         self.finished = True
         self.on_release(self.request)
-        if self.started:
-            # Part of the response is already with the client: all HTTP/1.1 can do is cut the
-            # connection, which the client sees as an error rather than a silent truncation.
+        broken = self.started
+        if self.sse and self.started and self.tail in (b"", b"\n\n"):
+            # Past the commit point: nothing is retried. An event stream that broke between
+            # events ends with an OpenAI-shaped error event and without `data: [DONE]`, so the
+            # client (the SDK raises APIError) knows the answer is truncated, and the connection
+            # stays usable. One that broke inside an event is cut below: an event appended to
+            # half a line would be read as part of it.
+            self.conn.send_chunk(b"data: %b\n\n" % to_response(exc).body)
+            self.conn.end_stream()
+        elif self.started:
+            # Part of a plain response is already with the client: all HTTP/1.1 can do is cut
+            # the connection, which the client sees as an error rather than a truncation.
             self.conn.abort()
         else:
             self.conn.respond_error(self.request, exc)
+        self._done(getattr(exc, "status", 502), broken)
+
+    def refuse(self, exc: BaseException) -> None:
+        """Answer with an error before any attempt was made (no route, no target)."""
+        if self.finished:
+            return
+        self.finished = True
+        self.on_release(self.request)
+        self.conn.respond_error(self.request, exc)
         self._done(getattr(exc, "status", 502))
+
+    def reset_for_retry(self) -> None:
+        """Forget the abandoned attempt's answer: the next attempt starts afresh."""
+        self.status = 0
+        self.headers = []
+        self.chunks = []
+        self.size = 0
+        self.t_sent = self.t_headers = 0
 
     # --- ingress → egress -----------------------------------------------------------------
 
@@ -182,12 +236,15 @@ class Exchange:
             self.conn.respond(self.request, self.status, self.headers, body)
         self._done(self.status)
 
-    def _done(self, status: int) -> None:
+    def _done(self, status: int, broken: bool = False) -> None:
         # Request and exchange point at each other, as do exchange and attempt; cutting the
         # links here lets reference counting free them at once instead of leaving cycles for
         # the garbage collector.
         self.request.exchange = None
         self.attempt = None
+        if self.dispatch is not None:
+            self.dispatch.finish(self, broken)  # releases the route attempt, reports its outcome
+            self.plan = None
         self.on_done(self, status)
 
     def _server_timing(self) -> bytes:
@@ -201,5 +258,6 @@ class Exchange:
                           limit // 1000, limit % 1000, upstream // 1000, upstream % 1000)
 
 
+_ATTEMPTS = tuple(b"%d" % n for n in range(16))
 _TIMING = (b"ring;dur=%d.%03d, parse;dur=%d.%03d, ratelimit;dur=%d.%03d, "
            b"upstream;dur=%d.%03d")

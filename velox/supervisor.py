@@ -135,9 +135,12 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
         for slot in range(self.settings.workers):
             self._spawn(slot)
-        log.info("listening on http://%s:%d with %d worker(s); upstream %s",
+        tables = self.shared.tables
+        log.info("listening on http://%s:%d with %d worker(s); upstream%s %s",
                  self.settings.host, self.port, self.settings.workers,
-                 self.settings.upstream_origin)
+                 "s" if len(tables.upstreams) > 1 else "",
+                 ", ".join(f"{u.name}={u.origin}" if tables.source else u.origin
+                           for u in tables.upstreams))
         if self.admin is not None:
             self.admin.start()
         while True:

@@ -193,9 +193,12 @@ class Tables:
 
 def single_upstream(spec: UpstreamSpec) -> Tables:
     """The tables of a gateway without VELOX_CONFIG: every model to one upstream."""
+    # One attempt: with nowhere else to go, a failure is answered as it is, as it always was
+    # (requests the upstream provably did not process are still re-sent by egress itself).
     return Tables(
         upstreams=(spec,),
         routes=(RouteSpec(CATCH_ALL, (TargetSpec(spec.name),)),),
+        retry=RetryPolicy(attempts=1),
     )
 
 
@@ -257,8 +260,8 @@ RETRY_INTS = {
     "same_target_retry_after_s": (0, 3600),
 }
 BREAKER_INTS = {
-    "failures": (1, 1000), "open_s": (1, 86_400), "max_open_s": (1, 86_400),
-    "successes": (1, 1000), "probe_interval_s": (1, 3600),
+    "failures": (1, 255), "open_s": (1, 86_400), "max_open_s": (1, 86_400),
+    "successes": (1, 255), "probe_interval_s": (1, 3600),
 }
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

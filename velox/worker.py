@@ -12,8 +12,9 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, egress, relay), ring, arena,
-stats, config, errors, _types; admin.agent (in serve: control channel and access log).
+Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay),
+health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
+serve: control channel and access log).
 """
 
 from __future__ import annotations
@@ -29,15 +30,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
+from urllib.parse import unquote
+
+import orjson
 
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.config import Settings
+from velox.dispatch import Dispatch
 from velox.egress.attempt import Tally
 from velox.egress.interfaces import Egress
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
-from velox.errors import Overloaded, RateLimited, VeloxError
+from velox.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
+from velox.health import now_ms
+from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
 from velox.parse import parse_model_call, scan_model_call
 from velox.ratelimit import Limiter
@@ -87,8 +94,20 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any
         self.arena: Arena | None
-        self.pool: Egress  # the one upstream's egress (settings.tables.upstreams[0])
+        self.upstreams: list[Egress]  # one per upstream of settings.tables, in its order
+        self.pool: Egress  # upstreams[0] (the only one without VELOX_CONFIG)
+        self.dispatch: Dispatch
         self.ingress: IngressState
+        tables = settings.tables
+        assert tables is not None  # Settings.__post_init__ synthesises them
+        self.tables = tables
+        # With a tables file, GET /v1/models lists the routes instead of asking one upstream.
+        self.models_body = _model_list(tables) if tables.source else None
+        index = {u.name: i for i, u in enumerate(tables.upstreams)}
+        self.route_upstreams = tuple(tuple(index[t.upstream] for t in r.targets)
+                                     for r in tables.routes)
+        self.probe_every_s = tables.breaker.probe_interval_s
+        self._next_probe = 0.0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -99,7 +118,10 @@ class Worker:
         self.loop = loop
         self.ring = make_queue(settings.queue, settings.ring_depth)
         self.arena = Arena(settings.arena_bytes) if settings.arena and settings.arena_bytes else None
-        self.pool = make_pool(settings, loop, Tally(self.counters, self.slot))
+        self.upstreams = [make_egress(settings, spec, index, loop, Tally(self.counters, self.slot))
+                          for index, spec in enumerate(self.tables.upstreams)]
+        self.pool = self.upstreams[0]
+        self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -116,7 +138,8 @@ class Worker:
             loop.add_signal_handler(sig, self.stopping.set)
         server = await loop.create_server(
             lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
-        self.pool.start()
+        for upstream in self.upstreams:
+            upstream.start()
         from velox.admin.agent import Agent
 
         agent = Agent(self)
@@ -154,25 +177,40 @@ class Worker:
                 conn.abort()
         for conn in list(state.connections):
             conn.close_if_idle()
-        await self.pool.close()
+        for upstream in self.upstreams:
+            await upstream.close()
         if self.scanner is not None:
             self.scanner.shutdown(wait=False)
         self.counters.set(self.slot, F.READY, 0)
         self.counters.set(self.slot, F.IN_FLIGHT, 0)
 
     def is_ready(self) -> bool:
-        if not self.pool.ready:
+        if not self.upstreams_ready():
             return False
         counters = self.counters
         # Every worker must be warm: any of them may be handed the next connection.
         return all(counters.get(s, F.READY) for s in range(counters.slots) if s != self.slot)
 
+    def upstreams_ready(self) -> bool:
+        """Ready when every route has a warm upstream whose breaker lets traffic through (one
+        upstream without VELOX_CONFIG: when it is warm, as before the tables existed)."""
+        upstreams = self.upstreams
+        if not self.tables.source:
+            return upstreams[0].ready
+        check = self.shared.health.check
+        now = now_ms()
+        for route in self.route_upstreams:
+            if not any(upstreams[u].ready and check(u, now) == 0 for u in route):
+                return False
+        return True
+
     def _tick(self) -> None:
-        counters, slot, pool = self.counters, self.slot, self.pool
-        counters.set(slot, F.READY, 1 if pool.ready else 0)
+        counters, slot = self.counters, self.slot
+        counters.set(slot, F.READY, 1 if self.upstreams_ready() else 0)
         counters.set(slot, F.IN_FLIGHT, self.in_flight)
         counters.set(slot, F.RING_DEPTH, len(self.ring))
-        counters.set(slot, F.UPSTREAM_CONNECTIONS, pool.open_connections)
+        counters.set(slot, F.UPSTREAM_CONNECTIONS,
+                     sum(u.open_connections for u in self.upstreams))
         if self.ingress.overloaded:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
@@ -190,6 +228,9 @@ class Worker:
             counters.add(slot, F.RECEIVE_TIMEOUTS, self.ingress.receive_timeouts)
             self.ingress.receive_timeouts = 0
         self._probe_fds(now)
+        if now >= self._next_probe:  # breakers past their open time get a background probe
+            self._next_probe = now + self.probe_every_s
+            self.dispatch.probe()
         self.loop.call_later(_TICK_S, self._tick)
 
     def _probe_fds(self, now: float) -> None:
@@ -275,18 +316,40 @@ class Worker:
         if admitted < len(parsed):
             self._refuse_rate_limited(parsed[admitted:])
 
-        pool = self.pool
-        headers_for = self.auth.upstream_headers
+        dispatch = self.dispatch
+        split = self.auth.client_headers
+        models_body = self.models_body
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
-            exchange = Exchange(request, request.upstream_path, headers_for(request.headers),
-                                self.on_done, self.release_body)
+            if models_body is not None and request.route is Route.FORWARD and \
+                    request.method == b"GET" and _is_models(request.path):
+                self._answer_models(request)
+                continue
+            base, passthrough = split(request.headers)
+            exchange = Exchange(request, request.upstream_path, base, self.on_done,
+                                self.release_body, dispatch)
+            exchange.passthrough = passthrough
             self.in_flight += 1
-            pool.submit(exchange)
-        pool.flush()
+            dispatch.send(exchange)
+        for upstream in self.upstreams:
+            upstream.flush()
         if self.arena is not None:
             self.arena.reset()
+
+    def _answer_models(self, request: Request) -> None:
+        """GET /v1/models[/ID] with a tables file: the routes' public names, OpenAI's shape."""
+        path = request.path.split(b"?", 1)[0]
+        if path == b"/v1/models":
+            request.conn.respond(request, 200, _JSON, self.models_body)  # type: ignore[arg-type]
+            return
+        name = unquote(path[len(b"/v1/models/"):].decode("latin-1"))
+        if any(r.model == name for r in self.tables.routes if r.model != CATCH_ALL):
+            request.conn.respond(request, 200, _JSON, orjson.dumps(_model_object(name)))
+        else:
+            request.conn.respond_error(request, ModelNotFound(
+                f"The model `{name}` does not exist or you do not have access to it.",
+                param="model"))
 
     def _scan_off_loop(self, request: Request) -> None:
         """Validate a large body in the scanner thread; the request re-enters the ring after."""
@@ -369,13 +432,29 @@ def _lower_priority() -> None:
         pass
 
 
-def make_pool(settings: Settings, loop: asyncio.AbstractEventLoop, tally: Tally) -> Egress:
-    """The egress named by VELOX_EGRESS for the first upstream of the tables: the project's
-    pools, or httpx as a measured baseline. Egress counts its events in `tally` itself."""
-    if settings.egress == "httpx":
+def make_egress(settings: Settings, spec: UpstreamSpec, index: int,
+                loop: asyncio.AbstractEventLoop, tally: Tally) -> Egress:
+    """One upstream's egress: the project's pools, or (VELOX_EGRESS=httpx, first upstream only)
+    httpx as a measured baseline. Egress counts its events in `tally` itself."""
+    if settings.egress == "httpx" and index == 0:
         from velox.egress.httpx_pool import HttpxPool
 
         return HttpxPool(settings, loop, tally)
-    assert settings.tables is not None  # Settings.__post_init__ synthesises them
-    return Upstream(settings.tables.upstreams[0], EgressOptions.from_settings(settings), loop,
-                    tally)
+    return Upstream(spec, EgressOptions.from_settings(settings), loop, tally)
+
+
+_JSON = ((b"content-type", b"application/json"),)
+
+
+def _is_models(path: bytes) -> bool:
+    bare = path.split(b"?", 1)[0]
+    return bare == b"/v1/models" or bare.startswith(b"/v1/models/")
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "velox"}
+
+
+def _model_list(tables: Tables) -> bytes:
+    return orjson.dumps({"object": "list", "data": [
+        _model_object(r.model) for r in tables.routes if r.model != CATCH_ALL]})

@@ -293,7 +293,9 @@ def test_hostile_frames_get_one_clear_answer_and_the_gateway_recovers(
         started = time.monotonic()
         if action.startswith("stream-reset"):
             # An event stream is relayed as it comes; a reset after its head reached the client
-            # can only cut the client's connection, which the client sees as an error.
+            # and inside an event (this upstream's bytes are not whole events) can only cut the
+            # client's connection, which the client sees as an error. (A stream broken between
+            # events ends with an error event instead: tests/e2e/test_routing.py.)
             with pytest.raises(httpx.RemoteProtocolError):
                 _post(gw, hostile=action, timeout=20)
         else:

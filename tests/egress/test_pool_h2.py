@@ -322,3 +322,24 @@ def test_withheld_credit_returns_to_the_connection_however_the_stream_ends(
     server.respond(server.requests[-1], body=b"y" * MIB)
     peer.pump()
     assert after.status == 200 and after.ended and after.received == MIB
+
+
+@pytest.mark.parametrize("codec", ["framer"])
+def test_a_retired_connections_streams_keep_their_deadlines(codec: str) -> None:
+    # A connection told GOAWAY leaves the pool's list while its processed streams finish; they
+    # must still time out if the upstream never answers them (found with a silent upstream:
+    # requests on a retired connection waited for ever, the pool no longer looked at them).
+    peer = PoolPeer(codec, connections=2)
+    first = peer.connect(0)
+    client = peer.submit()
+    peer.pump()
+    assert first.requests == [3]
+    first.goaway(last_stream_id=3)  # 3 was processed: it stays on the draining connection
+    peer.pump()
+    assert first.conn.state is State.DRAINING and peer.pool.conns[0] is not first.conn
+    peer.pool.sweep(time.monotonic() + REQUEST_TIMEOUT_MS / 1000 + 1)
+    assert isinstance(client.error, UpstreamTimeout)
+    peer.pump()
+    assert first.transport.closed  # its last stream ended: the retired connection closes
+    first.conn.connection_lost(None)  # what the event loop reports next (the fake does not)
+    assert not peer.pool.retired

@@ -122,7 +122,12 @@ class AccessLog:
         t_end, request, exchange, status, bytes_out = item
         upstream_us = None
         request_id = None
+        upstream = None
+        attempts = 0
         if exchange is not None:
+            name = exchange.upstream_name
+            upstream = name.decode() if name else None
+            attempts = exchange.attempts
             if exchange.t_headers and exchange.t_sent:
                 upstream_us = (exchange.t_headers - exchange.t_sent) // 1000
             for name, value in exchange.headers:
@@ -157,6 +162,8 @@ class AccessLog:
             "status": status,
             "bytes_in": len(request.body),
             "bytes_out": bytes_out,
+            "upstream": upstream,
+            "attempts": attempts,
             "upstream_us": upstream_us,
             "total_us": max(0, t_end - request.t_received) // 1000,
             "request_id": request_id,

@@ -102,6 +102,7 @@ class Agent:
             "arena": None if arena is None else {"live_bodies": arena.live,
                                                  "spills": arena.spills},
             "upstream": describe() if describe is not None else {"egress": type(pool).__name__},
+            "upstreams": [u.describe() for u in worker.upstreams[1:]],
             "profiling": self.profile is not None,
             "access_log_queued": len(self.access_log.queue) if self.access_log else None,
         }

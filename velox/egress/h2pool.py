@@ -47,6 +47,9 @@ class H2Pool(BasePool):
     def __init__(self, front: Front, options: EgressOptions) -> None:
         super().__init__(front, options)
         self.conns: list[H2Connection | None] = [None] * self.size
+        # Retired connections (GOAWAY, timeouts, stream ids) still finishing their streams: no
+        # longer in `conns`, but their streams keep their deadlines (swept) until they close.
+        self.retired: set[H2Connection] = set()
         self.dirty: list[H2Connection] = []
         self.flush_scheduled = False
         self.rr = 0
@@ -88,6 +91,8 @@ class H2Pool(BasePool):
         for conn in self.conns:
             if conn is not None:
                 conn.close()
+        for conn in list(self.retired):
+            conn.close()
 
     # --- sending -------------------------------------------------------------------------------
 
@@ -150,6 +155,8 @@ class H2Pool(BasePool):
         for conn in self.conns:
             if conn is not None:
                 yield from conn.streams.values()
+        for conn in self.retired:
+            yield from conn.streams.values()
 
     # --- connection events ---------------------------------------------------------------------
 
@@ -176,10 +183,12 @@ class H2Pool(BasePool):
     def on_draining(self, conn: H2Connection) -> None:
         if self.conns[conn.index] is conn:
             self.conns[conn.index] = None
+            self.retired.add(conn)
             self.tally.reconnect()
             self._spawn(conn.index)
 
     def on_closed(self, conn: H2Connection, was_ready: bool) -> None:
+        self.retired.discard(conn)
         if self.conns[conn.index] is not conn:
             return  # a retired connection finishing; its replacement is already underway
         self.conns[conn.index] = None

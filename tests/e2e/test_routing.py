@@ -1,0 +1,419 @@
+"""Several upstreams behind one gateway: weights, least busy, priorities, rewriting, Azure,
+failover, breakers, the retry budget, fallbacks, the commit point and consistent hashing.
+
+Real processes throughout: three (or four) instances of the bundled mock over HTTP/2 + TLS, one
+Velox with two workers and a VELOX_CONFIG file, the official SDK or httpx as the client. Each
+mock is told how to misbehave at run time (`MockUpstream.behave`), or killed with SIGKILL and
+started again on its port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import CLIENT_KEY, client_for, wait_for
+from velox.launch import GatewayProcess, free_port
+from velox.mock import MockUpstream
+
+KEYS = {"KEY_A": "sk-a-0123456789", "KEY_B": "sk-b-0123456789", "KEY_C": "sk-c-0123456789",
+        "KEY_AZ": "az-0123456789"}
+NAMES = ("a", "b", "c")
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def certdir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("routing-certs"))
+
+
+def start_mock(name: str, certdir: str, port: int = 0, **kw: object) -> MockUpstream:
+    extra = ["--port", str(port)] if port else []
+    return MockUpstream(tls=True, certdir=certdir, name=name, extra_args=extra,
+                        **kw).start()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def mocks(certdir: str) -> Iterator[dict[str, MockUpstream]]:
+    started = {name: start_mock(name, certdir) for name in NAMES}
+    try:
+        yield started
+    finally:
+        for mock in started.values():
+            mock.stop()
+
+
+@pytest.fixture
+def fresh(mocks: dict[str, MockUpstream]) -> dict[str, MockUpstream]:
+    """The module's mocks, alive, behaving normally, with their counters reset."""
+    for name, mock in list(mocks.items()):
+        if mock._proc is None or mock._proc.poll() is not None:  # killed by an earlier test
+            mocks[name] = start_mock(name, str(Path(mock.ca_file).parent), port=mock.port)
+    for mock in mocks.values():
+        mock.behave()
+        mock.reset()
+    return mocks
+
+
+def upstream_table(name: str, mock: MockUpstream, **extra: object) -> str:
+    lines = [
+        "[[upstream]]", f'name = "{name}"', f'origin = "{mock.origin}"',
+        f'api_key_env = "KEY_{name.upper()}"', f'ca_file = "{mock.ca_file}"',
+        "connections = 1",
+    ]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "velox.toml"
+    path.write_text(text)
+    return path
+
+
+def start(tmp_path: Path, config: Path, **env: str) -> GatewayProcess:
+    base = {
+        "VELOX_CONFIG": str(config),
+        "VELOX_WORKERS": "2",
+        "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_SHUTDOWN_GRACE_S": "5",
+        "VELOX_ACCESS_LOG": "0",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+        **KEYS,
+    }
+    base.update(env)
+    gw = GatewayProcess(base, log_path=tmp_path / "velox.log")
+    return gw.start(wait_ready=True)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for gw in started:
+        gw.stop()
+
+
+async def _fire(base_url: str, total: int, concurrency: int, body: dict | None = None,
+                headers: dict | None = None, deadline_s: float = 60.0) -> list[httpx.Response]:
+    """`total` chat calls over `concurrency` connections; bounded in count and time."""
+    out: list[httpx.Response] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    stop_at = time.monotonic() + deadline_s
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30,
+                                 headers={"authorization": f"Bearer {CLIENT_KEY}"}) as client:
+        queue = list(range(total))
+
+        async def one_worker() -> None:
+            while queue and time.monotonic() < stop_at:
+                queue.pop()
+                out.append(await client.post("/v1/chat/completions", json=body or CHAT,
+                                              headers=headers))
+
+        await asyncio.gather(*(one_worker() for _ in range(concurrency)))
+    return out
+
+
+def fire(gw: GatewayProcess, total: int, concurrency: int = 32, **kw: object
+         ) -> list[httpx.Response]:
+    return asyncio.run(_fire(gw.base_url, total, concurrency, **kw))  # type: ignore[arg-type]
+
+
+def chat_calls(mock: MockUpstream) -> int:
+    """Chat calls the mock received (warm-ups and probes are GET /v1/models)."""
+    return mock.stats()["by_path"].get("/v1/chat/completions", 0)
+
+
+def shares(responses: list[httpx.Response]) -> Counter[str]:
+    return Counter(r.headers.get("x-velox-upstream", "?") for r in responses)
+
+
+def admin_stats(gw: GatewayProcess) -> dict:
+    return httpx.get(f"{gw.admin_url}/stats", timeout=10).json()
+
+
+def upstream_stats(gw: GatewayProcess, name: str) -> dict:
+    return next(u for u in admin_stats(gw)["upstreams"] if u["name"] == name)
+
+
+# --- spreading ---------------------------------------------------------------------------
+
+
+def test_weights_three_to_one_split_75_25(tmp_path: Path, fresh: dict, gateways: list) -> None:
+    config = write_config(tmp_path, upstream_table("a", fresh["a"]) + upstream_table(
+        "b", fresh["b"]) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a", weight = 3 }, { upstream = "b", weight = 1 }]
+""")
+    gw = start(tmp_path, config)
+    gateways.append(gw)
+    responses = fire(gw, 4000, concurrency=32)
+    assert len(responses) == 4000
+    assert all(r.status_code == 200 for r in responses)
+    assert all(r.headers["x-velox-attempts"] == "1" for r in responses)
+    seen = shares(responses)
+    assert abs(seen["a"] / 4000 - 0.75) <= 0.03, seen
+    # The mocks agree with the header: each counted exactly the calls it answered.
+    assert chat_calls(fresh["a"]) == seen["a"]
+    assert chat_calls(fresh["b"]) == seen["b"]
+
+
+def test_least_busy_sends_less_to_a_slow_upstream(tmp_path: Path, fresh: dict,
+                                                  gateways: list) -> None:
+    config = write_config(tmp_path, upstream_table("a", fresh["a"]) + upstream_table(
+        "b", fresh["b"]) + """
+[[route]]
+model = "m"
+strategy = "least_busy"
+targets = [{ upstream = "a" }, { upstream = "b" }]
+""")
+    gw = start(tmp_path, config)
+    gateways.append(gw)
+    fresh["b"].behave(latency_ms=100)
+    responses = fire(gw, 600, concurrency=32)
+    assert all(r.status_code == 200 for r in responses)
+    seen = shares(responses)
+    assert seen["b"] < 0.3 * len(responses), seen
+
+
+def test_priorities_and_model_rewrite(tmp_path: Path, fresh: dict, gateways: list) -> None:
+    config = write_config(tmp_path, upstream_table("a", fresh["a"]) + upstream_table(
+        "b", fresh["b"]) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a", model = "m-on-a" }, { upstream = "b", priority = 1 }]
+""")
+    gw = start(tmp_path, config)
+    gateways.append(gw)
+    responses = fire(gw, 200, concurrency=8)
+    assert shares(responses) == Counter({"a": 200})
+    received = fresh["a"].requests(limit=5)
+    assert {r["model"] for r in received} == {"m-on-a"}  # rewritten for the upstream
+    fresh["a"].behave(status=503)
+    responses = fire(gw, 200, concurrency=8)
+    assert all(r.status_code == 200 for r in responses), Counter(r.status_code
+                                                                  for r in responses)
+    assert shares(responses)["b"] == 200
+    assert {r["model"] for r in fresh["b"].requests(limit=5)} == {"m"}  # b keeps the name
+
+
+def test_azure_upstream_gets_deployment_path_version_and_api_key(
+        tmp_path: Path, certdir: str, gateways: list) -> None:
+    with MockUpstream(tls=True, certdir=certdir, name="az") as az:
+        config = write_config(tmp_path, f"""
+[[upstream]]
+name = "az"
+kind = "azure"
+origin = "{az.origin}"
+api_key_env = "KEY_AZ"
+api_version = "2024-10-21"
+ca_file = "{az.ca_file}"
+connections = 1
+
+[[route]]
+model = "gpt-4o"
+targets = [{{ upstream = "az", model = "prod-4o" }}]
+""")
+        gw = start(tmp_path, config)
+        gateways.append(gw)
+        client = client_for(gw)
+        reply = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert reply.headers["x-velox-upstream"] == "az"
+        assert reply.parse().choices[0].message.content
+        seen = [r for r in az.requests(limit=10) if r["method"] == "POST"][-1]
+        assert seen["path"].startswith("/openai/deployments/prod-4o/chat/completions?")
+        assert "api-version=2024-10-21" in seen["query"]
+        assert seen["auth"]["kind"] == "api-key"
+        stream = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_models_lists_the_routes(tmp_path: Path, fresh: dict, gateways: list) -> None:
+    config = write_config(tmp_path, upstream_table("a", fresh["a"]) + """
+[[route]]
+model = "alpha"
+targets = [{ upstream = "a" }]
+
+[[route]]
+model = "beta"
+targets = [{ upstream = "a", model = "b-internal" }]
+""")
+    gw = start(tmp_path, config)
+    gateways.append(gw)
+    models = client_for(gw).models.list()
+    assert sorted(m.id for m in models.data) == ["alpha", "beta"]
+    assert fresh["a"].stats()["by_path"].get("/v1/models", 0) <= 2  # warm-ups only
+    with pytest.raises(openai.NotFoundError):
+        client_for(gw).chat.completions.create(model="gamma", messages=[])
+
+
+# --- failover ----------------------------------------------------------------------------
+
+
+def three_up(fresh: dict, **route: str) -> str:
+    text = "".join(upstream_table(n, fresh[n]) for n in NAMES)
+    extra = "".join(f"{k} = {v}\n" for k, v in route.items())
+    return text + f"""
+[[route]]
+model = "m"
+targets = [{{ upstream = "a" }}, {{ upstream = "b" }}, {{ upstream = "c" }}]
+{extra}
+[breaker]
+failures = 3
+open_s = 2
+probe_interval_s = 1
+"""
+
+
+def test_sigkill_one_of_three_under_load(tmp_path: Path, fresh: dict, gateways: list) -> None:
+    gw = start(tmp_path, write_config(tmp_path, three_up(fresh)))
+    gateways.append(gw)
+    victim = fresh["c"]
+
+    async def scenario() -> list[httpx.Response]:
+        load = asyncio.create_task(_fire(gw.base_url, 3000, concurrency=64, deadline_s=60))
+        await asyncio.sleep(1.0)
+        os.kill(victim.pid, signal.SIGKILL)
+        return await load
+
+    responses = asyncio.run(scenario())
+    codes = Counter(r.status_code for r in responses)
+    assert codes == Counter({200: len(responses)}), codes
+    state = wait_for(lambda: upstream_stats(gw, "c")["state"] in ("open", "half_open"))
+    assert state
+    # While it is open nothing but probes goes its way (and it is dead: nothing reaches it).
+    after = fire(gw, 300, concurrency=16)
+    assert all(r.status_code == 200 for r in after)
+    assert "c" not in shares(after)
+    # Back on its port: in service again within open_s plus a probe interval (and slack).
+    fresh["c"] = start_mock("c", str(Path(victim.ca_file).parent), port=victim.port)
+    wait_for(lambda: upstream_stats(gw, "c")["state"] == "closed", timeout=20)
+    assert shares(fire(gw, 300, concurrency=16))["c"] > 0
+
+
+@pytest.mark.parametrize("how", ["503", "429", "timeout"])
+def test_a_failing_upstream_shifts_traffic_to_the_others(
+        how: str, tmp_path: Path, fresh: dict, gateways: list) -> None:
+    text = three_up(fresh).replace(
+        'name = "b"\n', 'name = "b"\nrequest_timeout_ms = 300\n')
+    gw = start(tmp_path, write_config(tmp_path, text))
+    gateways.append(gw)
+    if how == "timeout":
+        fresh["b"].behave(latency_ms=2000)
+    else:
+        fresh["b"].behave(status=int(how))
+    responses = fire(gw, 300, concurrency=16)
+    assert Counter(r.status_code for r in responses) == Counter({200: 300})
+    assert "b" not in shares(responses)
+    retried = [r for r in responses if r.headers["x-velox-attempts"] != "1"]
+    assert retried  # some requests met b before its breaker opened, and were moved
+    assert upstream_stats(gw, "b")["state"] in ("open", "half_open")
+
+
+def test_fallbacks_are_used_and_attempts_counted(tmp_path: Path, fresh: dict,
+                                                 gateways: list) -> None:
+    config = write_config(tmp_path, upstream_table("a", fresh["a"]) + upstream_table(
+        "b", fresh["b"]) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a" }]
+fallbacks = ["backup"]
+
+[[route]]
+model = "backup"
+targets = [{ upstream = "b", model = "m-small" }]
+""")
+    gw = start(tmp_path, config)
+    gateways.append(gw)
+    fresh["a"].behave(status=503)
+    reply = client_for(gw).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "hi"}])
+    assert reply.headers["x-velox-upstream"] == "b"
+    assert reply.headers["x-velox-attempts"] == "2"
+    assert fresh["b"].requests(limit=1)[-1]["model"] == "m-small"
+
+
+def test_retry_budget_caps_retries_when_every_target_fails(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    gw = start(tmp_path, write_config(tmp_path, three_up(fresh).replace(
+        "failures = 3", "failures = 255")))  # breakers out of the way: the budget alone
+    gateways.append(gw)
+    for mock in fresh.values():
+        mock.behave(status=503)
+    t0 = time.monotonic()
+    responses = fire(gw, 600, concurrency=16)
+    elapsed = time.monotonic() - t0
+    assert Counter(r.status_code for r in responses) == Counter({503: 600})
+    calls = sum(chat_calls(m) for m in fresh.values())
+    # 20% of requests plus 10 per second (over at most the 10 s window), never 3x.
+    allowed = 600 + 0.2 * 600 + 10 * (elapsed + 10) + 2 * 16
+    assert 600 <= calls <= allowed, (calls, allowed)
+    assert calls < 2 * 600
+
+
+def test_a_stream_broken_midway_ends_with_an_error_event_and_is_not_retried(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    gw = start(tmp_path, write_config(tmp_path, three_up(fresh)))
+    gateways.append(gw)
+    with httpx.Client(base_url=gw.base_url, timeout=20) as client:
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**CHAT, "stream": True},
+                           headers={"authorization": f"Bearer {CLIENT_KEY}",
+                                    "x-mock-fault": "reset-mid-stream", "x-mock-chunks": "8"},
+                           ) as resp:
+            assert resp.status_code == 200
+            text = "".join(resp.iter_text())
+    assert "data: [DONE]" not in text
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events and "error" in json.loads(events[-1])
+    assert sum(chat_calls(m) for m in fresh.values()) == 1
+    with pytest.raises(openai.APIError):
+        stream = client_for(gw).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
+            extra_headers={"x-mock-fault": "reset-mid-stream"})
+        for _ in stream:
+            pass
+
+
+# --- consistent hashing --------------------------------------------------------------------
+
+
+def test_hash_keeps_a_key_on_its_upstream_and_moves_only_the_dead_ones_keys(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    gw = start(tmp_path, write_config(tmp_path, three_up(fresh, strategy='"hash"')))
+    gateways.append(gw)
+
+    def placement() -> dict[str, str]:
+        where: dict[str, str] = {}
+        with httpx.Client(base_url=gw.base_url, timeout=20,
+                          headers={"authorization": f"Bearer {CLIENT_KEY}"}) as client:
+            for key in range(60):
+                seen = {client.post("/v1/chat/completions", json=CHAT,
+                                    headers={"x-velox-affinity": f"user-{key}"}
+                                    ).headers["x-velox-upstream"] for _ in range(3)}
+                assert len(seen) == 1, (key, seen)
+                where[f"user-{key}"] = seen.pop()
+        return where
+
+    before = placement()
+    assert set(before.values()) == set(NAMES)
+    os.kill(fresh["b"].pid, signal.SIGKILL)
+    after = placement()
+    for key, name in before.items():
+        if name != "b":
+            assert after[key] == name, key
+        else:
+            assert after[key] != "b"
