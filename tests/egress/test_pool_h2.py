@@ -343,3 +343,20 @@ def test_a_retired_connections_streams_keep_their_deadlines(codec: str) -> None:
     assert first.transport.closed  # its last stream ended: the retired connection closes
     first.conn.connection_lost(None)  # what the event loop reports next (the fake does not)
     assert not peer.pool.retired
+
+
+def test_a_retired_connection_that_falls_silent_is_found_by_ping() -> None:
+    peer = PoolPeer(connections=2)
+    first = peer.connect(0)
+    client = peer.submit()
+    peer.pump()
+    first.goaway(last_stream_id=3)  # 3 was processed: it finishes on the draining connection
+    peer.pump()
+    assert first.conn in peer.pool.retired
+    now = time.monotonic()
+    peer.pool.sweep(now + 1)
+    peer.pool.sweep(now + 2)  # a stream open and nothing read for a tick: PING (never answered)
+    peer.pool.sweep(now + 2 + PING_TIMEOUT_S)
+    assert isinstance(client.error, UpstreamUnavailable)  # 502 long before the request timeout
+    assert first.conn.state is State.CLOSED and not peer.pool.retired
+    assert peer.tally.ping_timeouts == 1

@@ -141,8 +141,8 @@ class H2Pool(BasePool):
     def sweep(self, now: float) -> None:
         super().sweep(now)
         options = self.options
-        if options.liveness_tick_s:
-            for conn in self.conns:
+        if options.liveness_tick_s:  # retired connections too: their streams still wait
+            for conn in (*self.conns, *self.retired):
                 if conn is not None:
                     conn.check_liveness(now, options.liveness_tick_s, options.ping_interval_s,
                                         options.ping_timeout_s)
