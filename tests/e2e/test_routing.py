@@ -105,7 +105,7 @@ def gateways() -> Iterator[list[GatewayProcess]]:
 
 
 async def _fire(base_url: str, total: int, concurrency: int, body: dict | None = None,
-                headers: dict | None = None, deadline_s: float = 60.0) -> list[httpx.Response]:
+                headers: dict | None = None, deadline_s: float = 180.0) -> list[httpx.Response]:
     """`total` chat calls over `concurrency` connections; bounded in count and time."""
     out: list[httpx.Response] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -284,7 +284,7 @@ def test_sigkill_one_of_three_under_load(tmp_path: Path, fresh: dict, gateways: 
     victim = fresh["c"]
 
     async def scenario() -> list[httpx.Response]:
-        load = asyncio.create_task(_fire(gw.base_url, 3000, concurrency=64, deadline_s=60))
+        load = asyncio.create_task(_fire(gw.base_url, 3000, concurrency=64, deadline_s=180))
         await asyncio.sleep(1.0)
         os.kill(victim.pid, signal.SIGKILL)
         return await load
