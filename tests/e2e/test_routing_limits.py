@@ -9,6 +9,10 @@ the official SDK as the client.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,8 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import (  # noqa: F401  (fixtures: certdir, mocks, fresh, gateways)
-    CHAT, admin_stats, certdir, chat_calls, fire, fresh, gateways, mocks, shares, start,
+    CHAT, KEYS, admin_stats, certdir, chat_calls, fire, fresh, gateways, mocks, shares, start,
     upstream_stats, upstream_table, write_config)
+
+from velox.launch import free_port
+from velox.mock.state import fingerprint
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
@@ -302,3 +309,61 @@ def test_panic_mode_sends_to_the_target_open_longest(
     assert after[longest]["panics"] == 3
     assert after["a" if longest == "b" else "b"]["panics"] == 0
     assert chat_calls(fresh[longest]) == 4  # its failure, then the three panics
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+def test_doctor_checks_every_upstream_of_the_file_by_name(
+        tmp_path: Path, fresh: dict) -> None:
+    down_port = free_port()  # nothing listens there: the second upstream is down
+    text = upstream_table("a", fresh["a"]) + upstream_table("b", fresh["b"]).replace(
+        fresh["b"].origin, f"https://127.0.0.1:{down_port}") + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a" }, { upstream = "b" }]
+"""
+    config = write_config(tmp_path, text)
+    env = {"PATH": os.environ.get("PATH", ""), "VELOX_CONFIG": str(config),
+           "VELOX_PORT": str(free_port()), "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+           **KEYS}
+    doctor = subprocess.run([sys.executable, "-m", "velox", "doctor"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    out = doctor.stdout
+    assert doctor.returncode == 1, out + doctor.stderr
+    assert re.search(r"^PASS  config .*2 upstream\(s\) \(a, b\) and 1 route\(s\)", out, re.M), out
+    for check in ("dns", "connect", "tls", "h2", "warmup"):
+        assert re.search(rf"^PASS  upstream-{check}\[a\] ", out, re.M), (check, out)
+    assert "ALPN negotiated h2" in out
+    assert re.search(r"^PASS  upstream-warmup\[a\] GET /v1/models answered 200", out, re.M)
+    assert re.search(r"^PASS  upstream-dns\[b\] ", out, re.M)
+    assert re.search(rf"^FAIL  upstream-connect\[b\] cannot connect to 127.0.0.1:{down_port}: "
+                     r"Connection refused", out, re.M), out
+    assert f"`origin` of [[upstream]] 'b' in {config}" in out  # where to fix it
+    for check in ("tls", "h2", "warmup"):
+        assert re.search(rf"^SKIP  upstream-{check}\[b\] ", out, re.M), (check, out)
+    assert "1 check(s) failed" in out
+    # The mock saw the warm-up with a's own key.
+    seen = [r for r in fresh["a"].requests(limit=20) if r["path"] == "/v1/models"]
+    assert seen and seen[-1]["auth"] == {"kind": "authorization",
+                                         "key_sha256": fingerprint(KEYS["KEY_A"])}
+
+
+def test_doctor_names_the_key_variable_of_an_upstream_answering_401(
+        tmp_path: Path, fresh: dict) -> None:
+    config = write_config(tmp_path, upstream_table("c", fresh["c"]) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "c" }]
+""")
+    fresh["c"].behave(status=401)  # as an upstream refusing the key does
+    env = {"PATH": os.environ.get("PATH", ""), "VELOX_CONFIG": str(config),
+           "VELOX_PORT": str(free_port()), "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+           **KEYS}
+    doctor = subprocess.run([sys.executable, "-m", "velox", "doctor"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    out = doctor.stdout
+    assert doctor.returncode == 1, out + doctor.stderr
+    assert re.search(r"^FAIL  upstream-warmup\[c\] GET /v1/models answered 401: the configured "
+                     r"key was refused", out, re.M), out
+    assert "set the variable KEY_C (`api_key_env` of [[upstream]] 'c'" in out
