@@ -123,6 +123,11 @@ class LiveState(Protocol):
 
     def try_retry(self, u: int, now: int, /) -> bool: ...
 
+    def count_full(self, u: int, /) -> None:
+        """Count a request u refused because it was at max_in_flight (found by check(),
+        which takes nothing and so counts nothing; admit() counts its own refusals)."""
+        ...
+
 
 # ------------------------------------------------------------------------------ classify
 
@@ -636,7 +641,11 @@ class Plan:
                 if t in hard or tried and t in tried:
                     continue
                 reason = refused.get(t) if refused else None
-                lists[check(t.u, now) if reason is None else reason].append(t)
+                if reason is None:
+                    reason = check(t.u, now)
+                    if reason == REASON_FULL:
+                        self.router.state.count_full(t.u)
+                lists[reason].append(t)
         return outcome
 
     def _refusal(self, outcome: Outcome) -> VeloxError:

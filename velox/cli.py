@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", help="run the gateway (the default)")
     sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
-    sub.add_parser("doctor", help="check the configuration, the ports and the path to the "
+    sub.add_parser("doctor", help="check the configuration, the ports and the path to every "
                    "upstream (DNS, TLS, h2, key); exit 1 if a check fails")
     bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
     bench.add_argument("action", choices=["report"])

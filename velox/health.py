@@ -72,8 +72,10 @@ _UP_FIELDS = {
 _UP_REQUESTS = _native.UP_REQUESTS
 _UP_PANICS = _native.UP_PANICS
 _UP_RETRIES = _native.UP_RETRIES
+_UP_FULL = _native.UP_FULL
 _CLOSED = _native.BREAKER_CLOSED
 _PEEK_PROBE = _native.PEEK_PROBE
+_PEEK_CLOSED = _native.PEEK_CLOSED
 
 
 def now_ms() -> int:
@@ -213,6 +215,15 @@ class SharedHealth:
             return False
         self.native.count(u, _UP_RETRIES)
         return True
+
+    def is_closed(self, u: int, now: int) -> bool:
+        """u's breaker is closed (whatever its in-flight count): what readiness asks. A busy
+        upstream at its max_in_flight is not a broken one."""
+        return self.native.peek(u, now) == _PEEK_CLOSED
+
+    def count_full(self, u: int) -> None:
+        """Count a request u refused at max_in_flight (found by check(), on the slow path)."""
+        self.native.count(u, _UP_FULL)
 
     def needs_probe(self, now: int | None = None) -> list[int]:
         """Upstreams whose breaker is not closed and would admit a probe now: what a background

@@ -192,15 +192,17 @@ class Worker:
         return all(counters.get(s, F.READY) for s in range(counters.slots) if s != self.slot)
 
     def upstreams_ready(self) -> bool:
-        """Ready when every route has a warm upstream whose breaker lets traffic through (one
-        upstream without VELOX_CONFIG: when it is warm, as before the tables existed)."""
+        """Ready when every route has a warm upstream whose breaker is closed (one upstream
+        without VELOX_CONFIG: when it is warm, as before the tables existed). An upstream at
+        its max_in_flight counts as ready: busy is not broken, and a load balancer taking the
+        gateway out of service at its busiest would only move the load elsewhere."""
         upstreams = self.upstreams
         if not self.tables.source:
             return upstreams[0].ready
-        check = self.shared.health.check
+        is_closed = self.shared.health.is_closed
         now = now_ms()
         for route in self.route_upstreams:
-            if not any(upstreams[u].ready and check(u, now) == 0 for u in route):
+            if not any(upstreams[u].ready and is_closed(u, now) for u in route):
                 return False
         return True
 

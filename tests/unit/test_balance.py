@@ -47,6 +47,7 @@ class FakeState:
         self.panics = [0] * n
         self.finished: list[tuple[int, int, int]] = []  # (upstream, ticket, outcome)
         self.budget_refused = 0
+        self.full = [0] * n  # requests refused at max_in_flight (count_full)
 
     def check(self, u: int, now: int) -> int:
         if u in self.open:
@@ -102,6 +103,9 @@ class FakeState:
             return False
         self.retries_left -= 1
         return True
+
+    def count_full(self, u: int) -> None:
+        self.full[u] += 1
 
     def idle(self) -> bool:
         return not any(self.in_flight_)
@@ -348,6 +352,7 @@ def test_all_full_is_503_overloaded_not_a_hang() -> None:
     assert isinstance(answer, Overloaded)
     assert answer.status == 503 and answer.code == "overloaded" and answer.retry_after_s == 1
     assert "'m'" in answer.message
+    assert state.full == [1, 1, 0, 0]  # each full target counts the refusal once
     for p, u in plans:
         state.finish(u, 0, SUCCESS, NOW)
     assert state.idle()

@@ -11,11 +11,17 @@ with what it found, and for a failure what to do about it. In order:
    HTTP/1.1), and 8. answers `GET VELOX_UPSTREAM_WARMUP_PATH` with the configured key. Any HTTP
    status proves the upstream reachable; 401/403 means the key is missing or wrong.
 
+Checks 4-8 run for every upstream: the VELOX_UPSTREAM_* one, or with VELOX_CONFIG each
+`[[upstream]]` of the file in turn (its origin, ca_file, protocol, api_key_env and warmup_path;
+its credential header as the gateway sends it, `api-key` for Azure). Those checks are named
+after the upstream (`upstream-dns[a]`) and their fixes name the file, table and key. One
+upstream's failure skips only its own later checks.
+
 The exit status is 1 if any check failed, else 0. The warm-up request goes over HTTP/2 with the
 gateway's own codec when h2 was negotiated, so it exercises the same framing the egress uses.
 
-Imports: config, egress.codec, egress.pool (the TLS context), admin.server (lazily, for the
-admin bind rule), stdlib.
+Imports: config, tables (specs), egress.codec, egress.pool (the TLS context), admin.server
+(lazily, for the admin bind rule), stdlib.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from velox.config import ConfigError, Settings, load
+from velox.tables import UpstreamSpec
 
 _PROBE_TIMEOUT_S = 2.0
 
@@ -123,26 +130,61 @@ def check_port(name: str, variable: str, host: str, port: int, velox_paths: tupl
 
 
 class _Upstream:
-    """State carried from one upstream check to the next (the socket, what ALPN said)."""
+    """State carried from one upstream check to the next (the socket, what ALPN said).
 
-    def __init__(self, settings: Settings) -> None:
+    One per upstream: the VELOX_UPSTREAM_* one, or each [[upstream]] of VELOX_CONFIG. Check
+    names and fixes name the upstream and where it is configured (variable, or file, table and
+    key)."""
+
+    def __init__(self, settings: Settings, spec: UpstreamSpec, source: str) -> None:
         self.settings = settings
-        self.host = settings.upstream_host
-        self.port = settings.upstream_port
+        self.spec = spec
+        self.host = spec.host
+        self.port = spec.port
         self.sock: socket.socket | None = None
         self.alpn: str | None = None
-        self.timeout = min(10.0, settings.connect_timeout_ms / 1000)
+        self.timeout = min(10.0, spec.connect_timeout_ms / 1000)
+        self.from_file = bool(source)
+        self.suffix = f"[{spec.name}]" if source else ""
+        if source:
+            table = f"[[upstream]] {spec.name!r} in {source}"
+            self.origin_var = f"`origin` of {table}"
+            self.ca_var = f"`ca_file` of {table}"
+            self.protocol_var = f"`protocol` of {table}"
+            self.warmup_var = f"`warmup_path` of {table}"
+            self.key_var = (f"the variable {spec.api_key_env} (`api_key_env` of {table})"
+                            if spec.api_key_env else f"`api_key_env` of {table}")
+        else:
+            self.origin_var = "VELOX_UPSTREAM_ORIGIN"
+            self.ca_var = "VELOX_UPSTREAM_CA_FILE (or SSL_CERT_FILE)"
+            self.protocol_var = "VELOX_UPSTREAM_PROTOCOL"
+            self.warmup_var = "VELOX_UPSTREAM_WARMUP_PATH"
+            self.key_var = "VELOX_UPSTREAM_API_KEY (or OPENAI_API_KEY)"
+
+    def name(self, check: str) -> str:
+        return check + self.suffix
+
+    @property
+    def first_protocol(self) -> str:
+        """What the pool tries first, as egress decides it: "h2" or "http1"."""
+        if self.settings.egress == "http1" or self.spec.protocol == "http1":
+            return "http1"
+        if self.spec.protocol == "h2":
+            return "h2"
+        return "h2" if self.spec.scheme == "https" else "http1"
 
     def resolve(self) -> Result:
+        name = self.name("upstream-dns")
         try:
             infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            return _fail("upstream-dns", f"{self.host} does not resolve: {exc.strerror}",
-                         "check VELOX_UPSTREAM_ORIGIN and this machine's DNS")
-        addresses = sorted({info[4][0] for info in infos})
-        return _pass("upstream-dns", f"{self.host} resolves to {', '.join(addresses[:4])}")
+            return _fail(name, f"{self.host} does not resolve: {exc.strerror}",
+                         f"check {self.origin_var} and this machine's DNS")
+        addresses = sorted({str(info[4][0]) for info in infos})
+        return _pass(name, f"{self.host} resolves to {', '.join(addresses[:4])}")
 
     def connect(self) -> Result:
+        name = self.name("upstream-connect")
         started = time.monotonic()
         try:
             self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
@@ -150,81 +192,76 @@ class _Upstream:
             reason = exc.strerror or type(exc).__name__
             if isinstance(exc, TimeoutError):
                 reason = f"no answer within {self.timeout:g} s"
-            return _fail("upstream-connect", f"cannot connect to {self.host}:{self.port}: "
-                         f"{reason}", "check that the upstream runs and VELOX_UPSTREAM_ORIGIN's "
-                         "host and port are right (and no firewall is in between)")
+            return _fail(name, f"cannot connect to {self.host}:{self.port}: {reason}",
+                         f"check that the upstream runs and {self.origin_var}'s host and port "
+                         "are right (and no firewall is in between)")
         ms = (time.monotonic() - started) * 1000
-        return _pass("upstream-connect", f"TCP connection to {self.host}:{self.port} in "
-                     f"{ms:.0f} ms")
+        return _pass(name, f"TCP connection to {self.host}:{self.port} in {ms:.0f} ms")
 
     def tls(self) -> Result:
-        from velox.egress.pool import make_ssl_context
+        from velox.egress.pool import ssl_context
 
-        settings = self.settings
-        alpn = ["h2"] if settings.upstream_protocol == "h2" else (
-            ["http/1.1"] if settings.egress_protocol == "http1" else ["h2", "http/1.1"])
+        name = self.name("upstream-tls")
+        spec = self.spec
+        alpn = ["h2"] if spec.protocol == "h2" else (
+            ["http/1.1"] if self.first_protocol == "http1" else ["h2", "http/1.1"])
         assert self.sock is not None
         try:
-            ctx = make_ssl_context(settings, alpn)
+            ctx = ssl_context((spec.ca_file, self.settings.ssl_cert_file), alpn)
             self.sock = ctx.wrap_socket(self.sock, server_hostname=self.host)
         except ssl.SSLCertVerificationError as exc:
-            return _fail("upstream-tls", f"the upstream's certificate is not trusted: "
+            return _fail(name, f"the upstream's certificate is not trusted: "
                          f"{exc.verify_message}",
-                         "set VELOX_UPSTREAM_CA_FILE (or SSL_CERT_FILE) to the PEM bundle of "
-                         "the CA that signed it")
+                         f"set {self.ca_var} to the PEM bundle of the CA that signed it")
         except (ssl.SSLError, OSError) as exc:
-            return _fail("upstream-tls", f"TLS handshake with {self.host} failed: {exc}",
-                         "check that VELOX_UPSTREAM_ORIGIN's port speaks TLS (or use http://)")
+            return _fail(name, f"TLS handshake with {self.host} failed: {exc}",
+                         f"check that {self.origin_var}'s port speaks TLS (or use http://)")
         assert isinstance(self.sock, ssl.SSLSocket)
         self.alpn = self.sock.selected_alpn_protocol()
-        cas = "system CAs" + (" + VELOX_UPSTREAM_CA_FILE" if settings.upstream_ca_file else "")
-        return _pass("upstream-tls", f"{self.sock.version()} handshake, certificate verified "
-                     f"({cas})")
+        cas = "system CAs" + (f" + {spec.ca_file}" if spec.ca_file else "")
+        return _pass(name, f"{self.sock.version()} handshake, certificate verified ({cas})")
 
     def protocol(self) -> Result:
-        settings = self.settings
-        if settings.upstream_scheme == "http":
-            proto = "h2c (prior knowledge)" if settings.egress_protocol == "h2" else "HTTP/1.1"
-            return _pass("upstream-h2", f"plain http:// origin: Velox speaks {proto}")
+        name = self.name("upstream-h2")
+        if self.spec.scheme == "http":
+            proto = "h2c (prior knowledge)" if self.first_protocol == "h2" else "HTTP/1.1"
+            return _pass(name, f"plain http:// origin: Velox speaks {proto}")
         if self.alpn == "h2":
-            return _pass("upstream-h2", "ALPN negotiated h2: requests are multiplexed")
-        if settings.upstream_protocol == "h2":
-            return _fail("upstream-h2", f"ALPN did not pick h2 (got {self.alpn!r}) but "
-                         "VELOX_UPSTREAM_PROTOCOL=h2",
-                         "set VELOX_UPSTREAM_PROTOCOL=auto to allow HTTP/1.1")
-        return _pass("upstream-h2", f"no h2 from ALPN (got {self.alpn or 'nothing'}): Velox "
+            return _pass(name, "ALPN negotiated h2: requests are multiplexed")
+        if self.spec.protocol == "h2":
+            return _fail(name, f"ALPN did not pick h2 (got {self.alpn!r}) but {self.protocol_var}"
+                         " is h2", f"set {self.protocol_var} to auto to allow HTTP/1.1")
+        return _pass(name, f"no h2 from ALPN (got {self.alpn or 'nothing'}): Velox "
                      "falls back to HTTP/1.1 keep-alive connections")
 
     def warmup(self) -> Result:
-        settings = self.settings
-        path = settings.upstream_warmup_path
-        key = settings.upstream_api_key
-        headers = [(b"user-agent", b"velox-doctor")]
-        if key:
-            headers.append((b"authorization", b"Bearer " + key.encode()))
+        name = self.name("upstream-warmup")
+        spec = self.spec
+        path = spec.warmup_path
+        headers = [(b"user-agent", b"velox-doctor"), *spec.auth_headers()]
         started = time.monotonic()
         try:
-            if self.alpn == "h2" or (settings.upstream_scheme == "http"
-                                     and settings.egress_protocol == "h2"):
+            if self.alpn == "h2" or (spec.scheme == "http" and self.first_protocol == "h2"):
                 status = self._get_h2(path.encode(), headers)
             else:
                 status = self._get_h1(path.encode(), headers)
         except (OSError, ValueError, RuntimeError) as exc:
-            return _fail("upstream-warmup", f"GET {path} got no HTTP answer: {exc}",
-                         "check that the upstream is an HTTP server and "
-                         "VELOX_UPSTREAM_WARMUP_PATH exists on it")
+            return _fail(name, f"GET {path} got no HTTP answer: {exc}",
+                         f"check that the upstream is an HTTP server and {self.warmup_var} "
+                         "exists on it")
         ms = (time.monotonic() - started) * 1000
         if status in (401, 403):
-            what = ("no key is configured" if not key else "the configured key was refused")
-            return _fail("upstream-warmup", f"GET {path} answered {status}: {what}",
-                         "set VELOX_UPSTREAM_API_KEY (or OPENAI_API_KEY) to a valid key")
-        return _pass("upstream-warmup", f"GET {path} answered {status} in {ms:.0f} ms "
+            what = ("no key is configured" if not spec.api_key
+                    else "the configured key was refused")
+            return _fail(name, f"GET {path} answered {status}: {what}",
+                         f"set {self.key_var} to a valid key")
+        return _pass(name, f"GET {path} answered {status} in {ms:.0f} ms "
                      "(the upstream is reachable)")
 
     def _get_h1(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
         assert self.sock is not None
         lines = [b"GET %s HTTP/1.1" % path,
-                 b"host: " + self.settings.upstream_authority.encode(), b"connection: close"]
+                 b"host: " + self.spec.authority.encode(), b"connection: close"]
         lines += [name + b": " + value for name, value in headers]
         self.sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
         data = b""
@@ -242,8 +279,8 @@ class _Upstream:
         from velox.egress import codec as ev
 
         assert self.sock is not None
-        codec = ev.make_codec("framer", self.settings.upstream_authority.encode(),
-                              self.settings.upstream_scheme.encode())
+        codec = ev.make_codec("framer", self.spec.authority.encode(),
+                              self.spec.scheme.encode())
         codec.initiate()
         stream_id = codec.send_request(b"GET", path, headers, None)
         self.sock.sendall(codec.data_to_send())
@@ -290,19 +327,30 @@ def run_checks(settings: Settings) -> list[Result]:
             headers = {"Authorization": f"Bearer {token}"} if token else None
             results.append(check_port("admin-port", "VELOX_ADMIN_ADDR", endpoint[0],
                                       endpoint[1], ("/stats",), headers))
-    upstream = _Upstream(settings)
+    tables = settings.tables
+    assert tables is not None
+    for spec in tables.upstreams:
+        results += check_upstream(settings, spec, tables.source)
+    return results
+
+
+def check_upstream(settings: Settings, spec: UpstreamSpec, source: str) -> list[Result]:
+    """The checks of one upstream in order; after a failure the rest are skipped."""
+    upstream = _Upstream(settings, spec, source)
     steps: list[tuple[str, Callable[[], Result]]] = [
         ("upstream-dns", upstream.resolve),
         ("upstream-connect", upstream.connect),
     ]
-    if settings.upstream_scheme == "https":
+    if spec.scheme == "https":
         steps.append(("upstream-tls", upstream.tls))
     steps += [("upstream-h2", upstream.protocol), ("upstream-warmup", upstream.warmup)]
+    results: list[Result] = []
     try:
         failed = False
-        for name, step in steps:
+        for check, step in steps:
             if failed:
-                results.append(Result(name, "SKIP", "skipped: an earlier upstream check failed"))
+                results.append(Result(upstream.name(check), "SKIP",
+                                      "skipped: an earlier check of this upstream failed"))
                 continue
             result = step()
             results.append(result)
@@ -319,8 +367,15 @@ def main(out: TextIO | None = None) -> int:
     except ConfigError as exc:
         _print(out, _fail("config", str(exc), "fix that variable (see .env.example)"))
         return 1
-    _print(out, _pass("config", f"settings load: {settings.workers} worker(s), upstream "
-                      f"{settings.upstream_origin}, egress {settings.egress}"))
+    tables = settings.tables
+    if tables is not None and tables.source:
+        where = (f"{len(tables.upstreams)} upstream(s) "
+                 f"({', '.join(u.name for u in tables.upstreams)}) and {len(tables.routes)} "
+                 f"route(s) from {tables.source}")
+    else:
+        where = f"upstream {settings.upstream_origin}"
+    _print(out, _pass("config", f"settings load: {settings.workers} worker(s), {where}, "
+                      f"egress {settings.egress}"))
     results = run_checks(settings)
     for result in results:
         _print(out, result)
