@@ -188,8 +188,10 @@ class Worker:
         if not self.upstreams_ready():
             return False
         counters = self.counters
-        # Every worker must be warm: any of them may be handed the next connection.
-        return all(counters.get(s, F.READY) for s in range(counters.slots) if s != self.slot)
+        # Every serving worker must be warm: any of them may be handed the next connection.
+        # Only the active slots count (stats.SharedStats): during a reload the other half of
+        # the slots is idle or holds a worker that is starting or draining.
+        return all(counters.get(s, F.READY) for s in self.shared.active_slots() if s != self.slot)
 
     def upstreams_ready(self) -> bool:
         """Ready when every route has a warm upstream whose breaker lets traffic through (one
