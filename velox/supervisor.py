@@ -28,8 +28,10 @@ new worker of i in the other one, so the old and the new worker never share a ga
 `active` mask (one flag per physical slot) says which slots serve: readiness, /stats and the
 per-worker gauges of /metrics only look at those. For each logical slot in turn: fork the new
 worker (it listens on the port at once, SO_REUSEPORT); when its READY gauge is set, mark its
-slot active and the old one inactive, then SIGTERM the old worker, which drains within
-VELOX_SHUTDOWN_GRACE_S as on shutdown (and is SIGKILLed _KILL_AFTER_GRACE_S after that). A new
+slot active and the old one inactive, then SIGUSR2 the old worker: it drains within
+VELOX_SHUTDOWN_GRACE_S as on shutdown, except that requests still arriving on its open
+connections are served (with Connection: close) rather than refused with 503, and it waits for
+its clients to close those connections (it is SIGKILLed _KILL_AFTER_GRACE_S after that). A new
 worker that dies, or is not ready within _RELOAD_READY_S, aborts the reload: it is killed, and
 the slots already switched are switched back the same way to the running configuration (so one
 configuration serves at the end). When every slot is switched, the admin server moves to the
@@ -341,10 +343,10 @@ class Supervisor:
         return slot + workers if slot < workers else slot - workers
 
     def _retire(self, pid: int) -> None:
-        """SIGTERM a replaced worker: it drains like on shutdown; reaped without a restart."""
+        """SIGUSR2 a replaced worker: it drains (Worker._hand_off); reaped without a restart."""
         self.retiring[pid] = (time.monotonic() + self.settings.shutdown_grace_s
                               + _KILL_AFTER_GRACE_S)
-        _signal(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGUSR2)
 
     def _kill_overdue_retirees(self) -> None:
         now = time.monotonic()
@@ -446,6 +448,7 @@ class Supervisor:
             code = os.waitstatus_to_exitcode(status)
             if pid in self.retiring:  # a replaced worker (or an aborted new one): done
                 del self.retiring[pid]
+                log.info("replaced worker pid %d exited (%s)", pid, _how(code))
                 for gauge in (F.READY, F.IN_FLIGHT, F.RING_DEPTH, F.UPSTREAM_CONNECTIONS):
                     counters.set(slot, gauge, 0)
                 continue
