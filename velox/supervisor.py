@@ -32,7 +32,8 @@ slot active and the old one inactive, then SIGUSR2 the old worker: it drains wit
 VELOX_SHUTDOWN_GRACE_S as on shutdown, except that requests still arriving on its open
 connections are served (with Connection: close) rather than refused with 503, and it waits for
 its clients to close those connections (it is SIGKILLed _KILL_AFTER_GRACE_S after that). A new
-worker that dies, or is not ready within _RELOAD_READY_S, aborts the reload: it is killed, and
+worker that dies, or is not ready within VELOX_RELOAD_READY_S (30 s by default: the hang
+watch's start-up allowance, for the same reason), aborts the reload: it is killed, and
 the slots already switched are switched back the same way to the running configuration (so one
 configuration serves at the end). When every slot is switched, the admin server moves to the
 new shared state. A SIGHUP during a reload is queued: one more reload runs after this one.
@@ -89,9 +90,6 @@ _SILENT_S = 2.0
 # on a loaded 2-core box that has taken a few seconds, so silence before the first beat is
 # only counted after this long.
 _STARTUP_ALLOWANCE_S = 30.0
-# A reload's new worker must be ready (READY gauge) this soon after its fork, else the reload
-# is aborted; the same start-up allowance as the hang watch, for the same reason.
-_RELOAD_READY_S = 30.0
 # Settings made part of the shared state or the sockets before the first fork: a reload keeps
 # the running values.
 _FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
@@ -300,7 +298,7 @@ class Supervisor:
             r.logical = r.todo.pop(0)
             r.new_slot = self._other_slot(self.slot_of[r.logical])
             r.failed = ""
-            r.deadline = time.monotonic() + _RELOAD_READY_S
+            r.deadline = time.monotonic() + self.settings.reload_ready_s
             self.generation[r.new_slot] = (r.settings, r.shared)
             self.respawn_at.pop(r.new_slot, None)
             self.backoff.pop(r.new_slot, None)
@@ -320,7 +318,8 @@ class Supervisor:
             self._reload()
 
     def _abort_reload(self, r: _Reload) -> None:
-        why = r.failed or f"not ready within {_RELOAD_READY_S:.0f}s"
+        why = r.failed or (f"was not ready within {self.settings.reload_ready_s}s "
+                           f"(VELOX_RELOAD_READY_S)")
         log.error("reload aborted: the new worker %d (pid %d) %s; keeping the running "
                   "configuration", r.new_slot, r.new_pid, why)
         if r.new_pid in self.children:

@@ -214,3 +214,30 @@ def test_two_sighups_in_a_row_are_both_handled(
     assert len(after) == 2 and not after & before
     assert upstream_of(gw) == "b"
     assert gw.proc is not None and gw.proc.poll() is None
+
+
+def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
+        tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
+    config = tmp_path / "velox.toml"
+    config.write_text(only_a(two_mocks))
+    env = {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "3",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
+    }
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:  # started, then stopped
+        before = worker_pids(gw)
+        # "m" now only goes to an upstream nobody listens on: the new worker is never ready.
+        dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
+                f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
+        config.write_text(upstream_table("a", two_mocks["a"]) + dead
+                          + ROUTE_TO.format(name="dead"))
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "reload aborted" in gw.log(), timeout=30)
+        assert "was not ready within 3s (VELOX_RELOAD_READY_S)" in gw.log()
+        wait_for(lambda: "replaced worker pid" in gw.log(), timeout=10)  # the new one, reaped
+        assert worker_pids(gw) == before
+        assert upstream_of(gw) == "a"
+        assert "reload done" not in gw.log()
+        ready = stats(gw)["workers"]
+        assert len(ready) == 2 and all(w["ready"] for w in ready)
