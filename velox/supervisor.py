@@ -36,7 +36,9 @@ worker that dies, or is not ready within VELOX_RELOAD_READY_S (30 s by default: 
 watch's start-up allowance, for the same reason), aborts the reload: it is killed, and
 the slots already switched are switched back the same way to the running configuration (so one
 configuration serves at the end). When every slot is switched, the admin server moves to the
-new shared state. A SIGHUP during a reload is queued: one more reload runs after this one.
+new shared state. A SIGHUP during a reload is queued: one more reload runs after this one; it
+starts a slot's new worker only once the worker that last left that physical slot has exited,
+so two processes never write one slot's gauges.
 
 A forked worker closes every file descriptor it inherited but stdin/out/err and its own
 control socket: otherwise it would hold the admin server's client connections (and the other
@@ -295,8 +297,11 @@ class Supervisor:
             r.done.append(r.logical)
             r.logical = -1
         if r.todo:
+            new_slot = self._other_slot(self.slot_of[r.todo[0]])
+            if new_slot in self.children.values():
+                return  # the worker an earlier reload replaced there is still draining
             r.logical = r.todo.pop(0)
-            r.new_slot = self._other_slot(self.slot_of[r.logical])
+            r.new_slot = new_slot
             r.failed = ""
             r.deadline = time.monotonic() + self.settings.reload_ready_s
             self.generation[r.new_slot] = (r.settings, r.shared)

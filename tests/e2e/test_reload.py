@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -199,19 +200,45 @@ def test_a_broken_table_is_refused_and_the_old_one_keeps_serving(
     assert "reload done" not in gw.log()
 
 
+def idle_keepalive_connections(gw: GatewayProcess, n: int) -> list[socket.socket]:
+    """`n` client connections that made one request each and stay open, idle."""
+    out = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        out.append(sock)
+    return out
+
+
 def test_two_sighups_in_a_row_are_both_handled(
         gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
     gw, config = gateway
-    before = worker_pids(gw)
-    config.write_text(a_and_b_to_b(two_mocks))
-    gw.signal(signal.SIGHUP)
-    wait_for(lambda: "SIGHUP: reloading the configuration" in gw.log(), timeout=15)
-    gw.signal(signal.SIGHUP)  # during the first reload: queued, done once after
-    wait_for(lambda: gw.log().count(DONE) == 2, timeout=90)
-    assert "SIGHUP during a reload: queued" in gw.log()
-    assert gw.log().count("SIGHUP: reloading the configuration") == 2
+    first = {w["worker"]: w["pid"] for w in stats(gw)["workers"]}
+    assert set(first) == {0, 1}
+    # Idle keep-alive clients keep the replaced workers draining (up to the 5 s grace): the
+    # second reload must wait for them before it reuses their slots.
+    held = idle_keepalive_connections(gw, 8)
+    try:
+        config.write_text(a_and_b_to_b(two_mocks))
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: reloading the configuration" in gw.log(), timeout=15)
+        gw.signal(signal.SIGHUP)  # during the first reload: queued, done once after
+        wait_for(lambda: gw.log().count(DONE) == 2, timeout=90)
+    finally:
+        for sock in held:
+            sock.close()
+    for pid in first.values():
+        wait_for(lambda pid=pid: f"replaced worker pid {pid} exited" in gw.log(), timeout=15)
+    log = gw.log()
+    assert "SIGHUP during a reload: queued" in log
+    assert log.count("SIGHUP: reloading the configuration") == 2
+    for slot, pid in first.items():  # back in slots 0 and 1, after their old workers left
+        exited = log.index(f"replaced worker pid {pid} exited")
+        assert exited < log.index(f"reload: worker {slot} (pid"), log[-4000:]
     after = worker_pids(gw)
-    assert len(after) == 2 and not after & before
+    assert len(after) == 2 and not after & set(first.values())
+    assert {w["worker"] for w in stats(gw)["workers"]} == {0, 1}
     assert upstream_of(gw) == "b"
     assert gw.proc is not None and gw.proc.poll() is None
 
