@@ -261,6 +261,8 @@ FIELDS: tuple[Field, ...] = (
           "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
     Field("VELOX_UPSTREAM_PING_TIMEOUT_MS", "upstream_ping_timeout_ms", _int_in(1, 600_000),
           "5000", "an upstream connection whose PING is unanswered this long is replaced"),
+    Field("VELOX_RELOAD_READY_S", "reload_ready_s", _int_in(1, 3600), "30",
+          "on SIGHUP, a new worker not ready within this many seconds aborts the reload"),
 )
 
 
@@ -303,6 +305,7 @@ class Settings:
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
+    reload_ready_s: int = 30
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

@@ -85,6 +85,7 @@ class IngressState:
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
+        "handoff",
     )
 
     def __init__(
@@ -112,6 +113,9 @@ class IngressState:
         self.on_response = on_response  # (request, status, bytes_out) for the counters
         self.overloaded = 0  # requests refused because the ring was full
         self.receive_timeouts = 0  # requests cut off by VELOX_BODY_TIMEOUT_MS (408)
+        # Draining for a reload (a new worker took over): requests still arriving on open
+        # connections are served, with Connection: close, instead of 503 shutting_down.
+        self.handoff = False
 
 
 class _Refuse(Exception):
@@ -321,7 +325,7 @@ class ClientConnection(asyncio.Protocol):
         state = self.state
         if reject is not None:
             self.respond_error(request, reject)
-        elif state.draining:
+        elif state.draining and not state.handoff:
             self.respond_error(request, ShuttingDown())
         elif request.route <= Route.ROOT:
             if state.ring.try_push(request):

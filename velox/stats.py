@@ -96,30 +96,68 @@ class SharedStats:
     (`health`: breakers, in-flight gauges, the retry budget), one upstream-latency histogram
     per upstream, the picks of every route target (`targets`, field = the target's position in
     `target_names`) and retries by reason.
+
+    Worker slots: there are 2 x `workers` of them (`slots`), so that during a reload the old
+    and the new worker of logical slot i run side by side in slots i and i + workers without
+    sharing a gauge. `active` (one shared row, field = slot) says which slots make up the
+    serving set: readiness, the hang watch and the per-worker gauges of /stats and /metrics
+    look only at those. Counters and histograms sum over every slot, so they stay cumulative
+    across reloads. `with_tables()` makes the shared state of a new configuration.
     """
 
-    __slots__ = ("workers", "counters", "histograms", "routes", "tables", "health",
-                 "upstream_latency", "targets", "target_names", "retries", "upstream_status")
+    __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
+                 "health", "upstream_latency", "targets", "target_names", "retries",
+                 "upstream_status")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
-        self.counters = Counters(workers, len(F))
-        self.histograms = tuple(Histogram(workers) for _ in H)
-        self.routes = Counters(workers, ROUTE_FIELDS)
+        self.slots = slots = 2 * workers
+        self.active = Counters(1, slots)
+        for slot in range(workers):
+            self.active.set(0, slot, 1)
+        self.counters = Counters(slots, len(F))
+        self.histograms = tuple(Histogram(slots) for _ in H)
+        self.routes = Counters(slots, ROUTE_FIELDS)
+        self.retries = Counters(slots, len(RETRY_REASONS))
+        self._per_upstream(tables)
+
+    def _per_upstream(self, tables: Tables | None) -> None:
         if tables is None:
             tables = single_upstream(UpstreamSpec(DEFAULT_UPSTREAM, "https://api.openai.com"))
+        slots = self.slots
         self.tables = tables
         self.health = SharedHealth.create(tables)
-        self.upstream_latency = tuple(Histogram(workers) for _ in tables.upstreams)
+        self.upstream_latency = tuple(Histogram(slots) for _ in tables.upstreams)
         self.target_names = tuple((route.model, target.upstream)
                                   for route in tables.routes for target in route.targets)
-        self.targets = Counters(workers, max(1, len(self.target_names)))
-        self.retries = Counters(workers, len(RETRY_REASONS))
-        self.upstream_status = Counters(workers, len(tables.upstreams) * len(UPSTREAM_CLASSES))
+        self.targets = Counters(slots, max(1, len(self.target_names)))
+        self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
+
+    def with_tables(self, tables: Tables) -> SharedStats:
+        """The shared state for a reloaded configuration; call it before forking its workers.
+
+        Shares this one's slot mask, worker counters, histograms, routes and retries (they are
+        cumulative and indexed by nothing the tables decide); makes new per-upstream parts
+        (health, upstream latency and status, target picks), which are indexed by the
+        upstreams' and targets' positions in the new tables, so they start from zero.
+        """
+        new = object.__new__(SharedStats)
+        for name in ("workers", "slots", "active", "counters", "histograms", "routes",
+                     "retries"):
+            setattr(new, name, getattr(self, name))
+        new._per_upstream(tables)
+        return new
+
+    def is_active(self, slot: int) -> bool:
+        return bool(self.active.get(0, slot))
+
+    def active_slots(self) -> list[int]:
+        row = self.active.snapshot()[0]
+        return [slot for slot in range(self.slots) if row[slot]]
 
     def all_ready(self) -> bool:
-        rows = self.counters.snapshot()
-        return all(row[F.READY] for row in rows)
+        counters = self.counters
+        return all(counters.get(slot, F.READY) for slot in self.active_slots())
 
     def totals(self) -> dict[str, int]:
         totals = self.counters.totals()

@@ -11,10 +11,34 @@ pinned to its own core (none pinned, with a warning, when there are more workers
 cores: see topology.py), restarts any that dies, and on SIGTERM/SIGINT tells them to drain and
 waits for them, up to the grace period, before exiting 0.
 
-SIGHUP is caught and logged, never fatal (nginx-style reloads, logrotate, systemd ExecReload
-and a closed terminal all send it): the loop sees `reload_requested` and calls `_reload()`,
-which is where a configuration reload will go; today it only says that nothing changed.
-Workers ignore SIGHUP (a closed terminal signals the whole process group).
+SIGHUP reloads the configuration (never fatal; workers ignore it, since a closed terminal
+signals the whole process group). The supervisor calls config.load() again: the VELOX_CONFIG
+file (and `.env`) are re-read; VELOX_* variables are re-read too, but from the supervisor's own
+environment, which is the one it was started with, so in practice only the file (and `.env`)
+can change anything. What was fixed before the first fork stays: VELOX_HOST/PORT/WORKERS,
+VELOX_PIN_WORKERS, the rate limit (one shared bucket), VELOX_ADMIN_ADDR/TOKEN; a change to one
+of them is logged as needing a restart. A configuration that does not load is refused with the
+ConfigError's message (variable, or file/table/key) and the running one stays.
+
+A loaded configuration gets its own shared state (`SharedStats.with_tables`: new upstream
+health and per-upstream stats, the same worker counters), made before its workers fork, and the
+workers are replaced one logical slot at a time. Slots: the stats region has 2 x VELOX_WORKERS
+worker slots; logical slot i runs in physical slot i or i + workers, and a reload starts the
+new worker of i in the other one, so the old and the new worker never share a gauge. A shared
+`active` mask (one flag per physical slot) says which slots serve: readiness, /stats and the
+per-worker gauges of /metrics only look at those. For each logical slot in turn: fork the new
+worker (it listens on the port at once, SO_REUSEPORT); when its READY gauge is set, mark its
+slot active and the old one inactive, then SIGUSR2 the old worker: it drains within
+VELOX_SHUTDOWN_GRACE_S as on shutdown, except that requests still arriving on its open
+connections are served (with Connection: close) rather than refused with 503, and it waits for
+its clients to close those connections (it is SIGKILLed _KILL_AFTER_GRACE_S after that). A new
+worker that dies, or is not ready within VELOX_RELOAD_READY_S (30 s by default: the hang
+watch's start-up allowance, for the same reason), aborts the reload: it is killed, and
+the slots already switched are switched back the same way to the running configuration (so one
+configuration serves at the end). When every slot is switched, the admin server moves to the
+new shared state. A SIGHUP during a reload is queued: one more reload runs after this one; it
+starts a slot's new worker only once the worker that last left that physical slot has exited,
+so two processes never write one slot's gauges.
 
 A forked worker closes every file descriptor it inherited but stdin/out/err and its own
 control socket: otherwise it would hold the admin server's client connections (and the other
@@ -37,6 +61,7 @@ Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import select
@@ -67,6 +92,10 @@ _SILENT_S = 2.0
 # on a loaded 2-core box that has taken a few seconds, so silence before the first beat is
 # only counted after this long.
 _STARTUP_ALLOWANCE_S = 30.0
+# Settings made part of the shared state or the sockets before the first fork: a reload keeps
+# the running values.
+_FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
+                   "rate_limit_burst", "admin_addr", "admin_token")
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
@@ -89,6 +118,26 @@ def bind(host: str, port: int, listen: bool) -> socket.socket:
     return sock
 
 
+class _Reload:
+    """One reload in progress: the target configuration and where the replacement stands."""
+
+    __slots__ = ("settings", "shared", "todo", "done", "logical", "new_slot", "new_pid",
+                 "deadline", "failed", "rollback")
+
+    def __init__(self, settings: Settings, shared: SharedStats, todo: list[int],
+                 rollback: bool = False) -> None:
+        self.settings = settings
+        self.shared = shared
+        self.todo = todo  # logical slots still to replace, in order
+        self.done: list[int] = []  # logical slots now served by the new configuration
+        self.logical = -1  # the logical slot being replaced, -1 between two
+        self.new_slot = -1
+        self.new_pid = 0
+        self.deadline = 0.0
+        self.failed = ""  # why the new worker was lost (set by _reap)
+        self.rollback = rollback
+
+
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -105,7 +154,14 @@ class Supervisor:
             self.placement = plan(settings.workers)
         else:
             self.placement = [(-1, -1)] * settings.workers
-        self.children: dict[int, int] = {}  # pid → slot
+        self.children: dict[int, int] = {}  # pid → physical slot
+        # The configuration and shared state each physical slot's worker runs with.
+        self.generation: dict[int, tuple[Settings, SharedStats]] = {
+            slot: (settings, self.shared) for slot in range(settings.workers)}
+        self.slot_of = list(range(settings.workers))  # logical slot → its physical slot now
+        self.retiring: dict[int, float] = {}  # pid of a replaced worker → when to SIGKILL it
+        self.reload: _Reload | None = None
+        self.reload_queued = False
         self.started_at: dict[int, float] = {}  # slot → time of last start
         self.backoff: dict[int, float] = {}  # slot → next restart delay
         self.respawn_at: dict[int, float] = {}  # slot → when to restart it
@@ -151,7 +207,7 @@ class Supervisor:
             except BlockingIOError:
                 pass
             self._reap()
-            if self.reload_requested:
+            if self.reload_requested and not self.stopping:
                 self.reload_requested = False
                 self._reload()
             if self.stop_signal and not self.stopping:
@@ -166,6 +222,8 @@ class Supervisor:
             else:
                 self._watch_heartbeats()
                 self._respawn_due()
+                self._reload_step()
+                self._kill_overdue_retirees()
         if self.admin is not None:
             self.admin.stop()
         log.info("all workers stopped; exiting")
@@ -178,9 +236,129 @@ class Supervisor:
         self.reload_requested = True
 
     def _reload(self) -> None:
-        """SIGHUP. The place for re-reading VELOX_CONFIG and replacing workers one by one."""
-        log.warning("SIGHUP: configuration reload is not available yet; nothing changed "
-                    "(%d worker(s) keep running)", len(self.children))
+        """SIGHUP: load the configuration again and start replacing the workers with it."""
+        if self.reload is not None:
+            if not self.reload_queued:
+                log.warning("SIGHUP during a reload: queued; the configuration is read again "
+                            "when this reload ends")
+            self.reload_queued = True
+            return
+        from velox.config import ConfigError, load
+
+        try:
+            settings = load()
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
+            return
+        kept = [name for name in _FIXED_AT_START
+                if getattr(settings, name) != getattr(self.settings, name)]
+        if kept:
+            log.warning("SIGHUP: %s changed but only take effect on a restart; keeping the "
+                        "running value(s)", ", ".join(kept))
+            settings = dataclasses.replace(
+                settings, **{name: getattr(self.settings, name) for name in kept})
+        try:
+            shared = self.shared.with_tables(settings.tables)  # type: ignore[arg-type]
+        except (ValueError, OSError) as exc:  # TableError names the file, table and key
+            log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
+            return
+        tables = settings.tables
+        assert tables is not None
+        log.info("SIGHUP: reloading the configuration%s (%d upstream(s), %d route(s)); "
+                 "replacing %d worker(s) one by one",
+                 f" from {tables.source}" if tables.source else "", len(tables.upstreams),
+                 len(tables.routes), self.settings.workers)
+        self.reload = _Reload(settings, shared, list(range(self.settings.workers)))
+
+    def _reload_step(self) -> None:
+        """Advance the reload in progress by what has happened since the last loop turn."""
+        r = self.reload
+        if r is None:
+            return
+        counters = self.shared.counters
+        if r.logical >= 0:  # a new worker is starting
+            if r.failed or time.monotonic() > r.deadline:
+                self._abort_reload(r)
+                return
+            if not counters.get(r.new_slot, F.READY):
+                return
+            old_slot = self.slot_of[r.logical]
+            active = self.shared.active
+            active.set(0, r.new_slot, 1)
+            active.set(0, old_slot, 0)
+            self.slot_of[r.logical] = r.new_slot
+            for pid, slot in list(self.children.items()):
+                if slot == old_slot:
+                    self._retire(pid)
+            self.respawn_at.pop(old_slot, None)
+            self.generation.pop(old_slot, None)
+            log.info("reload: worker %d (pid %d) is ready; the old one of that slot drains",
+                     r.new_slot, r.new_pid)
+            r.done.append(r.logical)
+            r.logical = -1
+        if r.todo:
+            new_slot = self._other_slot(self.slot_of[r.todo[0]])
+            if new_slot in self.children.values():
+                return  # the worker an earlier reload replaced there is still draining
+            r.logical = r.todo.pop(0)
+            r.new_slot = new_slot
+            r.failed = ""
+            r.deadline = time.monotonic() + self.settings.reload_ready_s
+            self.generation[r.new_slot] = (r.settings, r.shared)
+            self.respawn_at.pop(r.new_slot, None)
+            self.backoff.pop(r.new_slot, None)
+            r.new_pid = self._spawn(r.new_slot)
+            return
+        self.reload = None
+        self.settings, self.shared = r.settings, r.shared
+        if self.admin is not None:
+            self.admin.use(r.shared)
+        if r.rollback:
+            log.warning("reload aborted: every worker runs the previous configuration again")
+        else:
+            log.info("reload done: %d worker(s) run the new configuration",
+                     len(r.done))
+        if self.reload_queued:
+            self.reload_queued = False
+            self._reload()
+
+    def _abort_reload(self, r: _Reload) -> None:
+        why = r.failed or (f"was not ready within {self.settings.reload_ready_s}s "
+                           f"(VELOX_RELOAD_READY_S)")
+        log.error("reload aborted: the new worker %d (pid %d) %s; keeping the running "
+                  "configuration", r.new_slot, r.new_pid, why)
+        if r.new_pid in self.children:
+            self.retiring[r.new_pid] = 0.0  # killed now, reaped without a restart
+            _signal(r.new_pid, signal.SIGKILL)
+        self.generation.pop(r.new_slot, None)
+        self.respawn_at.pop(r.new_slot, None)
+        self.shared.counters.set(r.new_slot, F.READY, 0)
+        self.reload = None
+        if r.rollback:
+            log.error("reload: switching back failed too; the workers of slot(s) %s keep the "
+                      "new configuration", ", ".join(map(str, r.done)))
+            return
+        if r.done:  # switch the replaced slots back to the running configuration
+            old_settings, old_shared = self.settings, self.shared
+            self.reload = _Reload(old_settings, old_shared, list(r.done), rollback=True)
+
+    def _other_slot(self, slot: int) -> int:
+        workers = self.settings.workers
+        return slot + workers if slot < workers else slot - workers
+
+    def _retire(self, pid: int) -> None:
+        """SIGUSR2 a replaced worker: it drains (Worker._hand_off); reaped without a restart."""
+        self.retiring[pid] = (time.monotonic() + self.settings.shutdown_grace_s
+                              + _KILL_AFTER_GRACE_S)
+        _signal(pid, signal.SIGUSR2)
+
+    def _kill_overdue_retirees(self) -> None:
+        now = time.monotonic()
+        for pid, when in list(self.retiring.items()):
+            if when and now > when and pid in self.children:
+                log.error("replaced worker pid %d did not stop in time; killing it", pid)
+                self.retiring[pid] = 0.0
+                _signal(pid, signal.SIGKILL)
 
     def _watch_heartbeats(self) -> None:
         counters = self.shared.counters
@@ -188,7 +366,7 @@ class Supervisor:
         hang_s = self.settings.worker_hang_s
         silent_s = min(_SILENT_S, hang_s) if hang_s else _SILENT_S
         for pid, slot in list(self.children.items()):
-            if pid in self.hang_killed:
+            if pid in self.hang_killed or pid in self.retiring:
                 continue
             beat = counters.get(slot, F.HEARTBEAT_MS)
             if beat:
@@ -223,7 +401,8 @@ class Supervisor:
         for pid in list(self.children):
             _signal(pid, signal.SIGTERM)
 
-    def _spawn(self, slot: int) -> None:
+    def _spawn(self, slot: int) -> int:
+        settings, shared = self.generation[slot]
         self.started_at[slot] = time.monotonic()
         self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
         self.silent.discard(slot)
@@ -243,8 +422,9 @@ class Supervisor:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                code = run_worker(self.settings, slot, self.port, self.shared, self.limiter,
-                                  self.placement[slot], control[1] if control else None)
+                code = run_worker(settings, slot, self.port, shared, self.limiter,
+                                  self.placement[slot % len(self.placement)],
+                                  control[1] if control else None)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -254,6 +434,7 @@ class Supervisor:
         if self.admin is not None and control is not None:
             control[1].close()
             self.admin.hub.attach(slot, control[0])
+        return pid
 
     def _reap(self) -> None:
         while self.children:
@@ -267,18 +448,28 @@ class Supervisor:
             self.hang_killed.discard(pid)
             if slot is None:
                 continue
-            self.shared.counters.set(slot, F.READY, 0)
+            counters = self.shared.counters
+            code = os.waitstatus_to_exitcode(status)
+            if pid in self.retiring:  # a replaced worker (or an aborted new one): done
+                del self.retiring[pid]
+                log.info("replaced worker pid %d exited (%s)", pid, _how(code))
+                for gauge in (F.READY, F.IN_FLIGHT, F.RING_DEPTH, F.UPSTREAM_CONNECTIONS):
+                    counters.set(slot, gauge, 0)
+                continue
+            counters.set(slot, F.READY, 0)
             if self.stopping:
                 continue
-            code = os.waitstatus_to_exitcode(status)
+            r = self.reload
+            if r is not None and pid == r.new_pid:
+                r.failed = f"died with {_how(code)}"
+                continue
             uptime = time.monotonic() - self.started_at.get(slot, 0.0)
             delay = 0.0
             if uptime < _HEALTHY_UPTIME_S:
                 delay = min(_RESTART_BACKOFF_MAX_S, max(0.1, self.backoff.get(slot, 0.0) * 2))
             self.backoff[slot] = delay
-            how = f"signal {-code}" if code < 0 else f"exit code {code}"
             log.error("worker %d (pid %d) died with %s after %.1fs; restarting in %.1fs",
-                      slot, pid, how, uptime, delay)
+                      slot, pid, _how(code), uptime, delay)
             self.respawn_at[slot] = time.monotonic() + delay
 
     def _respawn_due(self) -> None:
@@ -309,6 +500,10 @@ def close_inherited_fds(keep: set[int]) -> None:
                 os.close(fd)
             except OSError:  # the directory listing's own descriptor, already closed
                 pass
+
+
+def _how(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def _signal(pid: int, sig: int) -> None:

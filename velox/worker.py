@@ -136,6 +136,7 @@ class Worker:
         counters.add(slot, F.STARTS, 1)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        loop.add_signal_handler(signal.SIGUSR2, self._hand_off)
         server = await loop.create_server(
             lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
         for upstream in self.upstreams:
@@ -155,11 +156,20 @@ class Worker:
         await self.shutdown(server)
         agent.close()
 
+    def _hand_off(self) -> None:
+        """SIGUSR2 from the supervisor: a reload's new worker serves this slot now; drain."""
+        self.ingress.handoff = True
+        self.stopping.set()  # type: ignore[union-attr]
+
     async def shutdown(self, server: asyncio.AbstractServer) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then close.
 
         Idle keep-alive connections stay open meanwhile, so a request that arrives on one gets
-        a clear 503 shutting_down (with Connection: close) instead of a reset.
+        a clear 503 shutting_down (with Connection: close) instead of a reset. When handing
+        off to a reload's new worker (SIGUSR2), such a request is served instead (with
+        Connection: close), and the drain waits for the clients to close their connections
+        (up to the grace period): closing an idle keep-alive connection ourselves races with
+        a client sending on it, which then fails without an answer.
         """
         state = self.ingress
         state.draining = True
@@ -167,6 +177,7 @@ class Worker:
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while time.monotonic() < deadline and (
             len(self.ring) or any(not c.idle for c in state.connections)
+            or (state.handoff and state.connections)
         ):
             await asyncio.sleep(0.02)
         left = [c for c in state.connections if not c.idle]
@@ -188,8 +199,10 @@ class Worker:
         if not self.upstreams_ready():
             return False
         counters = self.counters
-        # Every worker must be warm: any of them may be handed the next connection.
-        return all(counters.get(s, F.READY) for s in range(counters.slots) if s != self.slot)
+        # Every serving worker must be warm: any of them may be handed the next connection.
+        # Only the active slots count (stats.SharedStats): during a reload the other half of
+        # the slots is idle or holds a worker that is starting or draining.
+        return all(counters.get(s, F.READY) for s in self.shared.active_slots() if s != self.slot)
 
     def upstreams_ready(self) -> bool:
         """Ready when every route has a warm upstream whose breaker is closed (one upstream

@@ -78,17 +78,22 @@ def raw_admin(gw: GatewayProcess, request: bytes, timeout: float = 5.0) -> bytes
 # --- finding 5: SIGHUP --------------------------------------------------------------------
 
 
-def test_sighup_is_logged_and_kills_nothing(start_gateway: GatewayFactory) -> None:
-    gw = start_gateway()
+def test_sighup_to_workers_kills_nothing_and_to_the_supervisor_reloads(
+        start_gateway: GatewayFactory) -> None:
+    gw = start_gateway(VELOX_WORKERS="2")
     before = worker_pids(gw)
-    gw.signal(signal.SIGHUP)
-    wait_for(lambda: "SIGHUP: configuration reload is not available yet; nothing changed"
-             in gw.log(), timeout=10)
-    for pid in before:  # a closed terminal signals the workers too
+    for pid in before:  # a closed terminal signals the workers too: they ignore it
         os.kill(pid, signal.SIGHUP)
     time.sleep(1.0)  # long enough for a killed worker to be reaped and logged as died
     assert gw.proc is not None and gw.proc.poll() is None, gw.log()
     assert worker_pids(gw) == before
+    assert "died" not in gw.log()
+    gw.signal(signal.SIGHUP)  # the supervisor reloads: same configuration, new workers
+    wait_for(lambda: "reload done: 2 worker(s) run the new configuration" in gw.log(),
+             timeout=40)
+    assert gw.proc.poll() is None, gw.log()
+    after = worker_pids(gw)
+    assert len(after) == 2 and not set(after) & set(before), (before, after)
     assert "died" not in gw.log()
     chat_ok(gw)
 

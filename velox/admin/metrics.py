@@ -136,9 +136,17 @@ class VeloxCollector(Collector):
         yield retries
 
     def collect(self) -> Iterator[Metric]:
-        rows = self.shared.counters.snapshot()
-        workers = [str(w) for w in range(len(rows))]
-        yield from self._requests(workers)
+        # Worker slots (stats.SharedStats): counters and histograms for every slot that has
+        # run a worker (they stay cumulative across reloads), gauges for the serving slots only.
+        shared = self.shared
+        every = shared.counters.snapshot()
+        active = set(shared.active_slots())
+        ran = [s for s, row in enumerate(every) if row[F.STARTS] or s in active]
+        workers = [str(s) for s in ran]
+        rows = [every[s] for s in ran]
+        serving = [str(s) for s in ran if s in active]
+        serving_rows = [every[s] for s in ran if s in active]
+        yield from self._requests(ran)
         yield from self._upstreams()
         for field, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["worker"])
@@ -159,7 +167,7 @@ class VeloxCollector(Collector):
         yield mean
         for field, name, doc in _GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["worker"])
-            for w, row in zip(workers, rows):
+            for w, row in zip(serving, serving_rows):
                 family.add_metric([w], row[field])
             yield family
         starts = CounterMetricFamily("velox_worker_restarts",
@@ -172,14 +180,14 @@ class VeloxCollector(Collector):
                                 "Time since the worker's loop last ticked (-1: not started).",
                                 labels=["worker"])
         now_ms = time.monotonic() * 1000
-        for w, row in zip(workers, rows):
+        for w, row in zip(serving, serving_rows):
             beat = row[F.HEARTBEAT_MS]
             age.add_metric([w], max(0.0, now_ms - beat) / 1000 if beat else -1.0)
         yield age
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)
         yield from self._rate_limit()
-        yield from self._histograms(workers)
+        yield from self._histograms(ran)
         runs, active = self.profile_runs()
         yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",
                                   value=runs)
@@ -198,11 +206,13 @@ class VeloxCollector(Collector):
         info.add_metric([__version__], 1)
         yield info
 
-    def _requests(self, workers: list[str]) -> Iterator[Metric]:
+    def _requests(self, slots: list[int]) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "velox_requests", "Requests answered, by route, status class and worker.",
             labels=["route", "status_class", "worker"])
-        rows = self.shared.routes.snapshot()
+        every = self.shared.routes.snapshot()
+        workers = [str(s) for s in slots]
+        rows = [every[s] for s in slots]
         for route, route_name in ROUTE_NAMES.items():
             fields = ROUTE_STATUS_FIELD[route]
             for cls_index, cls in enumerate(STATUS_CLASSES):
@@ -224,13 +234,13 @@ class VeloxCollector(Collector):
         yield GaugeMetricFamily("velox_ratelimit_burst", "Capacity of the shared bucket.",
                                 value=bucket.burst)
 
-    def _histograms(self, workers: list[str]) -> Iterator[Metric]:
+    def _histograms(self, slots: list[int]) -> Iterator[Metric]:
         for kind, name, doc in _HISTOGRAMS:
             hist = self.shared.histograms[kind]
             family = HistogramMetricFamily(name, doc, labels=["worker"])
-            for slot, w in enumerate(workers):
+            for slot in slots:
                 buckets, total_s = prometheus_buckets(hist, slot)
-                family.add_metric([w], buckets, sum_value=total_s)
+                family.add_metric([str(slot)], buckets, sum_value=total_s)
             yield family
 
 

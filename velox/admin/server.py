@@ -186,6 +186,11 @@ class AdminServer:
         self.httpd.server_close()
         self.hub.close()
 
+    def use(self, shared: SharedStats) -> None:
+        """After a reload: read the new configuration's shared state (its upstreams)."""
+        self.shared = shared
+        self.collector.shared = shared
+
     def close_in_child(self) -> None:
         """In a forked worker: close the inherited admin socket and control channels."""
         self.httpd.socket.close()
@@ -204,8 +209,9 @@ class AdminServer:
 
     def healthz(self) -> tuple[int, str, bytes]:
         rows = self.shared.counters.snapshot()
-        ready = sum(1 for row in rows if row[F.READY])
-        body = {"status": "ok", "workers": len(rows), "workers_ready": ready,
+        serving = self.shared.active_slots()
+        ready = sum(1 for slot in serving if rows[slot][F.READY])
+        body = {"status": "ok", "workers": len(serving), "workers_ready": ready,
                 "uptime_s": round(time.time() - self.started_at, 3)}
         return 200, _JSON, orjson.dumps(body)
 
@@ -220,15 +226,18 @@ class AdminServer:
 
     def profile(self, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         try:
-            params = profiling.parse_params(query, self.shared.workers)
+            params = profiling.parse_params(query, self.shared.slots)
         except profiling.BadParams as exc:
             return _error(400, str(exc))
+        serving = self.shared.active_slots()
+        if params.worker is not None and params.worker not in serving:
+            return _error(400, f"worker={params.worker} is not a serving worker; serving: "
+                               f"{', '.join(map(str, serving))}")
         if not self.profile_lock.acquire(blocking=False):
             return _error(409, "a profile is already running; try again when it is done")
         try:
             self.profile_runs += 1
-            slots = [params.worker] if params.worker is not None else list(
-                range(self.shared.workers))
+            slots = [params.worker] if params.worker is not None else serving
             answers = self.hub.call_each(slots, "profile", params.seconds + _PROFILE_GRACE_S,
                                          seconds=params.seconds)
         finally:

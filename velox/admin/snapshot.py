@@ -63,7 +63,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
     totals = shared.counters.totals()
     routes = shared.routes.totals()
     hists = shared.histograms
-    states = worker_states(hub, list(range(len(rows))))
+    serving = shared.active_slots()  # a reload's starting or draining workers are not listed
+    states = worker_states(hub, serving)
 
     by_route = {}
     for route, name in ROUTE_NAMES.items():
@@ -72,7 +73,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
     bucket = getattr(limiter, "bucket", None)
     now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
     workers = []
-    for slot, row in enumerate(rows):
+    for slot in serving:
+        row = rows[slot]
         workers.append({
             "worker": slot,
             "pid": row[F.PID],
@@ -134,7 +136,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "retries": totals[F.RETRIES],
             "streams_cancelled": totals[F.STREAMS_CANCELLED],
         },
-        "restarts": sum(max(0, row[F.STARTS] - 1) for row in rows),
+        "restarts": sum(max(0, rows[slot][F.STARTS] - 1) for slot in serving),
         "hang_kills": totals[F.HANG_KILLS],
         "access_log": {"enabled": settings.access_log, "lines": totals[F.ACCESS_LOG_LINES]},
         "profiles": {"runs": profile_runs, "active": profile_active},

@@ -1,0 +1,270 @@
+"""SIGHUP reloads the configuration: real gateways, the bundled mocks, the official SDK.
+
+A gateway with two workers and a VELOX_CONFIG file routes model "m" to mock "a"; the file is
+rewritten (mock "b" added, "m" routed to it) and the supervisor gets SIGHUP while a bounded
+closed loop of 64 concurrent clients keeps calling. Every call must succeed, the workers must
+all be new, and calls sent 2 s after the reload finished must all reach "b". A broken file is
+refused with a log line naming file/table/key, and two SIGHUPs in a row are both honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import orjson
+import pytest
+
+from tests.e2e.conftest import CLIENT_KEY, wait_for
+from tests.e2e.test_routing import KEYS, start_mock, upstream_table
+from velox.launch import GatewayProcess, free_port
+from velox.mock import MockUpstream
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+ROUTE_TO = """
+[[route]]
+model = "m"
+targets = [{{ upstream = "{name}" }}]
+"""
+DONE = "reload done: 2 worker(s) run the new configuration"
+
+
+@pytest.fixture(scope="module")
+def two_mocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MockUpstream]]:
+    certdir = str(tmp_path_factory.mktemp("reload-certs"))
+    started = {name: start_mock(name, certdir) for name in ("a", "b")}
+    try:
+        yield started
+    finally:
+        for mock in started.values():
+            mock.stop()
+
+
+def only_a(mocks: dict[str, MockUpstream]) -> str:
+    return upstream_table("a", mocks["a"]) + ROUTE_TO.format(name="a")
+
+
+def a_and_b_to_b(mocks: dict[str, MockUpstream]) -> str:
+    return (upstream_table("a", mocks["a"]) + upstream_table("b", mocks["b"])
+            + ROUTE_TO.format(name="b"))
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream]
+            ) -> Iterator[tuple[GatewayProcess, Path]]:
+    config = tmp_path / "velox.toml"
+    config.write_text(only_a(two_mocks))
+    env = {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_ACCESS_LOG": "0",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS,
+    }
+    gw = GatewayProcess(env, log_path=tmp_path / "velox.log").start(wait_ready=True)
+    try:
+        yield gw, config
+    finally:
+        gw.stop()
+
+
+def stats(gw: GatewayProcess) -> dict[str, Any]:
+    status, body = gw.admin_get("/stats")
+    assert status == 200, body
+    return orjson.loads(body)
+
+
+def worker_pids(gw: GatewayProcess) -> set[int]:
+    return {w["pid"] for w in stats(gw)["workers"]}
+
+
+def upstream_of(gw: GatewayProcess) -> str:
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    return raw.headers["x-velox-upstream"]
+
+
+class Watch(threading.Thread):
+    """Notes the monotonic time at which a line first appears in the gateway's log."""
+
+    def __init__(self, gw: GatewayProcess, line: str, timeout_s: float) -> None:
+        super().__init__(daemon=True)
+        self.gw, self.line, self.timeout_s = gw, line, timeout_s
+        self.seen_at: float | None = None
+
+    def run(self) -> None:
+        stop_at = time.monotonic() + self.timeout_s
+        while time.monotonic() < stop_at:
+            if self.line in self.gw.log():
+                self.seen_at = time.monotonic()
+                return
+            time.sleep(0.05)
+
+
+async def closed_loop(gw: GatewayProcess, concurrency: int, until: Any, max_s: float,
+                      max_calls: int) -> list[tuple[float, int | str, str]]:
+    """(sent at, status or exception name, x-velox-upstream) per call; the SDK never retries.
+
+    Runs until `until()` is true, bounded by `max_s` seconds and `max_calls` calls.
+    """
+    out: list[tuple[float, int | str, str]] = []
+    client = openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
+                                max_retries=0, timeout=20)
+    stop_at = time.monotonic() + max_s
+
+    async def one() -> None:
+        while len(out) < max_calls and time.monotonic() < stop_at and not until():
+            sent = time.monotonic()
+            try:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=MESSAGES)
+                out.append((sent, raw.status_code, raw.headers.get("x-velox-upstream", "?")))
+            except openai.APIError as exc:
+                cause = repr(exc.__cause__ or exc.__context__)[:160]
+                out.append((sent, f"{type(exc).__name__}: {exc} ({cause})"[:300], "?"))
+
+    try:
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return out
+
+
+def test_sighup_under_load_switches_the_route_with_no_failed_request(
+        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = gateway
+    assert upstream_of(gw) == "a"
+    before = worker_pids(gw)
+    watch = Watch(gw, DONE, timeout_s=60)
+    hup_at: list[float] = []
+
+    def until() -> bool:
+        # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
+        if not hup_at and time.monotonic() > started + 1.5:
+            hup_at.append(time.monotonic())
+            config.write_text(a_and_b_to_b(two_mocks))
+            gw.signal(signal.SIGHUP)
+            watch.start()
+        return watch.seen_at is not None and time.monotonic() > watch.seen_at + 2.5
+
+    started = time.monotonic()
+    calls = asyncio.run(closed_loop(gw, 64, until, max_s=60, max_calls=100_000))
+    assert watch.seen_at is not None, gw.log()
+    failed = [c for c in calls if c[1] != 200]
+    assert not failed, (len(failed), failed[:5], gw.log()[-3000:])
+    seen = Counter(up for _, _, up in calls)
+    assert seen["a"] > 0 and seen["b"] > 0, seen
+    late = [up for sent, _, up in calls if sent > watch.seen_at + 2.0]
+    assert late and set(late) == {"b"}, Counter(late)
+    early = [up for sent, _, up in calls if sent < hup_at[0]]
+    assert early and set(early) == {"a"}, Counter(early)
+    after = worker_pids(gw)
+    assert len(after) == 2 and not after & before, (before, after)
+    for pid in before:  # the old workers drained and exited
+        wait_for(lambda pid=pid: f"replaced worker pid {pid} exited (exit code 0)" in gw.log(),
+                 timeout=15)
+    # The admin server moved to the new shared state: both upstreams, b took the calls.
+    ups = {u["name"]: u for u in stats(gw)["upstreams"]}
+    assert set(ups) == {"a", "b"}, ups
+    status, metrics = gw.admin_get("/metrics")
+    assert status == 200 and b'upstream="b"' in metrics
+    assert "died" not in gw.log()
+
+
+def test_a_broken_table_is_refused_and_the_old_one_keeps_serving(
+        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = gateway
+    before = worker_pids(gw)
+    # A route to an upstream that does not exist: the tables loader names file, table, key.
+    config.write_text(upstream_table("a", two_mocks["a"]) + ROUTE_TO.format(name="nope"))
+    gw.signal(signal.SIGHUP)
+    line = wait_for(lambda: [ln for ln in gw.log().splitlines()
+                             if "configuration refused, the running one stays" in ln], timeout=15)
+    assert str(config) in line[0] and "route" in line[0] and "nope" in line[0], line
+    time.sleep(1.0)  # nothing else happens: no worker replaced
+    assert worker_pids(gw) == before
+    assert upstream_of(gw) == "a"
+    # Not even TOML: refused the same way.
+    config.write_text("[[upstream]\nname = ")
+    gw.signal(signal.SIGHUP)
+    wait_for(lambda: gw.log().count("configuration refused, the running one stays") == 2,
+             timeout=15)
+    assert worker_pids(gw) == before
+    assert upstream_of(gw) == "a"
+    assert "reload done" not in gw.log()
+
+
+def idle_keepalive_connections(gw: GatewayProcess, n: int) -> list[socket.socket]:
+    """`n` client connections that made one request each and stay open, idle."""
+    out = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        out.append(sock)
+    return out
+
+
+def test_two_sighups_in_a_row_are_both_handled(
+        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = gateway
+    first = {w["worker"]: w["pid"] for w in stats(gw)["workers"]}
+    assert set(first) == {0, 1}
+    # Idle keep-alive clients keep the replaced workers draining (up to the 5 s grace): the
+    # second reload must wait for them before it reuses their slots.
+    held = idle_keepalive_connections(gw, 8)
+    try:
+        config.write_text(a_and_b_to_b(two_mocks))
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: reloading the configuration" in gw.log(), timeout=15)
+        gw.signal(signal.SIGHUP)  # during the first reload: queued, done once after
+        wait_for(lambda: gw.log().count(DONE) == 2, timeout=90)
+    finally:
+        for sock in held:
+            sock.close()
+    for pid in first.values():
+        wait_for(lambda pid=pid: f"replaced worker pid {pid} exited" in gw.log(), timeout=15)
+    log = gw.log()
+    assert "SIGHUP during a reload: queued" in log
+    assert log.count("SIGHUP: reloading the configuration") == 2
+    for slot, pid in first.items():  # back in slots 0 and 1, after their old workers left
+        exited = log.index(f"replaced worker pid {pid} exited")
+        assert exited < log.index(f"reload: worker {slot} (pid"), log[-4000:]
+    after = worker_pids(gw)
+    assert len(after) == 2 and not after & set(first.values())
+    assert {w["worker"] for w in stats(gw)["workers"]} == {0, 1}
+    assert upstream_of(gw) == "b"
+    assert gw.proc is not None and gw.proc.poll() is None
+
+
+def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
+        tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
+    config = tmp_path / "velox.toml"
+    config.write_text(only_a(two_mocks))
+    env = {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "3",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
+    }
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:  # started, then stopped
+        before = worker_pids(gw)
+        # "m" now only goes to an upstream nobody listens on: the new worker is never ready.
+        dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
+                f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
+        config.write_text(upstream_table("a", two_mocks["a"]) + dead
+                          + ROUTE_TO.format(name="dead"))
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "reload aborted" in gw.log(), timeout=30)
+        assert "was not ready within 3s (VELOX_RELOAD_READY_S)" in gw.log()
+        wait_for(lambda: "replaced worker pid" in gw.log(), timeout=10)  # the new one, reaped
+        assert worker_pids(gw) == before
+        assert upstream_of(gw) == "a"
+        assert "reload done" not in gw.log()
+        ready = stats(gw)["workers"]
+        assert len(ready) == 2 and all(w["ready"] for w in ready)
