@@ -406,15 +406,15 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
             lines += [f"{n}" for n in doc.get("notes", [])]
-        if marker == "routing" and docs.get("balance"):
-            bal = docs["balance"]
-            lines.append(f"Route selection measured {bal['measured_at'][:16].replace('T', ' ')} "
-                         f"UTC (load average {bal['loadavg'][0]:.2f}; the machine is shared, so "
-                         "medians are inflated: the quiet-machine estimate scales each minimum by "
-                         "the reference's known quiet figure).")
         if marker == "e2e":
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
+    if marker == "routing" and docs.get("balance"):
+        bal = docs["balance"]
+        lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
+                     f"UTC (load average {bal['loadavg'][0]:.2f}; the machine is shared, so "
+                     "medians are inflated: the quiet-machine estimate scales each minimum by "
+                     "the reference's known quiet figure).")
     for mk, title, table, plot in secs:
         if mk != marker:
             continue
