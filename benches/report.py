@@ -157,7 +157,8 @@ VERDICT = {True: "reached", False: "**missed**", None: "not measured"}
 
 def table_routing_goals(s: dict[str, Any]) -> Table:
     head = ["goal", "measured", "target", "verdict"]
-    return head, [[g["goal"], f"{_n(g['measured'], 3 if g['unit'] == 'ratio' else 2)} "
+    digits = {"ratio": 3, "µs": 2}
+    return head, [[g["goal"], f"{_n(g['measured'], digits.get(g['unit'], 0))} "
                    f"{g['unit']}", f"{g['target']} {g['unit']}", VERDICT[g["reached"]]]
                   for g in s["goals"]]
 
@@ -165,7 +166,8 @@ def table_routing_goals(s: dict[str, Any]) -> Table:
 def table_routing_spread(s: dict[str, Any]) -> Table:
     head = ["gateway", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "gateway CPU µs/req",
             "mocks' CPU µs/req", "errors", "rounds"]
-    names = {"velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)"}
+    names = {"velox-env": "Velox, 1 upstream from VELOX_UPSTREAM_* (no file)",
+             "velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)"}
     rows = [[names.get(t, t), _n(r["rps"]), _n(r["p50"]), _n(r["p99"]), _n(r["p99.9"]),
              _n(r["cpu_us_per_request"], 1), _n(r["upstream_cpu_us_per_request"], 1),
              _n(r["errors"]), _n(r["runs"])] for t, r in s["spread"].items()]
@@ -174,6 +176,11 @@ def table_routing_spread(s: dict[str, Any]) -> Table:
         rows.append(["3 upstreams against 1 (paired by round, median)",
                      f"× {_n(p['rps_ratio'], 3)}", "", f"{_n(p['p99_delta_us'])} added", "",
                      f"{_n(p['cpu_delta_us'], 2)} added", "", "", _n(p["rounds"])])
+    f = s.get("file_vs_env")
+    if f and f["rounds"]:
+        rows.append(["1 upstream from the file against no file (paired by round, median)",
+                     f"× {_n(f['rps_ratio'], 3)}", "", f"{_n(f['p99_delta_us'])} added", "",
+                     f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"])])
     return head, rows
 
 

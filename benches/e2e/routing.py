@@ -6,8 +6,9 @@ and Velox configured through a VELOX_CONFIG file, both gateways with the same nu
 and otherwise the harness's defaults (`VELOX_RATE_LIMIT_RPM=0`):
 
 * spread: wrk at 64 connections against `velox-1` (one `[[upstream]]`, one route to it) and
-  `velox-3` (three `[[upstream]]`s, one weighted route, weights 2:1:1), both running at once,
-  in an order rotated from round to round. Per run: requests/s, latency percentiles, the
+  `velox-3` (three `[[upstream]]`s, one weighted route, weights 2:1:1), and `velox-env` (no
+  file: VELOX_UPSTREAM_* naming mock a, the set-up of the main end-to-end run, to show the file
+  itself costs nothing), all running at once, in an order rotated from round to round. Per run: requests/s, latency percentiles, the
   gateway's CPU per request (its whole process tree, /proc) and the mocks' CPU apart. The
   issue's targets: `velox-3`'s throughput within 5% of `velox-1`'s, and its CPU per request
   within 3 us of it; both are reported as measured, misses included.
@@ -119,18 +120,23 @@ def config_text(mocks: Mocks, names: tuple[str, ...]) -> str:
 
 
 class RoutedVelox(Service):
-    """`python -m velox` with a VELOX_CONFIG naming `names` as upstreams of one route."""
+    """`python -m velox` with a VELOX_CONFIG naming `names` as upstreams of one route; with no
+    names, the configuration without a file (VELOX_UPSTREAM_* pointing at mock a)."""
 
     def __init__(self, label: str, mocks: Mocks, names: tuple[str, ...], logdir: Path,
                  workers: int) -> None:
         self.name = label
-        self.config = logdir / f"{label}.toml"
-        self.config.write_text(config_text(mocks, names))
-        self.env = {
-            "VELOX_CONFIG": str(self.config), "VELOX_WORKERS": str(workers),
-            "VELOX_RATE_LIMIT_RPM": "0", "VELOX_LOG_LEVEL": "warning",
-            **{f"BENCH_KEY_{n.upper()}": API_KEY for n in names},
-        }
+        self.env = {"VELOX_WORKERS": str(workers), "VELOX_RATE_LIMIT_RPM": "0",
+                    "VELOX_LOG_LEVEL": "warning"}
+        if names:
+            config = logdir / f"{label}.toml"
+            config.write_text(config_text(mocks, names))
+            self.env.update({"VELOX_CONFIG": str(config),
+                             **{f"BENCH_KEY_{n.upper()}": API_KEY for n in names}})
+        else:
+            a = mocks.mocks[NAMES[0]]
+            self.env.update({"VELOX_UPSTREAM_ORIGIN": a.origin, "OPENAI_API_KEY": API_KEY,
+                             "VELOX_UPSTREAM_CA_FILE": str(a.ca_file)})
         self.proc = GatewayProcess(self.env, log_path=logdir / f"{label}.log")
 
     def start(self) -> RoutedVelox:
@@ -150,9 +156,12 @@ class RoutedVelox(Service):
         self.proc.stop()
 
 
+SPREAD = ("velox-env", "velox-1", "velox-3")
+
+
 def spread(bench: Bench, r: int) -> None:
-    order = ["velox-1", "velox-3"] if r % 2 == 0 else ["velox-3", "velox-1"]
-    for target in order:
+    k = r % len(SPREAD)
+    for target in SPREAD[k:] + SPREAD[:k]:
         bench.run_wrk({"section": "routing-spread", "round": r}, target, CONNS)
 
 
@@ -231,7 +240,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     fail_runs = [x for x in runs if x["section"] == "routing-failover"]
     out: dict[str, Any] = {
         "spread": {t: row([x for x in spread_runs if x["target"] == t])
-                   for t in ("velox-1", "velox-3") if any(x["target"] == t for x in spread_runs)},
+                   for t in SPREAD if any(x["target"] == t for x in spread_runs)},
         "failover": {c: row([x for x in fail_runs if x.get("config") == c])
                      for c in CONDITIONS if any(x.get("config") == c for x in fail_runs)},
     }
@@ -239,12 +248,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if spread_runs:
         p = paired("routing-spread", "velox-1", "velox-3")
         out["spread_vs_one"] = p
+        out["file_vs_env"] = paired("routing-spread", "velox-env", "velox-1")
         goals += [
             {"goal": "3 upstreams: throughput vs 1 upstream", "measured": p["rps_ratio"],
              "target": f">= {GOAL_RPS_RATIO}", "unit": "ratio",
              "reached": None if p["rps_ratio"] is None else p["rps_ratio"] >= GOAL_RPS_RATIO},
             {"goal": "3 upstreams: CPU per request minus 1 upstream's",
-             "measured": p["cpu_delta_us"], "target": f"<= {GOAL_CPU_DELTA_US}", "unit": "us",
+             "measured": p["cpu_delta_us"], "target": f"<= {GOAL_CPU_DELTA_US}", "unit": "µs",
              "reached": None if p["cpu_delta_us"] is None
              else p["cpu_delta_us"] <= GOAL_CPU_DELTA_US},
         ]
@@ -270,6 +280,8 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
     try:
         bench._add(mocks)
         if "spread" in sections:
+            bench._add(RoutedVelox("velox-env", mocks, (), logdir, plan.velox_workers),
+                       upstream="mocks")
             bench._add(RoutedVelox("velox-1", mocks, NAMES[:1], logdir, plan.velox_workers),
                        upstream="mocks")
             bench._add(RoutedVelox("velox-3", mocks, NAMES, logdir, plan.velox_workers),
@@ -282,6 +294,7 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
                     spread(bench, r)
             bench.stop_service("velox-3")
             bench.stop_service("velox-1")
+            bench.stop_service("velox-env")
         if "failover" in sections:
             for r in range(plan.rounds):
                 with bench_lock():
@@ -293,13 +306,18 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
         bench.stop()
     summ = summarize(bench.runs)
     bench.notes.append(
-        "Both gateways read a VELOX_CONFIG file; velox-1 routes to mock a only, velox-3 to "
-        "mocks a, b and c with weights 2:1:1. Each [[upstream]] has the default pool "
+        "velox-1 and velox-3 read a VELOX_CONFIG file; velox-1 routes to mock a only, velox-3 "
+        "to mocks a, b and c with weights 2:1:1; velox-env has no file (VELOX_UPSTREAM_* naming "
+        "mock a). Every gateway has the same number of workers. Each [[upstream]] has the default pool "
         "(VELOX_EGRESS_POOL_CONNECTIONS connections per worker), so velox-3 holds three times "
         "the upstream connections. The mocks' CPU is charged to the upstream, not the gateway; "
         "with three mocks the upstream side can use more of the 2 cores than with one.")
+    placement = (f"Velox: {plan.velox_workers} workers per gateway, pinned one per core (the "
+                 "default), supervisor unpinned. Not pinned, placed by the kernel on the same 2 "
+                 f"cores: the three mocks ({plan.mock_workers} process each, HTTP/2 + TLS) and wrk "
+                 "(1 thread). Everything talks over 127.0.0.1.")
     doc = results.document("velox-routing", plan, bench.runs, summ, bench.notes, {
-        "loadavg_start": load_start, "seconds": round(time.monotonic() - t0, 1),
+        "placement": placement, "loadavg_start": load_start, "seconds": round(time.monotonic() - t0, 1),
         "weights": WEIGHTS, "failed_upstream": FAILED, "conns": CONNS,
         "foreign_limit": FOREIGN_LIMIT})
     results.write(name, doc, bench.runs, outdir)
