@@ -165,28 +165,29 @@ def table_routing_goals(s: dict[str, Any]) -> Table:
 
 def table_routing_spread(s: dict[str, Any]) -> Table:
     head = ["gateway", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "gateway CPU µs/req",
-            "mocks' CPU µs/req", "errors", "rounds"]
+            "mocks' CPU µs/req", "errors", "rounds", "other load, cores (median)"]
     names = {"velox-env": "Velox, 1 upstream from VELOX_UPSTREAM_* (no file)",
              "velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)"}
     rows = [[names.get(t, t), _n(r["rps"]), _n(r["p50"]), _n(r["p99"]), _n(r["p99.9"]),
              _n(r["cpu_us_per_request"], 1), _n(r["upstream_cpu_us_per_request"], 1),
-             _n(r["errors"]), _n(r["runs"])] for t, r in s["spread"].items()]
+             _n(r["errors"]), _n(r["runs"]), _n(r.get("foreign_cores_median"), 2)]
+            for t, r in s["spread"].items()]
     p = s.get("spread_vs_one")
     if p:
         rows.append(["3 upstreams against 1 (paired by round, median)",
                      f"× {_n(p['rps_ratio'], 3)}", "", f"{_n(p['p99_delta_us'])} added", "",
-                     f"{_n(p['cpu_delta_us'], 2)} added", "", "", _n(p["rounds"])])
+                     f"{_n(p['cpu_delta_us'], 2)} added", "", "", _n(p["rounds"]), ""])
     f = s.get("file_vs_env")
     if f and f["rounds"]:
         rows.append(["1 upstream from the file against no file (paired by round, median)",
                      f"× {_n(f['rps_ratio'], 3)}", "", f"{_n(f['p99_delta_us'])} added", "",
-                     f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"])])
+                     f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"]), ""])
     return head, rows
 
 
 def table_routing_failover(s: dict[str, Any]) -> Table:
     head = ["upstreams", "req/s", "vs all up", "p50 µs", "p99 µs", "p99.9 µs",
-            "added p99 µs", "client-visible errors", "requests"]
+            "added p99 µs", "client-visible errors", "requests", "other load, cores (median)"]
     names = {"all-up": "all three up", "b-503": "b answers 503", "b-killed": "b killed (SIGKILL)"}
     vs = s.get("failover_vs_all_up", {})
     rows = []
@@ -195,7 +196,7 @@ def table_routing_failover(s: dict[str, Any]) -> Table:
         rows.append([names.get(cond, cond), _n(r["rps"]),
                      _n(p.get("rps_ratio"), 3) if p else "1", _n(r["p50"]), _n(r["p99"]),
                      _n(r["p99.9"]), _n(p.get("p99_delta_us")) if p else "0",
-                     _n(r["errors"]), _n(r["requests"])])
+                     _n(r["errors"]), _n(r["requests"]), _n(r.get("foreign_cores_median"), 2)])
     return head, rows
 
 
@@ -413,6 +414,14 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
             lines += [f"{n}" for n in doc.get("notes", [])]
+            foreign = sorted(x["foreign_cores"] for x in doc.get("runs", [])
+                             if x.get("foreign_cores") is not None)
+            if foreign:
+                mid = foreign[len(foreign) // 2]
+                lines.append(f"Other people's processes used a median of {mid:.2f} cores (max "
+                             f"{foreign[-1]:.2f}) of the {doc['machine']['cores']} during these "
+                             "runs" + ("; absolute figures are far below a quiet machine's, so "
+                                       "read the ratios paired by round." if mid > 0.15 else "."))
         if marker == "e2e":
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")

@@ -214,6 +214,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "errors": sum(x.get("errors_total", 0) for x in sel),
                 "non_2xx": sum(x.get("non_2xx", 0) for x in sel),
                 "requests": sum(x.get("requests", 0) for x in sel),
+                "foreign_cores_median": _med(sel, "foreign_cores"),
                 "foreign_cores_max": max((x["foreign_cores"] for x in sel), default=None)}
 
     def paired(sel_key: str, ref: str, other: str) -> dict[str, Any]:
