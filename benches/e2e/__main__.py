@@ -82,6 +82,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
 
 def cmd_routing(args: argparse.Namespace) -> int:
+    if args.resummarize:
+        routing.print_summary(routing.resummarize(args.out, args.name))
+        return 0
     if not wrk.available():
         print("wrk is not installed (make bench-deps installs it with apt-get)", file=sys.stderr)
         return 2
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     rt.add_argument("--duration", type=int, default=5, help="measured seconds per run")
     rt.add_argument("--sections", default="spread,failover", help="spread,failover or one")
     rt.add_argument("--name", default="routing", help="results file name (without extension)")
+    rt.add_argument("--resummarize", action="store_true",
+                    help="recompute the summary of the saved results from their raw runs")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
     sub.add_parser("install-litellm", help="build .bench/litellm-venv from the hashed lock")

@@ -325,6 +325,15 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
     return summ
 
 
+def resummarize(outdir: Path = results.RESULTS, name: str = "routing") -> dict[str, Any]:
+    """Recompute the summary of a saved run from its raw runs (after the summary code changed)."""
+    path = outdir / f"{name}.json"
+    doc = json.loads(path.read_text())
+    doc["summary"] = summarize(doc["runs"])
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc["summary"]
+
+
 def print_summary(summ: dict[str, Any]) -> None:
     print(json.dumps({k: v for k, v in summ.items() if k != "goals"}, indent=1))
     for g in summ["goals"]:
