@@ -187,7 +187,8 @@ def table_routing_spread(s: dict[str, Any]) -> Table:
 
 def table_routing_failover(s: dict[str, Any]) -> Table:
     head = ["upstreams", "req/s", "vs all up", "p50 µs", "p99 µs", "p99.9 µs",
-            "added p99 µs", "client-visible errors", "requests", "other load, cores (median)"]
+            "added p99 µs", "client-visible errors", "requests", "gateway retries",
+            "other load, cores (median)"]
     names = {"all-up": "all three up", "b-503": "b answers 503", "b-killed": "b killed (SIGKILL)"}
     vs = s.get("failover_vs_all_up", {})
     rows = []
@@ -196,7 +197,8 @@ def table_routing_failover(s: dict[str, Any]) -> Table:
         rows.append([names.get(cond, cond), _n(r["rps"]),
                      _n(p.get("rps_ratio"), 3) if p else "1", _n(r["p50"]), _n(r["p99"]),
                      _n(r["p99.9"]), _n(p.get("p99_delta_us")) if p else "0",
-                     _n(r["errors"]), _n(r["requests"]), _n(r.get("foreign_cores_median"), 2)])
+                     _n(r["errors"]), _n(r["requests"]), _n(r.get("retries")),
+                     _n(r.get("foreign_cores_median"), 2)])
     return head, rows
 
 

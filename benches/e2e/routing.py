@@ -19,7 +19,9 @@ and otherwise the harness's defaults (`VELOX_RATE_LIMIT_RPM=0`):
   breaker opening and the retries of the first failed attempts fall inside the measurement.
   Client-visible errors are wrk's non-2xx answers plus its socket errors (expected: zero).
   `failed_upstream_calls`: chat calls mock `b` received during the measured run (how soon the
-  breaker stops sending it traffic; not available when it was killed).
+  breaker stops sending it traffic; not available when it was killed); `gateway_retries`,
+  `failed_upstream_state` and `failed_upstream_by_status_class`: the gateway's admin /stats
+  after the run (retries by reason, b's breaker state, b's answers by class).
 
 Both sections use the harness's accounting (`Bench.measure`: CPU from /proc, foreign load,
 repeat once if disturbed) and run each round under the shared benchmark lock. wrk shares the
@@ -159,6 +161,20 @@ class RoutedVelox(Service):
 SPREAD = ("velox-env", "velox-1", "velox-3")
 
 
+def gateway_view(velox: RoutedVelox) -> dict[str, Any]:
+    """What the gateway's admin /stats says after a run: retries by reason, the failed
+    upstream's breaker and answers by status class (empty if the admin server did not answer)."""
+    try:
+        status, body = velox.proc.admin_get("/stats", timeout=10)
+        doc = json.loads(body) if status == 200 else {}
+    except (OSError, ValueError):
+        return {}
+    row = next((u for u in doc.get("upstreams", []) if u.get("name") == FAILED), {})
+    return {"gateway_retries": doc.get("retries"),
+            "failed_upstream_state": row.get("state"),
+            "failed_upstream_by_status_class": row.get("by_status_class")}
+
+
 def spread(bench: Bench, r: int) -> None:
     k = r % len(SPREAD)
     for target in SPREAD[k:] + SPREAD[:k]:
@@ -186,9 +202,11 @@ def failover(bench: Bench, mocks: Mocks, r: int) -> None:
                                "config": condition}, label, CONNS)
             finally:
                 bench.plan.warmup_s = warmup
-            bench.runs[-1]["failed_upstream_calls"] = (
+            record = bench.runs[-1]
+            record["failed_upstream_calls"] = (
                 mocks.mocks[FAILED].stats()["by_path"].get("/v1/chat/completions", 0)
                 if mocks.alive(FAILED) else None)
+            record.update(gateway_view(velox))
         finally:
             bench.stop_service(label)
     mocks.restore()
@@ -215,6 +233,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "non_2xx": sum(x.get("non_2xx", 0) for x in sel),
                 "requests": sum(x.get("requests", 0) for x in sel),
                 "foreign_cores_median": _med(sel, "foreign_cores"),
+                "retries": sum(sum((x.get("gateway_retries") or {}).values()) for x in sel),
                 "foreign_cores_max": max((x["foreign_cores"] for x in sel), default=None)}
 
     def paired(sel_key: str, ref: str, other: str) -> dict[str, Any]:

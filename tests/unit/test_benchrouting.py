@@ -36,6 +36,7 @@ def _runs() -> list[dict]:
         runs.append(_run("routing-failover", "velox-failover", rnd, 9000, 9000, 55.0, "all-up"))
         runs.append(_run("routing-failover", "velox-failover", rnd, 8100, 12000, 60.0, "b-503",
                          errors=1 if rnd == 2 else 0))
+        runs[-1]["gateway_retries"] = {"status": 5 + rnd, "connect": 1}
         runs.append(_run("routing-failover", "velox-failover", rnd, 8550, 10000, 58.0,
                          "b-killed"))
     return runs
@@ -55,6 +56,8 @@ def test_summary_pairs_rounds_and_judges_the_issue_targets() -> None:
     assert goals["b-503: client-visible errors"]["measured"] == 1
     assert goals["b-503: client-visible errors"]["reached"] is False
     assert goals["b-killed: client-visible errors"]["reached"] is True
+    assert s["failover"]["b-503"]["retries"] == 5 + 6 + 7 + 3
+    assert s["failover"]["all-up"]["retries"] == 0
     f = s["failover_vs_all_up"]
     assert f["b-503"]["rps_ratio"] == 0.9 and f["b-503"]["p99_delta_us"] == 3000
     assert f["b-killed"]["rps_ratio"] == 0.95
