@@ -167,7 +167,8 @@ def table_routing_spread(s: dict[str, Any]) -> Table:
     head = ["gateway", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "gateway CPU µs/req",
             "mocks' CPU µs/req", "errors", "rounds", "other load, cores (median)"]
     names = {"velox-env": "Velox, 1 upstream from VELOX_UPSTREAM_* (no file)",
-             "velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)"}
+             "velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)",
+             "velox-1-3conns": "Velox, 1 upstream, 3 connections per worker (control)"}
     rows = [[names.get(t, t), _n(r["rps"]), _n(r["p50"]), _n(r["p99"]), _n(r["p99.9"]),
              _n(r["cpu_us_per_request"], 1), _n(r["upstream_cpu_us_per_request"], 1),
              _n(r["errors"]), _n(r["runs"]), _n(r.get("foreign_cores_median"), 2)]
@@ -177,11 +178,14 @@ def table_routing_spread(s: dict[str, Any]) -> Table:
         rows.append(["3 upstreams against 1 (paired by round, median)",
                      f"× {_n(p['rps_ratio'], 3)}", "", f"{_n(p['p99_delta_us'])} added", "",
                      f"{_n(p['cpu_delta_us'], 2)} added", "", "", _n(p["rounds"]), ""])
-    f = s.get("file_vs_env")
-    if f and f["rounds"]:
-        rows.append(["1 upstream from the file against no file (paired by round, median)",
-                     f"× {_n(f['rps_ratio'], 3)}", "", f"{_n(f['p99_delta_us'])} added", "",
-                     f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"]), ""])
+    for key, label in (("file_vs_env", "1 upstream from the file against no file"),
+                       ("control_vs_one", "1 upstream: 3 connections per worker against 1"),
+                       ("spread_vs_control", "3 upstreams against 1 with 3 connections")):
+        f = s.get(key)
+        if f and f["rounds"]:
+            rows.append([f"{label} (paired by round, median)",
+                         f"× {_n(f['rps_ratio'], 3)}", "", f"{_n(f['p99_delta_us'])} added", "",
+                         f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"]), ""])
     return head, rows
 
 

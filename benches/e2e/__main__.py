@@ -91,7 +91,8 @@ def cmd_routing(args: argparse.Namespace) -> int:
     plan = Plan(rounds=args.rounds, duration_s=args.duration, litellm=False, sections=())
     logdir = Path(tempfile.mkdtemp(prefix="velox-bench-routing-"))
     print(f"logs in {logdir}", flush=True)
-    summ = routing.run(plan, logdir, args.out, args.name, tuple(args.sections.split(",")))
+    summ = routing.run(plan, logdir, args.out, args.name, tuple(args.sections.split(",")),
+                       control=args.conns_control)
     routing.print_summary(summ)
     return 0
 
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     rt.add_argument("--duration", type=int, default=5, help="measured seconds per run")
     rt.add_argument("--sections", default="spread,failover", help="spread,failover or one")
     rt.add_argument("--name", default="routing", help="results file name (without extension)")
+    rt.add_argument("--conns-control", action="store_true",
+                    help="add velox-1-3conns: one upstream, 3 connections per worker")
     rt.add_argument("--resummarize", action="store_true",
                     help="recompute the summary of the saved results from their raw runs")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")

@@ -109,13 +109,15 @@ class Mocks(Service):
             mock.stop()
 
 
-def config_text(mocks: Mocks, names: tuple[str, ...]) -> str:
+def config_text(mocks: Mocks, names: tuple[str, ...], connections: int = 0) -> str:
+    """`connections` > 0 sets each upstream's pool size (0: the default)."""
     parts = []
     for name in names:
         mock = mocks.mocks[name]
         parts.append("\n".join([
             "[[upstream]]", f'name = "{name}"', f'origin = "{mock.origin}"',
-            f'api_key_env = "BENCH_KEY_{name.upper()}"', f'ca_file = "{mock.ca_file}"', ""]))
+            f'api_key_env = "BENCH_KEY_{name.upper()}"', f'ca_file = "{mock.ca_file}"',
+            *([f"connections = {connections}"] if connections else []), ""]))
     targets = ", ".join(f'{{ upstream = "{n}", weight = {WEIGHTS[n]} }}' for n in names)
     parts.append(f'[[route]]\nmodel = "{MODEL}"\ntargets = [{targets}]\n')
     return "\n".join(parts)
@@ -126,13 +128,13 @@ class RoutedVelox(Service):
     names, the configuration without a file (VELOX_UPSTREAM_* pointing at mock a)."""
 
     def __init__(self, label: str, mocks: Mocks, names: tuple[str, ...], logdir: Path,
-                 workers: int) -> None:
+                 workers: int, connections: int = 0) -> None:
         self.name = label
         self.env = {"VELOX_WORKERS": str(workers), "VELOX_RATE_LIMIT_RPM": "0",
                     "VELOX_LOG_LEVEL": "warning"}
         if names:
             config = logdir / f"{label}.toml"
-            config.write_text(config_text(mocks, names))
+            config.write_text(config_text(mocks, names, connections))
             self.env.update({"VELOX_CONFIG": str(config),
                              **{f"BENCH_KEY_{n.upper()}": API_KEY for n in names}})
         else:
@@ -159,6 +161,9 @@ class RoutedVelox(Service):
 
 
 SPREAD = ("velox-env", "velox-1", "velox-3")
+# The control (--conns-control): one upstream with as many connections per worker as velox-3
+# holds over its three, to tell the cost of spreading from the cost of more, emptier connections.
+CONTROL = "velox-1-3conns"
 
 
 def gateway_view(velox: RoutedVelox) -> dict[str, Any]:
@@ -176,8 +181,9 @@ def gateway_view(velox: RoutedVelox) -> dict[str, Any]:
 
 
 def spread(bench: Bench, r: int) -> None:
-    k = r % len(SPREAD)
-    for target in SPREAD[k:] + SPREAD[:k]:
+    names = [t for t in (*SPREAD, CONTROL) if t in bench.services]
+    k = r % len(names)
+    for target in names[k:] + names[:k]:
         bench.run_wrk({"section": "routing-spread", "round": r}, target, CONNS)
 
 
@@ -260,7 +266,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     fail_runs = [x for x in runs if x["section"] == "routing-failover"]
     out: dict[str, Any] = {
         "spread": {t: row([x for x in spread_runs if x["target"] == t])
-                   for t in SPREAD if any(x["target"] == t for x in spread_runs)},
+                   for t in (*SPREAD, CONTROL) if any(x["target"] == t for x in spread_runs)},
         "failover": {c: row([x for x in fail_runs if x.get("config") == c])
                      for c in CONDITIONS if any(x.get("config") == c for x in fail_runs)},
     }
@@ -269,6 +275,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p = paired("routing-spread", "velox-1", "velox-3")
         out["spread_vs_one"] = p
         out["file_vs_env"] = paired("routing-spread", "velox-env", "velox-1")
+        if any(x["target"] == CONTROL for x in spread_runs):
+            out["control_vs_one"] = paired("routing-spread", "velox-1", CONTROL)
+            out["spread_vs_control"] = paired("routing-spread", CONTROL, "velox-3")
         goals += [
             {"goal": "3 upstreams: throughput vs 1 upstream", "measured": p["rps_ratio"],
              "target": f">= {GOAL_RPS_RATIO}", "unit": "ratio",
@@ -292,7 +301,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "routing",
-        sections: tuple[str, ...] = ("spread", "failover")) -> dict[str, Any]:
+        sections: tuple[str, ...] = ("spread", "failover"), control: bool = False
+        ) -> dict[str, Any]:
     bench = Bench(plan, logdir)
     mocks = Mocks(logdir, plan.mock_workers)
     t0 = time.monotonic()
@@ -302,6 +312,9 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
         if "spread" in sections:
             bench._add(RoutedVelox("velox-env", mocks, (), logdir, plan.velox_workers),
                        upstream="mocks")
+            if control:
+                bench._add(RoutedVelox(CONTROL, mocks, NAMES[:1], logdir, plan.velox_workers,
+                                       connections=len(NAMES)), upstream="mocks")
             bench._add(RoutedVelox("velox-1", mocks, NAMES[:1], logdir, plan.velox_workers),
                        upstream="mocks")
             bench._add(RoutedVelox("velox-3", mocks, NAMES, logdir, plan.velox_workers),
@@ -315,6 +328,7 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
             bench.stop_service("velox-3")
             bench.stop_service("velox-1")
             bench.stop_service("velox-env")
+            bench.stop_service(CONTROL)
         if "failover" in sections:
             for r in range(plan.rounds):
                 with bench_lock():

@@ -75,6 +75,20 @@ def test_a_miss_is_reported_as_a_miss() -> None:
     assert [r[3] for r in rows] == ["**missed**", "**missed**"]
 
 
+def test_the_connections_control_is_paired_with_both_sides() -> None:
+    runs = [_run("routing-spread", "velox-1", 0, 10000, 8000, 50.0),
+            _run("routing-spread", routing.CONTROL, 0, 9000, 8000, 60.0),
+            _run("routing-spread", "velox-3", 0, 8550, 8000, 61.0)]
+    s = routing.summarize(runs)
+    assert s["control_vs_one"]["rps_ratio"] == 0.9 and s["control_vs_one"]["cpu_delta_us"] == 10
+    assert s["spread_vs_control"]["rps_ratio"] == 0.95
+    assert s["spread_vs_control"]["cpu_delta_us"] == 1
+    assert list(s["spread"]) == ["velox-1", "velox-3", routing.CONTROL]
+    _, rows = benchreport.table_routing_spread(s)
+    assert rows[-1][:2] == ["3 upstreams against 1 with 3 connections (paired by round, median)",
+                            "× 0.950"]
+
+
 def test_config_names_every_upstream_with_its_weight(tmp_path: Path) -> None:
     class FakeMock:
         def __init__(self, port: int) -> None:
@@ -89,6 +103,9 @@ def test_config_names_every_upstream_with_its_weight(tmp_path: Path) -> None:
     assert doc["route"][0]["targets"] == [{"upstream": "a", "weight": 2},
                                           {"upstream": "b", "weight": 1},
                                           {"upstream": "c", "weight": 1}]
+    control = tomllib.loads(routing.config_text(mocks, routing.NAMES[:1], connections=3))
+    assert control["upstream"][0]["connections"] == 3
+    assert "connections" not in doc["upstream"][0]  # the default pool unless asked
     one = tomllib.loads(routing.config_text(mocks, routing.NAMES[:1]))
     assert len(one["upstream"]) == 1 and one["route"][0]["targets"] == [
         {"upstream": "a", "weight": 2}]
