@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
-	bench-soak bench-report clean
+	bench-routing bench-soak bench-report clean
 
 all: build
 
@@ -59,6 +59,10 @@ bench-litellm: $(STAMP)
 
 bench-e2e: bench-deps bench-litellm
 	$(PY) -m benches.e2e run
+
+# Three upstreams against one, and failover with one of three down (benches/e2e/routing.py).
+bench-routing: bench-deps
+	$(PY) -m benches.e2e routing
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

@@ -2,13 +2,15 @@
 an HTML page and README tables. A developer tool, so it lives here and not in the velox package;
 `velox bench report` run from the repository root is the same command.
 
-Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`) and
-soak.json (`make bench-soak`) when present, and writes into the same directory: one PNG per
+Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
+soak.json (`make bench-soak`), routing.json (`make bench-routing`) and balance.json
+(`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
 plot, report.html (every table and plot, with the machine facts), and the README's performance
 sections, replaced between their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:micro:start --> ... <!-- bench:micro:end -->
+    <!-- bench:routing:start --> ... <!-- bench:routing:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro")
+MARKERS = ("e2e", "micro", "routing")
 TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -147,6 +149,84 @@ def table_resources(doc: dict[str, Any]) -> Table:
         rows.append([f"{gen} ceiling against nginx `return 200`, 64 connections",
                      f"{_n(c['rps'])} req/s, {_n(c['generator_cpu_us_per_request'], 1)} µs of "
                      f"generator CPU per request"])
+    return head, rows
+
+
+VERDICT = {True: "reached", False: "**missed**", None: "not measured"}
+
+
+def table_routing_goals(s: dict[str, Any]) -> Table:
+    head = ["goal", "measured", "target", "verdict"]
+    digits = {"ratio": 3, "µs": 2}
+    return head, [[g["goal"], f"{_n(g['measured'], digits.get(g['unit'], 0))} "
+                   f"{g['unit']}", f"{g['target']} {g['unit']}", VERDICT[g["reached"]]]
+                  for g in s["goals"]]
+
+
+def table_routing_spread(s: dict[str, Any]) -> Table:
+    head = ["gateway", "req/s", "p50 µs", "p99 µs", "p99.9 µs", "gateway CPU µs/req",
+            "mocks' CPU µs/req", "errors", "rounds", "other load, cores (median)"]
+    names = {"velox-env": "Velox, 1 upstream from VELOX_UPSTREAM_* (no file)",
+             "velox-1": "Velox, 1 upstream", "velox-3": "Velox, 3 upstreams (weights 2:1:1)",
+             "velox-1-3conns": "Velox, 1 upstream, 3 connections per worker (control)"}
+    rows = [[names.get(t, t), _n(r["rps"]), _n(r["p50"]), _n(r["p99"]), _n(r["p99.9"]),
+             _n(r["cpu_us_per_request"], 1), _n(r["upstream_cpu_us_per_request"], 1),
+             _n(r["errors"]), _n(r["runs"]), _n(r.get("foreign_cores_median"), 2)]
+            for t, r in s["spread"].items()]
+    p = s.get("spread_vs_one")
+    if p:
+        rows.append(["3 upstreams against 1 (paired by round, median)",
+                     f"× {_n(p['rps_ratio'], 3)}", "", f"{_n(p['p99_delta_us'])} added", "",
+                     f"{_n(p['cpu_delta_us'], 2)} added", "", "", _n(p["rounds"]), ""])
+    for key, label in (("file_vs_env", "1 upstream from the file against no file"),
+                       ("control_vs_one", "1 upstream: 3 connections per worker against 1"),
+                       ("spread_vs_control", "3 upstreams against 1 with 3 connections")):
+        f = s.get(key)
+        if f and f["rounds"]:
+            rows.append([f"{label} (paired by round, median)",
+                         f"× {_n(f['rps_ratio'], 3)}", "", f"{_n(f['p99_delta_us'])} added", "",
+                         f"{_n(f['cpu_delta_us'], 2)} added", "", "", _n(f["rounds"]), ""])
+    return head, rows
+
+
+def table_routing_failover(s: dict[str, Any]) -> Table:
+    head = ["upstreams", "req/s", "vs all up", "p50 µs", "p99 µs", "p99.9 µs",
+            "added p99 µs", "client-visible errors", "requests", "gateway retries",
+            "other load, cores (median)"]
+    names = {"all-up": "all three up", "b-503": "b answers 503", "b-killed": "b killed (SIGKILL)"}
+    vs = s.get("failover_vs_all_up", {})
+    rows = []
+    for cond, r in s["failover"].items():
+        p = vs.get(cond, {})
+        rows.append([names.get(cond, cond), _n(r["rps"]),
+                     _n(p.get("rps_ratio"), 3) if p else "1", _n(r["p50"]), _n(r["p99"]),
+                     _n(r["p99.9"]), _n(p.get("p99_delta_us")) if p else "0",
+                     _n(r["errors"]), _n(r["requests"]), _n(r.get("retries")),
+                     _n(r.get("foreign_cores_median"), 2)])
+    return head, rows
+
+
+def table_hash_quality(bal: dict[str, Any]) -> Table:
+    head = ["method", "targets", "max / mean keys", "min / mean keys", "moved on remove (ideal)",
+            "moved on add (ideal)", "lookup ns"]
+    rows = [[q["method"] + (" (used)" if q["method"] == bal.get("hash_used") else ""),
+             _n(q["targets"]), _n(q["max_over_mean"], 4), _n(q["min_over_mean"], 4),
+             f"{_n(q['moved_on_remove'], 4)} ({_n(q['ideal_on_remove'], 4)})",
+             f"{_n(q['moved_on_add'], 4)} ({_n(q['ideal_on_add'], 4)})", _n(q["lookup_ns"], 1)]
+            for q in sorted(bal["hash_quality"], key=lambda q: (q["targets"], q["method"]))]
+    share = bal.get("weighted_3_to_1_share")
+    if share:
+        rows.append(["weights 3:1, share of the heavier (ideal 0.75)", "2",
+                     *(f"{m} {_n(v, 4)}" for m, v in sorted(share.items())), "", "", ""])
+    return head, rows
+
+
+def table_selection(bal: dict[str, Any]) -> Table:
+    head = ["operation (ns per item)", "median", "minimum", "quiet-machine estimate"]
+    med, mins = bal["timed_medians_ns_per_item"], bal["timed_minima_ns_per_item"]
+    est = bal.get("quiet_estimate_ns_per_item", {})
+    order = sorted(med, key=lambda k: (not k.startswith("select_"), k))
+    rows = [[k, _n(med[k], 1), _n(mins.get(k), 1), _n(est.get(k), 1)] for k in order]
     return head, rows
 
 
@@ -279,9 +359,26 @@ def html_table(table: Table) -> str:
 
 
 def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
-             soak: dict[str, Any] | None) -> list[tuple[str, str, Table | None, str | None]]:
+             soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
+             balance: dict[str, Any] | None = None
+             ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
+    if routing:
+        s = routing["summary"]
+        out.append(("routing", "Routing goals (issue 9)", table_routing_goals(s), None))
+        if s.get("spread"):
+            out.append(("routing", f"Three upstreams against one, {routing.get('conns', 64)} "
+                        "connections (wrk)", table_routing_spread(s), None))
+        if s.get("failover"):
+            out.append(("routing", f"One of three upstreams down, {routing.get('conns', 64)} "
+                        "connections (wrk)", table_routing_failover(s), None))
+    if balance:
+        out.append(("routing", "Consistent hashing: rendezvous against a ring (100,000 keys)",
+                    table_hash_quality(balance), None))
+        out.append(("routing", "What choosing a target costs (`benches/bench_balance.py`; "
+                    f"target {_n(balance.get('target_ns'))} ns per request)",
+                    table_selection(balance), None))
     if e2e:
         s = e2e["summary"]
         out += [
@@ -316,12 +413,30 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
 
 def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str]) -> str:
     lines = ["<!-- Generated by `velox bench report` from benches/results/; do not edit. -->"]
-    doc = docs["e2e"] if marker == "e2e" else docs["micro"]
+    doc = docs.get(marker)
     if doc:
         lines.append(f"\nMeasured on {machine_line(doc)}.")
+        if marker == "routing":
+            lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
+                         f"interleaved rounds of {doc['plan']['duration_s']} s.")
+            lines += [f"{n}" for n in doc.get("notes", [])]
+            foreign = sorted(x["foreign_cores"] for x in doc.get("runs", [])
+                             if x.get("foreign_cores") is not None)
+            if foreign:
+                mid = foreign[len(foreign) // 2]
+                lines.append(f"Other people's processes used a median of {mid:.2f} cores (max "
+                             f"{foreign[-1]:.2f}) of the {doc['machine']['cores']} during these "
+                             "runs" + ("; absolute figures are far below a quiet machine's, so "
+                                       "read the ratios paired by round." if mid > 0.15 else "."))
         if marker == "e2e":
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
+    if marker == "routing" and docs.get("balance"):
+        bal = docs["balance"]
+        lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
+                     f"UTC (load average {bal['loadavg'][0]:.2f}; the machine is shared, so "
+                     "medians are inflated: the quiet-machine estimate scales each minimum by "
+                     "the reference's known quiet figure).")
     for mk, title, table, plot in secs:
         if mk != marker:
             continue
@@ -380,14 +495,16 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
 
 
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
-    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json")}
-    soak = _load(results / "soak.json")
+    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
+            "routing": _load(results / "routing.json")}
+    soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak)
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance)
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
-        blocks = {m: readme_block(m, secs, docs, plots) for m in MARKERS if docs.get(m)}
+        blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, plots)
+                  for m in MARKERS if docs.get(m) or (m == "routing" and balance)}
         found = update_readme(readme, blocks)
     return {"plots": sorted(plots), "readme_markers": found, "html": str(results / "report.html")}
 

@@ -1,7 +1,7 @@
-"""Command line: `python -m benches.e2e {run,soak,install-litellm,lock-litellm}` (run from the
+"""Command line: `python -m benches.e2e {run,routing,soak,install-litellm,lock-litellm}` (run from the
 repository root with the project's venv; the Makefile targets do exactly that).
 
-Imports: bench, sections, summary, results, soak, litellm, wrk, stdlib.
+Imports: bench, sections, summary, results, soak, routing, litellm, wrk, stdlib.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches.e2e import litellm, results, sections, soak, summary, wrk
+from benches.e2e import litellm, results, routing, sections, soak, summary, wrk
 from benches.e2e import bench as bench_mod
 from benches.e2e.bench import Bench, Plan
 
@@ -81,6 +81,22 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_routing(args: argparse.Namespace) -> int:
+    if args.resummarize:
+        routing.print_summary(routing.resummarize(args.out, args.name))
+        return 0
+    if not wrk.available():
+        print("wrk is not installed (make bench-deps installs it with apt-get)", file=sys.stderr)
+        return 2
+    plan = Plan(rounds=args.rounds, duration_s=args.duration, litellm=False, sections=())
+    logdir = Path(tempfile.mkdtemp(prefix="velox-bench-routing-"))
+    print(f"logs in {logdir}", flush=True)
+    summ = routing.run(plan, logdir, args.out, args.name, tuple(args.sections.split(",")),
+                       control=args.conns_control)
+    routing.print_summary(summ)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e")
     p.add_argument("--out", type=Path, default=results.RESULTS, help="results directory")
@@ -94,6 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--arch", help="semicolon-separated subset of: " + "; ".join(sections.ARCH))
     run.add_argument("--no-litellm", action="store_true")
     run.add_argument("--name", default="e2e", help="results file name (without extension)")
+    rt = sub.add_parser("routing", help="three upstreams against one, and failover (~4 minutes)")
+    rt.add_argument("--rounds", type=int, default=5)
+    rt.add_argument("--duration", type=int, default=5, help="measured seconds per run")
+    rt.add_argument("--sections", default="spread,failover", help="spread,failover or one")
+    rt.add_argument("--name", default="routing", help="results file name (without extension)")
+    rt.add_argument("--conns-control", action="store_true",
+                    help="add velox-1-3conns: one upstream, 3 connections per worker")
+    rt.add_argument("--resummarize", action="store_true",
+                    help="recompute the summary of the saved results from their raw runs")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
     sub.add_parser("install-litellm", help="build .bench/litellm-venv from the hashed lock")
@@ -101,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "run":
         return cmd_run(args)
+    if args.command == "routing":
+        return cmd_routing(args)
     if args.command == "soak":
         return cmd_soak(args)
     if args.command == "install-litellm":
