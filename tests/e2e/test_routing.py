@@ -300,7 +300,7 @@ def test_sigkill_one_of_three_under_load(tmp_path: Path, fresh: dict, gateways: 
     assert "c" not in shares(after)
     # Back on its port: in service again within open_s plus a probe interval (and slack).
     fresh["c"] = start_mock("c", str(Path(victim.ca_file).parent), port=victim.port)
-    wait_for(lambda: upstream_stats(gw, "c")["state"] == "closed", timeout=20)
+    wait_for(lambda: upstream_stats(gw, "c")["state"] == "closed", timeout=45)
     assert shares(fire(gw, 300, concurrency=16))["c"] > 0
 
 
