@@ -1,9 +1,10 @@
 """Routing at its limits: per-upstream caps and buckets, 429s from upstreams, what /stats,
-/metrics and the access log say after a run, /readyz per route, and panic mode.
+/metrics and the access log say after a run, /readyz per route, panic mode, and `velox doctor`
+over every upstream of a file.
 
 Real processes as in test_routing.py (whose helpers and mock fixtures this module reuses): the
-bundled mock over HTTP/2 + TLS, one Velox with two workers and a VELOX_CONFIG file, httpx or
-the official SDK as the client.
+bundled mock over HTTP/2 + TLS, one Velox with two workers and a VELOX_CONFIG file, httpx as
+the client; `velox doctor` runs as its own process.
 """
 
 from __future__ import annotations
@@ -25,16 +26,15 @@ from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import (  # noqa: F401  (fixtures: certdir, mocks, fresh, gateways)
     CHAT, KEYS, admin_stats, certdir, chat_calls, fire, fresh, gateways, mocks, shares, start,
     upstream_stats, upstream_table, write_config)
-
 from velox.launch import free_port
 from velox.mock.state import fingerprint
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 
 
-def post(gw: object, body: dict | None = None, **kw: object) -> httpx.Response:
+def post(gw: object, body: dict | None = None) -> httpx.Response:
     return httpx.post(f"{gw.base_url}/v1/chat/completions", json=body or CHAT,  # type: ignore
-                      headers=AUTH, timeout=30, **kw)  # type: ignore[arg-type]
+                      headers=AUTH, timeout=30)
 
 
 def metrics(gw: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,8 +67,9 @@ def test_max_in_flight_full_on_every_target_is_503_overloaded(
         tmp_path: Path, fresh: dict, gateways: list) -> None:
     gw = start(tmp_path, write_config(tmp_path, two_up(fresh, max_in_flight=1)))
     gateways.append(gw)
-    fresh["a"].behave(latency_ms=1500)
-    fresh["b"].behave(latency_ms=1500)
+    # Slow answers hold both places while the checks below run (3 s: slack for a busy host).
+    fresh["a"].behave(latency_ms=3000)
+    fresh["b"].behave(latency_ms=3000)
     slow: list[httpx.Response] = []
 
     def hold(n: int) -> None:
@@ -87,6 +88,7 @@ def test_max_in_flight_full_on_every_target_is_503_overloaded(
     assert refused.status_code == 503, refused.text
     assert refused.json()["error"]["code"] == "overloaded"
     assert "x-velox-upstream" not in refused.headers
+    assert admin_stats(gw)["upstreams"][0]["in_flight"] == 1  # refused while both were held
     for t in holders:
         t.join(timeout=30)
     assert [r.status_code for r in slow] == [200, 200]
@@ -257,13 +259,14 @@ probe_interval_s = 1
     gateways.append(gw)
     assert readyz(gw) == 200
     # b at its max_in_flight is busy, not broken: still ready.
-    fresh["b"].behave(latency_ms=1500)
+    fresh["b"].behave(latency_ms=3000)
     held: list[httpx.Response] = []
     t = threading.Thread(target=lambda: held.append(post(gw, {**CHAT, "model": "n"})))
     t.start()
     wait_for(lambda: upstream_stats(gw, "b")["in_flight"] == 1)
     time.sleep(0.6)  # more than two worker ticks: each worker's READY gauge is current
     assert [readyz(gw) for _ in range(4)] == [200] * 4
+    assert upstream_stats(gw, "b")["in_flight"] == 1  # asked while b was still full
     t.join(timeout=30)
     assert held[0].status_code == 200
     # Every upstream of route n open: not ready, though route m is fine.
