@@ -180,6 +180,9 @@ class Dispatch:
             current.cancel()  # RST_STREAM if the stream is still open: it holds nothing after
         exchange.reset_for_retry()
         if nxt.delay_ms:
+            # The next attempt is the exchange's from now on: a client that leaves while we
+            # wait out the Retry-After finishes it (relay._done → finish), releasing its place.
+            exchange.route_attempt = nxt
             self.loop.call_later(nxt.delay_ms / 1000, self._resend, exchange, nxt)
         else:
             self._submit(exchange, nxt)
@@ -187,9 +190,8 @@ class Dispatch:
         return True
 
     def _resend(self, exchange: Any, attempt: Attempt) -> None:
-        if exchange.finished:  # the client left while we waited out the Retry-After
-            exchange.plan.finish(attempt, NEUTRAL)
-            return
+        if exchange.finished or exchange.route_attempt is not attempt:
+            return  # the client left meanwhile: finish() already released the attempt
         self._submit(exchange, attempt)
         self.upstreams[attempt.upstream].flush()
 

@@ -160,6 +160,32 @@ targets = [{ upstream = "a" }]
     assert admin_stats(gw)["retries"]["status_429"] == 1
 
 
+def test_a_client_leaving_while_a_429_is_waited_out_releases_its_place(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    # The retry waits out Retry-After (1 s) on a timer; the client leaves meanwhile. The attempt
+    # waiting to be sent must be released (in flight back to 0), never sent, never crash.
+    config = upstream_table("a", fresh["a"]) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a" }]
+"""
+    gw = start(tmp_path, write_config(tmp_path, config))
+    gateways.append(gw)
+    fresh["a"].behave(status=429)
+    try:
+        httpx.post(f"{gw.base_url}/v1/chat/completions", json=CHAT, headers=AUTH, timeout=0.4)
+    except httpx.TimeoutException:
+        pass
+    else:
+        raise AssertionError("the gateway answered before Retry-After was waited out")
+    time.sleep(1.5)  # past the retry timer
+    assert chat_calls(fresh["a"]) == 1  # the second attempt was never sent
+    assert upstream_stats(gw, "a")["in_flight"] == 0
+    fresh["a"].behave()
+    assert post(gw).status_code == 200
+    assert "Traceback" not in gw.log_path.read_text()
+
+
 # --- what a run leaves in /stats, /metrics and the access log ---------------------------------
 
 
