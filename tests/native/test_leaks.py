@@ -12,7 +12,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from velox._native import Counters, Histogram, Ring, TokenBucket
+from velox._native import (
+    Counters,
+    Health,
+    Histogram,
+    RetryBudget,
+    Rendezvous,
+    Ring,
+    TokenBucket,
+    hash64,
+)
 
 MB = 1 << 20
 
@@ -128,3 +137,44 @@ def test_create_destroy_unmaps_shared_memory() -> None:
     # A leak would add a mapping per object (6000 here) and at least a touched page each.
     assert mapping_count() <= maps_before + 2  # allow unrelated noise
     assert rss() - rss_before < 8 * MB  # leaking every object above would be ~50 MB
+
+
+def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
+    # The per-request calls of the routing layer (velox.health, velox.balance): tuples of
+    # upstream indices and key bytes go in, ints and tuples come out, a million times.
+    health = Health([0, 4, 0], failures=5, successes=2, open_ms=1000, max_open_ms=8000,
+                    probes=1, probe_lease_ms=2000)
+    budget = RetryBudget(20, 10, 10)
+    rendezvous = Rendezvous([hash64(b"a"), hash64(b"b"), hash64(b"c")], [3.0, 1.0, 1.0])
+    us = (0, 1, 2)
+    key = b"x-velox-affinity value"
+    base_us, base_key = sys.getrefcount(us), sys.getrefcount(key)
+    for i in range(10_000):  # warm-up
+        ticket = health.admit(i % 3, i)
+        if ticket >= 0:
+            health.finish(i % 3, ticket, 1, i)
+    before = rss()
+    for i in range(1_000_000):
+        health.usable_mask(us, i)
+        health.in_flight_sum(us)
+        ticket = health.admit(i % 3, i)
+        if ticket >= 0:
+            health.finish(i % 3, ticket, 1, i)
+        rendezvous.rank(hash64(key))
+        budget.record_request(i // 1000)
+    assert sys.getrefcount(us) == base_us and sys.getrefcount(key) == base_key
+    assert all(health.in_flight(u) == 0 for u in us)  # every admission was finished
+    assert rss() - before < 8 * MB
+
+    def churn() -> None:
+        for _ in range(2000):
+            Health([1, 2], failures=5, successes=2, open_ms=1000, max_open_ms=8000, probes=1,
+                   probe_lease_ms=2000).admit(0, 1)
+            RetryBudget(20, 10, 10).record_request(1)
+            Rendezvous([1, 2, 3], [1.0, 1.0, 1.0]).first(7)
+
+    churn()
+    maps_before, rss_before = mapping_count(), rss()
+    churn()
+    assert mapping_count() <= maps_before + 2
+    assert rss() - rss_before < 8 * MB
