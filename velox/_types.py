@@ -62,6 +62,7 @@ class Request:
         "conn", "method", "path", "route", "headers", "body", "keep_alive",
         "t_received", "t_popped", "t_parsed", "t_admitted",
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
+        "caller",  # route.caller_of: digest of the presented credential, computed once
     )
 
     def __init__(
@@ -93,3 +94,4 @@ class Request:
         self.affinity: str | None = None  # the body's prompt_cache_key, else its user
         self.exchange: object | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
+        self.caller: bytes | None = None  # None until route.caller_of computes it

@@ -19,10 +19,11 @@ Imports: _types, errors, config.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 
-from velox._types import Headers, Route
+from velox._types import Headers, Request, Route
 from velox.config import Settings
 from velox.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
 
@@ -160,6 +161,28 @@ class Auth:
         if client_auth is not None and not self._client_keys:
             return out, [client_auth]
         return out, []
+
+
+_CREDENTIALS = (b"authorization", b"api-key")
+
+
+def caller_of(request: Request) -> bytes:
+    """Who is asking: the SHA-256 digest (32 raw bytes) of the credential the client presented
+    (the bearer value of Authorization, else Azure's api-key header), b"" when none. Computed
+    on first use and kept on the request: stages that need an identity (gateway keys, the
+    cache key, batching's "allowed to share") share one digest, and requests of routes that
+    need none pay nothing. A `[[key]]` table's `sha256` is the hex form of this digest."""
+    caller = request.caller
+    if caller is None:
+        caller = b""
+        for name, value in request.headers:
+            if name in _CREDENTIALS:
+                scheme, _, token = value.partition(b" ")
+                token = token.strip() if scheme.lower() == b"bearer" and token else value.strip()
+                caller = hashlib.sha256(token).digest() if token else b""
+                break
+        request.caller = caller
+    return caller
 
 
 def _connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:

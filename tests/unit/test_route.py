@@ -119,3 +119,24 @@ def test_client_key_passes_through_when_gateway_has_none() -> None:
     auth = _auth()
     out = auth.upstream_headers([*END_TO_END, (b"authorization", b"Bearer sk-own")])
     assert out == [*END_TO_END, (b"authorization", b"Bearer sk-own")]
+
+
+def test_caller_of_is_the_digest_of_the_presented_credential():
+    import hashlib
+
+    from velox._types import Request
+    from velox.route import caller_of
+
+    def req(headers):
+        return Request(None, b"POST", b"/v1/embeddings", Route.MODEL_CALL, headers, b"", True, 0)
+
+    digest = hashlib.sha256(b"sk-one").digest()
+    assert caller_of(req([(b"authorization", b"Bearer sk-one")])) == digest
+    assert caller_of(req([(b"authorization", b"bearer   sk-one ")])) == digest
+    assert caller_of(req([(b"api-key", b"sk-one")])) == digest  # Azure's header
+    assert caller_of(req([(b"authorization", b"Bearer sk-two")])) != digest
+    assert caller_of(req([])) == b""
+    r = req([(b"authorization", b"Bearer sk-one")])
+    caller_of(r)
+    r.headers = []  # computed once, kept on the request
+    assert caller_of(r) == digest
