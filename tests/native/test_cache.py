@@ -426,3 +426,20 @@ def test_memory_stays_within_the_bound_when_filled_far_past_it() -> None:
     # own churn (the values were built and dropped one by one).
     assert grown <= cap + 4 * MB, (grown, cap)
     assert c._check() == 0
+
+
+def test_hit_rate_simulation_smoke() -> None:
+    # benches/cache_sim.py on a small stream: the shared LRU misses each prompt once for the
+    # gateway, so with room for every answer it reaches the best possible hit rate, while
+    # per-worker caches miss each prompt once per worker; the native store replays the same.
+    from benches.cache_sim import simulate
+
+    r = simulate(requests=20_000, repeat=0.5, cap=64 * MB, seed=3)
+    rows = {(x["workers"], x["design"]): x for x in r["rows"]}
+    best = r["max_hit_rate"]
+    assert rows[(1, "shared")]["hit_rate"] == best
+    assert rows[(4, "shared (native SharedCache)")]["hit_rate"] == best
+    assert rows[(4, "per-worker C")]["hit_rate"] < best - 0.05
+    assert rows[(4, "per-worker C")]["held_more_than_once"] > 0
+    assert rows[(8, "per-worker C/N")]["hit_rate"] < rows[(2, "per-worker C/N")]["hit_rate"]
+    assert all(x["upstream_calls"] + x["upstream_calls_saved"] == 20_000 for x in r["rows"])
