@@ -1700,7 +1700,7 @@ static PyObject *Cache_put(CacheObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 PyDoc_STRVAR(Cache_delete_doc,
-             "delete($self, key)\n--\n\nRemove key's entry; True when there was one.");
+             "delete($self, key, /)\n--\n\nRemove key's entry; True when there was one.");
 
 static PyObject *Cache_delete(CacheObject *self, PyObject *arg)
 {
@@ -1735,7 +1735,7 @@ static PyObject *Cache_claim(CacheObject *self, PyObject *const *args, Py_ssize_
 }
 
 PyDoc_STRVAR(Cache_unwait_doc,
-             "unwait($self, key)\n--\n\nA waiter stops waiting: waiters -= 1 (never below 0).");
+             "unwait($self, key, /)\n--\n\nA waiter stops waiting: waiters -= 1 (never below 0).");
 
 static PyObject *Cache_unwait(CacheObject *self, PyObject *arg)
 {
@@ -1748,7 +1748,7 @@ static PyObject *Cache_unwait(CacheObject *self, PyObject *arg)
 }
 
 PyDoc_STRVAR(Cache_waiting_doc,
-             "waiting($self, key)\n--\n\nWaiters on key's marker now (0 without a marker).");
+             "waiting($self, key, /)\n--\n\nWaiters on key's marker now (0 without a marker).");
 
 static PyObject *Cache_waiting(CacheObject *self, PyObject *arg)
 {
@@ -1760,7 +1760,7 @@ static PyObject *Cache_waiting(CacheObject *self, PyObject *arg)
 }
 
 PyDoc_STRVAR(Cache_release_doc,
-             "release($self, key)\n--\n\n"
+             "release($self, key, /)\n--\n\n"
              "The leader drops its marker (after put, or after failing); True when there was one.");
 
 static PyObject *Cache_release(CacheObject *self, PyObject *arg)

@@ -288,7 +288,7 @@ class Rendezvous:
     def first(self, key_hash: int, /) -> int:
         """rank(key_hash)[0]."""
 
-# Shared response cache store (vx_cache). The public face is the cache stage (velox/cache*.py).
+# Shared response cache store (vx_cache), used by the worker's cache stage.
 @final
 class SharedCache:
     """The gateway-wide response cache store: one exact LRU of (32-byte key -> bytes) with
