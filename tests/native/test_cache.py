@@ -333,6 +333,50 @@ def test_processes_hammering_one_cache_keep_invariants() -> None:
     assert c._check() == 0
 
 
+def test_exactly_one_leader_per_key_across_processes() -> None:
+    # Cross-worker coalescing: processes racing to claim the same keys (each in its own
+    # shuffled order) get exactly one leader per key; everyone else is counted as a waiter.
+    c = SharedCache(1 * MB)
+    keys = [key(f"race {i}") for i in range(200)]
+    procs = 4
+    go_r, go_w = os.pipe()
+
+    def racer(seed: int) -> list[int]:
+        import random
+
+        order = list(range(len(keys)))
+        random.Random(seed).shuffle(order)
+        os.read(go_r, 1)  # start together
+        return [i for i in order if c.claim(keys[i], T0, DAY)]
+
+    children = []
+    for seed in range(procs):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.write(w, repr(racer(seed)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        children.append((pid, r))
+    os.write(go_w, b"x" * procs)
+    led: list[int] = []
+    for pid, r in children:
+        chunks = []
+        while chunk := os.read(r, 1 << 16):
+            chunks.append(chunk)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        led += ast.literal_eval(b"".join(chunks).decode())
+    os.close(go_r)
+    os.close(go_w)
+    assert sorted(led) == list(range(len(keys)))  # each key led once, by one process
+    assert all(c.waiting(k) == procs - 1 for k in keys)
+    assert c.stats()["markers"] == len(keys)
+
+
 def test_killed_lock_holder_does_not_wedge_the_others() -> None:
     c = SharedCache(1 * MB)
     assert c.put(key("before"), b"old", T0, DAY)
