@@ -101,11 +101,11 @@ class Store(Protocol):
 
     def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
 
-    def unwait(self, key: bytes) -> None: ...
+    def unwait(self, key: bytes, /) -> None: ...
 
-    def waiting(self, key: bytes) -> int: ...
+    def waiting(self, key: bytes, /) -> int: ...
 
-    def release(self, key: bytes) -> None: ...
+    def release(self, key: bytes, /) -> object: ...
 
     def pending(self, key: bytes, now_ms: int) -> bool: ...
 
@@ -257,7 +257,7 @@ def _age(age_ms: int) -> bytes:
 class Ticket:
     """A cached route's model call on its way (request.cache)."""
 
-    __slots__ = ("key", "follow", "store", "max_age_ms", "alone")
+    __slots__ = ("key", "follow", "store", "max_age_ms", "alone", "marker")
 
     def __init__(self, key: bytes, follow: bool, store: bool, max_age_ms: int = -1) -> None:
         self.key = key  # b"" for a bypass
@@ -265,6 +265,7 @@ class Ticket:
         self.store = store  # its answer may be stored
         self.max_age_ms = max_age_ms  # Cache-Control max-age; -1: any fresh entry
         self.alone = False  # sent on its own after its leader failed
+        self.marker = False  # took the store's in-flight marker: it leads across workers
 
 
 _BYPASS = Ticket(b"", False, False)
@@ -668,15 +669,31 @@ class CacheFront:
     # --- after the limiter -------------------------------------------------------------------
 
     def follows(self, request: Request) -> bool:
-        """An admitted miss: True when an identical request admitted before it in this batch
-        is fetching the answer, which it now waits for instead of being sent."""
+        """An admitted miss: True when an identical request is fetching the answer (one
+        admitted before it in this batch, or one another worker started meanwhile), which it
+        now waits for instead of being sent. Otherwise it leads: it takes the store's
+        in-flight marker here, atomically, so two workers never both lead one key."""
         ticket: Ticket = request.cache
         if not ticket.follow:
             return False
-        flight = self.flights.get(ticket.key)
-        if flight is None or not flight.joinable:
+        key = ticket.key
+        flight = self.flights.get(key)
+        if flight is not None:
+            if not flight.joinable:
+                return False
+            flight.join(request)
+            return True
+        if request.stream:  # streams are not followed across workers
             return False
-        flight.join(request)
+        wait = self.waits.get(key)
+        if wait is None:
+            now = now_ms()
+            if self.store.claim(key, now, self.hold_ms):
+                ticket.marker = True
+                return False
+            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            self.waits[key] = wait
+        wait.join(request)
         return True
 
     def observe(self, exchange: Exchange) -> None:
@@ -689,11 +706,11 @@ class CacheFront:
         flight = Flight(self, exchange, ticket)
         exchange.observer = flight
         key = ticket.key
-        if ticket.follow and not ticket.alone and key not in self.flights:
+        if ticket.follow and key not in self.flights:
             flight.registered = True
             self.flights[key] = flight
-            if not exchange.request.stream:  # streams are not followed across workers
-                flight.marker = self.store.claim(key, now_ms(), self.hold_ms)
+        flight.marker = ticket.marker
+        ticket.marker = False
 
     # --- helpers -----------------------------------------------------------------------------
 
