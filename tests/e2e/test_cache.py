@@ -327,18 +327,28 @@ def _send_raw(gw: GatewayProcess, body: dict[str, Any], headers: str = "") -> so
     return sock
 
 
+def waiting(gw: GatewayProcess) -> int:
+    """Requests waiting for another's answer, in all workers (their control-channel state)."""
+    workers = json.loads(gw.admin_get("/stats")[1])["workers"]
+    return sum(w["state"]["cache"]["followers"] + w["state"]["cache"]["remote_waits"]
+               for w in workers if isinstance(w["state"], dict))
+
+
 def test_a_leaving_leader_does_not_cancel_the_answer_others_wait_for(
         upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
     for workers in ("1", "2"):  # followers in the leader's worker, and in the other one
         gw = start(gateways, upstream, tmp_path, VELOX_WORKERS=workers)
         upstream.reset()
         body = {**CHAT, "messages": [{"role": "user", "content": f"leaving {workers}"}]}
-        leader = _send_raw(gw, body, "x-mock-latency-ms: 1500\r\n")
+        leader = _send_raw(gw, body, "x-mock-latency-ms: 4000\r\n")
         wait_for(lambda: calls(upstream) == 1, timeout=10)  # the leader's call is upstream
 
         async def followers_then_leave() -> list[httpx.Response]:
             task = asyncio.ensure_future(_concurrent(gw.base_url, 6, body))
-            await asyncio.sleep(0.4)
+            deadline = time.monotonic() + 3
+            while waiting(gw) < 6 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert waiting(gw) == 6, "the followers did not arrive in time"
             leader.close()  # the leader's client disconnects while the others wait
             return await task
 
