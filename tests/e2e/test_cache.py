@@ -411,3 +411,27 @@ def test_a_streaming_follower_gets_the_events_so_far_then_the_rest_live(
     # And the recorded stream is now a hit.
     raw = client.chat.completions.with_raw_response.create(**CHAT, stream=True)
     assert raw.headers["x-velox-cache"] == "hit" and len(list(raw.parse())) == 8
+
+
+def test_per_route_opt_in_and_responses_bypass(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    config = tmp_path / "velox.toml"
+    config.write_text(
+        f'[[upstream]]\nname = "mock"\norigin = "{upstream.origin}"\n'
+        f'ca_file = "{upstream.ca_file}"\napi_key_env = "MOCK_KEY"\n'
+        '[[route]]\nmodel = "gpt-4o-mini"\ntargets = [{ upstream = "mock" }]\ncache = true\n'
+        '[[route]]\nmodel = "*"\ntargets = [{ upstream = "mock" }]\n')
+    gw = start(gateways, upstream, tmp_path, VELOX_CACHE="0", VELOX_CONFIG=str(config),
+               MOCK_KEY=UPSTREAM_KEY)
+    client = client_for(gw)
+    assert chat(client)[1]["x-velox-cache"] == "miss"
+    assert chat(client)[1]["x-velox-cache"] == "hit"
+    for _ in range(2):  # a route without `cache = true`: no header, always upstream
+        _, h = chat(client, model="gpt-4o")
+        assert "x-velox-cache" not in h
+    assert calls(upstream) == 3
+    # /v1/responses keeps state upstream (previous_response_id): never served from the cache.
+    for _ in range(2):
+        raw = client.responses.with_raw_response.create(model="gpt-4o-mini", input="hi")
+        assert raw.headers["x-velox-cache"] == "bypass" and raw.parse().output_text
+    assert calls(upstream, "/v1/responses") == 2

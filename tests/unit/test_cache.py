@@ -426,3 +426,44 @@ def test_broken_stream_is_not_stored_and_followers_see_it_break(harness: Harness
     exchange.on_error(ConnectionResetError("reset"))
     assert follower.conn.ended and b'"error"' in follower.conn.body  # type: ignore[attr-defined]
     assert not harness.store.entries and harness.alone == []
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+
+def test_route_cache_flag_in_the_file(tmp_path: Any) -> None:
+    from velox.tables import TableError, UpstreamSpec, load_file
+
+    template = UpstreamSpec("default", "https://api.openai.com")
+    path = tmp_path / "velox.toml"
+    path.write_text('[[route]]\nmodel = "a"\ntargets = [{ upstream = "default" }]\ncache = true\n'
+                    '[[route]]\nmodel = "b"\ntargets = [{ upstream = "default" }]\n')
+    tables = load_file(path, {}, template)
+    assert [r.cache for r in tables.routes] == [True, False]
+    path.write_text('[[route]]\nmodel = "a"\ntargets = [{ upstream = "default" }]\ncache = "yes"\n')
+    with pytest.raises(TableError, match=r'velox.toml: \[\[route\]\] #1 \(model "a"\): cache: '
+                                         r"must be true or false, got the string \"yes\""):
+        load_file(path, {}, template)
+
+
+def test_settings_and_which_models_are_cached(tmp_path: Any) -> None:
+    from velox.config import ConfigError, load
+
+    assert load({}, dotenv=None).cache is False
+    settings = load({"VELOX_CACHE": "1", "VELOX_CACHE_MAX_BYTES": "1048576",
+                     "VELOX_CACHE_TTL_S": "5"}, dotenv=None)
+    assert (settings.cache, settings.cache_max_bytes, settings.cache_ttl_s) == (True, 1 << 20, 5)
+    with pytest.raises(ConfigError, match="VELOX_CACHE_MAX_BYTES='1000' is invalid"):
+        load({"VELOX_CACHE_MAX_BYTES": "1000"}, dotenv=None)
+    assert not cache.enabled(load({}, dotenv=None))
+    path = tmp_path / "velox.toml"
+    path.write_text('[[route]]\nmodel = "a"\ntargets = [{ upstream = "default" }]\ncache = true\n'
+                    '[[route]]\nmodel = "*"\ntargets = [{ upstream = "default" }]\n')
+    settings = load({"VELOX_CONFIG": str(path)}, dotenv=None)
+    assert cache.enabled(settings)
+    loop = asyncio.new_event_loop()
+    shared = SharedStats(1)
+    front = CacheFront(settings, settings.tables, FakeStore(), loop,  # type: ignore[arg-type]
+                       shared.counters, shared.histograms, 0, list, list)  # type: ignore[arg-type]
+    assert front.cached("a") and not front.cached("b") and not front.cached("*")
+    loop.close()
