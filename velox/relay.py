@@ -14,6 +14,11 @@ attempt withholds it; `paused` is what egress asks), so the upstream slows down 
 memory growing. A client that disconnects cancels the
 upstream stream (RST_STREAM) at once, so no tokens are paid for after the user has left.
 
+An exchange of a cached route has an `observer` (the `Observer` protocol below; velox.cache):
+it sees the committed answer's head, each piece of its body as the upstream sent it and the
+end, to record it and to serve the identical requests waiting for it; while any wait, the
+client leaving does not cancel the call. On other routes the slot is None (one test per event).
+
 Imports: _types, errors, dispatch and egress.interfaces (annotations only) and stdlib.
 """
 
