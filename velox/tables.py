@@ -141,6 +141,7 @@ class RouteSpec:
     targets: tuple[TargetSpec, ...]
     strategy: str = "weighted"  # weighted | least_busy | hash
     fallbacks: tuple[str, ...] = ()  # other routes' models, tried in order
+    cache: bool = False  # answers of this route are cached (velox.cache); VELOX_CACHE: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,7 @@ TOP_KEYS = ("upstream", "route", "retry", "breaker")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path")
-ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks")
+ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
 # variables (timeouts, pool size, rpm kept inside the token bucket's int64 arithmetic).
@@ -450,7 +451,8 @@ def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str])
               f"got {_kind(fallbacks) if not isinstance(fallbacks, list) else fallbacks!r}")
     if len(set(fallbacks)) != len(fallbacks):
         _fail(source, where, "fallbacks", f"names a route twice: {fallbacks!r}")
-    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks))
+    cache = _bool(source, where, table, "cache")
+    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache)
 
 
 def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
@@ -592,6 +594,16 @@ def _int(source: str, where: str, table: Mapping[str, Any], key: str, default: i
     return value
 
 
+def _bool(source: str, where: str, table: Mapping[str, Any], key: str,
+          default: bool = False) -> bool:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        _fail(source, where, key, f"must be true or false, got {_kind(value)}")
+    return value
+
+
 def _check_origin(raw: str) -> str | None:
     """scheme://host[:port] normalised, or None (the same rule as VELOX_UPSTREAM_ORIGIN)."""
     parts = urlsplit(raw.strip())
@@ -639,6 +651,8 @@ def describe(tables: Tables) -> str:
             lines.append(f"  {{ upstream = {_toml(t.upstream)}, {model}weight = {t.weight}, "
                          f"priority = {t.priority} }},")
         lines += ["]", f"fallbacks = {_toml(list(route.fallbacks))}"]
+        if route.cache:
+            lines.append("cache = true")
     for title, policy in (("retry", tables.retry), ("breaker", tables.breaker)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {getattr(policy, f.name)}" for f in dataclasses.fields(policy)]
