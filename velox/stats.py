@@ -56,6 +56,15 @@ class F(IntEnum):
     UPSTREAM_PING_TIMEOUTS = 31  # upstream connections replaced for not answering a PING
     UPSTREAM_WARMUP_TIMEOUTS = 32  # warm-ups that got no answer within the connect timeout
     UPSTREAM_TIMEOUT_RETIREMENTS = 33  # connections retired after request timeouts in a row
+    # Embeddings batching (velox.batch): upstream calls of batching routes ("batches", lone
+    # requests count as batches of one), the client requests they carried, why merged ones
+    # left, and members sent again on their own after a merged call's 400.
+    EMB_BATCHES = 34
+    EMB_BATCH_MEMBERS = 35
+    EMB_TIMEOUT_BATCHES = 36  # left max_wait_ms after their first member arrived
+    EMB_FULL_BATCHES = 37  # left when max_requests or max_inputs was reached
+    EMB_SPLIT_RETRIES = 38  # members re-sent alone after their merged call got a 400
+    EMB_IMMEDIATE_BATCHES = 39  # left at once: no call of their group was in flight
 
 
 class H(IntEnum):

@@ -12,7 +12,7 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay),
+Imports: every stage below it (ingress, parse, ratelimit, route, batch, dispatch, egress, relay),
 health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
@@ -36,6 +36,7 @@ import orjson
 
 from velox._types import Request, Route
 from velox.arena import Arena
+from velox.batch import Batcher
 from velox.config import Settings
 from velox.dispatch import Dispatch
 from velox.egress.attempt import Tally
@@ -97,6 +98,7 @@ class Worker:
         self.upstreams: list[Egress]  # one per upstream of settings.tables, in its order
         self.pool: Egress  # upstreams[0] (the only one without VELOX_CONFIG)
         self.dispatch: Dispatch
+        self.batcher: Batcher | None  # embeddings batching; None when no route batches
         self.ingress: IngressState
         tables = settings.tables
         assert tables is not None  # Settings.__post_init__ synthesises them
@@ -122,6 +124,9 @@ class Worker:
                           for index, spec in enumerate(self.tables.upstreams)]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -334,12 +339,18 @@ class Worker:
         dispatch = self.dispatch
         split = self.auth.client_headers
         models_body = self.models_body
+        batcher = self.batcher
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
             if models_body is not None and request.route is Route.FORWARD and \
                     request.method == b"GET" and _is_models(request.path):
                 self._answer_models(request)
+                continue
+            # Embeddings batching (velox.batch): a taken request is answered by the batcher,
+            # which ends it through on_done exactly once, like an exchange.
+            if batcher is not None and batcher.offer(request):
+                self.in_flight += 1
                 continue
             base, passthrough = split(request.headers)
             exchange = Exchange(request, request.upstream_path, base, self.on_done,
@@ -351,6 +362,20 @@ class Worker:
             upstream.flush()
         if self.arena is not None:
             self.arena.reset()
+
+    def _send(self, request: Request, on_done: Any) -> Exchange:
+        """Send one request through dispatch with its own exchange (the batching stage's
+        merged calls, lone members and split retries)."""
+        base, passthrough = self.auth.client_headers(request.headers)
+        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
+                            self.dispatch)
+        exchange.passthrough = passthrough
+        self.dispatch.send(exchange)
+        return exchange
+
+    def _flush_upstreams(self) -> None:
+        for upstream in self.upstreams:
+            upstream.flush()
 
     def _answer_models(self, request: Request) -> None:
         """GET /v1/models[/ID] with a tables file: the routes' public names, OpenAI's shape."""
