@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +60,9 @@ from velox.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 EMBEDDINGS = b"/v1/embeddings"
 _STRINGS, _TOKENS = 0, 1
 _BATCH_HEADER = b"x-velox-batch"
+_ACCEPT_ENCODING = b"accept-encoding"
+_CONTENT_ENCODING = b"content-encoding"
+_PLAIN = (b"identity", b"")
 
 
 class Member:
@@ -262,8 +266,9 @@ class Batcher:
         body = orjson.dumps({**group.template,
                              "input": [item for m in members for item in m.items]})
         now = time.perf_counter_ns()
-        merged = Request(call, b"POST", first.path, Route.MODEL_CALL, first.headers, body,
-                         True, now)
+        # The answer is parsed and split here, so it must come back uncompressed.
+        headers = [h for h in first.headers if h[0] != _ACCEPT_ENCODING]
+        merged = Request(call, b"POST", first.path, Route.MODEL_CALL, headers, body, True, now)
         merged.model = first.model
         merged.upstream_path = first.upstream_path
         merged.affinity = first.affinity
@@ -340,26 +345,28 @@ class BatchCall:
         self.finished = True
         exchange = request.exchange
         members = self.members
-        out = list(headers)
-        out.append((_BATCH_HEADER, b"%d" % len(members)))
         if status == 400:
             self.batcher.split_retry(members)
             return
-        if status != 200:
-            for member in members:
-                member.answer(status, out, bytes(body), exchange)
-            return
+        coding = next((v.strip().lower() for n, v in headers if n == _CONTENT_ENCODING), b"")
+        out = [h for h in headers if h[0] != _CONTENT_ENCODING]
+        out.append((_BATCH_HEADER, b"%d" % len(members)))
+        parts: list[bytes] | None = None
         try:
-            parts = split(bytes(body), [len(m.items) for m in members],
-                          [m.weight for m in members])
-        except (ValueError, TypeError, KeyError) as exc:
+            # Asked for without compression; an upstream that compresses anyway (gzip or
+            # zlib) is decoded, since every member's part is built anew.
+            whole = bytes(body) if coding in _PLAIN else zlib.decompress(body, 47)
+            if status == 200:
+                parts = split(whole, [len(m.items) for m in members],
+                              [m.weight for m in members])
+        except (zlib.error, ValueError, TypeError, KeyError) as exc:
             error = UpstreamProtocolError(
                 f"The upstream's answer to a batched embeddings call could not be split: {exc}")
             for member in members:
                 member.fail(error)
             return
-        for member, part in zip(members, parts, strict=True):
-            member.answer(status, out, part, exchange)
+        for k, member in enumerate(members):  # any other failure: as each would have had it
+            member.answer(status, out, parts[k] if parts is not None else whole, exchange)
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
         if self.finished:

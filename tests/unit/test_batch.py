@@ -333,3 +333,26 @@ def test_a_member_that_leaves_is_skipped_and_the_last_one_leaving_cancels() -> N
         assert cancelled == [True]  # nobody needs the call any more: cancelled
 
     asyncio.run(run())
+
+
+def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_one() -> None:
+    import gzip
+
+    async def run() -> None:
+        h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=1000))
+        h.batcher.offer(h.request("first"))
+        members = [h.request(s) for s in ("aa", "bbb")]
+        for r in members:
+            r.headers.append((b"accept-encoding", b"gzip, deflate"))
+            h.batcher.offer(r)
+        merged = h.sent[-1]
+        assert merged.doc["input"] == ["aa", "bbb"]
+        assert all(name != b"accept-encoding" for name, _ in merged.request.headers)
+        # An upstream that compresses anyway: decoded, split, sent without content-encoding.
+        body = gzip.compress(_embeddings(merged.doc))
+        merged.request.conn.respond(merged.request, 200, [(b"content-encoding", b"gzip")], body)
+        merged.on_done(merged, 200)
+        answers = [orjson.loads(r.conn.answers[0][1]) for r in members]  # type: ignore
+        assert [a["data"][0]["embedding"] for a in answers] == [[2], [3]]
+
+    asyncio.run(run())
