@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-soak bench-report clean
+	bench-routing bench-batching bench-soak bench-report clean
 
 all: build
 
@@ -63,6 +63,10 @@ bench-e2e: bench-deps bench-litellm
 # Three upstreams against one, and failover with one of three down (benches/e2e/routing.py).
 bench-routing: bench-deps
 	$(PY) -m benches.e2e routing
+
+# Embeddings batching on and off at 1, 64 and 256 connections (benches/e2e/batching.py).
+bench-batching: bench-deps
+	$(PY) -m benches.e2e batching
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

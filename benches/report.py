@@ -3,7 +3,8 @@ an HTML page and README tables. A developer tool, so it lives here and not in th
 `velox bench report` run from the repository root is the same command.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
-soak.json (`make bench-soak`), routing.json (`make bench-routing`) and balance.json
+soak.json (`make bench-soak`), routing.json (`make bench-routing`), batching.json
+(`make bench-batching`) and balance.json
 (`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
 plot, report.html (every table and plot, with the machine facts), and the README's performance
 sections, replaced between their markers:
@@ -11,6 +12,7 @@ sections, replaced between their markers:
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:micro:start --> ... <!-- bench:micro:end -->
     <!-- bench:routing:start --> ... <!-- bench:routing:end -->
+    <!-- bench:batching:start --> ... <!-- bench:batching:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro", "routing")
+MARKERS = ("e2e", "micro", "routing", "batching")
 TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -206,6 +208,21 @@ def table_routing_failover(s: dict[str, Any]) -> Table:
     return head, rows
 
 
+BATCH_MODES = {"off": "off", "on": "on (max_wait_ms = 20)", "on-wait5": "on (max_wait_ms = 5)"}
+
+
+def table_batching(doc: dict[str, Any]) -> Table:
+    head = ["connections", "batching", "req/s", "p50 µs", "p99 µs", "upstream calls per request",
+            "requests per upstream call", "errors", "rounds"]
+    rows = []
+    for r in doc["summary"]["rows"]:
+        per = r["upstream_calls_per_request"]
+        rows.append([_n(r["conns"]), BATCH_MODES.get(r["mode"], r["mode"]), _n(r["rps"]),
+                     _n(r["p50"]), _n(r["p99"]), _n(per, 3),
+                     _n(1 / per, 1) if per else "–", _n(r["errors"]), _n(r["rounds"])])
+    return head, rows
+
+
 def table_hash_quality(bal: dict[str, Any]) -> Table:
     head = ["method", "targets", "max / mean keys", "min / mean keys", "moved on remove (ideal)",
             "moved on add (ideal)", "lookup ns"]
@@ -360,10 +377,15 @@ def html_table(table: Table) -> str:
 
 def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
              soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
-             balance: dict[str, Any] | None = None
+             balance: dict[str, Any] | None = None, batching: dict[str, Any] | None = None
              ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
+    if batching:
+        st = batching["setup"]
+        out.append(("batching", f"Single-input embeddings through Velox, mock at "
+                    f"{st['mock_latency_ms']} ms per call + {st['mock_latency_per_input_us']} "
+                    "µs per input (wrk, closed loop)", table_batching(batching), None))
     if routing:
         s = routing["summary"]
         out.append(("routing", "Routing goals (issue 9)", table_routing_goals(s), None))
@@ -431,6 +453,12 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
         if marker == "e2e":
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
+        if marker == "batching":
+            st = doc["setup"]
+            lines.append(f"Velox with {st['velox_workers']} workers (batching is per worker), "
+                         f"medians of {st['rounds']} rounds of {st['duration_s']} s, modes "
+                         "rotated from round to round; wrk, the mock and Velox share the "
+                         "machine's cores.")
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
@@ -496,10 +524,12 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
 
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
-            "routing": _load(results / "routing.json")}
+            "routing": _load(results / "routing.json"),
+            "batching": _load(results / "batching.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance)
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
+                    docs["batching"])
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
