@@ -18,15 +18,13 @@ import base64
 import json
 import socket
 import struct
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from velox.launch import GatewayProcess, free_port
@@ -171,6 +169,16 @@ def test_256_concurrent_single_inputs_take_a_tenth_of_the_calls(
     assert after["requests"] - before["requests"] == 256
     assert after["avg_batch_size"] > before["avg_batch_size"]
     assert after["split_retries"] == before["split_retries"]
+    assert after["total_batches"] == after["immediate_batches"] + after["full_batches"] + \
+        after["timeout_batches"]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(
+                   httpx.get(f"{gateway.admin_url}/metrics", timeout=10).text)
+               for s in family.samples}
+    assert samples[("velox_embeddings_batch_calls_total", ())] == after["total_batches"]
+    assert samples[("velox_embeddings_batch_requests_total", ())] == after["requests"]
+    assert samples[("velox_embeddings_batch_left_total", (("reason", "full"),))] == \
+        after["full_batches"]
 
 
 def test_multi_input_members_keep_their_order_and_get_their_share(
