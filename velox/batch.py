@@ -4,12 +4,15 @@ A route opts in with `batch = { max_requests = 32, max_inputs = 2048, max_wait_m
 (`velox.tables.BatchSpec`). The worker offers every admitted request to `Batcher.offer`; a
 non-streaming POST /v1/embeddings on such a route is taken, the others go on to dispatch.
 
-Group commit. A request whose group has no upstream call in flight goes out at once, alone
-and unchanged (its own body, its own answer): batching adds no latency at low load. Requests
-that arrive while a call of their group is in flight wait, and leave together as ONE upstream
-call when the batch is full (`max_requests` members or `max_inputs` input items) or
-`max_wait_ms` after the first of them arrived. A batch that ends up with one member is sent
-as that member's own request.
+Group commit. A request whose group has no upstream call in flight goes out at once: at the
+end of the current loop pass (microseconds), together with any request of its group that
+arrived in the same pass, so a burst leaves as one call instead of one request alone and the
+rest waiting behind it; a lone request is sent unchanged (its own body, its own answer), so
+batching adds no latency at low load. Requests that arrive while a call of their group is in
+flight wait, and leave together as ONE upstream call when the batch is full (`max_requests`
+members or `max_inputs` input items), `max_wait_ms` after the first of them arrived, or when
+the group's last call in flight ends first (the upstream is idle for them: waiting on would
+only add latency). A batch that ends up with one member is sent as that member's own request.
 
 Only requests that could have been one call are merged: same path, same route (public model),
 the same body apart from `input` (so `encoding_format`, `dimensions`, `user` and any other
@@ -141,7 +144,7 @@ class Member:
 class Group:
     """Requests that may share a call, and that group's calls in flight."""
 
-    __slots__ = ("key", "spec", "template", "pending", "inputs", "calls", "timer")
+    __slots__ = ("key", "spec", "template", "pending", "inputs", "calls", "timer", "soon")
 
     def __init__(self, key: tuple, spec: BatchSpec, template: dict[str, Any]) -> None:
         self.key = key
@@ -151,6 +154,7 @@ class Group:
         self.inputs = 0  # input items of the pending members
         self.calls = 0  # upstream calls of this group in flight
         self.timer: asyncio.TimerHandle | None = None
+        self.soon = False  # a departure at the end of this loop pass is scheduled
 
 
 class Batcher:
@@ -222,13 +226,30 @@ class Batcher:
         group.pending.append(member)
         member.group = group
         group.inputs += len(items)
-        if group.calls == 0:
-            self._leave(group, F.EMB_IMMEDIATE_BATCHES)
-        elif len(group.pending) >= spec.max_requests or group.inputs >= spec.max_inputs:
+        if len(group.pending) >= spec.max_requests or group.inputs >= spec.max_inputs:
             self._leave(group, F.EMB_FULL_BATCHES)
+        elif group.calls == 0:
+            self._soon(group)
         elif group.timer is None:
             group.timer = self.loop.call_later(spec.max_wait_ms / 1000, self._timed_out, group)
         return True
+
+    def _soon(self, group: Group) -> None:
+        """Nothing of the group is in flight: its waiting requests leave at once, at the end
+        of this loop pass, so requests of a burst that arrived in the same pass (a batch's
+        clients sending their next request together) leave as one call, not one alone and
+        the rest behind it."""
+        if not group.soon:
+            group.soon = True
+            self.loop.call_soon(self._now, group)
+
+    def _now(self, group: Group) -> None:
+        group.soon = False
+        if group.calls == 0 and group.pending:
+            self._leave(group, F.EMB_IMMEDIATE_BATCHES)
+            self.flush()
+        else:
+            self._forget(group)
 
     def _timed_out(self, group: Group) -> None:
         group.timer = None
@@ -281,10 +302,13 @@ class Batcher:
         group.calls -= 1
         if member:
             self.on_done(exchange, status)
+        if group.calls == 0 and group.pending:
+            self._soon(group)  # the upstream is idle for this group: no reason to wait on
         self._forget(group)
 
     def _forget(self, group: Group) -> None:
-        if group.calls == 0 and not group.pending and self.groups.get(group.key) is group:
+        if group.calls == 0 and not group.pending and not group.soon and \
+                self.groups.get(group.key) is group:
             del self.groups[group.key]
 
     def split_retry(self, members: list[Member]) -> None:

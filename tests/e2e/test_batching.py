@@ -275,8 +275,14 @@ def test_different_parameters_and_callers_are_never_merged(
         return await asyncio.gather(*jobs)
 
     raws = asyncio.run(run())
+    # Members of one call share its upstream x-request-id: requests with different
+    # parameters must never share one (two of the same kind may).
+    by_call: dict[str, set[int]] = {}
+    for n, raw in enumerate(raws):
+        by_call.setdefault(raw.headers["x-request-id"], set()).add(n // 2)
+    assert all(len(kinds) == 1 for kinds in by_call.values()), by_call
     seen = calls(fresh)
-    assert len(seen) == 8 and all(r["inputs"] == 1 for r in seen)  # nothing merged
+    assert len(seen) == len(by_call) and sum(r["inputs"] for r in seen) == 8
     for n, raw in enumerate(raws):
         params = variants[n // 2]
         got: Any = raw.parse().data[0].embedding

@@ -226,6 +226,7 @@ def test_group_commit_first_alone_then_full_batch_then_timer() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=3, max_wait_ms=30))
         first = h.request("a")
         assert h.batcher.offer(first)
+        await asyncio.sleep(0)  # the end of this loop pass
         assert len(h.sent) == 1 and h.sent[0].request is first  # at once, unchanged
         waiting = [h.request(s) for s in ("bb", "ccc", "dddd", "eeeee")]
         for r in waiting:
@@ -249,16 +250,41 @@ def test_group_commit_first_alone_then_full_batch_then_timer() -> None:
     asyncio.run(run())
 
 
+def test_a_burst_with_nothing_in_flight_leaves_as_one_call_and_idle_upstream_ends_waits(
+        ) -> None:
+    async def run() -> None:
+        h = Harness(asyncio.get_running_loop(), _tables(max_requests=8, max_wait_ms=5000))
+        burst = [h.request(s) for s in ("p", "q", "r")]
+        for r in burst:  # arrived in the same loop pass, nothing of the group in flight
+            h.batcher.offer(r)
+        assert not h.sent
+        await asyncio.sleep(0)  # the end of the pass: one call, at once
+        assert [s.doc["input"] for s in h.sent] == [["p", "q", "r"]]
+        late = h.request("s")
+        h.batcher.offer(late)  # a call is in flight: waits (max_wait_ms is 5 s) ...
+        await asyncio.sleep(0.05)
+        assert len(h.sent) == 1
+        h.sent[0].answer(200, _embeddings(h.sent[0].doc))  # ... until the group is idle
+        await asyncio.sleep(0)
+        assert len(h.sent) == 2 and h.sent[1].request is late
+        c = h.counters.values
+        assert c[F.EMB_IMMEDIATE_BATCHES] == 2 and F.EMB_TIMEOUT_BATCHES not in c
+
+    asyncio.run(run())
+
+
 def test_not_merged_across_parameters_callers_and_kinds() -> None:
     async def run() -> None:
         tables = _tables(api_key="", max_requests=2, max_wait_ms=1000)  # passthrough upstream
         h = Harness(asyncio.get_running_loop(), tables)
         assert h.batcher.offer(h.request("x"))  # in flight: the next ones of ITS group wait
+        await asyncio.sleep(0)
         assert not h.batcher.offer(h.request("x", model="plain"))  # not a batching route
         for r in (h.request("y", dimensions=4), h.request("y", encoding_format="base64"),
                   h.request("y", user="u1"), h.request("y", key="other"),
                   h.request([1, 2, 3])):
             assert h.batcher.offer(r)
+        await asyncio.sleep(0)
         assert len(h.sent) == 6  # each found no call of its own group in flight
         assert all(not isinstance(s.doc["input"], list) or s.doc["input"] == [1, 2, 3]
                    for s in h.sent)
@@ -276,6 +302,7 @@ def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=3, max_wait_ms=1000))
         h.batcher.offer(h.request("first"))
+        await asyncio.sleep(0)
         members = [h.request(s) for s in ("ok1", "", "ok2")]
         for r in members:
             h.batcher.offer(r)
@@ -306,6 +333,7 @@ def test_a_member_that_leaves_is_skipped_and_the_last_one_leaving_cancels() -> N
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=1000))
         h.batcher.offer(h.request("first"))
+        await asyncio.sleep(0)
         a, b, c = h.request("a"), h.request("b"), h.request("c")
         h.batcher.offer(a)
         a.exchange.client_gone()  # type: ignore[union-attr]  # left while waiting
@@ -341,6 +369,7 @@ def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_on
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=1000))
         h.batcher.offer(h.request("first"))
+        await asyncio.sleep(0)
         members = [h.request(s) for s in ("aa", "bbb")]
         for r in members:
             r.headers.append((b"accept-encoding", b"gzip, deflate"))
