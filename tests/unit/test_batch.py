@@ -385,3 +385,10 @@ def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_on
         assert [a["data"][0]["embedding"] for a in answers] == [[2], [3]]
 
     asyncio.run(run())
+
+
+def test_print_config_shows_the_batch_of_a_route(tmp_path: Path) -> None:
+    from velox.tables import describe
+
+    text = describe(_load(tmp_path, "batch = { max_requests = 8 }").tables)
+    assert "batch = { max_requests = 8, max_inputs = 2048, max_wait_ms = 20 }" in text
