@@ -67,6 +67,7 @@ bench-routing: bench-deps
 # Embeddings batching on and off at 1, 64 and 256 connections (benches/e2e/batching.py).
 bench-batching: bench-deps
 	$(PY) -m benches.e2e batching
+	$(PY) -m benches.report --only batching
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

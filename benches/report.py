@@ -455,10 +455,15 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
         if marker == "batching":
             st = doc["setup"]
+            foreign = sorted(r["foreign_cores_before"] for r in doc.get("runs", [])
+                             if r.get("foreign_cores_before") is not None)
             lines.append(f"Velox with {st['velox_workers']} workers (batching is per worker), "
                          f"medians of {st['rounds']} rounds of {st['duration_s']} s, modes "
                          "rotated from round to round; wrk, the mock and Velox share the "
-                         "machine's cores.")
+                         "machine's cores" + (
+                             f"; other people's processes used a median of "
+                             f"{foreign[len(foreign) // 2]:.2f} cores just before each run "
+                             f"(max {foreign[-1]:.2f})." if foreign else "."))
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
@@ -522,6 +527,20 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
     return plots.draw(results, docs["e2e"], docs["micro"], soak)
 
 
+def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[str]:
+    """Rewrite only the README blocks of `markers` (tables, no plots, no report.html): what a
+    single benchmark's make target runs, leaving every other section as it was."""
+    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
+            "routing": _load(results / "routing.json"),
+            "batching": _load(results / "batching.json")}
+    soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
+                    docs["batching"])
+    blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, set())
+              for m in markers if docs.get(m)}
+    return update_readme(readme, blocks)
+
+
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"),
@@ -546,10 +565,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=Path("benches/results"))
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--no-readme", action="store_true")
+    p.add_argument("--only", help="comma-separated README markers to rewrite (tables only; "
+                   "no plots, no report.html), e.g. batching")
     args = p.parse_args(argv)
     if not args.results.is_dir():
         print(f"no results directory at {args.results} (run from the repository root)")
         return 2
+    if args.only:
+        found = generate_only(args.results, args.readme, args.only.split(","))
+        print(f"README sections updated: {', '.join(found) or 'none'}")
+        return 0
     out = generate(args.results, None if args.no_readme else args.readme)
     print(f"wrote {out['html']} and {len(out['plots'])} plot(s); README sections updated: "
           f"{', '.join(out['readme_markers']) or 'none (no markers found)'}")

@@ -203,6 +203,8 @@ class Batcher:
             doc = orjson.loads(request.body)
         except orjson.JSONDecodeError:
             return False
+        if type(doc) is not dict:
+            return False
         found = _items(doc.get("input"))
         if found is None:
             return False  # not an input the API accepts: upstream answers it, alone
