@@ -237,6 +237,30 @@ def test_one_bad_input_fails_only_its_own_request(gateway: GatewayProcess,
     assert batch_stats(gateway)["split_retries"] - before["split_retries"] == 4
 
 
+def test_any_other_failure_reaches_every_member_as_it_would_alone(
+        gateway: GatewayProcess, fresh: MockUpstream) -> None:
+    """A 401 of the merged call (not retried, not a 400): every member gets the upstream's
+    401 and body, as it would have alone; nothing is sent again."""
+    before = batch_stats(gateway)
+
+    async def run() -> tuple[Any, list[Any]]:
+        first = await blocker(gateway, "emb4", "denied")
+        c = client(gateway, **{"x-mock-status": "401"})
+        results = await asyncio.gather(*[c.embeddings.create(
+            model="emb4", input=f"denied {i}", user="denied", encoding_format="float")
+            for i in range(4)], return_exceptions=True)
+        return await first, results
+
+    _, results = asyncio.run(run())
+    assert all(isinstance(r, openai.AuthenticationError) for r in results), results
+    assert {r.body["code"] for r in results} == {"invalid_api_key"}  # the upstream's body
+    seen = calls(fresh)
+    # The blocker, then ONE call for the four (the mock answers x-mock-status before it
+    # reads the body, so its log counts no inputs for it).
+    assert [r["status"] for r in seen] == [200, 401]
+    assert batch_stats(gateway)["split_retries"] == before["split_retries"]
+
+
 def test_a_lone_request_leaves_at_once(gateway: GatewayProcess, fresh: MockUpstream) -> None:
     """max_wait_ms is 5 s on this route: a lone request that waited for it would leave on the
     timer. It must leave at once, alone, its body unchanged."""
