@@ -30,6 +30,7 @@ from tests.e2e.conftest import CLIENT_KEY, wait_for
 from velox.launch import GatewayProcess, free_port
 from velox.mock import MockUpstream
 from velox.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
+from velox.mock.state import fingerprint
 
 UP_KEY = "sk-upstream-batching-0123456789"
 EMBED = "/v1/embeddings"
@@ -118,7 +119,7 @@ def vector(data: Any) -> list[float]:
     return list(data.embedding)
 
 
-async def blocker(gw: GatewayProcess, model: str, user: str, latency_ms: int = 2000,
+async def blocker(gw: GatewayProcess, model: str, user: str, latency_ms: int = 3000,
                   key: str = CLIENT_KEY) -> Any:
     """A slow call of the group (model, user): it goes out at once, and while it is in flight
     the group's next requests wait. Returns the task; await it before the test ends."""
@@ -323,20 +324,29 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     same caller's requests may share a call. emb3 (the gateway's key) merges any callers.
     Both routes leave a batch when it is full (2 and 3 members), so what merges does not
     depend on how fast the requests arrive."""
-    async def run() -> None:
-        blockers = [await blocker(gateway, "emb-pass", "pass", key=key)
-                    for key in ("sk-caller-a", "sk-caller-b")]
-        jobs = [client(gateway, key).embeddings.create(
-            model="emb-pass", input=f"{key}-{i}", user="pass", encoding_format="float")
-            for i in range(2) for key in ("sk-caller-a", "sk-caller-b")]
-        await asyncio.gather(*jobs, *blockers)
+    keys = ("sk-caller-a", "sk-caller-b")
 
-    asyncio.run(run())
+    async def run() -> list[Any]:
+        blockers = [await blocker(gateway, "emb-pass", "pass", key=key) for key in keys]
+        jobs = [client(gateway, key).embeddings.with_raw_response.create(
+            model="emb-pass", input=f"{key}-{i}", user="pass", encoding_format="float")
+            for i in range(2) for key in keys]
+        return list(await asyncio.gather(*jobs, *blockers))[:4]
+
+    raws = asyncio.run(run())
+    # Members of one call share its upstream x-request-id: never two callers in one call.
+    callers: dict[str, set[str]] = {}
+    for n, raw in enumerate(raws):
+        key = keys[n % 2]
+        callers.setdefault(raw.headers["x-request-id"], set()).add(key)
+        assert vector(raw.parse().data[0]) == embedding_vector(f"{key}-{n // 2}",
+                                                               EMBEDDING_DIMENSIONS)
+    assert all(len(c) == 1 for c in callers.values()), callers
     by_key: dict[str, list[int]] = {}
     for r in calls(fresh):
         by_key.setdefault(r["auth"]["key_sha256"], []).append(r["inputs"])
-    assert len(by_key) == 2  # each call went upstream with its own caller's key ...
-    assert sorted(by_key.values()) == [[1, 2], [1, 2]]  # ... and carried only that caller's
+    assert set(by_key) == {fingerprint(k) for k in keys}  # each caller's own key went upstream
+    assert sorted(by_key.values()) == [[1, 2], [1, 2]]  # a blocker, then the caller's pair
 
     fresh.reset()
 
