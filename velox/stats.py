@@ -66,6 +66,15 @@ class F(IntEnum):
     CACHE_COALESCED = 37
     CACHE_STORES = 38  # answers stored
     CACHE_ALONE = 39  # followers sent on their own because their leader failed
+    # Embeddings batching (velox.batch): upstream calls of batching routes ("batches", lone
+    # requests count as batches of one), the client requests they carried, why merged ones
+    # left, and members sent again on their own after a merged call's 400.
+    EMB_BATCHES = 40
+    EMB_BATCH_MEMBERS = 41
+    EMB_TIMEOUT_BATCHES = 42  # left max_wait_ms after their first member arrived
+    EMB_FULL_BATCHES = 43  # left when max_requests or max_inputs was reached
+    EMB_SPLIT_RETRIES = 44  # members re-sent alone after their merged call got a 400
+    EMB_IMMEDIATE_BATCHES = 45  # left at once: no call of their group was in flight
 
 
 class H(IntEnum):

@@ -13,8 +13,8 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, cache, ratelimit, route, dispatch, egress, relay),
-health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
+Imports: every stage below it (ingress, parse, cache, ratelimit, route, batch, dispatch, egress,
+relay), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
 
@@ -37,6 +37,7 @@ import orjson
 
 from velox._types import Request, Route
 from velox.arena import Arena
+from velox.batch import Batcher
 from velox.cache import CacheFront
 from velox.config import Settings
 from velox.dispatch import Dispatch
@@ -99,6 +100,7 @@ class Worker:
         self.upstreams: list[Egress]  # one per upstream of settings.tables, in its order
         self.pool: Egress  # upstreams[0] (the only one without VELOX_CONFIG)
         self.dispatch: Dispatch
+        self.batcher: Batcher | None  # embeddings batching; None when no route batches
         self.ingress: IngressState
         self.cache: CacheFront | None = None  # built in build() when the shared store exists
         tables = settings.tables
@@ -129,6 +131,9 @@ class Worker:
             self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
                                     self.counters, self.histograms, self.slot,
                                     self.send_alone, self.release_body)
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -345,6 +350,7 @@ class Worker:
         dispatch = self.dispatch
         split = self.auth.client_headers
         models_body = self.models_body
+        batcher = self.batcher
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
@@ -355,6 +361,12 @@ class Worker:
             ticket = request.cache
             if ticket is not None and cache is not None and cache.follows(request):
                 continue  # an identical request of this batch is being sent: it waits for that
+            # Embeddings batching (velox.batch): a taken request is answered by the batcher,
+            # which ends it through on_done exactly once, like an exchange. A request the
+            # cache is recording (ticket) goes alone: its answer must pass its observer.
+            if batcher is not None and ticket is None and batcher.offer(request):
+                self.in_flight += 1
+                continue
             base, passthrough = split(request.headers)
             exchange = Exchange(request, request.upstream_path, base, self.on_done,
                                 self.release_body, dispatch)
@@ -386,6 +398,19 @@ class Worker:
                 self.cache.observe(exchange)
             self.in_flight += 1
             dispatch.send(exchange)
+        self._flush_upstreams()
+
+    def _send(self, request: Request, on_done: Any) -> Exchange:
+        """Send one request through dispatch with its own exchange (the batching stage's
+        merged calls, lone members and split retries)."""
+        base, passthrough = self.auth.client_headers(request.headers)
+        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
+                            self.dispatch)
+        exchange.passthrough = passthrough
+        self.dispatch.send(exchange)
+        return exchange
+
+    def _flush_upstreams(self) -> None:
         for upstream in self.upstreams:
             upstream.flush()
 

@@ -148,6 +148,33 @@ class VeloxCollector(Collector):
             retries.add_metric([reason], n)
         yield retries
 
+    def _embeddings_batches(self) -> Iterator[Metric]:
+        """velox_embeddings_batch_*: embeddings batching (velox.batch), all workers."""
+        totals = self.shared.counters.totals()
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_calls",
+            "Upstream calls of embeddings-batching routes (a lone request is a batch of one).",
+            value=totals[F.EMB_BATCHES])
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_requests", "Client requests carried by those calls.",
+            value=totals[F.EMB_BATCH_MEMBERS])
+        left = CounterMetricFamily(
+            "velox_embeddings_batch_left",
+            "Batches by why they left: nothing in flight, full, or max_wait_ms passed.",
+            labels=["reason"])
+        left.add_metric(["immediate"], totals[F.EMB_IMMEDIATE_BATCHES])
+        left.add_metric(["full"], totals[F.EMB_FULL_BATCHES])
+        left.add_metric(["timeout"], totals[F.EMB_TIMEOUT_BATCHES])
+        yield left
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_split_retries",
+            "Members sent again alone after their merged call got a 400.",
+            value=totals[F.EMB_SPLIT_RETRIES])
+        calls = totals[F.EMB_BATCHES]
+        yield GaugeMetricFamily(
+            "velox_embeddings_batch_size_mean", "Mean client requests per upstream call.",
+            value=totals[F.EMB_BATCH_MEMBERS] / calls if calls else 0.0)
+
     def collect(self) -> Iterator[Metric]:
         # Worker slots (stats.SharedStats): counters and histograms for every slot that has
         # run a worker (they stay cumulative across reloads), gauges for the serving slots only.
@@ -201,6 +228,7 @@ class VeloxCollector(Collector):
                                 value=self.ring_capacity)
         yield from self._rate_limit()
         yield from self._cache()
+        yield from self._embeddings_batches()
         yield from self._histograms(ran)
         runs, active = self.profile_runs()
         yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",

@@ -117,6 +117,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             if totals[F.BATCHES] else 0.0,
             "full": totals[F.BATCHES_FULL],
             "max_size": settings.batch_max,
+            "embeddings": embeddings_batches(totals),
         },
         "rate_limit": {
             "enabled": bucket is not None,
@@ -172,6 +173,22 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
         "evictions": store.get("evictions", 0),
         "expired": store.get("expired", 0),
         "latency_hit": latency(shared.histograms[H.CACHE_HIT]),
+    }
+
+
+def embeddings_batches(totals: list[int]) -> dict[str, Any]:
+    """Embeddings batching (velox.batch), all workers: upstream calls of batching routes
+    (a lone request is a batch of one), members per call, why merged calls left, and members
+    sent again alone after a 400."""
+    calls = totals[F.EMB_BATCHES]
+    return {
+        "total_batches": calls,
+        "avg_batch_size": round(totals[F.EMB_BATCH_MEMBERS] / calls, 2) if calls else 0.0,
+        "timeout_batches": totals[F.EMB_TIMEOUT_BATCHES],
+        "full_batches": totals[F.EMB_FULL_BATCHES],
+        "immediate_batches": totals[F.EMB_IMMEDIATE_BATCHES],
+        "requests": totals[F.EMB_BATCH_MEMBERS],
+        "split_retries": totals[F.EMB_SPLIT_RETRIES],
     }
 
 
