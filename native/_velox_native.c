@@ -1925,6 +1925,17 @@ static PyObject *Limits_active(LimitsObject *self, PyObject *arg)
     return PyLong_FromLongLong(vx_limits_active(self->l, i));
 }
 
+PyDoc_STRVAR(Limits_entered_doc, "entered($self, i, /)\n--\n\n"
+                                 "Places of gauge i ever taken (a counter: admitted requests).");
+
+static PyObject *Limits_entered(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_entered(self->l, i));
+}
+
 PyDoc_STRVAR(Limits_held_doc, "held($self, i, slot, /)\n--\n\n"
                               "Places of gauge i held by the worker in `slot`.");
 
@@ -1968,9 +1979,10 @@ PyDoc_STRVAR(Limits_admit_doc,
              "admit($self, req_i, tok_i, tokens, gauge_i, limit, slot, now_us=None, /)\n--\n\n"
              "One admission in one call: take 1 from bucket req_i, then `tokens` from bucket\n"
              "tok_i, then a place of gauge gauge_i (limit, slot); an index of -1 skips its step.\n"
-             "All or nothing. 0 when admitted; else wait_us * 4 + reason, where reason is\n"
-             "ADMIT_REQUESTS, ADMIT_TOKENS or ADMIT_PARALLEL and wait_us what take() answered\n"
-             "(0 for never; 1 s for a full gauge).");
+             "All or nothing. Admitted: a negative number whose complement (~result) holds the\n"
+             "whole tokens left in req_i (low 32 bits) and in tok_i (the bits above). Refused:\n"
+             "wait_us * 4 + reason (> 0), where reason is ADMIT_REQUESTS, ADMIT_TOKENS or\n"
+             "ADMIT_PARALLEL and wait_us what take() answered (0 for never; 1 s for a full gauge).");
 
 static PyObject *Limits_admit(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1984,10 +1996,11 @@ static PyObject *Limits_admit(LimitsObject *self, PyObject *const *args, Py_ssiz
         limits_slot(self, args[5], &slot) < 0 || limits_now(args, nargs, 6, &now) < 0)
         return NULL;
     int reason = VX_ADMIT_OK;
+    int64_t left_req, left_tok;
     int64_t wait = vx_limits_admit(self->l, req_i, tok_i, tokens, gauge_i, limit, slot, now,
-                                   &reason);
-    if (reason == VX_ADMIT_OK)
-        return PyLong_FromLong(0);
+                                   &reason, &left_req, &left_tok);
+    if (reason == VX_ADMIT_OK) /* both < 2^30 (bursts <= 10^9): the packing cannot overflow */
+        return PyLong_FromLongLong(~(left_req | (left_tok << 32)));
     /* wait <= 2^33 us for any bucket (need <= 6e17 units at rate >= 1): no overflow. */
     return PyLong_FromLongLong((wait > 0 ? wait : 0) * 4 + reason);
 }
@@ -2038,6 +2051,7 @@ static PyMethodDef Limits_methods[] = {
     {"leave", FASTCALL(Limits_leave), METH_FASTCALL, Limits_leave_doc},
     {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},
     {"held", FASTCALL(Limits_held), METH_FASTCALL, Limits_held_doc},
+    {"entered", (PyCFunction)Limits_entered, METH_O, Limits_entered_doc},
     {"forget_slot", (PyCFunction)Limits_forget_slot, METH_O, Limits_forget_slot_doc},
     {"admit", FASTCALL(Limits_admit), METH_FASTCALL, Limits_admit_doc},
     {"_hammer", FASTCALL(Limits_hammer), METH_FASTCALL, Limits_hammer_doc},

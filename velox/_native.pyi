@@ -354,6 +354,8 @@ class Limits:
         """Places of gauge i held across the gateway."""
     def held(self, i: int, slot: int, /) -> int:
         """Places of gauge i held by the worker in slot."""
+    def entered(self, i: int, /) -> int:
+        """Places of gauge i ever taken (a counter: requests admitted)."""
     def forget_slot(self, slot: int, /) -> int:
         """Give back every place held by the (dead) worker of slot; returns how many."""
     def admit(self, req_i: int, tok_i: int, tokens: int, gauge_i: int, limit: int, slot: int,
@@ -361,7 +363,9 @@ class Limits:
         """One admission in one call (the keys stage's per-request path): take 1 from bucket
         req_i, then `tokens` (>= 0) from bucket tok_i, then a place of gauge gauge_i (limit,
         slot); an index of -1 skips its step. All or nothing: a refusal refunds what the
-        earlier steps took. 0 when admitted, else wait_us * 4 + reason (ADMIT_REQUESTS,
+        earlier steps took. Admitted: a negative number; ~result holds the whole tokens left
+        in req_i (low 32 bits) and in tok_i (the bits above), 0 for a skipped step (for the
+        x-ratelimit-remaining-* headers). Refused: wait_us * 4 + reason > 0 (ADMIT_REQUESTS,
         ADMIT_TOKENS, ADMIT_PARALLEL); wait_us is take()'s answer (0 for never) or 1 s for a
         full gauge."""
     # Test hook, not API.

@@ -136,6 +136,9 @@ def test_auth_accepts_keys_and_api_keys_and_never_forwards_them(tmp_path: Path) 
     for bad in (None, b"Bearer nope", b"Basic vx-k", b"Bearer ", b"vx-k"):
         with pytest.raises(Unauthorized):
             auth.check(bad)
+    # Valid keys' digests are remembered (no SHA-256 per request); unknown keys never are.
+    assert auth._digests == {b"vx-k": hashlib.sha256(b"vx-k").digest()}
+    assert auth.check(b"Bearer vx-k") == hashlib.sha256(b"vx-k").digest()
     # Keys only (no VELOX_API_KEYS): the client's credential is still never passed upstream.
     only_keys = Auth(load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("vx-k")}"\n'))
     headers, passthrough = only_keys.client_headers([(b"authorization", b"Bearer vx-k"),
@@ -218,7 +221,7 @@ def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
     assert 25 <= int(headers[b"retry-after"]) <= 30
     assert headers[b"x-ratelimit-remaining-requests"] == b"0"
     assert shared.counters[KF.REFUSED_RPM].totals()[0] == 1
-    assert shared.counters[KF.REQUESTS].totals()[0] == 2
+    assert shared.limits.entered(rpm_index(0)) == 2 == shared.snapshot()[0]["requests"]
 
 
 def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
@@ -228,6 +231,10 @@ def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
     first, second = make_request("k", body=big), make_request("k", body=big)
     assert stage.admit([first, second]) == [first]
     assert first.ticket.reserved == interim_estimate(first) == len(big) // 4 + 900
+    assert first.extra_headers == [
+        (b"x-ratelimit-limit-requests", b"10"), (b"x-ratelimit-remaining-requests", b"9"),
+        (b"x-ratelimit-limit-tokens", b"1000"),
+        (b"x-ratelimit-remaining-tokens", b"%d" % (1000 - first.ticket.reserved))]
     status, headers, _ = answer(second)
     assert status == 429 and headers[b"x-ratelimit-limit-tokens"] == b"1000"
     assert shared.limits.level(rpm_index(0)) == 9  # the refused request's rpm token came back
