@@ -14,6 +14,7 @@ NATIVE_SOURCES = [
     "native/vx_json.c",
     "native/vx_health.c",
     "native/vx_cache.c",
+    "native/vx_limits.c",
 ]
 
 setup(

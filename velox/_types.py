@@ -64,6 +64,10 @@ class Request:
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
         "caller",  # route.caller_of: digest of the presented credential, computed once
         "cache",  # cache: the request's velox.cache.Ticket on a cached route, else None
+        # keys stage (velox.keys): the caller's [[key]] index (-1: none), what its admission
+        # holds (a keys.Ticket, released once when the request ends), and response headers
+        # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
+        "key", "ticket", "extra_headers",
     )
 
     def __init__(
@@ -97,3 +101,6 @@ class Request:
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
         self.caller: bytes | None = None  # None until route.caller_of computes it
         self.cache: Any = None  # velox.cache.Ticket (set by the cache stage)
+        self.key = -1
+        self.ticket: Any = None
+        self.extra_headers: list[tuple[bytes, bytes]] | None = None

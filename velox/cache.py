@@ -246,6 +246,15 @@ def _stored_headers(headers: Headers) -> Headers:
     return [h for h in headers if h[0] not in _NOT_STORED and not h[0].startswith(b"x-ratelimit")]
 
 
+def _free(request: Request) -> None:
+    """Answered without an upstream call of its own (a hit, a coalesced follower): the
+    tokens its gateway key reserved at admission (velox.keys) go back; the request itself
+    still counted against the key's request limit."""
+    ticket = request.ticket
+    if ticket is not None:
+        ticket.settle(0)
+
+
 def _age(age_ms: int) -> bytes:
     seconds = age_ms // 1000
     return _AGES[seconds] if seconds < len(_AGES) else b"%d" % seconds
@@ -445,6 +454,7 @@ class Flight:
             for waiting in followers:
                 request = waiting.request
                 request.exchange = None
+                _free(request)
                 request.conn.end_stream()
             front.coalesced(len(followers))
         elif ok:
@@ -452,6 +462,7 @@ class Flight:
             for waiting in followers:
                 request = waiting.request
                 request.exchange = None
+                _free(request)
                 request.conn.respond(request, 200, headers, body)
             front.coalesced(len(followers))
         elif self.status == 200 and self.sse and followers[0].started:
@@ -655,6 +666,7 @@ class CacheFront:
     def answer(self, request: Request, value: bytes, age_ms: int) -> None:
         """Write a stored answer (a hit, or one a request in another worker fetched)."""
         sse, headers, body = decode_entry(value)
+        _free(request)
         headers.append((HEADER, HIT))
         headers.append((b"age", _age(age_ms)))
         conn = request.conn

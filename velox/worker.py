@@ -3,9 +3,11 @@
 Ingress pushes complete requests onto this worker's ring. The first push of a loop pass
 schedules one `drain` (not one per request), which pops micro-batches of up to
 VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
-parse (400s), the response cache (velox.cache: hits answered, identical requests coalesced;
-only what goes upstream continues), one `acquire_up_to` on the shared token bucket for the whole
-batch (429s for the tail), routing, then the egress pool encodes every admitted request and writes each upstream
+parse (400s), gateway keys (velox.keys: 403/429 per `[[key]]`), the response cache
+(velox.cache: hits answered, identical requests coalesced; only what goes upstream continues),
+one `acquire_up_to` on the shared token bucket for the whole batch (429s for the tail),
+embeddings batching (velox.batch), routing, then the egress pool encodes every admitted request
+and writes each upstream
 connection's frames once. Answers come back through the relay. A body of
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
@@ -13,8 +15,9 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, cache, ratelimit, route, batch, dispatch, egress,
-relay), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
+Imports: every stage below it (ingress, parse, keys, cache, ratelimit, route, batch, dispatch,
+egress, relay), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson;
+admin.agent (in
 serve: control channel and access log).
 """
 
@@ -49,6 +52,7 @@ from velox.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.health import now_ms
 from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
+from velox.keys import KeyStage
 from velox.parse import parse_model_call, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
@@ -81,6 +85,7 @@ class Worker:
         self.auth = Auth(settings)
         self.drain_pending = False
         self.in_flight = 0
+        self.keys: KeyStage | None = None  # made in build()
         # Bodies from this size on are validated in a thread (see velox.parse); 0 means never.
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
@@ -134,6 +139,9 @@ class Worker:
         self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
                                self._flush_upstreams, loop, self.counters, self.slot) \
             if Batcher.wanted(self.tables) else None
+        # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
+        self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
+            else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -303,7 +311,8 @@ class Worker:
             self.wake_drain()
 
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → cache → rate limit → route → egress."""
+        """Run one micro-batch through parse → keys → cache → rate limit → batching → route →
+        egress."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, F.BATCHES, 1)
@@ -337,6 +346,10 @@ class Worker:
             parsed.append(request)
         counters.add(slot, F.BYTES_IN, bytes_in)
 
+        # keys: 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
+        # Before the cache: a hit counts against the caller's own request limit.
+        if self.keys is not None and parsed:
+            parsed = self.keys.admit(parsed)
         cache = self.cache
         if cache is not None and parsed:
             parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
@@ -459,6 +472,8 @@ class Worker:
         self.counters.add(self.slot, F.REJECT_RATE_LIMITED, len(requests))
         error = RateLimited(retry_after_s=retry_after)
         for request in requests:
+            if request.ticket is not None:
+                request.ticket.settle(0)  # refused before the upstream: no tokens used
             request.conn.respond_error(request, error)
 
     # --- accounting callbacks ----------------------------------------------------------------
@@ -470,6 +485,9 @@ class Worker:
             self.arena.release(segment)  # type: ignore[union-attr]
 
     def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+        ticket = request.ticket
+        if ticket is not None:  # the answer is written: the key's place goes back
+            ticket.release()
         counters, slot = self.counters, self.slot
         counters.add(slot, F.REQUESTS, 1)
         counters.add(slot, _CLASS_FIELD.get(status // 100, F.RESP_5XX), 1)
@@ -481,6 +499,9 @@ class Worker:
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
+        ticket = exchange.request.ticket
+        if ticket is not None:  # ended any way (answer, error, timeout, client gone)
+            ticket.release()
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)

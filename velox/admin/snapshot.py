@@ -147,6 +147,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "retry_budget": shared.health.snapshot()["retry_budget"],
         "workers": workers,
         "cache": cache_doc(shared, totals),
+        "keys": shared.keys.snapshot(),
     }
 
 
