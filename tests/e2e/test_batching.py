@@ -327,7 +327,10 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     keys = ("sk-caller-a", "sk-caller-b")
 
     async def run() -> list[Any]:
-        blockers = [await blocker(gateway, "emb-pass", "pass", key=key) for key in keys]
+        # 5 s: both pairs must arrive while their caller's blocker is in flight, even on a
+        # host so loaded that starting four clients takes seconds.
+        blockers = [await blocker(gateway, "emb-pass", "pass", key=key, latency_ms=5000)
+                    for key in keys]
         jobs = [client(gateway, key).embeddings.with_raw_response.create(
             model="emb-pass", input=f"{key}-{i}", user="pass", encoding_format="float")
             for i in range(2) for key in keys]
