@@ -1,0 +1,415 @@
+"""Token accounting: estimate a request's tokens, read the real usage, settle the difference.
+
+Estimate (at admission, before anything is sent). No tokenizer is used: none ships with the
+gateway and nothing may be downloaded at run time, so the input is estimated from the body's
+bytes at `BYTES_PER_TOKEN` = 4 bytes per token (OpenAI's own rule of thumb for English text).
+The whole body is counted, JSON syntax included: reading the message texts alone would mean
+parsing the body a second time, and the overestimate is small (a short chat's envelope is
+about 60 bytes, 15 tokens) and corrected at settlement. Inline base64 payloads (`data:...;base64,`
+images and audio) are not text: their bytes are replaced by `IMAGE_TOKENS` each, so a 1 MB image
+does not reserve 250,000 tokens. The output is the body's `max_completion_tokens`, `max_tokens`
+or `max_output_tokens` when given, else VELOX_TOKENS_DEFAULT_OUTPUT (capped by the caller at the
+limit itself, so a small tpm does not refuse every first request); embeddings have no output.
+
+Exact (when the answer ends): the `usage` the upstream reports. A JSON answer carries it in its
+body (chat `prompt_tokens`/`completion_tokens`, responses `input_tokens`/`output_tokens`,
+embeddings `prompt_tokens`); it is found from the last `"usage"` key without building the
+document. A streamed chat or completions request is sent upstream with
+`stream_options: {"include_usage": true}` added when the client did not ask for it
+(`add_include_usage`: the key is inserted after the body's opening brace, the rest byte for
+byte), and `SSEUsage` then reads the final usage chunk and, when the client did not ask, removes
+that chunk and the `"usage":null` member the upstream adds to every other chunk, so the client
+sees exactly the events it would have seen without the gateway. A responses stream reports its
+usage in its `response.completed` event, which is passed through.
+
+Cut short (the client left, the upstream broke, no usage arrived): the request is charged its
+estimated input plus the output relayed so far, one token per relayed event (OpenAI streams one
+token per chunk), or relayed bytes / 4 for a plain body.
+
+Imports: _types (Request), stdlib, orjson.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import orjson
+
+if TYPE_CHECKING:
+    from velox._types import Request
+
+BYTES_PER_TOKEN = 4
+# What one inline base64 image or audio clip is reserved as (a high-detail 1024x1024 image is
+# 765 tokens by OpenAI's published formula); settlement replaces it with the real figure.
+IMAGE_TOKENS = 765
+DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
+
+_OUTPUT_KEYS = (b'"max_completion_tokens"', b'"max_tokens"', b'"max_output_tokens"')
+_BASE64 = b";base64,"
+_DIGITS = frozenset(b"0123456789")
+_SPACE = b" \t\r\n"
+
+# Paths whose streams get `stream_options.include_usage` (the others have no such option).
+_INCLUDE_USAGE_PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions"})
+_EMBEDDINGS = b"/v1/embeddings"
+
+
+# --- estimate --------------------------------------------------------------------------------
+
+
+def input_tokens(body: bytes | bytearray | memoryview) -> int:
+    """Estimated input tokens of a request body (see the module docstring)."""
+    size = len(body)
+    if not size:
+        return 0
+    data = bytes(body) if isinstance(body, memoryview) else body
+    inline = 0
+    payloads = 0
+    find = data.find
+    i = find(_BASE64)
+    while i >= 0:
+        start = i + len(_BASE64)
+        end = find(b'"', start)
+        if end < 0:
+            break
+        inline += end - start
+        payloads += 1
+        i = find(_BASE64, end)
+    text = size - inline
+    return -(-text // BYTES_PER_TOKEN) + payloads * IMAGE_TOKENS
+
+
+def output_limit(body: bytes | bytearray | memoryview) -> int | None:
+    """The body's max_completion_tokens / max_tokens / max_output_tokens, None if absent.
+
+    Found by byte search: a quoted key followed by `:` can only be an object key (inside a JSON
+    string its quotes would be escaped), and a value that is not a plain integer (null, a
+    schema's {"type": ...}) is ignored."""
+    data = bytes(body) if isinstance(body, memoryview) else body
+    for key in _OUTPUT_KEYS:
+        i = data.find(key)
+        while i >= 0:
+            value = _int_after(data, i + len(key))
+            if value is not None:
+                return value
+            i = data.find(key, i + len(key))
+    return None
+
+
+def _int_after(data: bytes | bytearray, i: int) -> int | None:
+    n = len(data)
+    while i < n and data[i] in _SPACE:
+        i += 1
+    if i >= n or data[i] != 0x3A:  # ':'
+        return None
+    i += 1
+    while i < n and data[i] in _SPACE:
+        i += 1
+    start = i
+    while i < n and data[i] in _DIGITS:
+        i += 1
+    if i == start or i - start > 12:
+        return None
+    return int(data[start:i])
+
+
+def bare_path(path: bytes) -> bytes:
+    q = path.find(b"?")
+    return path if q < 0 else path[:q]
+
+
+def estimate(request: Request, default_output: int = DEFAULT_OUTPUT, cap: int = 0) -> int:
+    """Estimated input + output tokens of a model call. The default output (used when the body
+    gives no maximum) is capped at `cap` when cap > 0 (the limit the reservation is taken
+    from), so a small limit still admits a first request."""
+    body = request.body
+    tokens = input_tokens(body)
+    if bare_path(request.path) == _EMBEDDINGS:
+        return tokens
+    out = output_limit(body)
+    if out is None:
+        out = min(default_output, cap) if cap > 0 else default_output
+    return tokens + out
+
+
+# --- the body sent upstream ------------------------------------------------------------------
+
+
+def wants_usage(path: bytes, stream: bool) -> bool:
+    """A streamed call whose upstream can be asked for a usage chunk."""
+    return stream and bare_path(path) in _INCLUDE_USAGE_PATHS
+
+
+def client_asked_usage(body: bytes | bytearray | memoryview) -> bool:
+    """The body itself sets stream_options.include_usage to true."""
+    data = bytes(body) if isinstance(body, memoryview) else body
+    if data.find(b'"stream_options"') < 0:
+        return False
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    options = doc.get("stream_options") if type(doc) is dict else None
+    return type(options) is dict and options.get("include_usage") is True
+
+
+def add_include_usage(body: bytes | bytearray | memoryview) -> bytes:
+    """The body with stream_options.include_usage set to true.
+
+    Without a `stream_options` key (the usual case) the member is inserted right after the
+    opening brace and nothing else changes: one copy of the body. With one (asking for something
+    else), the document goes through an orjson round trip, which keeps every value but may
+    change insignificant whitespace."""
+    data = bytes(body)
+    if data.find(b'"stream_options"') < 0:
+        i = data.find(b"{")
+        if i >= 0:
+            j = i + 1
+            n = len(data)
+            while j < n and data[j] in _SPACE:
+                j += 1
+            sep = b"" if j < n and data[j] == 0x7D else b","  # '}': an empty object
+            return b"".join((data[:i + 1], b'"stream_options":{"include_usage":true}', sep,
+                             data[i + 1:]))
+    doc = orjson.loads(data)
+    options = doc.get("stream_options")
+    doc["stream_options"] = {**options, "include_usage": True} if type(options) is dict \
+        else {"include_usage": True}
+    return orjson.dumps(doc)
+
+
+# --- the real usage ------------------------------------------------------------------------
+
+
+def _usage_numbers(usage: object) -> tuple[int, int] | None:
+    """(input, output) of a usage object of any of OpenAI's shapes."""
+    if type(usage) is not dict:
+        return None
+    inp = usage.get("prompt_tokens")
+    if inp is None:
+        inp = usage.get("input_tokens")
+    out = usage.get("completion_tokens")
+    if out is None:
+        out = usage.get("output_tokens")
+    if type(inp) is not int:
+        return None
+    return inp, out if type(out) is int else 0
+
+
+def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
+    """(input, output) tokens of a JSON answer's `usage`, or None when it has none.
+
+    The usage object is the last `"usage"` key (OpenAI puts it near the end of every shape;
+    a responses object nests it inside `response` for its stream events): only that object is
+    parsed, found by matching braces (it holds no strings with braces in them)."""
+    i = body.rfind(b'"usage"')
+    while i >= 0:
+        j = i + 7
+        n = len(body)
+        while j < n and body[j] in _SPACE:
+            j += 1
+        if j < n and body[j] == 0x3A:
+            j += 1
+            while j < n and body[j] in _SPACE:
+                j += 1
+            if j < n and body[j] == 0x7B:  # '{'
+                end = _object_end(body, j)
+                if end > 0:
+                    try:
+                        return _usage_numbers(orjson.loads(body[j:end]))
+                    except orjson.JSONDecodeError:
+                        return None
+            return None
+        i = body.rfind(b'"usage"', 0, i)
+    return None
+
+
+def _object_end(body: bytes | bytearray, start: int) -> int:
+    """Index past the `}` closing the object at `start` (no braces inside its strings)."""
+    depth = 0
+    find_open = body.find
+    i = start
+    n = len(body)
+    while i < n:
+        o = find_open(b"{", i)
+        c = find_open(b"}", i)
+        if c < 0:
+            return -1
+        if 0 <= o < c:
+            depth += 1
+            i = o + 1
+        else:
+            depth -= 1
+            i = c + 1
+            if depth == 0:
+                return i
+    return -1
+
+
+# --- streams ---------------------------------------------------------------------------------
+
+_NULL_MEMBERS = (b'"usage":null', b'"usage": null')
+
+
+def strip_null_usage(event: bytes) -> bytes:
+    """The event without a `"usage":null` member (and its comma), the rest byte for byte."""
+    for pattern in _NULL_MEMBERS:
+        i = event.find(pattern)
+        if i < 0:
+            continue
+        j = i + len(pattern)
+        k = i - 1
+        while k >= 0 and event[k] in _SPACE:
+            k -= 1
+        if k >= 0 and event[k] == 0x2C:  # ',' before: drop ",<space>"usage":null"
+            return event[:k] + event[j:]
+        m = j
+        while m < len(event) and event[m] in _SPACE:
+            m += 1
+        if m < len(event) and event[m] == 0x2C:  # ',' after: drop '"usage":null,<space>'
+            m += 1
+            while m < len(event) and event[m] in _SPACE:
+                m += 1
+            return event[:i] + event[m:]
+        return event[:i] + event[j:]
+    return event
+
+
+class SSEUsage:
+    """Reads the usage of an event stream as it is relayed; optionally removes what the
+    gateway's own `include_usage` added.
+
+    `feed(data)` returns the bytes to send to the client now. Without stripping that is `data`
+    itself (only a copy of the unfinished last event is kept, to be read when it ends); with
+    stripping, whole events are sent once they end (an event is of no use to a client before
+    its blank line anyway), so an event split across any DATA frames is still recognised.
+    """
+
+    __slots__ = ("strip", "pending", "input", "output", "found", "events", "relayed")
+
+    def __init__(self, strip: bool) -> None:
+        self.strip = strip
+        self.pending = b""  # the unfinished last event
+        self.input = 0
+        self.output = 0
+        self.found = False  # a usage was read
+        self.events = 0  # data events relayed (the usage chunk and [DONE] excluded)
+        self.relayed = 0  # bytes relayed
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.pending + data if self.pending else data
+        end = _last_boundary(buf)
+        if end < 0:
+            self.pending = buf
+            if self.strip:
+                return b""
+            self.relayed += len(data)
+            return data
+        self.pending = buf[end:]
+        complete = buf[:end]
+        out = self._events(complete)
+        if not self.strip:
+            self.relayed += len(data)
+            return data
+        self.relayed += len(out)
+        return out
+
+    def flush(self) -> bytes:
+        """The end of the stream: what is left (an event without its blank line)."""
+        rest, self.pending = self.pending, b""
+        if not rest:
+            return b""
+        out = self._events(rest) if self.strip else b""
+        if self.strip:
+            self.relayed += len(out)
+            return out
+        self._events(rest)
+        return b""
+
+    def _events(self, block: bytes) -> bytes:
+        """Read (and when stripping, edit) every event of `block`; return what to send."""
+        if b'"usage"' not in block:  # the common case: nothing to read or remove
+            self.events += _count_data(block)
+            return block
+        kept: list[bytes] = []
+        for event in _split_events(block):
+            if b'"usage"' in event:
+                numbers = None
+                if b'"usage":null' not in event and b'"usage": null' not in event:
+                    numbers = usage_of(event)
+                if numbers is not None:
+                    self.input, self.output = numbers
+                    self.found = True
+                    if self.strip and b'"choices":[]' in event.replace(b" ", b""):
+                        continue  # the usage chunk the client did not ask for
+                elif self.strip:
+                    event = strip_null_usage(event)
+            self.events += _count_data(event)
+            kept.append(event)
+        return b"".join(kept)
+
+    def relayed_output(self) -> int:
+        """Output tokens relayed so far, estimated: one per data event."""
+        return self.events
+
+
+def _last_boundary(buf: bytes) -> int:
+    """Index past the last event boundary (a blank line) in buf, -1 when none."""
+    i = buf.rfind(b"\n\n")
+    j = buf.rfind(b"\r\n\r\n")
+    if i < 0 and j < 0:
+        return -1
+    return max(i + 2 if i >= 0 else -1, j + 4 if j >= 0 else -1)
+
+
+def _split_events(block: bytes) -> list[bytes]:
+    """Events of a block of whole events, each with its terminating blank line."""
+    out: list[bytes] = []
+    start = 0
+    n = len(block)
+    while start < n:
+        i = block.find(b"\n\n", start)
+        j = block.find(b"\r\n\r\n", start)
+        if i < 0 and j < 0:
+            out.append(block[start:])
+            break
+        if j >= 0 and (i < 0 or j <= i):
+            end = j + 4
+        else:
+            end = i + 2
+        out.append(block[start:end])
+        start = end
+    return out
+
+
+def _count_data(block: bytes) -> int:
+    """Data events in a block that carry content ([DONE] excluded)."""
+    return block.count(b"data:") - block.count(b"data: [DONE]") - block.count(b"data:[DONE]")
+
+
+# --- the meter -----------------------------------------------------------------------------
+
+
+class Meter(Protocol):
+    """What the relay tells the accounting of one request (None on the exchange when nobody
+    accounts it). Each call is made at most once per answer, `finish` exactly once."""
+
+    def response(self, status: int, sse: bool) -> None:
+        """The answer the client gets starts (after any retries): its status and kind."""
+        ...
+
+    def data(self, data: bytes) -> bytes:
+        """A streamed piece: returns what to send to the client instead."""
+        ...
+
+    def end(self) -> bytes:
+        """The stream ended normally: the last bytes to send."""
+        ...
+
+    def body(self, body: bytes) -> None:
+        """A whole (non-streamed) answer body."""
+        ...
+
+    def finish(self, status: int) -> None:
+        """The request is over, whatever ended it: settle the reservation, count the tokens."""
+        ...
