@@ -263,6 +263,11 @@ FIELDS: tuple[Field, ...] = (
           "5000", "an upstream connection whose PING is unanswered this long is replaced"),
     Field("VELOX_RELOAD_READY_S", "reload_ready_s", _int_in(1, 3600), "30",
           "on SIGHUP, a new worker not ready within this many seconds aborts the reload"),
+    Field("VELOX_TOKENS_DEFAULT_OUTPUT", "tokens_default_output", _int_in(0, 1 << 30), "1024",
+          "output tokens reserved for a request that gives no max_tokens (capped at the limit)"),
+    Field("VELOX_TOKEN_ACCOUNTING", "token_accounting", _bool, "1",
+          "read the usage of every model call (tokens per key and route in /stats and /metrics);"
+          " 0: only of requests a tpm limit applies to"),
 )
 
 
@@ -306,6 +311,8 @@ class Settings:
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     reload_ready_s: int = 30
+    tokens_default_output: int = 1024
+    token_accounting: bool = True
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
