@@ -70,7 +70,7 @@ class Dispatch:
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.tables = tables
-        self.router = Router(tables, stats.health)
+        self.router = Router(tables, stats.health, tpm=stats.health.tpm)
         self.upstreams = upstreams  # by index in tables.upstreams
         self.names = tuple(u.name.encode() for u in tables.upstreams)
         self.credentials = tuple(u.auth_headers() for u in tables.upstreams)
@@ -108,6 +108,9 @@ class Dispatch:
                 f"The model `{model}` does not exist or you do not have access to it.",
                 param="model"))
             return
+        meter = exchange.meter
+        if meter is not None:
+            plan.tokens = meter.estimate  # reserved on the tpm bucket of the upstream chosen
         attempt = plan.first()
         if isinstance(attempt, VeloxError):
             exchange.refuse(attempt)

@@ -107,7 +107,7 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status")
+                 "upstream_status", "tokens", "key_names", "route_models")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -132,6 +132,11 @@ class SharedStats:
                                   for route in tables.routes for target in route.targets)
         self.targets = Counters(slots, max(1, len(self.target_names)))
         self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
+        # Tokens by gateway key and route (velox.usage.Ledger writes them): field =
+        # ((key + 1) x routes + route) x 2 + kind (0 input, 1 output); key -1 is "no key".
+        self.key_names = ("-",) + tuple(k.name for k in getattr(tables, "keys", ()))
+        self.route_models = tuple(r.model for r in tables.routes)
+        self.tokens = Counters(slots, max(1, len(self.key_names) * len(self.route_models) * 2))
 
     def with_tables(self, tables: Tables) -> SharedStats:
         """The shared state for a reloaded configuration; call it before forking its workers.
@@ -158,6 +163,18 @@ class SharedStats:
     def all_ready(self) -> bool:
         counters = self.counters
         return all(counters.get(slot, F.READY) for slot in self.active_slots())
+
+    def token_rows(self) -> list[tuple[str, str, int, int]]:
+        """(key, route, input, output) for every key and route that used tokens."""
+        totals = self.tokens.totals()
+        width = len(self.route_models)
+        rows = []
+        for k, key in enumerate(self.key_names):
+            for r, route in enumerate(self.route_models):
+                field = (k * width + r) * 2
+                if totals[field] or totals[field + 1]:
+                    rows.append((key, route, totals[field], totals[field + 1]))
+        return rows
 
     def totals(self) -> dict[str, int]:
         totals = self.counters.totals()

@@ -78,6 +78,7 @@ class UpstreamSpec:
     warmup_path: str = "/v1/models"
     max_in_flight: int = 0  # requests at once on this upstream across the gateway; 0: no cap
     rpm: int = 0  # this upstream's own shared request bucket; 0: no limit
+    tpm: int = 0  # this upstream's own shared token bucket (velox.usage); 0: no limit
 
     @property
     def scheme(self) -> str:
@@ -243,7 +244,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 TOP_KEYS = ("upstream", "route", "retry", "breaker")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
-                 "max_in_flight", "rpm", "warmup_path")
+                 "max_in_flight", "rpm", "warmup_path", "tpm")
 ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
@@ -251,7 +252,7 @@ TARGET_KEYS = ("upstream", "model", "weight", "priority")
 UPSTREAM_INTS = {
     "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
-    "rpm": (0, 1_000_000_000),
+    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000_000),
 }
 TARGET_INTS = {"weight": (1, 1_000_000), "priority": (0, 1000)}
 RETRY_INTS = {
@@ -386,7 +387,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
             for key, default in (("connections", template.connections),
                                  ("request_timeout_ms", template.request_timeout_ms),
                                  ("connect_timeout_ms", template.connect_timeout_ms),
-                                 ("max_in_flight", 0), ("rpm", 0))}
+                                 ("max_in_flight", 0), ("rpm", 0), ("tpm", 0))}
     https = origin.startswith("https://")
     ca_file = _str(source, where, table, "ca_file")
     if "ca_file" in table:

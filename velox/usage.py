@@ -31,7 +31,7 @@ Imports: _types (Request), stdlib, orjson.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -394,6 +394,8 @@ class Meter(Protocol):
     """What the relay tells the accounting of one request (None on the exchange when nobody
     accounts it). Each call is made at most once per answer, `finish` exactly once."""
 
+    estimate: int  # the request's estimated tokens, reserved where a tpm applies
+
     def response(self, status: int, sse: bool) -> None:
         """The answer the client gets starts (after any retries): its status and kind."""
         ...
@@ -410,6 +412,148 @@ class Meter(Protocol):
         """A whole (non-streamed) answer body."""
         ...
 
-    def finish(self, status: int) -> None:
-        """The request is over, whatever ended it: settle the reservation, count the tokens."""
+    def finish(self, exchange: Any, status: int) -> None:
+        """The request is over, whatever ended it (the relay's Exchange, before its route
+        attempt is finished): settle the reservations, count the tokens."""
         ...
+
+
+class Settle(Protocol):
+    """A reservation the meter settles with the tokens really used (K1's key ticket)."""
+
+    def settle(self, tokens_used: int, /) -> None: ...
+
+
+class Ledger:
+    """One worker's token books: counts per key and route (shared counters, field =
+    ((key + 1) x routes + route) x 2 + kind, kind 0 input, 1 output) and the upstreams' tpm
+    buckets (velox.health.UpstreamTokens, or None when no upstream has a tpm)."""
+
+    __slots__ = ("counters", "slot", "routes", "catch_all", "forward", "width", "tpm",
+                 "default_output")
+
+    def __init__(self, counters: Any, slot: int, route_models: tuple[str, ...], tpm: Any,
+                 default_output: int = DEFAULT_OUTPUT) -> None:
+        self.counters = counters
+        self.slot = slot
+        self.routes = {m: i for i, m in enumerate(route_models)}
+        self.catch_all = self.routes.get("*", -1)
+        # A request without a model goes to the catch-all route, else the first (dispatch).
+        self.forward = self.catch_all if self.catch_all >= 0 else 0
+        self.width = len(route_models)
+        self.tpm = tpm
+        self.default_output = default_output
+
+    def route_of(self, model: str | None) -> int:
+        if model is None:
+            return self.forward
+        route = self.routes.get(model, self.catch_all)
+        return route
+
+    def count(self, key: int, route: int, inp: int, out: int) -> None:
+        if route < 0:
+            return
+        field = ((key + 1) * self.width + route) * 2
+        counters, slot = self.counters, self.slot
+        if inp:
+            counters.add(slot, field, inp)
+        if out:
+            counters.add(slot, field + 1, out)
+
+
+class TokenMeter:
+    """The accounting of one request (the relay's `Meter`): its estimate, what the answer says
+    it used, and the settlement of every reservation when it ends."""
+
+    __slots__ = ("ledger", "request", "estimate", "estimated_input", "ticket", "strip", "sse",
+                 "tail", "input", "output", "exact", "done")
+
+    def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
+                 cap: int = 0) -> None:
+        self.ledger = ledger
+        self.request = request
+        self.estimated_input = input_tokens(request.body)
+        self.estimate = estimate(request, ledger.default_output, cap)
+        self.ticket: Settle | None = None  # the key's reservation, when a key limits tokens
+        self.strip = strip  # the gateway added include_usage: remove what it brings
+        self.sse: SSEUsage | None = None
+        self.tail = b""  # the end of a plain body streamed past the relay's buffer
+        self.input = 0  # tokens used, once known (or charged, when cut short)
+        self.output = 0
+        self.exact = False  # input/output come from the upstream's usage
+        self.done = False
+
+    @classmethod
+    def for_request(cls, ledger: Ledger, request: Request, cap: int = 0) -> TokenMeter:
+        """A meter for a model call; a stream that can report its usage is asked to (the body
+        is rewritten) unless the client asked itself."""
+        strip = False
+        if wants_usage(request.upstream_path, request.stream) and \
+                not client_asked_usage(request.body):
+            request.body = add_include_usage(request.body)
+            strip = True
+        return cls(ledger, request, strip, cap)
+
+    # --- the relay's Meter ----------------------------------------------------------------
+
+    def response(self, status: int, sse: bool) -> None:
+        if sse:
+            self.sse = SSEUsage(self.strip and status < 300)
+
+    def data(self, data: bytes) -> bytes:
+        sse = self.sse
+        if sse is not None:
+            return sse.feed(data)
+        tail = self.tail + data
+        self.tail = tail[-4096:]
+        return data
+
+    def end(self) -> bytes:
+        sse = self.sse
+        if sse is not None:
+            return sse.flush()
+        numbers = usage_of(self.tail)
+        if numbers is not None:
+            self.input, self.output = numbers
+            self.exact = True
+        return b""
+
+    def body(self, body: bytes) -> None:
+        numbers = usage_of(body)
+        if numbers is not None:
+            self.input, self.output = numbers
+            self.exact = True
+
+    def finish(self, exchange: Any, status: int) -> None:
+        if self.done:
+            return
+        self.done = True
+        sse = self.sse
+        if sse is not None and sse.found:
+            self.input, self.output = sse.input, sse.output
+            self.exact = True
+        if not self.exact:
+            if exchange.t_headers and 200 <= exchange.status < 300:
+                # Cut short, or an answer without usage: its input and what was relayed.
+                self.input = self.estimated_input
+                self.output = sse.relayed_output() if sse is not None else \
+                    -(-exchange.size // BYTES_PER_TOKEN)
+            elif status == 499 and exchange.attempts:
+                # The client left while the upstream was working on it: its input was read.
+                self.input, self.output = self.estimated_input, 0
+            else:
+                self.input = self.output = 0  # refused or failed: nothing was generated
+        used = self.input + self.output
+        ticket = self.ticket
+        if ticket is not None:
+            self.ticket = None
+            ticket.settle(used)
+        attempt = exchange.route_attempt
+        ledger = self.ledger
+        if attempt is not None and attempt.tokens:
+            reserved, attempt.tokens = attempt.tokens, 0
+            ledger.tpm.settle(attempt.upstream, reserved, used)
+        if used:
+            request = self.request
+            ledger.count(getattr(request, "key", -1), ledger.route_of(request.model),
+                         self.input, self.output)

@@ -12,7 +12,7 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay),
+Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay, usage),
 health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
@@ -52,6 +52,7 @@ from velox.relay import Exchange
 from velox.ring import make_queue
 from velox.route import Auth
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
+from velox.usage import Ledger, TokenMeter
 
 log = logging.getLogger("velox.worker")
 
@@ -122,6 +123,12 @@ class Worker:
                           for index, spec in enumerate(self.tables.upstreams)]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
+        # Token accounting (velox.usage): every model call when VELOX_TOKEN_ACCOUNTING is on,
+        # else only when a tpm limit exists; None: no meter, nothing read.
+        shared = self.shared
+        accounted = settings.token_accounting or shared.health.tpm is not None
+        self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
+                             settings.tokens_default_output) if accounted else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -334,6 +341,7 @@ class Worker:
         dispatch = self.dispatch
         split = self.auth.client_headers
         models_body = self.models_body
+        ledger = self.ledger
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
@@ -345,6 +353,8 @@ class Worker:
             exchange = Exchange(request, request.upstream_path, base, self.on_done,
                                 self.release_body, dispatch)
             exchange.passthrough = passthrough
+            if ledger is not None and request.route is not Route.FORWARD:
+                exchange.meter = TokenMeter.for_request(ledger, request)
             self.in_flight += 1
             dispatch.send(exchange)
         for upstream in self.upstreams:
