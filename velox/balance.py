@@ -81,7 +81,7 @@ from typing import Protocol
 
 from velox._native import Rendezvous, hash64
 from velox.errors import Overloaded, RateLimited, VeloxError
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, SUCCESS, now_ms
+from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS, now_ms
 from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load

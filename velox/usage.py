@@ -45,6 +45,7 @@ IMAGE_TOKENS = 765
 DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
 
 _OUTPUT_KEYS = (b'"max_completion_tokens"', b'"max_tokens"', b'"max_output_tokens"')
+_SUFFIX = b'_tokens"'
 _BASE64 = b";base64,"
 _DIGITS = frozenset(b"0123456789")
 _SPACE = b" \t\r\n"
@@ -82,17 +83,21 @@ def input_tokens(body: bytes | bytearray | memoryview) -> int:
 def output_limit(body: bytes | bytearray | memoryview) -> int | None:
     """The body's max_completion_tokens / max_tokens / max_output_tokens, None if absent.
 
-    Found by byte search: a quoted key followed by `:` can only be an object key (inside a JSON
-    string its quotes would be escaped), and a value that is not a plain integer (null, a
-    schema's {"type": ...}) is ignored."""
+    Found by byte search (one pass for the common suffix `_tokens"`): a quoted key followed by
+    `:` can only be an object key (inside a JSON string its quotes would be escaped), and a
+    value that is not a plain integer (null, a schema's {"type": ...}) is ignored."""
     data = bytes(body) if isinstance(body, memoryview) else body
-    for key in _OUTPUT_KEYS:
-        i = data.find(key)
-        while i >= 0:
-            value = _int_after(data, i + len(key))
-            if value is not None:
-                return value
-            i = data.find(key, i + len(key))
+    find = data.find
+    i = find(_SUFFIX)
+    while i >= 0:
+        end = i + len(_SUFFIX)
+        for key in _OUTPUT_KEYS:
+            if data.startswith(key, end - len(key)):
+                value = _int_after(data, end)
+                if value is not None:
+                    return value
+                break
+        i = find(_SUFFIX, end)
     return None
 
 
