@@ -110,7 +110,7 @@ def check_tables(tables: Tables) -> None:
     for u in tables.upstreams:
         limits.append((f"[[upstream]] {u.name!r} max_in_flight", u.max_in_flight, 0, 2**62))
         limits.append((f"[[upstream]] {u.name!r} rpm", u.rpm, 0, 10**9))
-        limits.append((f"[[upstream]] {u.name!r} tpm", u.tpm, 0, 10**12))
+        limits.append((f"[[upstream]] {u.name!r} tpm", u.tpm, 0, 10**9))
     for key, value, lo, hi in limits:
         if not lo <= value <= hi:
             raise TableError(f"{tables.source or 'tables'}: {key} must be an integer in "

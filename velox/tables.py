@@ -252,7 +252,7 @@ TARGET_KEYS = ("upstream", "model", "weight", "priority")
 UPSTREAM_INTS = {
     "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
-    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000_000),
+    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
 }
 TARGET_INTS = {"weight": (1, 1_000_000), "priority": (0, 1000)}
 RETRY_INTS = {

@@ -233,13 +233,16 @@ def test_upstream_tpm_moves_traffic_before_the_provider_says_429(
     import concurrent.futures as cf
 
     with cf.ThreadPoolExecutor(6) as pool:
-        first = list(pool.map(lambda _: chat(gw, 300), range(3)))
-        assert [r.headers["x-velox-upstream"] for r in first] == ["a"] * 3
-        # Held reservations: now a cannot cover 320 more; b (no tpm, lower priority) serves.
         held = [pool.submit(chat, gw, 300) for _ in range(3)]
+        wait_for(lambda: upstream_stats(gw, "a")["in_flight"] == 3)
+        assert upstream_stats(gw, "a")["tpm_available"] < 320  # three reservations held
+        # Now a cannot cover another 320: b (no tpm, the lower priority) serves these.
+        more = [pool.submit(chat, gw, 300) for _ in range(3)]
+        second = [f.result() for f in more]
         first = [f.result() for f in held]
-    assert [r.status_code for r in first] == [200] * 3
-    assert {r.headers["x-velox-upstream"] for r in first} == {"b"}
+    assert [r.status_code for r in first + second] == [200] * 6
+    assert [r.headers["x-velox-upstream"] for r in first] == ["a"] * 3
+    assert [r.headers["x-velox-upstream"] for r in second] == ["b"] * 3
     assert all(r.json()["usage"] for r in first)
     # a never answered 429: it was not asked beyond its quota.
     assert all(q["status"] == 200 for q in fresh["a"].requests(20) if q["path"] != "/v1/models")
