@@ -31,6 +31,7 @@ Imports: _types (Request), stdlib, orjson.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -47,6 +48,11 @@ DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
 _OUTPUT_KEYS = (b'"max_completion_tokens"', b'"max_tokens"', b'"max_output_tokens"')
 _SUFFIX = b'_tokens"'
 _BASE64 = b";base64,"
+# A usage object: members whose values are scalars or objects of scalars.
+_USAGE_OBJECT = re.compile(rb"\{(?:[^{}]+|\{[^{}]*\})*\}")
+# Answers up to this size are parsed whole (one orjson call is cheaper than finding the usage
+# object first); larger ones (embeddings) have only their usage object parsed.
+_WHOLE = 4096
 _DIGITS = frozenset(b"0123456789")
 _SPACE = b" \t\r\n"
 
@@ -206,8 +212,22 @@ def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
 
     The usage object is the last `"usage"` key (OpenAI puts it near the end of every shape;
     a responses object nests it inside `response` for its stream events): only that object is
-    parsed, found by matching braces (it holds no strings with braces in them)."""
+    parsed, matched by a regular expression: an object of numbers and objects of numbers, nested
+    two deep at most (its `*_details`), holding no strings with braces in them."""
     i = body.rfind(b'"usage"')
+    if i < 0:
+        return None
+    if len(body) <= _WHOLE:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if type(doc) is not dict:
+            return None
+        found = doc.get("usage")
+        if found is None and type(doc.get("response")) is dict:  # a responses stream event
+            found = doc["response"].get("usage")
+        return _usage_numbers(found)
     while i >= 0:
         j = i + 7
         n = len(body)
@@ -218,37 +238,15 @@ def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
             while j < n and body[j] in _SPACE:
                 j += 1
             if j < n and body[j] == 0x7B:  # '{'
-                end = _object_end(body, j)
-                if end > 0:
+                m = _USAGE_OBJECT.match(body, j)
+                if m is not None:
                     try:
-                        return _usage_numbers(orjson.loads(body[j:end]))
+                        return _usage_numbers(orjson.loads(m.group()))
                     except orjson.JSONDecodeError:
                         return None
             return None
         i = body.rfind(b'"usage"', 0, i)
     return None
-
-
-def _object_end(body: bytes | bytearray, start: int) -> int:
-    """Index past the `}` closing the object at `start` (no braces inside its strings)."""
-    depth = 0
-    find_open = body.find
-    i = start
-    n = len(body)
-    while i < n:
-        o = find_open(b"{", i)
-        c = find_open(b"}", i)
-        if c < 0:
-            return -1
-        if 0 <= o < c:
-            depth += 1
-            i = o + 1
-        else:
-            depth -= 1
-            i = c + 1
-            if depth == 0:
-                return i
-    return -1
 
 
 # --- streams ---------------------------------------------------------------------------------
@@ -298,11 +296,25 @@ class SSEUsage:
         self.input = 0
         self.output = 0
         self.found = False  # a usage was read
-        self.events = 0  # data events relayed (the usage chunk and [DONE] excluded)
+        self.events = 0  # events relayed (a removed usage chunk excluded)
         self.relayed = 0  # bytes relayed
 
     def feed(self, data: bytes) -> bytes:
-        buf = self.pending + data if self.pending else data
+        if self.pending:
+            buf = self.pending + data
+        else:
+            buf = data
+            if data.endswith(b"\n\n"):  # whole events: the usual DATA frame
+                if b'"usage"' not in data:  # nothing to read or remove
+                    self.events += data.count(b"\n\n")
+                    self.relayed += len(data)
+                    return data
+                if data.find(b"\n\n") == len(data) - 2:  # exactly one event
+                    out = self._event(data)
+                    if not self.strip:
+                        out = data
+                    self.relayed += len(out)
+                    return out
         end = _last_boundary(buf)
         if end < 0:
             self.pending = buf
@@ -311,8 +323,7 @@ class SSEUsage:
             self.relayed += len(data)
             return data
         self.pending = buf[end:]
-        complete = buf[:end]
-        out = self._events(complete)
+        out = self._events(buf[:end])
         if not self.strip:
             self.relayed += len(data)
             return data
@@ -324,11 +335,10 @@ class SSEUsage:
         rest, self.pending = self.pending, b""
         if not rest:
             return b""
-        out = self._events(rest) if self.strip else b""
+        out = self._events(rest)
         if self.strip:
             self.relayed += len(out)
             return out
-        self._events(rest)
         return b""
 
     def _events(self, block: bytes) -> bytes:
@@ -336,26 +346,40 @@ class SSEUsage:
         if b'"usage"' not in block:  # the common case: nothing to read or remove
             self.events += _count_data(block)
             return block
-        kept: list[bytes] = []
-        for event in _split_events(block):
-            if b'"usage"' in event:
-                numbers = None
-                if b'"usage":null' not in event and b'"usage": null' not in event:
-                    numbers = usage_of(event)
-                if numbers is not None:
-                    self.input, self.output = numbers
-                    self.found = True
-                    if self.strip and b'"choices":[]' in event.replace(b" ", b""):
-                        continue  # the usage chunk the client did not ask for
-                elif self.strip:
-                    event = strip_null_usage(event)
-            self.events += _count_data(event)
-            kept.append(event)
-        return b"".join(kept)
+        return b"".join([self._event(event) for event in _split_events(block)])
+
+    def _event(self, event: bytes) -> bytes:
+        """One whole event: read its usage; when stripping, what is left of it to send."""
+        if self.strip:
+            i = event.find(b',"usage":null')  # the upstream's compact form, the usual one
+            if i >= 0:
+                self.events += 1
+                return event[:i] + event[i + 13:]
+        if b'"usage"' in event:
+            numbers = None
+            if b'"usage":null' not in event and b'"usage": null' not in event:
+                numbers = usage_of(_data_of(event))
+            if numbers is not None:
+                self.input, self.output = numbers
+                self.found = True
+                if self.strip and b'"choices":[]' in event.replace(b" ", b""):
+                    return b""  # the usage chunk the client did not ask for
+            elif self.strip:
+                event = strip_null_usage(event)
+        self.events += _count_data(event)
+        return event
 
     def relayed_output(self) -> int:
         """Output tokens relayed so far, estimated: one per data event."""
         return self.events
+
+
+def _data_of(event: bytes) -> bytes:
+    """The data of one event: its `data:` lines' values joined by newlines (the SSE rule)."""
+    lines = [line[5:].lstrip(b" ") if line.startswith(b"data:") else None
+             for line in event.splitlines()]
+    values = [v for v in lines if v is not None]
+    return values[0] if len(values) == 1 else b"\n".join(values)
 
 
 def _last_boundary(buf: bytes) -> int:

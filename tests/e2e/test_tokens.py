@@ -165,7 +165,7 @@ def payloads_completion_usage(prompt: str) -> bytes:
 
     events = payloads.completion_stream({"prompt": prompt, "stream_options": {
         "include_usage": True}}, "gpt-4o", "x", 1, 8)
-    return events[-2]
+    return events[-2][len(b"data: "):]
 
 
 def test_stream_cut_short_is_charged_input_and_relayed_output(
