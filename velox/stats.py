@@ -6,7 +6,7 @@ the slots without asking the workers anything. Field meanings are fixed here; th
 `Counters` and `Histogram` know only numbers.
 
 Imports: the native extension, _types (route numbers), health and tables (the upstreams' shared
-state) and stdlib.
+state), keys (the gateway keys' shared limits) and stdlib.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from enum import IntEnum
 from velox._native import Counters, Histogram
 from velox._types import Route
 from velox.health import SharedHealth
+from velox.keys import SharedKeys
 from velox.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 
 
@@ -79,6 +80,10 @@ ROUTE_STATUS_FIELD = tuple(
 )
 
 
+# Fields per Counters block of the token counts (the native Counters' most fields a row; a
+# power of two, so a field's block and column are a shift and a mask: velox.usage.Ledger).
+TOKEN_BLOCK = 4096
+
 # Why an attempt was sent again (velox_retries_total{reason}); field numbers of `retries`.
 RETRY_REASONS = ("connect", "timeout", "status_5xx", "status_429", "refused", "protocol")
 # Attempts by upstream and outcome class (velox_upstream_requests_total{upstream,status_class}):
@@ -107,7 +112,7 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status", "tokens", "key_names", "route_models")
+                 "upstream_status", "keys", "tokens", "key_names", "route_models")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -121,7 +126,7 @@ class SharedStats:
         self.retries = Counters(slots, len(RETRY_REASONS))
         self._per_upstream(tables)
 
-    def _per_upstream(self, tables: Tables | None) -> None:
+    def _per_upstream(self, tables: Tables | None, keys: SharedKeys | None = None) -> None:
         if tables is None:
             tables = single_upstream(UpstreamSpec(DEFAULT_UPSTREAM, "https://api.openai.com"))
         slots = self.slots
@@ -132,11 +137,16 @@ class SharedStats:
                                   for route in tables.routes for target in route.targets)
         self.targets = Counters(slots, max(1, len(self.target_names)))
         self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
+        # The [[key]] limits: kept across a reload that keeps the same key names (velox.keys).
+        self.keys = SharedKeys(tables.keys, slots, keys)
         # Tokens by gateway key and route (velox.usage.Ledger writes them): field =
         # ((key + 1) x routes + route) x 2 + kind (0 input, 1 output); key -1 is "no key".
-        self.key_names = ("-",) + tuple(k.name for k in getattr(tables, "keys", ()))
+        self.key_names = ("-",) + tuple(k.name for k in tables.keys)
         self.route_models = tuple(r.model for r in tables.routes)
-        self.tokens = Counters(slots, max(1, len(self.key_names) * len(self.route_models) * 2))
+        # Counters hold at most TOKEN_BLOCK fields a row: field f is tokens[f // TOKEN_BLOCK].
+        size = max(1, len(self.key_names) * len(self.route_models) * 2)
+        self.tokens = tuple(Counters(slots, min(TOKEN_BLOCK, size - start))
+                            for start in range(0, size, TOKEN_BLOCK))
 
     def with_tables(self, tables: Tables) -> SharedStats:
         """The shared state for a reloaded configuration; call it before forking its workers.
@@ -150,8 +160,12 @@ class SharedStats:
         for name in ("workers", "slots", "active", "counters", "histograms", "routes",
                      "retries"):
             setattr(new, name, getattr(self, name))
-        new._per_upstream(tables)
+        new._per_upstream(tables, self.keys)
         return new
+
+    def forget_slot(self, slot: int) -> None:
+        """The worker of `slot` died (SIGKILL, crash): give back the shared places it held."""
+        self.keys.forget_slot(slot)
 
     def is_active(self, slot: int) -> bool:
         return bool(self.active.get(0, slot))
@@ -166,7 +180,7 @@ class SharedStats:
 
     def token_rows(self) -> list[tuple[str, str, int, int]]:
         """(key, route, input, output) for every key and route that used tokens."""
-        totals = self.tokens.totals()
+        totals = [n for block in self.tokens for n in block.totals()]
         width = len(self.route_models)
         rows = []
         for k, key in enumerate(self.key_names):

@@ -129,10 +129,22 @@ def bare_path(path: bytes) -> bytes:
     return path if q < 0 else path[:q]
 
 
-def estimate(request: Request, default_output: int = DEFAULT_OUTPUT, cap: int = 0) -> int:
+_default_output = DEFAULT_OUTPUT
+
+
+def set_default_output(tokens: int) -> None:
+    """VELOX_TOKENS_DEFAULT_OUTPUT, for every estimate of this process (the worker sets it)."""
+    global _default_output
+    _default_output = tokens
+
+
+def estimate(request: Request, default_output: int | None = None, cap: int = 0) -> int:
     """Estimated input + output tokens of a model call. The default output (used when the body
-    gives no maximum) is capped at `cap` when cap > 0 (the limit the reservation is taken
-    from), so a small limit still admits a first request."""
+    gives no maximum; VELOX_TOKENS_DEFAULT_OUTPUT unless given) is capped at `cap` when
+    cap > 0 (the limit the reservation is taken from), so a small limit still admits a first
+    request (velox.keys also caps the whole estimate at the key's tpm)."""
+    if default_output is None:
+        default_output = _default_output
     body = request.body
     tokens = input_tokens(body)
     if bare_path(request.path) == _EMBEDDINGS:
@@ -447,22 +459,21 @@ class Meter(Protocol):
         ...
 
 
-class Settle(Protocol):
-    """A reservation the meter settles with the tokens really used (K1's key ticket)."""
-
-    def settle(self, tokens_used: int, /) -> None: ...
+# The token counts are blocks of 4096 fields (stats.TOKEN_BLOCK; stats is not imported here).
+_BLOCK_SHIFT = 12
+_BLOCK_MASK = (1 << _BLOCK_SHIFT) - 1
 
 
 class Ledger:
-    """One worker's token books: counts per key and route (shared counters, field =
-    ((key + 1) x routes + route) x 2 + kind, kind 0 input, 1 output) and the upstreams' tpm
-    buckets (velox.health.UpstreamTokens, or None when no upstream has a tpm)."""
+    """One worker's token books: counts per key and route (shared counters in blocks of 4096
+    fields, field = ((key + 1) x routes + route) x 2 + kind, kind 0 input, 1 output) and the
+    upstreams' tpm buckets (velox.health.UpstreamTokens, or None when no upstream has one)."""
 
     __slots__ = ("counters", "slot", "routes", "catch_all", "forward", "width", "tpm",
                  "default_output")
 
-    def __init__(self, counters: Any, slot: int, route_models: tuple[str, ...], tpm: Any,
-                 default_output: int = DEFAULT_OUTPUT) -> None:
+    def __init__(self, counters: tuple[Any, ...], slot: int, route_models: tuple[str, ...],
+                 tpm: Any, default_output: int = DEFAULT_OUTPUT) -> None:
         self.counters = counters
         self.slot = slot
         self.routes = {m: i for i, m in enumerate(route_models)}
@@ -482,19 +493,20 @@ class Ledger:
     def count(self, key: int, route: int, inp: int, out: int) -> None:
         if route < 0:
             return
-        field = ((key + 1) * self.width + route) * 2
-        counters, slot = self.counters, self.slot
+        field = ((key + 1) * self.width + route) * 2  # even: both kinds in the same block
+        counters = self.counters[field >> _BLOCK_SHIFT]
+        field &= _BLOCK_MASK
         if inp:
-            counters.add(slot, field, inp)
+            counters.add(self.slot, field, inp)
         if out:
-            counters.add(slot, field + 1, out)
+            counters.add(self.slot, field + 1, out)
 
 
 class TokenMeter:
     """The accounting of one request (the relay's `Meter`): its estimate, what the answer says
     it used, and the settlement of every reservation when it ends."""
 
-    __slots__ = ("ledger", "request", "estimate", "estimated_input", "ticket", "strip", "sse",
+    __slots__ = ("ledger", "request", "estimate", "estimated_input", "strip", "sse",
                  "tail", "input", "output", "exact", "done")
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
@@ -503,7 +515,6 @@ class TokenMeter:
         self.request = request
         self.estimated_input = input_tokens(request.body)
         self.estimate = estimate(request, ledger.default_output, cap)
-        self.ticket: Settle | None = None  # the key's reservation, when a key limits tokens
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
         self.tail = b""  # the end of a plain body streamed past the relay's buffer
@@ -516,12 +527,12 @@ class TokenMeter:
     def for_request(cls, ledger: Ledger, request: Request, cap: int = 0) -> TokenMeter:
         """A meter for a model call; a stream that can report its usage is asked to (the body
         is rewritten) unless the client asked itself."""
-        strip = False
+        meter = cls(ledger, request, False, cap)  # estimated from the client's own body
         if wants_usage(request.upstream_path, request.stream) and \
                 not client_asked_usage(request.body):
             request.body = add_include_usage(request.body)
-            strip = True
-        return cls(ledger, request, strip, cap)
+            meter.strip = True
+        return meter
 
     # --- the relay's Meter ----------------------------------------------------------------
 
@@ -573,9 +584,8 @@ class TokenMeter:
             else:
                 self.input = self.output = 0  # refused or failed: nothing was generated
         used = self.input + self.output
-        ticket = self.ticket
-        if ticket is not None:
-            self.ticket = None
+        ticket = self.request.ticket
+        if ticket is not None:  # the key's reservation (velox.keys.Ticket: settles once)
             ticket.settle(used)
         attempt = exchange.route_attempt
         ledger = self.ledger
@@ -584,5 +594,5 @@ class TokenMeter:
             ledger.tpm.settle(attempt.upstream, reserved, used)
         if used:
             request = self.request
-            ledger.count(getattr(request, "key", -1), ledger.route_of(request.model),
+            ledger.count(request.key, ledger.route_of(request.model),
                          self.input, self.output)

@@ -12,8 +12,8 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay, usage),
-health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
+Imports: every stage below it (ingress, parse, keys, ratelimit, route, dispatch, egress, relay,
+usage), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
 
@@ -46,13 +46,14 @@ from velox.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.health import now_ms
 from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
+from velox.keys import KeyStage
 from velox.parse import parse_model_call, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
 from velox.ring import make_queue
 from velox.route import Auth
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
-from velox.usage import Ledger, TokenMeter
+from velox.usage import Ledger, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
 
@@ -79,6 +80,7 @@ class Worker:
         self.auth = Auth(settings)
         self.drain_pending = False
         self.in_flight = 0
+        self.keys: KeyStage | None = None  # made in build()
         # Bodies from this size on are validated in a thread (see velox.parse); 0 means never.
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
@@ -123,12 +125,18 @@ class Worker:
                           for index, spec in enumerate(self.tables.upstreams)]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
-        # Token accounting (velox.usage): every model call when VELOX_TOKEN_ACCOUNTING is on,
-        # else only when a tpm limit exists; None: no meter, nothing read.
+        # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
+        self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
+            else None
+        # Token accounting (velox.usage): every model call when VELOX_TOKEN_ACCOUNTING is on or
+        # an upstream has a tpm, else only keyed requests (a key's tpm is settled from usage);
+        # None: no meter, nothing read.
         shared = self.shared
-        accounted = settings.token_accounting or shared.health.tpm is not None
+        set_default_output(settings.tokens_default_output)
+        self.meter_all = settings.token_accounting or shared.health.tpm is not None
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
-                             settings.tokens_default_output) if accounted else None
+                             settings.tokens_default_output) \
+            if self.meter_all or any(k.tpm for k in self.tables.keys) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -298,7 +306,7 @@ class Worker:
             self.wake_drain()
 
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → rate limit → route → egress."""
+        """Run one micro-batch through parse → keys → rate limit → route → egress."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, F.BATCHES, 1)
@@ -332,6 +340,10 @@ class Worker:
             parsed.append(request)
         counters.add(slot, F.BYTES_IN, bytes_in)
 
+        # keys: 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
+        if self.keys is not None and parsed:
+            parsed = self.keys.admit(parsed)
+
         t_parsed = time.perf_counter_ns()
         admitted = self.limiter.admit(len(parsed)) if parsed else 0
         t_admitted = time.perf_counter_ns()
@@ -341,7 +353,7 @@ class Worker:
         dispatch = self.dispatch
         split = self.auth.client_headers
         models_body = self.models_body
-        ledger = self.ledger
+        ledger, meter_all = self.ledger, self.meter_all
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
@@ -353,7 +365,8 @@ class Worker:
             exchange = Exchange(request, request.upstream_path, base, self.on_done,
                                 self.release_body, dispatch)
             exchange.passthrough = passthrough
-            if ledger is not None and request.route is not Route.FORWARD:
+            if ledger is not None and request.route is not Route.FORWARD and (
+                    meter_all or request.ticket is not None):
                 exchange.meter = TokenMeter.for_request(ledger, request)
             self.in_flight += 1
             dispatch.send(exchange)
@@ -407,6 +420,8 @@ class Worker:
         self.counters.add(self.slot, F.REJECT_RATE_LIMITED, len(requests))
         error = RateLimited(retry_after_s=retry_after)
         for request in requests:
+            if request.ticket is not None:
+                request.ticket.settle(0)  # refused before the upstream: no tokens used
             request.conn.respond_error(request, error)
 
     # --- accounting callbacks ----------------------------------------------------------------
@@ -418,6 +433,9 @@ class Worker:
             self.arena.release(segment)  # type: ignore[union-attr]
 
     def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+        ticket = request.ticket
+        if ticket is not None:  # the answer is written: the key's place goes back
+            ticket.release()
         counters, slot = self.counters, self.slot
         counters.add(slot, F.REQUESTS, 1)
         counters.add(slot, _CLASS_FIELD.get(status // 100, F.RESP_5XX), 1)
@@ -429,6 +447,9 @@ class Worker:
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
+        ticket = exchange.request.ticket
+        if ticket is not None:  # ended any way (answer, error, timeout, client gone)
+            ticket.release()
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)

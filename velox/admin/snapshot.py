@@ -145,6 +145,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "retries": dict(zip(RETRY_REASONS, shared.retries.totals(), strict=True)),
         "retry_budget": shared.health.snapshot()["retry_budget"],
         "workers": workers,
+        "keys": shared.keys.snapshot(),
         "tokens": [{"key": key, "route": route, "input": inp, "output": out}
                    for key, route, inp, out in shared.token_rows()],
     }
