@@ -270,3 +270,110 @@ def test_upstream_over_use_is_debt_that_moves_the_next_request(
     r3 = chat(gw, 1)
     assert r3.status_code == 200 and r3.headers["x-velox-upstream"] == "b"
     assert chat_calls(fresh["a"]) == 2
+
+
+# --- a gateway key's tpm -----------------------------------------------------------------------
+
+KEY = "sk-velox-team-a-0123456789"
+
+
+def one_up_with_key(fresh: dict, tpm: int) -> str:
+    digest = hashlib.sha256(KEY.encode()).hexdigest()
+    return upstream_table("a", fresh["a"]) + f"""
+[[route]]
+model = "m"
+targets = [{{ upstream = "a" }}]
+
+[[key]]
+name = "team-a"
+sha256 = "{digest}"
+tpm = {tpm}
+"""
+
+
+def keyed(gw: Any, max_tokens: int | None = None, **headers: str) -> httpx.Response:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return httpx.post(gw.base_url + "/v1/chat/completions", json=body,
+                      headers={"authorization": f"Bearer {KEY}", **headers}, timeout=30)
+
+
+def key_row(gw: Any) -> dict[str, Any]:
+    return next(k for k in admin_stats(gw)["keys"] if k["name"] == "team-a")
+
+
+def test_key_tpm_admits_until_the_tokens_run_out_then_429(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    # tpm 600 (10 a second). Each request reserves its input (~20) + max_tokens 250; a 2 s
+    # answer keeps two reservations (~540) held, so a third cannot be covered: 429.
+    gw = start(tmp_path, write_config(tmp_path, one_up_with_key(fresh, 600)))
+    gateways.append(gw)
+    fresh["a"].behave(latency_ms=2000)
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(keyed, gw, 250) for _ in range(2)]
+        wait_for(lambda: key_row(gw)["active"] == 2)
+        refused = keyed(gw, 250)
+        answered = [f.result() for f in held]
+    assert [r.status_code for r in answered] == [200, 200]
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert "tokens per minute" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert chat_calls(fresh["a"]) == 2  # the refused one never reached the upstream
+    # Settled from the usage (about 10 tokens each): the unused reservations came back, so
+    # the same request is admitted again at once.
+    used = sum(r.json()["usage"]["total_tokens"] for r in answered)
+    fresh["a"].behave()
+    again = keyed(gw, 250)
+    assert again.status_code == 200, again.text
+    used += again.json()["usage"]["total_tokens"]
+    counted = wait_for(lambda: tokens(gw).get(("team-a", "m")))
+    assert sum(counted) == used
+    m = metric_tokens(gw)
+    assert m[("team-a", "m", "input")] + m[("team-a", "m", "output")] == used
+    assert key_row(gw)["remaining_tokens"] >= 600 - used - 5  # ~5: the refill meanwhile
+
+
+def test_key_over_use_is_debt_the_next_request_waits_for(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    # tpm 600: a request reserving ~21 tokens (max_tokens 1) gets 1000 output tokens (the mock
+    # ignores max_tokens): ~980 over-use is charged, leaving the key ~400 tokens in debt, which
+    # the refill (10 a second) repays in about 40 s: the next request is refused until then.
+    gw = start(tmp_path, write_config(tmp_path, one_up_with_key(fresh, 600)))
+    gateways.append(gw)
+    fresh["a"].behave(chunks=1002)
+    first = keyed(gw, 1)
+    assert first.status_code == 200
+    used = first.json()["usage"]["total_tokens"]
+    assert used > 1000
+    remaining = key_row(gw)["remaining_tokens"]
+    assert remaining < 600 - used + 20, remaining  # charged what was used, not the reservation
+    assert remaining < 0  # in debt
+    fresh["a"].behave()
+    second = keyed(gw, 1)
+    assert second.status_code == 429, second.text
+    wait = int(second.headers["retry-after"])
+    # the debt plus the new reservation, at 10 tokens a second
+    assert wait >= (-remaining) // 10, (wait, remaining)
+    assert chat_calls(fresh["a"]) == 1
+    counted = wait_for(lambda: tokens(gw).get(("team-a", "m")))
+    assert sum(counted) == used
+
+
+def test_key_stream_settles_and_strips(tmp_path: Path, fresh: dict, gateways: list) -> None:
+    gw = start(tmp_path, write_config(tmp_path, one_up_with_key(fresh, 100_000)))
+    gateways.append(gw)
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES,  # type: ignore
+                                                 stream=True, max_tokens=50))
+    assert all(c.usage is None and "usage" not in c.model_fields_set for c in chunks)
+    asked = list(client.chat.completions.create(
+        model="m", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True}, max_tokens=50))
+    final = asked[-1].usage
+    assert final is not None
+    expect = 2 * final.total_tokens  # the same request twice
+    assert wait_for(lambda: sum(tokens(gw).get(("team-a", "m"), (0, 0))) == expect)
