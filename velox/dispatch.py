@@ -131,8 +131,12 @@ class Dispatch:
         # the gateway has no keys of its own: route.Auth decided that in `passthrough`).
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
                                                         or exchange.passthrough)
-        exchange.body = request.body if request.model is None or attempt.model == request.model \
+        body = request.body if request.model is None or attempt.model == request.model \
             else rewrite_model(request.body, attempt.model)
+        meter = exchange.meter
+        # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
+        # accepts the option; the meter then strips what it brings.
+        exchange.body = body if meter is None else meter.for_attempt(body, spec.stream_usage)
         index = self._target_index.get((attempt.route.model, attempt.target.upstream,
                                         attempt.target.model))
         if index is not None:

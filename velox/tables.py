@@ -79,6 +79,9 @@ class UpstreamSpec:
     max_in_flight: int = 0  # requests at once on this upstream across the gateway; 0: no cap
     rpm: int = 0  # this upstream's own shared request bucket; 0: no limit
     tpm: int = 0  # this upstream's own shared token bucket (velox.usage); 0: no limit
+    # Streams sent here ask for the usage chunk (stream_options.include_usage, velox.usage);
+    # false for an OpenAI-compatible server that rejects the option.
+    stream_usage: bool = True
 
     @property
     def scheme(self) -> str:
@@ -262,7 +265,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 TOP_KEYS = ("upstream", "route", "retry", "breaker", "key")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
-                 "max_in_flight", "rpm", "warmup_path", "tpm")
+                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage")
 ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
@@ -433,7 +436,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     return UpstreamSpec(
         name=name, origin=origin, api_key=api_key, api_key_env=api_key_env, kind=kind,
         api_version=api_version, protocol=protocol, ca_file=ca_file, warmup_path=warmup_path,
-        **ints)
+        stream_usage=_flag(source, where, table, "stream_usage", True), **ints)
 
 
 def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str]) -> RouteSpec:
@@ -659,6 +662,15 @@ def _int(source: str, where: str, table: Mapping[str, Any], key: str, default: i
         _fail(source, where, key, f"must be an integer from {lo} to {hi}, got {_kind(value)}")
     if not lo <= value <= hi:
         _fail(source, where, key, f"must be an integer from {lo} to {hi}, got {value}")
+    return value
+
+
+def _flag(source: str, where: str, table: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        _fail(source, where, key, f"must be true or false, got {_kind(value)}")
     return value
 
 

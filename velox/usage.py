@@ -437,6 +437,12 @@ class Meter(Protocol):
 
     estimate: int  # the request's estimated tokens, reserved where a tpm applies
 
+    def for_attempt(self, body: bytes | bytearray | memoryview,
+                    stream_usage: bool) -> bytes | bytearray | memoryview:
+        """The body to send on an attempt to an upstream (`stream_usage`: it accepts
+        stream_options.include_usage)."""
+        ...
+
     def response(self, status: int, sse: bool) -> None:
         """The answer the client gets starts (after any retries): its status and kind."""
         ...
@@ -506,7 +512,7 @@ class TokenMeter:
     """The accounting of one request (the relay's `Meter`): its estimate, what the answer says
     it used, and the settlement of every reservation when it ends."""
 
-    __slots__ = ("ledger", "request", "estimate", "estimated_input", "strip", "sse",
+    __slots__ = ("ledger", "request", "estimate", "estimated_input", "ask", "strip", "sse",
                  "tail", "input", "output", "exact", "done")
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
@@ -515,6 +521,7 @@ class TokenMeter:
         self.request = request
         self.estimated_input = input_tokens(request.body)
         self.estimate = estimate(request, ledger.default_output, cap)
+        self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
         self.tail = b""  # the end of a plain body streamed past the relay's buffer
@@ -530,11 +537,17 @@ class TokenMeter:
         meter = cls(ledger, request, False, cap)  # estimated from the client's own body
         if wants_usage(request.upstream_path, request.stream) and \
                 not client_asked_usage(request.body):
-            request.body = add_include_usage(request.body)
-            meter.strip = True
+            meter.ask = True  # each attempt's body gets the option (for_attempt)
         return meter
 
     # --- the relay's Meter ----------------------------------------------------------------
+
+    def for_attempt(self, body: bytes | bytearray | memoryview,
+                    stream_usage: bool) -> bytes | bytearray | memoryview:
+        if not self.ask:
+            return body
+        self.strip = stream_usage  # the attempt that answers decides
+        return add_include_usage(body) if stream_usage else body
 
     def response(self, status: int, sse: bool) -> None:
         if sse:

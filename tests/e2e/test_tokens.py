@@ -377,3 +377,27 @@ def test_key_stream_settles_and_strips(tmp_path: Path, fresh: dict, gateways: li
     assert final is not None
     expect = 2 * final.total_tokens  # the same request twice
     assert wait_for(lambda: sum(tokens(gw).get(("team-a", "m"), (0, 0))) == expect)
+
+
+def test_an_upstream_with_stream_usage_false_gets_the_body_unchanged(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    # For an OpenAI-compatible server that rejects stream_options: nothing is added, the client
+    # gets the upstream's stream as it is, and the request is charged its estimate (input) plus
+    # one token per relayed event, marked not exact.
+    config = upstream_table("a", fresh["a"], stream_usage=False) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a" }]
+"""
+    gw = start(tmp_path, write_config(tmp_path, config), VELOX_ACCESS_LOG="1")
+    gateways.append(gw)
+    body = orjson.dumps({"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 50})
+    r = httpx.post(gw.base_url + "/v1/chat/completions", content=body, headers={
+        **AUTH, "content-type": "application/json"}, timeout=20)
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    assert fresh["a"].requests(5)[-1]["body_sha256"] == hashlib.sha256(body).hexdigest()
+    events = r.text.count("\n\n")
+    got = wait_for(lambda: tokens(gw).get(("-", "m")))
+    assert got == (usage.input_tokens(body), events)
+    line = wait_for(lambda: [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"])
+    assert line[-1]["usage"] == {"input": got[0], "output": got[1], "exact": False}
