@@ -721,6 +721,7 @@ class Plan:
         wait = min((-(-tpm_wait[t.u] // 1_000_000) if t.u in tpm_wait else
                     state.retry_after_s(t.u) for t in outcome.rate), default=1)
         wait = max(1, wait)
+        what = "request or token rate limit" if tpm_wait else "request rate limit"
         return RateLimited(
-            f"Every upstream serving {self.model!r} is at its request rate limit; "
+            f"Every upstream serving {self.model!r} is at its {what}; "
             "retry after the indicated time.", retry_after_s=wait)

@@ -401,3 +401,28 @@ targets = [{ upstream = "a" }]
     assert got == (usage.input_tokens(body), events)
     line = wait_for(lambda: [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"])
     assert line[-1]["usage"] == {"input": got[0], "output": got[1], "exact": False}
+
+
+def test_every_upstream_out_of_tokens_is_429_from_the_gateway(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    config = upstream_table("a", fresh["a"], tpm=600) + """
+[[route]]
+model = "m"
+targets = [{ upstream = "a" }]
+"""
+    gw = start(tmp_path, write_config(tmp_path, config))
+    gateways.append(gw)
+    fresh["a"].behave(latency_ms=2000)
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(chat, gw, 250) for _ in range(2)]
+        wait_for(lambda: upstream_stats(gw, "a")["in_flight"] == 2)
+        refused = chat(gw, 250)
+        answered = [f.result() for f in held]
+    assert [r.status_code for r in answered] == [200, 200]
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert "token rate limit" in refused.json()["error"]["message"]
+    assert chat_calls(fresh["a"]) == 2  # the provider was never asked beyond its quota
