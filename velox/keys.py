@@ -10,8 +10,9 @@ client auth) passes untouched with `request.key = -1`. For a keyed request, in o
      SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`.
   2. `rpm`: one token of the key's request bucket.
   3. `tpm` (model calls only): the request's estimated tokens (velox.usage.estimate when it
-     exists; until then the interim estimate below), capped at the key's tpm so that one large
-     request can still pass a full bucket; the difference to the real usage is settled later
+     exists; until then the interim estimate below), at least 1 (a key in debt is refused
+     whatever the request) and at most the key's tpm (one large request can still pass a full
+     bucket); the difference to the real usage is settled later
      (`Ticket.settle`), and over-use becomes debt the key's next requests repay first.
   4. `max_parallel`: one place of the key's gauge (every key's gauge counts, so /stats shows
      each key's requests in flight; only keys with max_parallel refuse).
@@ -267,15 +268,15 @@ class KeyStage:
                 return False
         reserved = 0
         if key.tpm and request.route is Route.MODEL_CALL:
-            reserved = min(estimate(request), key.tpm)
-            if reserved > 0:
-                wait = limits.take(key.tpm_i, reserved)
-                if wait:
-                    if key.rpm:
-                        limits.refund(key.rpm_i, 1)
-                    self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)",
-                                 key.tpm)
-                    return False
+            # At least one token, so a key in debt is refused however small the request.
+            reserved = max(1, min(estimate(request), key.tpm))
+            wait = limits.take(key.tpm_i, reserved)
+            if wait:
+                if key.rpm:
+                    limits.refund(key.rpm_i, 1)
+                self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)",
+                             key.tpm)
+                return False
         if not limits.enter(key.rpm_i, key.max_parallel, slot):
             if key.rpm:
                 limits.refund(key.rpm_i, 1)
