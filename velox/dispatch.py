@@ -109,7 +109,7 @@ class Dispatch:
                 param="model"))
             return
         meter = exchange.meter
-        if meter is not None:
+        if meter is not None and self.router.tpm is not None:
             plan.tokens = meter.estimate  # reserved on the tpm bucket of the upstream chosen
         attempt = plan.first()
         if isinstance(attempt, VeloxError):

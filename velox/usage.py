@@ -45,15 +45,18 @@ BYTES_PER_TOKEN = 4
 IMAGE_TOKENS = 765
 DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
 
-_OUTPUT_KEYS = (b'"max_completion_tokens"', b'"max_tokens"', b'"max_output_tokens"')
-_SUFFIX = b'_tokens"'
+# max_completion_tokens, max_tokens, max_output_tokens: a key and a plain integer value.
+_OUTPUT = re.compile(rb'"max_(?:completion_|output_)?tokens"\s*:\s*(\d{1,12})')
 _BASE64 = b";base64,"
+_SMALL_BODY = 2048
 # A usage object: members whose values are scalars or objects of scalars.
 _USAGE_OBJECT = re.compile(rb"\{(?:[^{}]+|\{[^{}]*\})*\}")
 # Answers up to this size are parsed whole (one orjson call is cheaper than finding the usage
 # object first); larger ones (embeddings) have only their usage object parsed.
 _WHOLE = 4096
-_DIGITS = frozenset(b"0123456789")
+# Chat and completions usage as OpenAI writes it: prompt_tokens, then completion_tokens.
+_CHAT_USAGE = re.compile(
+    rb'"usage"\s*:\s*\{\s*"prompt_tokens"\s*:\s*(\d{1,15})\s*,\s*"completion_tokens"\s*:\s*(\d{1,15})')
 _SPACE = b" \t\r\n"
 
 # Paths whose streams get `stream_options.include_usage` (the others have no such option).
@@ -66,14 +69,14 @@ _EMBEDDINGS = b"/v1/embeddings"
 
 def input_tokens(body: bytes | bytearray | memoryview) -> int:
     """Estimated input tokens of a request body (see the module docstring)."""
-    size = len(body)
-    if not size:
-        return 0
     data = bytes(body) if isinstance(body, memoryview) else body
-    inline = 0
-    payloads = 0
+    size = len(data)
     find = data.find
     i = find(_BASE64)
+    if i < 0:  # the usual case: text only
+        return -(-size // BYTES_PER_TOKEN)
+    inline = 0
+    payloads = 0
     while i >= 0:
         start = i + len(_BASE64)
         end = find(b'"', start)
@@ -82,46 +85,19 @@ def input_tokens(body: bytes | bytearray | memoryview) -> int:
         inline += end - start
         payloads += 1
         i = find(_BASE64, end)
-    text = size - inline
-    return -(-text // BYTES_PER_TOKEN) + payloads * IMAGE_TOKENS
+    return -(-(size - inline) // BYTES_PER_TOKEN) + payloads * IMAGE_TOKENS
 
 
 def output_limit(body: bytes | bytearray | memoryview) -> int | None:
     """The body's max_completion_tokens / max_tokens / max_output_tokens, None if absent.
 
-    Found by byte search (one pass for the common suffix `_tokens"`): a quoted key followed by
-    `:` can only be an object key (inside a JSON string its quotes would be escaped), and a
-    value that is not a plain integer (null, a schema's {"type": ...}) is ignored."""
+    Found by one regular-expression search (its literal prefix makes it a fast byte search): a
+    quoted key followed by `:` can only be an object key (inside a JSON string its quotes would
+    be escaped), and a value that is not a plain integer (null, a schema's {"type": ...}) does
+    not match."""
     data = bytes(body) if isinstance(body, memoryview) else body
-    find = data.find
-    i = find(_SUFFIX)
-    while i >= 0:
-        end = i + len(_SUFFIX)
-        for key in _OUTPUT_KEYS:
-            if data.startswith(key, end - len(key)):
-                value = _int_after(data, end)
-                if value is not None:
-                    return value
-                break
-        i = find(_SUFFIX, end)
-    return None
-
-
-def _int_after(data: bytes | bytearray, i: int) -> int | None:
-    n = len(data)
-    while i < n and data[i] in _SPACE:
-        i += 1
-    if i >= n or data[i] != 0x3A:  # ':'
-        return None
-    i += 1
-    while i < n and data[i] in _SPACE:
-        i += 1
-    start = i
-    while i < n and data[i] in _DIGITS:
-        i += 1
-    if i == start or i - start > 12:
-        return None
-    return int(data[start:i])
+    m = _OUTPUT.search(data)
+    return int(m.group(1)) if m is not None else None
 
 
 def bare_path(path: bytes) -> bytes:
@@ -146,13 +122,19 @@ def estimate(request: Request, default_output: int | None = None, cap: int = 0) 
     if default_output is None:
         default_output = _default_output
     body = request.body
+    if isinstance(body, memoryview):
+        body = bytes(body)  # once, for both searches
     tokens = input_tokens(body)
     if bare_path(request.path) == _EMBEDDINGS:
         return tokens
-    out = output_limit(body)
-    if out is None:
-        out = min(default_output, cap) if cap > 0 else default_output
-    return tokens + out
+    return tokens + _output(body, default_output, cap)
+
+
+def _output(body: bytes | bytearray, default_output: int, cap: int) -> int:
+    m = _OUTPUT.search(body)
+    if m is not None:
+        return int(m.group(1))
+    return min(default_output, cap) if cap > 0 else default_output
 
 
 # --- the body sent upstream ------------------------------------------------------------------
@@ -229,6 +211,9 @@ def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
     i = body.rfind(b'"usage"')
     if i < 0:
         return None
+    m = _CHAT_USAGE.match(body, i)  # OpenAI's own order: one regular-expression match
+    if m is not None:
+        return int(m.group(1)), int(m.group(2))
     if len(body) <= _WHOLE:
         try:
             doc = orjson.loads(body)
@@ -435,7 +420,10 @@ class Meter(Protocol):
     """What the relay tells the accounting of one request (None on the exchange when nobody
     accounts it). Each call is made at most once per answer, `finish` exactly once."""
 
-    estimate: int  # the request's estimated tokens, reserved where a tpm applies
+    @property
+    def estimate(self) -> int:
+        """The request's estimated tokens, reserved where a tpm applies."""
+        ...
 
     def for_attempt(self, body: bytes | bytearray | memoryview,
                     stream_usage: bool) -> bytes | bytearray | memoryview:
@@ -512,15 +500,21 @@ class TokenMeter:
     """The accounting of one request (the relay's `Meter`): its estimate, what the answer says
     it used, and the settlement of every reservation when it ends."""
 
-    __slots__ = ("ledger", "request", "estimate", "estimated_input", "ask", "strip", "sse",
-                 "tail", "input", "output", "exact", "done")
+    __slots__ = ("ledger", "request", "cap", "_estimate", "estimated_input", "ask", "strip",
+                 "sse", "tail", "input", "output", "exact", "done")
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
                  cap: int = 0) -> None:
         self.ledger = ledger
         self.request = request
-        self.estimated_input = input_tokens(request.body)
-        self.estimate = estimate(request, ledger.default_output, cap)
+        self.cap = cap
+        self._estimate = -1  # computed when a tpm needs it (`estimate`)
+        # What a request cut short is charged: kept now, since the body is released once the
+        # answer starts. A small body is bytes / 4 outright (no search: any inline payload in
+        # 2 kB would be charged less than IMAGE_TOKENS anyway).
+        size = len(request.body)
+        self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
+            input_tokens(request.body)
         self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
@@ -530,12 +524,28 @@ class TokenMeter:
         self.exact = False  # input/output come from the upstream's usage
         self.done = False
 
+    @property
+    def estimate(self) -> int:
+        """The request's estimated input + output tokens (computed once, from the client's
+        body: call it while the body is held, before the answer starts)."""
+        tokens = self._estimate
+        if tokens < 0:
+            request = self.request
+            body = request.body
+            if isinstance(body, memoryview):
+                body = bytes(body)
+            tokens = input_tokens(body)
+            if bare_path(request.path) != _EMBEDDINGS:
+                tokens += _output(body, self.ledger.default_output, self.cap)
+            self._estimate = tokens
+        return tokens
+
     @classmethod
     def for_request(cls, ledger: Ledger, request: Request, cap: int = 0) -> TokenMeter:
         """A meter for a model call; a stream that can report its usage is asked to (the body
-        is rewritten) unless the client asked itself."""
-        meter = cls(ledger, request, False, cap)  # estimated from the client's own body
-        if wants_usage(request.upstream_path, request.stream) and \
+        is rewritten per attempt) unless the client asked itself."""
+        meter = cls(ledger, request, False, cap)
+        if request.stream and wants_usage(request.upstream_path, True) and \
                 not client_asked_usage(request.body):
             meter.ask = True  # each attempt's body gets the option (for_attempt)
         return meter

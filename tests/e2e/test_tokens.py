@@ -225,17 +225,18 @@ def chat(gw: Any, max_tokens: int, **headers: str) -> httpx.Response:
 def test_upstream_tpm_moves_traffic_before_the_provider_says_429(
         tmp_path: Path, fresh: dict, gateways: list) -> None:
     # a: 1000 tokens a minute (the refill, 16 a second, is negligible here); each request
-    # reserves its input (~20) + max_tokens 300, and uses far less: a 2 s latency keeps the
+    # reserves its input (~20) + max_tokens 300, and uses far less: a 4 s latency keeps the
     # first three in flight, so their reservations (~960) are all held at once.
     gw = start(tmp_path, write_config(tmp_path, two_up(fresh, {"tpm": 1000}, {})))
     gateways.append(gw)
-    fresh["a"].behave(latency_ms=2000)
+    fresh["a"].behave(latency_ms=4000)
     import concurrent.futures as cf
 
     with cf.ThreadPoolExecutor(6) as pool:
         held = [pool.submit(chat, gw, 300) for _ in range(3)]
-        wait_for(lambda: upstream_stats(gw, "a")["in_flight"] == 3)
-        assert upstream_stats(gw, "a")["tpm_available"] < 320  # three reservations held
+        row = wait_for(lambda: (lambda r: r if r["in_flight"] == 3 else None)(
+            upstream_stats(gw, "a")))
+        assert row["tpm_available"] < 320  # three reservations held (same snapshot)
         # Now a cannot cover another 320: b (no tpm, the lower priority) serves these.
         more = [pool.submit(chat, gw, 300) for _ in range(3)]
         second = [f.result() for f in more]
