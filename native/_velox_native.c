@@ -1950,6 +1950,48 @@ static PyObject *Limits_forget_slot(LimitsObject *self, PyObject *arg)
     return PyLong_FromLongLong(vx_limits_forget_slot(self->l, slot));
 }
 
+/* An entry index or -1 ("skip this step"), else IndexError. */
+static int limits_index_or_skip(LimitsObject *self, PyObject *o, const char *name, int64_t *i)
+{
+    int overflow;
+    if (to_i64(o, i, &overflow) < 0)
+        return -1;
+    if (overflow || *i < -1 || *i >= self->l->n) {
+        PyErr_Format(PyExc_IndexError, "%s %R out of range: -1 (skip) or [0, %lld)", name, o,
+                     (long long)self->l->n);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Limits_admit_doc,
+             "admit($self, req_i, tok_i, tokens, gauge_i, limit, slot, now_us=None, /)\n--\n\n"
+             "One admission in one call: take 1 from bucket req_i, then `tokens` from bucket\n"
+             "tok_i, then a place of gauge gauge_i (limit, slot); an index of -1 skips its step.\n"
+             "All or nothing. 0 when admitted; else wait_us * 4 + reason, where reason is\n"
+             "ADMIT_REQUESTS, ADMIT_TOKENS or ADMIT_PARALLEL and wait_us what take() answered\n"
+             "(0 for never; 1 s for a full gauge).");
+
+static PyObject *Limits_admit(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t req_i, tok_i, tokens, gauge_i, limit, slot, now;
+    if (check_nargs("admit", nargs, 6, 7) < 0 ||
+        limits_index_or_skip(self, args[0], "req_i", &req_i) < 0 ||
+        limits_index_or_skip(self, args[1], "tok_i", &tok_i) < 0 ||
+        arg_in_range(args[2], "tokens", 0, VX_LIMITS_MAX_TOKENS, &tokens) < 0 ||
+        limits_index_or_skip(self, args[3], "gauge_i", &gauge_i) < 0 ||
+        arg_in_range(args[4], "limit", INT64_MIN, INT64_MAX, &limit) < 0 ||
+        limits_slot(self, args[5], &slot) < 0 || limits_now(args, nargs, 6, &now) < 0)
+        return NULL;
+    int reason = VX_ADMIT_OK;
+    int64_t wait = vx_limits_admit(self->l, req_i, tok_i, tokens, gauge_i, limit, slot, now,
+                                   &reason);
+    if (reason == VX_ADMIT_OK)
+        return PyLong_FromLong(0);
+    /* wait <= 2^33 us for any bucket (need <= 6e17 units at rate >= 1): no overflow. */
+    return PyLong_FromLongLong((wait > 0 ? wait : 0) * 4 + reason);
+}
+
 PyDoc_STRVAR(Limits_hammer_doc,
              "_hammer($self, i, duration_us, n, /)\n--\n\n"
              "Test hook: with the GIL released, call take(i, n) on the real clock in a tight\n"
@@ -1997,6 +2039,7 @@ static PyMethodDef Limits_methods[] = {
     {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},
     {"held", FASTCALL(Limits_held), METH_FASTCALL, Limits_held_doc},
     {"forget_slot", (PyCFunction)Limits_forget_slot, METH_O, Limits_forget_slot_doc},
+    {"admit", FASTCALL(Limits_admit), METH_FASTCALL, Limits_admit_doc},
     {"_hammer", FASTCALL(Limits_hammer), METH_FASTCALL, Limits_hammer_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -2079,6 +2122,9 @@ static const struct {
     {"UP_COUNTERS", VX_UP_COUNTERS},
     {"LIMITS_NEVER", (int)VX_LIMITS_NEVER},
     {"LIMITS_LEASE_WAIT_US", (int)VX_LIMITS_LEASE_WAIT_US},
+    {"ADMIT_REQUESTS", VX_ADMIT_REQUESTS},
+    {"ADMIT_TOKENS", VX_ADMIT_TOKENS},
+    {"ADMIT_PARALLEL", VX_ADMIT_PARALLEL},
 };
 
 static PyMethodDef module_methods[] = {

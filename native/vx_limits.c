@@ -344,3 +344,30 @@ int64_t vx_limits_forget_slot(vx_limits *l, int64_t slot)
     }
     return total;
 }
+
+int64_t vx_limits_admit(vx_limits *l, int64_t req_i, int64_t tok_i, int64_t tokens,
+                        int64_t gauge_i, int64_t limit, int64_t slot, int64_t now_us,
+                        int *reason)
+{
+    int64_t wait;
+    if (req_i >= 0 && (wait = vx_limits_take(l, req_i, 1, now_us)) != 0) {
+        *reason = VX_ADMIT_REQUESTS;
+        return wait;
+    }
+    if (tok_i >= 0 && tokens > 0 && (wait = vx_limits_take(l, tok_i, tokens, now_us)) != 0) {
+        if (req_i >= 0)
+            vx_limits_refund(l, req_i, 1);
+        *reason = VX_ADMIT_TOKENS;
+        return wait;
+    }
+    if (gauge_i >= 0 && !vx_limits_enter(l, gauge_i, limit, slot)) {
+        if (req_i >= 0)
+            vx_limits_refund(l, req_i, 1);
+        if (tok_i >= 0 && tokens > 0)
+            vx_limits_refund(l, tok_i, tokens);
+        *reason = VX_ADMIT_PARALLEL;
+        return VX_LIMITS_PARALLEL_WAIT_US;
+    }
+    *reason = VX_ADMIT_OK;
+    return 0;
+}

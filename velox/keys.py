@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
-from velox._native import Counters, Limits
+from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters, Limits
 from velox._types import Request, Route
 from velox.errors import ModelNotAllowed, RateLimited
 from velox.route import caller_of
@@ -73,7 +73,8 @@ REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in ord
 
 # --- the interim token estimate (INTERIM: replaced by velox.usage.estimate) -------------------
 
-_MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
+# A literal prefix ("max_) lets the regex engine skip ahead with a fast search.
+_MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d{1,9})')
 
 
 def interim_estimate(request: Request) -> int:
@@ -199,7 +200,7 @@ class _Key:
     """One key as the stage uses it (per worker)."""
 
     __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
-                 "rpm_value", "tpm_value")
+                 "rpm_value", "tpm_value", "req_i", "tok_i", "headers")
 
     def __init__(self, index: int, spec: KeySpec) -> None:
         self.index = index
@@ -212,6 +213,10 @@ class _Key:
         self.tpm_i = tpm_index(index)
         self.rpm_value = b"%d" % spec.rpm
         self.tpm_value = b"%d" % spec.tpm
+        # Limits.admit's indexes: -1 skips a bucket the key does not have.
+        self.req_i = self.rpm_i if spec.rpm else -1
+        self.tok_i = self.tpm_i if spec.tpm else -1
+        self.headers = bool(spec.rpm or spec.tpm)
 
 
 _LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
@@ -260,48 +265,48 @@ class KeyStage:
                 f"The gateway key {key.name!r} may not use the model {model!r}.",
                 param="model"))
             return False
-        if key.rpm:
-            wait = limits.take(key.rpm_i, 1)
-            if wait:
-                self._refuse(request, key, KF.REFUSED_RPM, wait, "requests per minute (rpm)",
-                             key.rpm)
-                return False
         reserved = 0
-        if key.tpm and request.route is Route.MODEL_CALL:
-            # At least one token, so a key in debt is refused however small the request.
-            reserved = max(1, min(estimate(request), key.tpm))
-            wait = limits.take(key.tpm_i, reserved)
-            if wait:
-                if key.rpm:
-                    limits.refund(key.rpm_i, 1)
-                self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)",
+        tok_i = key.tok_i
+        if tok_i >= 0:
+            if request.route is Route.MODEL_CALL:
+                # At least one token, so a key in debt is refused however small the request.
+                reserved = max(1, min(estimate(request), key.tpm))
+            else:
+                tok_i = -1  # forwarded calls (GET /v1/models, files...) carry no tokens
+        # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
+        code = limits.admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
+        if code:
+            reason = code & 3
+            if reason == ADMIT_REQUESTS:
+                self._refuse(request, key, KF.REFUSED_RPM, code >> 2,
+                             "requests per minute (rpm)", key.rpm)
+            elif reason == ADMIT_TOKENS:
+                self._refuse(request, key, KF.REFUSED_TPM, code >> 2, "tokens per minute (tpm)",
                              key.tpm)
-                return False
-        if not limits.enter(key.rpm_i, key.max_parallel, slot):
-            if key.rpm:
-                limits.refund(key.rpm_i, 1)
-            if reserved:
-                limits.refund(key.tpm_i, reserved)
-            self._refuse(request, key, KF.REFUSED_PARALLEL, 1_000_000,
-                         "requests in flight (max_parallel)", key.max_parallel)
+            else:
+                assert reason == ADMIT_PARALLEL
+                self._refuse(request, key, KF.REFUSED_PARALLEL, code >> 2,
+                             "requests in flight (max_parallel)", key.max_parallel)
             return False
-        request.ticket = Ticket(limits, key.index, slot, reserved, key.tpm > 0)
+        request.ticket = Ticket(limits, key.index, slot, reserved, tok_i >= 0)
         self.count[KF.REQUESTS](slot, key.index, 1)
-        if key.rpm or key.tpm:
+        if key.headers:
             self._headers(request, key)
         return True
 
     def _headers(self, request: Request, key: _Key) -> None:
-        limits = self.limits
+        level = self.limits.level
         extra = request.extra_headers
         if extra is None:
             extra = request.extra_headers = []
         if key.rpm:
-            extra.append((_LIMIT_REQUESTS, key.rpm_value))
-            extra.append((_REMAINING_REQUESTS, b"%d" % max(0, limits.level(key.rpm_i))))
+            remaining = level(key.rpm_i)
+            extra += ((_LIMIT_REQUESTS, key.rpm_value),
+                      (_REMAINING_REQUESTS, b"%d" % remaining if remaining > 0 else b"0"))
         if key.tpm:
-            extra.append((_LIMIT_TOKENS, key.tpm_value))
-            extra.append((_REMAINING_TOKENS, b"%d" % max(0, limits.level(key.tpm_i))))
+            remaining = level(key.tpm_i)
+            extra += ((_LIMIT_TOKENS, key.tpm_value),
+                      (_REMAINING_TOKENS, b"%d" % remaining if remaining > 0 else b"0"))
 
     def _refuse(self, request: Request, key: _Key, field: KF, wait_us: int, what: str,
                 limit: int) -> None:
