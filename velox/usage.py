@@ -11,16 +11,22 @@ does not reserve 250,000 tokens. The output is the body's `max_completion_tokens
 or `max_output_tokens` when given, else VELOX_TOKENS_DEFAULT_OUTPUT (capped by the caller at the
 limit itself, so a small tpm does not refuse every first request); embeddings have no output.
 
+The estimate is computed only where a tpm needs it (the keys stage, the balancer); what a request
+cut short is charged for its input is kept when the meter is made (body bytes / 4, the base64
+rule applied to bodies over 2 kB), since the body is released once the answer starts.
+
 Exact (when the answer ends): the `usage` the upstream reports. A JSON answer carries it in its
 body (chat `prompt_tokens`/`completion_tokens`, responses `input_tokens`/`output_tokens`,
-embeddings `prompt_tokens`); it is found from the last `"usage"` key without building the
-document. A streamed chat or completions request is sent upstream with
+embeddings `prompt_tokens`); it is found from the last `"usage"` key (OpenAI's own member order
+by one regular-expression match, any other by parsing the answer, or only its usage object
+when the answer is over 4 kB). A streamed chat or completions request is sent upstream with
 `stream_options: {"include_usage": true}` added when the client did not ask for it
 (`add_include_usage`: the key is inserted after the body's opening brace, the rest byte for
 byte), and `SSEUsage` then reads the final usage chunk and, when the client did not ask, removes
 that chunk and the `"usage":null` member the upstream adds to every other chunk, so the client
 sees exactly the events it would have seen without the gateway. A responses stream reports its
-usage in its `response.completed` event, which is passed through.
+usage in its `response.completed` event, which is passed through. At most `_HOLD_MAX` bytes of an
+unfinished event are held per stream: a longer event is passed through unread.
 
 Cut short (the client left, the upstream broke, no usage arrived): the request is charged its
 estimated input plus the output relayed so far, one token per relayed event (OpenAI streams one
@@ -49,6 +55,9 @@ DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
 _OUTPUT = re.compile(rb'"max_(?:completion_|output_)?tokens"\s*:\s*(\d{1,12})')
 _BASE64 = b";base64,"
 _SMALL_BODY = 2048
+# The longest unfinished event a stream's meter holds back or copies (usage chunks are a few
+# hundred bytes; a longer event is passed through unread).
+_HOLD_MAX = 65536
 # A usage object: members whose values are scalars or objects of scalars.
 _USAGE_OBJECT = re.compile(rb"\{(?:[^{}]+|\{[^{}]*\})*\}")
 # Answers up to this size are parsed whole (one orjson call is cheaper than finding the usage
@@ -285,7 +294,8 @@ class SSEUsage:
     its blank line anyway), so an event split across any DATA frames is still recognised.
     """
 
-    __slots__ = ("strip", "pending", "input", "output", "found", "events", "relayed")
+    __slots__ = ("strip", "pending", "input", "output", "found", "events", "relayed",
+                 "skipping", "last")
 
     def __init__(self, strip: bool) -> None:
         self.strip = strip
@@ -295,8 +305,12 @@ class SSEUsage:
         self.found = False  # a usage was read
         self.events = 0  # events relayed (a removed usage chunk excluded)
         self.relayed = 0  # bytes relayed
+        self.skipping = False  # inside an event longer than _HOLD_MAX: passed unread
+        self.last = b""  # the last byte passed while skipping (a blank line may straddle)
 
     def feed(self, data: bytes) -> bytes:
+        if self.skipping:
+            return self._skip(data)
         if self.pending:
             buf = self.pending + data
         else:
@@ -314,6 +328,15 @@ class SSEUsage:
                     return out
         end = _last_boundary(buf)
         if end < 0:
+            if len(buf) > _HOLD_MAX:
+                # An event this long is no usage chunk: it goes through unread (the memory
+                # held per stream stays bounded whatever the upstream sends).
+                self.pending = b""
+                self.skipping = True
+                self.last = buf[-1:]
+                out = buf if self.strip else data
+                self.relayed += len(out)
+                return out
             self.pending = buf
             if self.strip:
                 return b""
@@ -326,6 +349,27 @@ class SSEUsage:
             return data
         self.relayed += len(out)
         return out
+
+    def _skip(self, data: bytes) -> bytes:
+        """Inside an over-long event: pass bytes through up to its end, then read again."""
+        end = b"\n" + data[:3] if self.last == b"\n" else data[:0]  # a blank line split
+        i = end.find(b"\n\n")
+        if i >= 0:
+            cut = i + 1  # bytes of `data` up to the boundary
+        else:
+            j = data.find(b"\n\n")
+            k = data.find(b"\r\n\r\n")
+            cut = -1 if j < 0 and k < 0 else min(x for x in (j + 2 if j >= 0 else -1,
+                                                             k + 4 if k >= 0 else -1) if x >= 0)
+        if cut < 0:
+            self.last = data[-1:] if data else self.last
+            self.relayed += len(data)
+            return data
+        self.skipping = False
+        self.events += 1
+        head, rest = data[:cut], data[cut:]
+        self.relayed += len(head)
+        return head + self.feed(rest) if rest else head
 
     def flush(self) -> bytes:
         """The end of the stream: what is left (an event without its blank line)."""

@@ -210,3 +210,27 @@ def test_responses_stream_usage_read_in_passing() -> None:
     assert _run(meter, [whole[:100], whole[100:]]) == whole
     done = orjson.loads(events[-1].split(b"data: ", 1)[1])["response"]["usage"]
     assert (meter.input, meter.output) == (done["input_tokens"], done["output_tokens"])
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) -> None:
+    # A 300 kB event (a hostile or odd upstream) in 1000-byte frames, then the usage chunk:
+    # the long event goes through as it is, no more than _HOLD_MAX + a frame is ever held,
+    # and the usage chunk after it is still read (and removed when stripping).
+    long_event = b"data: " + b"x" * 300_000 + b"\n\n"
+    tail_events = [b'data: {"id":"a","choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n',
+                   b'data: {"id":"a","choices":[],"usage":{"prompt_tokens":7,'
+                   b'"completion_tokens":3}}\n\n', b"data: [DONE]\n\n"]
+    whole = long_event + b"".join(tail_events)
+    for cut in (0, 1, 7, 999):  # the long event's blank line: 7 splits it across frames
+        frames = [whole[:cut]] + [whole[i:i + 1000] for i in range(cut, len(whole), 1000)]
+        meter = usage.SSEUsage(strip)
+        out = []
+        for frame in frames:
+            out.append(meter.feed(frame))
+            assert len(meter.pending) <= usage._HOLD_MAX + 1000
+        out.append(meter.flush())
+        expected = (long_event + b'data: {"id":"a","choices":[{"delta":{"content":"hi"}}]}\n\n'
+                    + b"data: [DONE]\n\n") if strip else whole
+        assert b"".join(out) == expected, cut
+        assert (meter.input, meter.output) == (7, 3)
