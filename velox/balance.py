@@ -57,6 +57,13 @@ never panics back into a target the request already tried. When every target is 
 capacity: 503 overloaded if any was at max_in_flight, else 429 with Retry-After from the
 soonest rpm bucket.
 
+Tokens: a plan given the request's estimated tokens (`plan.tokens`) and a router given the
+upstreams' tpm buckets (`tpm`, velox.health.UpstreamTokens) reserves the estimate on a target's
+upstream before admitting it; a target whose bucket cannot cover it is refused like one whose
+rpm bucket is empty (the next candidate is tried; Retry-After from the bucket when none can).
+The attempt holds the reservation (`attempt.tokens`) until the relay's meter settles it with the
+real usage; finish() gives back whatever is still held (an attempt that failed or was retried).
+
 Imports: health (reason and outcome constants, the clock), tables, errors, the native extension
 (hash64, Rendezvous) and stdlib.
 """
@@ -69,11 +76,12 @@ import random
 from dataclasses import dataclass
 from enum import IntEnum
 from time import monotonic_ns
+from collections.abc import Callable
 from typing import Protocol
 
 from velox._native import Rendezvous, hash64
 from velox.errors import Overloaded, RateLimited, VeloxError
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, SUCCESS, now_ms
+from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS, now_ms
 from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
@@ -127,6 +135,16 @@ class LiveState(Protocol):
         """Count a request u refused because it was at max_in_flight (found by check(),
         which takes nothing and so counts nothing; admit() counts its own refusals)."""
         ...
+
+
+class TokenBuckets(Protocol):
+    """The upstreams' tpm buckets (velox.health.UpstreamTokens)."""
+
+    def reserve(self, u: int, tokens: int, /) -> tuple[int, int]:
+        """(tokens reserved, 0), or (0, µs until they could be) having taken nothing."""
+        ...
+
+    def give(self, u: int, tokens: int, /) -> None: ...
 
 
 # ------------------------------------------------------------------------------ classify
@@ -414,12 +432,13 @@ class Outcome:
 class Router:
     """The routes of the tables, ready to pick; one per worker (after fork)."""
 
-    __slots__ = ("tables", "state", "chains", "catch_all", "rng", "retry_policy")
+    __slots__ = ("tables", "state", "chains", "catch_all", "rng", "retry_policy", "tpm")
 
     def __init__(self, tables: Tables, state: LiveState, *, rng: random.Random | None = None,
-                 hash_method: str = HASH_METHOD) -> None:
+                 hash_method: str = HASH_METHOD, tpm: TokenBuckets | None = None) -> None:
         self.tables = tables
         self.state = state
+        self.tpm = tpm  # the upstreams' tpm buckets; None when no upstream has one
         self.rng = rng or random.Random()
         self.retry_policy = tables.retry
         index = {u.name: i for i, u in enumerate(tables.upstreams)}
@@ -448,7 +467,7 @@ class Attempt:
     """One try: which route and target, and what it holds until it is finished."""
 
     __slots__ = ("route", "target", "upstream", "model", "ticket", "number", "panic",
-                 "delay_ms", "started_ms", "finished")
+                 "delay_ms", "started_ms", "finished", "tokens")
 
     def __init__(self, target: Target, model: str, ticket: int, number: int, panic: bool,
                  delay_ms: int, now: int) -> None:
@@ -462,6 +481,7 @@ class Attempt:
         self.delay_ms = delay_ms  # wait this long before sending (a same-target retry)
         self.started_ms = now
         self.finished = False
+        self.tokens = 0  # reserved on the upstream's tpm bucket (settled or given back)
 
     def __repr__(self) -> str:
         return (f"Attempt(#{self.number} {self.route.model!r} -> {self.target.upstream!r}"
@@ -471,7 +491,8 @@ class Attempt:
 class Plan:
     """The attempts of one request, each chosen when it is needed."""
 
-    __slots__ = ("router", "chain", "model", "key_hash", "tried", "hard", "count", "stop_reason")
+    __slots__ = ("router", "chain", "model", "key_hash", "tried", "hard", "count", "stop_reason",
+                 "tokens", "held", "tpm_wait")
 
     def __init__(self, router: Router, chain: tuple[Picker, ...], model: str,
                  key_hash: int | None) -> None:
@@ -483,6 +504,35 @@ class Plan:
         self.hard: list[Target] = []  # never again for this request (429 with a long wait)
         self.count = 0
         self.stop_reason = ""
+        self.tokens = 0  # the request's estimated tokens (reserved on tpm upstreams)
+        self.held = 0  # tokens the last admission reserved
+        self.tpm_wait: dict[int, int] | None = None  # µs until each refusing tpm bucket could
+
+    def _admitter(self) -> Callable[[int, int], int]:
+        router = self.router
+        if self.tokens and router.tpm is not None:
+            return self._admit_tokens
+        return router.state.admit
+
+    def _admit_tokens(self, u: int, now: int, panic: bool = False) -> int:
+        """admit() that first reserves the estimate on u's tpm bucket (given back if the
+        admission fails); -REASON_RATE when the bucket cannot cover it."""
+        router = self.router
+        tpm = router.tpm
+        assert tpm is not None
+        reserved, wait = tpm.reserve(u, self.tokens)
+        if wait:
+            if self.tpm_wait is None:
+                self.tpm_wait = {}
+            self.tpm_wait[u] = wait
+            return -REASON_RATE
+        state = router.state
+        ticket = state.admit_panic(u, now) if panic else state.admit(u, now)
+        if ticket < 0:
+            tpm.give(u, reserved)
+            return ticket
+        self.held = reserved
+        return ticket
 
     def first(self, now: int | None = None) -> Attempt | VeloxError:
         """The first attempt, or the error to answer when no target can take the request."""
@@ -499,11 +549,13 @@ class Plan:
             else:
                 target = _select(state, picker.strategy, tier, tier.targets, self.key_hash,
                                  router.rng)
-            ticket = state.admit(target.u, t)
+            ticket = self._admitter()(target.u, t)
             if ticket >= 0:
                 self.tried.append(target)
                 self.count = 1
-                return Attempt(target, self.model, ticket, 1, False, 0, t)
+                attempt = Attempt(target, self.model, ticket, 1, False, 0, t)
+                attempt.tokens, self.held = self.held, 0
+                return attempt
             got = self._choose(t)  # the tier's weights moved once more: harmless
         else:
             got = self._choose(t)
@@ -516,6 +568,11 @@ class Plan:
         if attempt.finished:
             return
         attempt.finished = True
+        if attempt.tokens:  # not settled by an answer: the reservation goes back
+            tpm = self.router.tpm
+            assert tpm is not None
+            tpm.give(attempt.upstream, attempt.tokens)
+            attempt.tokens = 0
         self.router.state.finish(attempt.upstream, attempt.ticket, outcome, now)
 
     def retry(self, attempt: Attempt, verdict: Verdict, *, committed: bool = False,
@@ -571,8 +628,10 @@ class Plan:
             # Panic: every candidate is refused by its breaker. The one open longest first;
             # a retry never panics back into a target this request already tried.
             panic = [x for x in outcome.open if x not in self.tried]
+            tokens = self.tokens and self.router.tpm is not None
             for target in sorted(panic, key=lambda x: state.open_since(x.u, now)):
-                ticket = state.admit_panic(target.u, now)
+                ticket = self._admit_tokens(target.u, now, True) if tokens else \
+                    state.admit_panic(target.u, now)
                 if ticket >= 0:
                     return self._attempt(target, ticket, True, now, retry_after_s)
                 (outcome.full if ticket == -REASON_FULL else outcome.rate).append(target)
@@ -590,14 +649,16 @@ class Plan:
         else:
             self.tried.append(target)
         self.count += 1
-        return Attempt(target, self.model, ticket, self.count, panic, delay, now)
+        attempt = Attempt(target, self.model, ticket, self.count, panic, delay, now)
+        attempt.tokens, self.held = self.held, 0
+        return attempt
 
     def _pass(self, now: int, skip_tried: bool) -> tuple[Target, int] | Outcome:
         """One walk over the route and its fallbacks, priorities in order; each target is
         admitted at most once."""
         state = self.router.state
         usable_mask = state.usable_mask
-        admit = state.admit
+        admit = self._admitter()
         hard = self.hard
         tried = self.tried if skip_tried else None
         refused: dict[Target, int] | None = None  # admissions refused in this pass
@@ -656,7 +717,11 @@ class Plan:
                 f"Every upstream serving {self.model!r} is at its max_in_flight; retry shortly.",
                 retry_after_s=1)
         self.stop_reason = "rate_limited"
-        wait = min((state.retry_after_s(t.u) for t in outcome.rate), default=1)
+        tpm_wait = self.tpm_wait or {}
+        wait = min((-(-tpm_wait[t.u] // 1_000_000) if t.u in tpm_wait else
+                    state.retry_after_s(t.u) for t in outcome.rate), default=1)
+        wait = max(1, wait)
+        what = "request or token rate limit" if tpm_wait else "request rate limit"
         return RateLimited(
-            f"Every upstream serving {self.model!r} is at its request rate limit; "
+            f"Every upstream serving {self.model!r} is at its {what}; "
             "retry after the indicated time.", retry_after_s=wait)

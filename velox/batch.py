@@ -41,7 +41,8 @@ Accounting: the worker counts a taken request in its in_flight; the batcher ends
 through the worker's `on_done` exactly once (with a `Member` carrying the merged call's
 timings, so the latency histograms and the access log see the member's own wait).
 
-Imports: _types, errors, tables, stats (field numbers), route (caller_of), orjson, stdlib.
+Imports: _types, errors, tables, stats (field numbers), route (caller_of), usage (usage_of),
+orjson, stdlib.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from velox.errors import UpstreamProtocolError
 from velox.route import caller_of
 from velox.stats import F
 from velox.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
+from velox.usage import usage_of
 
 EMBEDDINGS = b"/v1/embeddings"
 _STRINGS, _TOKENS = 0, 1
@@ -127,6 +129,10 @@ class Member:
             self.upstream_name, self.attempts = exchange.upstream_name, exchange.attempts
         self.headers = headers
         request = self.request
+        ticket = request.ticket
+        if ticket is not None:  # its gateway key's reservation: settled from its own share
+            used = usage_of(body) if status == 200 else None
+            ticket.settle(used[0] + used[1] if used is not None else 0)
         request.conn.respond(request, status, headers, body)
         request.exchange = None
         self.on_done(self, status)
@@ -136,6 +142,8 @@ class Member:
             return
         self.done = True
         request = self.request
+        if request.ticket is not None:
+            request.ticket.settle(0)  # no answer: nothing generated for it
         request.conn.respond_error(request, exc)
         request.exchange = None
         self.on_done(self, getattr(exc, "status", 502))

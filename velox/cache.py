@@ -40,7 +40,8 @@ without it (`client_gone`), and is cancelled only when no one is left.
 
 Imports: _types, relay (Exchange, Observer), errors, health (the clock), route (caller_of),
 the native extension (SharedCache, lazily),
-stats (field numbers), tables, config (annotations), orjson, stdlib.
+stats (field numbers), tables, usage (removing a usage chunk on replay), config (annotations),
+orjson, stdlib.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from velox.health import now_ms
 from velox.route import caller_of
 from velox.stats import F, H
 from velox.tables import CATCH_ALL, Tables
+from velox.usage import SSEUsage, client_asked_usage
 
 if TYPE_CHECKING:
     from velox.config import Settings
@@ -255,6 +257,15 @@ def _free(request: Request) -> None:
         ticket.settle(0)
 
 
+def usage_filter(request: Request) -> SSEUsage | None:
+    """For a streamed answer recorded from another request: the filter that removes the usage
+    chunk (and the `"usage":null` members that come with it) when this request's client did
+    not ask for usage. The key leaves `stream_options` out, so one entry serves both."""
+    if not request.stream or client_asked_usage(request.body):
+        return None
+    return SSEUsage(True)
+
+
 def _age(age_ms: int) -> bytes:
     seconds = age_ms // 1000
     return _AGES[seconds] if seconds < len(_AGES) else b"%d" % seconds
@@ -333,12 +344,32 @@ class Waiting:
     """A follower's stand-in for an exchange (request.exchange): ingress tells it when the
     client leaves or can take writes again."""
 
-    __slots__ = ("owner", "request", "started")
+    __slots__ = ("owner", "request", "started", "usage")
 
     def __init__(self, owner: Flight | RemoteWait, request: Request) -> None:
         self.owner = owner
         self.request = request
         self.started = False  # the answer's head has been written to this client
+        # A streamed answer carries the usage chunk the leader's meter asked for (or its
+        # client did): removed for a follower whose own request did not ask (velox.usage).
+        self.usage = usage_filter(request)
+
+    def send(self, data: bytes) -> None:
+        """Relay a piece of the leader's stream to this follower (its usage chunk removed
+        unless it asked for one)."""
+        usage = self.usage
+        if usage is not None:
+            data = usage.feed(data)
+        if data:
+            self.request.conn.send_chunk(data)
+
+    def end_stream(self) -> None:
+        usage = self.usage
+        if usage is not None:
+            rest = usage.flush()
+            if rest:
+                self.request.conn.send_chunk(rest)
+        self.request.conn.end_stream()
 
     def client_gone(self) -> None:
         self.owner.leave(self)
@@ -383,7 +414,7 @@ class Flight:
             self._start(waiting)
             body = b"".join(self.chunks)
             if body:
-                request.conn.send_chunk(body)
+                waiting.send(body)
 
     def leave(self, waiting: Waiting) -> None:
         """A follower's client left."""
@@ -429,7 +460,7 @@ class Flight:
         self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
         if self.status == 200 and self.sse:
             for waiting in self.followers:
-                waiting.request.conn.send_chunk(data)
+                waiting.send(data)
 
     def end(self, error: BaseException | None) -> None:
         front = self.front
@@ -455,7 +486,7 @@ class Flight:
                 request = waiting.request
                 request.exchange = None
                 _free(request)
-                request.conn.end_stream()
+                waiting.end_stream()
             front.coalesced(len(followers))
         elif ok:
             headers = self.headers + [(HEADER, HIT), (b"age", b"0")]
@@ -671,6 +702,9 @@ class CacheFront:
         headers.append((b"age", _age(age_ms)))
         conn = request.conn
         if sse:
+            usage = usage_filter(request)
+            if usage is not None:
+                body = usage.feed(body) + usage.flush()
             conn.start_stream(request, 200, headers)
             conn.send_chunk(body)  # every event in one chunk: one write for the whole replay
             conn.end_stream()

@@ -272,6 +272,11 @@ FIELDS: tuple[Field, ...] = (
           "memory of the response cache, shared by all workers (least recently used evicted)"),
     Field("VELOX_CACHE_TTL_S", "cache_ttl_s", _int_in(1, 31_536_000), str(DEFAULT_CACHE_TTL_S),
           "a cached answer is served for at most this many seconds after it was stored"),
+    Field("VELOX_TOKENS_DEFAULT_OUTPUT", "tokens_default_output", _int_in(0, 1 << 30), "1024",
+          "output tokens reserved for a request that gives no max_tokens (capped at the limit)"),
+    Field("VELOX_TOKEN_ACCOUNTING", "token_accounting", _bool, "1",
+          "read the usage of every model call (tokens per key and route in /stats and /metrics);"
+          " 0: only of requests a tpm limit applies to"),
 )
 
 
@@ -318,6 +323,8 @@ class Settings:
     cache: bool = False
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     cache_ttl_s: int = DEFAULT_CACHE_TTL_S
+    tokens_default_output: int = 1024
+    token_accounting: bool = True
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

@@ -70,7 +70,7 @@ class Dispatch:
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
         self.tables = tables
-        self.router = Router(tables, stats.health)
+        self.router = Router(tables, stats.health, tpm=stats.health.tpm)
         self.upstreams = upstreams  # by index in tables.upstreams
         self.names = tuple(u.name.encode() for u in tables.upstreams)
         self.credentials = tuple(u.auth_headers() for u in tables.upstreams)
@@ -108,6 +108,9 @@ class Dispatch:
                 f"The model `{model}` does not exist or you do not have access to it.",
                 param="model"))
             return
+        meter = exchange.meter
+        if meter is not None and self.router.tpm is not None:
+            plan.tokens = meter.estimate  # reserved on the tpm bucket of the upstream chosen
         attempt = plan.first()
         if isinstance(attempt, VeloxError):
             exchange.refuse(attempt)
@@ -128,8 +131,12 @@ class Dispatch:
         # the gateway has no keys of its own: route.Auth decided that in `passthrough`).
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
                                                         or exchange.passthrough)
-        exchange.body = request.body if request.model is None or attempt.model == request.model \
+        body = request.body if request.model is None or attempt.model == request.model \
             else rewrite_model(request.body, attempt.model)
+        meter = exchange.meter
+        # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
+        # accepts the option; the meter then strips what it brings.
+        exchange.body = body if meter is None else meter.for_attempt(body, spec.stream_usage)
         index = self._target_index.get((attempt.route.model, attempt.target.upstream,
                                         attempt.target.model))
         if index is not None:

@@ -26,6 +26,15 @@ Per-upstream rpm (`rpm` of an [[upstream]]): its own shared token bucket, burst 
 (at least 1); a target whose bucket is empty is skipped, and a request no target can take
 because of it gets 429 with the bucket's Retry-After.
 
+Per-upstream tpm (`tpm` of an [[upstream]]): `UpstreamTokens`, one shared token bucket per such
+upstream (the native `Limits`, its own instance, indexed by upstream), rate tpm per minute and
+burst one minute's worth (providers meter tokens per minute). The balancer takes the request's
+estimated tokens from it after admit() (a target that cannot cover them is skipped like one
+whose rpm bucket is empty); the relay's meter settles the reservation with the real usage when
+the attempt's answer ends (`settle`: over-use is charged, leaving the bucket in debt until the
+refill repays it; under-use is given back), and an attempt finished without an answer (failed,
+retried elsewhere) gives its reservation back.
+
 How the lead wires it (the API the worker and the egress pool use):
 
     health = SharedHealth.create(settings.tables)            # supervisor, before fork
@@ -101,6 +110,7 @@ def check_tables(tables: Tables) -> None:
     for u in tables.upstreams:
         limits.append((f"[[upstream]] {u.name!r} max_in_flight", u.max_in_flight, 0, 2**62))
         limits.append((f"[[upstream]] {u.name!r} rpm", u.rpm, 0, 10**9))
+        limits.append((f"[[upstream]] {u.name!r} tpm", u.tpm, 0, 10**9))
     for key, value, lo, hi in limits:
         if not lo <= value <= hi:
             raise TableError(f"{tables.source or 'tables'}: {key} must be an integer in "
@@ -118,7 +128,7 @@ class SharedHealth:
     between the balancer and C): check, usable_mask, in_flight, admit, finish, record_request.
     """
 
-    __slots__ = ("names", "index", "native", "budget", "buckets",
+    __slots__ = ("names", "index", "native", "budget", "buckets", "tpm",
                  "check", "usable_mask", "in_flight", "in_flight_sum", "admit", "finish",
                  "record_request")
 
@@ -129,6 +139,7 @@ class SharedHealth:
         self.native = native
         self.budget = budget
         self.buckets = buckets
+        self.tpm: UpstreamTokens | None = None  # set by create() when an upstream has a tpm
         # (u, now) -> 0 | REASON_OPEN | REASON_FULL; takes nothing
         self.check = native.check
         # (tuple of u, now) -> bit k set when check(us[k], now) == 0
@@ -162,7 +173,10 @@ class SharedHealth:
         )
         budget = RetryBudget(r.budget_percent, r.budget_window_s, r.budget_min_per_s)
         buckets = tuple(TokenBucket(u.rpm, rpm_burst(u.rpm)) if u.rpm > 0 else None for u in ups)
-        return cls(tuple(u.name for u in ups), native, budget, buckets)
+        health = cls(tuple(u.name for u in ups), native, budget, buckets)
+        if any(u.tpm > 0 for u in ups):
+            health.tpm = UpstreamTokens(tuple(u.tpm for u in ups))
+        return health
 
     # --- balance.LiveState -----------------------------------------------------------------
 
@@ -268,3 +282,44 @@ class SharedHealth:
                 "min_per_s": self.budget.min_per_s,
             },
         }
+
+
+class UpstreamTokens:
+    """The upstreams' tpm buckets (index = upstream; an upstream without tpm takes nothing).
+    One native `Limits` mapping of their own, made before fork with the rest of the health."""
+
+    __slots__ = ("limits", "burst")
+
+    def __init__(self, tpms: tuple[int, ...]) -> None:
+        self.limits = _native.Limits(len(tpms))
+        self.burst = tpms  # one minute's worth; 0: no bucket
+        for u, tpm in enumerate(tpms):
+            if tpm > 0:
+                self.limits.configure(u, tpm, tpm)
+
+    def reserve(self, u: int, tokens: int) -> tuple[int, int]:
+        """(tokens reserved, 0) when taken, else (0, µs until they could be). A request larger
+        than a minute's worth reserves the minute (it could never be admitted otherwise)."""
+        burst = self.burst[u]
+        if not burst or tokens <= 0:
+            return 0, 0
+        n = min(tokens, burst)
+        wait = self.limits.take(u, n)
+        if wait == 0:
+            return n, 0
+        return 0, max(wait, 1)
+
+    def give(self, u: int, tokens: int) -> None:
+        if tokens > 0:
+            self.limits.give(u, tokens)
+
+    def settle(self, u: int, reserved: int, used: int) -> None:
+        """The answer used `used` tokens against `reserved`: charge the excess (debt, repaid
+        by the refill before the next reservation passes) or give the rest back."""
+        if used > reserved:
+            self.limits.charge(u, used - reserved)
+        elif reserved > used:
+            self.limits.give(u, reserved - used)
+
+    def level(self, u: int) -> int:
+        return int(self.limits.level(u)) if self.burst[u] else 0

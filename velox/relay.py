@@ -19,7 +19,14 @@ it sees the committed answer's head, each piece of its body as the upstream sent
 end, to record it and to serve the identical requests waiting for it; while any wait, the
 client leaving does not cancel the call. On other routes the slot is None (one test per event).
 
-Imports: _types, errors, dispatch and egress.interfaces (annotations only) and stdlib.
+
+Token accounting (velox.usage): an exchange may carry a `meter` (None for requests nobody
+accounts, which pay one attribute test per call). The relay tells it where the answer starts,
+hands it every streamed piece (it returns what the client gets: the usage chunk the gateway asked
+for on the client's behalf is removed there), the whole body of a plain answer, and, exactly once
+and before the route attempt is finished, that the request is over, whatever ended it.
+
+Imports: _types, errors, dispatch, usage and egress.interfaces (annotations only) and stdlib.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from velox.errors import to_response
 if TYPE_CHECKING:
     from velox.dispatch import Dispatch
     from velox.egress.interfaces import AttemptHandle
+    from velox.usage import Meter
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
 # plus content-length, which ingress writes from the bytes it actually sends. Fields an
@@ -76,6 +84,7 @@ class Exchange:
         "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
         "headers_base", "passthrough",
         "observer",  # cache (velox.cache): sees the committed answer; None on uncached routes
+        "meter",  # velox.usage: token accounting, None when nobody accounts this request
     )
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
@@ -111,6 +120,7 @@ class Exchange:
         self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
         self.t_headers = 0
         self.observer: Observer | None = None
+        self.meter: Meter | None = None
 
     # --- what the request carries upstream ------------------------------------------------
 
@@ -153,8 +163,11 @@ class Exchange:
             if name == b"content-type":
                 if value.startswith(_EVENT_STREAM):
                     self.sse = True
-                    self._start_streaming()
                 break
+        if self.meter is not None:
+            self.meter.response(status, self.sse)
+        if self.sse:
+            self._start_streaming()
         if end_stream:
             self._complete()
 
@@ -165,8 +178,10 @@ class Exchange:
         if observer is not None:
             observer.data(data)
         if self.streaming:
-            self.conn.send_chunk(data)
+            if self.meter is not None:
+                data = self.meter.data(data)
             if data:
+                self.conn.send_chunk(data)
                 self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
         else:
             self.chunks.append(data)
@@ -246,17 +261,25 @@ class Exchange:
         self.started = True
         self.conn.start_stream(self.request, self.status, self.headers)
         if self.chunks:
+            meter = self.meter
             for chunk in self.chunks:
-                self.conn.send_chunk(chunk)
+                self.conn.send_chunk(chunk if meter is None else meter.data(chunk))
             self.chunks = []
 
     def _complete(self) -> None:
         self.finished = True
+        meter = self.meter
         if self.streaming:
+            if meter is not None:
+                rest = meter.end()
+                if rest:
+                    self.conn.send_chunk(rest)
             self.conn.end_stream()
         else:
             chunks = self.chunks
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if meter is not None:
+                meter.body(body)
             self.started = True
             self.conn.respond(self.request, self.status, self.headers, body)
         self._done(self.status, False, None)
@@ -267,6 +290,8 @@ class Exchange:
         # the garbage collector.
         self.request.exchange = None
         self.attempt = None
+        if self.meter is not None:
+            self.meter.finish(self, status)  # before the route attempt is finished: it settles
         if self.dispatch is not None:
             self.dispatch.finish(self, broken)  # releases the route attempt, reports its outcome
             self.plan = None

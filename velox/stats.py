@@ -100,6 +100,10 @@ ROUTE_STATUS_FIELD = tuple(
 )
 
 
+# Fields per Counters block of the token counts (the native Counters' most fields a row; a
+# power of two, so a field's block and column are a shift and a mask: velox.usage.Ledger).
+TOKEN_BLOCK = 4096
+
 # Why an attempt was sent again (velox_retries_total{reason}); field numbers of `retries`.
 RETRY_REASONS = ("connect", "timeout", "status_5xx", "status_429", "refused", "protocol")
 # Attempts by upstream and outcome class (velox_upstream_requests_total{upstream,status_class}):
@@ -128,7 +132,7 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status", "cache", "keys")
+                 "upstream_status", "cache", "keys", "tokens", "key_names", "route_models")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -158,6 +162,14 @@ class SharedStats:
         self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
         # The [[key]] limits: kept across a reload that keeps the same key names (velox.keys).
         self.keys = SharedKeys(tables.keys, slots, keys)
+        # Tokens by gateway key and route (velox.usage.Ledger writes them): field =
+        # ((key + 1) x routes + route) x 2 + kind (0 input, 1 output); key -1 is "no key".
+        self.key_names = ("-",) + tuple(k.name for k in tables.keys)
+        self.route_models = tuple(r.model for r in tables.routes)
+        # Counters hold at most TOKEN_BLOCK fields a row: field f is tokens[f // TOKEN_BLOCK].
+        size = max(1, len(self.key_names) * len(self.route_models) * 2)
+        self.tokens = tuple(Counters(slots, min(TOKEN_BLOCK, size - start))
+                            for start in range(0, size, TOKEN_BLOCK))
 
     def with_tables(self, tables: Tables) -> SharedStats:
         """The shared state for a reloaded configuration; call it before forking its workers.
@@ -188,6 +200,18 @@ class SharedStats:
     def all_ready(self) -> bool:
         counters = self.counters
         return all(counters.get(slot, F.READY) for slot in self.active_slots())
+
+    def token_rows(self) -> list[tuple[str, str, int, int]]:
+        """(key, route, input, output) for every key and route that used tokens."""
+        totals = [n for block in self.tokens for n in block.totals()]
+        width = len(self.route_models)
+        rows = []
+        for k, key in enumerate(self.key_names):
+            for r, route in enumerate(self.route_models):
+                field = (k * width + r) * 2
+                if totals[field] or totals[field + 1]:
+                    rows.append((key, route, totals[field], totals[field + 1]))
+        return rows
 
     def totals(self) -> dict[str, int]:
         totals = self.counters.totals()

@@ -78,6 +78,10 @@ class UpstreamSpec:
     warmup_path: str = "/v1/models"
     max_in_flight: int = 0  # requests at once on this upstream across the gateway; 0: no cap
     rpm: int = 0  # this upstream's own shared request bucket; 0: no limit
+    tpm: int = 0  # this upstream's own shared token bucket (velox.usage); 0: no limit
+    # Streams sent here ask for the usage chunk (stream_options.include_usage, velox.usage);
+    # false for an OpenAI-compatible server that rejects the option.
+    stream_usage: bool = True
 
     @property
     def scheme(self) -> str:
@@ -273,7 +277,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 TOP_KEYS = ("upstream", "route", "retry", "breaker", "key")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
-                 "max_in_flight", "rpm", "warmup_path")
+                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage")
 ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
@@ -281,7 +285,7 @@ TARGET_KEYS = ("upstream", "model", "weight", "priority")
 UPSTREAM_INTS = {
     "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
-    "rpm": (0, 1_000_000_000),
+    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
 }
 TARGET_INTS = {"weight": (1, 1_000_000), "priority": (0, 1000)}
 RETRY_INTS = {
@@ -424,7 +428,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
             for key, default in (("connections", template.connections),
                                  ("request_timeout_ms", template.request_timeout_ms),
                                  ("connect_timeout_ms", template.connect_timeout_ms),
-                                 ("max_in_flight", 0), ("rpm", 0))}
+                                 ("max_in_flight", 0), ("rpm", 0), ("tpm", 0))}
     https = origin.startswith("https://")
     ca_file = _str(source, where, table, "ca_file")
     if "ca_file" in table:
@@ -446,7 +450,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     return UpstreamSpec(
         name=name, origin=origin, api_key=api_key, api_key_env=api_key_env, kind=kind,
         api_version=api_version, protocol=protocol, ca_file=ca_file, warmup_path=warmup_path,
-        **ints)
+        stream_usage=_bool(source, where, table, "stream_usage", True), **ints)
 
 
 def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str]) -> RouteSpec:

@@ -16,8 +16,8 @@ This is the only module that runs the stages in sequence; each stage knows nothi
 others.
 
 Imports: every stage below it (ingress, parse, keys, cache, ratelimit, route, batch, dispatch,
-egress, relay), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson;
-admin.agent (in
+egress, relay, usage), health (the clock), tables, ring, arena, stats, config, errors, _types,
+orjson; admin.agent (in
 serve: control channel and access log).
 """
 
@@ -59,6 +59,7 @@ from velox.relay import Exchange
 from velox.ring import make_queue
 from velox.route import Auth
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
+from velox.usage import Ledger, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
 
@@ -142,6 +143,15 @@ class Worker:
         # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
+        # Token accounting (velox.usage): every model call when VELOX_TOKEN_ACCOUNTING is on or
+        # an upstream has a tpm, else only keyed requests (a key's tpm is settled from usage);
+        # None: no meter, nothing read.
+        shared = self.shared
+        set_default_output(settings.tokens_default_output)
+        self.meter_all = settings.token_accounting or shared.health.tpm is not None
+        self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
+                             settings.tokens_default_output) \
+            if self.meter_all or any(k.tpm for k in self.tables.keys) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -380,10 +390,7 @@ class Worker:
             if batcher is not None and ticket is None and batcher.offer(request):
                 self.in_flight += 1
                 continue
-            base, passthrough = split(request.headers)
-            exchange = Exchange(request, request.upstream_path, base, self.on_done,
-                                self.release_body, dispatch)
-            exchange.passthrough = passthrough
+            exchange = self._exchange(request, self.on_done)
             if ticket is not None and cache is not None:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
@@ -403,23 +410,30 @@ class Worker:
         dispatch = self.dispatch
         for request in requests[:admitted]:
             request.t_admitted = t_admitted
-            base, passthrough = self.auth.client_headers(request.headers)
-            exchange = Exchange(request, request.upstream_path, base, self.on_done,
-                                self.release_body, dispatch)
-            exchange.passthrough = passthrough
+            exchange = self._exchange(request, self.on_done)
             if self.cache is not None:
                 self.cache.observe(exchange)
             self.in_flight += 1
             dispatch.send(exchange)
         self._flush_upstreams()
 
-    def _send(self, request: Request, on_done: Any) -> Exchange:
-        """Send one request through dispatch with its own exchange (the batching stage's
-        merged calls, lone members and split retries)."""
+    def _exchange(self, request: Request, on_done: Any) -> Exchange:
+        """The relay exchange of a request about to be sent: the client's headers apart from
+        its credential, and a token meter when anyone accounts for it (velox.usage)."""
         base, passthrough = self.auth.client_headers(request.headers)
         exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
                             self.dispatch)
         exchange.passthrough = passthrough
+        ledger = self.ledger
+        if ledger is not None and request.route is not Route.FORWARD and (
+                self.meter_all or request.ticket is not None):
+            exchange.meter = TokenMeter.for_request(ledger, request)
+        return exchange
+
+    def _send(self, request: Request, on_done: Any) -> Exchange:
+        """Send one request through dispatch with its own exchange (the batching stage's
+        merged calls, lone members and split retries)."""
+        exchange = self._exchange(request, on_done)
         self.dispatch.send(exchange)
         return exchange
 

@@ -226,13 +226,19 @@ def test_rpm_over_limit_is_429_with_retry_after_and_headers(gw: GatewayProcess) 
 
 def test_tpm_reservation_over_limit_is_429(gw: GatewayProcess) -> None:
     client = sdk(gw, KEYS["tokens"])
-    # The interim estimate reserves body bytes / 4 + max_tokens: ~900 of the 1000.
-    raw = client.chat.completions.with_raw_response.create(**CHAT, max_tokens=880)
+    # The estimate reserves body bytes / 4 + max_tokens: ~900 of the 1000, held while the
+    # first answer takes 2 s (once answered, the reservation is settled to the real usage).
+    threads, results = hold(lambda: client.chat.completions.with_raw_response.create(
+        **CHAT, max_tokens=880, extra_headers={"x-mock-latency-ms": "2000"}), n=1)
+    wait_for(lambda: key_row(gw, "tokens")["active"] == 1)
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(**CHAT, max_tokens=880)
+    for t in threads:
+        t.join(timeout=30)
+    raw = results[0]
     assert raw.headers["x-ratelimit-limit-tokens"] == "1000"
     left = int(raw.headers["x-ratelimit-remaining-tokens"])
     assert 0 <= left <= 120
-    with pytest.raises(openai.RateLimitError) as info:
-        client.chat.completions.create(**CHAT, max_tokens=880)
     assert "tokens per minute" in info.value.message
     assert int(info.value.response.headers["retry-after"]) >= 1
     row = key_row(gw, "tokens")

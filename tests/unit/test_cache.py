@@ -407,13 +407,46 @@ def test_streaming_follower_gets_events_so_far_then_the_rest_live(harness: Harne
     exchange.on_data(first, False)
     follower = make_request(stream=True)
     assert harness.front.front([follower]) == []
-    assert follower.conn.status == 200 and follower.conn.body == first  # type: ignore[attr-defined]
+    # The whole events so far (a follower's usage filter holds an unfinished event back).
+    so_far = first[:first.rindex(b"\n\n") + 2]
+    assert follower.conn.status == 200 and follower.conn.body == so_far  # type: ignore[attr-defined]
     exchange.on_data(rest, True)
     assert follower.conn.body == EVENTS and follower.conn.ended  # type: ignore[attr-defined]
     assert leader.conn.body == EVENTS  # type: ignore[attr-defined]
     hit = make_request(stream=True)
     harness.front.front([hit])
     assert hit.conn.body == EVENTS and hit.conn.header(HEADER) == HIT  # type: ignore[attr-defined]
+
+
+USAGE_EVENTS = (b'data: {"id":"1","choices":[{"delta":{"content":"Hi"}}],"usage":null}\n\n'
+                b'data: {"id":"1","choices":[],"usage":{"prompt_tokens":5,'
+                b'"completion_tokens":1,"total_tokens":6}}\n\n'
+                b"data: [DONE]\n\n")
+
+
+def test_replay_and_followers_drop_the_usage_chunk_only_for_clients_that_did_not_ask(
+        harness: Harness) -> None:
+    """The key leaves stream_options out: an answer recorded with the usage chunk (the
+    gateway asks for it to count tokens) is replayed without it to a client that did not ask,
+    with it to one that did, as the upstream would have answered each."""
+    asked = BODY[:-1] + b',"stream":true,"stream_options":{"include_usage":true}}'
+    plain = BODY[:-1] + b',"stream":true}'
+    leader = make_request(body=plain, stream=True)
+    exchange = harness.lead(harness.front.front([leader])[0])
+    exchange.on_response(200, list(SSE), False)
+    exchange.on_data(USAGE_EVENTS[:40], False)
+    follower = make_request(body=plain, stream=True)
+    asking = make_request(body=asked, stream=True)
+    assert harness.front.front([follower, asking]) == []
+    exchange.on_data(USAGE_EVENTS[40:], True)
+    without = (b'data: {"id":"1","choices":[{"delta":{"content":"Hi"}}]}\n\n'
+               b"data: [DONE]\n\n")
+    assert follower.conn.body == without  # type: ignore[attr-defined]
+    assert asking.conn.body == USAGE_EVENTS  # type: ignore[attr-defined]
+    hit, hit_asking = make_request(body=plain, stream=True), make_request(body=asked, stream=True)
+    harness.front.front([hit, hit_asking])
+    assert hit.conn.body == without and hit.conn.header(HEADER) == HIT  # type: ignore[attr-defined]
+    assert hit_asking.conn.body == USAGE_EVENTS  # type: ignore[attr-defined]
 
 
 def test_broken_stream_is_not_stored_and_followers_see_it_break(harness: Harness) -> None:

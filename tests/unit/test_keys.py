@@ -18,7 +18,7 @@ from velox._types import Request, Route
 from velox.config import ConfigError, load
 from velox.errors import Unauthorized, to_response
 from velox.ingress import ClientConnection, IngressState
-from velox.keys import KF, KeyStage, SharedKeys, interim_estimate, rpm_index, tpm_index
+from velox.keys import KF, KeyStage, SharedKeys, estimate, rpm_index, tpm_index
 from velox.route import Auth, caller_of
 from velox.tables import KeySpec, describe
 
@@ -227,10 +227,10 @@ def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
 def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
     stage, shared = stage_for(
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 10\ntpm = 1000\n')
-    big = b'{"model": "m", "max_tokens": 900}'  # 8 + 900 tokens by the interim estimate
+    big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.usage.estimate)
     first, second = make_request("k", body=big), make_request("k", body=big)
     assert stage.admit([first, second]) == [first]
-    assert first.ticket.reserved == interim_estimate(first) == len(big) // 4 + 900
+    assert first.ticket.reserved == estimate(first) == -(-len(big) // 4) + 900
     assert first.extra_headers == [
         (b"x-ratelimit-limit-requests", b"10"), (b"x-ratelimit-remaining-requests", b"9"),
         (b"x-ratelimit-limit-tokens", b"1000"),
@@ -248,20 +248,21 @@ def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
 def test_max_parallel_refusal_gives_back_request_and_tokens(tmp_path: Path) -> None:
     stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
                                         "rpm = 10\ntpm = 1000\nmax_parallel = 1\n")
-    first, second = make_request("k"), make_request("k")
+    small = b'{"max_tokens": 1}'  # 5 + 1 tokens: the reservation cannot be what refuses
+    first, second = make_request("k", body=small), make_request("k", body=small)
     assert stage.admit([first, second]) == [first]
     status, headers, body = answer(second)
     assert status == 429 and headers[b"retry-after"] == b"1"
     assert "max_parallel" in body["error"]["message"]
     limits = shared.limits
-    # Only the admitted one holds anything: one request and its reservation (one token).
+    # Only the admitted one holds anything: one request and its reservation (six tokens).
     assert limits.level(rpm_index(0)) == 9
-    assert limits.level(tpm_index(0)) == 1000 - first.ticket.reserved == 999
+    assert limits.level(tpm_index(0)) == 1000 - first.ticket.reserved == 994
     assert limits.active(rpm_index(0)) == 1
     first.ticket.release()
     first.ticket.release()  # idempotent: the second call gives nothing back
     assert limits.active(rpm_index(0)) == 0
-    third = make_request("k")
+    third = make_request("k", body=small)
     assert stage.admit([third]) == [third]
     assert limits.active(rpm_index(0)) == 1
 

@@ -6,8 +6,10 @@ has accumulated with orjson and writes it. Waking on a timer rather than per lin
 wake-up per request would hand the GIL back and forth on every response.
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
-"bytes_out", "upstream_us", "total_us", "request_id", "key"}`. `key` is the name of the
-caller's `[[key]]` (null for none), never the key itself. `path` has its query string removed:
+"bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
+the caller's `[[key]]` (null for none), never the key itself. `usage` is `{"input", "output",
+"exact"}` for a model call whose tokens were accounted (velox.usage; exact false: estimated,
+the answer carried no usage), else null. `path` has its query string removed:
 the gateway forwards arbitrary /v1/... URLs and cannot know which query parameters carry
 credentials or personal data (some clients put keys there), so none are logged. Request
 headers and bodies are never read, so keys cannot leak. `request_id` is the upstream's
@@ -127,7 +129,11 @@ class AccessLog:
         request_id = None
         upstream = None
         attempts = 0
+        usage = None
         if exchange is not None:
+            meter = exchange.meter
+            if meter is not None and meter.done:
+                usage = {"input": meter.input, "output": meter.output, "exact": meter.exact}
             name = exchange.upstream_name
             upstream = name.decode() if name else None
             attempts = exchange.attempts
@@ -171,6 +177,7 @@ class AccessLog:
             "total_us": max(0, t_end - request.t_received) // 1000,
             "request_id": request_id,
             "key": self.key_names[request.key] if request.key >= 0 else None,
+            "usage": usage,
         }, option=_APPEND_NEWLINE)
 
     def _timestamp(self, millisecond: int) -> str:

@@ -147,6 +147,13 @@ class VeloxCollector(Collector):
         for reason, n in zip(RETRY_REASONS, shared.retries.totals(), strict=True):
             retries.add_metric([reason], n)
         yield retries
+        tokens = CounterMetricFamily(
+            "velox_tokens", "Tokens used, by gateway key ('-': none), route and kind.",
+            labels=["key", "route", "kind"])
+        for key, route, inp, out in shared.token_rows():
+            tokens.add_metric([key, route, "input"], inp)
+            tokens.add_metric([key, route, "output"], out)
+        yield tokens
 
     def _embeddings_batches(self) -> Iterator[Metric]:
         """velox_embeddings_batch_*: embeddings batching (velox.batch), all workers."""

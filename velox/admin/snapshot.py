@@ -148,6 +148,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "workers": workers,
         "cache": cache_doc(shared, totals),
         "keys": shared.keys.snapshot(),
+        "tokens": [{"key": key, "route": route, "input": inp, "output": out}
+                   for key, route, inp, out in shared.token_rows()],
     }
 
 
@@ -205,6 +207,9 @@ def upstreams(shared: SharedStats) -> list[dict[str, Any]]:
         row["by_status_class"] = dict(zip(UPSTREAM_CLASSES, status[u * width:(u + 1) * width],
                                           strict=True))
         row["latency"] = latency(shared.upstream_latency[u])
+        tpm = shared.health.tpm
+        row["tpm"] = spec.tpm
+        row["tpm_available"] = tpm.level(u) if tpm is not None and spec.tpm else None
         out.append(row)
     return out
 

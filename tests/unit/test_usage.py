@@ -1,0 +1,236 @@
+"""velox.usage without sockets: the estimate, reading usage, the SSE usage stripping at every
+DATA frame boundary, and the body rewrite that asks for the usage chunk."""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+import pytest
+
+from velox import usage
+from velox._types import Request, Route
+from velox.mock import payloads
+
+
+def _request(path: bytes, body: bytes) -> Request:
+    return Request(None, b"POST", path, Route.MODEL_CALL, [], body, True, 0)  # type: ignore[arg-type]
+
+
+def _chat(**extra: object) -> bytes:
+    return orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 400}],
+                         **extra})
+
+
+# --- estimate --------------------------------------------------------------------------------
+
+
+def test_input_is_body_bytes_over_four() -> None:
+    body = _chat()
+    assert usage.input_tokens(body) == -(-len(body) // 4)
+    assert usage.input_tokens(memoryview(body)) == usage.input_tokens(body)
+    assert usage.input_tokens(b"") == 0
+
+
+def test_inline_base64_counts_as_one_image() -> None:
+    image = base64.b64encode(b"\x00" * 300_000).decode()
+    body = orjson.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + image}}]}]})
+    tokens = usage.input_tokens(body)
+    text_bytes = len(body) - len(image)
+    assert tokens == -(-text_bytes // 4) + usage.IMAGE_TOKENS
+    assert tokens < 1000  # not 100,000 tokens for 400 kB of base64
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "max_output_tokens"])
+def test_output_from_the_body(key: str) -> None:
+    body = _chat(**{key: 77})
+    assert usage.output_limit(body) == 77
+    assert usage.estimate(_request(b"/v1/chat/completions", body)) == \
+        usage.input_tokens(body) + 77
+
+
+def test_output_spaced_and_not_confused_by_strings_or_schemas() -> None:
+    assert usage.output_limit(b'{"model": "m", "max_tokens" :  12 }') == 12
+    # the key's name inside a string is escaped; a schema property has no integer value
+    body = orjson.dumps({"model": "m", "messages": [{"content": '"max_tokens": 5'}],
+                         "tools": [{"parameters": {"max_tokens": {"type": "integer"}}}]})
+    assert usage.output_limit(body) is None
+    assert usage.output_limit(b'{"max_tokens":null,"max_completion_tokens":9}') == 9
+
+
+def test_default_output_capped_at_the_limit() -> None:
+    body = _chat()
+    req = _request(b"/v1/chat/completions", body)
+    inp = usage.input_tokens(body)
+    assert usage.estimate(req, default_output=1000) == inp + 1000
+    assert usage.estimate(req, default_output=1000, cap=300) == inp + 300
+    emb = _request(b"/v1/embeddings?x=1", b'{"model":"e","input":"hello"}')
+    assert usage.estimate(emb, default_output=1000) == usage.input_tokens(emb.body)
+
+
+# --- body rewrite ----------------------------------------------------------------------------
+
+
+def test_add_include_usage_inserts_one_member() -> None:
+    body = _chat(stream=True)
+    out = usage.add_include_usage(body)
+    assert out == b'{"stream_options":{"include_usage":true},' + body[1:]
+    assert orjson.loads(out) == {**orjson.loads(body), "stream_options": {"include_usage": True}}
+    spaced = b'  { "model": "m", "stream": true }'
+    assert orjson.loads(usage.add_include_usage(spaced))["stream_options"] == \
+        {"include_usage": True}
+    assert usage.add_include_usage(b"{}") == b'{"stream_options":{"include_usage":true}}'
+    assert usage.add_include_usage(memoryview(b'{ }')) == \
+        b'{"stream_options":{"include_usage":true} }'
+
+
+def test_add_include_usage_keeps_other_options() -> None:
+    body = _chat(stream=True, stream_options={"include_obfuscation": False})
+    doc = orjson.loads(usage.add_include_usage(body))
+    assert doc["stream_options"] == {"include_obfuscation": False, "include_usage": True}
+    assert doc["messages"] == orjson.loads(body)["messages"]
+
+
+def test_client_asked_usage() -> None:
+    assert usage.client_asked_usage(_chat(stream=True, stream_options={"include_usage": True}))
+    assert not usage.client_asked_usage(_chat(stream=True, stream_options={"include_usage": False}))
+    assert not usage.client_asked_usage(_chat(stream=True))
+    assert usage.wants_usage(b"/v1/chat/completions?a=b", True)
+    assert not usage.wants_usage(b"/v1/chat/completions", False)
+    assert not usage.wants_usage(b"/v1/responses", True)
+
+
+# --- reading usage ---------------------------------------------------------------------------
+
+
+def test_usage_of_every_shape() -> None:
+    req = {"messages": [{"role": "user", "content": "y" * 40}], "prompt": "p" * 40,
+           "input": "i" * 40}
+    chat = payloads.chat_completion(req, "gpt-4o", "u", 1, 6)
+    u = orjson.loads(chat)["usage"]
+    assert usage.usage_of(chat) == (u["prompt_tokens"], u["completion_tokens"])
+    comp = payloads.completion(req, "gpt-4o", "u", 1, 6)
+    u = orjson.loads(comp)["usage"]
+    assert usage.usage_of(comp) == (u["prompt_tokens"], u["completion_tokens"])
+    emb = payloads.embeddings(req, "e", ["a" * 40, "b" * 80])
+    assert usage.usage_of(emb) == (orjson.loads(emb)["usage"]["prompt_tokens"], 0)
+    resp = payloads.response(req, "gpt-4o", "u", 1, 5)
+    u = orjson.loads(resp)["usage"]
+    assert usage.usage_of(resp) == (u["input_tokens"], u["output_tokens"])
+    assert usage.usage_of(b'{"error":{"message":"no"}}') is None
+    assert usage.usage_of(b'{"usage":null}') is None
+    # a "usage" inside a string is escaped and not taken for the key
+    tricky = orjson.dumps({"content": 'say "usage": {"prompt_tokens": 9}',
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    assert usage.usage_of(tricky) == (3, 4)
+
+
+# --- stripping ---------------------------------------------------------------------------------
+
+
+def _stream(client_asks: bool) -> tuple[list[bytes], list[bytes]]:
+    """The mock's chat stream as the upstream sends it (with include_usage) and as the client
+    would get it straight from the mock (with or without)."""
+    req = {"messages": [{"role": "user", "content": "z" * 100}], "stream": True}
+    asked = {**req, "stream_options": {"include_usage": True}}
+    upstream = payloads.chat_completion_stream(asked, "gpt-4o", "abc", 7, 8)
+    direct = payloads.chat_completion_stream(asked if client_asks else req, "gpt-4o", "abc", 7, 8)
+    return upstream, direct
+
+
+def _run(meter: usage.SSEUsage, pieces: list[bytes]) -> bytes:
+    return b"".join(meter.feed(p) for p in pieces) + meter.flush()
+
+
+def test_strip_gives_the_client_the_direct_stream() -> None:
+    upstream, direct = _stream(client_asks=False)
+    meter = usage.SSEUsage(strip=True)
+    assert _run(meter, upstream) == b"".join(direct)
+    u = orjson.loads(upstream[-2][6:])["usage"]
+    assert (meter.input, meter.output) == (u["prompt_tokens"], u["completion_tokens"])
+    assert meter.found
+    assert meter.events == len(direct)  # every event relayed (the usage chunk was not)
+
+
+def test_strip_at_every_byte_boundary() -> None:
+    upstream, direct = _stream(client_asks=False)
+    whole = b"".join(upstream)
+    expected = b"".join(direct)
+    u = orjson.loads(upstream[-2][6:])["usage"]
+    for cut in range(len(whole) + 1):
+        meter = usage.SSEUsage(strip=True)
+        assert _run(meter, [whole[:cut], whole[cut:]]) == expected, cut
+        assert (meter.input, meter.output) == (u["prompt_tokens"], u["completion_tokens"]), cut
+    # and one byte per frame
+    meter = usage.SSEUsage(strip=True)
+    assert _run(meter, [whole[i:i + 1] for i in range(len(whole))]) == expected
+    assert meter.found
+
+
+def test_pass_through_when_the_client_asked() -> None:
+    upstream, direct = _stream(client_asks=True)
+    assert upstream == direct
+    whole = b"".join(upstream)
+    u = orjson.loads(upstream[-2][6:])["usage"]
+    for cut in range(0, len(whole) + 1, 7):
+        meter = usage.SSEUsage(strip=False)
+        out = [meter.feed(whole[:cut]), meter.feed(whole[cut:]), meter.flush()]
+        assert out == [whole[:cut], whole[cut:], b""]  # the very same bytes, as they came
+        assert (meter.input, meter.output) == (u["prompt_tokens"], u["completion_tokens"])
+
+
+def test_crlf_events_and_spaced_null() -> None:
+    events = [b'data: {"id":"a", "usage": null, "choices":[{"delta":{"content":"hi"}}]}\r\n\r\n',
+              b'data: {"usage": null}\r\n\r\n',
+              b'data: {"id":"a","choices": [], "usage": {"prompt_tokens": 5, '
+              b'"completion_tokens": 2}}\r\n\r\n',
+              b"data: [DONE]\r\n\r\n"]
+    meter = usage.SSEUsage(strip=True)
+    out = _run(meter, events)
+    assert out == (b'data: {"id":"a", "choices":[{"delta":{"content":"hi"}}]}\r\n\r\n'
+                   b"data: {}\r\n\r\n" b"data: [DONE]\r\n\r\n")
+    assert (meter.input, meter.output) == (5, 2)
+
+
+def test_cut_short_counts_relayed_events() -> None:
+    upstream, _direct = _stream(client_asks=False)
+    meter = usage.SSEUsage(strip=True)
+    for event in upstream[:4]:
+        meter.feed(event)
+    assert not meter.found
+    assert meter.relayed_output() == 4
+
+
+def test_responses_stream_usage_read_in_passing() -> None:
+    req = {"input": "w" * 80, "stream": True}
+    events = payloads.response_stream(req, "gpt-4o", "r", 1, 5)
+    meter = usage.SSEUsage(strip=False)
+    whole = b"".join(events)
+    assert _run(meter, [whole[:100], whole[100:]]) == whole
+    done = orjson.loads(events[-1].split(b"data: ", 1)[1])["response"]["usage"]
+    assert (meter.input, meter.output) == (done["input_tokens"], done["output_tokens"])
+
+
+@pytest.mark.parametrize("strip", [True, False])
+def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) -> None:
+    # A 300 kB event (a hostile or odd upstream) in 1000-byte frames, then the usage chunk:
+    # the long event goes through as it is, no more than _HOLD_MAX + a frame is ever held,
+    # and the usage chunk after it is still read (and removed when stripping).
+    long_event = b"data: " + b"x" * 300_000 + b"\n\n"
+    tail_events = [b'data: {"id":"a","choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n',
+                   b'data: {"id":"a","choices":[],"usage":{"prompt_tokens":7,'
+                   b'"completion_tokens":3}}\n\n', b"data: [DONE]\n\n"]
+    whole = long_event + b"".join(tail_events)
+    for cut in (0, 1, 7, 999):  # the long event's blank line: 7 splits it across frames
+        frames = [whole[:cut]] + [whole[i:i + 1000] for i in range(cut, len(whole), 1000)]
+        meter = usage.SSEUsage(strip)
+        out = []
+        for frame in frames:
+            out.append(meter.feed(frame))
+            assert len(meter.pending) <= usage._HOLD_MAX + 1000
+        out.append(meter.flush())
+        expected = (long_event + b'data: {"id":"a","choices":[{"delta":{"content":"hi"}}]}\n\n'
+                    + b"data: [DONE]\n\n") if strip else whole
+        assert b"".join(out) == expected, cut
+        assert (meter.input, meter.output) == (7, 3)
