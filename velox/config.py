@@ -166,6 +166,23 @@ def _key_list(raw: str) -> tuple[str, ...]:
     return keys
 
 
+def _redis_url(raw: str) -> str:
+    form = ("redis://[user:password@]host[:port][/db] or rediss:// (TLS), e.g. "
+            "redis://127.0.0.1:6379/0")
+    url = raw.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError(form)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(form) from None
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(form)
+    return url
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -263,6 +280,9 @@ FIELDS: tuple[Field, ...] = (
           "5000", "an upstream connection whose PING is unanswered this long is replaced"),
     Field("VELOX_RELOAD_READY_S", "reload_ready_s", _int_in(1, 3600), "30",
           "on SIGHUP, a new worker not ready within this many seconds aborts the reload"),
+    Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
+          "Redis shared by several Velox hosts: every rate limit becomes global across them "
+          "(empty: this host alone)"),
 )
 
 
@@ -306,6 +326,7 @@ class Settings:
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     reload_ready_s: int = 30
+    redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
@@ -367,8 +388,20 @@ class Settings:
             value = getattr(self, f.attr)
             if f.secret and value:
                 value = _mask(value)
+            elif f.attr == "redis_url" and value:
+                value = redact_url(value)
             out[f.env] = value
         return out
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password masked (VELOX_REDIS_URL in logs and --print-config)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def _mask(value: object) -> str:
@@ -400,7 +433,8 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
         try:
             values[f.attr] = f.parse(raw)
         except ValueError as exc:
-            raise ConfigError(f"{f.env}={raw!r} is invalid: expected {exc}") from None
+            shown = redact_url(raw.strip()) if f.attr == "redis_url" else raw
+            raise ConfigError(f"{f.env}={shown!r} is invalid: expected {exc}") from None
 
     cores = usable_cores()
     values.setdefault("workers", cores)
