@@ -1,5 +1,5 @@
 /* velox._native: the CPython binding of the native core (vx_ring, vx_bucket, vx_stats,
- * vx_json, vx_health).
+ * vx_json, vx_health, vx_limits).
  *
  * Only argument parsing, reference ownership and exceptions live here; the algorithms are
  * in the plain-C files. Heap types created per module (PyType_FromModuleAndSpec) and
@@ -15,6 +15,7 @@
 #include "vx_bucket.h"
 #include "vx_health.h"
 #include "vx_json.h"
+#include "vx_limits.h"
 #include "vx_ring.h"
 #include "vx_stats.h"
 
@@ -35,6 +36,7 @@ typedef struct {
     PyTypeObject *health_type;
     PyTypeObject *budget_type;
     PyTypeObject *hrw_type;
+    PyTypeObject *limits_type;
 } module_state;
 
 /* ---------------------------------------------------------------- integer arguments */
@@ -1693,6 +1695,340 @@ static PyObject *native_scan_json(PyObject *Py_UNUSED(module), PyObject *arg)
     return result;
 }
 
+/* ---------------------------------------------------------------- Limits */
+
+typedef struct {
+    PyObject_HEAD
+    vx_limits *l; /* owned view of the shared mapping; NULL only while tp_new fails */
+} LimitsObject;
+
+#define LIMITS_DEFAULT_SLOTS 64
+
+static PyObject *Limits_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"n", "slots", NULL};
+    PyObject *n_obj, *slots_obj = NULL;
+    int64_t n, slots = LIMITS_DEFAULT_SLOTS;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:Limits", kwlist, &n_obj, &slots_obj))
+        return NULL;
+    if (arg_in_range(n_obj, "n", 1, VX_LIMITS_MAX_N, &n) < 0 ||
+        (slots_obj != NULL &&
+         arg_in_range(slots_obj, "slots", 1, VX_LIMITS_MAX_SLOTS, &slots) < 0))
+        return NULL;
+    LimitsObject *self = (LimitsObject *)type->tp_alloc(type, 0); /* new reference */
+    if (self == NULL)
+        return NULL;
+    self->l = vx_limits_create(n, slots);
+    if (self->l == NULL) {
+        Py_DECREF(self);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
+static void Limits_dealloc(LimitsObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    vx_limits_destroy(self->l); /* this process's view; other processes keep theirs */
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int limits_index(LimitsObject *self, PyObject *o, int64_t *i)
+{
+    size_t v;
+    if (arg_index(o, "index", (size_t)self->l->n, &v) < 0)
+        return -1;
+    *i = (int64_t)v;
+    return 0;
+}
+
+static int limits_slot(LimitsObject *self, PyObject *o, int64_t *slot)
+{
+    size_t v;
+    if (arg_index(o, "slot", (size_t)self->l->slots, &v) < 0)
+        return -1;
+    *slot = (int64_t)v;
+    return 0;
+}
+
+/* args[pos] (if nargs > pos and not None) is now_us, else the clock. */
+static int limits_now(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t pos, int64_t *now)
+{
+    if (nargs > pos && args[pos] != Py_None)
+        return arg_now(args[pos], now);
+    *now = vx_limits_now_us();
+    return 0;
+}
+
+/* Token amounts: lo <= n; huge n saturates at INT64_MAX (the C side clamps or answers never). */
+static int limits_tokens(PyObject *o, int64_t lo, int64_t *n)
+{
+    int overflow;
+    if (to_i64(o, n, &overflow) < 0)
+        return -1;
+    if (*n < lo) {
+        PyErr_Format(PyExc_ValueError, "n must be >= %lld, got %R", (long long)lo, o);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Limits_configure_doc,
+             "configure($self, i, rate_per_minute, burst, now_us=None, /)\n--\n\n"
+             "Set bucket i: rate in [0, 10**9] tokens per minute (0: leased, only give() adds),\n"
+             "burst in [1, 10**9]. The first configure starts it full (leased: empty); a later\n"
+             "one keeps the level, capped at the new burst.");
+
+static PyObject *Limits_configure(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, rate, burst, now;
+    if (check_nargs("configure", nargs, 3, 4) < 0 || limits_index(self, args[0], &i) < 0 ||
+        arg_in_range(args[1], "rate_per_minute", 0, VX_LIMITS_MAX_RATE, &rate) < 0 ||
+        arg_in_range(args[2], "burst", 1, VX_LIMITS_MAX_BURST, &burst) < 0 ||
+        limits_now(args, nargs, 3, &now) < 0)
+        return NULL;
+    vx_limits_configure(self->l, i, rate, burst, now); /* arguments checked above */
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Limits_config_doc, "config($self, i, /)\n--\n\n"
+                                "(rate_per_minute, burst) of bucket i; (0, 0) if never configured.");
+
+static PyObject *Limits_config(LimitsObject *self, PyObject *arg)
+{
+    int64_t i, rate, burst;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    vx_limits_config(self->l, i, &rate, &burst);
+    return Py_BuildValue("(LL)", (long long)rate, (long long)burst);
+}
+
+PyDoc_STRVAR(Limits_take_doc,
+             "take($self, i, n, now_us=None, /)\n--\n\n"
+             "Take n >= 1 tokens at once or none: 0 taken; > 0 microseconds until n could be\n"
+             "there (nothing taken; a leased bucket answers LIMITS_LEASE_WAIT_US); -1 never\n"
+             "(n > burst, or never configured).");
+
+static PyObject *Limits_take(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, n, now;
+    if (check_nargs("take", nargs, 2, 3) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_tokens(args[1], 1, &n) < 0 || limits_now(args, nargs, 2, &now) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_take(self->l, i, n, now));
+}
+
+PyDoc_STRVAR(Limits_give_doc,
+             "give($self, i, n, /)\n--\n\n"
+             "Deposit n >= 0 tokens (a lease), the level capped at burst; returns how many whole\n"
+             "tokens went in. taken() is unchanged.");
+
+static PyObject *Limits_give(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, n;
+    if (check_nargs("give", nargs, 2, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_tokens(args[1], 0, &n) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_give(self->l, i, n));
+}
+
+PyDoc_STRVAR(Limits_refund_doc,
+             "refund($self, i, n, /)\n--\n\n"
+             "give() back n >= 0 tokens taken earlier and not used: taken() goes down by n.");
+
+static PyObject *Limits_refund(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, n;
+    if (check_nargs("refund", nargs, 2, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_tokens(args[1], 0, &n) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_refund(self->l, i, n));
+}
+
+PyDoc_STRVAR(Limits_charge_doc,
+             "charge($self, i, n, /)\n--\n\n"
+             "Take n >= 0 tokens unconditionally (settling over-use): the level may go negative\n"
+             "(debt, down to -10**10 tokens); takes are refused until it is repaid.");
+
+static PyObject *Limits_charge(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, n;
+    if (check_nargs("charge", nargs, 2, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_tokens(args[1], 0, &n) < 0)
+        return NULL;
+    vx_limits_charge(self->l, i, n);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Limits_level_doc,
+             "level($self, i, now_us=None, /)\n--\n\n"
+             "Whole tokens in bucket i now, pending refill included (negative: debt).");
+
+static PyObject *Limits_level(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, now;
+    if (check_nargs("level", nargs, 1, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_now(args, nargs, 1, &now) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_level(self->l, i, now));
+}
+
+PyDoc_STRVAR(Limits_taken_doc, "taken($self, i, /)\n--\n\n"
+                               "Cumulative tokens taken or charged from bucket i, minus refunds.");
+
+static PyObject *Limits_taken(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_taken(self->l, i));
+}
+
+PyDoc_STRVAR(Limits_enter_doc,
+             "enter($self, i, limit, slot, /)\n--\n\n"
+             "Take a place of gauge i for the worker in `slot`: False (nothing taken) when\n"
+             "`limit` places are held across the gateway. limit <= 0: no limit, count only.");
+
+static PyObject *Limits_enter(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, limit, slot;
+    if (check_nargs("enter", nargs, 3, 3) < 0 || limits_index(self, args[0], &i) < 0 ||
+        arg_in_range(args[1], "limit", INT64_MIN, INT64_MAX, &limit) < 0 ||
+        limits_slot(self, args[2], &slot) < 0)
+        return NULL;
+    return PyBool_FromLong(vx_limits_enter(self->l, i, limit, slot));
+}
+
+PyDoc_STRVAR(Limits_leave_doc,
+             "leave($self, i, slot, /)\n--\n\n"
+             "Give back a place of gauge i taken by this slot; False (nothing changed) when the\n"
+             "slot holds none.");
+
+static PyObject *Limits_leave(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, slot;
+    if (check_nargs("leave", nargs, 2, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_slot(self, args[1], &slot) < 0)
+        return NULL;
+    return PyBool_FromLong(vx_limits_leave(self->l, i, slot));
+}
+
+PyDoc_STRVAR(Limits_active_doc, "active($self, i, /)\n--\n\n"
+                                "Places of gauge i held across the gateway.");
+
+static PyObject *Limits_active(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_active(self->l, i));
+}
+
+PyDoc_STRVAR(Limits_held_doc, "held($self, i, slot, /)\n--\n\n"
+                              "Places of gauge i held by the worker in `slot`.");
+
+static PyObject *Limits_held(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, slot;
+    if (check_nargs("held", nargs, 2, 2) < 0 || limits_index(self, args[0], &i) < 0 ||
+        limits_slot(self, args[1], &slot) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_held_by(self->l, i, slot));
+}
+
+PyDoc_STRVAR(Limits_forget_slot_doc,
+             "forget_slot($self, slot, /)\n--\n\n"
+             "Give back every place the (dead) worker of `slot` held; returns how many. Only\n"
+             "when no process runs in that slot.");
+
+static PyObject *Limits_forget_slot(LimitsObject *self, PyObject *arg)
+{
+    int64_t slot;
+    if (limits_slot(self, arg, &slot) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_forget_slot(self->l, slot));
+}
+
+PyDoc_STRVAR(Limits_hammer_doc,
+             "_hammer($self, i, duration_us, n, /)\n--\n\n"
+             "Test hook: with the GIL released, call take(i, n) on the real clock in a tight\n"
+             "loop for duration_us (at most 60 s); return the number of tokens admitted.");
+
+static PyObject *Limits_hammer(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t i, duration, n, admitted = 0;
+    if (check_nargs("_hammer", nargs, 3, 3) < 0 || limits_index(self, args[0], &i) < 0 ||
+        arg_in_range(args[1], "duration_us", 0, HAMMER_MAX_US, &duration) < 0 ||
+        limits_tokens(args[2], 1, &n) < 0)
+        return NULL;
+    vx_limits *l = self->l; /* the object outlives the call: the caller holds it */
+    Py_BEGIN_ALLOW_THREADS
+    int64_t deadline = vx_limits_now_us() + duration;
+    for (int64_t now = vx_limits_now_us(); now < deadline; now = vx_limits_now_us()) {
+        if (vx_limits_take(l, i, n, now) == 0)
+            admitted += n;
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(admitted);
+}
+
+static Py_ssize_t Limits_len(LimitsObject *self)
+{
+    return (Py_ssize_t)self->l->n;
+}
+
+static PyObject *Limits_get_slots(LimitsObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->l->slots);
+}
+
+static PyMethodDef Limits_methods[] = {
+    {"configure", FASTCALL(Limits_configure), METH_FASTCALL, Limits_configure_doc},
+    {"config", (PyCFunction)Limits_config, METH_O, Limits_config_doc},
+    {"take", FASTCALL(Limits_take), METH_FASTCALL, Limits_take_doc},
+    {"give", FASTCALL(Limits_give), METH_FASTCALL, Limits_give_doc},
+    {"refund", FASTCALL(Limits_refund), METH_FASTCALL, Limits_refund_doc},
+    {"charge", FASTCALL(Limits_charge), METH_FASTCALL, Limits_charge_doc},
+    {"level", FASTCALL(Limits_level), METH_FASTCALL, Limits_level_doc},
+    {"taken", (PyCFunction)Limits_taken, METH_O, Limits_taken_doc},
+    {"enter", FASTCALL(Limits_enter), METH_FASTCALL, Limits_enter_doc},
+    {"leave", FASTCALL(Limits_leave), METH_FASTCALL, Limits_leave_doc},
+    {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},
+    {"held", FASTCALL(Limits_held), METH_FASTCALL, Limits_held_doc},
+    {"forget_slot", (PyCFunction)Limits_forget_slot, METH_O, Limits_forget_slot_doc},
+    {"_hammer", FASTCALL(Limits_hammer), METH_FASTCALL, Limits_hammer_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Limits_getset[] = {
+    {"slots", (getter)Limits_get_slots, NULL, "Worker slots (rows of held places).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Limits_doc,
+             "Limits(n, slots=64)\n--\n\n"
+             "n token buckets and n concurrency gauges in one anonymous shared mapping, for\n"
+             "`slots` worker slots; created before fork(), one state for every process.\n"
+             "Entries start unconfigured (every take: -1) with gauges at 0.");
+
+static PyType_Slot Limits_slots[] = {
+    {Py_tp_doc, (void *)Limits_doc},
+    {Py_tp_new, Limits_new},
+    {Py_tp_dealloc, Limits_dealloc},
+    {Py_tp_methods, Limits_methods},
+    {Py_tp_getset, Limits_getset},
+    {Py_sq_length, Limits_len},
+    {0, NULL},
+};
+
+static PyType_Spec Limits_spec = {
+    .name = "velox._native.Limits",
+    .basicsize = sizeof(LimitsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Limits_slots,
+};
+
 /* Module-level ints mirroring vx_json.h, so Python code never hard-codes the numbers. */
 static const struct {
     const char *name;
@@ -1741,6 +2077,8 @@ static const struct {
     {"UP_PANICS", VX_UP_PANICS},
     {"UP_FULL", VX_UP_FULL},
     {"UP_COUNTERS", VX_UP_COUNTERS},
+    {"LIMITS_NEVER", (int)VX_LIMITS_NEVER},
+    {"LIMITS_LEASE_WAIT_US", (int)VX_LIMITS_LEASE_WAIT_US},
 };
 
 static PyMethodDef module_methods[] = {
@@ -1769,7 +2107,8 @@ static int module_exec(PyObject *module)
         add_type(module, &Hist_spec, &st->hist_type) < 0 ||
         add_type(module, &Health_spec, &st->health_type) < 0 ||
         add_type(module, &Budget_spec, &st->budget_type) < 0 ||
-        add_type(module, &Hrw_spec, &st->hrw_type) < 0)
+        add_type(module, &Hrw_spec, &st->hrw_type) < 0 ||
+        add_type(module, &Limits_spec, &st->limits_type) < 0)
         return -1;
     for (size_t i = 0; i < sizeof json_constants / sizeof json_constants[0]; i++)
         if (PyModule_AddIntConstant(module, json_constants[i].name, json_constants[i].value) < 0)
@@ -1789,6 +2128,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->health_type);
     Py_VISIT(st->budget_type);
     Py_VISIT(st->hrw_type);
+    Py_VISIT(st->limits_type);
     return 0;
 }
 
@@ -1804,6 +2144,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->health_type);
     Py_CLEAR(st->budget_type);
     Py_CLEAR(st->hrw_type);
+    Py_CLEAR(st->limits_type);
     return 0;
 }
 

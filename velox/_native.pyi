@@ -287,3 +287,73 @@ class Rendezvous:
         """Target indices by score for key_hash, best first."""
     def first(self, key_hash: int, /) -> int:
         """rank(key_hash)[0]."""
+
+LIMITS_NEVER: Final[int]  # -1: Limits.take can never succeed (n > burst, or unconfigured)
+LIMITS_LEASE_WAIT_US: Final[int]  # 1000000: take's answer for a leased bucket short of tokens
+
+@final
+class Limits:
+    """n token buckets and n concurrency gauges in one anonymous shared mapping.
+
+    Created before fork() (like TokenBucket): one state for the parent and every worker. The
+    owner of a table (keys, upstreams, the gateway) assigns indexes; entry i is a bucket
+    (integer tokens, CLOCK_MONOTONIC microseconds, lock-free CAS) and a gauge of places held.
+    Entries start unconfigured: take answers -1 until configure().
+
+    Buckets. `configure(i, rate, burst)`: rate tokens per minute refilled from the clock (each
+    take refills first, so time spent full is never credited), at most burst held. Rate 0 is
+    a LEASED bucket: no clock refill, only give() adds (Redis leases feed it). A bucket in debt
+    (level < 0, after charge()) refuses every take until refills or gives repay it.
+    Exact: tokens taken <= burst + rate * elapsed / 60e6 + tokens given, whatever races.
+
+    Gauges. enter/leave count places per worker slot (0 <= slot < slots) as well as in total,
+    so forget_slot(slot) gives back what a SIGKILLed worker held. The supervisor calls it
+    after reaping the worker, before a new one starts in that slot.
+
+    now_us arguments are test hooks: None (the default) reads CLOCK_MONOTONIC.
+    """
+
+    def __init__(self, n: int, slots: int = 64) -> None:
+        """n in [1, 10**6], slots in [1, 4096]; otherwise ValueError naming the argument."""
+    def __len__(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    def configure(
+        self, i: int, rate_per_minute: int, burst: int, now_us: int | None = None, /
+    ) -> None:
+        """rate [0, 10**9] (0: leased), burst [1, 10**9]. The first configure starts the bucket
+        full (leased: empty); a later one credits the old rate up to now, then keeps the
+        level capped at the new burst (debt kept)."""
+    def config(self, i: int, /) -> tuple[int, int]:
+        """(rate_per_minute, burst); (0, 0) when never configured."""
+    def take(self, i: int, n: int, now_us: int | None = None, /) -> int:
+        """Take n >= 1 tokens at once or none. 0: taken. > 0: microseconds until n could be
+        available, nothing taken (leased: LIMITS_LEASE_WAIT_US). -1: never (n > burst)."""
+    def give(self, i: int, n: int, /) -> int:
+        """Deposit n >= 0 tokens, the level capped at burst; returns the whole tokens that
+        went in. taken() is unchanged (a lease is not consumption)."""
+    def refund(self, i: int, n: int, /) -> int:
+        """give() back n >= 0 tokens taken and not used: taken() goes down by n."""
+    def charge(self, i: int, n: int, /) -> None:
+        """Take n >= 0 tokens unconditionally (settling over-use); the level may go negative
+        (debt, floored at -10**10 tokens)."""
+    def level(self, i: int, now_us: int | None = None, /) -> int:
+        """Whole tokens now, pending refill included, capped at burst; negative in debt.
+        Approximate under concurrency (for headers and metrics)."""
+    def taken(self, i: int, /) -> int:
+        """Cumulative tokens taken or charged, minus refunds (rates, lease sizing)."""
+    def enter(self, i: int, limit: int, slot: int, /) -> bool:
+        """Take a place of gauge i for the worker in slot; False (nothing taken) when limit
+        places are held across the gateway. limit <= 0: no limit, count only."""
+    def leave(self, i: int, slot: int, /) -> bool:
+        """Give back a place this slot took; False (nothing changed) when it holds none."""
+    def active(self, i: int, /) -> int:
+        """Places of gauge i held across the gateway."""
+    def held(self, i: int, slot: int, /) -> int:
+        """Places of gauge i held by the worker in slot."""
+    def forget_slot(self, slot: int, /) -> int:
+        """Give back every place held by the (dead) worker of slot; returns how many."""
+    # Test hook, not API.
+    def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
+        """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
+        most 60 s); return the tokens admitted."""

@@ -16,6 +16,7 @@ from velox._native import (
     Counters,
     Health,
     Histogram,
+    Limits,
     RetryBudget,
     Rendezvous,
     Ring,
@@ -176,5 +177,48 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
     churn()
     maps_before, rss_before = mapping_count(), rss()
     churn()
+    assert mapping_count() <= maps_before + 2
+    assert rss() - rss_before < 8 * MB
+
+
+def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
+    # The per-request calls of the keys stage (velox.keys): take / enter / leave / refund /
+    # charge / level, a million times, plus errors with a big argument.
+    lim = Limits(3, slots=4)
+    lim.configure(0, 10**9, 10**9)
+    lim.configure(1, 10**9, 10**9)
+    big = 2**100
+    base_big = sys.getrefcount(big)
+    for i in range(10_000):  # warm-up
+        lim.take(i % 2, 3)
+    before = rss()
+    for i in range(1_000_000):
+        lim.take(i % 2, 3)
+        if lim.enter(2, 8, i % 4):
+            lim.leave(2, i % 4)
+        lim.refund(1, 1)
+        lim.charge(1, 1)
+        lim.level(0)
+        lim.taken(0)
+    for _ in range(10_000):
+        assert lim.take(0, big) == -1
+        with pytest.raises(IndexError):
+            lim.enter(big, 1, 0)
+        with pytest.raises(ValueError):
+            Limits(big)
+    assert sys.getrefcount(big) == base_big
+    assert lim.active(2) == 0
+    assert rss() - before < 8 * MB
+
+    def churn() -> None:
+        for _ in range(2000):
+            other = Limits(100, slots=16)
+            other.configure(99, 60, 1)
+            other.enter(99, 1, 15)
+
+    churn()
+    maps_before, rss_before = mapping_count(), rss()
+    churn()
+    # A leaked mapping per object would be 2000 mappings and 2000 x (6.4 + 12.8) KB.
     assert mapping_count() <= maps_before + 2
     assert rss() - rss_before < 8 * MB
