@@ -55,7 +55,13 @@ The supervisor never runs an event loop; it sleeps in select() on a signal wake-
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib, uvloop.
+With VELOX_REDIS_URL the rate limits are shared with the other hosts: the global Limiter is a
+LEASED bucket, and the host's Redis refresher (velox.cluster, one thread with its own asyncio
+loop) runs here too, started before the first fork and stopped after the last worker, when it
+hands the tokens this host still holds back to Redis.
+
+Imports: worker, ratelimit, stats, topology, config, admin.server and cluster (lazily), stdlib,
+uvloop.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from velox.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
     from velox.admin.server import AdminServer
+    from velox.cluster import Cluster
 
 log = logging.getLogger("velox.supervisor")
 
@@ -95,7 +102,7 @@ _STARTUP_ALLOWANCE_S = 30.0
 # Settings made part of the shared state or the sockets before the first fork: a reload keeps
 # the running values.
 _FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
-                   "rate_limit_burst", "admin_addr", "admin_token")
+                   "rate_limit_burst", "admin_addr", "admin_token", "redis_url")
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
@@ -144,7 +151,18 @@ class Supervisor:
         self.sock = bind(settings.host, settings.port, listen=False)
         self.port = self.sock.getsockname()[1]
         self.shared = SharedStats(settings.workers, settings.tables)
-        self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst)
+        self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst,
+                                      shared=bool(settings.redis_url))
+        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other
+        # hosts (velox.cluster). Started before the first fork, stopped after the last worker.
+        self.cluster: Cluster | None = None
+        if settings.redis_url:
+            from velox.cluster import Cluster
+
+            self.cluster = Cluster(settings.redis_url)
+            if self.limiter.limits is not None:
+                self.cluster.add("gateway", self.limiter.limits, self.limiter.index,
+                                 settings.rate_limit_rpm, settings.rate_limit_burst)
         cores = oversubscribed(settings.workers)
         if cores:
             log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
@@ -178,6 +196,8 @@ class Supervisor:
 
             # Bound now, before any fork: a taken address stops start-up with a clear message.
             self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
+            if self.cluster is not None:
+                self.admin.use_cluster(self.cluster)
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -189,6 +209,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
+        if self.cluster is not None:  # the first leases (or the fallback) before any fork
+            self.cluster.start()
         for slot in range(self.settings.workers):
             self._spawn(slot)
         tables = self.shared.tables
@@ -226,6 +248,8 @@ class Supervisor:
                 self._kill_overdue_retirees()
         if self.admin is not None:
             self.admin.stop()
+        if self.cluster is not None:  # the workers are gone: hand back what this host holds
+            self.cluster.stop()
         log.info("all workers stopped; exiting")
         return 0
 
