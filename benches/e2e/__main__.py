@@ -1,7 +1,7 @@
-"""Command line: `python -m benches.e2e {run,routing,soak,install-litellm,lock-litellm}` (run from the
+"""Command line: `python -m benches.e2e {run,routing,soak,cluster,install-litellm,lock-litellm}` (run from the
 repository root with the project's venv; the Makefile targets do exactly that).
 
-Imports: bench, sections, summary, results, soak, routing, litellm, wrk, stdlib.
+Imports: bench, sections, summary, results, soak, routing, cluster, litellm, wrk, stdlib.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches.e2e import litellm, results, routing, sections, soak, summary, wrk
+from benches.e2e import cluster, litellm, results, routing, sections, soak, summary, wrk
 from benches.e2e import bench as bench_mod
 from benches.e2e.bench import Bench, Plan
 
@@ -97,6 +97,19 @@ def cmd_routing(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    doc = cluster.main(args.out, args.name, quick=args.quick)
+    for part in ("shared", "single_host_no_redis"):
+        d = doc[part]
+        print(f"{part}: admitted {d['admitted']} of {d['sent']} sent, bounds "
+              f"[{d['lower']}, {d['upper']}] (stated {d['stated_bound']}), within={d['within']}, "
+              f"server errors {d['server_errors']}, recovered {d['recovered_s']}")
+    print("commands:", doc["shared"].get("commands"))
+    print(f"wrote {args.out / (args.name + '.json')}")
+    return 0 if all(doc[p]["within"] and not doc[p]["server_errors"]
+                    for p in ("shared", "single_host_no_redis")) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e")
     p.add_argument("--out", type=Path, default=results.RESULTS, help="results directory")
@@ -121,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="recompute the summary of the saved results from their raw runs")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
+    cl = sub.add_parser("cluster", help="three hosts sharing one Redis, 3x a 600 rpm limit for 60 s "
+                                        "with Redis killed for 20 s (~3 minutes)")
+    cl.add_argument("--quick", action="store_true", help="20 s with an 8 s outage")
+    cl.add_argument("--name", default="cluster", help="results file name (without extension)")
     sub.add_parser("install-litellm", help="build .bench/litellm-venv from the hashed lock")
     sub.add_parser("lock-litellm", help="re-resolve the hashed lock (needs the index)")
     args = p.parse_args(argv)
@@ -130,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_routing(args)
     if args.command == "soak":
         return cmd_soak(args)
+    if args.command == "cluster":
+        return cmd_cluster(args)
     if args.command == "install-litellm":
         litellm.install()
         return 0

@@ -76,15 +76,15 @@ class Cluster:
         self.mock: MockUpstream | None = None
         self.gateways: list[GatewayProcess] = []
 
-    def start(self, rpm: int | None = None) -> Cluster:
+    def start(self, rpm: int | None = None, burst: int | None = None, tag: str = "") -> Cluster:
         plan = self.plan
         if plan.redis and self.redis is None:
             self.redis = RedisProcess(log_path=self.logdir / "redis.log").start()
         if self.mock is None:
             self.mock = MockUpstream(tls=True, certdir=str(self.logdir),
                                      log_path=str(self.logdir / "mock.log")).start()
-        self.gateways = [GatewayProcess(self.env(rpm or plan.rpm),
-                                        log_path=self.logdir / f"velox-{i}.log")
+        self.gateways = [GatewayProcess(self.env(rpm or plan.rpm, burst or plan.burst),
+                                        log_path=self.logdir / f"velox-{tag}{i}.log")
                          for i in range(plan.hosts)]
         errors: list[BaseException] = []
 
@@ -113,7 +113,7 @@ class Cluster:
                 raise RuntimeError("the hosts did not all register in Redis within 15 s")
         return self
 
-    def env(self, rpm: int) -> dict[str, str]:
+    def env(self, rpm: int, burst: int) -> dict[str, str]:
         assert self.mock is not None
         plan = self.plan
         env = {
@@ -122,7 +122,7 @@ class Cluster:
             "VELOX_WORKERS": str(plan.workers),
             "VELOX_EGRESS_POOL_CONNECTIONS": "1",
             "VELOX_RATE_LIMIT_RPM": str(rpm),
-            "VELOX_RATE_LIMIT_BURST": str(plan.burst),
+            "VELOX_RATE_LIMIT_BURST": str(burst),
             "VELOX_ACCESS_LOG": "0",
             "VELOX_SHUTDOWN_GRACE_S": "5",
             "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
@@ -170,6 +170,7 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
     records: list[tuple[float, int, int]] = []  # (send time from t0, host, status)
     samples: list[dict[str, Any]] = []
     events: dict[str, float] = {}
+    failures: dict[str, int] = {}
     t0 = time.monotonic()
 
     async def one(k: int) -> None:
@@ -181,8 +182,10 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
             status = 200
         except openai.APIStatusError as exc:
             status = exc.status_code
-        except openai.APIError:  # no answer at all (connection refused, reset, timeout)
+        except openai.APIError as exc:  # no answer at all (connection refused, reset, timeout)
             status = 0
+            why = f"{type(exc).__name__}: {exc.__cause__!r}"[:200]
+            failures[why] = failures.get(why, 0) + 1
         records.append((sent, host, status))
 
     async def outage() -> None:
@@ -226,13 +229,13 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
             task.cancel()
     for client in clients:
         await client.close()
-    return {"records": records, "samples": samples, "events": events,
+    return {"records": records, "samples": samples, "events": events, "failures": failures,
             "last_send_s": last_send, "sent": total}
 
 
 def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     """Per-second admitted counts, statuses and the bounds they are held to."""
-    seconds = int(math.ceil(plan.duration_s))
+    seconds = int(math.ceil(max(plan.duration_s, raw["last_send_s"] + 1e-9)))
     per_host = [[0] * seconds for _ in range(plan.hosts)]
     statuses: dict[str, int] = {}
     for sent, host, status in raw["records"]:
@@ -248,13 +251,14 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     # Without an outage: one burst, the refill over the run, and what the hosts may hold.
     # With one: the restarted Redis (no persistence) starts its buckets full again, and a
     # host may still refill its share for up to a second after another host is back on Redis.
-    upper = plan.burst + rate_s * plan.duration_s + stated
+    span = max(plan.duration_s, raw["last_send_s"])  # a busy client may send late
+    upper = plan.burst + rate_s * span + stated
     if outage_s:
         upper += plan.burst + rate_s * 1.0
     # Fewer only by what the hosts hold unused at the end (one lease each) and what refilled
     # in Redis that no host had asked for yet (a host waits up to a lease's time after a
     # short grant): at most one lease cap per host each.
-    lower = plan.burst + rate_s * plan.duration_s - 2 * stated - (1 if not plan.redis else 0)
+    lower = plan.burst + rate_s * raw["last_send_s"] - 2 * stated - (1 if not plan.redis else 0)
     if outage_s:
         lower -= rate_s * 2.0  # detection (a call's timeout) and the reconnect after restart
     recovered: dict[str, float | None] = {}
@@ -283,6 +287,7 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
         "events": raw["events"], "recovered_s": recovered,
         "redis_commands_per_s_during_load": cmd_rate,
         "last_send_s": round(raw["last_send_s"], 3),
+        "failures": raw["failures"],
     }
 
 
@@ -314,7 +319,7 @@ def commands_at_rate(c: Cluster, plan: Plan) -> dict[str, Any]:
 
     if not wrk.available():
         return {"skipped": "wrk is not installed (make bench-deps)"}
-    c.start(rpm=HIGH_RPM)
+    c.start(rpm=HIGH_RPM, burst=HIGH_RPM, tag="rate-")
     before = [c.metrics(i) for i in range(plan.hosts)]
     results: list[dict[str, Any]] = [{} for _ in range(plan.hosts)]
 
