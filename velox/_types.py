@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -63,6 +63,10 @@ class Request:
         "t_received", "t_popped", "t_parsed", "t_admitted",
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
         "caller",  # route.caller_of: digest of the presented credential, computed once
+        # keys stage (velox.keys): the caller's [[key]] index (-1: none), what its admission
+        # holds (a keys.Ticket, released once when the request ends), and response headers
+        # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
+        "key", "ticket", "extra_headers",
     )
 
     def __init__(
@@ -95,3 +99,6 @@ class Request:
         self.exchange: object | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
         self.caller: bytes | None = None  # None until route.caller_of computes it
+        self.key = -1
+        self.ticket: Any = None
+        self.extra_headers: list[tuple[bytes, bytes]] | None = None

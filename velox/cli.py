@@ -1,4 +1,9 @@
-"""Command line: `velox` (serve), `velox demo`, `velox --print-config` and `velox bench report`.
+"""Command line: `velox` (serve), `velox demo`, `velox --print-config`, `velox key hash|new` and
+`velox bench report`.
+
+`velox key hash` reads a gateway key on stdin and prints its SHA-256 (the `sha256` of a
+`[[key]]` table); `velox key new` prints a fresh random key and its hash. Neither reads the
+configuration.
 
 `velox bench report` runs the developer tool benches/report.py, which is not part of the
 package: it works from the repository root of a source checkout and says so elsewhere.
@@ -11,7 +16,9 @@ from a checkout).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
+import secrets
 import sys
 
 from velox import __version__
@@ -33,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="run the mock upstream and the gateway in front of it")
     sub.add_parser("doctor", help="check the configuration, the ports and the path to every "
                    "upstream (DNS, TLS, h2, key); exit 1 if a check fails")
+    key = sub.add_parser("key", help="gateway keys: `velox key hash` (a key on stdin → its "
+                         "sha256 for a [[key]] table), `velox key new` (a fresh key and its hash)")
+    key.add_argument("action", choices=["hash", "new"])
     bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
     bench.add_argument("action", choices=["report"])
     bench.add_argument("options", nargs=argparse.REMAINDER)
@@ -49,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         from velox.admin.doctor import main as doctor
 
         return doctor()
+    if args.command == "key":
+        return _key(args.action)
     if args.command == "bench":
         try:
             from benches.report import main as report
@@ -82,6 +94,32 @@ def main(argv: list[str] | None = None) -> int:
     from velox.supervisor import serve
 
     return serve(settings)
+
+
+# 32 random bytes: 256 bits, as many as the hash keeps; the prefix makes a key recognisable
+# in a secret scanner or a leaked log.
+_KEY_PREFIX = "vx-"
+
+
+def _key(action: str) -> int:
+    if action == "new":
+        key = _KEY_PREFIX + secrets.token_urlsafe(32)
+        print(key)
+        print(f'sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"')
+        return 0
+    text = sys.stdin.buffer.read()
+    # The same stripping as the gateway applies to what a client presents (route.caller_of).
+    key_bytes = text.strip()
+    if not key_bytes:
+        print("velox key hash: no key on stdin (try: printf %s \"$KEY\" | velox key hash)",
+              file=sys.stderr)
+        return 2
+    if len(key_bytes.split()) != 1:
+        print("velox key hash: the input holds more than one word or line; pass one key",
+              file=sys.stderr)
+        return 2
+    print(hashlib.sha256(key_bytes).hexdigest())
+    return 0
 
 
 if __name__ == "__main__":

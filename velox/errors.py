@@ -4,8 +4,8 @@ Every error the gateway answers on its own is a `VeloxError` subclass whose clas
 fix the HTTP status, the OpenAI error `type` and `code` (h2's `error_code` pattern), plus where
 it came from and whether a client may retry. `to_response` is the only producer of the OpenAI
 error shape `{"error": {"message", "type", "param", "code"}}`, so the SDK raises its matching
-exception class (BadRequestError, AuthenticationError, NotFoundError, RateLimitError,
-InternalServerError...) for each. Errors the upstream returns are not ours: they pass through
+exception class (BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError,
+RateLimitError, InternalServerError...) for each. Errors the upstream returns are not ours: they pass through
 with the upstream's own status and body.
 
 Imports: stdlib and orjson only (a leaf of the package).
@@ -127,6 +127,14 @@ class RateLimited(VeloxError):
     source = Source.DOWNSTREAM
     retryable = True
     default_message = "Rate limit of the gateway reached; retry after the indicated time."
+
+
+class ModelNotAllowed(VeloxError):
+    status = 403  # the SDK raises PermissionDeniedError
+    type = "invalid_request_error"
+    code = "model_not_allowed"
+    source = Source.DOWNSTREAM
+    default_message = "This gateway key may not use the requested model."
 
 
 class RequestTimeout(VeloxError):

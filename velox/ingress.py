@@ -130,7 +130,7 @@ class ClientConnection(asyncio.Protocol):
         "state", "transport", "parser", "closed", "last_active", "write_paused",
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
-        "_content_length", "_authorization", "_expect", "_reject", "_route",
+        "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
         "receiving_since", "_in_body",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
@@ -168,8 +168,13 @@ class ClientConnection(asyncio.Protocol):
         self.state.connections.discard(self)
         self.parser = None  # type: ignore[assignment]  # it refers back to us: break the cycle
         current = self.current
-        if current is not None and current.exchange is not None:
-            current.exchange.client_gone()  # type: ignore[attr-defined]
+        if current is not None:
+            if current.exchange is not None:
+                current.exchange.client_gone()  # type: ignore[attr-defined]
+            if current.ticket is not None:
+                # Left while waiting without an exchange (or after it ended): what its key's
+                # admission holds goes back now (idempotent; see velox.keys).
+                current.ticket.release()
         if self._pending:
             arena = self.state.arena
             for request, _ in self._pending:
@@ -219,6 +224,7 @@ class ClientConnection(asyncio.Protocol):
         self._expect = False
         self._reject: VeloxError | None = None
         self._route: Route | None = None
+        self._caller: bytes | None = None  # digest of the key, when the auth check made it
         self._in_body = False
 
     def on_message_begin(self) -> None:
@@ -260,7 +266,7 @@ class ClientConnection(asyncio.Protocol):
         try:
             route = classify(self.parser.get_method(), self._url)
             if route <= Route.ROOT:
-                state.auth.check(self._authorization)
+                self._caller = state.auth.check(self._authorization)
             self._route = route
         except VeloxError as exc:
             self._reject = exc
@@ -308,6 +314,8 @@ class ClientConnection(asyncio.Protocol):
             self._headers, body, self.parser.should_keep_alive(), time.perf_counter_ns(),
             segment,
         )
+        if self._caller is not None:
+            request.caller = self._caller  # route.caller_of's digest, already made
         if self.current is None:
             self._start(request, self._reject)
         else:
@@ -397,6 +405,10 @@ class ClientConnection(asyncio.Protocol):
         parts = [STATUS_LINES[status], b"content-length: %d\r\n" % len(body)]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
+        extra = request.extra_headers  # the stages' own headers (keys: x-ratelimit-*)
+        if extra:
+            for name, value in extra:
+                parts += (name, b": ", value, b"\r\n")
         if not keep_alive:
             parts.append(_CLOSE)
         parts.append(b"\r\n")
@@ -422,6 +434,10 @@ class ClientConnection(asyncio.Protocol):
         parts = [STATUS_LINES[status]]
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
+        extra = request.extra_headers
+        if extra:
+            for name, value in extra:
+                parts += (name, b": ", value, b"\r\n")
         if self._chunked:
             parts.append(_CHUNKED)
         if not request.keep_alive or self.state.draining:

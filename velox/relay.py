@@ -42,6 +42,14 @@ _DROP = frozenset({
     b"te", b"trailer", b"content-length", b"proxy-authenticate", b"alt-svc",
 })
 _EVENT_STREAM = b"text/event-stream"
+# A request answered with its gateway key's own x-ratelimit-* headers (velox.keys, in
+# request.extra_headers) does not also get the provider's: they describe the gateway's
+# account with the provider, not the key's limits.
+_DROP_KEYED = _DROP | frozenset({
+    b"x-ratelimit-limit-requests", b"x-ratelimit-remaining-requests",
+    b"x-ratelimit-reset-requests", b"x-ratelimit-limit-tokens",
+    b"x-ratelimit-remaining-tokens", b"x-ratelimit-reset-tokens",
+})
 # Non-streaming bodies larger than this are relayed as they arrive instead of collected.
 _BUFFER_LIMIT = 1 << 20
 
@@ -122,7 +130,8 @@ class Exchange:
             if dispatch.response(self, status, headers):
                 return  # a failure sent again elsewhere: nothing of it reaches the client
         self.on_release(self.request)  # committed to this answer: no retry can need the body
-        out = [h for h in headers if h[0] not in _DROP]
+        drop = _DROP if self.request.extra_headers is None else _DROP_KEYED
+        out = [h for h in headers if h[0] not in drop]
         out.append((b"server-timing", self._server_timing()))
         if dispatch is not None:
             out.append((b"x-velox-upstream", self.upstream_name))

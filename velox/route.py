@@ -2,8 +2,9 @@
 
 Pure functions of the request and the settings, with no I/O: `classify` decides at header time
 whether a path is served, forwarded or refused (400/404/405), `check_auth` enforces VELOX_API_KEYS
-(401), and `upstream_headers` turns the client's headers into the upstream's: hop-by-hop headers
-dropped, the gateway's key swapped in, the client's gateway key never forwarded.
+and the `[[key]]` tables (401), and `upstream_headers` turns the client's headers into the
+upstream's: hop-by-hop headers dropped, the gateway's key swapped in, the client's gateway key
+never forwarded.
 
 Paths are refused, not normalised: a path that is not already in normal form gets 400
 invalid_path before routing, so what is checked is byte for byte what goes upstream (with the
@@ -99,34 +100,48 @@ def _not_allowed(allowed: tuple[bytes, ...]) -> MethodNotAllowed:
 
 
 class Auth:
-    """Client authentication and the upstream's credentials, prepared once per worker."""
+    """Client authentication and the upstream's credentials, prepared once per worker.
 
-    __slots__ = ("_client_keys", "_upstream_value")
+    Clients may present one of VELOX_API_KEYS or a `[[key]]` of the tables (matched by the
+    SHA-256 of what was presented: one set lookup, whatever the number of keys); both kinds
+    may be combined. With either, the client's own credential never goes upstream."""
+
+    __slots__ = ("_client_keys", "_key_digests", "_upstream_value")
 
     def __init__(self, settings: Settings) -> None:
         self._client_keys = tuple(k.encode() for k in settings.api_keys)
+        tables = settings.tables
+        self._key_digests = frozenset(k.digest for k in tables.keys) if tables else frozenset()
         key = settings.upstream_api_key
         self._upstream_value = b"Bearer " + key.encode() if key else None
 
     @property
     def required(self) -> bool:
-        return bool(self._client_keys)
+        return bool(self._client_keys or self._key_digests)
 
-    def check(self, authorization: bytes | None) -> None:
-        """Raise Unauthorized unless the client presented one of VELOX_API_KEYS (if any are set)."""
-        if not self._client_keys:
-            return
+    def check(self, authorization: bytes | None) -> bytes | None:
+        """Raise Unauthorized unless the client presented one of VELOX_API_KEYS or a `[[key]]`
+        (if any are set). Returns the SHA-256 digest of the presented key when it was computed
+        (for a `[[key]]`: the caller_of digest, so it is not computed twice), else None."""
+        if not self._client_keys and not self._key_digests:
+            return None
         if authorization is None:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
         scheme, _, presented = authorization.partition(b" ")
         presented = presented.strip()
         if scheme.lower() == b"bearer" and presented:
+            digest = None
+            if self._key_digests:
+                # A set lookup of the digest: timing can tell nothing about the key itself.
+                digest = hashlib.sha256(presented).digest()
+                if digest in self._key_digests:
+                    return digest
             # Constant-time compare against every key so timing reveals neither key nor index.
             matched = False
             for key in self._client_keys:
                 matched |= hmac.compare_digest(presented, key)
             if matched:
-                return
+                return digest
         raise Unauthorized("Incorrect API key provided to the gateway.")
 
     def upstream_headers(self, headers: Headers) -> Headers:
@@ -158,7 +173,7 @@ class Auth:
                 out.append(header)
         if listed:
             out = [h for h in out if h[0] not in listed]
-        if client_auth is not None and not self._client_keys:
+        if client_auth is not None and not self._client_keys and not self._key_digests:
             return out, [client_auth]
         return out, []
 

@@ -6,7 +6,7 @@ the slots without asking the workers anything. Field meanings are fixed here; th
 `Counters` and `Histogram` know only numbers.
 
 Imports: the native extension, _types (route numbers), health and tables (the upstreams' shared
-state) and stdlib.
+state), keys (the gateway keys' shared limits) and stdlib.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from enum import IntEnum
 from velox._native import Counters, Histogram
 from velox._types import Route
 from velox.health import SharedHealth
+from velox.keys import SharedKeys
 from velox.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 
 
@@ -107,7 +108,7 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status")
+                 "upstream_status", "keys")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -121,7 +122,7 @@ class SharedStats:
         self.retries = Counters(slots, len(RETRY_REASONS))
         self._per_upstream(tables)
 
-    def _per_upstream(self, tables: Tables | None) -> None:
+    def _per_upstream(self, tables: Tables | None, keys: SharedKeys | None = None) -> None:
         if tables is None:
             tables = single_upstream(UpstreamSpec(DEFAULT_UPSTREAM, "https://api.openai.com"))
         slots = self.slots
@@ -132,6 +133,8 @@ class SharedStats:
                                   for route in tables.routes for target in route.targets)
         self.targets = Counters(slots, max(1, len(self.target_names)))
         self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
+        # The [[key]] limits: kept across a reload that keeps the same key names (velox.keys).
+        self.keys = SharedKeys(tables.keys, slots, keys)
 
     def with_tables(self, tables: Tables) -> SharedStats:
         """The shared state for a reloaded configuration; call it before forking its workers.
@@ -145,8 +148,12 @@ class SharedStats:
         for name in ("workers", "slots", "active", "counters", "histograms", "routes",
                      "retries"):
             setattr(new, name, getattr(self, name))
-        new._per_upstream(tables)
+        new._per_upstream(tables, self.keys)
         return new
+
+    def forget_slot(self, slot: int) -> None:
+        """The worker of `slot` died (SIGKILL, crash): give back the shared places it held."""
+        self.keys.forget_slot(slot)
 
     def is_active(self, slot: int) -> bool:
         return bool(self.active.get(0, slot))

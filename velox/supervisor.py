@@ -173,6 +173,7 @@ class Supervisor:
         else:
             self.placement = [(-1, -1)] * settings.workers
         self.children: dict[int, int] = {}  # pid → physical slot
+        self.shared_of: dict[int, SharedStats] = {}  # pid → the shared state it runs with
         # The configuration and shared state each physical slot's worker runs with.
         self.generation: dict[int, tuple[Settings, SharedStats]] = {
             slot: (settings, self.shared) for slot in range(settings.workers)}
@@ -455,6 +456,7 @@ class Supervisor:
                 logging.shutdown()
                 os._exit(code)
         self.children[pid] = slot
+        self.shared_of[pid] = shared
         if self.admin is not None and control is not None:
             control[1].close()
             self.admin.hub.attach(slot, control[0])
@@ -469,9 +471,14 @@ class Supervisor:
             if pid == 0:
                 return
             slot = self.children.pop(pid, None)
+            shared = self.shared_of.pop(pid, None)
             self.hang_killed.discard(pid)
             if slot is None:
                 continue
+            if shared is not None:
+                # Whatever the dead worker held in shared gauges (its keys' max_parallel
+                # places) goes back before any new worker runs in its slot.
+                shared.forget_slot(slot)
             counters = self.shared.counters
             code = os.waitstatus_to_exitcode(status)
             if pid in self.retiring:  # a replaced worker (or an aborted new one): done

@@ -167,12 +167,30 @@ class BreakerPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class KeySpec:
+    """A gateway key (`[[key]]`): who a client is, and its own limits (velox.keys)."""
+
+    name: str  # what logs, metrics and /stats show; never the key itself
+    sha256: str  # hex SHA-256 of the key (lowercase): the file holds no secret
+    rpm: int = 0  # requests per minute; 0: no limit
+    tpm: int = 0  # tokens per minute (estimated at admission, settled from usage); 0: none
+    max_parallel: int = 0  # requests in flight at once, all workers; 0: no limit
+    models: tuple[str, ...] | None = None  # route models it may use; None: all
+
+    @property
+    def digest(self) -> bytes:
+        """The raw 32-byte digest, as route.caller_of computes it for a request."""
+        return bytes.fromhex(self.sha256)
+
+
+@dataclass(frozen=True, slots=True)
 class Tables:
     upstreams: tuple[UpstreamSpec, ...]
     routes: tuple[RouteSpec, ...]
     retry: RetryPolicy = RetryPolicy()
     breaker: BreakerPolicy = BreakerPolicy()
     source: str = ""  # the VELOX_CONFIG file they came from; "" when synthesised
+    keys: tuple[KeySpec, ...] = ()  # `[[key]]` gateway keys, in file order (index = position)
 
     def upstream(self, name: str) -> UpstreamSpec:
         for spec in self.upstreams:
@@ -240,7 +258,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 
 # --- the VELOX_CONFIG file -------------------------------------------------------------------
 
-TOP_KEYS = ("upstream", "route", "retry", "breaker")
+TOP_KEYS = ("upstream", "route", "retry", "breaker", "key")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path")
@@ -263,9 +281,14 @@ BREAKER_INTS = {
     "failures": (1, 255), "open_s": (1, 86_400), "max_open_s": (1, 86_400),
     "successes": (1, 255), "probe_interval_s": (1, 3600),
 }
+KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models")
+# rpm/tpm stay inside the native Limits' bounds (10**9 per minute); 0 means no limit.
+KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
+            "max_parallel": (0, 1_000_000)}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def load_file(path: str | Path, env: Mapping[str, str], template: UpstreamSpec) -> Tables:
@@ -333,8 +356,9 @@ def parse(data: Mapping[str, Any], source: str, env: Mapping[str, str],
     if breaker.max_open_s < breaker.open_s:
         _fail(source, "[breaker]", "max_open_s",
               f"must be >= open_s ({breaker.open_s}), got {breaker.max_open_s}")
+    keys = _keys(source, _array_of_tables(source, data, "key"), routes)
     return Tables(upstreams=tuple(upstreams), routes=tuple(routes), retry=retry,
-                  breaker=breaker, source=source)
+                  breaker=breaker, source=source, keys=keys)
 
 
 # --- one table at a time ---------------------------------------------------------------------
@@ -498,6 +522,51 @@ def _policy(source: str, data: Mapping[str, Any], key: str, cls: type, bounds: d
                   for name in bounds})
 
 
+def _keys(source: str, tables: list[dict[str, Any]],
+          routes: list[RouteSpec]) -> tuple[KeySpec, ...]:
+    """`[[key]]` tables: unique names and hashes, limits in range, models naming routes."""
+    models = [r.model for r in routes]
+    keys: list[KeySpec] = []
+    for index, table in enumerate(tables, 1):
+        where = _label("key", index, "name", table.get("name"))
+        if "key" in table or "api_key" in table:
+            _fail(source, where, "key" if "key" in table else "api_key", "the key itself never "
+                  "goes in the file: put its SHA-256 in sha256 (`velox key hash` prints it)")
+        _unknown_keys(source, where, table, KEY_KEYS)
+        name = _str(source, where, table, "name", required=True)
+        if not _NAME.fullmatch(name):
+            _fail(source, where, "name", "must be 1-64 letters, digits, '_', '.' or '-' "
+                  f"(starting with a letter or digit), got {_q(name)}")
+        digest = _str(source, where, table, "sha256", required=True).lower()
+        if not _SHA256.fullmatch(digest):
+            _fail(source, where, "sha256", "must be the key's SHA-256 as 64 hex digits "
+                  f"(`velox key hash` prints it), got {_q(digest[:80])}")
+        ints = {key: _int(source, where, table, key, 0, *KEY_INTS[key]) for key in KEY_INTS}
+        allowed: tuple[str, ...] | None = None
+        if "models" in table:
+            raw = table["models"]
+            if not isinstance(raw, list) or not all(isinstance(m, str) and m for m in raw):
+                _fail(source, where, "models", "must be an array of route models (strings), "
+                      f"got {_kind(raw) if not isinstance(raw, list) else raw!r}")
+            for model in raw:
+                if model not in models:
+                    _fail(source, where, "models", f"{_q(model)} names no [[route]]"
+                          + _suggest(model, models) + "; routes: "
+                          + ", ".join(_q(m) for m in models))
+            if len(set(raw)) != len(raw):
+                _fail(source, where, "models", f"names a route twice: {raw!r}")
+            allowed = tuple(raw)
+        for earlier, other in enumerate(keys, 1):
+            if other.name == name:
+                _fail(source, where, "name",
+                      f"duplicate name {_q(name)}: [[key]] #{earlier} has it already")
+            if other.sha256 == digest:
+                _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
+                      f"({_q(other.name)}): each key may appear once")
+        keys.append(KeySpec(name, digest, models=allowed, **ints))
+    return tuple(keys)
+
+
 # --- checks and messages ---------------------------------------------------------------------
 
 
@@ -639,6 +708,11 @@ def describe(tables: Tables) -> str:
             lines.append(f"  {{ upstream = {_toml(t.upstream)}, {model}weight = {t.weight}, "
                          f"priority = {t.priority} }},")
         lines += ["]", f"fallbacks = {_toml(list(route.fallbacks))}"]
+    for key in tables.keys:
+        lines += ["", "[[key]]", f"name = {_toml(key.name)}", f"sha256 = {_toml(key.sha256)}",
+                  f"rpm = {key.rpm}", f"tpm = {key.tpm}", f"max_parallel = {key.max_parallel}"]
+        if key.models is not None:
+            lines.append(f"models = {_toml(list(key.models))}")
     for title, policy in (("retry", tables.retry), ("breaker", tables.breaker)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {getattr(policy, f.name)}" for f in dataclasses.fields(policy)]

@@ -12,7 +12,7 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay),
+Imports: every stage below it (ingress, parse, keys, ratelimit, route, dispatch, egress, relay),
 health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
@@ -46,6 +46,7 @@ from velox.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.health import now_ms
 from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
+from velox.keys import KeyStage
 from velox.parse import parse_model_call, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
@@ -78,6 +79,7 @@ class Worker:
         self.auth = Auth(settings)
         self.drain_pending = False
         self.in_flight = 0
+        self.keys: KeyStage | None = None  # made in build()
         # Bodies from this size on are validated in a thread (see velox.parse); 0 means never.
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
@@ -122,6 +124,9 @@ class Worker:
                           for index, spec in enumerate(self.tables.upstreams)]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
+        # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
+        self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
+            else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -291,7 +296,7 @@ class Worker:
             self.wake_drain()
 
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → rate limit → route → egress."""
+        """Run one micro-batch through parse → keys → rate limit → route → egress."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, F.BATCHES, 1)
@@ -324,6 +329,10 @@ class Worker:
                 request.upstream_path = self.upstream_root_path
             parsed.append(request)
         counters.add(slot, F.BYTES_IN, bytes_in)
+
+        # keys: 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
+        if self.keys is not None and parsed:
+            parsed = self.keys.admit(parsed)
 
         t_parsed = time.perf_counter_ns()
         admitted = self.limiter.admit(len(parsed)) if parsed else 0
@@ -397,6 +406,8 @@ class Worker:
         self.counters.add(self.slot, F.REJECT_RATE_LIMITED, len(requests))
         error = RateLimited(retry_after_s=retry_after)
         for request in requests:
+            if request.ticket is not None:
+                request.ticket.settle(0)  # refused before the upstream: no tokens used
             request.conn.respond_error(request, error)
 
     # --- accounting callbacks ----------------------------------------------------------------
@@ -408,6 +419,9 @@ class Worker:
             self.arena.release(segment)  # type: ignore[union-attr]
 
     def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+        ticket = request.ticket
+        if ticket is not None:  # the answer is written: the key's place goes back
+            ticket.release()
         counters, slot = self.counters, self.slot
         counters.add(slot, F.REQUESTS, 1)
         counters.add(slot, _CLASS_FIELD.get(status // 100, F.RESP_5XX), 1)
@@ -419,6 +433,9 @@ class Worker:
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
+        ticket = exchange.request.ticket
+        if ticket is not None:  # ended any way (answer, error, timeout, client gone)
+            ticket.release()
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, F.UPSTREAM_ERRORS, 1)

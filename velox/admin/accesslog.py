@@ -6,7 +6,8 @@ has accumulated with orjson and writes it. Waking on a timer rather than per lin
 wake-up per request would hand the GIL back and forth on every response.
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
-"bytes_out", "upstream_us", "total_us", "request_id"}`. `path` has its query string removed:
+"bytes_out", "upstream_us", "total_us", "request_id", "key"}`. `key` is the name of the
+caller's `[[key]]` (null for none), never the key itself. `path` has its query string removed:
 the gateway forwards arbitrary /v1/... URLs and cannot know which query parameters carry
 credentials or personal data (some clients put keys there), so none are logged. Request
 headers and bodies are never read, so keys cannot leak. `request_id` is the upstream's
@@ -49,8 +50,10 @@ _APPEND_NEWLINE = orjson.OPT_APPEND_NEWLINE
 class AccessLog:
     """Per worker. `append((t_end_ns, request, exchange_or_None, status, bytes_out))`."""
 
-    def __init__(self, slot: int, counters: Any = None, fd: int = 1) -> None:
+    def __init__(self, slot: int, counters: Any = None, fd: int = 1,
+                 key_names: tuple[str, ...] = ()) -> None:
         self.slot = slot
+        self.key_names = key_names  # [[key]] names by index (request.key)
         self.counters = counters
         self.fd = fd
         self.queue: deque[tuple[Any, ...]] = deque(maxlen=QUEUE_MAX)
@@ -167,6 +170,7 @@ class AccessLog:
             "upstream_us": upstream_us,
             "total_us": max(0, t_end - request.t_received) // 1000,
             "request_id": request_id,
+            "key": self.key_names[request.key] if request.key >= 0 else None,
         }, option=_APPEND_NEWLINE)
 
     def _timestamp(self, millisecond: int) -> str:

@@ -40,7 +40,8 @@ class Agent:
     async def start(self) -> None:
         worker = self.worker
         if worker.settings.access_log:
-            self.access_log = AccessLog(worker.slot, worker.counters)
+            self.access_log = AccessLog(worker.slot, worker.counters,
+                                        key_names=tuple(k.name for k in worker.tables.keys))
             self.access_log.start()
             worker.log_access = self.access_log.append
         sock = worker.control_sock

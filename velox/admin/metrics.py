@@ -200,6 +200,7 @@ class VeloxCollector(Collector):
                 "velox_admin_connections_refused",
                 "Admin connections answered 503 because the connection cap was reached.",
                 value=self.admin_refused())
+        yield from self._keys()
         yield GaugeMetricFamily("velox_start_time_seconds", "Supervisor start, Unix time.",
                                 value=self.started_at)
         yield GaugeMetricFamily("velox_uptime_seconds", "Seconds since the supervisor started.",
@@ -207,6 +208,37 @@ class VeloxCollector(Collector):
         info = GaugeMetricFamily("velox_info", "Velox version.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
+
+    def _keys(self) -> Iterator[Metric]:
+        """Per [[key]] (by name, never the key): admitted, refused by reason, in flight, left."""
+        rows = self.shared.keys.snapshot()
+        if not rows:
+            return
+        requests = CounterMetricFamily("velox_key_requests",
+                                       "Requests admitted for each gateway key.", labels=["key"])
+        refused = CounterMetricFamily(
+            "velox_key_refused", "Requests of each gateway key refused, by the limit that did.",
+            labels=["key", "reason"])
+        active = GaugeMetricFamily("velox_key_active",
+                                   "Requests of each gateway key in flight, all workers.",
+                                   labels=["key"])
+        remaining = GaugeMetricFamily(
+            "velox_key_remaining", "What is left in each gateway key's buckets now.",
+            labels=["key", "kind"])
+        for row in rows:
+            name = row["name"]
+            requests.add_metric([name], row["requests"])
+            for reason, n in row["refused"].items():
+                refused.add_metric([name, reason], n)
+            active.add_metric([name], row["active"])
+            if row["remaining_requests"] is not None:
+                remaining.add_metric([name, "requests"], row["remaining_requests"])
+            if row["remaining_tokens"] is not None:
+                remaining.add_metric([name, "tokens"], row["remaining_tokens"])
+        yield requests
+        yield refused
+        yield active
+        yield remaining
 
     def _requests(self, slots: list[int]) -> Iterator[Metric]:
         family = CounterMetricFamily(

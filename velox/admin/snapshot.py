@@ -147,6 +147,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "retries": dict(zip(RETRY_REASONS, shared.retries.totals(), strict=True)),
         "retry_budget": shared.health.snapshot()["retry_budget"],
         "workers": workers,
+        "keys": shared.keys.snapshot(),
         # VELOX_REDIS_URL: the refresher's state (velox.cluster.Cluster.metrics); else None.
         "redis": cluster.metrics() if cluster is not None else None,
     }

@@ -1,0 +1,319 @@
+"""Keys stage: who the caller is among the `[[key]]` gateway keys, and its own limits.
+
+Runs in the worker after parse and before the gateway's global limiter (worker.process). For
+each request of the batch: one dict lookup of the caller's digest (route.caller_of: the SHA-256
+of the credential it presented; ingress computed it already when it checked the key), so the
+cost does not grow with the number of keys. A request of no `[[key]]` (VELOX_API_KEYS, or no
+client auth) passes untouched with `request.key = -1`. For a keyed request, in order:
+
+  1. `models`: a model call naming a route the key may not use gets 403 model_not_allowed (the
+     SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`.
+  2. `rpm`: one token of the key's request bucket.
+  3. `tpm` (model calls only): the request's estimated tokens (velox.usage.estimate when it
+     exists; until then the interim estimate below), capped at the key's tpm so that one large
+     request can still pass a full bucket; the difference to the real usage is settled later
+     (`Ticket.settle`), and over-use becomes debt the key's next requests repay first.
+  4. `max_parallel`: one place of the key's gauge (every key's gauge counts, so /stats shows
+     each key's requests in flight; only keys with max_parallel refuse).
+A refusal gives back what the earlier steps took and answers 429 rate_limit_error with
+Retry-After from the bucket's own refill time (1 s for max_parallel). Every answer of a keyed
+request that reached this stage carries OpenAI's x-ratelimit-limit/remaining-requests/tokens
+headers (for the limits the key has), through `request.extra_headers`.
+
+The state is shared: `SharedKeys` holds one native `Limits` (created by the supervisor before
+the workers fork) with two entries per key: 2i is key i's request bucket and its gauge, 2i+1
+its token bucket; buckets hold one minute's worth (burst = the limit). Each admitted keyed
+request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from every
+place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
+exchange ended, whatever way; ingress's connection_lost: the client left while the request
+waited without an exchange). A worker killed with requests in flight cannot release: the
+supervisor calls `SharedKeys.forget_slot` for its slot after reaping it.
+
+A reload keeps the keys' buckets and gauges when the list of key names is unchanged (the
+same `Limits`, reconfigured: levels kept, capped at the new limits); otherwise the new
+configuration's keys start afresh.
+
+Imports: _types, errors, route, tables, usage (when it exists), the native extension, stdlib.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import Any
+
+from velox._native import Counters, Limits
+from velox._types import Request, Route
+from velox.errors import ModelNotAllowed, RateLimited
+from velox.route import caller_of
+from velox.tables import CATCH_ALL, KeySpec, Tables
+
+try:  # K2's token estimator; the interim below stands in until it lands
+    from velox.usage import estimate as _estimate  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the tree
+    _estimate = None
+
+MAX_KEYS = 4096  # the shared counters hold at most 4096 fields per row
+
+
+class KF(IntEnum):
+    """Per-key counters (one native Counters per field, field = key index)."""
+
+    REQUESTS = 0  # admitted
+    REFUSED_RPM = 1
+    REFUSED_TPM = 2
+    REFUSED_PARALLEL = 3
+    REFUSED_MODEL = 4
+
+
+REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in order
+
+
+# --- the interim token estimate (INTERIM: replaced by velox.usage.estimate) -------------------
+
+_MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
+
+
+def interim_estimate(request: Request) -> int:
+    """INTERIM, until velox.usage.estimate exists: body bytes / 4 (a rough bytes-per-token
+    ratio for English JSON) plus `max_tokens` / `max_completion_tokens` when the body names
+    one (found with a regex, not a parse: a stand-in only)."""
+    body = request.body
+    tokens = len(body) // 4
+    match = _MAX_TOKENS.search(body)
+    if match is not None:
+        tokens += int(match.group(1))
+    return tokens
+
+
+estimate: Callable[[Request], int] = _estimate if _estimate is not None else interim_estimate
+
+
+def rpm_index(key: int) -> int:
+    """The Limits entry of key i's request bucket and gauge."""
+    return 2 * key
+
+
+def tpm_index(key: int) -> int:
+    """The Limits entry of key i's token bucket."""
+    return 2 * key + 1
+
+
+# --- shared state (created before fork) ------------------------------------------------------
+
+
+class SharedKeys:
+    """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
+
+    __slots__ = ("keys", "slots", "limits", "counters")
+
+    def __init__(self, keys: Sequence[KeySpec], slots: int,
+                 previous: SharedKeys | None = None) -> None:
+        if len(keys) > MAX_KEYS:
+            raise ValueError(f"at most {MAX_KEYS} [[key]] tables, got {len(keys)}")
+        self.keys = tuple(keys)
+        self.slots = slots
+        same = previous is not None and previous.slots == slots and \
+            [k.name for k in previous.keys] == [k.name for k in keys]
+        if same:
+            assert previous is not None
+            self.limits = previous.limits
+            self.counters = previous.counters
+        else:
+            self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
+            self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
+        for i, key in enumerate(self.keys):
+            # One minute's worth: a key may spend its whole minute at once, then the rate.
+            if key.rpm:
+                self.limits.configure(rpm_index(i), key.rpm, key.rpm)
+            if key.tpm:
+                self.limits.configure(tpm_index(i), key.tpm, key.tpm)
+
+    def forget_slot(self, slot: int) -> int:
+        """A worker of `slot` died: give back the places it held (see Limits.forget_slot)."""
+        return self.limits.forget_slot(slot)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per key, for /stats and /metrics: limits, what is left, in flight, counts."""
+        limits = self.limits
+        totals = [c.totals() for c in self.counters]
+        out = []
+        for i, key in enumerate(self.keys):
+            out.append({
+                "name": key.name,
+                "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
+                "models": list(key.models) if key.models is not None else None,
+                "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
+                "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
+                "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
+                "active": limits.active(rpm_index(i)),
+                "requests": totals[KF.REQUESTS][i],
+                "refused": {reason: totals[KF.REFUSED_RPM + n][i]
+                            for n, reason in enumerate(REFUSAL_REASONS)},
+            })
+        return out
+
+
+# --- per request ----------------------------------------------------------------------------
+
+
+class Ticket:
+    """What one admitted keyed request holds: a place of its key's gauge and `reserved`
+    tokens. `release()` gives the place back, once, whatever calls it first. `settle(used)`
+    corrects the reservation once: tokens not used go back, over-use is charged (debt).
+    Until settle is called, the reservation stays charged."""
+
+    __slots__ = ("limits", "key", "slot", "reserved", "released", "settled")
+
+    def __init__(self, limits: Limits, key: int, slot: int, reserved: int,
+                 metered: bool) -> None:
+        self.limits = limits
+        self.key = key
+        self.slot = slot
+        self.reserved = reserved
+        self.released = False
+        self.settled = not metered  # a key without tpm has no token bucket to settle
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.limits.leave(rpm_index(self.key), self.slot)
+
+    def settle(self, tokens_used: int) -> None:
+        """The request really used `tokens_used` tokens (>= 0); call once, at any time
+        (before or after release). Later calls change nothing."""
+        if self.settled:
+            return
+        self.settled = True
+        diff = tokens_used - self.reserved
+        if diff > 0:
+            self.limits.charge(tpm_index(self.key), diff)
+        elif diff < 0:
+            self.limits.refund(tpm_index(self.key), -diff)
+
+
+class _Key:
+    """One key as the stage uses it (per worker)."""
+
+    __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
+                 "rpm_value", "tpm_value")
+
+    def __init__(self, index: int, spec: KeySpec) -> None:
+        self.index = index
+        self.name = spec.name
+        self.rpm = spec.rpm
+        self.tpm = spec.tpm
+        self.max_parallel = spec.max_parallel
+        self.allowed = frozenset(spec.models) if spec.models is not None else None
+        self.rpm_i = rpm_index(index)
+        self.tpm_i = tpm_index(index)
+        self.rpm_value = b"%d" % spec.rpm
+        self.tpm_value = b"%d" % spec.tpm
+
+
+_LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
+_REMAINING_REQUESTS = b"x-ratelimit-remaining-requests"
+_LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
+_REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
+
+
+class KeyStage:
+    """The stage, per worker: `admit(batch)` returns the requests that go on."""
+
+    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count")
+
+    def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
+        self.keys = tuple(_Key(i, spec) for i, spec in enumerate(tables.keys))
+        self.by_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
+        self.limits = shared.limits
+        self.slot = slot
+        self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
+        self.count = tuple(c.add for c in shared.counters)
+
+    def admit(self, requests: list[Request]) -> list[Request]:
+        """Decide every request of the batch; answer the refused ones (403/429) here."""
+        by_digest = self.by_digest
+        out: list[Request] = []
+        for request in requests:
+            caller = request.caller
+            key = by_digest.get(caller if caller is not None else caller_of(request))
+            if key is None:
+                out.append(request)
+                continue
+            request.key = key.index
+            if self._admit(request, key):
+                out.append(request)
+        return out
+
+    def _admit(self, request: Request, key: _Key) -> bool:
+        limits, slot = self.limits, self.slot
+        allowed = key.allowed
+        model = request.model
+        if allowed is not None and model is not None and \
+                (model if model in self.named_routes else CATCH_ALL) not in allowed:
+            self._headers(request, key)
+            self.count[KF.REFUSED_MODEL](slot, key.index, 1)
+            request.conn.respond_error(request, ModelNotAllowed(
+                f"The gateway key {key.name!r} may not use the model {model!r}.",
+                param="model"))
+            return False
+        if key.rpm:
+            wait = limits.take(key.rpm_i, 1)
+            if wait:
+                self._refuse(request, key, KF.REFUSED_RPM, wait, "requests per minute (rpm)",
+                             key.rpm)
+                return False
+        reserved = 0
+        if key.tpm and request.route is Route.MODEL_CALL:
+            reserved = min(estimate(request), key.tpm)
+            if reserved > 0:
+                wait = limits.take(key.tpm_i, reserved)
+                if wait:
+                    if key.rpm:
+                        limits.refund(key.rpm_i, 1)
+                    self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)",
+                                 key.tpm)
+                    return False
+        if not limits.enter(key.rpm_i, key.max_parallel, slot):
+            if key.rpm:
+                limits.refund(key.rpm_i, 1)
+            if reserved:
+                limits.refund(key.tpm_i, reserved)
+            self._refuse(request, key, KF.REFUSED_PARALLEL, 1_000_000,
+                         "requests in flight (max_parallel)", key.max_parallel)
+            return False
+        request.ticket = Ticket(limits, key.index, slot, reserved, key.tpm > 0)
+        self.count[KF.REQUESTS](slot, key.index, 1)
+        if key.rpm or key.tpm:
+            self._headers(request, key)
+        return True
+
+    def _headers(self, request: Request, key: _Key) -> None:
+        limits = self.limits
+        extra = request.extra_headers
+        if extra is None:
+            extra = request.extra_headers = []
+        if key.rpm:
+            extra.append((_LIMIT_REQUESTS, key.rpm_value))
+            extra.append((_REMAINING_REQUESTS, b"%d" % max(0, limits.level(key.rpm_i))))
+        if key.tpm:
+            extra.append((_LIMIT_TOKENS, key.tpm_value))
+            extra.append((_REMAINING_TOKENS, b"%d" % max(0, limits.level(key.tpm_i))))
+
+    def _refuse(self, request: Request, key: _Key, field: KF, wait_us: int, what: str,
+                limit: int) -> None:
+        self._headers(request, key)
+        self.count[field](self.slot, key.index, 1)
+        retry_after = max(1, -(-wait_us // 1_000_000)) if wait_us > 0 else 60
+        request.conn.respond_error(request, RateLimited(
+            f"Rate limit reached for gateway key {key.name!r} on {what}: limit {limit}. "
+            f"Please try again in {retry_after}s.", retry_after_s=retry_after))
+
+
+def release(request: Request) -> None:
+    """The request has ended (any way): give back its key's place (idempotent)."""
+    ticket = request.ticket
+    if ticket is not None:
+        ticket.release()
