@@ -34,7 +34,10 @@ a host admits only tokens it leased. So over ANY window of T seconds the hosts a
 and the last term is at most hosts x lease cap = hosts x ceil(rate/60 x LEASE_S / hosts), about
 one second of the limit (600 rpm on 3 hosts: 3 x 4 = 12 requests). Conversely, under a demand
 above the limit, fewer are admitted only by the tokens leased but not used when the window
-closes: at most one lease cap per host. `bound()` computes it.
+closes: at most one lease cap per host. `bound()` computes it. One exception: a single take
+larger than the lease cap (a gateway key's tpm reservation for a big request; the takers note
+its size in `wanted`) makes its host lease that much once, so it can pass; the held tokens are
+then at most hosts x the largest such reservation.
 
 Low rates. Below one token per second per host the lease is one token: each host holds at most
 one, asked for as soon as it used its last (the next tick), all of them batched into the same
@@ -172,20 +175,24 @@ class Leased:
     """One bucket: its Redis key, its local LEASED bucket and the host's view of its rate."""
 
     __slots__ = ("name", "key", "limits", "index", "rate", "burst", "cap", "rate_est",
-                 "last_taken", "next_ask", "want")
+                 "last_taken", "next_ask", "want", "wanted")
 
-    def __init__(self, name: str, limits: LimitsLike, index: int, rate: int, burst: int) -> None:
+    def __init__(self, name: str, limits: LimitsLike, index: int, rate: int, burst: int,
+                 wanted: Any = None) -> None:
         self.name = name
         self.key = f"{KEY_PREFIX}bucket:{name}"
         self.limits = limits
         self.index = index
         self.rate = rate  # tokens per minute, global
         self.burst = burst  # global
-        self.cap = 0  # the local bucket's capacity now (lease cap; 0: not configured yet)
+        self.cap = 0  # the lease cap now (0: not configured yet)
         self.rate_est = 0.0  # tokens per second taken on this host, recently
         self.last_taken = limits.taken(index)
         self.next_ask = 0.0  # monotonic time before which Redis is not asked (it was short)
         self.want = 0  # tokens asked for in the call in progress
+        # A native Counters(1, n) whose field `index` holds the size of the last take the
+        # local bucket refused (a gauge the takers set, the refresher clears), or None.
+        self.wanted = wanted
 
 
 class Cluster:
@@ -219,17 +226,23 @@ class Cluster:
     # --- set-up (supervisor) -----------------------------------------------------------------
 
     def add(self, name: str, limits: LimitsLike, index: int, rate_per_minute: int,
-            burst: int) -> None:
+            burst: int, wanted: Any = None) -> None:
         """Share the bucket `index` of `limits` with every host, as `name` in Redis.
 
-        Call it before start() (the supervisor, before forking): the bucket is configured
-        LEASED at once (empty; the first tick fills it) or, once Redis has been found
-        unreachable, to the host's share.
+        Call it before the workers that take from it fork: the bucket is configured LEASED at
+        once (empty; the next tick fills it) or, while Redis is unreachable, to the host's
+        share. `wanted` (optional): see Leased. A bucket of the same name is replaced.
         """
-        bucket = Leased(name, limits, index, rate_per_minute, burst)
+        bucket = Leased(name, limits, index, rate_per_minute, burst, wanted)
         with self._lock:
+            self.buckets = [b for b in self.buckets if b.name != name]
             self.buckets.append(bucket)
             self._configure(bucket)
+
+    def remove(self, prefix: str) -> None:
+        """Stop sharing the buckets whose name starts with `prefix` (a reload's old keys)."""
+        with self._lock:
+            self.buckets = [b for b in self.buckets if not b.name.startswith(prefix)]
 
     def start(self, wait_s: float = 1.0) -> None:
         """Start the refresher and wait (at most wait_s) for its first call to end either way,
@@ -312,6 +325,11 @@ class Cluster:
             if not self.up or now < b.next_ask:
                 continue
             target = min(b.cap, max(1, math.ceil(b.rate_est * LEASE_S)))
+            if b.wanted is not None:  # a take larger than a lease: lease enough for it once
+                big = b.wanted.get(0, b.index)
+                if big:
+                    b.wanted.set(0, b.index, 0)
+                    target = max(target, min(b.burst, big))
             level = b.limits.level(b.index)
             if level * 2 <= target:  # half the lease is left: ask for the next one now
                 asks.append((b, target - level))
@@ -387,8 +405,10 @@ class Cluster:
     def _configure(self, b: Leased) -> None:
         """Put one local bucket in the mode the host is in now (leased, or its share)."""
         if self.up or not self._down_logged:
+            # The local capacity is the whole burst, so a take larger than a lease (a big tpm
+            # reservation) can be met; what a host holds is set by the leases it asks for.
             b.cap = lease_cap(b.rate, b.burst, self.hosts)
-            b.limits.configure(b.index, 0, b.cap)
+            b.limits.configure(b.index, 0, b.burst)
         else:
             rate, burst = fallback_share(b.rate, b.burst, self.hosts)
             b.limits.configure(b.index, rate, burst)
@@ -397,13 +417,9 @@ class Cluster:
         if hosts == self.hosts:
             return
         self.hosts = hosts
-        if self.up:  # a new lease cap for everyone
-            with self._lock:
-                for b in self.buckets:
-                    cap = lease_cap(b.rate, b.burst, hosts)
-                    if cap != b.cap:
-                        b.cap = cap
-                        b.limits.configure(b.index, 0, cap)
+        with self._lock:  # a new lease cap for everyone
+            for b in self.buckets:
+                b.cap = lease_cap(b.rate, b.burst, hosts)
 
     def _went_down(self, exc: BaseException) -> None:
         self.errors += 1

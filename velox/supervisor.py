@@ -60,8 +60,8 @@ LEASED bucket, and the host's Redis refresher (velox.cluster, one thread with it
 loop) runs here too, started before the first fork and stopped after the last worker, when it
 hands the tokens this host still holds back to Redis.
 
-Imports: worker, ratelimit, stats, topology, config, admin.server and cluster (lazily), stdlib,
-uvloop.
+Imports: worker, ratelimit, stats, topology, config, admin.server, cluster and keys (lazily),
+stdlib, uvloop.
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ class Supervisor:
             if self.limiter.limits is not None:
                 self.cluster.add("gateway", self.limiter.limits, self.limiter.index,
                                  settings.rate_limit_rpm, settings.rate_limit_burst)
+            self._share_keys(self.shared)
         cores = oversubscribed(settings.workers)
         if cores:
             log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
@@ -199,6 +200,25 @@ class Supervisor:
             self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
             if self.cluster is not None:
                 self.admin.use_cluster(self.cluster)
+
+    def _share_keys(self, shared: SharedStats) -> None:
+        """VELOX_REDIS_URL: each [[key]]'s rpm and tpm bucket is shared with the other hosts,
+        in Redis as `key:<name>:rpm|tpm` (so hosts must give a key the same name)."""
+        cluster = self.cluster
+        if cluster is None:
+            return
+        from velox.keys import rpm_index, tpm_index
+
+        keys = shared.keys
+        cluster.remove("key:")
+        for i, spec in enumerate(keys.keys):
+            # The buckets' burst is one minute's worth, as on one host (velox.keys).
+            if spec.rpm:
+                cluster.add(f"key:{spec.name}:rpm", keys.limits, rpm_index(i), spec.rpm,
+                            spec.rpm)
+            if spec.tpm:
+                cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
+                            spec.tpm, keys.wanted)
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -287,6 +307,7 @@ class Supervisor:
         except (ValueError, OSError) as exc:  # TableError names the file, table and key
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
+        self._share_keys(shared)  # the reloaded keys' buckets, leased again (VELOX_REDIS_URL)
         tables = settings.tables
         assert tables is not None
         log.info("SIGHUP: reloading the configuration%s (%d upstream(s), %d route(s)); "
@@ -359,6 +380,7 @@ class Supervisor:
         self.respawn_at.pop(r.new_slot, None)
         self.shared.counters.set(r.new_slot, F.READY, 0)
         self.reload = None
+        self._share_keys(self.shared)  # the running configuration's keys again
         if r.rollback:
             log.error("reload: switching back failed too; the workers of slot(s) %s keep the "
                       "new configuration", ", ".join(map(str, r.done)))

@@ -153,3 +153,26 @@ def test_unreachable_at_start_means_the_share_at_once(tmp_path: Any) -> None:
         assert limits.level(0) == 20
     finally:
         c.stop()
+
+
+def test_a_take_larger_than_a_lease_gets_leased_once(redis_server: RedisProcess) -> None:
+    """A tpm reservation bigger than the lease cap (600 tpm on one host: 10 tokens a lease)
+    is noted in `wanted` by the taker; the next lease covers it, so it can pass."""
+    from velox._native import Counters
+
+    c = cluster.Cluster(redis_server.url, host_id="big")
+    limits, wanted = local_limits(2), Counters(1, 2)
+    c.add("key:k:tpm", limits, 1, 600, 600, wanted)
+    try:
+        c.start()
+        assert c.buckets[0].cap == 10
+        time.sleep(0.5)
+        assert limits.take(1, 50) > 0  # more than any lease: refused...
+        wanted.set(0, 1, 50)  # ...and noted, as velox.keys does
+        wait_for(lambda: limits.level(1) >= 50, timeout=3)
+        assert limits.take(1, 50) == 0
+        assert wanted.get(0, 1) == 0  # seen and cleared
+        time.sleep(0.5)  # without another big take the host goes back to small leases
+        assert limits.level(1) <= 10
+    finally:
+        c.stop()
