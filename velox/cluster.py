@@ -238,6 +238,13 @@ class Cluster:
             self.buckets = [b for b in self.buckets if b.name != name]
             self.buckets.append(bucket)
             self._configure(bucket)
+            if self.up or not self._down_logged:
+                # Tokens the bucket had (a clock bucket starts full) came from no lease: drop
+                # them, or every host would start with a whole burst of its own.
+                level = limits.level(index)
+                if level > 0:
+                    limits.take(index, level)
+                bucket.last_taken = limits.taken(index)
 
     def remove(self, prefix: str) -> None:
         """Stop sharing the buckets whose name starts with `prefix` (a reload's old keys)."""

@@ -47,6 +47,7 @@ from velox.launch import GatewayProcess, RedisProcess, free_port
 from velox.mock import MockUpstream
 
 MODEL = "gpt-4o-mini"
+CLIENT_KEY = "sk-velox-cluster-bench-key"  # the [[key]] of keyed runs (its SHA-256 in the file)
 UPSTREAM_KEY = "sk-upstream-bench-not-a-secret"
 HIGH_RPM = 1_000_000_000  # the commands phase: a limit no load on this machine reaches
 _METRIC = re.compile(rb"^(velox_redis_\w+?)(?:_total)? ([0-9.e+-]+)$", re.M)
@@ -63,6 +64,10 @@ class Plan:
     outage: tuple[float, float] | None = (20.0, 40.0)  # Redis down from..to, s into the load
     redis: bool = True  # False: one limit per host, no Redis (the control)
     rate_phase_s: int = 0  # > 0: also measure commands/s at the highest rate wrk reaches
+    # > 0: the limit under test is a gateway key's ([[key]] rpm = `rpm`, tpm = `tpm`; its
+    # buckets hold a minute's worth, so burst = rpm), not VELOX_RATE_LIMIT_RPM.
+    tpm: int = 0
+    keyed: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -131,6 +136,15 @@ class Cluster:
             env["VELOX_UPSTREAM_CA_FILE"] = self.mock.ca_file
         if self.redis is not None:
             env["VELOX_REDIS_URL"] = self.redis.url
+        if plan.keyed and rpm == plan.rpm:
+            import hashlib
+
+            path = self.logdir / "velox.toml"
+            digest = hashlib.sha256(CLIENT_KEY.encode()).hexdigest()
+            path.write_text(f'[[key]]\nname = "bench"\nsha256 = "{digest}"\nrpm = {plan.rpm}\n'
+                            + (f"tpm = {plan.tpm}\n" if plan.tpm else ""))
+            env["VELOX_CONFIG"] = str(path)
+            env["VELOX_RATE_LIMIT_RPM"] = "0"  # the key's limits are the ones under test
         env.update(plan.extra_env)
         return env
 
@@ -165,9 +179,10 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
 
     rate = plan.rpm / 60 * plan.factor  # requests per second, all hosts together
     total = int(rate * plan.duration_s)
-    clients = [openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key="sk-bench",
+    clients = [openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
                                   max_retries=0, timeout=10.0) for gw in c.gateways]
     records: list[tuple[float, int, int]] = []  # (send time from t0, host, status)
+    tokens: list[int] = [0]  # usage.total_tokens of the admitted answers
     samples: list[dict[str, Any]] = []
     events: dict[str, float] = {}
     failures: dict[str, int] = {}
@@ -177,9 +192,11 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
         host = k % plan.hosts
         sent = time.monotonic() - t0
         try:
-            await clients[host].chat.completions.create(
+            answer = await clients[host].chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8)
             status = 200
+            if answer.usage is not None:
+                tokens[0] += answer.usage.total_tokens
         except openai.APIStatusError as exc:
             status = exc.status_code
         except openai.APIError as exc:  # no answer at all (connection refused, reset, timeout)
@@ -230,6 +247,7 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
     for client in clients:
         await client.close()
     return {"records": records, "samples": samples, "events": events, "failures": failures,
+            "tokens": tokens[0],
             "last_send_s": last_send, "sent": total}
 
 
@@ -288,6 +306,11 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
         "redis_commands_per_s_during_load": cmd_rate,
         "last_send_s": round(raw["last_send_s"], 3),
         "failures": raw["failures"],
+        "tokens": raw["tokens"],
+        "tokens_upper": round(plan.tpm + plan.tpm / 60 * span
+                              + (vcluster.bound(plan.tpm, plan.tpm, hosts) if plan.redis else 0)
+                              + (plan.tpm + plan.tpm / 60 if outage_s else 0), 1)
+        if plan.tpm else None,
     }
 
 

@@ -78,3 +78,25 @@ def test_one_host_without_redis_is_exact_as_before(tmp_path: Path) -> None:
     last = doc["last_send_s"]
     assert BURST + RATE * last - 2 <= doc["admitted"] <= BURST + RATE * last + 1, doc
     assert "velox_redis_up" not in doc["final_metrics"][0]
+
+
+def test_three_hosts_hold_one_gateway_key_to_its_rpm_and_tpm(tmp_path: Path) -> None:
+    """The issue's key: rpm = 600, tpm = 60000 ([[key]] in VELOX_CONFIG, no gateway limit),
+    shared by three hosts through Redis. Its buckets hold a minute's worth (burst = 600), so
+    the load is six times the rate for 20 s (1,200 requests) to get past the burst here;
+    `make bench-cluster` runs it at 3x for 60 s."""
+    plan = harness.Plan(hosts=HOSTS, rpm=RPM, burst=RPM, tpm=60_000, keyed=True, factor=6.0,
+                        duration_s=20.0, outage=None)
+    doc = harness.run(plan, tmp_path)
+    stated = cluster.bound(RPM, RPM, HOSTS)
+    assert stated == 12
+    assert set(doc["statuses"]) <= {"200", "429"}, doc["statuses"]
+    # Three hosts alone would admit up to 3 x (600 + 200); together: one key's worth.
+    assert RPM + RATE * doc["last_send_s"] - 2 * stated <= doc["admitted"] <= doc["upper"], doc
+    assert doc["upper"] <= RPM + RATE * 21 + stated
+    # Tokens: what the admitted answers used stays within the key's tpm bound (at ~20 tokens
+    # a request the rpm binds first; the token buckets are shared the same way).
+    assert 0 < doc["tokens"] <= doc["tokens_upper"], doc
+    for m in doc["final_metrics"]:
+        assert m["velox_redis_up"] == 1 and m["velox_redis_fallbacks"] == 0, m
+    assert all("Traceback" not in log for log in doc["logs"])

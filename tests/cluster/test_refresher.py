@@ -176,3 +176,20 @@ def test_a_take_larger_than_a_lease_gets_leased_once(redis_server: RedisProcess)
         assert limits.level(1) <= 10
     finally:
         c.stop()
+
+
+def test_a_bucket_that_was_full_starts_from_leases_only(redis_server: RedisProcess) -> None:
+    """A key's bucket is made full (a clock bucket) before the refresher takes it over: those
+    tokens came from no lease and are dropped, or each host would add a burst of its own."""
+    limits = local_limits(1)
+    limits.configure(0, 600, 600)
+    assert limits.level(0) == 600
+    c = cluster.Cluster(redis_server.url, host_id="full")
+    c.add("key:k:rpm", limits, 0, 600, 600)
+    assert limits.level(0) == 0
+    try:
+        c.start()
+        wait_for(lambda: limits.level(0) >= 1)
+        assert limits.level(0) <= c.buckets[0].cap
+    finally:
+        c.stop()
