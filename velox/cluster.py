@@ -51,8 +51,10 @@ host's share: rate / hosts last seen, burst / hosts last seen (at least 1 each; 
 was never reached), keeping the tokens it had. It tries again every `RETRY_DOWN_S`; the first
 call that succeeds switches every bucket back to leased (logged once). During an outage of T
 seconds the hosts admit at most rate x T plus what they held (hosts x lease cap). A Redis that
-lost its data (a restart without persistence) starts its buckets full: one more burst. No
-request waits on Redis: the workers only ever touch shared memory.
+lost its data (a restart without persistence) is noticed by the first host that had called it
+before: the buckets it then makes start empty for a minute instead of full, so the outage does
+not end with a second burst (see LEASE_LUA). No request waits on Redis: the workers only ever
+touch shared memory.
 
 Imports: config (redact_url), stdlib, redis (redis.asyncio: the refresher thread).
 """
@@ -86,14 +88,29 @@ RATE_HALF_LIFE_S = 1.0  # the host's rate estimate decays with this half-life
 CHUNK = 500  # buckets per script call (bounds the script's run time inside Redis)
 KEY_PREFIX = "velox:"
 HOSTS_KEY = KEY_PREFIX + "hosts"
+ALIVE_KEY = KEY_PREFIX + "alive"  # exists while any host calls (PX 4 x HOST_TTL_S)
+LOST_KEY = KEY_PREFIX + "lost"  # set for LOST_S when Redis is found to have lost its data
+LOST_S = 60  # buckets made within this of a data loss start empty (a minute's worth of refill)
+FIXED_KEYS = (HOSTS_KEY, ALIVE_KEY, LOST_KEY)
 
-# KEYS[1]: the hosts' sorted set; KEYS[2..]: buckets. ARGV[1]: host id, ARGV[2]: host TTL (ms),
-# ARGV[3]: "1" when the host leaves; then per bucket: rate per minute, burst, want (tokens to
-# lease; negative: tokens returned). Returns {hosts alive, then per bucket: granted, wait_ms}.
+# KEYS[1..3]: FIXED_KEYS; KEYS[4..]: buckets. ARGV[1]: host id, ARGV[2]: host TTL (ms),
+# ARGV[3]: "1" when the host leaves, ARGV[4]: "1" when the host has called this Redis before;
+# then per bucket: rate per minute, burst, want (tokens to lease; negative: tokens returned).
+# Returns {hosts alive, then per bucket: granted, wait_ms}.
+#
+# A bucket that does not exist starts full (a new limit, or one that expired after sitting
+# full), except after a data loss: a host that called before and finds `alive` gone means
+# Redis restarted empty (or every host was away for 20 s); buckets made in the next LOST_S then
+# start empty, so a restart does not hand out a second burst.
 LEASE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ttl_ms = tonumber(ARGV[2])
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', """ + str(LOST_S * 1000) + """)
+end
+redis.call('SET', KEYS[2], '1', 'PX', ttl_ms * 4)
+local lost = redis.call('EXISTS', KEYS[3])
 if ARGV[3] == '1' then
   redis.call('ZREM', KEYS[1], ARGV[1])
 else
@@ -102,8 +119,8 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl_ms * 1000)
 redis.call('PEXPIRE', KEYS[1], ttl_ms * 4)
 local out = {redis.call('ZCARD', KEYS[1])}
-for i = 2, #KEYS do
-  local a = 4 + (i - 2) * 3
+for i = 4, #KEYS do
+  local a = 5 + (i - 4) * 3
   local rate = tonumber(ARGV[a])
   local burst = tonumber(ARGV[a + 1])
   local want = tonumber(ARGV[a + 2])
@@ -112,6 +129,7 @@ for i = 2, #KEYS do
   local ts = tonumber(v[2])
   if level == nil or ts == nil then
     level = burst
+    if lost == 1 then level = 0 end
     ts = now
   end
   if now > ts then
@@ -219,6 +237,7 @@ class Cluster:
         self._thread: threading.Thread | None = None
         self._down_logged = False
         self._ever_up = False
+        self._called = False  # a call of this host has succeeded (data-loss detection)
         self._sha = ""
         self._last_call = 0.0
         self._last_tick = 0.0
@@ -381,11 +400,12 @@ class Cluster:
             self._sha = await client.script_load(LEASE_LUA)
             self.commands += 1
         chunks = [asks[i:i + CHUNK] for i in range(0, len(asks), CHUNK)] or [[]]
-        head = [self.host_id, int(HOST_TTL_S * 1000), "1" if leave else "0"]
+        head = [self.host_id, int(HOST_TTL_S * 1000), "1" if leave else "0",
+                "1" if self._called else "0"]
         for attempt in (0, 1):
             pipe = client.pipeline(transaction=False)
             for chunk in chunks:
-                keys = [HOSTS_KEY] + [b.key for b, _ in chunk]
+                keys = [*FIXED_KEYS, *(b.key for b, _ in chunk)]
                 args: list[Any] = list(head)
                 for b, want in chunk:
                     args += [b.rate, b.burst, want]
@@ -399,6 +419,7 @@ class Cluster:
                     raise
                 self._sha = await client.script_load(LEASE_LUA)
                 self.commands += 1
+        self._called = True
         out: list[tuple[int, int]] = []
         hosts = self.hosts
         for result in results:

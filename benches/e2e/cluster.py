@@ -266,13 +266,13 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     stated = vcluster.bound(plan.rpm, plan.burst, hosts) if plan.redis else 0
     admitted = sum(total)
     outage_s = (plan.outage[1] - plan.outage[0]) if plan.outage and plan.redis else 0.0
-    # Without an outage: one burst, the refill over the run, and what the hosts may hold.
-    # With one: the restarted Redis (no persistence) starts its buckets full again, and a
-    # host may still refill its share for up to a second after another host is back on Redis.
+    # One burst, the refill over the run, and what the hosts may hold. With an outage: the
+    # restarted Redis (no persistence) makes its buckets empty (velox.cluster.LEASE_LUA), and
+    # a host may still refill its share for up to a second after another is back on Redis.
     span = max(plan.duration_s, raw["last_send_s"])  # a busy client may send late
     upper = plan.burst + rate_s * span + stated
     if outage_s:
-        upper += plan.burst + rate_s * 1.0
+        upper += rate_s * 1.0
     # Fewer only by what the hosts hold unused at the end (one lease each) and what refilled
     # in Redis that no host had asked for yet (a host waits up to a lease's time after a
     # short grant): at most one lease cap per host each.
@@ -309,7 +309,7 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
         "tokens": raw["tokens"],
         "tokens_upper": round(plan.tpm + plan.tpm / 60 * span
                               + (vcluster.bound(plan.tpm, plan.tpm, hosts) if plan.redis else 0)
-                              + (plan.tpm + plan.tpm / 60 if outage_s else 0), 1)
+                              + (plan.tpm / 60 if outage_s else 0), 1)
         if plan.tpm else None,
     }
 
@@ -371,10 +371,13 @@ def main(out: Path, name: str = "cluster", quick: bool = False) -> dict[str, Any
     plan = Plan(duration_s=20.0, outage=(6.0, 14.0), rate_phase_s=3) if quick else \
         Plan(rate_phase_s=10)
     control = Plan(hosts=1, redis=False, duration_s=10.0 if quick else 20.0, outage=None)
-    doc = {"shared": run(plan), "single_host_no_redis": run(control),
+    # The key: rpm 600, tpm 60000 (a minute's burst), 3x for 60 s, Redis down 20 s.
+    keyed = Plan(rpm=600, burst=600, tpm=60_000, keyed=True,
+                 duration_s=20.0 if quick else 60.0, outage=(6.0, 14.0) if quick else (20.0, 40.0))
+    doc = {"shared": run(plan), "keyed": run(keyed), "single_host_no_redis": run(control),
            "machine": {"cores": os.cpu_count(), "loadavg_end": list(os.getloadavg())},
            "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens (velox.cluster.bound)"}
-    for part in ("shared", "single_host_no_redis"):
+    for part in ("shared", "keyed", "single_host_no_redis"):
         doc[part].pop("logs", None)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"

@@ -21,9 +21,9 @@ def client(redis_server: RedisProcess) -> redis.Redis:
 
 
 def lease(client: redis.Redis, host: str, *buckets: tuple[str, int, int, int],
-          leave: bool = False, ttl_ms: int = 5000) -> list[int]:
-    keys = [cluster.HOSTS_KEY] + [cluster.KEY_PREFIX + "bucket:" + b[0] for b in buckets]
-    args: list[object] = [host, ttl_ms, "1" if leave else "0"]
+          leave: bool = False, ttl_ms: int = 5000, called_before: bool = False) -> list[int]:
+    keys = [*cluster.FIXED_KEYS] + [cluster.KEY_PREFIX + "bucket:" + b[0] for b in buckets]
+    args: list[object] = [host, ttl_ms, "1" if leave else "0", "1" if called_before else "0"]
     for _, rate, burst, want in buckets:
         args += [rate, burst, want]
     return [int(x) for x in client.eval(cluster.LEASE_LUA, len(keys), *keys, *args)]
@@ -76,6 +76,23 @@ def test_extreme_limits_stay_exact(client: redis.Redis, rate: int, burst: int) -
     assert granted == burst
     _, granted, _ = lease(client, "a", ("k", rate, burst, 1))
     assert granted <= (1 if rate == 10**9 else 0)
+
+
+def test_after_a_data_loss_new_buckets_start_empty(client: redis.Redis,
+                                                   redis_server: RedisProcess) -> None:
+    # A first deployment: buckets start full, even for a host that says it called before
+    # as long as Redis still has the hosts' state.
+    assert lease(client, "a", ("k", 600, 10, 10))[1] == 10
+    assert lease(client, "a", ("j", 600, 10, 10), called_before=True)[1] == 10
+    redis_server.kill()  # SIGKILL: no persistence, everything is gone
+    redis_server.start()
+    fresh = redis.Redis.from_url(redis_server.url)
+    # A host that never called (a new deployment) would get a full bucket; one that called
+    # before sees the state gone: its buckets start empty and only refill.
+    hosts, granted, wait = lease(fresh, "a", ("k", 600, 10, 10), called_before=True)
+    assert granted <= 1 and wait > 0
+    assert lease(fresh, "b", ("j", 600, 10, 10))[1] <= 1  # also for the hosts after it
+    assert fresh.pttl(cluster.LOST_KEY) > (cluster.LOST_S - 5) * 1000
 
 
 def test_lease_cap_and_bound() -> None:

@@ -46,12 +46,15 @@ def test_three_hosts_hold_one_limit_through_a_redis_outage(tmp_path: Path) -> No
     assert RATE * 7 - 2 * stated <= down <= RATE * 7 + HOSTS * share_burst + stated, doc
 
     # Back: every host shares through Redis again within a few seconds (metrics are sampled
-    # once a second), and from 2 s after the restart the total is back at the limit.
+    # once a second), and from 2 s after the restart the total is back at the limit (the
+    # restarted Redis kept no data; its buckets start empty, not with a second burst).
     assert all(v is not None and v <= 3.0 for v in doc["recovered_s"].values()), doc
     after = harness.window(doc, 16, 20)
-    assert RATE * 4 - 2 * stated <= after <= RATE * 4 + BURST + stated, doc
+    assert RATE * 4 - 2 * stated <= after <= RATE * 4 + HOSTS * share_burst + stated, doc
 
-    # The whole run, including the restarted Redis's fresh burst (it keeps no data).
+    # The whole run: one burst, the limit over the run (+1 s: hosts come back one after
+    # another), the stated bound.
+    assert doc["upper"] <= BURST + RATE * (doc["last_send_s"] + 1.1) + stated
     assert doc["lower"] <= doc["admitted"] <= doc["upper"], doc
     assert doc["within"]
 
