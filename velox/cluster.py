@@ -9,7 +9,7 @@ talk to Redis. One refresher per host, in the supervisor process (a thread runni
 asyncio loop with one redis.asyncio connection, hiredis parsing), leases blocks of tokens from
 the Redis buckets and deposits them into the local ones:
 
-* Every `TICK_S` (0.1 s) it reads each bucket's level and its cumulative `taken`, and keeps an
+* Every `TICK_S` (0.05 s) it reads each bucket's level and its cumulative `taken`, and keeps an
   estimate of the host's recent rate (the last tick's rate, or the previous estimate decayed
   with a half-life of 1 s, whichever is higher: it follows a surge at once and lets go in
   seconds). A bucket's TARGET is about a second's worth of that rate (`LEASE_S`), at least 1

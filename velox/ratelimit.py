@@ -68,7 +68,7 @@ class Limiter:
         """Whole seconds until one more request can be admitted (at least 1)."""
         bucket = self.bucket
         if bucket is None:
-            # Shared mode: a spent lease is replaced within a refresher tick (0.1 s), and
+            # Shared mode: a spent lease is replaced within a refresher tick (0.05 s), and
             # Redis is asked again within a second; below 60 rpm per host it is a hint.
             return 1
         wait_us = bucket.wait_hint_us(1)
