@@ -235,9 +235,10 @@ def table_selection(bal: dict[str, Any]) -> Table:
 def table_cluster(doc: dict[str, Any]) -> Table:
     """The several-hosts run: admitted against the bounds, with Redis and without."""
     head = ["run", "hosts", "sent", "admitted", "bounds [lower, upper]", "stated bound",
-            "5xx / no answer", "back on Redis after restart (s)"]
+            "tokens used (bound)", "5xx / no answer", "back on Redis after restart (s)"]
     rows = []
-    for part, label in (("shared", "one Redis, killed mid-run"),
+    for part, label in (("shared", "VELOX_RATE_LIMIT_RPM, one Redis killed mid-run"),
+                        ("keyed", "a [[key]] (rpm 600, tpm 60000), one Redis killed mid-run"),
                         ("single_host_no_redis", "one host, no Redis")):
         d = doc.get(part)
         if not d:
@@ -249,7 +250,8 @@ def table_cluster(doc: dict[str, Any]) -> Table:
         back = [v for v in d.get("recovered_s", {}).values() if v is not None]
         rows.append([name, str(plan["hosts"]), _n(d["sent"]), _n(d["admitted"]),
                      f"[{_n(d['lower'])}, {_n(d['upper'])}]", _n(d["stated_bound"]),
-                     _n(d["server_errors"]), _n(max(back), 1) if back else "–"])
+                     f"{_n(d['tokens'])} ({_n(d['tokens_upper'])})" if d.get("tokens_upper")
+                     else "–", _n(d["server_errors"]), _n(max(back), 1) if back else "–"])
     return head, rows
 
 

@@ -99,7 +99,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     doc = cluster.main(args.out, args.name, quick=args.quick)
-    for part in ("shared", "single_host_no_redis"):
+    for part in ("shared", "keyed", "single_host_no_redis"):
         d = doc[part]
         print(f"{part}: admitted {d['admitted']} of {d['sent']} sent, bounds "
               f"[{d['lower']}, {d['upper']}] (stated {d['stated_bound']}), within={d['within']}, "
@@ -107,7 +107,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     print("commands:", doc["shared"].get("commands"))
     print(f"wrote {args.out / (args.name + '.json')}")
     return 0 if all(doc[p]["within"] and not doc[p]["server_errors"]
-                    for p in ("shared", "single_host_no_redis")) else 1
+                    for p in ("shared", "keyed", "single_host_no_redis")) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

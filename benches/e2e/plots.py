@@ -216,13 +216,19 @@ def draw(out: Path, e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
 def cluster_plot(out: Path, doc: dict[str, Any]) -> str | None:
     """Admitted requests per second, per host and in total, against the shared limit line;
     the Redis outage shaded (benches/e2e/cluster.py's results)."""
-    shared = doc.get("shared")
-    if not shared:
+    runs = [(part, doc[part]) for part in ("shared", "keyed") if doc.get(part)]
+    if not runs:
         return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 4 * len(runs)), squeeze=False)
+    for (part, run), ax in zip(runs, axes[:, 0]):
+        _cluster_panel(ax, run, "VELOX_RATE_LIMIT_RPM" if part == "shared" else "one [[key]]")
+    return _save(fig, out / "cluster.png")
+
+
+def _cluster_panel(ax: Any, shared: dict[str, Any], what: str) -> None:
     per = shared["per_second"]
     plan = shared["plan"]
     xs = list(range(len(per["total"])))
-    fig, ax = plt.subplots(figsize=(8, 4))
     if plan.get("outage"):
         ev = shared.get("events", {})
         start = ev.get("killed", plan["outage"][0])
@@ -238,8 +244,8 @@ def cluster_plot(out: Path, doc: dict[str, Any]) -> str | None:
                label="one host's share")
     ax.set_xlabel("second of the run (requests by send time)")
     ax.set_ylabel("requests admitted per second")
-    ax.set_title(f"{plan['hosts']} Velox hosts, one Redis, load {plan['factor']:g}x the limit")
+    ax.set_title(f"{plan['hosts']} Velox hosts, one Redis, {what} (burst {plan['burst']}), "
+                 f"load {plan['factor']:g}x the limit", fontsize=10)
     ax.set_xlim(0, len(xs))
-    ax.set_ylim(0, max(max(per["total"]), limit) * 1.15)
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
-    return _save(fig, out / "cluster.png")
+    ax.set_ylim(0, max(max(per["total"]), limit) * 1.3)
+    ax.legend(fontsize=7, loc="upper right", ncol=3)
