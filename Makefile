@@ -6,7 +6,8 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-cache bench-batching bench-soak bench-report clean
+	bench-routing bench-cache bench-batching bench-soak bench-report redis-server bench-cluster \
+	clean
 
 all: build
 
@@ -33,7 +34,14 @@ test-py: build
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: build typecheck test-native test-py
+# The several-hosts mode (VELOX_REDIS_URL) is tested and demonstrated against a real Redis:
+# Debian's redis-server, installed when missing (the tests start their own on a free port).
+redis-server:
+	@command -v redis-server >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
+
+test: build typecheck test-native redis-server test-py
 
 demo: build
 	$(PY) -m velox demo
@@ -75,6 +83,11 @@ bench-batching: bench-deps
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak
+
+# Three hosts sharing one Redis, at three times a 600 rpm limit for 60 s with Redis killed
+# for 20 s in the middle (benches/e2e/cluster.py): benches/results/cluster.json.
+bench-cluster: bench-deps redis-server
+	$(PY) -m benches.e2e cluster
 
 bench-report: bench-deps
 	$(PY) -m benches.report

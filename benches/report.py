@@ -4,7 +4,8 @@ an HTML page and README tables. A developer tool, so it lives here and not in th
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
 soak.json (`make bench-soak`), routing.json (`make bench-routing`), cache.json (`make
-bench-cache`), batching.json (`make bench-batching`) and balance.json
+bench-cache`), batching.json (`make bench-batching`), cluster.json (`make bench-cluster`) and
+balance.json
 (`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
 plot, report.html (every table and plot, with the machine facts), and the README's performance
 sections, replaced between their markers:
@@ -14,6 +15,7 @@ sections, replaced between their markers:
     <!-- bench:routing:start --> ... <!-- bench:routing:end -->
     <!-- bench:cache:start --> ... <!-- bench:cache:end -->
     <!-- bench:batching:start --> ... <!-- bench:batching:end -->
+    <!-- bench:cluster:start --> ... <!-- bench:cluster:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro", "routing", "cache", "batching")
+MARKERS = ("e2e", "micro", "routing", "cache", "batching", "cluster")
 TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -298,6 +300,48 @@ def table_selection(bal: dict[str, Any]) -> Table:
     return head, rows
 
 
+def table_cluster(doc: dict[str, Any]) -> Table:
+    """The several-hosts run: admitted against the bounds, with Redis and without."""
+    head = ["run", "hosts", "sent", "admitted", "bounds [lower, upper]", "stated bound",
+            "tokens used (bound)", "5xx / no answer", "back on Redis after restart (s)"]
+    rows = []
+    for part, label in (("shared", "VELOX_RATE_LIMIT_RPM, one Redis killed mid-run"),
+                        ("keyed", "a [[key]] (rpm 600, tpm 60000), one Redis killed mid-run"),
+                        ("single_host_no_redis", "one host, no Redis")):
+        d = doc.get(part)
+        if not d:
+            continue
+        plan = d["plan"]
+        outage = plan.get("outage")
+        name = f"{label} ({plan['duration_s']:g} s" + (
+            f", Redis down {outage[0]:g}-{outage[1]:g} s)" if outage and plan["redis"] else ")")
+        back = [v for v in d.get("recovered_s", {}).values() if v is not None]
+        rows.append([name, str(plan["hosts"]), _n(d["sent"]), _n(d["admitted"]),
+                     f"[{_n(d['lower'])}, {_n(d['upper'])}]", _n(d["stated_bound"]),
+                     f"{_n(d['tokens'])} ({_n(d['tokens_upper'])})" if d.get("tokens_upper")
+                     else "–", _n(d["server_errors"]), _n(max(back), 1) if back else "–"])
+    return head, rows
+
+
+def table_cluster_commands(doc: dict[str, Any]) -> Table | None:
+    d = doc.get("shared", {})
+    c = d.get("commands")
+    rows = []
+    if d.get("redis_commands_per_s_during_load") is not None:
+        rows.append([f"{d['plan']['factor']:g}x the {d['plan']['rpm']} rpm limit (SDK, open "
+                     "loop; includes the outage's retries)",
+                     _n(d["sent"] / d["plan"]["duration_s"], 0),
+                     _n(d["redis_commands_per_s_during_load"], 1),
+                     _n(d["redis_commands_per_s_during_load"] / d["plan"]["hosts"], 1)])
+    if c and "commands_per_s" in c:
+        rows.append([f"as fast as wrk drives 3 hosts (64 connections each, {c['seconds']:g} s, "
+                     "limit out of the way)", _n(c["requests_per_s"], 0),
+                     _n(c["commands_per_s"], 1), _n(c["commands_per_s_per_host"], 1)])
+    if not rows:
+        return None
+    return ["load", "requests/s", "Redis commands/s", "per host"], rows
+
+
 def _speedups(name: str, info: dict[str, Any]) -> str:
     parts = []
     for key, value in info.items():
@@ -429,10 +473,17 @@ def html_table(table: Table) -> str:
 def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
              soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
              balance: dict[str, Any] | None = None, cache: dict[str, Any] | None = None,
-             batching: dict[str, Any] | None = None
+             batching: dict[str, Any] | None = None,
+             cluster: dict[str, Any] | None = None
              ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
+    if cluster:
+        out.append(("cluster", "Three hosts, one limit, one Redis (`make bench-cluster`)",
+                    table_cluster(cluster), "cluster.png"))
+        commands = table_cluster_commands(cluster)
+        if commands is not None:
+            out.append(("cluster", "Redis commands against requests", commands, None))
     if routing:
         s = routing["summary"]
         out.append(("routing", "Routing goals (issue 9)", table_routing_goals(s), None))
@@ -501,7 +552,12 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
 def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str]) -> str:
     lines = ["<!-- Generated by `velox bench report` from benches/results/; do not edit. -->"]
     doc = docs.get(marker)
-    if doc:
+    if doc and marker == "cluster":
+        m = doc.get("machine", {})
+        lines.append(f"\nMeasured on this project's {m.get('cores', '?')}-core machine, shared "
+                     f"(load average {m.get('loadavg_end', [0])[0]:.2f} at the end); counts, "
+                     "not speed, so the load matters little.")
+    elif doc:
         lines.append(f"\nMeasured on {machine_line(doc)}.")
         if marker in ("routing", "cache"):
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
@@ -567,7 +623,7 @@ def html_page(secs: list, docs: dict[str, Any], plots: set[str]) -> str:
              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "</style></head><body><h1>Velox benchmarks</h1>"]
     for name, doc in docs.items():
-        if doc:
+        if doc and name != "cluster":
             parts.append(f"<p><b>{name}</b>: {html.escape(machine_line(doc))}</p>")
     if docs.get("e2e"):
         parts.append(f"<p>{html.escape(docs['e2e']['placement'])}</p>")
@@ -589,7 +645,12 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
     except ImportError as exc:  # matplotlib missing
         print(f"plots skipped: {exc} (make bench-report installs matplotlib)")
         return set()
-    return plots.draw(results, docs["e2e"], docs["micro"], soak)
+    drawn = plots.draw(results, docs["e2e"], docs["micro"], soak)
+    if docs.get("cluster"):
+        name = plots.cluster_plot(results, docs["cluster"])
+        if name:
+            drawn.add(name)
+    return drawn
 
 
 def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[str]:
@@ -597,10 +658,10 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
     single benchmark's make target runs, leaving every other section as it was."""
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json")}
+            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
-                    docs["batching"])
+                    docs["batching"], docs["cluster"])
     blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, set())
               for m in markers if docs.get(m)}
     return update_readme(readme, blocks)
@@ -609,11 +670,11 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json")}
+            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     plots = _draw(results, docs, soak)
     secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
-                    docs["batching"])
+                    docs["batching"], docs["cluster"])
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():

@@ -168,6 +168,23 @@ def _key_list(raw: str) -> tuple[str, ...]:
     return keys
 
 
+def _redis_url(raw: str) -> str:
+    form = ("redis://[user:password@]host[:port][/db] or rediss:// (TLS), e.g. "
+            "redis://127.0.0.1:6379/0")
+    url = raw.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError(form)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(form) from None
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(form)
+    return url
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -277,6 +294,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_TOKEN_ACCOUNTING", "token_accounting", _bool, "1",
           "read the usage of every model call (tokens per key and route in /stats and /metrics);"
           " 0: only of requests a tpm limit applies to"),
+    Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
+          "Redis shared by several Velox hosts: every rate limit becomes global across them "
+          "(empty: this host alone)"),
 )
 
 
@@ -325,6 +345,7 @@ class Settings:
     cache_ttl_s: int = DEFAULT_CACHE_TTL_S
     tokens_default_output: int = 1024
     token_accounting: bool = True
+    redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
@@ -386,8 +407,20 @@ class Settings:
             value = getattr(self, f.attr)
             if f.secret and value:
                 value = _mask(value)
+            elif f.attr == "redis_url" and value:
+                value = redact_url(value)
             out[f.env] = value
         return out
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password masked (VELOX_REDIS_URL in logs and --print-config)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def _mask(value: object) -> str:
@@ -419,7 +452,8 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
         try:
             values[f.attr] = f.parse(raw)
         except ValueError as exc:
-            raise ConfigError(f"{f.env}={raw!r} is invalid: expected {exc}") from None
+            shown = redact_url(raw.strip()) if f.attr == "redis_url" else raw
+            raise ConfigError(f"{f.env}={shown!r} is invalid: expected {exc}") from None
 
     cores = usable_cores()
     values.setdefault("workers", cores)

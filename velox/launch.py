@@ -141,3 +141,83 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RedisProcess:
+    """A real `redis-server` on a free port of 127.0.0.1 (tests, benchmarks, the demo).
+
+    No persistence (a SIGKILLed server comes back empty, like a cache node that lost its
+    memory), no config file, its own working directory. `kill()` is SIGKILL by PID;
+    `start()` again restarts it on the same port.
+    """
+
+    def __init__(self, port: int | None = None, log_path: str | Path | None = None) -> None:
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="velox-redis-")
+        self.log_path = Path(log_path) if log_path else Path(self.dir) / "redis.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        try:
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", self.dir,
+                 "--protected-mode", "yes", "--daemonize", "no"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        except FileNotFoundError:
+            raise RuntimeError("redis-server is not installed (make redis-server, or "
+                               "apt-get install redis-server)") from None
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}:\n"
+                                   f"{self.log_path.read_text(errors='replace')}")
+            if self.ping():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout}s")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def command(self, *args: str | bytes, timeout: float = 2.0) -> bytes:
+        """Send one command (RESP) and return the raw reply bytes (for tests' checks)."""
+        parts = [a.encode() if isinstance(a, str) else a for a in args]
+        out = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall(out)
+            return sock.recv(65536)
+
+    def kill(self) -> None:
+        """SIGKILL by PID, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def __enter__(self) -> RedisProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -55,7 +55,12 @@ The supervisor never runs an event loop; it sleeps in select() on a signal wake-
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-Imports: worker, ratelimit, cache (its store), stats, topology, config, admin.server (lazily),
+With VELOX_REDIS_URL the rate limits are shared with the other hosts: the global Limiter is a
+LEASED bucket, and the host's Redis refresher (velox.cluster, one thread with its own asyncio
+loop) runs here too, started before the first fork and stopped after the last worker, when it
+hands the tokens this host still holds back to Redis.
+
+Imports: worker, ratelimit, cache (its store), stats, topology, config, admin.server, cluster and keys (lazily),
 stdlib, uvloop.
 """
 
@@ -82,6 +87,7 @@ from velox.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
     from velox.admin.server import AdminServer
+    from velox.cluster import Cluster
 
 log = logging.getLogger("velox.supervisor")
 
@@ -98,7 +104,8 @@ _STARTUP_ALLOWANCE_S = 30.0
 # Settings made part of the shared state or the sockets before the first fork: a reload keeps
 # the running values.
 _FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
-                   "rate_limit_burst", "admin_addr", "admin_token", "cache_max_bytes")
+                   "rate_limit_burst", "admin_addr", "admin_token", "cache_max_bytes",
+                   "redis_url")
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
@@ -147,9 +154,21 @@ class Supervisor:
         self.sock = bind(settings.host, settings.port, listen=False)
         self.port = self.sock.getsockname()[1]
         self.shared = SharedStats(settings.workers, settings.tables)
-        self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst)
+        self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst,
+                                      shared=bool(settings.redis_url))
         # The response cache's one store (velox.cache), shared by every worker like the bucket.
         self.shared.cache = create_store(settings)
+        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other
+        # hosts (velox.cluster). Started before the first fork, stopped after the last worker.
+        self.cluster: Cluster | None = None
+        if settings.redis_url:
+            from velox.cluster import Cluster
+
+            self.cluster = Cluster(settings.redis_url)
+            if self.limiter.limits is not None:
+                self.cluster.add("gateway", self.limiter.limits, self.limiter.index,
+                                 settings.rate_limit_rpm, settings.rate_limit_burst)
+            self._share_keys(self.shared)
         cores = oversubscribed(settings.workers)
         if cores:
             log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
@@ -184,6 +203,27 @@ class Supervisor:
 
             # Bound now, before any fork: a taken address stops start-up with a clear message.
             self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
+            if self.cluster is not None:
+                self.admin.use_cluster(self.cluster)
+
+    def _share_keys(self, shared: SharedStats) -> None:
+        """VELOX_REDIS_URL: each [[key]]'s rpm and tpm bucket is shared with the other hosts,
+        in Redis as `key:<name>:rpm|tpm` (so hosts must give a key the same name)."""
+        cluster = self.cluster
+        if cluster is None:
+            return
+        from velox.keys import rpm_index, tpm_index
+
+        keys = shared.keys
+        cluster.remove("key:")
+        for i, spec in enumerate(keys.keys):
+            # The buckets' burst is one minute's worth, as on one host (velox.keys).
+            if spec.rpm:
+                cluster.add(f"key:{spec.name}:rpm", keys.limits, rpm_index(i), spec.rpm,
+                            spec.rpm)
+            if spec.tpm:
+                cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
+                            spec.tpm, keys.wanted)
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -195,6 +235,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
+        if self.cluster is not None:  # the first leases (or the fallback) before any fork
+            self.cluster.start()
         for slot in range(self.settings.workers):
             self._spawn(slot)
         tables = self.shared.tables
@@ -232,6 +274,8 @@ class Supervisor:
                 self._kill_overdue_retirees()
         if self.admin is not None:
             self.admin.stop()
+        if self.cluster is not None:  # the workers are gone: hand back what this host holds
+            self.cluster.stop()
         log.info("all workers stopped; exiting")
         return 0
 
@@ -271,6 +315,7 @@ class Supervisor:
         except (ValueError, OSError) as exc:  # TableError names the file, table and key
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
+        self._share_keys(shared)  # the reloaded keys' buckets, leased again (VELOX_REDIS_URL)
         tables = settings.tables
         assert tables is not None
         log.info("SIGHUP: reloading the configuration%s (%d upstream(s), %d route(s)); "
@@ -343,6 +388,7 @@ class Supervisor:
         self.respawn_at.pop(r.new_slot, None)
         self.shared.counters.set(r.new_slot, F.READY, 0)
         self.reload = None
+        self._share_keys(self.shared)  # the running configuration's keys again
         if r.rollback:
             log.error("reload: switching back failed too; the workers of slot(s) %s keep the "
                       "new configuration", ", ".join(map(str, r.done)))

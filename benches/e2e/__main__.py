@@ -1,8 +1,9 @@
-"""Command line: `python -m benches.e2e {run,routing,cache,batching,soak,install-litellm,
+"""Command line: `python -m benches.e2e {run,routing,cache,batching,soak,cluster,install-litellm,
 lock-litellm}` (run from the repository root with the project's venv; the Makefile targets do
 exactly that).
 
-Imports: bench, sections, summary, results, soak, routing, cache, batching, litellm, wrk, stdlib.
+Imports: bench, sections, summary, results, soak, routing, cache, batching, cluster, litellm, wrk,
+stdlib.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches.e2e import (batching, cache, litellm, results, routing, sections, soak, summary,
-                         wrk)
+from benches.e2e import (batching, cache, cluster, litellm, results, routing, sections, soak,
+                         summary, wrk)
 from benches.e2e import bench as bench_mod
 from benches.e2e.bench import Bench, Plan
 
@@ -121,6 +122,19 @@ def cmd_batching(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    doc = cluster.main(args.out, args.name, quick=args.quick)
+    for part in ("shared", "keyed", "single_host_no_redis"):
+        d = doc[part]
+        print(f"{part}: admitted {d['admitted']} of {d['sent']} sent, bounds "
+              f"[{d['lower']}, {d['upper']}] (stated {d['stated_bound']}), within={d['within']}, "
+              f"server errors {d['server_errors']}, recovered {d['recovered_s']}")
+    print("commands:", doc["shared"].get("commands"))
+    print(f"wrote {args.out / (args.name + '.json')}")
+    return 0 if all(doc[p]["within"] and not doc[p]["server_errors"]
+                    for p in ("shared", "keyed", "single_host_no_redis")) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e")
     p.add_argument("--out", type=Path, default=results.RESULTS, help="results directory")
@@ -154,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--name", default="batching", help="results file name (without extension)")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
+    cl = sub.add_parser("cluster", help="three hosts sharing one Redis, 3x a 600 rpm limit for 60 s "
+                                        "with Redis killed for 20 s (~3 minutes)")
+    cl.add_argument("--quick", action="store_true", help="20 s with an 8 s outage")
+    cl.add_argument("--name", default="cluster", help="results file name (without extension)")
     sub.add_parser("install-litellm", help="build .bench/litellm-venv from the hashed lock")
     sub.add_parser("lock-litellm", help="re-resolve the hashed lock (needs the index)")
     args = p.parse_args(argv)
@@ -167,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_batching(args)
     if args.command == "soak":
         return cmd_soak(args)
+    if args.command == "cluster":
+        return cmd_cluster(args)
     if args.command == "install-litellm":
         litellm.install()
         return 0

@@ -211,3 +211,41 @@ def draw(out: Path, e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
     if soak:
         made.append(soak_plot(out, soak))
     return {m for m in made if m}
+
+
+def cluster_plot(out: Path, doc: dict[str, Any]) -> str | None:
+    """Admitted requests per second, per host and in total, against the shared limit line;
+    the Redis outage shaded (benches/e2e/cluster.py's results)."""
+    runs = [(part, doc[part]) for part in ("shared", "keyed") if doc.get(part)]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 4 * len(runs)), squeeze=False)
+    for (part, run), ax in zip(runs, axes[:, 0]):
+        _cluster_panel(ax, run, "VELOX_RATE_LIMIT_RPM" if part == "shared" else "one [[key]]")
+    return _save(fig, out / "cluster.png")
+
+
+def _cluster_panel(ax: Any, shared: dict[str, Any], what: str) -> None:
+    per = shared["per_second"]
+    plan = shared["plan"]
+    xs = list(range(len(per["total"])))
+    if plan.get("outage"):
+        ev = shared.get("events", {})
+        start = ev.get("killed", plan["outage"][0])
+        end = ev.get("restarted", plan["outage"][1])
+        ax.axvspan(start, end, color="#f2c9c9", label="Redis killed (SIGKILL) until restarted")
+    for i, row in enumerate(per["hosts"]):
+        ax.step(xs, row, where="post", lw=1, alpha=0.8, label=f"host {i + 1}")
+    ax.step(xs, per["total"], where="post", lw=2.2, color="black", label="all hosts")
+    limit = shared["limit_per_s"]
+    ax.axhline(limit, color="#d62728", ls="--", lw=1.5,
+               label=f"limit ({plan['rpm']} rpm = {limit:g}/s)")
+    ax.axhline(limit / plan["hosts"], color="#d62728", ls=":", lw=1,
+               label="one host's share")
+    ax.set_xlabel("second of the run (requests by send time)")
+    ax.set_ylabel("requests admitted per second")
+    ax.set_title(f"{plan['hosts']} Velox hosts, one Redis, {what} (burst {plan['burst']}), "
+                 f"load {plan['factor']:g}x the limit", fontsize=10)
+    ax.set_xlim(0, len(xs))
+    ax.set_ylim(0, max(max(per["total"]), limit) * 1.3)
+    ax.legend(fontsize=7, loc="upper right", ncol=3)

@@ -116,6 +116,7 @@ class VeloxCollector(Collector):
         self.started_at = started_at  # time.time() when the supervisor started
         self.profile_runs = profile_runs
         self.admin_refused = admin_refused
+        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL
 
     def _upstreams(self) -> Iterator[Metric]:
         """Per upstream: attempts by outcome class, breaker state, in flight; retries by reason."""
@@ -236,6 +237,7 @@ class VeloxCollector(Collector):
         yield from self._rate_limit()
         yield from self._cache()
         yield from self._embeddings_batches()
+        yield from self._redis()
         yield from self._histograms(ran)
         runs, active = self.profile_runs()
         yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",
@@ -303,17 +305,46 @@ class VeloxCollector(Collector):
         yield family
 
     def _rate_limit(self) -> Iterator[Metric]:
-        bucket = getattr(self.limiter, "bucket", None)
+        limiter = self.limiter
+        bucket = getattr(limiter, "bucket", None)
+        limited = bool(getattr(limiter, "enabled", bucket is not None))  # shared mode too
         yield GaugeMetricFamily("velox_ratelimit_enabled", "1 if VELOX_RATE_LIMIT_RPM > 0.",
-                                value=0 if bucket is None else 1)
-        if bucket is None:
+                                value=1 if limited else 0)
+        if not limited:
             return
         yield GaugeMetricFamily("velox_ratelimit_tokens_available",
-                                "Tokens in the shared bucket now.", value=bucket.available())
+                                "Tokens in the shared bucket now (with VELOX_REDIS_URL: this "
+                                "host's lease).", value=limiter.available())
         yield GaugeMetricFamily("velox_ratelimit_rate_per_minute",
-                                "Refill rate of the shared bucket.", value=bucket.rate_per_minute)
+                                "Refill rate of the shared bucket.",
+                                value=limiter.rate_per_minute)
         yield GaugeMetricFamily("velox_ratelimit_burst", "Capacity of the shared bucket.",
-                                value=bucket.burst)
+                                value=limiter.burst)
+
+    def _redis(self) -> Iterator[Metric]:
+        """VELOX_REDIS_URL: the host's lease refresher (velox.cluster)."""
+        cluster = self.cluster
+        if cluster is None:
+            return
+        m = cluster.metrics()
+        yield GaugeMetricFamily("velox_redis_up",
+                                "1 while Redis answers; 0: each limit falls back to this "
+                                "host's share.", value=m["up"])
+        yield GaugeMetricFamily("velox_redis_hosts",
+                                "Velox hosts sharing the limits, as last seen in Redis.",
+                                value=m["hosts"])
+        yield CounterMetricFamily("velox_redis_fallbacks",
+                                  "Times Redis became unreachable (limits fell back to the "
+                                  "host's share).", value=m["fallbacks"])
+        yield CounterMetricFamily("velox_redis_lease_requests",
+                                  "Bucket leases asked of Redis.", value=m["lease_requests"])
+        yield CounterMetricFamily("velox_redis_leased_tokens",
+                                  "Tokens Redis granted to this host.", value=m["leased_tokens"])
+        yield CounterMetricFamily("velox_redis_commands",
+                                  "Commands sent to Redis (one script call leases every bucket "
+                                  "due at once).", value=m["commands"])
+        yield CounterMetricFamily("velox_redis_errors", "Redis calls that failed or timed out.",
+                                  value=m["errors"])
 
     def _cache(self) -> Iterator[Metric]:
         """The response cache (velox.cache): outcomes summed over workers, the store's state."""

@@ -168,6 +168,12 @@ class AdminServer:
                                         self.profile_state, lambda: self.httpd.refused)
         self.registry = make_registry(self.collector)
         self.thread: threading.Thread | None = None
+        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL (see use_cluster)
+
+    def use_cluster(self, cluster: Any) -> None:
+        """Show the Redis refresher's state in /metrics (velox_redis_*) and /stats ("redis")."""
+        self.cluster = cluster
+        self.collector.cluster = cluster
 
     @property
     def address(self) -> str:
@@ -221,7 +227,7 @@ class AdminServer:
     def stats(self) -> tuple[int, str, bytes]:
         runs, active = self.profile_state()
         doc = snapshot.build(self.shared, self.limiter, self.settings, self.hub,
-                             self.started_at, runs, active)
+                             self.started_at, runs, active, self.cluster)
         return 200, _JSON, orjson.dumps(doc, option=orjson.OPT_INDENT_2)
 
     def profile(self, query: dict[str, list[str]]) -> tuple[int, str, bytes]:

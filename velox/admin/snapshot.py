@@ -57,7 +57,8 @@ def worker_states(hub: ControlHub | None, slots: list[int],
 
 
 def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | None,
-          started_at: float, profile_runs: int, profile_active: bool) -> dict[str, Any]:
+          started_at: float, profile_runs: int, profile_active: bool,
+          cluster: Any = None) -> dict[str, Any]:
     """The /stats document. `started_at` is the supervisor's start in time.time()."""
     rows = shared.counters.snapshot()
     totals = shared.counters.totals()
@@ -71,6 +72,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         fields = ROUTE_STATUS_FIELD[route]
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
+    limited = bool(getattr(limiter, "enabled", bucket is not None))  # shared (Redis) mode too
     now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
     workers = []
     for slot in serving:
@@ -120,10 +122,10 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "embeddings": embeddings_batches(totals),
         },
         "rate_limit": {
-            "enabled": bucket is not None,
-            "rpm": bucket.rate_per_minute if bucket is not None else None,
-            "burst": bucket.burst if bucket is not None else None,
-            "available": bucket.available() if bucket is not None else None,
+            "enabled": limited,
+            "rpm": limiter.rate_per_minute if limited else None,
+            "burst": limiter.burst if limited else None,
+            "available": limiter.available() if limited else None,
             "rejected": totals[F.REJECT_RATE_LIMITED],
         },
         "upstream": {
@@ -150,6 +152,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "keys": shared.keys.snapshot(),
         "tokens": [{"key": key, "route": route, "input": inp, "output": out}
                    for key, route, inp, out in shared.token_rows()],
+        # VELOX_REDIS_URL: the refresher's state (velox.cluster.Cluster.metrics); else None.
+        "redis": cluster.metrics() if cluster is not None else None,
     }
 
 
