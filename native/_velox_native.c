@@ -1925,6 +1925,17 @@ static PyObject *Limits_active(LimitsObject *self, PyObject *arg)
     return PyLong_FromLongLong(vx_limits_active(self->l, i));
 }
 
+PyDoc_STRVAR(Limits_entered_doc, "entered($self, i, /)\n--\n\n"
+                                 "Places of gauge i ever taken (a counter: admitted requests).");
+
+static PyObject *Limits_entered(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_entered(self->l, i));
+}
+
 PyDoc_STRVAR(Limits_held_doc, "held($self, i, slot, /)\n--\n\n"
                               "Places of gauge i held by the worker in `slot`.");
 
@@ -1948,6 +1959,50 @@ static PyObject *Limits_forget_slot(LimitsObject *self, PyObject *arg)
     if (limits_slot(self, arg, &slot) < 0)
         return NULL;
     return PyLong_FromLongLong(vx_limits_forget_slot(self->l, slot));
+}
+
+/* An entry index or -1 ("skip this step"), else IndexError. */
+static int limits_index_or_skip(LimitsObject *self, PyObject *o, const char *name, int64_t *i)
+{
+    int overflow;
+    if (to_i64(o, i, &overflow) < 0)
+        return -1;
+    if (overflow || *i < -1 || *i >= self->l->n) {
+        PyErr_Format(PyExc_IndexError, "%s %R out of range: -1 (skip) or [0, %lld)", name, o,
+                     (long long)self->l->n);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Limits_admit_doc,
+             "admit($self, req_i, tok_i, tokens, gauge_i, limit, slot, now_us=None, /)\n--\n\n"
+             "One admission in one call: take 1 from bucket req_i, then `tokens` from bucket\n"
+             "tok_i, then a place of gauge gauge_i (limit, slot); an index of -1 skips its step.\n"
+             "All or nothing. Admitted: a negative number whose complement (~result) holds the\n"
+             "whole tokens left in req_i (low 32 bits) and in tok_i (the bits above). Refused:\n"
+             "wait_us * 4 + reason (> 0), where reason is ADMIT_REQUESTS, ADMIT_TOKENS or\n"
+             "ADMIT_PARALLEL and wait_us what take() answered (0 for never; 1 s for a full gauge).");
+
+static PyObject *Limits_admit(LimitsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t req_i, tok_i, tokens, gauge_i, limit, slot, now;
+    if (check_nargs("admit", nargs, 6, 7) < 0 ||
+        limits_index_or_skip(self, args[0], "req_i", &req_i) < 0 ||
+        limits_index_or_skip(self, args[1], "tok_i", &tok_i) < 0 ||
+        arg_in_range(args[2], "tokens", 0, VX_LIMITS_MAX_TOKENS, &tokens) < 0 ||
+        limits_index_or_skip(self, args[3], "gauge_i", &gauge_i) < 0 ||
+        arg_in_range(args[4], "limit", INT64_MIN, INT64_MAX, &limit) < 0 ||
+        limits_slot(self, args[5], &slot) < 0 || limits_now(args, nargs, 6, &now) < 0)
+        return NULL;
+    int reason = VX_ADMIT_OK;
+    int64_t left_req, left_tok;
+    int64_t wait = vx_limits_admit(self->l, req_i, tok_i, tokens, gauge_i, limit, slot, now,
+                                   &reason, &left_req, &left_tok);
+    if (reason == VX_ADMIT_OK) /* both < 2^30 (bursts <= 10^9): the packing cannot overflow */
+        return PyLong_FromLongLong(~(left_req | (left_tok << 32)));
+    /* wait <= 2^33 us for any bucket (need <= 6e17 units at rate >= 1): no overflow. */
+    return PyLong_FromLongLong((wait > 0 ? wait : 0) * 4 + reason);
 }
 
 PyDoc_STRVAR(Limits_hammer_doc,
@@ -1996,7 +2051,9 @@ static PyMethodDef Limits_methods[] = {
     {"leave", FASTCALL(Limits_leave), METH_FASTCALL, Limits_leave_doc},
     {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},
     {"held", FASTCALL(Limits_held), METH_FASTCALL, Limits_held_doc},
+    {"entered", (PyCFunction)Limits_entered, METH_O, Limits_entered_doc},
     {"forget_slot", (PyCFunction)Limits_forget_slot, METH_O, Limits_forget_slot_doc},
+    {"admit", FASTCALL(Limits_admit), METH_FASTCALL, Limits_admit_doc},
     {"_hammer", FASTCALL(Limits_hammer), METH_FASTCALL, Limits_hammer_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -2079,6 +2136,9 @@ static const struct {
     {"UP_COUNTERS", VX_UP_COUNTERS},
     {"LIMITS_NEVER", (int)VX_LIMITS_NEVER},
     {"LIMITS_LEASE_WAIT_US", (int)VX_LIMITS_LEASE_WAIT_US},
+    {"ADMIT_REQUESTS", VX_ADMIT_REQUESTS},
+    {"ADMIT_TOKENS", VX_ADMIT_TOKENS},
+    {"ADMIT_PARALLEL", VX_ADMIT_PARALLEL},
 };
 
 static PyMethodDef module_methods[] = {

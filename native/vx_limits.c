@@ -302,6 +302,7 @@ bool vx_limits_enter(vx_limits *l, int64_t i, int64_t limit, int64_t slot)
     }
     /* Only this slot's process writes its row while it lives: a plain fetch_add. */
     atomic_fetch_add_explicit(&vx_limits_held(l, slot)[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->entered, 1, memory_order_relaxed); /* a counter: relaxed */
     return true;
 }
 
@@ -320,6 +321,11 @@ bool vx_limits_leave(vx_limits *l, int64_t i, int64_t slot)
 int64_t vx_limits_active(const vx_limits *l, int64_t i)
 {
     return atomic_load_explicit(&l->e[i].active, memory_order_relaxed);
+}
+
+int64_t vx_limits_entered(const vx_limits *l, int64_t i)
+{
+    return atomic_load_explicit(&l->e[i].entered, memory_order_relaxed);
 }
 
 int64_t vx_limits_held_by(vx_limits *l, int64_t i, int64_t slot)
@@ -343,4 +349,42 @@ int64_t vx_limits_forget_slot(vx_limits *l, int64_t slot)
         }
     }
     return total;
+}
+
+int64_t vx_limits_admit(vx_limits *l, int64_t req_i, int64_t tok_i, int64_t tokens,
+                        int64_t gauge_i, int64_t limit, int64_t slot, int64_t now_us,
+                        int *reason, int64_t *left_req, int64_t *left_tok)
+{
+    int64_t wait;
+    *left_req = *left_tok = 0;
+    if (req_i >= 0 && (wait = vx_limits_take(l, req_i, 1, now_us)) != 0) {
+        *reason = VX_ADMIT_REQUESTS;
+        return wait;
+    }
+    if (tok_i >= 0 && tokens > 0 && (wait = vx_limits_take(l, tok_i, tokens, now_us)) != 0) {
+        if (req_i >= 0)
+            vx_limits_refund(l, req_i, 1);
+        *reason = VX_ADMIT_TOKENS;
+        return wait;
+    }
+    if (gauge_i >= 0 && !vx_limits_enter(l, gauge_i, limit, slot)) {
+        if (req_i >= 0)
+            vx_limits_refund(l, req_i, 1);
+        if (tok_i >= 0 && tokens > 0)
+            vx_limits_refund(l, tok_i, tokens);
+        *reason = VX_ADMIT_PARALLEL;
+        return VX_LIMITS_PARALLEL_WAIT_US;
+    }
+    *reason = VX_ADMIT_OK;
+    /* What is left right after the takes (their refills are current: no projection needed).
+     * Relaxed loads: a header value, approximate under concurrency by nature. */
+    if (req_i >= 0) {
+        int64_t units = atomic_load_explicit(&l->e[req_i].level, memory_order_relaxed);
+        *left_req = units > 0 ? units / U : 0;
+    }
+    if (tok_i >= 0 && tokens > 0) {
+        int64_t units = atomic_load_explicit(&l->e[tok_i].level, memory_order_relaxed);
+        *left_tok = units > 0 ? units / U : 0;
+    }
+    return 0;
 }

@@ -79,6 +79,7 @@ typedef struct vx_limit {
     _Atomic uint64_t config;                      /* rate | burst << 32; 0: never configured */
     _Atomic int64_t taken;                        /* tokens taken or charged, minus refunds */
     _Atomic int64_t active;                       /* places held across the gateway */
+    _Atomic int64_t entered;                      /* places ever taken (a counter) */
 } vx_limit;
 
 typedef struct vx_limits {
@@ -145,6 +146,24 @@ int64_t vx_limits_taken(const vx_limits *l, int64_t i);
 /* Credit the time since the last refill to entry i (exposed for tests; take calls it). */
 void vx_limits_refill(vx_limits *l, int64_t i, int64_t now_us);
 
+/* What vx_limits_admit refused on. */
+enum { VX_ADMIT_OK = 0, VX_ADMIT_REQUESTS = 1, VX_ADMIT_TOKENS = 2, VX_ADMIT_PARALLEL = 3 };
+/* vx_limits_admit's wait for a full gauge: places come back as requests end, at no known
+ * time; a second is what Retry-After says. */
+#define VX_LIMITS_PARALLEL_WAIT_US INT64_C(1000000)
+
+/* One admission in one call (the keys stage's per-request path): take 1 from bucket req_i
+ * (skipped when req_i < 0), then `tokens` from bucket tok_i (skipped when tok_i < 0 or
+ * tokens < 1), then a place of gauge gauge_i with `limit` for `slot` (skipped when
+ * gauge_i < 0). All or nothing: a refusal gives back what the earlier steps took (refund).
+ * Returns 0 and *reason VX_ADMIT_OK when admitted; else the refusing step's wait (as take(),
+ * VX_LIMITS_PARALLEL_WAIT_US for the gauge) and *reason says which step refused. When
+ * admitted, *left_req and *left_tok are the whole tokens left in buckets req_i and tok_i
+ * (0 for a skipped step; never negative): the x-ratelimit-remaining-* headers. */
+int64_t vx_limits_admit(vx_limits *l, int64_t req_i, int64_t tok_i, int64_t tokens,
+                        int64_t gauge_i, int64_t limit, int64_t slot, int64_t now_us,
+                        int *reason, int64_t *left_req, int64_t *left_tok);
+
 /* Take one place of gauge i for the process in `slot`: false (nothing taken) when `limit`
  * places are held already. limit <= 0: no limit (the gauge only counts). */
 bool vx_limits_enter(vx_limits *l, int64_t i, int64_t limit, int64_t slot);
@@ -153,8 +172,9 @@ bool vx_limits_enter(vx_limits *l, int64_t i, int64_t limit, int64_t slot);
  * gauge i: a second leave for one enter is harmless. */
 bool vx_limits_leave(vx_limits *l, int64_t i, int64_t slot);
 
-/* Places held across the gateway, and by one slot. */
+/* Places held across the gateway, and by one slot; places ever taken. */
 int64_t vx_limits_active(const vx_limits *l, int64_t i);
+int64_t vx_limits_entered(const vx_limits *l, int64_t i);
 int64_t vx_limits_held_by(vx_limits *l, int64_t i, int64_t slot);
 
 /* Give back every place the (dead) process in `slot` held; returns how many. Call it only

@@ -290,6 +290,9 @@ class Rendezvous:
 
 LIMITS_NEVER: Final[int]  # -1: Limits.take can never succeed (n > burst, or unconfigured)
 LIMITS_LEASE_WAIT_US: Final[int]  # 1000000: take's answer for a leased bucket short of tokens
+ADMIT_REQUESTS: Final[int]  # 1: Limits.admit refused on the request bucket
+ADMIT_TOKENS: Final[int]  # 2: ... on the token bucket
+ADMIT_PARALLEL: Final[int]  # 3: ... on the gauge (max_parallel)
 
 @final
 class Limits:
@@ -351,8 +354,20 @@ class Limits:
         """Places of gauge i held across the gateway."""
     def held(self, i: int, slot: int, /) -> int:
         """Places of gauge i held by the worker in slot."""
+    def entered(self, i: int, /) -> int:
+        """Places of gauge i ever taken (a counter: requests admitted)."""
     def forget_slot(self, slot: int, /) -> int:
         """Give back every place held by the (dead) worker of slot; returns how many."""
+    def admit(self, req_i: int, tok_i: int, tokens: int, gauge_i: int, limit: int, slot: int,
+              now_us: int | None = None, /) -> int:
+        """One admission in one call (the keys stage's per-request path): take 1 from bucket
+        req_i, then `tokens` (>= 0) from bucket tok_i, then a place of gauge gauge_i (limit,
+        slot); an index of -1 skips its step. All or nothing: a refusal refunds what the
+        earlier steps took. Admitted: a negative number; ~result holds the whole tokens left
+        in req_i (low 32 bits) and in tok_i (the bits above), 0 for a skipped step (for the
+        x-ratelimit-remaining-* headers). Refused: wait_us * 4 + reason > 0 (ADMIT_REQUESTS,
+        ADMIT_TOKENS, ADMIT_PARALLEL); wait_us is take()'s answer (0 for never) or 1 s for a
+        full gauge."""
     # Test hook, not API.
     def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at

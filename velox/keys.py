@@ -10,8 +10,9 @@ client auth) passes untouched with `request.key = -1`. For a keyed request, in o
      SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`.
   2. `rpm`: one token of the key's request bucket.
   3. `tpm` (model calls only): the request's estimated tokens (velox.usage.estimate when it
-     exists; until then the interim estimate below), capped at the key's tpm so that one large
-     request can still pass a full bucket; the difference to the real usage is settled later
+     exists; until then the interim estimate below), at least 1 (a key in debt is refused
+     whatever the request) and at most the key's tpm (one large request can still pass a full
+     bucket); the difference to the real usage is settled later
      (`Ticket.settle`), and over-use becomes debt the key's next requests repay first.
   4. `max_parallel`: one place of the key's gauge (every key's gauge counts, so /stats shows
      each key's requests in flight; only keys with max_parallel refuse).
@@ -43,7 +44,7 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
-from velox._native import Counters, Limits
+from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters, Limits
 from velox._types import Request, Route
 from velox.errors import ModelNotAllowed, RateLimited
 from velox.route import caller_of
@@ -58,13 +59,13 @@ MAX_KEYS = 4096  # the shared counters hold at most 4096 fields per row
 
 
 class KF(IntEnum):
-    """Per-key counters (one native Counters per field, field = key index)."""
+    """Per-key refusal counters (one native Counters per field, field = key index). Admitted
+    requests are counted natively, by the gauge (Limits.entered)."""
 
-    REQUESTS = 0  # admitted
-    REFUSED_RPM = 1
-    REFUSED_TPM = 2
-    REFUSED_PARALLEL = 3
-    REFUSED_MODEL = 4
+    REFUSED_RPM = 0
+    REFUSED_TPM = 1
+    REFUSED_PARALLEL = 2
+    REFUSED_MODEL = 3
 
 
 REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in order
@@ -72,7 +73,8 @@ REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in ord
 
 # --- the interim token estimate (INTERIM: replaced by velox.usage.estimate) -------------------
 
-_MAX_TOKENS = re.compile(rb'"max(?:_completion)?_tokens"\s*:\s*(\d{1,9})')
+# A literal prefix ("max_) lets the regex engine skip ahead with a fast search.
+_MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d{1,9})')
 
 
 def interim_estimate(request: Request) -> int:
@@ -153,7 +155,7 @@ class SharedKeys:
                 "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
                 "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
                 "active": limits.active(rpm_index(i)),
-                "requests": totals[KF.REQUESTS][i],
+                "requests": limits.entered(rpm_index(i)),
                 "refused": {reason: totals[KF.REFUSED_RPM + n][i]
                             for n, reason in enumerate(REFUSAL_REASONS)},
             })
@@ -169,22 +171,19 @@ class Ticket:
     corrects the reservation once: tokens not used go back, over-use is charged (debt).
     Until settle is called, the reservation stays charged."""
 
-    __slots__ = ("limits", "key", "slot", "reserved", "released", "settled")
+    __slots__ = ("key", "reserved", "released", "settled")
 
-    def __init__(self, limits: Limits, key: int, slot: int, reserved: int,
-                 metered: bool) -> None:
-        self.limits = limits
+    def __init__(self, key: _Key, reserved: int) -> None:
         self.key = key
-        self.slot = slot
         self.reserved = reserved
         self.released = False
-        self.settled = not metered  # a key without tpm has no token bucket to settle
+        self.settled = key.tok_i < 0  # a key without tpm has no token bucket to settle
 
     def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        self.limits.leave(rpm_index(self.key), self.slot)
+        if not self.released:
+            self.released = True
+            key = self.key
+            key.limits.leave(key.rpm_i, key.slot)
 
     def settle(self, tokens_used: int) -> None:
         """The request really used `tokens_used` tokens (>= 0); call once, at any time
@@ -192,20 +191,23 @@ class Ticket:
         if self.settled:
             return
         self.settled = True
+        key = self.key
         diff = tokens_used - self.reserved
         if diff > 0:
-            self.limits.charge(tpm_index(self.key), diff)
+            key.limits.charge(key.tok_i, diff)
         elif diff < 0:
-            self.limits.refund(tpm_index(self.key), -diff)
+            key.limits.refund(key.tok_i, -diff)
 
 
 class _Key:
     """One key as the stage uses it (per worker)."""
 
     __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
-                 "rpm_value", "tpm_value")
+                 "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot")
 
-    def __init__(self, index: int, spec: KeySpec) -> None:
+    def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int) -> None:
+        self.limits = limits
+        self.slot = slot
         self.index = index
         self.name = spec.name
         self.rpm = spec.rpm
@@ -216,6 +218,10 @@ class _Key:
         self.tpm_i = tpm_index(index)
         self.rpm_value = b"%d" % spec.rpm
         self.tpm_value = b"%d" % spec.tpm
+        # Limits.admit's indexes: -1 skips a bucket the key does not have.
+        self.req_i = self.rpm_i if spec.rpm else -1
+        self.tok_i = self.tpm_i if spec.tpm else -1
+        self.headers = bool(spec.rpm or spec.tpm)
 
 
 _LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
@@ -230,7 +236,8 @@ class KeyStage:
     __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count", "wanted")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
-        self.keys = tuple(_Key(i, spec) for i, spec in enumerate(tables.keys))
+        self.keys = tuple(_Key(i, spec, shared.limits, slot)
+                          for i, spec in enumerate(tables.keys))
         self.by_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
         self.limits = shared.limits
         self.slot = slot
@@ -241,6 +248,10 @@ class KeyStage:
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
         by_digest = self.by_digest
+        admit = self.limits.admit
+        named = self.named_routes
+        slot = self.slot
+        model_call = Route.MODEL_CALL
         out: list[Request] = []
         for request in requests:
             caller = request.caller
@@ -249,65 +260,75 @@ class KeyStage:
                 out.append(request)
                 continue
             request.key = key.index
-            if self._admit(request, key):
-                out.append(request)
+            allowed = key.allowed
+            model = request.model
+            if allowed is not None and model is not None and \
+                    (model if model in named else CATCH_ALL) not in allowed:
+                self._refuse_model(request, key, model)
+                continue
+            reserved = 0
+            tok_i = key.tok_i
+            if tok_i >= 0:
+                if request.route is model_call:
+                    # At least one token, so a key in debt is refused however small the
+                    # request; at most the tpm, so a large one can still pass a full bucket.
+                    reserved = estimate(request)
+                    reserved = key.tpm if reserved > key.tpm else reserved if reserved > 0 else 1
+                else:
+                    tok_i = -1  # forwarded calls (GET /v1/models, files...) carry no tokens
+            # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
+            code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
+            if code >= 0:
+                if code & 3 == ADMIT_TOKENS:  # for the Redis refresher's next lease
+                    self.wanted(0, tok_i, reserved)
+                self._refuse_limit(request, key, code)
+                continue
+            request.ticket = Ticket(key, reserved)
+            if key.headers:
+                left = ~code
+                extra = []
+                if key.rpm:
+                    extra += ((_LIMIT_REQUESTS, key.rpm_value),
+                              (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF)))
+                if tok_i >= 0:
+                    extra += ((_LIMIT_TOKENS, key.tpm_value),
+                              (_REMAINING_TOKENS, b"%d" % (left >> 32)))
+                request.extra_headers = extra
+            out.append(request)
         return out
 
-    def _admit(self, request: Request, key: _Key) -> bool:
-        limits, slot = self.limits, self.slot
-        allowed = key.allowed
-        model = request.model
-        if allowed is not None and model is not None and \
-                (model if model in self.named_routes else CATCH_ALL) not in allowed:
-            self._headers(request, key)
-            self.count[KF.REFUSED_MODEL](slot, key.index, 1)
-            request.conn.respond_error(request, ModelNotAllowed(
-                f"The gateway key {key.name!r} may not use the model {model!r}.",
-                param="model"))
-            return False
-        if key.rpm:
-            wait = limits.take(key.rpm_i, 1)
-            if wait:
-                self._refuse(request, key, KF.REFUSED_RPM, wait, "requests per minute (rpm)",
-                             key.rpm)
-                return False
-        reserved = 0
-        if key.tpm and request.route is Route.MODEL_CALL:
-            reserved = min(estimate(request), key.tpm)
-            if reserved > 0:
-                wait = limits.take(key.tpm_i, reserved)
-                if wait:
-                    self.wanted(0, key.tpm_i, reserved)  # for the Redis refresher's next lease
-                    if key.rpm:
-                        limits.refund(key.rpm_i, 1)
-                    self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)",
-                                 key.tpm)
-                    return False
-        if not limits.enter(key.rpm_i, key.max_parallel, slot):
-            if key.rpm:
-                limits.refund(key.rpm_i, 1)
-            if reserved:
-                limits.refund(key.tpm_i, reserved)
-            self._refuse(request, key, KF.REFUSED_PARALLEL, 1_000_000,
+    def _refuse_model(self, request: Request, key: _Key, model: str) -> None:
+        self._headers(request, key)
+        self.count[KF.REFUSED_MODEL](self.slot, key.index, 1)
+        request.conn.respond_error(request, ModelNotAllowed(
+            f"The gateway key {key.name!r} may not use the model {model!r}.", param="model"))
+
+    def _refuse_limit(self, request: Request, key: _Key, code: int) -> None:
+        reason, wait = code & 3, code >> 2
+        if reason == ADMIT_REQUESTS:
+            self._refuse(request, key, KF.REFUSED_RPM, wait, "requests per minute (rpm)",
+                         key.rpm)
+        elif reason == ADMIT_TOKENS:
+            self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)", key.tpm)
+        else:
+            assert reason == ADMIT_PARALLEL
+            self._refuse(request, key, KF.REFUSED_PARALLEL, wait,
                          "requests in flight (max_parallel)", key.max_parallel)
-            return False
-        request.ticket = Ticket(limits, key.index, slot, reserved, key.tpm > 0)
-        self.count[KF.REQUESTS](slot, key.index, 1)
-        if key.rpm or key.tpm:
-            self._headers(request, key)
-        return True
 
     def _headers(self, request: Request, key: _Key) -> None:
-        limits = self.limits
+        """The x-ratelimit-* headers of a refused request (read from the buckets)."""
+        level = self.limits.level
         extra = request.extra_headers
         if extra is None:
             extra = request.extra_headers = []
         if key.rpm:
-            extra.append((_LIMIT_REQUESTS, key.rpm_value))
-            extra.append((_REMAINING_REQUESTS, b"%d" % max(0, limits.level(key.rpm_i))))
+            remaining = level(key.rpm_i)
+            extra += ((_LIMIT_REQUESTS, key.rpm_value),
+                      (_REMAINING_REQUESTS, b"%d" % remaining if remaining > 0 else b"0"))
         if key.tpm:
-            extra.append((_LIMIT_TOKENS, key.tpm_value))
-            extra.append((_REMAINING_TOKENS, b"%d" % max(0, limits.level(key.tpm_i))))
+            remaining = level(key.tpm_i)
+            extra += ((_LIMIT_TOKENS, key.tpm_value),
+                      (_REMAINING_TOKENS, b"%d" % remaining if remaining > 0 else b"0"))
 
     def _refuse(self, request: Request, key: _Key, field: KF, wait_us: int, what: str,
                 limit: int) -> None:

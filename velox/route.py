@@ -106,12 +106,15 @@ class Auth:
     SHA-256 of what was presented: one set lookup, whatever the number of keys); both kinds
     may be combined. With either, the client's own credential never goes upstream."""
 
-    __slots__ = ("_client_keys", "_key_digests", "_upstream_value")
+    __slots__ = ("_client_keys", "_key_digests", "_digests", "_upstream_value")
 
     def __init__(self, settings: Settings) -> None:
         self._client_keys = tuple(k.encode() for k in settings.api_keys)
         tables = settings.tables
         self._key_digests = frozenset(k.digest for k in tables.keys) if tables else frozenset()
+        # Presented [[key]] → its digest, for keys already seen valid: a dict lookup instead of
+        # a SHA-256 per request. Bounded (cleared when full); unknown keys are never kept.
+        self._digests: dict[bytes, bytes] = {}
         key = settings.upstream_api_key
         self._upstream_value = b"Bearer " + key.encode() if key else None
 
@@ -132,9 +135,15 @@ class Auth:
         if scheme.lower() == b"bearer" and presented:
             digest = None
             if self._key_digests:
+                digest = self._digests.get(presented)
+                if digest is not None:
+                    return digest
                 # A set lookup of the digest: timing can tell nothing about the key itself.
                 digest = hashlib.sha256(presented).digest()
                 if digest in self._key_digests:
+                    if len(self._digests) >= _DIGESTS_MAX:
+                        self._digests.clear()
+                    self._digests[presented] = digest
                     return digest
             # Constant-time compare against every key so timing reveals neither key nor index.
             matched = False
@@ -179,6 +188,7 @@ class Auth:
 
 
 _CREDENTIALS = (b"authorization", b"api-key")
+_DIGESTS_MAX = 4096  # distinct valid keys remembered per worker (Auth._digests)
 
 
 def caller_of(request: Request) -> bytes:

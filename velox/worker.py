@@ -3,8 +3,8 @@
 Ingress pushes complete requests onto this worker's ring. The first push of a loop pass
 schedules one `drain` (not one per request), which pops micro-batches of up to
 VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
-parse (400s), one `acquire_up_to` on the shared token bucket for the whole batch (429s for the
-tail), routing, then the egress pool encodes every admitted request and writes each upstream
+parse (400s), gateway keys (velox.keys: 403/429 per `[[key]]`), one `acquire_up_to` on the
+shared token bucket for the whole batch (429s for the tail), routing, then the egress pool encodes every admitted request and writes each upstream
 connection's frames once. Answers come back through the relay. A body of
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.

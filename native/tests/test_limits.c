@@ -206,6 +206,45 @@ static void test_gauges(void)
     vx_limits_destroy(l);
 }
 
+static void test_admit(void)
+{
+    vx_limits *l = vx_limits_create(4, 2);
+    if (l == NULL) {
+        failures++;
+        return;
+    }
+    int reason = -1;
+    int64_t lr = -1, lt = -1;
+    CHECK(vx_limits_configure(l, 0, 60, 2, T0));   /* requests: 2, one per second */
+    CHECK(vx_limits_configure(l, 1, 600, 100, T0)); /* tokens: 100, ten per second */
+    CHECK(vx_limits_admit(l, 0, 1, 60, 0, 1, 1, T0, &reason, &lr, &lt) == 0);
+    CHECK(reason == VX_ADMIT_OK && lr == 1 && lt == 40);
+    CHECK(vx_limits_active(l, 0) == 1 && vx_limits_held_by(l, 0, 1) == 1);
+    CHECK(vx_limits_entered(l, 0) == 1);
+    /* Tokens short (40 left, 60 asked): refused, the request token given back. */
+    CHECK(vx_limits_admit(l, 0, 1, 60, 2, 0, 1, T0, &reason, &lr, &lt) == 2000000);
+    CHECK(reason == VX_ADMIT_TOKENS);
+    CHECK(vx_limits_level(l, 0, T0) == 1 && vx_limits_level(l, 1, T0) == 40);
+    CHECK(vx_limits_taken(l, 0) == 1 && vx_limits_taken(l, 1) == 60);
+    /* Gauge full (limit 1 held): refused, request and tokens given back. */
+    CHECK(vx_limits_admit(l, 0, 1, 30, 0, 1, 0, T0, &reason, &lr, &lt) == VX_LIMITS_PARALLEL_WAIT_US);
+    CHECK(reason == VX_ADMIT_PARALLEL);
+    CHECK(vx_limits_level(l, 0, T0) == 1 && vx_limits_level(l, 1, T0) == 40);
+    CHECK(vx_limits_active(l, 0) == 1);
+    /* Requests short. */
+    CHECK(vx_limits_admit(l, 0, -1, 0, -1, 0, 0, T0, &reason, &lr, &lt) == 0);
+    CHECK(vx_limits_admit(l, 0, 1, 1, 2, 0, 0, T0, &reason, &lr, &lt) == 1000000);
+    CHECK(reason == VX_ADMIT_REQUESTS && vx_limits_level(l, 1, T0) == 40);
+    /* Every step skipped: admitted, nothing touched. */
+    CHECK(vx_limits_admit(l, -1, -1, 5, -1, 0, 0, T0, &reason, &lr, &lt) == 0);
+    CHECK(reason == VX_ADMIT_OK && lr == 0 && lt == 0);
+    CHECK(vx_limits_entered(l, 0) == 1); /* refused admissions entered nothing */
+    /* Never: more tokens than the burst. */
+    CHECK(vx_limits_admit(l, -1, 1, 101, -1, 0, 0, T0, &reason, &lr, &lt) == VX_LIMITS_NEVER);
+    CHECK(reason == VX_ADMIT_TOKENS);
+    vx_limits_destroy(l);
+}
+
 /* ---- contention ---- */
 
 #define THREADS 4
@@ -406,6 +445,7 @@ int main(void)
     test_debt();
     test_leased();
     test_gauges();
+    test_admit();
     test_threads_frozen_clock();
     test_threads_fake_clock();
     test_threads_gauge();

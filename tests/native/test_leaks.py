@@ -182,8 +182,8 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
 
 
 def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
-    # The per-request calls of the keys stage (velox.keys): take / enter / leave / refund /
-    # charge / level, a million times, plus errors with a big argument.
+    # The per-request calls of the keys stage (velox.keys): take / admit / enter / leave /
+    # refund / charge / level, a million times, plus errors with a big argument.
     lim = Limits(3, slots=4)
     lim.configure(0, 10**9, 10**9)
     lim.configure(1, 10**9, 10**9)
@@ -195,6 +195,8 @@ def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
     for i in range(1_000_000):
         lim.take(i % 2, 3)
         if lim.enter(2, 8, i % 4):
+            lim.leave(2, i % 4)
+        if lim.admit(0, 1, 2, 2, 8, i % 4) < 0:
             lim.leave(2, i % 4)
         lim.refund(1, 1)
         lim.charge(1, 1)
