@@ -279,8 +279,8 @@ class KeyStage:
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
             code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
-                if code & 3 == ADMIT_TOKENS:
-                    self.wanted(0, tok_i, reserved)  # for the Redis refresher's next lease
+                if code & 3 == ADMIT_TOKENS:  # for the Redis refresher's next lease
+                    self.wanted(0, tok_i, reserved)
                 self._refuse_limit(request, key, code)
                 continue
             request.ticket = Ticket(key, reserved)

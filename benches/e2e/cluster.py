@@ -283,12 +283,7 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     upper = plan.burst + rate_s * span + stated
     if outage_s:
         upper += rate_s * 1.0
-    # Fewer only by what the hosts hold unused at the end (one lease each) and what refilled
-    # in Redis that no host had asked for yet (a host waits up to a lease's time after a
-    # short grant): at most one lease cap per host each.
-    lower = plan.burst + rate_s * raw["last_send_s"] - 2 * stated - (1 if not plan.redis else 0)
-    if outage_s:
-        lower -= rate_s * 2.0  # detection (a call's timeout) and the reconnect after restart
+    lower = lower_bound(plan, raw["last_send_s"], stated)
     recovered: dict[str, float | None] = {}
     if plan.outage and plan.redis and raw["samples"]:
         restarted = raw["events"].get("restarted", plan.outage[1])
@@ -326,6 +321,22 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
                               + (plan.tpm / 60 if outage_s else 0), 1)
         if plan.tpm else None,
     }
+
+
+def lower_bound(plan: Plan, last_send_s: float, stated: int) -> float:
+    """The fewest admissions the run may show under a demand above the limit.
+
+    Fewer than the burst plus the refill only by what the hosts hold unused at the end (one
+    lease each) and what refilled in Redis that no host had asked for yet (a host waits up to
+    a lease's time after a short grant): one lease cap per host each. With an outage the
+    burst does not count: tokens still in Redis when it is killed die with its data (a key's
+    minute-long burst is not spent in the first 20 s at 3x), and detection (a call's timeout)
+    and the reconnect after the restart take up to 2 s of the refill.
+    """
+    rate_s = plan.rpm / 60
+    if plan.outage and plan.redis:
+        return rate_s * (last_send_s - 2.0) - 2 * stated
+    return plan.burst + rate_s * last_send_s - 2 * stated - (1 if not plan.redis else 0)
 
 
 def window(doc: dict[str, Any], start: int, end: int) -> int:
