@@ -288,7 +288,7 @@ class Rendezvous:
     def first(self, key_hash: int, /) -> int:
         """rank(key_hash)[0]."""
 
-# Shared response cache store (vx_cache). The public face is the cache stage (velox/cache*.py).
+# Shared response cache store (vx_cache), used by the worker's cache stage.
 @final
 class SharedCache:
     """The gateway-wide response cache store: one exact LRU of (32-byte key -> bytes) with
@@ -296,7 +296,8 @@ class SharedCache:
 
     One anonymous shared mapping, created before fork(): one cache for the parent and every
     child. Its memory (index, markers and entries) is bounded by capacity_bytes plus 512
-    bytes; pages are resident only once used. Entries are chains of 512-byte blocks (the
+    bytes (the header; the kernel rounds the mapping up to whole pages); pages are resident
+    only once used. Entries are chains of 512-byte blocks (the
     first carries a 72-byte header), so `stats()["bytes"]` counts values plus that overhead.
     Keys are exactly 32 bytes (any bytes-like object; ValueError for another length). Values
     are any bytes-like object. Times are CLOCK_MONOTONIC milliseconds supplied by the caller

@@ -333,6 +333,50 @@ def test_processes_hammering_one_cache_keep_invariants() -> None:
     assert c._check() == 0
 
 
+def test_exactly_one_leader_per_key_across_processes() -> None:
+    # Cross-worker coalescing: processes racing to claim the same keys (each in its own
+    # shuffled order) get exactly one leader per key; everyone else is counted as a waiter.
+    c = SharedCache(1 * MB)
+    keys = [key(f"race {i}") for i in range(200)]
+    procs = 4
+    go_r, go_w = os.pipe()
+
+    def racer(seed: int) -> list[int]:
+        import random
+
+        order = list(range(len(keys)))
+        random.Random(seed).shuffle(order)
+        os.read(go_r, 1)  # start together
+        return [i for i in order if c.claim(keys[i], T0, DAY)]
+
+    children = []
+    for seed in range(procs):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                os.write(w, repr(racer(seed)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        children.append((pid, r))
+    os.write(go_w, b"x" * procs)
+    led: list[int] = []
+    for pid, r in children:
+        chunks = []
+        while chunk := os.read(r, 1 << 16):
+            chunks.append(chunk)
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        led += ast.literal_eval(b"".join(chunks).decode())
+    os.close(go_r)
+    os.close(go_w)
+    assert sorted(led) == list(range(len(keys)))  # each key led once, by one process
+    assert all(c.waiting(k) == procs - 1 for k in keys)
+    assert c.stats()["markers"] == len(keys)
+
+
 def test_killed_lock_holder_does_not_wedge_the_others() -> None:
     c = SharedCache(1 * MB)
     assert c.put(key("before"), b"old", T0, DAY)
@@ -426,3 +470,20 @@ def test_memory_stays_within_the_bound_when_filled_far_past_it() -> None:
     # own churn (the values were built and dropped one by one).
     assert grown <= cap + 4 * MB, (grown, cap)
     assert c._check() == 0
+
+
+def test_hit_rate_simulation_smoke() -> None:
+    # benches/cache_sim.py on a small stream: the shared LRU misses each prompt once for the
+    # gateway, so with room for every answer it reaches the best possible hit rate, while
+    # per-worker caches miss each prompt once per worker; the native store replays the same.
+    from benches.cache_sim import simulate
+
+    r = simulate(requests=20_000, repeat=0.5, cap=64 * MB, seed=3)
+    rows = {(x["workers"], x["design"]): x for x in r["rows"]}
+    best = r["max_hit_rate"]
+    assert rows[(1, "shared")]["hit_rate"] == best
+    assert rows[(4, "shared (native SharedCache)")]["hit_rate"] == best
+    assert rows[(4, "per-worker C")]["hit_rate"] < best - 0.05
+    assert rows[(4, "per-worker C")]["held_more_than_once"] > 0
+    assert rows[(8, "per-worker C/N")]["hit_rate"] < rows[(2, "per-worker C/N")]["hit_rate"]
+    assert all(x["upstream_calls"] + x["upstream_calls_saved"] == 20_000 for x in r["rows"])
