@@ -45,7 +45,7 @@ DEFAULT_BODY_TIMEOUT_MS = 30_000
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
 
-EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx")
+EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx", "native")
 QUEUE_CHOICES = ("ring", "asyncio")
 PROTOCOL_CHOICES = ("auto", "h2", "http1")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -227,7 +227,7 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_API_KEYS", "api_keys", _key_list, "",
           "comma-separated keys clients must present (empty: no client auth)", secret=True),
     Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "framer",
-          "egress implementation: an HTTP/2 codec (framer, jh2, h2), http1, or httpx (baseline)"),
+          "egress implementation: an HTTP/2 codec (framer, jh2, h2, native), http1, or httpx (baseline)"),
     Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
           "upstream connections per worker (empty: one per usable core)"),
     Field("VELOX_REQUEST_TIMEOUT_MS", "request_timeout_ms", _int_in(1, 86_400_000),

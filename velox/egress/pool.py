@@ -33,7 +33,7 @@ log = logging.getLogger("velox.egress")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 5.0
-_CODECS = ("framer", "jh2", "h2")
+_CODECS = ("framer", "jh2", "h2", "native")
 
 
 @dataclass(frozen=True, slots=True)
