@@ -86,18 +86,24 @@ def server_wire(steps: list[tuple]) -> bytes:
         peer.codec.send_request(*request)
     peer.up()
     server: H2Connection = peer.server
+    answered = [False] * len(SIDS)  # a final response was sent on the stream
     for step in steps:
         kind = step[0]
         try:
             if kind == "headers":
                 _, i, status, hs, end = step
                 server.send_headers(SIDS[i], [(b":status", b"%d" % status), *hs], end_stream=end)
+                answered[i] = True
             elif kind == "info":
                 server.send_headers(SIDS[step[1]], [(b":status", b"%d" % step[2])])
             elif kind == "data":
                 _, i, payload, end, pad = step
                 server.send_data(SIDS[i], payload, end_stream=end, pad_length=pad)
             elif kind == "trailers":
+                # h2's server would send "trailers" before any final response too (after a
+                # 1xx), a response without :status that its own client then mishandles.
+                if not answered[step[1]]:
+                    continue
                 server.send_headers(SIDS[step[1]], step[2], end_stream=True)
             elif kind == "reset":
                 server.reset_stream(SIDS[step[1]], error_code=step[2])
@@ -166,6 +172,13 @@ def replay(name: str, wire: bytes, chunker: Chunker = whole) -> Outcome:
             events.extend(exc.events)
             events.append(("error", exc.error_code))
             out.append(codec.data_to_send())
+            break
+        except ValueError:
+            # The h2 adapter lets h2's ValueError out for a response without :status that h2
+            # accepts after a 1xx (mutated input only); count it as the reference failing.
+            if name != "h2":
+                raise
+            events.append(("error", "ValueError"))
             break
         for event in new:
             if event[0] == DATA:
