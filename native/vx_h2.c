@@ -38,6 +38,7 @@ enum {
 #define KEEP_ARENA (256 * 1024)
 #define KEEP_BLOCK (32 * 1024)
 #define KEEP_EVENTS 4096
+#define KEEP_FIELDS 16384
 #define FREE_STREAMS_KEPT 256
 
 /* Receive-side stream states. */
@@ -1149,6 +1150,13 @@ int vx_h2_receive(vx_h2 *c, const uint8_t *data, size_t n)
         free(c->ev);
         c->ev = NULL;
         c->ev_cap = 0;
+    }
+    if (c->fields.cap > KEEP_FIELDS) {
+        /* A read full of header blocks of one-byte fields can make this large (at most about
+         * 2,000 fields per 64 KiB list); it is the next read's business to need it again. */
+        free(c->fields.p);
+        c->fields.p = NULL;
+        c->fields.cap = 0;
     }
     if (c->failed)
         return VX_H2_ERROR;
