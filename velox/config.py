@@ -226,7 +226,7 @@ FIELDS: tuple[Field, ...] = (
           "bearer token sent upstream (falls back to OPENAI_API_KEY)", secret=True),
     Field("VELOX_API_KEYS", "api_keys", _key_list, "",
           "comma-separated keys clients must present (empty: no client auth)", secret=True),
-    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "framer",
+    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "native",
           "egress implementation: an HTTP/2 codec (framer, jh2, h2, native), http1, or httpx (baseline)"),
     Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
           "upstream connections per worker (empty: one per usable core)"),
@@ -289,7 +289,7 @@ class Settings:
     upstream_ca_file: str = ""
     upstream_api_key: str = dataclasses.field(default="", repr=False)  # secrets: never in repr
     api_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
-    egress: str = "framer"
+    egress: str = "native"
     egress_pool_connections: int = 1
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
