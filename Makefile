@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-soak bench-report clean
+	bench-routing bench-cache bench-batching bench-soak bench-report clean
 
 all: build
 
@@ -63,6 +63,15 @@ bench-e2e: bench-deps bench-litellm
 # Three upstreams against one, and failover with one of three down (benches/e2e/routing.py).
 bench-routing: bench-deps
 	$(PY) -m benches.e2e routing
+
+# The cache's hit path against a proxied miss, and a repeat workload (benches/e2e/cache.py).
+bench-cache: bench-deps
+	$(PY) -m benches.e2e cache
+
+# Embeddings batching on and off at 1, 64 and 256 connections (benches/e2e/batching.py).
+bench-batching: bench-deps
+	$(PY) -m benches.e2e batching
+	$(PY) -m benches.report --only batching
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

@@ -13,6 +13,7 @@ NATIVE_SOURCES = [
     "native/vx_stats.c",
     "native/vx_json.c",
     "native/vx_health.c",
+    "native/vx_cache.c",
     "native/vx_hpack.c",
     "native/vx_h2.c",
 ]

@@ -3,7 +3,8 @@ an HTML page and README tables. A developer tool, so it lives here and not in th
 `velox bench report` run from the repository root is the same command.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
-soak.json (`make bench-soak`), routing.json (`make bench-routing`) and balance.json
+soak.json (`make bench-soak`), routing.json (`make bench-routing`), cache.json (`make
+bench-cache`), batching.json (`make bench-batching`) and balance.json
 (`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
 plot, report.html (every table and plot, with the machine facts), and the README's performance
 sections, replaced between their markers:
@@ -11,6 +12,8 @@ sections, replaced between their markers:
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:micro:start --> ... <!-- bench:micro:end -->
     <!-- bench:routing:start --> ... <!-- bench:routing:end -->
+    <!-- bench:cache:start --> ... <!-- bench:cache:end -->
+    <!-- bench:batching:start --> ... <!-- bench:batching:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro", "routing")
+MARKERS = ("e2e", "micro", "routing", "cache", "batching")
 TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -206,6 +209,71 @@ def table_routing_failover(s: dict[str, Any]) -> Table:
     return head, rows
 
 
+_CACHE_CONFIGS = {"direct": "the upstream alone (mock, cleartext HTTP/1.1)",
+                  "miss": "Velox without the cache (every request proxied)",
+                  "hit": "Velox with the cache: hits",
+                  "miss-stored": "Velox with the cache: misses (no-cache: key, record, store)"}
+
+
+BATCH_MODES = {"off": "off", "on": "on (max_wait_ms = 20)", "on-wait5": "on (max_wait_ms = 5)"}
+
+
+def table_batching(doc: dict[str, Any]) -> Table:
+    head = ["connections", "batching", "req/s", "p50 µs", "p99 µs", "upstream calls per request",
+            "requests per upstream call", "errors", "rounds"]
+    rows = []
+    for r in doc["summary"]["rows"]:
+        per = r["upstream_calls_per_request"]
+        rows.append([_n(r["conns"]), BATCH_MODES.get(r["mode"], r["mode"]), _n(r["rps"]),
+                     _n(r["p50"]), _n(r["p99"]), _n(per, 3),
+                     _n(1 / per, 1) if per else "–", _n(r["errors"]), _n(r["rounds"])])
+    return head, rows
+
+
+def table_cache_hit_path(s: dict[str, Any]) -> Table:
+    head = ["conns", "what", "req/s", "p50 µs", "p99 µs", "gateway CPU µs/req", "errors",
+            "rounds", "other load, cores (median)"]
+    rows = [[_n(r["conns"]), _CACHE_CONFIGS.get(r["config"], r["config"]), _n(r["rps"]),
+             _n(r["p50"]), _n(r["p99"]), _n(r["cpu_us_per_request"], 1), _n(r["errors"]),
+             _n(r["runs"]), _n(r.get("foreign_cores"), 2)] for r in s["hit_path"].values()]
+    for conns, p in s.get("paired", {}).items():
+        if p["rounds"]:
+            rows.append([conns, "hit against a proxied miss (paired by round, median)",
+                         f"× {_n(p['hit_rps_ratio'], 2)}", f"{_n(p['hit_p50_delta_us'])} added",
+                         "", f"× {_n(p['hit_cpu_ratio'], 2)}", "", _n(p["rounds"]), ""])
+    return head, rows
+
+
+def table_cache_repeat(s: dict[str, Any]) -> Table:
+    r = s["repeat"]
+    sim = r["simulated"]
+    head = ["cache", "hit rate", "upstream calls", "calls saved", "how"]
+    return head, [
+        ["Velox: one cache shared by the workers", _n(r["hit_rate"], 3), _n(r["upstream_calls"]),
+         _n(r["upstream_calls_saved"]), f"measured: {_n(r['requests'])} requests over "
+         f"{_n(r['clients'])} connections, repeat ratio {r['repeat_ratio']}, "
+         f"{_n(r['distinct_prompts'])} distinct prompts ({_n(r['hits'])} hits, "
+         f"{_n(r['coalesced'])} coalesced)"],
+        ["best possible (each distinct prompt missed once)", _n(r["best_possible_hit_rate"], 3),
+         _n(r["distinct_prompts"]), _n(r["requests"] - r["distinct_prompts"]), "arithmetic"],
+        [f"one LRU of {_n(sim['lru_entries'])} entries", _n(sim["shared_lru_hit_rate"], 3), "",
+         "", "simulated on the same sequence"],
+        [f"the seed's: a {_n(sim['lru_entries'])}-entry LRU per worker, {sim['workers']} workers",
+         _n(sim["per_worker_lru_hit_rate"], 3), _n(sim["per_worker_lru_upstream_calls"]),
+         _n(r["requests"] - sim["per_worker_lru_upstream_calls"]),
+         "simulated: each connection on a random worker, as SO_REUSEPORT spreads them"],
+    ]
+
+
+def table_cache_lookup(s: dict[str, Any]) -> Table:
+    lk = s["lookup"]
+    head = ["lookup of one stored answer", "ns per hit"]
+    return head, [["shared store (SharedCache.get: lock, copy out of the shared mapping)",
+                   _n(lk["shared_store_ns"])],
+                  ["per-worker LRU (OrderedDict get + move_to_end, the seed's)",
+                   _n(lk["per_worker_dict_lru_ns"])]]
+
+
 def table_hash_quality(bal: dict[str, Any]) -> Table:
     head = ["method", "targets", "max / mean keys", "min / mean keys", "moved on remove (ideal)",
             "moved on add (ideal)", "lookup ns"]
@@ -360,7 +428,8 @@ def html_table(table: Table) -> str:
 
 def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
              soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
-             balance: dict[str, Any] | None = None
+             balance: dict[str, Any] | None = None, cache: dict[str, Any] | None = None,
+             batching: dict[str, Any] | None = None
              ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
@@ -373,6 +442,24 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
         if s.get("failover"):
             out.append(("routing", f"One of three upstreams down, {routing.get('conns', 64)} "
                         "connections (wrk)", table_routing_failover(s), None))
+    if cache:
+        s = cache["summary"]
+        if s.get("goals"):
+            out.append(("cache", "Cache goals (issue 10)", table_routing_goals(s), None))
+        if s.get("hit_path"):
+            out.append(("cache", "The hit path against a proxied miss (wrk, the same request "
+                        "every time)", table_cache_hit_path(s), None))
+        if s.get("repeat"):
+            out.append(("cache", "A workload with repeats (the seed's cache test)",
+                        table_cache_repeat(s), None))
+        if s.get("lookup"):
+            out.append(("cache", f"What one lookup costs in a worker ({_n(s['lookup']['value_bytes'])}"
+                        "-byte answer, in-process, best of 5)", table_cache_lookup(s), None))
+    if batching:
+        st = batching["setup"]
+        out.append(("batching", f"Single-input embeddings through Velox, mock at "
+                    f"{st['mock_latency_ms']} ms per call + {st['mock_latency_per_input_us']} "
+                    "µs per input (wrk, closed loop)", table_batching(batching), None))
     if balance:
         out.append(("routing", "Consistent hashing: rendezvous against a ring (100,000 keys)",
                     table_hash_quality(balance), None))
@@ -416,7 +503,7 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
     doc = docs.get(marker)
     if doc:
         lines.append(f"\nMeasured on {machine_line(doc)}.")
-        if marker == "routing":
+        if marker in ("routing", "cache"):
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
             lines += [f"{n}" for n in doc.get("notes", [])]
@@ -428,6 +515,17 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                              f"{foreign[-1]:.2f}) of the {doc['machine']['cores']} during these "
                              "runs" + ("; absolute figures are far below a quiet machine's, so "
                                        "read the ratios paired by round." if mid > 0.15 else "."))
+        if marker == "batching":
+            st = doc["setup"]
+            foreign = sorted(r["foreign_cores_before"] for r in doc.get("runs", [])
+                             if r.get("foreign_cores_before") is not None)
+            lines.append(f"Velox with {st['velox_workers']} workers (batching is per worker), "
+                         f"medians of {st['rounds']} rounds of {st['duration_s']} s, modes "
+                         "rotated from round to round; wrk, the mock and Velox share the "
+                         "machine's cores" + (
+                             f"; other people's processes used a median of "
+                             f"{foreign[len(foreign) // 2]:.2f} cores just before each run "
+                             f"(max {foreign[-1]:.2f})." if foreign else "."))
         if marker == "e2e":
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
@@ -494,12 +592,28 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
     return plots.draw(results, docs["e2e"], docs["micro"], soak)
 
 
+def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[str]:
+    """Rewrite only the README blocks of `markers` (tables, no plots, no report.html): what a
+    single benchmark's make target runs, leaving every other section as it was."""
+    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
+            "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
+            "batching": _load(results / "batching.json")}
+    soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
+                    docs["batching"])
+    blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, set())
+              for m in markers if docs.get(m)}
+    return update_readme(readme, blocks)
+
+
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
-            "routing": _load(results / "routing.json")}
+            "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
+            "batching": _load(results / "batching.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance)
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
+                    docs["batching"])
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
@@ -516,10 +630,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=Path("benches/results"))
     p.add_argument("--readme", type=Path, default=Path("README.md"))
     p.add_argument("--no-readme", action="store_true")
+    p.add_argument("--only", help="comma-separated README markers to rewrite (tables only; "
+                   "no plots, no report.html), e.g. batching")
     args = p.parse_args(argv)
     if not args.results.is_dir():
         print(f"no results directory at {args.results} (run from the repository root)")
         return 2
+    if args.only:
+        found = generate_only(args.results, args.readme, args.only.split(","))
+        print(f"README sections updated: {', '.join(found) or 'none'}")
+        return 0
     out = generate(args.results, None if args.no_readme else args.readme)
     print(f"wrote {out['html']} and {len(out['plots'])} plot(s); README sections updated: "
           f"{', '.join(out['readme_markers']) or 'none (no markers found)'}")

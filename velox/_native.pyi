@@ -288,6 +288,81 @@ class Rendezvous:
     def first(self, key_hash: int, /) -> int:
         """rank(key_hash)[0]."""
 
+# Shared response cache store (vx_cache), used by the worker's cache stage.
+@final
+class SharedCache:
+    """The gateway-wide response cache store: one exact LRU of (32-byte key -> bytes) with
+    per-entry TTLs, plus in-flight markers for cross-worker coalescing.
+
+    One anonymous shared mapping, created before fork(): one cache for the parent and every
+    child. Its memory (index, markers and entries) is bounded by capacity_bytes plus 512
+    bytes (the header; the kernel rounds the mapping up to whole pages); pages are resident
+    only once used. Entries are chains of 512-byte blocks (the
+    first carries a 72-byte header), so `stats()["bytes"]` counts values plus that overhead.
+    Keys are exactly 32 bytes (any bytes-like object; ValueError for another length). Values
+    are any bytes-like object. Times are CLOCK_MONOTONIC milliseconds supplied by the caller
+    (velox.health.now_ms()), in [0, 2**50]; ttl_ms and hold_ms in [1, 2**50]. Process- and
+    thread-safe under one robust process-shared lock: a process killed while holding it costs
+    the others one wipe of the cache (counted in stats()["recoveries"]), never a hang. Values
+    of 64 KiB or more are copied with the GIL released. OSError only if the lock is unusable.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        """capacity_bytes in [65536, 2**40]; otherwise ValueError."""
+    def get(self, key: Buffer, now_ms: int, max_age_ms: int | None = -1) -> tuple[bytes, int] | None:
+        """(value, age_ms) of a fresh entry, which becomes the most recently used; else None.
+
+        An entry past its own TTL (now_ms >= stored + ttl_ms) is removed and None returned;
+        one older than max_age_ms (>= 0; -1 or None: no limit) is left alone (not promoted)
+        and None returned. age_ms = now_ms - stored time, never negative.
+        """
+    def put(self, key: Buffer, value: Buffer, now_ms: int, ttl_ms: int) -> bool:
+        """Insert or replace; evicts least recently used entries until it fits. False (nothing
+        stored, an existing entry for key kept) when len(value) > max_value."""
+    def delete(self, key: Buffer, /) -> bool:
+        """Remove key's entry; True when there was one."""
+    def claim(self, key: Buffer, now_ms: int, hold_ms: int) -> bool:
+        """In-flight marker for cross-worker coalescing.
+
+        True: the caller now leads: no marker existed (one is set, expiring at now_ms +
+        hold_ms), or the marker had expired (its leader presumably died: the caller takes it
+        over and the waiter count is kept), or the marker table is full (the caller leads
+        without a marker: no coalescing for that key). False: an unexpired marker exists; the
+        caller is counted as a waiter (and must unwait() when it stops waiting). The same
+        process claiming twice is counted as a waiter the second time.
+        """
+    def unwait(self, key: Buffer, /) -> None:
+        """A waiter stops waiting: waiters -= 1 (never below 0; no-op without a marker)."""
+    def waiting(self, key: Buffer, /) -> int:
+        """Waiters on key's marker now (0 without a marker, expired or not)."""
+    def release(self, key: Buffer, /) -> bool:
+        """The leader drops its marker (after put, or after failing); True when there was one.
+        (PLAN: returns nothing; the bool is an addition.)"""
+    def pending(self, key: Buffer, now_ms: int) -> bool:
+        """True when an unexpired marker exists for key."""
+    def stats(self) -> dict[str, int]:
+        """A consistent snapshot. entries, bytes (blocks in use x block_size), capacity,
+        evictions, expired, max_value, markers (in the table, live or expired), and:
+        value_bytes, hits, misses (expired and stale included), stale (older than
+        max_age_ms), stores, replaced, rejected (too large), claims, takeovers,
+        markers_full, recoveries (lock holders found dead: each wiped the cache),
+        marker_slots, blocks, block_size, mapped (the mapping's size)."""
+    def clear(self) -> None:
+        """Drop every entry and marker; counters are kept."""
+    @property
+    def capacity(self) -> int:
+        """capacity_bytes as given."""
+    @property
+    def max_value(self) -> int:
+        """The largest value put() stores: about an eighth of the pool (64 MiB: ~8 MiB)."""
+    # Test hooks, not API.
+    def _check(self) -> int:
+        """Walk every structure and check the invariants: 0, or the first broken one's code."""
+    def _lock_and_hold(self, hold_ms: int, /) -> None:
+        """Take the lock and keep it hold_ms (<= 60000) with the GIL released."""
+    def _holding(self) -> bool:
+        """True while some process is inside _lock_and_hold."""
+
 # The native HTTP/2 client codec (native/vx_h2.c); velox.egress.nativecodec is its face.
 H2_RESPONSE: Final[int]  # 1, as velox.egress.codec.RESPONSE
 H2_DATA: Final[int]  # 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -63,6 +63,7 @@ class Request:
         "t_received", "t_popped", "t_parsed", "t_admitted",
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
         "caller",  # route.caller_of: digest of the presented credential, computed once
+        "cache",  # cache: the request's velox.cache.Ticket on a cached route, else None
     )
 
     def __init__(
@@ -95,3 +96,4 @@ class Request:
         self.exchange: object | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
         self.caller: bytes | None = None  # None until route.caller_of computes it
+        self.cache: Any = None  # velox.cache.Ticket (set by the cache stage)

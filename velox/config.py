@@ -41,6 +41,8 @@ DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
 DEFAULT_WORKER_HANG_S = 10
 DEFAULT_BODY_TIMEOUT_MS = 30_000
+DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_CACHE_TTL_S = 3600
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -263,6 +265,13 @@ FIELDS: tuple[Field, ...] = (
           "5000", "an upstream connection whose PING is unanswered this long is replaced"),
     Field("VELOX_RELOAD_READY_S", "reload_ready_s", _int_in(1, 3600), "30",
           "on SIGHUP, a new worker not ready within this many seconds aborts the reload"),
+    Field("VELOX_CACHE", "cache", _bool, "0",
+          "response cache on every route (0: only on routes with cache = true in VELOX_CONFIG)"),
+    Field("VELOX_CACHE_MAX_BYTES", "cache_max_bytes", _int_in(65_536, 1 << 40),
+          str(DEFAULT_CACHE_MAX_BYTES),
+          "memory of the response cache, shared by all workers (least recently used evicted)"),
+    Field("VELOX_CACHE_TTL_S", "cache_ttl_s", _int_in(1, 31_536_000), str(DEFAULT_CACHE_TTL_S),
+          "a cached answer is served for at most this many seconds after it was stored"),
 )
 
 
@@ -306,6 +315,9 @@ class Settings:
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     reload_ready_s: int = 30
+    cache: bool = False
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    cache_ttl_s: int = DEFAULT_CACHE_TTL_S
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

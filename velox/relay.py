@@ -14,13 +14,18 @@ attempt withholds it; `paused` is what egress asks), so the upstream slows down 
 memory growing. A client that disconnects cancels the
 upstream stream (RST_STREAM) at once, so no tokens are paid for after the user has left.
 
+An exchange of a cached route has an `observer` (the `Observer` protocol below; velox.cache):
+it sees the committed answer's head, each piece of its body as the upstream sent it and the
+end, to record it and to serve the identical requests waiting for it; while any wait, the
+client leaving does not cancel the call. On other routes the slot is None (one test per event).
+
 Imports: _types, errors, dispatch and egress.interfaces (annotations only) and stdlib.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from velox._types import Headers, Request
 from velox.errors import to_response
@@ -62,6 +67,7 @@ class Exchange:
         # failover (velox.dispatch): the plan, its current attempt and what to tell the client
         "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
         "headers_base", "passthrough",
+        "observer",  # cache (velox.cache): sees the committed answer; None on uncached routes
     )
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
@@ -96,6 +102,7 @@ class Exchange:
         self.finished = False
         self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
         self.t_headers = 0
+        self.observer: Observer | None = None
 
     # --- what the request carries upstream ------------------------------------------------
 
@@ -130,6 +137,9 @@ class Exchange:
                         if self.attempts < len(_ATTEMPTS) else b"%d" % self.attempts))
         self.status = status
         self.headers = out
+        observer = self.observer
+        if observer is not None:
+            observer.head(status, out)
         for name, value in headers:
             if name == b"content-type":
                 if value.startswith(_EVENT_STREAM):
@@ -142,6 +152,9 @@ class Exchange:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
             return
+        observer = self.observer
+        if observer is not None:
+            observer.data(data)
         if self.streaming:
             self.conn.send_chunk(data)
             if data:
@@ -177,7 +190,7 @@ class Exchange:
             self.conn.abort()
         else:
             self.conn.respond_error(self.request, exc)
-        self._done(getattr(exc, "status", 502), broken)
+        self._done(getattr(exc, "status", 502), broken, exc)
 
     def refuse(self, exc: BaseException) -> None:
         """Answer with an error before any attempt was made (no route, no target)."""
@@ -186,7 +199,7 @@ class Exchange:
         self.finished = True
         self.on_release(self.request)
         self.conn.respond_error(self.request, exc)
-        self._done(getattr(exc, "status", 502))
+        self._done(getattr(exc, "status", 502), False, exc)
 
     def reset_for_retry(self) -> None:
         """Forget the abandoned attempt's answer: the next attempt starts afresh."""
@@ -201,12 +214,15 @@ class Exchange:
     def client_gone(self) -> None:
         if self.finished:
             return
+        observer = self.observer
+        if observer is not None and observer.client_gone(self):
+            return  # others wait for this answer: the call runs on (see velox.cache)
         self.finished = True
         self.on_release(self.request)
         attempt = self.attempt
         if attempt is not None:
             attempt.cancel()
-        self._done(499)
+        self._done(499, False, _CLIENT_GONE)
 
     def client_writable(self) -> None:
         """The client drains again: the current attempt returns the credit it withheld."""
@@ -234,9 +250,9 @@ class Exchange:
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             self.started = True
             self.conn.respond(self.request, self.status, self.headers, body)
-        self._done(self.status)
+        self._done(self.status, False, None)
 
-    def _done(self, status: int, broken: bool = False) -> None:
+    def _done(self, status: int, broken: bool, error: BaseException | None) -> None:
         # Request and exchange point at each other, as do exchange and attempt; cutting the
         # links here lets reference counting free them at once instead of leaving cycles for
         # the garbage collector.
@@ -245,6 +261,10 @@ class Exchange:
         if self.dispatch is not None:
             self.dispatch.finish(self, broken)  # releases the route attempt, reports its outcome
             self.plan = None
+        observer = self.observer
+        if observer is not None:
+            self.observer = None
+            observer.end(error)
         self.on_done(self, status)
 
     def _server_timing(self) -> bytes:
@@ -258,6 +278,30 @@ class Exchange:
                           limit // 1000, limit % 1000, upstream // 1000, upstream % 1000)
 
 
+class Observer(Protocol):
+    """Watches one exchange's committed answer (velox.cache records it and serves requests
+    waiting for it). Called only for the answer that reaches the client, never for an
+    attempt abandoned for a retry; `data` sees the upstream's bytes as they arrive."""
+
+    def head(self, status: int, headers: Headers) -> None:
+        """The answer's status and response headers; it may append headers to `headers`."""
+
+    def data(self, data: bytes) -> None:
+        """A piece of the body, as the upstream sent it."""
+
+    def end(self, error: BaseException | None) -> None:
+        """The exchange is over: None when the answer completed, else why it did not."""
+
+    def client_gone(self, exchange: Exchange) -> bool:
+        """The client left: True keeps the upstream call running (others wait for it);
+        the observer then points `exchange.conn` somewhere harmless."""
+
+
+class ClientGone(Exception):
+    """Why an exchange ended when its client disconnected (what Observer.end is told)."""
+
+
+_CLIENT_GONE = ClientGone("the client disconnected")
 _ATTEMPTS = tuple(b"%d" % n for n in range(16))
 _TIMING = (b"ring;dur=%d.%03d, parse;dur=%d.%03d, ratelimit;dur=%d.%03d, "
            b"upstream;dur=%d.%03d")

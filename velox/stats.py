@@ -12,6 +12,7 @@ state) and stdlib.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 from velox._native import Counters, Histogram
 from velox._types import Route
@@ -56,12 +57,31 @@ class F(IntEnum):
     UPSTREAM_PING_TIMEOUTS = 31  # upstream connections replaced for not answering a PING
     UPSTREAM_WARMUP_TIMEOUTS = 32  # warm-ups that got no answer within the connect timeout
     UPSTREAM_TIMEOUT_RETIREMENTS = 33  # connections retired after request timeouts in a row
+    # Response cache (velox.cache): each model call of a cached route counts once as a hit,
+    # a miss (sent upstream), a bypass (no-store, uncacheable) or coalesced (answered by an
+    # identical request's upstream call).
+    CACHE_HITS = 34
+    CACHE_MISSES = 35
+    CACHE_BYPASSES = 36
+    CACHE_COALESCED = 37
+    CACHE_STORES = 38  # answers stored
+    CACHE_ALONE = 39  # followers sent on their own because their leader failed
+    # Embeddings batching (velox.batch): upstream calls of batching routes ("batches", lone
+    # requests count as batches of one), the client requests they carried, why merged ones
+    # left, and members sent again on their own after a merged call's 400.
+    EMB_BATCHES = 40
+    EMB_BATCH_MEMBERS = 41
+    EMB_TIMEOUT_BATCHES = 42  # left max_wait_ms after their first member arrived
+    EMB_FULL_BATCHES = 43  # left when max_requests or max_inputs was reached
+    EMB_SPLIT_RETRIES = 44  # members re-sent alone after their merged call got a 400
+    EMB_IMMEDIATE_BATCHES = 45  # left at once: no call of their group was in flight
 
 
 class H(IntEnum):
     TOTAL = 0  # request received to response complete (non-streaming) or first byte (streaming)
     UPSTREAM = 1  # request sent upstream to response headers received
     OVERHEAD = 2  # TOTAL minus UPSTREAM: what the gateway itself added
+    CACHE_HIT = 3  # request received to a cache hit's answer written (not in TOTAL)
 
 
 # Responses by route and status class live in their own Counters: field = route * 4 + class.
@@ -107,7 +127,7 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status")
+                 "upstream_status", "cache")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -119,6 +139,9 @@ class SharedStats:
         self.histograms = tuple(Histogram(slots) for _ in H)
         self.routes = Counters(slots, ROUTE_FIELDS)
         self.retries = Counters(slots, len(RETRY_REASONS))
+        # The response cache's shared store (velox.cache.create_store), set by the supervisor
+        # before it forks when caching is on anywhere; None otherwise.
+        self.cache: Any = None
         self._per_upstream(tables)
 
     def _per_upstream(self, tables: Tables | None) -> None:
@@ -143,7 +166,7 @@ class SharedStats:
         """
         new = object.__new__(SharedStats)
         for name in ("workers", "slots", "active", "counters", "histograms", "routes",
-                     "retries"):
+                     "retries", "cache"):
             setattr(new, name, getattr(self, name))
         new._per_upstream(tables)
         return new

@@ -55,7 +55,8 @@ The supervisor never runs an event loop; it sleeps in select() on a signal wake-
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-Imports: worker, ratelimit, stats, topology, config, admin.server (lazily), stdlib, uvloop.
+Imports: worker, ratelimit, cache (its store), stats, topology, config, admin.server (lazily),
+stdlib, uvloop.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+from velox.cache import create_store
+from velox.cache import enabled as cache_enabled
 from velox.config import Settings
 from velox.ratelimit import Limiter
 from velox.stats import F, SharedStats
@@ -95,7 +98,7 @@ _STARTUP_ALLOWANCE_S = 30.0
 # Settings made part of the shared state or the sockets before the first fork: a reload keeps
 # the running values.
 _FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
-                   "rate_limit_burst", "admin_addr", "admin_token")
+                   "rate_limit_burst", "admin_addr", "admin_token", "cache_max_bytes")
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
@@ -145,6 +148,8 @@ class Supervisor:
         self.port = self.sock.getsockname()[1]
         self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst)
+        # The response cache's one store (velox.cache), shared by every worker like the bucket.
+        self.shared.cache = create_store(settings)
         cores = oversubscribed(settings.workers)
         if cores:
             log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
@@ -257,6 +262,9 @@ class Supervisor:
                         "running value(s)", ", ".join(kept))
             settings = dataclasses.replace(
                 settings, **{name: getattr(self.settings, name) for name in kept})
+        if self.shared.cache is None and cache_enabled(settings):
+            log.warning("SIGHUP: the response cache was off at start; turning it on (VELOX_CACHE "
+                        "or cache = true) takes effect on a restart")
         try:
             shared = self.shared.with_tables(settings.tables)  # type: ignore[arg-type]
         except (ValueError, OSError) as exc:  # TableError names the file, table and key

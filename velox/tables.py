@@ -141,6 +141,18 @@ class RouteSpec:
     targets: tuple[TargetSpec, ...]
     strategy: str = "weighted"  # weighted | least_busy | hash
     fallbacks: tuple[str, ...] = ()  # other routes' models, tried in order
+    cache: bool = False  # answers of this route are cached (velox.cache); VELOX_CACHE: all
+    batch: BatchSpec | None = None  # embeddings batching (velox.batch); None: off
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """`batch = { max_requests, max_inputs, max_wait_ms }` on a route: how /v1/embeddings
+    calls that arrive while one of their group is in flight are merged (velox.batch)."""
+
+    max_requests: int = 32  # members of one merged call
+    max_inputs: int = 2048  # input items of one merged call (OpenAI's own per-call limit)
+    max_wait_ms: int = 20  # the first waiting member leaves at the latest this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +256,7 @@ TOP_KEYS = ("upstream", "route", "retry", "breaker")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path")
-ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks")
+ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
 # variables (timeouts, pool size, rpm kept inside the token bucket's int64 arithmetic).
@@ -263,6 +275,8 @@ BREAKER_INTS = {
     "failures": (1, 255), "open_s": (1, 86_400), "max_open_s": (1, 86_400),
     "successes": (1, 255), "probe_interval_s": (1, 3600),
 }
+BATCH_INTS = {"max_requests": (1, 4096), "max_inputs": (1, 1_000_000),
+              "max_wait_ms": (0, 60_000)}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")
@@ -450,7 +464,9 @@ def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str])
               f"got {_kind(fallbacks) if not isinstance(fallbacks, list) else fallbacks!r}")
     if len(set(fallbacks)) != len(fallbacks):
         _fail(source, where, "fallbacks", f"names a route twice: {fallbacks!r}")
-    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks))
+    cache = _bool(source, where, table, "cache")
+    batch = _batch(source, where, table)
+    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache, batch)
 
 
 def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
@@ -496,6 +512,24 @@ def _policy(source: str, data: Mapping[str, Any], key: str, cls: type, bounds: d
     defaults = cls()
     return cls(**{name: _int(source, where, table, name, getattr(defaults, name), *bounds[name])
                   for name in bounds})
+
+
+def _batch(source: str, where: str, table: Mapping[str, Any]) -> BatchSpec | None:
+    """A route's `batch`: absent or false (off), true (the defaults) or an inline table."""
+    value = table.get("batch")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return BatchSpec()
+    if not isinstance(value, dict):
+        _fail(source, where, "batch", "must be true, false or an inline table like "
+              "{ max_requests = 32, max_inputs = 2048, max_wait_ms = 20 }, got "
+              + _kind(value))
+    bwhere = where + ", batch"
+    _unknown_keys(source, bwhere, value, tuple(BATCH_INTS))
+    defaults = BatchSpec()
+    return BatchSpec(**{key: _int(source, bwhere, value, key, getattr(defaults, key), *bounds)
+                        for key, bounds in BATCH_INTS.items()})
 
 
 # --- checks and messages ---------------------------------------------------------------------
@@ -592,6 +626,16 @@ def _int(source: str, where: str, table: Mapping[str, Any], key: str, default: i
     return value
 
 
+def _bool(source: str, where: str, table: Mapping[str, Any], key: str,
+          default: bool = False) -> bool:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        _fail(source, where, key, f"must be true or false, got {_kind(value)}")
+    return value
+
+
 def _check_origin(raw: str) -> str | None:
     """scheme://host[:port] normalised, or None (the same rule as VELOX_UPSTREAM_ORIGIN)."""
     parts = urlsplit(raw.strip())
@@ -639,6 +683,12 @@ def describe(tables: Tables) -> str:
             lines.append(f"  {{ upstream = {_toml(t.upstream)}, {model}weight = {t.weight}, "
                          f"priority = {t.priority} }},")
         lines += ["]", f"fallbacks = {_toml(list(route.fallbacks))}"]
+        if route.cache:
+            lines.append("cache = true")
+        if route.batch is not None:
+            lines.append("batch = { " + ", ".join(
+                f"{f.name} = {getattr(route.batch, f.name)}"
+                for f in dataclasses.fields(route.batch)) + " }")
     for title, policy in (("retry", tables.retry), ("breaker", tables.breaker)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {getattr(policy, f.name)}" for f in dataclasses.fields(policy)]

@@ -3,8 +3,9 @@
 Ingress pushes complete requests onto this worker's ring. The first push of a loop pass
 schedules one `drain` (not one per request), which pops micro-batches of up to
 VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
-parse (400s), one `acquire_up_to` on the shared token bucket for the whole batch (429s for the
-tail), routing, then the egress pool encodes every admitted request and writes each upstream
+parse (400s), the response cache (velox.cache: hits answered, identical requests coalesced;
+only what goes upstream continues), one `acquire_up_to` on the shared token bucket for the whole
+batch (429s for the tail), routing, then the egress pool encodes every admitted request and writes each upstream
 connection's frames once. Answers come back through the relay. A body of
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
@@ -12,8 +13,8 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, ratelimit, route, dispatch, egress, relay),
-health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
+Imports: every stage below it (ingress, parse, cache, ratelimit, route, batch, dispatch, egress,
+relay), health (the clock), tables, ring, arena, stats, config, errors, _types, orjson; admin.agent (in
 serve: control channel and access log).
 """
 
@@ -36,6 +37,8 @@ import orjson
 
 from velox._types import Request, Route
 from velox.arena import Arena
+from velox.batch import Batcher
+from velox.cache import CacheFront
 from velox.config import Settings
 from velox.dispatch import Dispatch
 from velox.egress.attempt import Tally
@@ -97,7 +100,9 @@ class Worker:
         self.upstreams: list[Egress]  # one per upstream of settings.tables, in its order
         self.pool: Egress  # upstreams[0] (the only one without VELOX_CONFIG)
         self.dispatch: Dispatch
+        self.batcher: Batcher | None  # embeddings batching; None when no route batches
         self.ingress: IngressState
+        self.cache: CacheFront | None = None  # built in build() when the shared store exists
         tables = settings.tables
         assert tables is not None  # Settings.__post_init__ synthesises them
         self.tables = tables
@@ -122,6 +127,13 @@ class Worker:
                           for index, spec in enumerate(self.tables.upstreams)]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
+        if self.shared.cache is not None:
+            self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
+                                    self.counters, self.histograms, self.slot,
+                                    self.send_alone, self.release_body)
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response,
@@ -291,7 +303,7 @@ class Worker:
             self.wake_drain()
 
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → rate limit → route → egress."""
+        """Run one micro-batch through parse → cache → rate limit → route → egress."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, F.BATCHES, 1)
@@ -325,6 +337,10 @@ class Worker:
             parsed.append(request)
         counters.add(slot, F.BYTES_IN, bytes_in)
 
+        cache = self.cache
+        if cache is not None and parsed:
+            parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
+
         t_parsed = time.perf_counter_ns()
         admitted = self.limiter.admit(len(parsed)) if parsed else 0
         t_admitted = time.perf_counter_ns()
@@ -334,6 +350,7 @@ class Worker:
         dispatch = self.dispatch
         split = self.auth.client_headers
         models_body = self.models_body
+        batcher = self.batcher
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
@@ -341,16 +358,61 @@ class Worker:
                     request.method == b"GET" and _is_models(request.path):
                 self._answer_models(request)
                 continue
+            ticket = request.cache
+            if ticket is not None and cache is not None and cache.follows(request):
+                continue  # an identical request of this batch is being sent: it waits for that
+            # Embeddings batching (velox.batch): a taken request is answered by the batcher,
+            # which ends it through on_done exactly once, like an exchange. A request the
+            # cache is recording (ticket) goes alone: its answer must pass its observer.
+            if batcher is not None and ticket is None and batcher.offer(request):
+                self.in_flight += 1
+                continue
             base, passthrough = split(request.headers)
             exchange = Exchange(request, request.upstream_path, base, self.on_done,
                                 self.release_body, dispatch)
             exchange.passthrough = passthrough
+            if ticket is not None and cache is not None:
+                cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
             dispatch.send(exchange)
         for upstream in self.upstreams:
             upstream.flush()
         if self.arena is not None:
             self.arena.reset()
+
+    def send_alone(self, requests: list[Request]) -> None:
+        """Requests that waited for an identical one which failed (velox.cache): the limiter
+        and dispatch, as in process(), each on its own."""
+        admitted = self.limiter.admit(len(requests))
+        if admitted < len(requests):
+            self._refuse_rate_limited(requests[admitted:])
+        t_admitted = time.perf_counter_ns()
+        dispatch = self.dispatch
+        for request in requests[:admitted]:
+            request.t_admitted = t_admitted
+            base, passthrough = self.auth.client_headers(request.headers)
+            exchange = Exchange(request, request.upstream_path, base, self.on_done,
+                                self.release_body, dispatch)
+            exchange.passthrough = passthrough
+            if self.cache is not None:
+                self.cache.observe(exchange)
+            self.in_flight += 1
+            dispatch.send(exchange)
+        self._flush_upstreams()
+
+    def _send(self, request: Request, on_done: Any) -> Exchange:
+        """Send one request through dispatch with its own exchange (the batching stage's
+        merged calls, lone members and split retries)."""
+        base, passthrough = self.auth.client_headers(request.headers)
+        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
+                            self.dispatch)
+        exchange.passthrough = passthrough
+        self.dispatch.send(exchange)
+        return exchange
+
+    def _flush_upstreams(self) -> None:
+        for upstream in self.upstreams:
+            upstream.flush()
 
     def _answer_models(self, request: Request) -> None:
         """GET /v1/models[/ID] with a tables file: the routes' public names, OpenAI's shape."""

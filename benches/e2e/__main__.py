@@ -1,7 +1,8 @@
-"""Command line: `python -m benches.e2e {run,routing,soak,install-litellm,lock-litellm}` (run from the
-repository root with the project's venv; the Makefile targets do exactly that).
+"""Command line: `python -m benches.e2e {run,routing,cache,batching,soak,install-litellm,
+lock-litellm}` (run from the repository root with the project's venv; the Makefile targets do
+exactly that).
 
-Imports: bench, sections, summary, results, soak, routing, litellm, wrk, stdlib.
+Imports: bench, sections, summary, results, soak, routing, cache, batching, litellm, wrk, stdlib.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches.e2e import litellm, results, routing, sections, soak, summary, wrk
+from benches.e2e import (batching, cache, litellm, results, routing, sections, soak, summary,
+                         wrk)
 from benches.e2e import bench as bench_mod
 from benches.e2e.bench import Bench, Plan
 
@@ -97,6 +99,28 @@ def cmd_routing(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    if not wrk.available():
+        print("wrk is not installed (make bench-deps installs it with apt-get)", file=sys.stderr)
+        return 2
+    plan = Plan(rounds=args.rounds, duration_s=args.duration, litellm=False, sections=())
+    logdir = Path(tempfile.mkdtemp(prefix="velox-bench-cache-"))
+    print(f"logs in {logdir}", flush=True)
+    summ = cache.run(plan, logdir, args.out, args.name, tuple(args.sections.split(",")))
+    cache.print_summary(summ)
+    return 0
+
+
+def cmd_batching(args: argparse.Namespace) -> int:
+    if not wrk.available():
+        print("wrk is not installed (make bench-deps installs it with apt-get)", file=sys.stderr)
+        return 2
+    doc = batching.run(rounds=args.rounds, duration_s=args.duration, outdir=args.out,
+                       name=args.name)
+    batching.print_summary(doc)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e")
     p.add_argument("--out", type=Path, default=results.RESULTS, help="results directory")
@@ -119,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="add velox-1-3conns: one upstream, 3 connections per worker")
     rt.add_argument("--resummarize", action="store_true",
                     help="recompute the summary of the saved results from their raw runs")
+    ca = sub.add_parser("cache", help="cache hit path against a miss, and a repeat workload")
+    ca.add_argument("--rounds", type=int, default=3)
+    ca.add_argument("--duration", type=int, default=5, help="measured seconds per run")
+    ca.add_argument("--sections", default="hit-path,repeat,lookup")
+    ca.add_argument("--name", default="cache", help="results file name (without extension)")
+    bt = sub.add_parser("batching", help="embeddings batching on and off (~2 minutes)")
+    bt.add_argument("--rounds", type=int, default=2)
+    bt.add_argument("--duration", type=int, default=5, help="measured seconds per run")
+    bt.add_argument("--name", default="batching", help="results file name (without extension)")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
     sub.add_parser("install-litellm", help="build .bench/litellm-venv from the hashed lock")
@@ -128,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(args)
     if args.command == "routing":
         return cmd_routing(args)
+    if args.command == "cache":
+        return cmd_cache(args)
+    if args.command == "batching":
+        return cmd_batching(args)
     if args.command == "soak":
         return cmd_soak(args)
     if args.command == "install-litellm":

@@ -13,6 +13,10 @@ wrk.path = os.getenv("WRK_PATH") or "/v1/chat/completions"
 wrk.body = read_file(os.getenv("WRK_BODY_FILE"))
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. (os.getenv("WRK_API_KEY") or "sk-bench")
+-- Extra request headers, one "Name: value" per line (benches/e2e/cache.py: Cache-Control).
+for name, value in (os.getenv("WRK_HEADERS") or ""):gmatch("([^:\n]+):%s*([^\n]*)") do
+  wrk.headers[name] = value
+end
 
 done = function(summary, latency, requests)
   local e = summary.errors

@@ -28,13 +28,16 @@ def available() -> bool:
 
 
 def run(port: int, conns: int, duration_s: int, threads: int = 1, timeout_s: int = 10,
-        host: str = "127.0.0.1", body: bytes | None = None) -> dict[str, object]:
-    """One wrk run; raises RuntimeError if wrk fails or prints no result line."""
+        host: str = "127.0.0.1", body: bytes | None = None,
+        headers: dict[str, str] | None = None) -> dict[str, object]:
+    """One wrk run; raises RuntimeError if wrk fails or prints no result line. `headers` are
+    added to every request."""
     with tempfile.NamedTemporaryFile(prefix="velox-wrk-", suffix=".json") as fh:
         fh.write(body if body is not None else workload.body())
         fh.flush()
         env = {**os.environ, "WRK_BODY_FILE": fh.name, "WRK_PATH": workload.PATH,
-               "WRK_API_KEY": workload.API_KEY}
+               "WRK_API_KEY": workload.API_KEY,
+               "WRK_HEADERS": "\n".join(f"{k}: {v}" for k, v in (headers or {}).items())}
         argv = ["wrk", f"-t{min(threads, conns)}", f"-c{conns}", f"-d{duration_s}s",
                 f"--timeout={timeout_s}s", "-s", str(SCRIPT), f"http://{host}:{port}/"]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,

@@ -5,6 +5,7 @@
  * pops) to show what sharing the counters' cache lines costs.
  */
 #include "vx_bucket.h"
+#include "vx_cache.h"
 #include "vx_health.h"
 #include "vx_ring.h"
 #include "vx_stats.h"
@@ -190,6 +191,56 @@ static double ring_two_threads(void)
     return (now_ns() - t) / (2.0 * n); /* wall time per push+pop pair, both threads */
 }
 
+/* Response cache store: hits (lock, index walk, copy out of the block chain, LRU bump,
+ * unlock) on a working set of 256 entries, and puts replacing them. Own trials and rows, so
+ * the table above stays as it was. */
+static double cache_op(vx_cache *c, size_t size, int put)
+{
+    static unsigned char buf[16384];
+    const long n = 200000;
+    uint8_t key[VX_CACHE_KEY] = {0};
+    size_t len;
+    int64_t age;
+    double t = now_ns();
+    for (long i = 0; i < n; i++) {
+        key[0] = (uint8_t)((i * 97) & 255);
+        if (put)
+            vx_cache_put(c, key, buf, size, 1000, INT64_C(1) << 40);
+        else
+            vx_cache_get(c, key, 1001, -1, buf, sizeof buf, &len, &age);
+    }
+    return (now_ns() - t) / n;
+}
+
+static void cache_rows(void)
+{
+    static const size_t sizes[] = {1024, 16384};
+    double v[4][TRIALS];
+    vx_cache *c = vx_cache_create(INT64_C(64) << 20);
+    if (c == NULL) {
+        fprintf(stderr, "bench: cache setup failed\n");
+        return;
+    }
+    for (int s = 0; s < 2; s++) {
+        uint8_t key[VX_CACHE_KEY] = {0};
+        static unsigned char val[16384];
+        key[1] = (uint8_t)s;
+        for (int i = 0; i < 256; i++) {
+            key[0] = (uint8_t)i;
+            vx_cache_put(c, key, val, sizes[s], 1000, INT64_C(1) << 40);
+        }
+        for (int t = 0; t < TRIALS; t++) {
+            v[2 * s][t] = cache_op(c, sizes[s], 0);
+            v[2 * s + 1][t] = cache_op(c, sizes[s], 1);
+        }
+    }
+    printf("| cache get, hit, 1 KiB value (256 entries)         | %6.2f |         |\n", median(v[0]));
+    printf("| cache put, replacing, 1 KiB value                 | %6.2f |         |\n", median(v[1]));
+    printf("| cache get, hit, 16 KiB value (256 entries)        | %6.2f |         |\n", median(v[2]));
+    printf("| cache put, replacing, 16 KiB value                | %6.2f |         |\n", median(v[3]));
+    vx_cache_destroy(c);
+}
+
 int main(void)
 {
     double v[12][TRIALS];
@@ -238,6 +289,7 @@ int main(void)
     printf("| retry budget: record_request + try_retry          | %6.2f |         |\n", median(v[9]));
     printf("| hash64 (8 B) + rendezvous rank, 3 targets         | %6.2f |         |\n", median(v[10]));
     printf("| hash64 (8 B) + rendezvous rank, 10 targets        | %6.2f |         |\n", median(v[11]));
+    cache_rows();
     vx_health_destroy(health);
     vx_budget_destroy(budget);
     vx_ring_free(r);

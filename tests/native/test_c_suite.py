@@ -43,9 +43,10 @@ def test_make_native_test_passes() -> None:
     output = stdout
     assert proc.returncode == 0, output[-8000:]
     assert "ThreadSanitizer" not in output, output[-8000:]
-    # Every program ran to its own "ok" line: normal and TSan builds of three programs.
-    assert output.count("test_bucket: ok") == 2, output[-8000:]
-    assert output.count("test_stats: ok") == 2, output[-8000:]
+    # Every program ran to its own "ok" line: normal, TSan and ASan builds of the unit tests.
+    assert output.count("test_bucket: ok") == 3, output[-8000:]
+    assert output.count("test_stats: ok") == 3, output[-8000:]
+    assert output.count("test_cache: ok") == 3, output[-8000:]
     assert output.count("10000000 items, capacity 1024") == 2, output[-8000:]
     assert output.count("1000000 items, capacity 4") == 2, output[-8000:]
     assert output.count("lost 0, duplicated 0") == 4, output[-8000:]

@@ -1,5 +1,6 @@
 """Reference and memory ownership of velox._native: nothing leaks through a million
-push/pop cycles, objects left in a ring are released with it, creating/destroying the
+push/pop cycles, objects left in a ring are released with it, the cache's entry points keep
+refcounts and memory flat (hits, misses, both get paths, errors), creating/destroying the
 shared-memory objects unmaps what they mapped, and the native HTTP/2 codec's entry points
 (requests, events, errors) keep references and memory flat."""
 
@@ -20,6 +21,7 @@ from velox._native import (
     RetryBudget,
     Rendezvous,
     Ring,
+    SharedCache,
     TokenBucket,
     hash64,
 )
@@ -180,6 +182,55 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
     assert mapping_count() <= maps_before + 2
     assert rss() - rss_before < 8 * MB
 
+
+def test_cache_entry_points_keep_refcounts_and_memory_flat() -> None:
+    # The per-request calls of the cache stage: a 32-byte key and bytes go in, (bytes, age)
+    # tuples come out; both get paths (stack copy below 4 KiB, exact-size bytes above),
+    # misses, markers, and errors raised from bad arguments.
+    cache = SharedCache(4 * MB)
+    keys = [bytes([i]) * 32 for i in range(64)]
+    small, large = b"s" * 1000, b"L" * 20_000
+    bad_key = b"short"
+    base = [sys.getrefcount(x) for x in (small, large, bad_key, keys[0])]
+
+    def round_(i: int) -> None:
+        k = keys[i % 64]
+        cache.put(k, large if i % 8 == 0 else small, i, 10_000)
+        got = cache.get(k, i + 1)
+        assert got is not None and len(got[0]) in (1000, 20_000)
+        cache.get(keys[(i + 1) % 64], i + 1, 0)  # mostly stale or absent: None
+        if not cache.claim(k, i, 100):
+            cache.unwait(k)
+        cache.waiting(k)
+        cache.pending(k, i)
+        cache.release(k)
+        if i % 64 == 0:
+            with pytest.raises(ValueError):
+                cache.get(bad_key, i)
+            with pytest.raises(ValueError):
+                cache.put(k, small, i, 0)
+
+    for i in range(5_000):  # warm-up: every block of the pool touched, allocator settled
+        round_(i)
+    before = rss()
+    for i in range(200_000):
+        round_(i)
+    assert [sys.getrefcount(x) for x in (small, large, bad_key, keys[0])] == base
+    assert rss() - before < 8 * MB  # 200k leaked 1 KB values alone would be 200 MB
+    assert cache.stats()["markers"] == 0  # every claim was released
+
+    def churn() -> None:
+        for _ in range(500):
+            c = SharedCache(1 * MB)
+            c.put(keys[0], small, 1, 10)
+            c.get(keys[0], 1)
+
+    churn()
+    maps_before, rss_before = mapping_count(), rss()
+    churn()
+    # A leak would keep 500 mappings of 1 MiB (each with touched pages) alive.
+    assert mapping_count() <= maps_before + 2
+    assert rss() - rss_before < 8 * MB
 
 def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)

@@ -132,3 +132,32 @@ def test_velox_bench_report_outside_a_checkout_fails_clearly(tmp_path: Path) -> 
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "python -m benches.report" in out.stderr
+
+
+def test_batching_table_and_only_its_readme_block(tmp_path: Path) -> None:
+    rows = [{"mode": "off", "conns": 64, "rps": 2000.0, "p50": 23000, "p99": 45000,
+             "errors": 0, "upstream_calls_per_request": 1.0, "avg_batch_size": None,
+             "rounds": 3},
+            {"mode": "on", "conns": 64, "rps": 1500.0, "p50": 40000, "p99": 90000,
+             "errors": 0, "upstream_calls_per_request": 0.0625, "avg_batch_size": 16.0,
+             "rounds": 3}]
+    doc = {"machine": MACHINE, "summary": {"rows": rows},
+           "setup": {"mock_latency_ms": 20, "mock_latency_per_input_us": 50,
+                     "velox_workers": 2, "rounds": 3, "duration_s": 5},
+           "runs": [{"foreign_cores_before": 0.5}, {"foreign_cores_before": 0.1}]}
+    head, table = benchreport.table_batching(doc)
+    assert head[5] == "upstream calls per request"
+    assert table[1][:7] == ["64", "on (max_wait_ms = 20)", "1,500", "40,000", "90,000",
+                            "0.062", "16.0"]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "batching.json").write_text(json.dumps(doc))
+    readme = tmp_path / "README.md"
+    untouched = "<!-- bench:e2e:start -->\nkept\n<!-- bench:e2e:end -->\n"
+    readme.write_text(untouched + "<!-- bench:batching:start -->\nold\n"
+                      "<!-- bench:batching:end -->\n")
+    assert benchreport.main(["--results", str(results), "--readme", str(readme),
+                             "--only", "batching"]) == 0
+    text = readme.read_text()
+    assert text.startswith(untouched) and "old" not in text
+    assert "| 64 | on (max_wait_ms = 20) | 1,500 |" in text and "median of 0.50 cores" in text

@@ -105,6 +105,7 @@ class Agent:
             "upstreams": [u.describe() for u in worker.upstreams[1:]],
             "profiling": self.profile is not None,
             "access_log_queued": len(self.access_log.queue) if self.access_log else None,
+            "cache": worker.cache.state() if worker.cache is not None else None,
         }
 
     def start_profile(self, msg_id: Any, seconds: float) -> None:

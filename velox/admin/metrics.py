@@ -52,6 +52,8 @@ _HISTOGRAMS = (
      "Request sent upstream to the upstream's response headers."),
     (H.OVERHEAD, "velox_gateway_overhead_seconds",
      "What the gateway itself added: request duration minus upstream latency."),
+    (H.CACHE_HIT, "velox_cache_hit_duration_seconds",
+     "Request's last byte to a cache hit's answer written (hits are not in request_duration)."),
 )
 # (field, metric name, help) for per-worker counters read straight from F.
 _COUNTERS = (
@@ -82,6 +84,17 @@ _COUNTERS = (
      "Upstream warm-up requests unanswered within the connect timeout."),
     (F.UPSTREAM_TIMEOUT_RETIREMENTS, "velox_upstream_timeout_retirements",
      "Upstream connections retired after consecutive request timeouts."),
+)
+_CACHE_COUNTERS = (
+    (F.CACHE_HITS, "velox_cache_hits", "Requests answered from the response cache."),
+    (F.CACHE_MISSES, "velox_cache_misses", "Cacheable requests sent upstream."),
+    (F.CACHE_BYPASSES, "velox_cache_bypasses",
+     "Requests of cached routes that skipped the cache (no-store, uncacheable)."),
+    (F.CACHE_COALESCED, "velox_cache_coalesced",
+     "Requests answered by an identical request's upstream call (coalesced in flight)."),
+    (F.CACHE_STORES, "velox_cache_stores", "Answers stored in the response cache."),
+    (F.CACHE_ALONE, "velox_cache_sent_alone",
+     "Coalesced requests sent on their own because the call they waited for failed."),
 )
 _GAUGES = (
     (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),
@@ -135,6 +148,33 @@ class VeloxCollector(Collector):
             retries.add_metric([reason], n)
         yield retries
 
+    def _embeddings_batches(self) -> Iterator[Metric]:
+        """velox_embeddings_batch_*: embeddings batching (velox.batch), all workers."""
+        totals = self.shared.counters.totals()
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_calls",
+            "Upstream calls of embeddings-batching routes (a lone request is a batch of one).",
+            value=totals[F.EMB_BATCHES])
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_requests", "Client requests carried by those calls.",
+            value=totals[F.EMB_BATCH_MEMBERS])
+        left = CounterMetricFamily(
+            "velox_embeddings_batch_left",
+            "Batches by why they left: nothing in flight, full, or max_wait_ms passed.",
+            labels=["reason"])
+        left.add_metric(["immediate"], totals[F.EMB_IMMEDIATE_BATCHES])
+        left.add_metric(["full"], totals[F.EMB_FULL_BATCHES])
+        left.add_metric(["timeout"], totals[F.EMB_TIMEOUT_BATCHES])
+        yield left
+        yield CounterMetricFamily(
+            "velox_embeddings_batch_split_retries",
+            "Members sent again alone after their merged call got a 400.",
+            value=totals[F.EMB_SPLIT_RETRIES])
+        calls = totals[F.EMB_BATCHES]
+        yield GaugeMetricFamily(
+            "velox_embeddings_batch_size_mean", "Mean client requests per upstream call.",
+            value=totals[F.EMB_BATCH_MEMBERS] / calls if calls else 0.0)
+
     def collect(self) -> Iterator[Metric]:
         # Worker slots (stats.SharedStats): counters and histograms for every slot that has
         # run a worker (they stay cumulative across reloads), gauges for the serving slots only.
@@ -187,6 +227,8 @@ class VeloxCollector(Collector):
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)
         yield from self._rate_limit()
+        yield from self._cache()
+        yield from self._embeddings_batches()
         yield from self._histograms(ran)
         runs, active = self.profile_runs()
         yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",
@@ -233,6 +275,30 @@ class VeloxCollector(Collector):
                                 "Refill rate of the shared bucket.", value=bucket.rate_per_minute)
         yield GaugeMetricFamily("velox_ratelimit_burst", "Capacity of the shared bucket.",
                                 value=bucket.burst)
+
+    def _cache(self) -> Iterator[Metric]:
+        """The response cache (velox.cache): outcomes summed over workers, the store's state."""
+        store = self.shared.cache
+        yield GaugeMetricFamily("velox_cache_enabled", "1 if the response cache is on.",
+                                value=0 if store is None else 1)
+        totals = self.shared.counters.totals()
+        for field, name, doc in _CACHE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=totals[field])
+        if store is None:
+            return
+        stats = store.stats()
+        yield GaugeMetricFamily("velox_cache_entries", "Answers in the cache.",
+                                value=stats["entries"])
+        yield GaugeMetricFamily("velox_cache_bytes",
+                                "Cache memory in use (answers and their overhead).",
+                                value=stats["bytes"])
+        yield GaugeMetricFamily("velox_cache_capacity_bytes", "VELOX_CACHE_MAX_BYTES.",
+                                value=stats["capacity"])
+        yield CounterMetricFamily("velox_cache_evictions",
+                                  "Answers evicted to make room (least recently used first).",
+                                  value=stats["evictions"])
+        yield CounterMetricFamily("velox_cache_expired", "Answers dropped past their TTL.",
+                                  value=stats["expired"])
 
     def _histograms(self, slots: list[int]) -> Iterator[Metric]:
         for kind, name, doc in _HISTOGRAMS:

@@ -117,6 +117,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             if totals[F.BATCHES] else 0.0,
             "full": totals[F.BATCHES_FULL],
             "max_size": settings.batch_max,
+            "embeddings": embeddings_batches(totals),
         },
         "rate_limit": {
             "enabled": bucket is not None,
@@ -145,6 +146,49 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "retries": dict(zip(RETRY_REASONS, shared.retries.totals(), strict=True)),
         "retry_budget": shared.health.snapshot()["retry_budget"],
         "workers": workers,
+        "cache": cache_doc(shared, totals),
+    }
+
+
+def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
+    """The response cache (velox.cache): outcomes from the counters, the store's own state.
+    hit_rate: the share of cacheable requests answered without an upstream call of their own
+    (hits and coalesced over hits, coalesced and misses; bypasses are not lookups)."""
+    hits, misses = totals[F.CACHE_HITS], totals[F.CACHE_MISSES]
+    coalesced = totals[F.CACHE_COALESCED]
+    answered = hits + coalesced
+    store = shared.cache.stats() if shared.cache is not None else {}
+    return {
+        "enabled": shared.cache is not None,
+        "hits": hits,
+        "misses": misses,
+        "bypasses": totals[F.CACHE_BYPASSES],
+        "coalesced": coalesced,
+        "hit_rate": round(answered / (answered + misses), 4) if answered + misses else 0.0,
+        "stores": totals[F.CACHE_STORES],
+        "sent_alone": totals[F.CACHE_ALONE],
+        "entries": store.get("entries", 0),
+        "bytes": store.get("bytes", 0),
+        "capacity": store.get("capacity", 0),
+        "evictions": store.get("evictions", 0),
+        "expired": store.get("expired", 0),
+        "latency_hit": latency(shared.histograms[H.CACHE_HIT]),
+    }
+
+
+def embeddings_batches(totals: list[int]) -> dict[str, Any]:
+    """Embeddings batching (velox.batch), all workers: upstream calls of batching routes
+    (a lone request is a batch of one), members per call, why merged calls left, and members
+    sent again alone after a 400."""
+    calls = totals[F.EMB_BATCHES]
+    return {
+        "total_batches": calls,
+        "avg_batch_size": round(totals[F.EMB_BATCH_MEMBERS] / calls, 2) if calls else 0.0,
+        "timeout_batches": totals[F.EMB_TIMEOUT_BATCHES],
+        "full_batches": totals[F.EMB_FULL_BATCHES],
+        "immediate_batches": totals[F.EMB_IMMEDIATE_BATCHES],
+        "requests": totals[F.EMB_BATCH_MEMBERS],
+        "split_retries": totals[F.EMB_SPLIT_RETRIES],
     }
 
 

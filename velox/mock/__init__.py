@@ -22,7 +22,9 @@ Quick reference (details in the module docstrings):
   /openai/responses, GET /openai/models, each needing an `api-key` header (401 otherwise) and
   an `api-version` query parameter (404 otherwise), with Azure's error body.
 * Embeddings: each input's vector is a deterministic function of the input
-  (`payloads.embedding_vector`), `index` per input, usage.prompt_tokens ~ input length / 4.
+  (`payloads.embedding_vector`), `index` per input, usage.prompt_tokens ~ input length / 4
+  (additive per input). A call with an empty input ("" or []) is refused as a whole with
+  OpenAI's 400 (`param` "input"), as OpenAI does.
 * Per-request control headers: `x-mock-latency-ms`, `x-mock-latency-per-input-us`
   (embeddings: added per input item), `x-mock-status` (200-599, error body for >= 400,
   `retry-after: 1` on 429), `x-mock-chunks`, `x-mock-chunk-delay-ms`, `x-mock-fault`
@@ -33,8 +35,9 @@ Quick reference (details in the module docstrings):
 * `/_mock/stats`, `/_mock/requests?limit=N`, `POST /_mock/reset`: not counted as traffic; a
   connection whose first request is a control call is not counted in `connections` either.
   Each request-log entry names the `instance` that answered and what it received: `path`
-  (with the query, as received), `query`, the body's `model`, the Azure `deployment`, and
-  `auth` (kind + `fingerprint()` of the credential).
+  (with the query, as received), `query`, the body's `model`, the Azure `deployment`,
+  `auth` (kind + `fingerprint()` of the credential), and `inputs` (an embeddings call's input
+  items; 0 for other calls).
 
 Imports: stdlib only (the server modules run in a subprocess: python -m velox.mock).
 """

@@ -327,6 +327,14 @@ def _embeddings(req: dict, model: str, latency_ms: int, chunks: int, status: int
     if items is None:
         return error_plan(400, "'input' must be a non-empty string or array", latency_ms,
                           param="input")
+    bad = next((i for i, item in enumerate(items) if not item), None)
+    if bad is not None:
+        # OpenAI refuses a whole call when one input is empty (a "" string or an empty token
+        # list): one bad input in a merged batch fails every input of it, as upstream.
+        plan = error_plan(400, f"'$.input[{bad}]' is invalid: an input must not be empty.",
+                          latency_ms, param="input")
+        plan.inputs = len(items)
+        return plan
     plan = _ok(payloads.embeddings(req, model, items), latency_ms, status)
     plan.inputs = len(items)
     return plan

@@ -11,7 +11,8 @@ Each `/_mock/requests` entry says which mock answered (`instance`, from `--name`
 received: `path` (the request target as received, query included, as it always was) and
 `query` (the part after '?', "" without one), the body's `model`, the Azure
 `deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
-`key_sha256`: `fingerprint(credential)`}, plus the raw `headers` as before (tests of the
+`key_sha256`: `fingerprint(credential)`}, `inputs` (an embeddings call's input items, 0 for
+other calls), plus the raw `headers` as before (tests of the
 gateway's header forwarding compare them; the mock only ever sees test keys).
 
 Imports: mock (fingerprint), mock.behaviour, stdlib, orjson.
@@ -45,7 +46,7 @@ LOG_SIZE = 1000
 
 # Request log record layout (a list, cheap to build per request); index names:
 R_TIME, R_PROTO, R_METHOD, R_TARGET, R_HEADERS, R_LEN, R_SHA, R_STREAM, R_CANCELLED, \
-    R_STATUS, R_FAULT, R_ID, R_MODEL, R_DEPLOYMENT = range(14)
+    R_STATUS, R_FAULT, R_ID, R_MODEL, R_DEPLOYMENT, R_INPUTS = range(15)
 
 
 def auth_of(headers: list[tuple[bytes, bytes]]) -> dict:
@@ -168,7 +169,8 @@ class MockState:
             row[FAULTS] += 1
         record = [time.time(), proto, method, target, headers, len(body),
                   hashlib.sha256(body).digest(), plan.stream, False, plan.status, plan.fault,
-                  plan.dynamic[0][1] if plan.dynamic else None, plan.model, plan.deployment]
+                  plan.dynamic[0][1] if plan.dynamic else None, plan.model, plan.deployment,
+                  plan.inputs]
         self.log.append(record)
         return plan, record
 
@@ -234,6 +236,7 @@ class MockState:
             "cancelled": bool(r[R_CANCELLED]), "cancelled_at": r[R_CANCELLED] or None,
             "status": r[R_STATUS], "fault": r[R_FAULT],
             "request_id": r[R_ID].decode() if r[R_ID] else None,
+            "inputs": r[R_INPUTS],  # embeddings: input items of the call (0 otherwise)
         } for r in records]
 
     def reset(self) -> None:

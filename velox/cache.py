@@ -1,0 +1,746 @@
+"""Response cache: answers served again without the upstream, and identical requests in flight
+coalesced into one upstream call.
+
+One store for the whole gateway (`velox._native.SharedCache`, one shared mapping the supervisor
+creates before it forks, like the token bucket), so a prompt is missed once per gateway, not
+once per worker, and held once. Each worker runs a `CacheFront` in its pipeline, after parsing
+and before the global rate limiter (worker.process):
+
+* `front(batch)`: every model call of a cached route (VELOX_CACHE=1: all; else `cache = true`
+  in VELOX_CONFIG) gets a key; a stored answer is written at once (`x-velox-cache: hit`, `age`),
+  without the limiter's upstream quota and without dispatch. A request whose key is already
+  being fetched waits for that answer instead (below). The rest continue as misses.
+* `follows(request)` / `observe(exchange)`, after admission: a miss whose key was taken by an
+  earlier request of the same batch follows it; otherwise its `relay.Exchange` gets an
+  observer (`Flight`) that records the committed answer, stores it if it is a complete 200 whose
+  body is what its content type says (JSON that parses; an event stream that ended with
+  `data: [DONE]` and carries no error event), and serves the requests that wait for it.
+
+The key (`cache_key`): BLAKE2b-256 over the path (query included), the model the client named,
+the caller's identity (route.caller_of: SHA-256 of the credential it presented; one tenant is
+never served another's answer), whether it streams, and the body in canonical form
+(`canonical_body`: orjson with sorted keys, no insignificant whitespace, without `user`,
+`stream_options` and `metadata`).
+
+Client controls (`cache_control`, request header Cache-Control): `no-cache` skips the lookup and
+stores the fresh answer (it follows no request in flight); `no-store` neither looks up nor
+stores (nor leads or follows); `max-age=N` accepts only entries at most N seconds old.
+
+Coalescing. Within a worker, requests with the key of a `Flight` in progress attach to it as
+followers: a streamed answer gives them the events so far, then the rest live; a whole one is
+written to each when it completes. Across workers, the leader holds the store's in-flight
+marker (`claim`) and requests in other workers wait for the entry to appear (`RemoteWait`,
+polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout); streamed
+requests do not wait across workers (the entry appears only once the stream is complete, which
+would take their first byte to the end of the stream). A follower whose leader fails (no
+answer, or one that is not a 200) is sent on its own (`send_alone`, the worker's); one whose
+leader's stream broke after it started gets the same broken ending as the leader's client. A
+client that disconnects never cancels an upstream call that others wait for: the call runs on
+without it (`client_gone`), and is cancelled only when no one is left.
+
+Imports: _types, relay (Exchange, Observer), errors, health (the clock), route (caller_of),
+the native extension (SharedCache, lazily),
+stats (field numbers), tables, config (annotations), orjson, stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from velox._types import Headers, Request, Route
+from velox.errors import UpstreamProtocolError, to_response
+from velox.health import now_ms
+from velox.route import caller_of
+from velox.stats import F, H
+from velox.tables import CATCH_ALL, Tables
+
+if TYPE_CHECKING:
+    from velox.config import Settings
+    from velox.relay import Exchange
+
+log = logging.getLogger("velox.cache")
+
+CACHEABLE_PATHS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+# Body members that do not change the answer (who asks, how usage is reported, tags).
+IGNORED_MEMBERS = ("user", "stream_options", "metadata")
+HEADER = b"x-velox-cache"
+HIT, MISS, BYPASS = b"hit", b"miss", b"bypass"
+# Response headers not stored: the gateway's own, and those that describe one moment of the
+# upstream (its rate-limit state, the date) rather than the answer.
+_NOT_STORED = frozenset((b"server-timing", b"x-velox-upstream", b"x-velox-attempts", HEADER,
+                         b"date", b"age", b"set-cookie"))
+_EVENT_STREAM = b"text/event-stream"
+_JSON = b"application/json"
+_DONE = b"data: [DONE]"
+_PERSON = b"velox-cache-v1"  # BLAKE2b personalisation: a new entry format changes every key
+_ENTRY = struct.Struct("<BI")  # is-event-stream, length of the header block
+# Cross-worker followers poll the store at growing intervals: 1, 2, 4, 8, 16, 20, 20 ... ms.
+_POLL_FIRST_S = 0.001
+_POLL_MAX_S = 0.020
+_sort = orjson.OPT_SORT_KEYS
+_AGES = tuple(b"%d" % n for n in range(64))
+
+
+class Store(Protocol):
+    """What the cache needs of its store (velox._native.SharedCache; a fake in the tests)."""
+
+    @property
+    def max_value(self) -> int: ...
+
+    def get(self, key: bytes, now_ms: int, max_age_ms: int = -1) -> tuple[bytes, int] | None: ...
+
+    def put(self, key: bytes, value: bytes, now_ms: int, ttl_ms: int) -> bool: ...
+
+    def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
+
+    def unwait(self, key: bytes, /) -> None: ...
+
+    def waiting(self, key: bytes, /) -> int: ...
+
+    def release(self, key: bytes, /) -> object: ...
+
+    def pending(self, key: bytes, now_ms: int) -> bool: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+def enabled(settings: Settings) -> bool:
+    """Caching is on somewhere: VELOX_CACHE=1 or a route with `cache = true`."""
+    tables = settings.tables
+    return settings.cache or (tables is not None and any(r.cache for r in tables.routes))
+
+
+def create_store(settings: Settings) -> Store | None:
+    """The gateway's shared store, or None when no route caches. Call before forking."""
+    if not enabled(settings):
+        return None
+    from velox._native import SharedCache
+
+    store: Store = SharedCache(settings.cache_max_bytes)
+    return store
+
+
+# --- the key and the controls ------------------------------------------------------------------
+
+
+def cache_control(headers: Headers) -> tuple[bool, bool, int]:
+    """(no_cache, no_store, max_age_ms) from the request's Cache-Control header(s); -1: no
+    max-age. Unknown directives are ignored (RFC 9111 §5.2); a max-age that is not a
+    non-negative integer counts as 0 (only a fresh answer will do), one past 2^31 as 2^31."""
+    no_cache = no_store = False
+    max_age = -1
+    for name, value in headers:
+        if name != b"cache-control":
+            continue
+        for directive in value.split(b","):
+            word, _, arg = directive.strip().partition(b"=")
+            word = word.strip().lower()
+            if word == b"no-cache":
+                no_cache = True
+            elif word == b"no-store":
+                no_store = True
+            elif word == b"max-age":
+                arg = arg.strip().strip(b'"')
+                seconds = min(int(arg), 1 << 31) if arg.isdigit() else 0
+                max_age = seconds if max_age < 0 else min(max_age, seconds)
+    return no_cache, no_store, max_age * 1000 if max_age >= 0 else -1
+
+
+def canonical_body(body: bytes | bytearray | memoryview) -> bytes | None:
+    """The body as sorted-key compact JSON without the members that do not change the
+    answer; None when it is not a JSON object orjson can read (then it is not cached)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict:
+        return None
+    for name in IGNORED_MEMBERS:
+        doc.pop(name, None)
+    return orjson.dumps(doc, option=_sort)
+
+
+def cache_key(path: bytes, model: str, caller: bytes, stream: bool, canonical: bytes) -> bytes:
+    """BLAKE2b-256 of the parts; each variable-length part is length-prefixed, so no two
+    different tuples hash the same bytes."""
+    h = hashlib.blake2b(digest_size=32, person=_PERSON)
+    for part in (path, model.encode(), caller):
+        h.update(len(part).to_bytes(4, "little"))
+        h.update(part)
+    h.update(b"\x01" if stream else b"\x00")
+    h.update(canonical)
+    return h.digest()
+
+
+# --- what is stored ----------------------------------------------------------------------------
+
+
+def encode_entry(sse: bool, headers: Headers, body: bytes) -> bytes:
+    """One stored answer: flag, the response headers (NUL-separated; header fields cannot
+    hold NUL), then the body (JSON, or the event stream's bytes as the upstream sent them)."""
+    block = b"\0".join(b"%b\0%b" % (name, value) for name, value in headers)
+    return _ENTRY.pack(1 if sse else 0, len(block)) + block + body
+
+
+def decode_entry(value: bytes) -> tuple[bool, Headers, bytes]:
+    sse, size = _ENTRY.unpack_from(value)
+    start = _ENTRY.size
+    parts = value[start:start + size].split(b"\0") if size else []
+    return bool(sse), list(zip(parts[::2], parts[1::2])), value[start + size:]
+
+
+def storable(status: int, headers: Headers, body: bytes) -> bool:
+    """A complete 200 whose body is what its content type says."""
+    if status != 200:
+        return False
+    content_type = b""
+    for name, value in headers:
+        if name == b"content-type":
+            content_type = value.lower()
+            break
+    if content_type.startswith(_JSON):
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return False
+        return True
+    if content_type.startswith(_EVENT_STREAM):
+        return complete_event_stream(body)
+    return False
+
+
+def complete_event_stream(body: bytes) -> bool:
+    """The stream's last event is `data: [DONE]` and no event is an error (an `event: error`
+    line, or a data object with a top-level `error`)."""
+    events = [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+    if not events or events[-1].strip() != _DONE:
+        return False
+    for event in events[:-1]:
+        for line in event.split(b"\n"):
+            field, _, value = line.partition(b":")
+            value = value.strip()
+            if field == b"event" and value == b"error":
+                return False
+            if field == b"data":
+                if value == b"[DONE]":
+                    return False  # [DONE] before the end
+                if b'"error"' in value:
+                    try:
+                        doc = orjson.loads(value)
+                    except orjson.JSONDecodeError:
+                        return False
+                    if type(doc) is dict and "error" in doc:
+                        return False
+    return True
+
+
+def _stored_headers(headers: Headers) -> Headers:
+    return [h for h in headers if h[0] not in _NOT_STORED and not h[0].startswith(b"x-ratelimit")]
+
+
+def _age(age_ms: int) -> bytes:
+    seconds = age_ms // 1000
+    return _AGES[seconds] if seconds < len(_AGES) else b"%d" % seconds
+
+
+# --- per request -------------------------------------------------------------------------------
+
+
+class Ticket:
+    """A cached route's model call on its way (request.cache)."""
+
+    __slots__ = ("key", "follow", "store", "max_age_ms", "alone", "marker")
+
+    def __init__(self, key: bytes, follow: bool, store: bool, max_age_ms: int = -1) -> None:
+        self.key = key  # b"" for a bypass
+        self.follow = follow  # may look up, lead or follow an identical request in flight
+        self.store = store  # its answer may be stored
+        self.max_age_ms = max_age_ms  # Cache-Control max-age; -1: any fresh entry
+        self.alone = False  # sent on its own after its leader failed
+        self.marker = False  # took the store's in-flight marker: it leads across workers
+
+
+_BYPASS = Ticket(b"", False, False)
+
+
+class _Detached:
+    """Where a leader's exchange writes once its client has left (a Responder doing nothing)."""
+
+    closed = True
+    write_paused = False
+
+    def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
+                body: bytes | memoryview) -> None:
+        pass
+
+    def respond_error(self, request: Request, exc: BaseException) -> None:
+        pass
+
+    def start_stream(self, request: Request, status: int,
+                     headers: Sequence[tuple[bytes, bytes]]) -> None:
+        pass
+
+    def send_chunk(self, data: bytes) -> None:
+        pass
+
+    def end_stream(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+_DETACHED = _Detached()
+
+
+class _Tag:
+    """The observer of a bypass: it only says so in the answer's headers."""
+
+    def head(self, status: int, headers: Headers) -> None:
+        headers.append((HEADER, BYPASS))
+
+    def data(self, data: bytes) -> None:
+        pass
+
+    def end(self, error: BaseException | None) -> None:
+        pass
+
+    def client_gone(self, exchange: Exchange) -> bool:
+        return False
+
+
+_TAG = _Tag()
+
+
+class Waiting:
+    """A follower's stand-in for an exchange (request.exchange): ingress tells it when the
+    client leaves or can take writes again."""
+
+    __slots__ = ("owner", "request", "started")
+
+    def __init__(self, owner: Flight | RemoteWait, request: Request) -> None:
+        self.owner = owner
+        self.request = request
+        self.started = False  # the answer's head has been written to this client
+
+    def client_gone(self) -> None:
+        self.owner.leave(self)
+
+    def client_writable(self) -> None:
+        pass
+
+
+class Flight:
+    """One upstream call whose answer is recorded (and stored), with the requests waiting for
+    it. The relay's observer of that call's exchange."""
+
+    __slots__ = ("front", "key", "exchange", "ticket", "status", "headers", "chunks", "size",
+                 "sse", "tail", "overflow", "followers", "marker", "registered", "leader_gone")
+
+    def __init__(self, front: CacheFront, exchange: Exchange, ticket: Ticket) -> None:
+        self.front = front
+        self.key = ticket.key
+        self.exchange: Exchange | None = exchange
+        self.ticket = ticket
+        self.status = 0
+        self.headers: Headers = []  # as stored: without the gateway's own and momentary ones
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.sse = False
+        self.tail = b""  # the last two bytes recorded: b"\n\n" ends an event
+        self.overflow = False  # recorded past the store's max_value: not stored, no new followers
+        self.followers: list[Waiting] = []
+        self.marker = False  # holds the store's in-flight marker (cross-worker coalescing)
+        self.registered = False  # in front.flights: identical requests of this worker follow it
+        self.leader_gone = False
+
+    @property
+    def joinable(self) -> bool:
+        return not self.overflow and (self.status == 0 or (self.status == 200 and self.sse))
+
+    def join(self, request: Request) -> None:
+        waiting = Waiting(self, request)
+        request.exchange = waiting
+        self.followers.append(waiting)
+        if self.status == 200 and self.sse:  # the stream is under way: events so far, then live
+            self._start(waiting)
+            body = b"".join(self.chunks)
+            if body:
+                request.conn.send_chunk(body)
+
+    def leave(self, waiting: Waiting) -> None:
+        """A follower's client left."""
+        try:
+            self.followers.remove(waiting)
+        except ValueError:
+            return
+        request = waiting.request
+        request.exchange = None
+        self.front.release_body(request)
+        exchange = self.exchange
+        if self.leader_gone and exchange is not None and not self._others_wait():
+            exchange.client_gone()  # no one is left: cancel the upstream call
+
+    def _others_wait(self) -> bool:
+        return bool(self.followers) or (self.marker and self.front.store.waiting(self.key) > 0)
+
+    # --- relay.Observer ----------------------------------------------------------------------
+
+    def head(self, status: int, headers: Headers) -> None:
+        self.status = status
+        self.headers = _stored_headers(headers)
+        headers.append((HEADER, MISS))
+        for name, value in headers:
+            if name == b"content-type":
+                self.sse = value.startswith(_EVENT_STREAM)
+                break
+        if status == 200 and self.sse:
+            for waiting in self.followers:
+                self._start(waiting)
+
+    def data(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self.overflow:
+            self.size += len(data)
+            if self.size > self.front.max_value and (self.sse or not self.followers):
+                # Too large to store: forget it (streaming followers have it all already).
+                self.overflow = True
+                self.chunks = []
+            else:
+                self.chunks.append(data)
+        self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
+        if self.status == 200 and self.sse:
+            for waiting in self.followers:
+                waiting.request.conn.send_chunk(data)
+
+    def end(self, error: BaseException | None) -> None:
+        front = self.front
+        if self.registered and front.flights.get(self.key) is self:
+            del front.flights[self.key]
+        self.registered = False
+        self.exchange = None
+        body = b"".join(self.chunks)
+        self.chunks = []
+        ok = error is None and self.status == 200
+        if ok and self.ticket.store and not self.overflow and storable(
+                self.status, self.headers, body):
+            front.put(self.key, encode_entry(self.sse, self.headers, body))
+        if self.marker:
+            self.marker = False
+            front.store.release(self.key)
+        followers = self.followers
+        if not followers:
+            return
+        self.followers = []
+        if ok and self.sse:
+            for waiting in followers:
+                request = waiting.request
+                request.exchange = None
+                request.conn.end_stream()
+            front.coalesced(len(followers))
+        elif ok:
+            headers = self.headers + [(HEADER, HIT), (b"age", b"0")]
+            for waiting in followers:
+                request = waiting.request
+                request.exchange = None
+                request.conn.respond(request, 200, headers, body)
+            front.coalesced(len(followers))
+        elif self.status == 200 and self.sse and followers[0].started:
+            # Broken after the stream started: what the leader's client got (relay.on_error).
+            event = b"data: %b\n\n" % to_response(error or UpstreamProtocolError()).body
+            for waiting in followers:
+                request = waiting.request
+                request.exchange = None
+                if self.tail in (b"", b"\n\n"):
+                    request.conn.send_chunk(event)
+                    request.conn.end_stream()
+                else:
+                    request.conn.abort()
+            front.coalesced(len(followers))
+        else:
+            front.send_alone([w.request for w in followers])
+
+    def client_gone(self, exchange: Exchange) -> bool:
+        if not self._others_wait():
+            return False
+        self.leader_gone = True
+        exchange.conn = _DETACHED  # the answer still reaches the followers and the store
+        return True
+
+    def _start(self, waiting: Waiting) -> None:
+        waiting.started = True
+        request = waiting.request
+        request.conn.start_stream(request, 200, self.headers + [(HEADER, HIT), (b"age", b"0")])
+
+
+class RemoteWait:
+    """Requests of this worker waiting for an identical request another worker leads: they
+    poll the store until the entry appears (answered as coalesced), the marker disappears
+    without one or the upstream's request timeout passes (then each is sent on its own)."""
+
+    __slots__ = ("front", "key", "requests", "delay", "deadline", "timer")
+
+    def __init__(self, front: CacheFront, key: bytes, deadline: float) -> None:
+        self.front = front
+        self.key = key
+        self.requests: list[Waiting] = []
+        self.delay = _POLL_FIRST_S
+        self.deadline = deadline
+        self.timer: asyncio.TimerHandle | None = front.loop.call_later(self.delay, self.poll)
+
+    def join(self, request: Request) -> None:
+        waiting = Waiting(self, request)
+        request.exchange = waiting
+        self.requests.append(waiting)
+
+    def leave(self, waiting: Waiting) -> None:
+        try:
+            self.requests.remove(waiting)
+        except ValueError:
+            return
+        waiting.request.exchange = None
+        self.front.release_body(waiting.request)
+        if not self.requests:
+            self._close()
+
+    def _close(self) -> None:
+        front = self.front
+        if front.waits.get(self.key) is self:
+            del front.waits[self.key]
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        front.store.unwait(self.key)
+
+    def poll(self) -> None:
+        self.timer = None
+        front, key = self.front, self.key
+        store = front.store
+        now = now_ms()
+        got = store.get(key, now)
+        if got is None and not store.pending(key, now):
+            got = store.get(key, now)  # the leader may have stored it between the two calls
+            if got is None:
+                self._give_up()
+                return
+        if got is not None:
+            waiting = self.requests
+            self.requests = []
+            self._close()
+            for w in waiting:
+                w.request.exchange = None
+                front.answer(w.request, got[0], got[1])
+            front.coalesced(len(waiting))
+            return
+        if time.monotonic() >= self.deadline:
+            self._give_up()
+            return
+        self.delay = min(self.delay * 2, _POLL_MAX_S)
+        self.timer = front.loop.call_later(self.delay, self.poll)
+
+    def _give_up(self) -> None:
+        waiting = self.requests
+        self.requests = []
+        self._close()
+        self.front.send_alone([w.request for w in waiting])
+
+
+class CacheFront:
+    """One worker's cache stage (see the module docstring)."""
+
+    __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "hold_ms",
+                 "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
+                 "_send_alone")
+
+    def __init__(self, settings: Settings, tables: Tables, store: Store,
+                 loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
+                 send_alone: Callable[[list[Request]], None],
+                 release_body: Callable[[Request], None]) -> None:
+        self.store = store
+        self.loop = loop
+        self.counters = counters
+        self.hit_latency = histograms[H.CACHE_HIT]
+        self.slot = slot
+        self.ttl_ms = settings.cache_ttl_s * 1000
+        # A leader's marker outlives a dead leader by at most the longest request timeout;
+        # followers in other workers wait as long before they go on their own.
+        self.hold_ms = max(u.request_timeout_ms for u in tables.upstreams)
+        self.max_value = store.max_value
+        self.by_model = {r.model: settings.cache or r.cache for r in tables.routes
+                         if r.model != CATCH_ALL}
+        self.catch_all = any((settings.cache or r.cache) for r in tables.routes
+                             if r.model == CATCH_ALL)
+        self.flights: dict[bytes, Flight] = {}
+        self.waits: dict[bytes, RemoteWait] = {}
+        self._send_alone = send_alone
+        self.release_body = release_body
+
+    def cached(self, model: str) -> bool:
+        flag = self.by_model.get(model)
+        return self.catch_all if flag is None else flag
+
+    # --- before the limiter ------------------------------------------------------------------
+
+    def front(self, batch: list[Request]) -> list[Request]:
+        """Answer the hits, attach the followers; return the requests that go on."""
+        out: list[Request] = []
+        now = 0
+        counters, slot = self.counters, self.slot
+        for request in batch:
+            model = request.model
+            if request.route is not Route.MODEL_CALL or model is None or not self.cached(model):
+                out.append(request)
+                continue
+            ticket = self.ticket(request)
+            request.cache = ticket
+            if ticket is _BYPASS:
+                counters.add(slot, F.CACHE_BYPASSES, 1)
+                out.append(request)
+                continue
+            key = ticket.key
+            if not now:
+                now = now_ms()
+            if ticket.follow:  # neither no-cache nor no-store
+                got = self.store.get(key, now, ticket.max_age_ms)
+                if got is not None:
+                    counters.add(slot, F.CACHE_HITS, 1)
+                    self.answer(request, got[0], got[1])
+                    continue
+                flight = self.flights.get(key)
+                if flight is not None and flight.joinable:
+                    flight.join(request)
+                    continue
+                if not request.stream and self._wait_remote(request, key, now):
+                    continue
+            out.append(request)
+        return out
+
+    def ticket(self, request: Request) -> Ticket:
+        bare = request.path.split(b"?", 1)[0]
+        if bare not in CACHEABLE_PATHS:
+            return _BYPASS
+        no_cache, no_store, max_age_ms = cache_control(request.headers)
+        if no_store:
+            return _BYPASS
+        canonical = canonical_body(request.body)
+        if canonical is None:
+            return _BYPASS
+        key = cache_key(request.path, request.model or "", caller_of(request), request.stream,
+                        canonical)
+        return Ticket(key, not no_cache, True, max_age_ms)
+
+    def _wait_remote(self, request: Request, key: bytes, now: int) -> bool:
+        wait = self.waits.get(key)
+        if wait is None:
+            store = self.store
+            if not store.pending(key, now):
+                return False
+            if store.claim(key, now, self.hold_ms):
+                store.release(key)  # the leader finished meanwhile: this one will lead
+                return False
+            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            self.waits[key] = wait
+        wait.join(request)
+        return True
+
+    def answer(self, request: Request, value: bytes, age_ms: int) -> None:
+        """Write a stored answer (a hit, or one a request in another worker fetched)."""
+        sse, headers, body = decode_entry(value)
+        headers.append((HEADER, HIT))
+        headers.append((b"age", _age(age_ms)))
+        conn = request.conn
+        if sse:
+            conn.start_stream(request, 200, headers)
+            conn.send_chunk(body)  # every event in one chunk: one write for the whole replay
+            conn.end_stream()
+        else:
+            conn.respond(request, 200, headers, body)
+        self.hit_latency.record(self.slot, (time.perf_counter_ns() - request.t_received) // 1000)
+
+    # --- after the limiter -------------------------------------------------------------------
+
+    def follows(self, request: Request) -> bool:
+        """An admitted miss: True when an identical request is fetching the answer (one
+        admitted before it in this batch, or one another worker started meanwhile), which it
+        now waits for instead of being sent. Otherwise it leads: it takes the store's
+        in-flight marker here, atomically, so two workers never both lead one key."""
+        ticket: Ticket = request.cache
+        if not ticket.follow:
+            return False
+        key = ticket.key
+        flight = self.flights.get(key)
+        if flight is not None:
+            if not flight.joinable:
+                return False
+            flight.join(request)
+            return True
+        if request.stream:  # streams are not followed across workers
+            return False
+        wait = self.waits.get(key)
+        if wait is None:
+            now = now_ms()
+            if self.store.claim(key, now, self.hold_ms):
+                ticket.marker = True
+                return False
+            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            self.waits[key] = wait
+        wait.join(request)
+        return True
+
+    def observe(self, exchange: Exchange) -> None:
+        """Give the exchange of a request with a ticket its observer."""
+        ticket: Ticket = exchange.request.cache
+        if ticket is _BYPASS:
+            exchange.observer = _TAG
+            return
+        self.counters.add(self.slot, F.CACHE_MISSES, 1)
+        flight = Flight(self, exchange, ticket)
+        exchange.observer = flight
+        key = ticket.key
+        if ticket.follow and key not in self.flights:
+            flight.registered = True
+            self.flights[key] = flight
+        flight.marker = ticket.marker
+        ticket.marker = False
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self.store.put(key, value, now_ms(), self.ttl_ms):
+            self.counters.add(self.slot, F.CACHE_STORES, 1)
+
+    def coalesced(self, n: int) -> None:
+        self.counters.add(self.slot, F.CACHE_COALESCED, n)
+
+    def send_alone(self, requests: list[Request]) -> None:
+        """Followers whose leader failed: each is sent upstream on its own (it may still be
+        stored, but leads no one)."""
+        live = []
+        for request in requests:
+            request.exchange = None
+            if request.conn.closed:
+                self.release_body(request)
+                continue
+            ticket: Ticket = request.cache
+            alone = Ticket(ticket.key, False, ticket.store)
+            alone.alone = True
+            request.cache = alone
+            live.append(request)
+        if live:
+            self.counters.add(self.slot, F.CACHE_ALONE, len(live))
+            self._send_alone(live)
+
+    def state(self) -> dict[str, int]:
+        """For the worker's control-channel state: what this worker holds."""
+        return {"flights": len(self.flights),
+                "followers": sum(len(f.followers) for f in self.flights.values()),
+                "remote_waits": sum(len(w.requests) for w in self.waits.values())}
