@@ -15,6 +15,8 @@ NATIVE_SOURCES = [
     "native/vx_health.c",
     "native/vx_cache.c",
     "native/vx_limits.c",
+    "native/vx_hpack.c",
+    "native/vx_h2.c",
 ]
 
 setup(

@@ -7,7 +7,7 @@ range.
 """
 
 from collections.abc import Sequence
-from typing import Final, final
+from typing import Any, Final, final
 
 from typing_extensions import Buffer
 
@@ -446,3 +446,47 @@ class Limits:
     def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
         most 60 s); return the tokens admitted."""
+
+# The native HTTP/2 client codec (native/vx_h2.c); velox.egress.nativecodec is its face.
+H2_RESPONSE: Final[int]  # 1, as velox.egress.codec.RESPONSE
+H2_DATA: Final[int]  # 2
+H2_TRAILERS: Final[int]  # 3
+H2_RESET: Final[int]  # 4
+H2_GOAWAY: Final[int]  # 5
+H2_SETTINGS: Final[int]  # 6
+H2_PING_ACK: Final[int]  # 7
+H2_LOCAL_INITIAL_WINDOW_SIZE: Final[int]
+H2_LOCAL_CONNECTION_WINDOW: Final[int]
+H2_LOCAL_MAX_HEADER_LIST_SIZE: Final[int]
+H2_DATA_PER_CALL: Final[int]
+H2_DEFAULT_MAX_CONCURRENT_STREAMS: Final[int]
+H2_MAX_CONCURRENT_STREAMS_CAP: Final[int]
+
+@final
+class H2Client:
+    """velox.egress.codec.Codec in C; errors are raised as error_class(code, message, events)."""
+
+    def __init__(self, authority: bytes, scheme: bytes, error_class: type[Exception]) -> None: ...
+    def initiate(self) -> None: ...
+    def send_request(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: Buffer | None,
+        /,
+    ) -> int: ...
+    def receive_data(self, data: Buffer, /) -> list[tuple[Any, ...]]: ...
+    def data_to_send(self) -> bytes: ...
+    @property
+    def data_pending(self) -> bool: ...
+    def acknowledge(self, stream_id: int, n: int, /) -> None: ...
+    def reset_stream(self, stream_id: int, error_code: int = 8, /) -> None: ...
+    def send_ping(self, opaque: Buffer, /) -> None: ...
+    def close(self, error_code: int = 0, /) -> None: ...
+    @property
+    def max_concurrent_streams(self) -> int: ...
+    @property
+    def next_stream_id(self) -> int: ...
+    @property
+    def stream_state_count(self) -> int: ...

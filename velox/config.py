@@ -47,7 +47,7 @@ DEFAULT_CACHE_TTL_S = 3600
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
 
-EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx")
+EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx", "native")
 QUEUE_CHOICES = ("ring", "asyncio")
 PROTOCOL_CHOICES = ("auto", "h2", "http1")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -245,8 +245,8 @@ FIELDS: tuple[Field, ...] = (
           "bearer token sent upstream (falls back to OPENAI_API_KEY)", secret=True),
     Field("VELOX_API_KEYS", "api_keys", _key_list, "",
           "comma-separated keys clients must present (empty: no client auth)", secret=True),
-    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "framer",
-          "egress implementation: an HTTP/2 codec (framer, jh2, h2), http1, or httpx (baseline)"),
+    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "native",
+          "egress implementation: an HTTP/2 codec (framer, jh2, h2, native), http1, or httpx (baseline)"),
     Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
           "upstream connections per worker (empty: one per usable core)"),
     Field("VELOX_REQUEST_TIMEOUT_MS", "request_timeout_ms", _int_in(1, 86_400_000),
@@ -323,7 +323,7 @@ class Settings:
     upstream_ca_file: str = ""
     upstream_api_key: str = dataclasses.field(default="", repr=False)  # secrets: never in repr
     api_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
-    egress: str = "framer"
+    egress: str = "native"
     egress_pool_connections: int = 1
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS

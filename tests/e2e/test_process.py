@@ -151,7 +151,7 @@ def test_upstream_key_never_appears_in_responses_or_logs(start_gateway: GatewayF
     assert "Bearer" not in gw.log()
 
 
-@pytest.mark.parametrize("egress", ["framer", "jh2", "h2", "httpx"])
+@pytest.mark.parametrize("egress", ["framer", "jh2", "h2", "native", "httpx"])
 def test_every_egress_implementation_serves_the_api(start_gateway: GatewayFactory,
                                                     egress: str) -> None:
     gw = start_gateway(VELOX_EGRESS=egress, VELOX_WORKERS="1")
@@ -211,7 +211,7 @@ def test_cleartext_upstream(start_gateway: GatewayFactory, protocol: str, seen: 
             == {seen}
 
 
-@pytest.mark.parametrize("codec", ["framer", "jh2", "h2"])
+@pytest.mark.parametrize("codec", ["framer", "jh2", "h2", "native"])
 def test_goaway_and_stream_limits_lose_no_request(start_gateway: GatewayFactory,
                                                   tmp_path, codec: str) -> None:  # noqa: ANN001
     with MockUpstream(tls=True, goaway_after=10, max_concurrent_streams=4,
@@ -229,7 +229,7 @@ def test_goaway_and_stream_limits_lose_no_request(start_gateway: GatewayFactory,
 
         replies = asyncio.run(many())
         assert mock.stats()["goaways_sent"] >= 10
-    if codec == "framer":
+    if codec in ("framer", "native"):
         # Streams above the GOAWAY's last id are retried elsewhere, the others finish.
         assert [r.model for r in replies] == [f"m{i}" for i in range(120)]  # type: ignore[union-attr]
     else:

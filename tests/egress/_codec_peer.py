@@ -20,7 +20,10 @@ from hyperframe.frame import Frame
 from velox.egress.codec import DATA, Codec, make_codec
 from velox.egress.framer import Framer
 
-CODECS = ("framer", "jh2", "h2")
+CODECS = ("framer", "jh2", "h2", "native")
+# The codecs with the framer's policy: stream-level violations reset only the stream (the
+# native codec is a port of the framer, so it behaves the same everywhere).
+FRAMER_LIKE = ("framer", "native")
 # Plus the framer on its pure-Python HPACK decoder, for the tests that stress header decoding.
 DECODER_VARIANTS = (*CODECS, "framer-pyhpack")
 AUTHORITY = b"api.example.com"

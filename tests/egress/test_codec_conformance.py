@@ -1,6 +1,6 @@
 """Every egress HTTP/2 codec against a real HTTP/2 server (python-hyper `h2`, in memory).
 
-Each test runs for all codecs ("framer", "jh2", "h2"); the HPACK-heavy ones also for the framer on
+Each test runs for all codecs ("framer", "jh2", "h2", "native"); the HPACK-heavy ones also for the framer on
 its pure-Python decoder fallback. What a test asserts is observable protocol behaviour: what the
 server receives, which events the codec emits, and which frames it writes.
 """
@@ -501,7 +501,9 @@ JH2_TABLE_SIZE_BUG = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize("codec", ["framer", pytest.param("jh2", marks=JH2_TABLE_SIZE_BUG), "h2"])
+@pytest.mark.parametrize(
+    "codec", ["framer", pytest.param("jh2", marks=JH2_TABLE_SIZE_BUG), "h2", "native"]
+)
 def test_requests_survive_a_smaller_server_header_table(codec: str) -> None:
     peer = ready(codec)
     peer.server.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})

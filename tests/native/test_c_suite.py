@@ -1,5 +1,6 @@
 """Run the C test suite (`make -C native test`: unit tests and the 10M-item MPMC stress test,
-built normally and with ThreadSanitizer) so that `pytest` covers it too.
+built normally, with ThreadSanitizer and with AddressSanitizer + UndefinedBehaviorSanitizer) so
+that `pytest` covers it too.
 
 Marked slow (5 to 15 s on two cores): deselect with `-m "not slow"`.
 """
@@ -50,3 +51,7 @@ def test_make_native_test_passes() -> None:
     assert output.count("10000000 items, capacity 1024") == 2, output[-8000:]
     assert output.count("1000000 items, capacity 4") == 2, output[-8000:]
     assert output.count("lost 0, duplicated 0") == 4, output[-8000:]
+    # The HPACK and HTTP/2 codec programs ran normally, under TSan and under ASan + UBSan.
+    assert output.count("test_hpack: ok") == 3, output[-8000:]
+    assert output.count("test_h2: ok") == 3, output[-8000:]
+    assert "runtime error" not in output and "AddressSanitizer" not in output, output[-8000:]

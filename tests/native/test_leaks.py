@@ -1,7 +1,8 @@
 """Reference and memory ownership of velox._native: nothing leaks through a million
 push/pop cycles, objects left in a ring are released with it, the cache's entry points keep
-refcounts and memory flat (hits, misses, both get paths, errors), and creating/destroying the
-shared-memory objects unmaps what they mapped."""
+refcounts and memory flat (hits, misses, both get paths, errors), creating/destroying the
+shared-memory objects unmaps what they mapped, and the native HTTP/2 codec's entry points
+(requests, events, errors) keep references and memory flat."""
 
 from __future__ import annotations
 
@@ -268,3 +269,67 @@ def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
     # A leaked mapping per object would be 2000 mappings and 2000 x (6.4 + 12.8) KB.
     assert mapping_count() <= maps_before + 2
     assert rss() - rss_before < 8 * MB
+
+def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    n = len(payload)
+    return n.to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def test_h2_codec_entry_points_keep_refcounts_and_rss_flat() -> None:
+    # The native HTTP/2 codec's per-request calls, 50k requests on one connection: arguments
+    # must not gain references, events must be freed with their lists, and nothing may grow.
+    from velox.egress.codec import CodecError
+    from velox._native import H2Client
+
+    codec = H2Client(b"api.example.com", b"https", CodecError)
+    codec.initiate()
+    codec.receive_data(_frame(4, 0, 0))
+    method, path = b"POST", b"/v1/chat/completions"
+    headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer sk-x")]
+    body = b'{"model": "m"}' * 10
+    ping = b"12345678"
+    watched = (method, path, headers, headers[0], body, ping)
+    base = [sys.getrefcount(o) for o in watched]
+    # :status 200 plus a literal indexed into the dynamic table, then DATA with END_STREAM.
+    head = b"\x88\x40\x05x-idx\x05value"
+
+    def one_request() -> None:
+        sid = codec.send_request(method, path, headers, body)
+        codec.data_to_send()
+        events = codec.receive_data(_frame(1, 4, sid, head) + _frame(0, 1, sid, b"{}"))
+        assert events[0][2] == 200 and events[0][3] == [(b"x-idx", b"value")]
+        codec.acknowledge(sid, events[1][3])
+        codec.reset_stream(sid)  # already finished: nothing to do
+        codec.send_ping(ping)
+
+    for _ in range(5_000):  # warm-up
+        one_request()
+    before = rss()
+    for _ in range(50_000):
+        one_request()
+    codec.data_to_send()
+    assert [sys.getrefcount(o) for o in watched] == base
+    assert codec.stream_state_count == 0
+    assert rss() - before < 8 * MB  # 50k leaked event lists (~25 MB) would show
+
+    # Error paths: refused streams, connection errors carrying events, bad arguments.
+    before = rss()
+    for _ in range(10_000):
+        bad = H2Client(b"a", b"https", CodecError)
+        bad.initiate()
+        with pytest.raises(CodecError) as info:
+            bad.receive_data(_frame(4, 0, 0) + _frame(6, 0, 1, ping))  # PING on a stream
+        assert info.value.events == [(6, 512)]
+        with pytest.raises(CodecError):
+            bad.send_request(method, path, headers, body)
+        with pytest.raises(CodecError):
+            bad.receive_data(b"more")
+        with pytest.raises(ValueError):
+            bad.acknowledge(99, 1)
+        with pytest.raises(TypeError):
+            bad.send_request(method, path, [("str", b"x")], None)
+        with pytest.raises(ValueError):
+            bad.send_ping(b"short")
+        del bad, info
+    assert [sys.getrefcount(o) for o in watched] == base
+    assert rss() - before < 8 * MB

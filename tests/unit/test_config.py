@@ -24,7 +24,7 @@ def test_defaults_without_environment() -> None:
     assert s.max_body_bytes == 16 * 1024 * 1024
     assert s.request_timeout_ms == 600_000 and s.connect_timeout_ms == 5_000
     assert s.stream_idle_timeout_ms == 300_000 and s.shutdown_grace_s == 30
-    assert s.egress_protocol == "h2" and s.egress == "framer"
+    assert s.egress_protocol == "h2" and s.egress == "native"
 
 
 @pytest.mark.parametrize(

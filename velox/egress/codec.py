@@ -2,7 +2,7 @@
 
 Contract: a codec owns no socket and no timer. Requests go in (`send_request`), bytes come out
 (`data_to_send`); bytes go in (`receive_data`), events come out. That keeps every implementation
-swappable (`VELOX_EGRESS=framer|jh2|h2`) and lets the benchmark drive them head-to-head without I/O.
+swappable (`VELOX_EGRESS=framer|jh2|h2|native`) and lets the benchmark drive them head-to-head without I/O.
 
 Events are plain tuples whose first item is the kind, because building a tuple is the cheapest
 allocation Python has and the pool dispatches on `event[0]` anyway.
@@ -10,7 +10,8 @@ allocation Python has and the pool dispatches on `event[0]` anyway.
 This module imports only the standard library at import time; `make_codec` imports the chosen
 implementation lazily so that the implementations can depend on this module and never the reverse.
 
-Imports: stdlib; egress.framer and egress.h2lib lazily (the implementations it builds).
+Imports: stdlib; egress.framer, egress.h2lib and egress.nativecodec lazily (the implementations it
+builds).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ SENSITIVE_HEADERS = frozenset(
     {b"authorization", b"proxy-authorization", b"api-key", b"x-api-key", b"cookie"}
 )
 
-CODEC_NAMES = ("framer", "jh2", "h2")
+CODEC_NAMES = ("framer", "jh2", "h2", "native")
 
 
 class CodecError(Exception):
@@ -315,6 +316,10 @@ def make_codec(name: str, authority: bytes, scheme: bytes) -> Codec:
         from .framer import Framer
 
         return Framer(authority, scheme)
+    if name == "native":
+        from .nativecodec import NativeCodec
+
+        return NativeCodec(authority, scheme)
     if name in ("jh2", "h2"):
         try:
             library = importlib.import_module(name)

@@ -1,6 +1,7 @@
 """A hand-written HTTP/2 client codec (RFC 9113) implementing `velox.egress.codec.Codec`.
 
-It is Velox's default egress codec: it does only what a client of an HTTP API needs, with the
+It was Velox's default egress codec and is now the fallback and the reference of the default,
+`native` (the same state machine in C, nativecodec.py): it does only what a client of an HTTP API needs, with the
 per-frame work reduced to a struct unpack, a table dispatch and one slice, and it writes every
 outgoing frame straight into one bytearray. Response header blocks are HPACK-decoded with jh2's
 compiled decoder when it is installed, else with the pure-Python `hpack` decoder. Requests are

@@ -33,14 +33,14 @@ log = logging.getLogger("velox.egress")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 5.0
-_CODECS = ("framer", "jh2", "h2")
+_CODECS = ("framer", "jh2", "h2", "native")
 
 
 @dataclass(frozen=True, slots=True)
 class EgressOptions:
     """Worker-wide egress settings; everything per upstream is in its UpstreamSpec."""
 
-    codec: str = "framer"  # VELOX_EGRESS when it names an HTTP/2 codec
+    codec: str = "native"  # VELOX_EGRESS when it names an HTTP/2 codec
     stream_idle_timeout_s: float = 60.0
     ssl_cert_file: str = ""  # SSL_CERT_FILE: trusted for every upstream
     queue_limit: int = 16_384  # attempts an upstream queues before refusing (VELOX_RING_DEPTH)
@@ -58,7 +58,7 @@ class EgressOptions:
     @classmethod
     def from_settings(cls, settings: Settings) -> EgressOptions:
         return cls(
-            codec=settings.egress if settings.egress in _CODECS else "framer",
+            codec=settings.egress if settings.egress in _CODECS else "native",
             stream_idle_timeout_s=settings.stream_idle_timeout_ms / 1000,
             ssl_cert_file=settings.ssl_cert_file,
             queue_limit=settings.ring_depth,
