@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 MARKERS = ("e2e", "micro", "routing")
-TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
+TARGET_ORDER = ("direct", "velox", "nginx", "nginx-tls", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
 
@@ -84,9 +84,10 @@ def table_fixed(s: dict[str, Any]) -> Table:
 def table_goals(s: dict[str, Any]) -> Table:
     head = ["issue", "goal", "measured", "target", "verdict", "note"]
     verdict = {True: "reached", False: "**missed**", None: "not measured"}
-    rows = [[g["source"], g["goal"], f"{_n(g['measured'], 1)} {g['unit']}",
-             f"{_n(g['target'], 1)} {g['unit']}", verdict[g["reached"]], g.get("detail", "")]
-            for g in s["goals"]]
+    digits = {"x": 2}  # ratios (issue 12) need two decimals; everything else one
+    rows = [[g["source"], g["goal"], f"{_n(g['measured'], digits.get(g['unit'], 1))} {g['unit']}",
+             f"{_n(g['target'], digits.get(g['unit'], 1))} {g['unit']}", verdict[g["reached"]],
+             g.get("detail", "")] for g in s["goals"]]
     return head, rows
 
 
