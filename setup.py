@@ -13,6 +13,7 @@ NATIVE_SOURCES = [
     "native/vx_stats.c",
     "native/vx_json.c",
     "native/vx_health.c",
+    "native/vx_http1.c",
 ]
 
 setup(

@@ -22,14 +22,13 @@ otherwise complete the message first and the client got an empty reply), transfe
 than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
 forwarded as headers.
 
-Imports: _types, errors, route, arena, config (for Settings), the ring interface, httptools
-and orjson.
+Imports: _types, errors, route, arena, h1write (the response bytes, native), config (for
+Settings), the ring interface, httptools and orjson.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from typing import Any
 import httptools
 import orjson
 
+from velox import h1write
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
@@ -54,17 +54,13 @@ from velox.errors import (
     VeloxError,
     to_response,
 )
+from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, LAST_CHUNK, STATUS_LINES
 from velox.route import Auth, classify
 
 log = logging.getLogger("velox.ingress")
 
-STATUS_LINES = {
-    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
-}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_CLOSE = b"connection: close\r\n"
-_CHUNKED = b"transfer-encoding: chunked\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
+_LAST_CHUNK = LAST_CHUNK
 _HEALTH_BODY = orjson.dumps({"status": "ok"})
 _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
@@ -394,15 +390,13 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         keep_alive = request.keep_alive and not self.state.draining
-        parts = [STATUS_LINES[status], b"content-length: %d\r\n" % len(body)]
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
-        if not keep_alive:
-            parts.append(_CLOSE)
-        parts.append(b"\r\n")
+        # One native call builds the whole response (velox/h1write.py).
         if request.method != b"HEAD":
-            parts.append(body)
-        data = b"".join(parts)
+            data = h1write.response(STATUS_LINES[status], headers, body,
+                                    H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
+        else:
+            data = h1write.head(STATUS_LINES[status], headers, len(body),
+                                H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
         self.transport.write(data)  # type: ignore[union-attr]
         self.state.on_response(request, status, len(data))
         self._finish(keep_alive)
@@ -419,15 +413,10 @@ class ClientConnection(asyncio.Protocol):
         self._chunked = self.parser.get_http_version() != "1.0"
         if not self._chunked:
             request.keep_alive = False
-        parts = [STATUS_LINES[status]]
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
-        if self._chunked:
-            parts.append(_CHUNKED)
+        flags = H1_CHUNKED if self._chunked else 0
         if not request.keep_alive or self.state.draining:
-            parts.append(_CLOSE)
-        parts.append(b"\r\n")
-        head = b"".join(parts)
+            flags |= H1_CLOSE
+        head = h1write.head(STATUS_LINES[status], headers, 0, flags)
         self._streaming = True
         self._stream_status = status
         self._stream_bytes = len(head)
@@ -437,7 +426,7 @@ class ClientConnection(asyncio.Protocol):
         if not self._streaming or self.closed or not data:
             return
         if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
+            data = h1write.chunks(data)
         self._stream_bytes += len(data)
         self.transport.write(data)  # type: ignore[union-attr]
 
