@@ -1991,12 +1991,44 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(h1_server_timing_doc,
+             "h1_server_timing(t_received, t_popped, t_parsed, t_admitted, t_sent, t_headers, /)\n"
+             "-> bytes\n\n"
+             "The server-timing value of a relayed answer from its perf_counter_ns stamps: ring\n"
+             "(popped - received), parse (parsed - popped), ratelimit (admitted - parsed) and\n"
+             "upstream (headers - sent), each max(0, difference) // 1000 microseconds, shown as\n"
+             "milliseconds with three decimals.");
+
+static PyObject *native_h1_server_timing(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                         Py_ssize_t nargs)
+{
+    int64_t t[6];
+    uint64_t us[4];
+    int overflow;
+    if (check_nargs("h1_server_timing", nargs, 6, 6) < 0)
+        return NULL;
+    for (int i = 0; i < 6; i++)
+        if (to_i64(args[i], &t[i], &overflow) < 0)
+            return NULL; /* out-of-range stamps clamp to INT64_MIN/MAX (overflow set) */
+    static const int pairs[4][2] = {{1, 0}, {2, 1}, {3, 2}, {5, 4}};
+    for (int i = 0; i < 4; i++) {
+        int64_t a = t[pairs[i][0]], b = t[pairs[i][1]];
+        /* a - b in unsigned arithmetic: no signed overflow whatever the stamps are. */
+        us[i] = a > b ? ((uint64_t)a - (uint64_t)b) / 1000 : 0;
+    }
+    char buf[VX_H1_TIMING_MAX];
+    size_t n = vx_h1_server_timing(buf, us[0], us[1], us[2], us[3]);
+    return PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
+}
+
 static PyMethodDef module_methods[] = {
     {"scan_json", (PyCFunction)native_scan_json, METH_O, scan_json_doc},
     {"hash64", FASTCALL(native_hash64), METH_FASTCALL, hash64_doc},
     {"h1_response", FASTCALL(native_h1_response), METH_FASTCALL, h1_response_doc},
     {"h1_head", FASTCALL(native_h1_head), METH_FASTCALL, h1_head_doc},
     {"h1_chunks", FASTCALL(native_h1_chunks), METH_FASTCALL, h1_chunks_doc},
+    {"h1_server_timing", FASTCALL(native_h1_server_timing), METH_FASTCALL,
+     h1_server_timing_doc},
     {NULL, NULL, 0, NULL},
 };
 

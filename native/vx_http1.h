@@ -70,4 +70,12 @@ size_t vx_h1_chunk_size(size_t n);
  * Writes nothing for n == 0. Lower-case hex without leading zeros, as Python's %x. */
 char *vx_h1_write_chunk(char *out, const char *data, size_t n);
 
+/* The server-timing value of a relayed answer: four durations in microseconds, shown as
+ * milliseconds with three decimals, exactly as velox/relay.py's Python formatting:
+ *   "ring;dur=R.RRR, parse;dur=P.PPP, ratelimit;dur=L.LLL, upstream;dur=U.UUU"
+ * out must hold VX_H1_TIMING_MAX bytes; returns the length written. */
+#define VX_H1_TIMING_MAX 160
+size_t vx_h1_server_timing(char *out, uint64_t ring_us, uint64_t parse_us, uint64_t limit_us,
+                           uint64_t upstream_us);
+
 #endif

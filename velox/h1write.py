@@ -1,12 +1,14 @@
 """The bytes of an HTTP/1.1 response to a client: head, body, chunk framing.
 
-Ingress writes every answer through the three functions `response`, `head` and `chunks`,
+Ingress writes every answer through the three functions `response`, `head` and `chunks`
+(and the relay formats `server-timing` with `server_timing`),
 which are the native core's (`velox._native.h1_*`, native/vx_http1.c): one C call builds the
 whole response (status line, content-length, the header fields in the order given, connection:
 close, the body) into one bytes object, where the Python writer built a list of parts and
 joined it (a quarter of a worker's Python time was the client write, issue 12).
 
-`py_response`, `py_head` and `py_chunks` below are that Python writer, kept as the reference:
+`py_response`, `py_head`, `py_chunks` and `py_server_timing` below are that Python writer,
+kept as the reference:
 the tests compare both byte for byte over generated headers and bodies
 (tests/native/test_http1.py), and `use(native=False)` switches ingress back to them.
 
@@ -71,15 +73,34 @@ def py_chunks(data: Body | Sequence[Body], last: bool = False) -> bytes:
     return out + LAST_CHUNK if last else out
 
 
+_TIMING = (b"ring;dur=%d.%03d, parse;dur=%d.%03d, ratelimit;dur=%d.%03d, "
+           b"upstream;dur=%d.%03d")
+
+
+def py_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
+                     t_sent: int, t_headers: int) -> bytes:
+    """The relay's server-timing value from its perf_counter_ns stamps: each stage's
+    max(0, difference) in integer microseconds, shown as milliseconds."""
+    ring = max(0, t_popped - t_received) // 1000
+    parse = max(0, t_parsed - t_popped) // 1000
+    limit = max(0, t_admitted - t_parsed) // 1000
+    upstream = max(0, t_headers - t_sent) // 1000
+    return _TIMING % (ring // 1000, ring % 1000, parse // 1000, parse % 1000,
+                      limit // 1000, limit % 1000, upstream // 1000, upstream % 1000)
+
+
 response = _native.h1_response
 head = _native.h1_head
 chunks = _native.h1_chunks
+server_timing = _native.h1_server_timing
 
 
 def use(native: bool) -> None:
     """Switch the writer ingress uses (the Python one is for comparison and tests)."""
-    global response, head, chunks
+    global response, head, chunks, server_timing
     if native:
         response, head, chunks = _native.h1_response, _native.h1_head, _native.h1_chunks
+        server_timing = _native.h1_server_timing
     else:
         response, head, chunks = py_response, py_head, py_chunks  # type: ignore[assignment]
+        server_timing = py_server_timing

@@ -14,7 +14,8 @@ attempt withholds it; `paused` is what egress asks), so the upstream slows down 
 memory growing. A client that disconnects cancels the
 upstream stream (RST_STREAM) at once, so no tokens are paid for after the user has left.
 
-Imports: _types, errors, dispatch and egress.interfaces (annotations only) and stdlib.
+Imports: _types, errors, h1write (server-timing, native), dispatch and egress.interfaces
+(annotations only) and stdlib.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from velox import h1write
 from velox._types import Headers, Request
 from velox.errors import to_response
 
@@ -249,15 +251,9 @@ class Exchange:
 
     def _server_timing(self) -> bytes:
         r = self.request
-        # One formatting call, integer microseconds shown as milliseconds: no float formatting.
-        ring = max(0, r.t_popped - r.t_received) // 1000
-        parse = max(0, r.t_parsed - r.t_popped) // 1000
-        limit = max(0, r.t_admitted - r.t_parsed) // 1000
-        upstream = max(0, self.t_headers - self.t_sent) // 1000
-        return _TIMING % (ring // 1000, ring % 1000, parse // 1000, parse % 1000,
-                          limit // 1000, limit % 1000, upstream // 1000, upstream % 1000)
+        # One native call (velox/h1write.py): integer microseconds shown as milliseconds.
+        return h1write.server_timing(r.t_received, r.t_popped, r.t_parsed, r.t_admitted,
+                                     self.t_sent, self.t_headers)
 
 
 _ATTEMPTS = tuple(b"%d" % n for n in range(16))
-_TIMING = (b"ring;dur=%d.%03d, parse;dur=%d.%03d, ratelimit;dur=%d.%03d, "
-           b"upstream;dur=%d.%03d")

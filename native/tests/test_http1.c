@@ -109,9 +109,24 @@ static void test_chunks(void)
     CHECK(strlen(VX_H1_LAST_CHUNK) == VX_H1_LAST_CHUNK_LEN);
 }
 
+static void test_server_timing(void)
+{
+    char buf[VX_H1_TIMING_MAX + 1];
+    buf[VX_H1_TIMING_MAX] = (char)GUARD;
+    const char *small = "ring;dur=0.000, parse;dur=0.007, ratelimit;dur=1.000, upstream;dur=12.345";
+    size_t n = vx_h1_server_timing(buf, 0, 7, 1000, 12345);
+    CHECK(n == strlen(small) && memcmp(buf, small, n) == 0);
+    /* The widest value: every duration 2^64 - 1 us fits the buffer. */
+    n = vx_h1_server_timing(buf, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX);
+    CHECK(n <= VX_H1_TIMING_MAX);
+    CHECK(memcmp(buf, "ring;dur=18446744073709551.615, ", 32) == 0);
+    CHECK(buf[VX_H1_TIMING_MAX] == (char)GUARD);
+}
+
 int main(void)
 {
     test_heads();
+    test_server_timing();
     test_dec_len();
     test_chunks();
     if (failures) {

@@ -112,3 +112,22 @@ def test_use_switches_the_writer_ingress_calls() -> None:
     finally:
         h1write.use(native=True)
     assert h1write.response is _native.h1_response
+
+
+STAMP = st.integers(0, 1 << 62)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.tuples(STAMP, STAMP, STAMP, STAMP, STAMP, STAMP))
+def test_server_timing_matches_the_python_formatting(stamps: tuple) -> None:
+    # Any order of stamps: a negative difference (a clock read out of order) shows as 0.
+    assert _native.h1_server_timing(*stamps) == h1write.py_server_timing(*stamps)
+
+
+def test_server_timing_of_a_real_answer() -> None:
+    t0 = 10_000_000_000
+    value = _native.h1_server_timing(t0, t0 + 12_345_678, t0 + 12_348_999, t0 + 12_348_999,
+                                     t0 + 5, t0 + 310_999 + 5)
+    assert value == b"ring;dur=12.345, parse;dur=0.003, ratelimit;dur=0.000, upstream;dur=0.310"
+    with pytest.raises(TypeError):
+        _native.h1_server_timing(1, 2, 3, 4, 5, 6.0)

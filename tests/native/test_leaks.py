@@ -183,7 +183,14 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
 def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
     # The per-response calls of ingress (velox.h1write): header tuples and bodies go in, one
     # bytes object comes out; the error paths release what they took too.
-    from velox._native import H1_CLOSE, H1_LENGTH, h1_chunks, h1_head, h1_response
+    from velox._native import (
+        H1_CLOSE,
+        H1_LENGTH,
+        h1_chunks,
+        h1_head,
+        h1_response,
+        h1_server_timing,
+    )
 
     line = b"HTTP/1.1 200 OK\r\n"
     headers = [(b"content-type", b"application/json"), (b"server-timing", b"ring;dur=0.001")]
@@ -200,6 +207,7 @@ def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
         h1_response(line, many, pieces, H1_LENGTH)
         h1_head(line, many, 300, H1_LENGTH)
         h1_chunks(pieces, True)
+        h1_server_timing(1 << 40, (1 << 40) + 12345, 3, 4, 5, 1 << 41)
         with pytest.raises(TypeError):
             h1_response(line, headers, bad, H1_LENGTH)
         with pytest.raises(TypeError):
