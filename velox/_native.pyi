@@ -303,3 +303,6 @@ def h1_head(status_line: bytes, headers: Sequence[tuple[bytes, bytes]], content_
     """The head alone, content-length as given (in [0, 2**60)), for HEAD answers and streams."""
 def h1_chunks(data: Buffer | Sequence[Buffer], last: bool = False, /) -> bytes:
     """Each non-empty piece framed as one chunk, then the last chunk if `last`."""
+def h1_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
+                     t_sent: int, t_headers: int, /) -> bytes:
+    """server-timing value: ring, parse, ratelimit, upstream as milliseconds (3 decimals)."""
