@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-soak bench-report clean
+	bench-routing bench-soak bench-report bench-native clean
 
 all: build
 
@@ -63,6 +63,12 @@ bench-e2e: bench-deps bench-litellm
 # Three upstreams against one, and failover with one of three down (benches/e2e/routing.py).
 bench-routing: bench-deps
 	$(PY) -m benches.e2e routing
+
+# Issue 12's comparison alone (about 12 minutes): Velox, direct, nginx and nginx in front of the
+# TLS mock at 1 and 64 connections, the stream section, and Velox's HTTP/1.1 cleartext egress.
+bench-native: bench-deps
+	$(PY) -m benches.e2e run --no-litellm --sections fixed,stream,arch --concurrencies 1,64 \
+		--arch "default;egress=http1 cleartext" --name e2e-native
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

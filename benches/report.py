@@ -3,12 +3,15 @@ an HTML page and README tables. A developer tool, so it lives here and not in th
 `velox bench report` run from the repository root is the same command.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
+e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with
+nginx in front of the TLS mock, with and before the native path),
 soak.json (`make bench-soak`), routing.json (`make bench-routing`) and balance.json
 (`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
 plot, report.html (every table and plot, with the machine facts), and the README's performance
 sections, replaced between their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
+    <!-- bench:native:start --> ... <!-- bench:native:end -->
     <!-- bench:micro:start --> ... <!-- bench:micro:end -->
     <!-- bench:routing:start --> ... <!-- bench:routing:end -->
 
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro", "routing")
+MARKERS = ("e2e", "native", "micro", "routing")
 TARGET_ORDER = ("direct", "velox", "nginx", "nginx-tls", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -88,6 +91,22 @@ def table_goals(s: dict[str, Any]) -> Table:
     rows = [[g["source"], g["goal"], f"{_n(g['measured'], digits.get(g['unit'], 1))} {g['unit']}",
              f"{_n(g['target'], digits.get(g['unit'], 1))} {g['unit']}", verdict[g["reached"]],
              g.get("detail", "")] for g in s["goals"]]
+    return head, rows
+
+
+def table_native_goals(after: dict[str, Any], before: dict[str, Any] | None) -> Table:
+    """Issue 12's ratios against nginx with a TLS upstream: this run, and the run before the
+    native path (e2e-native-before.json) when there is one."""
+    head = ["goal", *(["before"] if before else []), "measured", "target", "verdict", "figures"]
+    was = {g["goal"]: g for g in (before or {}).get("goals", []) if g["source"] == "issue 12"}
+    rows = []
+    for g in after["goals"]:
+        if g["source"] != "issue 12":
+            continue
+        prev = [f"{_n(was[g['goal']]['measured'], 2)}×" if g["goal"] in was else "–"] \
+            if before else []
+        rows.append([g["goal"], *prev, f"{_n(g['measured'], 2)}×", f"{_n(g['target'], 2)}×",
+                     VERDICT[g["reached"]], g.get("detail", "")])
     return head, rows
 
 
@@ -361,7 +380,8 @@ def html_table(table: Table) -> str:
 
 def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
              soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
-             balance: dict[str, Any] | None = None
+             balance: dict[str, Any] | None = None, native: dict[str, Any] | None = None,
+             native_before: dict[str, Any] | None = None,
              ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
@@ -395,6 +415,17 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
         ]
     if soak:
         out.append(("e2e", "Soak: worker RSS over about a million requests", None, "soak.png"))
+    if native:
+        s = native["summary"]
+        before = native_before["summary"] if native_before else None
+        out += [
+            ("native", "Issue 12: Velox against nginx with a TLS upstream, in one run",
+             table_native_goals(s, before), None),
+            ("native", "Fixed concurrency, non-streaming (wrk)", table_fixed(s), None),
+            ("native", "Streaming", table_stream(s), None),
+        ]
+        if s.get("arch"):
+            out.append(("native", "Velox's egress, 64 connections", table_arch(s), None))
     if micro:
         c_table = table_c(micro)
         if c_table is not None:
@@ -429,9 +460,11 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                              f"{foreign[-1]:.2f}) of the {doc['machine']['cores']} during these "
                              "runs" + ("; absolute figures are far below a quiet machine's, so "
                                        "read the ratios paired by round." if mid > 0.15 else "."))
-        if marker == "e2e":
+        if marker in ("e2e", "native"):
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
+        if marker == "native":
+            lines += _load_lines(doc, docs.get("native_before"))
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
@@ -447,6 +480,22 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
         if plot and plot in plots:
             lines.append(f"\n![{title}](benches/results/{plot})")
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(doc: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    """The other load on the machine during a run (the ratios are what survive it)."""
+    out = []
+    for label, d in (("This run", doc), ("The run before the native path", before)):
+        if not d:
+            continue
+        foreign = sorted(x["foreign_cores"] for x in d.get("runs", [])
+                         if x.get("foreign_cores") is not None)
+        mid = foreign[len(foreign) // 2] if foreign else None
+        load = d.get("loadavg_start") or d["machine"].get("loadavg") or [0.0]
+        out.append(f"{label} ({machine_line(d)}): load average {load[0]:.2f} at its start, "
+                   f"other people's processes used a median of "
+                   f"{_n(mid, 2)} of the {d['machine']['cores']} cores during its runs.")
+    return out
 
 
 def update_readme(readme: Path, blocks: dict[str, str]) -> list[str]:
@@ -497,14 +546,18 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
 
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
-            "routing": _load(results / "routing.json")}
+            "routing": _load(results / "routing.json"),
+            "native": _load(results / "e2e-native.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
+    native_before = _load(results / "e2e-native-before.json")
     plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance)
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["native"],
+                    native_before)
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
-        blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, plots)
+        blocks = {m: readme_block(m, secs, {**docs, "balance": balance,
+                                            "native_before": native_before}, plots)
                   for m in MARKERS if docs.get(m) or (m == "routing" and balance)}
         found = update_readme(readme, blocks)
     return {"plots": sorted(plots), "readme_markers": found, "html": str(results / "report.html")}

@@ -178,3 +178,32 @@ def test_a_ratio_to_a_non_positive_overhead_is_not_judged() -> None:
     assert summary._ratio(100.0, -3.0) is None
     assert summary._ratio(100.0, None) is None
     assert summary._ratio(90.0, 60.0) == 1.5
+
+
+def test_native_section_shows_issue12_before_and_after(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def doc(velox_cpu: float) -> dict:
+        runs = []
+        for rnd in range(3):
+            for conns in (1, 64):
+                runs += [_run("direct", conns, rnd, 10000, 50),
+                         _run("velox", conns, rnd, 4000, 150, cpu_us_per_request=velox_cpu),
+                         _run("nginx-tls", conns, rnd, 8000, 90, cpu_us_per_request=60.0)]
+        s = json.loads(json.dumps(summary.summarize(runs, {})))
+        return {"machine": MACHINE, "placement": "everything on 2 cores", "notes": [],
+                "plan": {"rounds": 3, "duration_s": 5}, "summary": s, "runs": runs,
+                "loadavg_start": [1.5, 1.0, 0.5]}
+
+    (tmp_path / "e2e-native.json").write_text(json.dumps(doc(90.0)))
+    (tmp_path / "e2e-native-before.json").write_text(json.dumps(doc(132.0)))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:native:start -->\n<!-- bench:native:end -->\n")
+    monkeypatch.setattr(benchreport, "_draw", lambda *a: set())
+    out = benchreport.generate(tmp_path, readme)
+    assert out["readme_markers"] == ["native"]
+    text = readme.read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| CPU per request at 64 connections <= 1.2x"))
+    assert "| 2.20× | 1.50× | 1.20× | **missed** |" in row  # before 132/60, after 90/60
+    assert "load average 1.50 at its start" in text
+    assert "| nginx-tls | 64 |" in text
