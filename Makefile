@@ -65,10 +65,11 @@ bench-routing: bench-deps
 	$(PY) -m benches.e2e routing
 
 # Issue 12's comparison alone (about 12 minutes): Velox, direct, nginx and nginx in front of the
-# TLS mock at 1 and 64 connections, the stream section, and Velox's HTTP/1.1 cleartext egress.
+# TLS mock at 1 and 64 connections, the stream section, Velox's HTTP/1.1 cleartext egress, and
+# Velox without its access log (nginx runs with access_log off).
 bench-native: bench-deps
 	$(PY) -m benches.e2e run --no-litellm --sections fixed,stream,arch --concurrencies 1,64 \
-		--arch "default;egress=http1 cleartext" --name e2e-native
+		--arch "default;egress=http1 cleartext;access_log=0" --name e2e-native
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak
