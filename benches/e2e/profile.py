@@ -64,14 +64,17 @@ def stage_of(stack: list[str]) -> str:
     """stack: frames outermost first, each "function (file:line)" as py-spy prints them."""
     for frame in reversed(stack):
         name, _, where = frame.partition(" (")
+        # py-spy names methods "Class.method" (and closures "f.<locals>.g"): the stages are
+        # told apart by file and function name alone.
+        name = name.split(".<locals>", 1)[0].rsplit(".", 1)[-1]
         key = f"{Path(where.split(':')[0]).name}:{name}"
         for stage, tests in STAGES:
             if any(key.startswith(t) for t in tests):
                 return stage
-    return "other (event loop, asyncio, timers)"
+    return "event loop (uvloop's C: socket reads, TLS, callbacks dispatch)"
 
 
-def pyspy_stages(pid: int, seconds: float) -> dict[str, object]:
+def pyspy_stages(pid: int, seconds: float, raw: Path | None = None) -> dict[str, object]:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         return {"error": "py-spy not installed"}
@@ -79,18 +82,25 @@ def pyspy_stages(pid: int, seconds: float) -> dict[str, object]:
         proc = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250",
                                "-f", "raw", "-o", fh.name, "--nonblocking"],
                               capture_output=True, text=True, timeout=seconds + 60)
-        lines = Path(fh.name).read_text().splitlines()
+        text = Path(fh.name).read_text()
+        if raw is not None:
+            raw.write_text(text)
+        lines = text.splitlines()
     if not lines:
         return {"error": f"py-spy: {proc.stderr.strip()[-300:]}"}
     counts: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
     for line in lines:
         stack, _, n = line.rpartition(" ")
         frames = [f for f in stack.split(";") if f and not f.startswith("process ")
                   and not f.startswith("thread ")]
         counts[stage_of(frames)] += int(n)
+        if frames:
+            leaves[frames[-1]] += int(n)
     total = sum(counts.values())
     return {"samples": total, "rate_hz": 250, "shares": {
-        k: round(v / total, 3) for k, v in counts.most_common()}}
+        k: round(v / total, 3) for k, v in counts.most_common()},
+        "top_frames": {k: round(v / total, 3) for k, v in leaves.most_common(25)}}
 
 
 def perf_dsos(pid: int, seconds: float) -> dict[str, object]:
@@ -121,19 +131,29 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def profile(conns: int, seconds: float, port: int, worker: int) -> dict[str, object]:
+def busiest(pids: list[int], window_s: float = 1.0) -> int:
+    """The worker that used the most CPU over window_s: at one connection the kernel gives
+    the connection to one of the workers, and the other one idles."""
+    before = {pid: sum(cpu_split(pid)) for pid in pids}
+    time.sleep(window_s)
+    return max(pids, key=lambda pid: sum(cpu_split(pid)) - before[pid])
+
+
+def profile(conns: int, seconds: float, port: int, workers: list[int],
+            raw: Path | None = None) -> dict[str, object]:
     result: dict[str, object] = {"conns": conns}
     box: dict[str, object] = {}
 
     def load() -> None:
-        box["wrk"] = wrk.run(port, conns, int(seconds) + 4)
+        box["wrk"] = wrk.run(port, conns, int(seconds) + 5)
 
     t = threading.Thread(target=load)
     t.start()
-    time.sleep(1.5)  # connections open, caches warm
+    time.sleep(1.0)  # connections open, caches warm
+    worker = busiest(workers)
     u0, s0 = cpu_split(worker)
     result["perf"] = perf_dsos(worker, seconds / 2)
-    result["py_spy"] = pyspy_stages(worker, seconds / 2)
+    result["py_spy"] = pyspy_stages(worker, seconds / 2, raw)
     u1, s1 = cpu_split(worker)
     t.join()
     out = box["wrk"]
@@ -151,6 +171,8 @@ def markdown(results: list[dict[str, object]]) -> str:
         if isinstance(py, dict) and "shares" in py:
             lines += ["| stage (py-spy, non-idle samples) | share |", "|---|---:|"]
             lines += [f"| {k} | {v:.0%} |" for k, v in py["shares"].items()]
+            lines += ["", "| innermost Python frame (py-spy) | share |", "|---|---:|"]
+            lines += [f"| {k} | {v:.1%} |" for k, v in list(py["top_frames"].items())[:15]]
         pf = r["perf"]
         if isinstance(pf, dict) and "shares" in pf:
             lines += ["", "| shared object (perf) | share |", "|---|---:|"]
@@ -163,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conns", default="1,64")
     p.add_argument("--seconds", type=float, default=8.0, help="sampled seconds per count")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--raw", action="store_true",
+                   help="keep py-spy's collapsed stacks beside --out (one file per count)")
     args = p.parse_args(argv)
     if not wrk.available():
         print("wrk is not installed", file=sys.stderr)
@@ -179,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         velox.start(timeout=60)
-        worker = children(velox.pid)[0]
+        workers = children(velox.pid)
         with bench_lock() as waited:  # never overlaps another timed section on this machine
             print(f"waited {waited:.0f}s for the benchmark lock", flush=True)
             for conns in (int(c) for c in args.conns.split(",")):
-                results.append(profile(conns, args.seconds, velox.port, worker))
+                raw = args.out.with_name(f"{args.out.stem}-{conns}.pyspy.txt") if args.raw \
+                    else None
+                results.append(profile(conns, args.seconds, velox.port, workers, raw))
     finally:
         velox.stop()
         mock.stop()
