@@ -94,6 +94,10 @@ def table_goals(s: dict[str, Any]) -> Table:
     return head, rows
 
 
+def _times(value: float | None) -> str:
+    return "–" if value is None else f"{_n(value, 2)}×"
+
+
 def table_native_goals(after: dict[str, Any], before: dict[str, Any] | None) -> Table:
     """Issue 12's ratios against nginx with a TLS upstream: this run, and the run before the
     native path (e2e-native-before.json) when there is one."""
@@ -103,9 +107,9 @@ def table_native_goals(after: dict[str, Any], before: dict[str, Any] | None) -> 
     for g in after["goals"]:
         if g["source"] != "issue 12":
             continue
-        prev = [f"{_n(was[g['goal']]['measured'], 2)}×" if g["goal"] in was else "–"] \
+        prev = [_times(was[g["goal"]]["measured"] if g["goal"] in was else None)] \
             if before else []
-        rows.append([g["goal"], *prev, f"{_n(g['measured'], 2)}×", f"{_n(g['target'], 2)}×",
+        rows.append([g["goal"], *prev, _times(g["measured"]), _times(g["target"]),
                      VERDICT[g["reached"]], g.get("detail", "")])
     return head, rows
 
@@ -491,10 +495,13 @@ def _load_lines(doc: dict[str, Any], before: dict[str, Any] | None) -> list[str]
         foreign = sorted(x["foreign_cores"] for x in d.get("runs", [])
                          if x.get("foreign_cores") is not None)
         mid = foreign[len(foreign) // 2] if foreign else None
-        load = d.get("loadavg_start") or d["machine"].get("loadavg") or [0.0]
-        out.append(f"{label} ({machine_line(d)}): load average {load[0]:.2f} at its start, "
-                   f"other people's processes used a median of "
-                   f"{_n(mid, 2)} of the {d['machine']['cores']} cores during its runs.")
+        m = d["machine"]
+        load = d.get("loadavg_start") or m.get("loadavg") or [0.0]
+        out.append(f"{label} (commit {m['git_commit']}, ended {m['date'][:16].replace('T', ' ')} "
+                   f"UTC): load average {load[0]:.2f} at its start and {m['loadavg'][0]:.2f} at "
+                   f"its end; other people's processes used a median of {_n(mid, 2)} of the "
+                   f"{m['cores']} cores during its runs." + "".join(
+                       f" {n}" for n in d.get("notes", [])))
     return out
 
 
