@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
 	bench-routing bench-cache bench-batching bench-soak bench-report redis-server bench-cluster \
-	clean
+	bench-native clean
 
 all: build
 
@@ -80,6 +80,13 @@ bench-cache: bench-deps
 bench-batching: bench-deps
 	$(PY) -m benches.e2e batching
 	$(PY) -m benches.report --only batching
+
+# Issue 12's comparison alone (about 12 minutes): Velox, direct, nginx and nginx in front of the
+# TLS mock at 1 and 64 connections, the stream section, Velox's HTTP/1.1 cleartext egress, and
+# Velox without its access log (nginx runs with access_log off).
+bench-native: bench-deps
+	$(PY) -m benches.e2e run --no-litellm --sections fixed,stream,arch --concurrencies 1,64 \
+		--arch "default;egress=http1 cleartext;access_log=0" --name e2e-native
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

@@ -17,6 +17,7 @@ NATIVE_SOURCES = [
     "native/vx_limits.c",
     "native/vx_hpack.c",
     "native/vx_h2.c",
+    "native/vx_http1.c",
 ]
 
 setup(

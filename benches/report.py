@@ -3,6 +3,8 @@ an HTML page and README tables. A developer tool, so it lives here and not in th
 `velox bench report` run from the repository root is the same command.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
+e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with
+nginx in front of the TLS mock, with and before the native path),
 soak.json (`make bench-soak`), routing.json (`make bench-routing`), cache.json (`make
 bench-cache`), batching.json (`make bench-batching`), cluster.json (`make bench-cluster`) and
 balance.json
@@ -11,6 +13,7 @@ plot, report.html (every table and plot, with the machine facts), and the README
 sections, replaced between their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
+    <!-- bench:native:start --> ... <!-- bench:native:end -->
     <!-- bench:micro:start --> ... <!-- bench:micro:end -->
     <!-- bench:routing:start --> ... <!-- bench:routing:end -->
     <!-- bench:cache:start --> ... <!-- bench:cache:end -->
@@ -34,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "micro", "routing", "cache", "batching", "cluster")
-TARGET_ORDER = ("direct", "velox", "nginx", "litellm")
+MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster")
+TARGET_ORDER = ("direct", "velox", "nginx", "nginx-tls", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
 
@@ -89,9 +92,30 @@ def table_fixed(s: dict[str, Any]) -> Table:
 def table_goals(s: dict[str, Any]) -> Table:
     head = ["issue", "goal", "measured", "target", "verdict", "note"]
     verdict = {True: "reached", False: "**missed**", None: "not measured"}
-    rows = [[g["source"], g["goal"], f"{_n(g['measured'], 1)} {g['unit']}",
-             f"{_n(g['target'], 1)} {g['unit']}", verdict[g["reached"]], g.get("detail", "")]
-            for g in s["goals"]]
+    digits = {"x": 2}  # ratios (issue 12) need two decimals; everything else one
+    rows = [[g["source"], g["goal"], f"{_n(g['measured'], digits.get(g['unit'], 1))} {g['unit']}",
+             f"{_n(g['target'], digits.get(g['unit'], 1))} {g['unit']}", verdict[g["reached"]],
+             g.get("detail", "")] for g in s["goals"]]
+    return head, rows
+
+
+def _times(value: float | None) -> str:
+    return "–" if value is None else f"{_n(value, 2)}×"
+
+
+def table_native_goals(after: dict[str, Any], before: dict[str, Any] | None) -> Table:
+    """Issue 12's ratios against nginx with a TLS upstream: this run, and the run before the
+    native path (e2e-native-before.json) when there is one."""
+    head = ["goal", *(["before"] if before else []), "measured", "target", "verdict", "figures"]
+    was = {g["goal"]: g for g in (before or {}).get("goals", []) if g["source"] == "issue 12"}
+    rows = []
+    for g in after["goals"]:
+        if g["source"] != "issue 12":
+            continue
+        prev = [_times(was[g["goal"]]["measured"] if g["goal"] in was else None)] \
+            if before else []
+        rows.append([g["goal"], *prev, _times(g["measured"]), _times(g["target"]),
+                     VERDICT[g["reached"]], g.get("detail", "")])
     return head, rows
 
 
@@ -474,7 +498,9 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
              soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
              balance: dict[str, Any] | None = None, cache: dict[str, Any] | None = None,
              batching: dict[str, Any] | None = None,
-             cluster: dict[str, Any] | None = None
+             cluster: dict[str, Any] | None = None,
+             native: dict[str, Any] | None = None,
+             native_before: dict[str, Any] | None = None,
              ) -> list[tuple[str, str, Table | None, str | None]]:
     """(marker, title, table, plot file) in reading order; the source of both outputs."""
     out: list[tuple[str, str, Table | None, str | None]] = []
@@ -532,6 +558,17 @@ def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
         ]
     if soak:
         out.append(("e2e", "Soak: worker RSS over about a million requests", None, "soak.png"))
+    if native:
+        s = native["summary"]
+        before = native_before["summary"] if native_before else None
+        out += [
+            ("native", "Issue 12: Velox against nginx with a TLS upstream, in one run",
+             table_native_goals(s, before), None),
+            ("native", "Fixed concurrency, non-streaming (wrk)", table_fixed(s), None),
+            ("native", "Streaming", table_stream(s), None),
+        ]
+        if s.get("arch"):
+            out.append(("native", "Velox's egress, 64 connections", table_arch(s), None))
     if micro:
         c_table = table_c(micro)
         if c_table is not None:
@@ -582,9 +619,11 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                              f"; other people's processes used a median of "
                              f"{foreign[len(foreign) // 2]:.2f} cores just before each run "
                              f"(max {foreign[-1]:.2f})." if foreign else "."))
-        if marker == "e2e":
+        if marker in ("e2e", "native"):
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
+        if marker == "native":
+            lines += _load_lines(doc, docs.get("native_before"))
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
@@ -600,6 +639,25 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
         if plot and plot in plots:
             lines.append(f"\n![{title}](benches/results/{plot})")
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(doc: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+    """The other load on the machine during a run (the ratios are what survive it)."""
+    out = []
+    for label, d in (("This run", doc), ("The run before the native path", before)):
+        if not d:
+            continue
+        foreign = sorted(x["foreign_cores"] for x in d.get("runs", [])
+                         if x.get("foreign_cores") is not None)
+        mid = foreign[len(foreign) // 2] if foreign else None
+        m = d["machine"]
+        load = d.get("loadavg_start") or m.get("loadavg") or [0.0]
+        out.append(f"{label} (commit {m['git_commit']}, ended {m['date'][:16].replace('T', ' ')} "
+                   f"UTC): load average {load[0]:.2f} at its start and {m['loadavg'][0]:.2f} at "
+                   f"its end; other people's processes used a median of {_n(mid, 2)} of the "
+                   f"{m['cores']} cores during its runs." + "".join(
+                       f" {n}" for n in d.get("notes", [])))
+    return out
 
 
 def update_readme(readme: Path, blocks: dict[str, str]) -> list[str]:
@@ -660,8 +718,8 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
             "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
-                    docs["batching"], docs["cluster"])
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
+                    cache=docs["cache"], batching=docs["batching"], cluster=docs["cluster"])
     blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, set())
               for m in markers if docs.get(m)}
     return update_readme(readme, blocks)
@@ -670,15 +728,20 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json")}
+            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json"),
+            "native": _load(results / "e2e-native.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
+    native_before = _load(results / "e2e-native-before.json")
     plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance, docs["cache"],
-                    docs["batching"], docs["cluster"])
+    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
+                    cache=docs["cache"], batching=docs["batching"],
+                    cluster=docs["cluster"], native=docs["native"],
+                    native_before=native_before)
     (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
-        blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, plots)
+        blocks = {m: readme_block(m, secs, {**docs, "balance": balance,
+                                            "native_before": native_before}, plots)
                   for m in MARKERS if docs.get(m) or (m == "routing" and balance)}
         found = update_readme(readme, blocks)
     return {"plots": sorted(plots), "readme_markers": found, "html": str(results / "report.html")}

@@ -490,3 +490,21 @@ class H2Client:
     def next_stream_id(self) -> int: ...
     @property
     def stream_state_count(self) -> int: ...
+# HTTP/1.1 response writer (native/vx_http1.c); the face is velox.h1write.
+H1_LENGTH: Final[int]  # write content-length
+H1_CHUNKED: Final[int]  # write transfer-encoding: chunked
+H1_CLOSE: Final[int]  # write connection: close
+
+def h1_response(status_line: bytes, headers: Sequence[tuple[bytes, bytes]],
+                body: Buffer | Sequence[Buffer] | None, flags: int, /) -> bytes:
+    """Status line, [content-length: len(body)], the headers in order, [transfer-encoding:
+    chunked], [connection: close], blank line, body (pieces joined). headers: a list or tuple
+    of (name, value) bytes pairs (TypeError otherwise); flags outside H1_* raise ValueError."""
+def h1_head(status_line: bytes, headers: Sequence[tuple[bytes, bytes]], content_length: int,
+            flags: int, /) -> bytes:
+    """The head alone, content-length as given (in [0, 2**60)), for HEAD answers and streams."""
+def h1_chunks(data: Buffer | Sequence[Buffer], last: bool = False, /) -> bytes:
+    """Each non-empty piece framed as one chunk, then the last chunk if `last`."""
+def h1_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
+                     t_sent: int, t_headers: int, /) -> bytes:
+    """server-timing value: ring, parse, ratelimit, upstream as milliseconds (3 decimals)."""

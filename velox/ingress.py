@@ -22,14 +22,13 @@ otherwise complete the message first and the client got an empty reply), transfe
 than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
 forwarded as headers.
 
-Imports: _types, errors, route, arena, config (for Settings), the ring interface, httptools
-and orjson.
+Imports: _types, errors, route, arena, h1write (the response bytes, native), config (for
+Settings), the ring interface, httptools and orjson.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from typing import Any
 import httptools
 import orjson
 
+from velox import h1write
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
@@ -54,17 +54,12 @@ from velox.errors import (
     VeloxError,
     to_response,
 )
+from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
 from velox.route import Auth, classify
 
 log = logging.getLogger("velox.ingress")
 
-STATUS_LINES = {
-    s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
-}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_CLOSE = b"connection: close\r\n"
-_CHUNKED = b"transfer-encoding: chunked\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
 _HEALTH_BODY = orjson.dumps({"status": "ok"})
 _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
@@ -85,7 +80,7 @@ class IngressState:
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
-        "handoff",
+        "handoff", "unflushed", "flush_scheduled",
     )
 
     def __init__(
@@ -116,6 +111,25 @@ class IngressState:
         # Draining for a reload (a new worker took over): requests still arriving on open
         # connections are served, with Connection: close, instead of 503 shutting_down.
         self.handoff = False
+        # Streams with bytes queued in this loop pass, written by one `flush` at its end.
+        self.unflushed: list[ClientConnection] = []
+        self.flush_scheduled = False
+
+    def flush_soon(self, conn: ClientConnection) -> None:
+        """Queue conn's stream bytes for the end of this loop pass (one call_soon per pass)."""
+        self.unflushed.append(conn)
+        if not self.flush_scheduled:
+            if self.loop is None:  # no loop (socket-free tests): write at once
+                self.flush()
+                return
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        conns, self.unflushed = self.unflushed, []
+        for conn in conns:
+            conn.flush_stream()
 
 
 class _Refuse(Exception):
@@ -135,6 +149,8 @@ class ClientConnection(asyncio.Protocol):
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
         "read_paused", "refused",
+        # a stream's bytes not yet written: its head, and the pieces of body (unframed)
+        "_out_head", "_out",
     )
 
     def __init__(self, state: IngressState) -> None:
@@ -150,6 +166,8 @@ class ClientConnection(asyncio.Protocol):
         self._streaming = False
         self._stream_status = 0
         self._stream_bytes = 0
+        self._out_head = b""
+        self._out: list[bytes] | None = None  # None: nothing queued
         self.read_paused = False
         self.refused = False  # a request was refused mid-parse: nothing more is read
         # monotonic time of the first byte of the request being received; 0.0 between requests.
@@ -166,6 +184,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.state.connections.discard(self)
+        self._out = None
         self.parser = None  # type: ignore[assignment]  # it refers back to us: break the cycle
         current = self.current
         if current is not None:
@@ -402,19 +421,16 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         keep_alive = request.keep_alive and not self.state.draining
-        parts = [STATUS_LINES[status], b"content-length: %d\r\n" % len(body)]
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
         extra = request.extra_headers  # the stages' own headers (keys: x-ratelimit-*)
         if extra:
-            for name, value in extra:
-                parts += (name, b": ", value, b"\r\n")
-        if not keep_alive:
-            parts.append(_CLOSE)
-        parts.append(b"\r\n")
+            headers = [*headers, *extra]
+        # One native call builds the whole response (velox/h1write.py).
         if request.method != b"HEAD":
-            parts.append(body)
-        data = b"".join(parts)
+            data = h1write.response(STATUS_LINES[status], headers, body,
+                                    H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
+        else:
+            data = h1write.head(STATUS_LINES[status], headers, len(body),
+                                H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
         self.transport.write(data)  # type: ignore[union-attr]
         self.state.on_response(request, status, len(data))
         self._finish(keep_alive)
@@ -431,45 +447,74 @@ class ClientConnection(asyncio.Protocol):
         self._chunked = self.parser.get_http_version() != "1.0"
         if not self._chunked:
             request.keep_alive = False
-        parts = [STATUS_LINES[status]]
-        for name, value in headers:
-            parts += (name, b": ", value, b"\r\n")
         extra = request.extra_headers
         if extra:
-            for name, value in extra:
-                parts += (name, b": ", value, b"\r\n")
-        if self._chunked:
-            parts.append(_CHUNKED)
+            headers = [*headers, *extra]
+        flags = H1_CHUNKED if self._chunked else 0
         if not request.keep_alive or self.state.draining:
-            parts.append(_CLOSE)
-        parts.append(b"\r\n")
-        head = b"".join(parts)
+            flags |= H1_CLOSE
         self._streaming = True
         self._stream_status = status
-        self._stream_bytes = len(head)
-        self.transport.write(head)  # type: ignore[union-attr]
+        self._stream_bytes = 0
+        # Written with the first chunks at the end of this loop pass (see send_chunk).
+        self._out_head = h1write.head(STATUS_LINES[status], headers, 0, flags)
+        self._out = []
+        self.state.flush_soon(self)
 
     def send_chunk(self, data: bytes) -> None:
+        """Queue data for the end of this loop pass: every chunk of one upstream read (an SSE
+        answer's events often arrive several to a read) is framed by one native call and
+        written with one syscall, instead of one write each. The wait is only until the loop
+        has dispatched this read's events; backpressure (pause_writing) is seen at that write,
+        so at most one upstream read more is taken in before egress withholds credit."""
         if not self._streaming or self.closed or not data:
             return
+        out = self._out
+        if out is None:
+            self._out = [data]
+            self.state.flush_soon(self)
+        else:
+            out.append(data)
+
+    def flush_stream(self) -> None:
+        """Write what the stream queued in this loop pass (called by IngressState.flush)."""
+        out = self._out
+        if out is None or self.closed:
+            return
+        self._out = None
+        data = self._frame(out, False)
+        if data:
+            self._stream_bytes += len(data)
+            self.transport.write(data)  # type: ignore[union-attr]
+
+    def _frame(self, pieces: list[bytes], last: bool) -> bytes:
         if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-        self._stream_bytes += len(data)
-        self.transport.write(data)  # type: ignore[union-attr]
+            data = h1write.chunks(pieces, last) if pieces or last else b""
+        else:
+            data = b"".join(pieces)
+        head = self._out_head
+        if head:
+            self._out_head = b""
+            return head + data
+        return data
 
     def end_stream(self) -> None:
         request = self.current
         if not self._streaming or self.closed or request is None:
             return
-        if self._chunked:
-            self.transport.write(_LAST_CHUNK)  # type: ignore[union-attr]
-        self.state.on_response(request, self._stream_status, self._stream_bytes + 5)
+        # The queued bytes (if any) and the last chunk in one write.
+        data = self._frame(self._out or [], True)
+        self._out = None
+        self._stream_bytes += len(data)
+        self.transport.write(data)  # type: ignore[union-attr]
+        self.state.on_response(request, self._stream_status, self._stream_bytes)
         self._finish(request.keep_alive and not self.state.draining)
 
     def abort(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self._out = None  # queued stream bytes are dropped with the connection
         # Closing mid-body is the only way HTTP/1.1 can tell the client the response failed.
         self.transport.close()  # type: ignore[union-attr]
 

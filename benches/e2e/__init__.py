@@ -1,4 +1,5 @@
-"""End-to-end load benchmark: Velox against direct, nginx and LiteLLM, on one machine.
+"""End-to-end load benchmark: Velox against direct, nginx (cleartext and TLS upstream) and
+LiteLLM, on one machine.
 
 `python -m benches.e2e run` (`make bench-e2e`) starts the bundled mock upstream, Velox, nginx
 as a plain reverse proxy and LiteLLM's proxy, drives them with wrk and the project's own load

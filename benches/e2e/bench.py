@@ -1,6 +1,6 @@
 """The measuring harness: the running services, and one measured run with its accounting.
 
-`Bench` starts every service once (the mocks, Velox, nginx, LiteLLM), then each `run_*` call
+`Bench` starts every service once (the mocks, Velox, nginx in front of each mock, LiteLLM), then each `run_*` call
 measures one load-generator run against one target and appends a record to `self.runs`:
 
 * the generator's figures (requests/s, latency percentiles, errors, stalls);
@@ -48,6 +48,7 @@ class Plan:
     mock_workers: int = 1
     velox_workers: int = 2
     nginx_workers: int = 2
+    nginx_tls: bool = True  # nginx in front of the TLS mock too (target "nginx-tls")
     litellm: bool = True
     sections: tuple[str, ...] = ("ceiling", "fixed", "rate", "stream", "arch")
     arch: tuple[str, ...] = ()  # empty: all of sections.ARCH
@@ -69,10 +70,12 @@ class Bench:
     def start(self) -> None:
         plan = self.plan
         plain = self._add(Mock(tls=False, workers=plan.mock_workers, logdir=self.logdir))
-        self._add(Mock(tls=True, workers=plan.mock_workers, logdir=self.logdir))
+        tls = self._add(Mock(tls=True, workers=plan.mock_workers, logdir=self.logdir))
         self.services["direct"] = plain
         self.start_velox("velox", {})
         self._add(Nginx(plain, workers=plan.nginx_workers), upstream="mock")
+        if plan.nginx_tls:
+            self._add(Nginx(tls, workers=plan.nginx_workers), upstream="mock-tls")
         if plan.litellm:
             if litellm.installed():
                 self._add(LiteLLM(plain, plan.slow_chunks, plan.slow_delay_ms, self.logdir),
@@ -114,7 +117,8 @@ class Bench:
 
     @property
     def target_names(self) -> list[str]:
-        return [n for n in ("velox", "direct", "nginx", "litellm") if n in self.services]
+        return [n for n in ("velox", "direct", "nginx", "nginx-tls", "litellm")
+                if n in self.services]
 
     def own_roots(self) -> list[int]:
         seen = {id(s): s for s in self.services.values()}

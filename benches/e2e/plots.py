@@ -16,8 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"direct": "#555555", "velox": "#d62728", "nginx": "#2ca02c", "litellm": "#1f77b4"}
-ORDER = ("direct", "velox", "nginx", "litellm")
+COLORS = {"direct": "#555555", "velox": "#d62728", "nginx": "#2ca02c", "nginx-tls": "#98df8a",
+          "litellm": "#1f77b4"}
+ORDER = ("direct", "velox", "nginx", "nginx-tls", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 NINES = (0.5, 0.9, 0.99, 0.999)
 

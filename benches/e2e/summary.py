@@ -261,4 +261,48 @@ def goals(s: dict[str, Any], soak: dict[str, Any] | None) -> list[dict[str, Any]
         _goal("issue 3", "<= 70 us CPU per proxied request, HTTP/2 + TLS egress", cpu, 70.0,
               cmp(cpu, 70.0), "us", "supervisor + workers, utime + stime, at 64 connections"),
     ]
+    return out + native_goals(s)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is not positive (an added latency that
+    measured <= 0 against direct has no meaningful multiple)."""
+    return None if a is None or b is None or b <= 0 else round(a / b, 2)
+
+
+def native_goals(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 12's targets: Velox against nginx with a TLS upstream ("nginx-tls": HTTP/1.1 over
+    TLS with keep-alive upstream connections, the closest to Velox's HTTP/2 + TLS egress), and
+    Velox's HTTP/1.1 cleartext egress (the arch section) against nginx with a cleartext upstream.
+    Every figure is a ratio of two medians from the same run."""
+    over, fx, tn = s["overhead"], s["fixed"], "nginx-tls"
+    out: list[dict[str, Any]] = []
+
+    def add(text: str, a: float | None, b: float | None, limit: float, at_most: bool,
+            unit: str, what: str, extra: str = "") -> None:
+        r = _ratio(a, b)
+        ok = None if r is None else (r <= limit if at_most else r >= limit)
+        out.append(_goal("issue 12", text, r, limit, ok, "x",
+                         f"Velox {a} {unit}, {what} {b} {unit}{extra}"))
+
+    for conns, limit in ((64, 1.2), (1, 2.0)):
+        add(f"CPU per request at {conns} connection{'s' if conns > 1 else ''} <= {limit}x "
+            "nginx's with a TLS upstream", _get(fx, "velox", conns, "cpu_us_per_request"),
+            _get(fx, tn, conns, "cpu_us_per_request"), limit, True, "us", "nginx-tls")
+    clear = next((r for r in s.get("arch", []) if r["config"] == "egress=http1 cleartext"), {})
+    add("CPU per request at 64 connections, HTTP/1.1 cleartext egress, <= 2x nginx's with a "
+        "cleartext upstream", clear.get("cpu_us_per_request"),
+        _get(fx, "nginx", 64, "cpu_us_per_request"), 2.0, True, "us", "nginx",
+        " (Velox from the arch section)")
+    add("added p50 latency at 1 connection <= 1.5x nginx's with a TLS upstream",
+        _get(over, "velox", 1, "p50"), _get(over, tn, 1, "p50"), 1.5, True, "us", "nginx-tls")
+    add("requests/s at 64 connections >= 0.9x nginx's with a TLS upstream",
+        _get(fx, "velox", 64, "rps"), _get(fx, tn, 64, "rps"), 0.9, False, "req/s", "nginx-tls")
+    many_key = next((k for k in s["stream"] if k.startswith("many=")), "many=?")
+    many = s["stream"].get(many_key, {})
+    v, n = many.get("velox", {}), many.get(tn, {})
+    add(f"added time to first byte (p50), {many_key.split('=', 1)[1]} concurrent streams, <= 2x "
+        "nginx's with a TLS upstream", v.get("added_ttfb_p50"), n.get("added_ttfb_p50"), 2.0,
+        True, "us", "nginx-tls", f"; stalled: Velox {v.get('stalled')}, nginx-tls "
+        f"{n.get('stalled')}")
     return out

@@ -128,15 +128,29 @@ class Velox(Service):
 
 
 class Nginx(Service):
-    """nginx (Debian's) proxying to the mock, plus a `return 200` server on `static_port`."""
+    """nginx (Debian's) proxying to the mock, plus a `return 200` server on `static_port`.
 
-    name = "nginx"
+    In front of the TLS mock (`upstream.mock.ca_file` set) it is the target "nginx-tls":
+    HTTP/1.1 over TLS to the mock with keep-alive upstream connections, the certificate
+    verified against the mock's CA like Velox verifies it (name `localhost`, which the mock's
+    certificate carries). nginx has no HTTP/2 upstream, so this is the closest configuration
+    to Velox's HTTP/2 + TLS egress."""
 
     def __init__(self, upstream: Mock, workers: int = 2) -> None:
         self.upstream = upstream
+        self.tls = bool(upstream.mock.ca_file)
+        self.name = "nginx-tls" if self.tls else "nginx"
         self.nworkers = workers
         self.run_dir = Path(tempfile.mkdtemp(prefix="velox-bench-nginx-"))
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _proxy_tls(self) -> str:
+        if not self.tls:
+            return ""
+        lines = ("proxy_ssl_verify on;", f"proxy_ssl_trusted_certificate {self.upstream.mock.ca_file};",
+                 "proxy_ssl_name localhost;", "proxy_ssl_server_name on;",
+                 "proxy_ssl_session_reuse on;")
+        return "\n".join("            " + line for line in lines)
 
     def start(self) -> Nginx:
         self.port, self.static_port = free_port(), free_port()
@@ -145,6 +159,7 @@ class Nginx(Service):
             "WORKERS": str(self.nworkers), "RUN": str(self.run_dir),
             "UPSTREAM_PORT": str(self.upstream.port), "PROXY_PORT": str(self.port),
             "STATIC_PORT": str(self.static_port), "STATIC_BODY": workload.static_response(),
+            "SCHEME": "https" if self.tls else "http", "PROXY_TLS": self._proxy_tls(),
         }.items():
             conf = conf.replace(f"@{key}@", value)
         path = self.run_dir / "nginx.conf"

@@ -332,4 +332,37 @@ def test_h2_codec_entry_points_keep_refcounts_and_rss_flat() -> None:
             bad.send_ping(b"short")
         del bad, info
     assert [sys.getrefcount(o) for o in watched] == base
+def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
+    # The per-response calls of ingress (velox.h1write): header tuples and bodies go in, one
+    # bytes object comes out; the error paths release what they took too.
+    from velox._native import (
+        H1_CLOSE,
+        H1_LENGTH,
+        h1_chunks,
+        h1_head,
+        h1_response,
+        h1_server_timing,
+    )
+
+    line = b"HTTP/1.1 200 OK\r\n"
+    headers = [(b"content-type", b"application/json"), (b"server-timing", b"ring;dur=0.001")]
+    many = headers * 20  # past the 32 fields kept on the C stack
+    body = b"x" * 300
+    pieces = [body, memoryview(body), bytearray(b"yz")] * 12  # past 32 views on the stack
+    bad = [body, 3]
+    base = [sys.getrefcount(o) for o in (line, headers, many, body, pieces, bad)]
+    for _ in range(10_000):  # warm-up
+        h1_response(line, headers, body, H1_LENGTH)
+    before = rss()
+    for _ in range(300_000):
+        h1_response(line, headers, body, H1_LENGTH | H1_CLOSE)
+        h1_response(line, many, pieces, H1_LENGTH)
+        h1_head(line, many, 300, H1_LENGTH)
+        h1_chunks(pieces, True)
+        h1_server_timing(1 << 40, (1 << 40) + 12345, 3, 4, 5, 1 << 41)
+        with pytest.raises(TypeError):
+            h1_response(line, headers, bad, H1_LENGTH)
+        with pytest.raises(TypeError):
+            h1_response(line, [(b"a", 1)] * 40, pieces, H1_LENGTH)
+    assert [sys.getrefcount(o) for o in (line, headers, many, body, pieces, bad)] == base
     assert rss() - before < 8 * MB

@@ -161,3 +161,78 @@ def test_batching_table_and_only_its_readme_block(tmp_path: Path) -> None:
     text = readme.read_text()
     assert text.startswith(untouched) and "old" not in text
     assert "| 64 | on (max_wait_ms = 20) | 1,500 |" in text and "median of 0.50 cores" in text
+
+
+def test_issue12_ratios_against_nginx_with_a_tls_upstream() -> None:
+    runs = []
+    for rnd in range(3):
+        for conns, scale in ((1, 1), (64, 20)):
+            runs += [_run("direct", conns, rnd, 10000 * scale, 50 * scale),
+                     _run("velox", conns, rnd, 4000 * scale, 150 * scale,
+                          cpu_us_per_request=130.0 if conns == 64 else 276.0),
+                     _run("nginx", conns, rnd, 9000 * scale, 60 * scale,
+                          cpu_us_per_request=12.0),
+                     _run("nginx-tls", conns, rnd, 8000 * scale, 90 * scale,
+                          cpu_us_per_request=59.0 if conns == 64 else 72.0)]
+        runs.append(_run("velox-arch", 64, rnd, 20000, 2500, section="arch",
+                         config="egress=http1 cleartext", cpu_us_per_request=30.0))
+        for target, ttfb in (("direct", 300), ("velox", 1000), ("nginx-tls", 500)):
+            runs.append(_run(target, 512, rnd, 100, 1e6, section="stream-many", mode="stream",
+                             ttfb_us={"p50": ttfb, "p99": 2 * ttfb}, stalled=0))
+    s = json.loads(json.dumps(summary.summarize(runs, {})))
+    goals = {g["goal"]: g for g in s["goals"] if g["source"] == "issue 12"}
+    cpu64 = goals["CPU per request at 64 connections <= 1.2x nginx's with a TLS upstream"]
+    assert (cpu64["measured"], cpu64["reached"]) == (2.2, False)  # 130 / 59
+    cpu1 = goals["CPU per request at 1 connection <= 2.0x nginx's with a TLS upstream"]
+    assert cpu1["measured"] == 3.83  # 276 / 72
+    clear = goals["CPU per request at 64 connections, HTTP/1.1 cleartext egress, <= 2x nginx's "
+                  "with a cleartext upstream"]
+    assert (clear["measured"], clear["reached"]) == (2.5, False)  # 30 / 12
+    p50 = goals["added p50 latency at 1 connection <= 1.5x nginx's with a TLS upstream"]
+    assert p50["measured"] == 2.5  # (150 - 50) / (90 - 50)
+    rps = goals["requests/s at 64 connections >= 0.9x nginx's with a TLS upstream"]
+    assert (rps["measured"], rps["reached"]) == (0.5, False)
+    ttfb = goals["added time to first byte (p50), 512 concurrent streams, <= 2x nginx's with a "
+                 "TLS upstream"]
+    assert (ttfb["measured"], ttfb["reached"]) == (3.5, False)  # 700 / 200
+    doc = {"machine": MACHINE, "placement": "x", "notes": [], "plan": {"rounds": 3,
+                                                                      "duration_s": 5},
+           "summary": s}
+    _, rows = benchreport.table_goals(doc["summary"])
+    assert ["issue 12", cpu64["goal"], "2.20 x", "1.20 x", "**missed**"] == rows[-6][:5]
+    assert "nginx-tls" in [r[0] for r in benchreport.table_fixed(s)[1]]
+
+
+def test_a_ratio_to_a_non_positive_overhead_is_not_judged() -> None:
+    assert summary._ratio(100.0, -3.0) is None
+    assert summary._ratio(100.0, None) is None
+    assert summary._ratio(90.0, 60.0) == 1.5
+
+
+def test_native_section_shows_issue12_before_and_after(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def doc(velox_cpu: float) -> dict:
+        runs = []
+        for rnd in range(3):
+            for conns in (1, 64):
+                runs += [_run("direct", conns, rnd, 10000, 50),
+                         _run("velox", conns, rnd, 4000, 150, cpu_us_per_request=velox_cpu),
+                         _run("nginx-tls", conns, rnd, 8000, 90, cpu_us_per_request=60.0)]
+        s = json.loads(json.dumps(summary.summarize(runs, {})))
+        return {"machine": MACHINE, "placement": "everything on 2 cores", "notes": [],
+                "plan": {"rounds": 3, "duration_s": 5}, "summary": s, "runs": runs,
+                "loadavg_start": [1.5, 1.0, 0.5]}
+
+    (tmp_path / "e2e-native.json").write_text(json.dumps(doc(90.0)))
+    (tmp_path / "e2e-native-before.json").write_text(json.dumps(doc(132.0)))
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench:native:start -->\n<!-- bench:native:end -->\n")
+    monkeypatch.setattr(benchreport, "_draw", lambda *a: set())
+    out = benchreport.generate(tmp_path, readme)
+    assert out["readme_markers"] == ["native"]
+    text = readme.read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| CPU per request at 64 connections <= 1.2x"))
+    assert "| 2.20× | 1.50× | 1.20× | **missed** |" in row  # before 132/60, after 90/60
+    assert "load average 1.50 at its start" in text
+    assert "| nginx-tls | 64 |" in text

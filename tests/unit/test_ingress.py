@@ -119,3 +119,66 @@ def test_upgrades_are_400_before_the_request_is_dispatched() -> None:
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (400, "bad_http_request")
     assert transport.closed and not ring.pushed
+
+
+def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Request]:
+    conn, transport, ring = make_conn()
+    conn.state.loop = loop  # type: ignore[assignment]
+    body = b'{"model":"m","stream":true}'
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    assert len(ring.pushed) == 1
+    return conn, transport, ring.pushed[0]
+
+
+def test_a_streams_chunks_of_one_loop_pass_go_out_in_one_write() -> None:
+    import asyncio
+
+    from velox import h1write
+    from velox.h1write import H1_CHUNKED, STATUS_LINES
+
+    loop = asyncio.new_event_loop()
+    try:
+        conn, transport, request = _streaming_conn(loop)
+        headers = [(b"content-type", b"text/event-stream")]
+        events = [b"data: {\"a\":1}\n\n", b"data: {\"b\":2}\n\n", b"data: [DONE]\n\n"]
+
+        async def upstream_reads() -> None:
+            # One upstream read: the head and two events, dispatched in one callback.
+            conn.start_stream(request, 200, headers)
+            conn.send_chunk(events[0])
+            conn.send_chunk(events[1])
+            assert transport.chunks == []  # nothing written before the pass ends
+            await asyncio.sleep(0)
+            # The next read: the last event and the end of the stream, in one write.
+            conn.send_chunk(events[2])
+            conn.end_stream()
+
+        loop.run_until_complete(upstream_reads())
+        loop.run_until_complete(asyncio.sleep(0))  # the flush of the second pass finds nothing
+    finally:
+        loop.close()
+    head = h1write.py_head(STATUS_LINES[200], headers, 0, H1_CHUNKED)
+    # The bytes the per-chunk writer sent, now in two writes instead of five.
+    assert transport.chunks == [head + h1write.py_chunks(events[:2]),
+                                h1write.py_chunks(events[2:], last=True)]
+    assert conn.current is None  # answered: the connection is ready for the next request
+
+
+def test_an_aborted_stream_drops_its_queued_bytes() -> None:
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        conn, transport, request = _streaming_conn(loop)
+
+        async def run() -> None:
+            conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+            conn.send_chunk(b"data: x\n\n")
+            conn.abort()
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert transport.chunks == [] and transport.closed
