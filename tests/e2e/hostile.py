@@ -32,7 +32,8 @@ Per-request behaviour comes from the request header `x-hostile` (no header: a sm
 
 Counters (read from the test thread; plain ints and lists, updated on the server thread):
 `connections`, `requests` (paths of non-warm-up requests, in arrival order), `warmups`,
-`pings` (PING frames received, not ACKs), `streams_finished`; `send_windows()`.
+`pings` (PING frames received, not ACKs), `streams_finished`, `resets_received`;
+`send_windows()`.
 
 Imports: h2, trustme (through velox.mock.certs), velox.mock.certs, stdlib.
 """
@@ -137,6 +138,8 @@ class _H2Server(asyncio.Protocol):
                 self.owner.pings += 1
             elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged,
                                     h2.events.StreamReset)):
+                if isinstance(event, h2.events.StreamReset):
+                    self.owner.resets_received += 1
                 self.window_open.set()
             elif isinstance(event, h2.events.DataReceived):
                 self.conn.acknowledge_received_data(event.flow_controlled_length,
@@ -325,6 +328,7 @@ class HostileUpstream:
         self.warmups = 0
         self.pings = 0
         self.streams_finished = 0  # `stream=` / `stream-reset=` responses sent to the end
+        self.resets_received = 0  # RST_STREAM frames the gateway sent us
         self.requests: list[str] = []
         self.live: set[Any] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

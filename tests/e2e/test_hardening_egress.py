@@ -107,7 +107,11 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
             clients = []
         elif ending == "idle-deadline":
             # The paused streams expire 2 s after their last byte and must hand their credit
-            # back then, though their clients are still connected.
+            # back then, though their clients are still connected. Wait for every one of them
+            # (each reset by the gateway): while some are still open, the credit the first
+            # ones return is spent on the others' data, not on new streams.
+            _wait_for(lambda: up.resets_received >= _CLIENTS, 30,
+                      f"all {_CLIENTS} paused streams to expire ({up.resets_received} reset)")
             _wait_for(lambda: up.send_windows() not in ([0], []), 30,
                       "the expired streams' credit to come back")
         # The connection must carry new streams again: its window was handed back.
