@@ -100,7 +100,7 @@ class RedisLookup:
     def join(self, request: Request) -> None:
         from velox.cache import Waiting
 
-        waiting = Waiting(self, request)  # type: ignore[arg-type]
+        waiting = Waiting(self, request)
         request.exchange = waiting
         self.requests.append(waiting)
 
