@@ -116,6 +116,20 @@ def test_an_answer_from_one_host_is_a_hit_on_the_other(
     assert calls(upstream) == 1
     status, metrics = b.admin_get("/metrics")
     assert b"velox_cache_redis_hits_total 1.0" in metrics
+    # Streamed answers are shared too: stored whole on A, replayed as an event stream on B,
+    # which the SDK reads chunk by chunk.
+    runs = []
+    for client in (ca, cb):
+        with client.chat.completions.with_streaming_response.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "streamed"}],
+                stream=True) as response:
+            text = "".join(c.choices[0].delta.content or "" for c in response.parse()
+                           if c.choices)
+            runs.append((response.headers["x-velox-cache"], text))
+        if client is ca:
+            stored_in_redis(a, 2)
+    assert runs[0][0] == "miss" and runs[1] == ("hit", runs[0][1]) and runs[0][1]
+    assert calls(upstream) == 2 and cache_stats(b)["redis_hits"] == 2
 
 
 def test_age_and_max_age_hold_across_hosts(
