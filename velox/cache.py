@@ -38,7 +38,12 @@ leader's stream broke after it started gets the same broken ending as the leader
 client that disconnects never cancels an upstream call that others wait for: the call runs on
 without it (`client_gone`), and is cancelled only when no one is left.
 
+With VELOX_REDIS_URL a Redis tier sits behind the local store (velox.cache_redis, attached by
+the worker): a local miss with nothing in flight for its key on this host asks Redis (within
+VELOX_CACHE_REDIS_TIMEOUT_MS) before it goes on, and stored answers are written there too.
+
 Imports: _types, relay (Exchange, Observer), errors, health (the clock), route (caller_of),
+cache_redis (annotations only; the worker attaches the tier),
 the native extension (SharedCache, lazily),
 stats (field numbers), tables, usage (removing a usage chunk on replay), config (annotations),
 orjson, stdlib.
@@ -65,6 +70,7 @@ from velox.tables import CATCH_ALL, Tables
 from velox.usage import SSEUsage, client_asked_usage
 
 if TYPE_CHECKING:
+    from velox.cache_redis import RedisLookup, RedisTier
     from velox.config import Settings
     from velox.relay import Exchange
 
@@ -346,7 +352,7 @@ class Waiting:
 
     __slots__ = ("owner", "request", "started", "usage")
 
-    def __init__(self, owner: Flight | RemoteWait, request: Request) -> None:
+    def __init__(self, owner: Flight | RemoteWait | RedisLookup, request: Request) -> None:
         self.owner = owner
         self.request = request
         self.started = False  # the answer's head has been written to this client
@@ -601,7 +607,7 @@ class CacheFront:
 
     __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "hold_ms",
                  "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
-                 "_send_alone")
+                 "_send_alone", "tier", "_resume")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
@@ -625,6 +631,14 @@ class CacheFront:
         self.waits: dict[bytes, RemoteWait] = {}
         self._send_alone = send_alone
         self.release_body = release_body
+        # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache_redis), and how
+        # requests it held continue on the miss path (the worker's resume); see attach_redis.
+        self.tier: RedisTier | None = None
+        self._resume: Callable[[list[Request]], None] | None = None
+
+    def attach_redis(self, tier: RedisTier, resume: Callable[[list[Request]], None]) -> None:
+        self.tier = tier
+        self._resume = resume
 
     def cached(self, model: str) -> bool:
         flag = self.by_model.get(model)
@@ -663,6 +677,9 @@ class CacheFront:
                     continue
                 if not request.stream and self._wait_remote(request, key, now):
                     continue
+                tier = self.tier
+                if tier is not None and tier.ask(self, request, key):
+                    continue  # asks the Redis tier (velox.cache_redis); answered or goes on
             out.append(request)
         return out
 
@@ -763,6 +780,21 @@ class CacheFront:
     def put(self, key: bytes, value: bytes) -> None:
         if self.store.put(key, value, now_ms(), self.ttl_ms):
             self.counters.add(self.slot, F.CACHE_STORES, 1)
+            if self.tier is not None:
+                self.tier.store(key, value)
+
+    def go_on(self, requests: list[Request]) -> None:
+        """Requests the Redis tier held that it could not answer: on to the miss path (the
+        limiter, leading or following, dispatch), minus those whose client left."""
+        live = []
+        for request in requests:
+            request.exchange = None
+            if request.conn.closed:
+                self.release_body(request)
+                continue
+            live.append(request)
+        if live and self._resume is not None:
+            self._resume(live)
 
     def coalesced(self, n: int) -> None:
         self.counters.add(self.slot, F.CACHE_COALESCED, n)

@@ -5,7 +5,8 @@ Without VELOX_REDIS_URL nothing here runs. With it, each limit (the gateway's
 VELOX_RATE_LIMIT_RPM, and every other bucket registered with `Cluster.add`) has ONE token
 bucket kept in Redis, and each host's workers take from a LEASED bucket in the host's shared
 memory (`velox._native.Limits`, configured with rate 0: only `give` fills it). The workers never
-talk to Redis. One refresher per host, in the supervisor process (a thread running its own
+talk to Redis for limits (only the response cache's Redis tier does, velox.cache_redis). One
+refresher per host, in the supervisor process (a thread running its own
 asyncio loop with one redis.asyncio connection, hiredis parsing), leases blocks of tokens from
 the Redis buckets and deposits them into the local ones:
 
@@ -53,8 +54,8 @@ call that succeeds switches every bucket back to leased (logged once). During an
 seconds the hosts admit at most rate x T plus what they held (hosts x lease cap). A Redis that
 lost its data (a restart without persistence) is noticed by the first host that had called it
 before: the buckets it then makes start empty for a minute instead of full, so the outage does
-not end with a second burst (see LEASE_LUA). No request waits on Redis: the workers only ever
-touch shared memory.
+not end with a second burst (see LEASE_LUA). No request waits on Redis for a limit: the
+workers only ever touch shared memory for them.
 
 Imports: config (redact_url), stdlib, redis (redis.asyncio: the refresher thread).
 """

@@ -297,6 +297,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
           "Redis shared by several Velox hosts: every rate limit becomes global across them "
           "(empty: this host alone)"),
+    Field("VELOX_CACHE_REDIS_TIMEOUT_MS", "cache_redis_timeout_ms", _int_in(1, 10_000), "5",
+          "with VELOX_REDIS_URL, a local cache miss waits at most this long for the Redis "
+          "tier's answer, then goes on as a miss"),
 )
 
 
@@ -346,6 +349,7 @@ class Settings:
     tokens_default_output: int = 1024
     token_accounting: bool = True
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
+    cache_redis_timeout_ms: int = 5
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

@@ -76,6 +76,14 @@ class F(IntEnum):
     EMB_FULL_BATCHES = 43  # left when max_requests or max_inputs was reached
     EMB_SPLIT_RETRIES = 44  # members re-sent alone after their merged call got a 400
     EMB_IMMEDIATE_BATCHES = 45  # left at once: no call of their group was in flight
+    # The response cache's Redis tier (velox.cache_redis, VELOX_REDIS_URL): requests answered
+    # from Redis (also in CACHE_HITS), not found there, gone on without its answer (failed,
+    # timed out, skipped while down); answers written to Redis, and not written.
+    CACHE_REDIS_HITS = 46
+    CACHE_REDIS_MISSES = 47
+    CACHE_REDIS_ERRORS = 48
+    CACHE_REDIS_STORES = 49
+    CACHE_REDIS_DROPPED = 50
 
 
 class H(IntEnum):

@@ -15,7 +15,7 @@ re-enters the ring, parsed, when the scan is done.
 This is the only module that runs the stages in sequence; each stage knows nothing of the
 others.
 
-Imports: every stage below it (ingress, parse, keys, cache, ratelimit, route, batch, dispatch,
+Imports: every stage below it (ingress, parse, keys, cache, cache_redis, ratelimit, route, batch, dispatch,
 egress, relay, usage), health (the clock), tables, ring, arena, stats, config, errors, _types,
 orjson; admin.agent (in
 serve: control channel and access log).
@@ -137,6 +137,13 @@ class Worker:
             self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
                                     self.counters, self.histograms, self.slot,
                                     self.send_alone, self.release_body)
+            if settings.redis_url:  # hosts share answers through Redis (velox.cache_redis)
+                from velox.cache_redis import RedisTier
+
+                self.cache.attach_redis(
+                    RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
+                              settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
+                    self.resume)
         self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
                                self._flush_upstreams, loop, self.counters, self.slot) \
             if Batcher.wanted(self.tables) else None
@@ -220,6 +227,8 @@ class Worker:
             conn.close_if_idle()
         for upstream in self.upstreams:
             await upstream.close()
+        if self.cache is not None and self.cache.tier is not None:
+            await self.cache.tier.close()
         if self.scanner is not None:
             self.scanner.shutdown(wait=False)
         self.counters.set(self.slot, F.READY, 0)
@@ -363,8 +372,22 @@ class Worker:
         cache = self.cache
         if cache is not None and parsed:
             parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
+        self._admit(parsed, time.perf_counter_ns())
+        for upstream in self.upstreams:
+            upstream.flush()
+        if self.arena is not None:
+            self.arena.reset()
 
-        t_parsed = time.perf_counter_ns()
+    def resume(self, requests: list[Request]) -> None:
+        """Requests the cache's Redis tier held that it could not answer (velox.cache_redis):
+        the rest of process() from the limiter on, as the misses they are."""
+        self._admit(requests, time.perf_counter_ns())
+        self._flush_upstreams()
+
+    def _admit(self, parsed: list[Request], t_parsed: int) -> None:
+        """process() after the cache's front: rate limit → batching → route → egress (the
+        caller flushes the upstreams)."""
+        cache = self.cache
         admitted = self.limiter.admit(len(parsed)) if parsed else 0
         t_admitted = time.perf_counter_ns()
         if admitted < len(parsed):
@@ -395,10 +418,6 @@ class Worker:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
             dispatch.send(exchange)
-        for upstream in self.upstreams:
-            upstream.flush()
-        if self.arena is not None:
-            self.arena.reset()
 
     def send_alone(self, requests: list[Request]) -> None:
         """Requests that waited for an identical one which failed (velox.cache): the limiter

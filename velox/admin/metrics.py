@@ -95,6 +95,16 @@ _CACHE_COUNTERS = (
     (F.CACHE_STORES, "velox_cache_stores", "Answers stored in the response cache."),
     (F.CACHE_ALONE, "velox_cache_sent_alone",
      "Coalesced requests sent on their own because the call they waited for failed."),
+    (F.CACHE_REDIS_HITS, "velox_cache_redis_hits",
+     "Requests answered from the cache's Redis tier (also counted in velox_cache_hits)."),
+    (F.CACHE_REDIS_MISSES, "velox_cache_redis_misses",
+     "Local cache misses the Redis tier had no usable answer for."),
+    (F.CACHE_REDIS_ERRORS, "velox_cache_redis_errors",
+     "Local cache misses that went on without the Redis tier's answer (failed, timed out, "
+     "or Redis down)."),
+    (F.CACHE_REDIS_STORES, "velox_cache_redis_stores", "Answers written to the Redis tier."),
+    (F.CACHE_REDIS_DROPPED, "velox_cache_redis_dropped",
+     "Answers not written to the Redis tier (Redis down, write failed, too many waiting)."),
 )
 _GAUGES = (
     (F.IN_FLIGHT, "velox_in_flight_requests", "Requests inside the worker (sampled every 0.25 s)."),

@@ -180,6 +180,13 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
         "evictions": store.get("evictions", 0),
         "expired": store.get("expired", 0),
         "latency_hit": latency(shared.histograms[H.CACHE_HIT]),
+        # The Redis tier (velox.cache_redis; zeros without VELOX_REDIS_URL): redis_hits are
+        # also in hits; redis_errors: requests that went on without Redis's answer.
+        "redis_hits": totals[F.CACHE_REDIS_HITS],
+        "redis_misses": totals[F.CACHE_REDIS_MISSES],
+        "redis_errors": totals[F.CACHE_REDIS_ERRORS],
+        "redis_stores": totals[F.CACHE_REDIS_STORES],
+        "redis_dropped": totals[F.CACHE_REDIS_DROPPED],
     }
 
 

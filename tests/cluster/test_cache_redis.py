@@ -1,0 +1,195 @@
+"""The response cache's Redis tier (velox.cache_redis): two real Velox hosts (separate
+processes, two workers each, two ports) sharing one real redis-server and VELOX_CACHE=1, the
+bundled mock upstream over HTTP/2 + TLS, the official openai SDK.
+
+VELOX_CACHE_REDIS_TIMEOUT_MS is raised to 500 here so a loaded 2-core box does not turn a
+shared answer into a timeout miss (the default is a few ms); the Redis-down test does not
+depend on it: a killed Redis refuses at once."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
+from velox.launch import GatewayProcess, RedisProcess, free_port
+from velox.mock import MockUpstream
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockUpstream]:
+    certdir = tmp_path_factory.mktemp("cache-redis-certs")
+    with MockUpstream(tls=True, certdir=str(certdir), name="cache-redis") as m:
+        yield m
+
+
+@pytest.fixture
+def upstream(mock: MockUpstream) -> MockUpstream:
+    mock.behave()
+    mock.reset()
+    return mock
+
+
+@pytest.fixture
+def hosts(upstream: MockUpstream, redis_server: RedisProcess,
+          tmp_path: Path) -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    try:
+        for i in range(2):
+            gw = GatewayProcess({
+                "VELOX_UPSTREAM_ORIGIN": upstream.origin,
+                "VELOX_UPSTREAM_CA_FILE": upstream.ca_file or "",
+                "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
+                "VELOX_WORKERS": "2",
+                "VELOX_EGRESS_POOL_CONNECTIONS": "1",
+                "VELOX_RATE_LIMIT_RPM": "0",
+                "VELOX_SHUTDOWN_GRACE_S": "2",
+                "VELOX_ACCESS_LOG": "0",
+                "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+                "VELOX_CACHE": "1",
+                "VELOX_REDIS_URL": redis_server.url,
+                "VELOX_CACHE_REDIS_TIMEOUT_MS": "500",
+            }, log_path=tmp_path / f"velox-{i}.log")
+            started.append(gw)
+            gw.start(wait_ready=True)
+        yield started
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def calls(mock: MockUpstream) -> int:
+    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
+
+
+def cache_stats(gw: GatewayProcess) -> dict[str, Any]:
+    status, body = gw.admin_get("/stats")
+    assert status == 200
+    return json.loads(body)["cache"]  # type: ignore[no-any-return]
+
+
+def chat(client: openai.OpenAI, prompt: str,
+         headers: dict[str, str] | None = None) -> tuple[Any, httpx.Headers]:
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": prompt}],
+        extra_headers=headers or {})
+    return raw.parse(), raw.headers
+
+
+def stored_in_redis(gw: GatewayProcess, n: int) -> None:
+    """Writes to Redis are fire and forget: wait (bounded) until `n` have been acknowledged."""
+    wait_for(lambda: cache_stats(gw)["redis_stores"] >= n, timeout=10)
+
+
+def test_an_answer_from_one_host_is_a_hit_on_the_other(
+        upstream: MockUpstream, hosts: list[GatewayProcess], redis_server: RedisProcess) -> None:
+    a, b = hosts
+    ca, cb = client_for(a), client_for(b)
+    first, h1 = chat(ca, "shared across hosts")
+    assert h1["x-velox-cache"] == "miss"
+    stored_in_redis(a, 1)
+    # The key in Redis: the prefix and the hex of the 32-byte cache key, with a TTL.
+    keys = redis_server.command("KEYS", "velox:cache:*")
+    assert keys.count(b"velox:cache:") == 1 and len(keys.split(b"velox:cache:")[1]) >= 64
+    second, h2 = chat(cb, "shared across hosts")
+    assert h2["x-velox-cache"] == "hit" and int(h2["age"]) >= 0
+    assert second.model_dump() == first.model_dump()  # the mock gives every call its own id
+    assert calls(upstream) == 1
+    doc = cache_stats(b)
+    assert doc["redis_hits"] == 1 and doc["hits"] == 1 and doc["misses"] == 0
+    # The copy is now in B's local store: later hits there do not ask Redis (local in front).
+    for _ in range(3):
+        assert chat(cb, "shared across hosts")[1]["x-velox-cache"] == "hit"
+    doc = cache_stats(b)
+    assert doc["hits"] == 4 and doc["redis_hits"] == 1 and doc["redis_misses"] == 0
+    assert doc["entries"] == 1
+    # A's own hits are local too.
+    assert chat(ca, "shared across hosts")[1]["x-velox-cache"] == "hit"
+    assert cache_stats(a)["redis_hits"] == 0
+    assert calls(upstream) == 1
+    status, metrics = b.admin_get("/metrics")
+    assert b"velox_cache_redis_hits_total 1.0" in metrics
+    # Streamed answers are shared too: stored whole on A, replayed as an event stream on B,
+    # which the SDK reads chunk by chunk.
+    runs = []
+    for client in (ca, cb):
+        with client.chat.completions.with_streaming_response.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "streamed"}],
+                stream=True) as response:
+            text = "".join(c.choices[0].delta.content or "" for c in response.parse()
+                           if c.choices)
+            runs.append((response.headers["x-velox-cache"], text))
+        if client is ca:
+            stored_in_redis(a, 2)
+    assert runs[0][0] == "miss" and runs[1] == ("hit", runs[0][1]) and runs[0][1]
+    assert calls(upstream) == 2 and cache_stats(b)["redis_hits"] == 2
+
+
+def test_age_and_max_age_hold_across_hosts(
+        upstream: MockUpstream, hosts: list[GatewayProcess]) -> None:
+    a, b = hosts
+    ca, cb = client_for(a), client_for(b)
+    chat(ca, "aged one")
+    chat(ca, "aged two")
+    stored_in_redis(a, 2)
+    time.sleep(1.2)  # the entries are now more than a second old
+    # B gets A's entry with its age (from the time A stored it, carried in the value).
+    _, h = chat(cb, "aged one", {"cache-control": "max-age=3600"})
+    assert h["x-velox-cache"] == "hit" and int(h["age"]) >= 1
+    # Too old for this client: Redis's entry is not used, the request goes upstream.
+    _, h = chat(cb, "aged two", {"cache-control": "max-age=0"})
+    assert h["x-velox-cache"] == "miss"
+    assert calls(upstream) == 3
+    doc = cache_stats(b)
+    assert doc["redis_hits"] == 1 and doc["redis_misses"] == 1 and doc["misses"] == 1
+
+
+def test_redis_killed_then_restarted(
+        upstream: MockUpstream, hosts: list[GatewayProcess], redis_server: RedisProcess) -> None:
+    a, b = hosts
+    ca, cb = client_for(a, timeout=10), client_for(b, timeout=10)
+    chat(ca, "before the outage")
+    stored_in_redis(a, 1)
+    redis_server.kill()  # SIGKILL by PID
+    # Every request still gets its answer: misses go upstream, local hits stay hits.
+    for i in range(4):
+        _, h = chat(cb, f"during the outage {i}")
+        assert h["x-velox-cache"] == "miss"
+        _, h = chat(cb, f"during the outage {i}")
+        assert h["x-velox-cache"] == "hit"
+        _, h = chat(ca, "before the outage")
+        assert h["x-velox-cache"] == "hit"
+    assert calls(upstream) == 5
+    doc = cache_stats(b)
+    assert doc["redis_errors"] >= 1 and doc["redis_hits"] == 0
+    assert doc["misses"] == 4 and doc["hits"] == 4
+    status, metrics = b.admin_get("/metrics")
+    assert b"velox_cache_redis_errors_total" in metrics
+    # Logged once per outage per worker, not once per request.
+    assert b.log().count("cache's Redis at") <= 2
+
+    redis_server.start()  # same port, empty (no persistence)
+    # Sharing comes back once each host retries (a second after its last failure): a fresh
+    # prompt answered on A becomes a hit on B. Bounded: 40 tries, about 10 s at most.
+    shared = False
+    for i in range(40):
+        before = cache_stats(a)["redis_stores"]
+        _, h = chat(ca, f"after the outage {i}")
+        assert h["x-velox-cache"] == "miss"
+        deadline = time.monotonic() + 0.25
+        while time.monotonic() < deadline and cache_stats(a)["redis_stores"] == before:
+            time.sleep(0.02)
+        if cache_stats(a)["redis_stores"] > before:
+            _, h = chat(cb, f"after the outage {i}")
+            assert h["x-velox-cache"] == "hit"
+            shared = True
+            break
+    assert shared, "the hosts did not share answers again after Redis came back"
+    assert "reachable again" in a.log()
