@@ -24,7 +24,11 @@ requests); Envoy's retry budget is instead a share of the requests active at the
 
 Per-upstream rpm (`rpm` of an [[upstream]]): its own shared token bucket, burst = 10 s worth
 (at least 1); a target whose bucket is empty is skipped, and a request no target can take
-because of it gets 429 with the bucket's Retry-After.
+because of it gets 429 with the bucket's Retry-After. The buckets are entries of ONE native
+`Limits` (`SharedHealth.rpm`, index = upstream, made before fork), so that with
+VELOX_REDIS_URL the host's refresher can lease into them (velox.cluster: each upstream's rpm
+and tpm bucket is shared by every host as `upstream:<name>:rpm|tpm`); the check is one native
+`take` per admission, as it was with a bucket of its own.
 
 Per-upstream tpm (`tpm` of an [[upstream]]): `UpstreamTokens`, one shared token bucket per such
 upstream (the native `Limits`, its own instance, indexed by upstream), rate tpm per minute and
@@ -53,7 +57,7 @@ import time
 from typing import Any
 
 from velox import _native
-from velox._native import Health, RetryBudget, TokenBucket
+from velox._native import Counters, Health, Limits, RetryBudget
 from velox.tables import TableError, Tables
 
 # Why an upstream cannot take a request now (admit() returns the negative).
@@ -128,17 +132,24 @@ class SharedHealth:
     between the balancer and C): check, usable_mask, in_flight, admit, finish, record_request.
     """
 
-    __slots__ = ("names", "index", "native", "budget", "buckets", "tpm",
+    __slots__ = ("names", "index", "native", "budget", "rpm", "rpms", "take", "tpm",
                  "check", "usable_mask", "in_flight", "in_flight_sum", "admit", "finish",
                  "record_request")
 
     def __init__(self, names: tuple[str, ...], native: Health, budget: RetryBudget,
-                 buckets: tuple[TokenBucket | None, ...]) -> None:
+                 rpms: tuple[int, ...] = ()) -> None:
         self.names = names
         self.index = {name: i for i, name in enumerate(names)}
         self.native = native
         self.budget = budget
-        self.buckets = buckets
+        # The upstreams' rpm buckets: entry u of one shared Limits (configured only for an
+        # upstream with an rpm; burst rpm_burst(rpm)). rpms[u] == 0: no bucket.
+        self.rpms = rpms or (0,) * len(names)
+        self.rpm = Limits(max(1, len(names)))
+        for u, rpm in enumerate(self.rpms):
+            if rpm > 0:
+                self.rpm.configure(u, rpm, rpm_burst(rpm))
+        self.take = self.rpm.take  # (u, n) -> 0 taken, else µs until it could be (or -1)
         self.tpm: UpstreamTokens | None = None  # set by create() when an upstream has a tpm
         # (u, now) -> 0 | REASON_OPEN | REASON_FULL; takes nothing
         self.check = native.check
@@ -148,7 +159,7 @@ class SharedHealth:
         self.in_flight_sum = native.in_flight_sum  # (tuple of u) -> their in_flight summed
         # (u, now) -> ticket >= 0, or -REASON_*: breaker passage, an in-flight place, an rpm
         # token. Native alone when no upstream has an rpm bucket.
-        self.admit = self._admit_rated if any(b is not None for b in buckets) else native.admit
+        self.admit = self._admit_rated if any(self.rpms) else native.admit
         # (u, ticket, outcome, now): the one end of every admission; releases its place and
         # reports the outcome to the breaker.
         self.finish = native.finish
@@ -172,8 +183,7 @@ class SharedHealth:
             probe_lease_ms=lease_ms,
         )
         budget = RetryBudget(r.budget_percent, r.budget_window_s, r.budget_min_per_s)
-        buckets = tuple(TokenBucket(u.rpm, rpm_burst(u.rpm)) if u.rpm > 0 else None for u in ups)
-        health = cls(tuple(u.name for u in ups), native, budget, buckets)
+        health = cls(tuple(u.name for u in ups), native, budget, tuple(u.rpm for u in ups))
         if any(u.tpm > 0 for u in ups):
             health.tpm = UpstreamTokens(tuple(u.tpm for u in ups))
         return health
@@ -190,8 +200,7 @@ class SharedHealth:
         if not native.acquire(u):
             native.report(u, ticket, NEUTRAL, now)  # a probe slot back
             return -REASON_FULL
-        bucket = self.buckets[u]
-        if bucket is not None and not bucket.acquire():
+        if self.rpms[u] and self.take(u, 1):
             native.release(u)
             native.report(u, ticket, NEUTRAL, now)
             return -REASON_RATE
@@ -203,8 +212,7 @@ class SharedHealth:
         native = self.native
         if not native.acquire(u):
             return -REASON_FULL
-        bucket = self.buckets[u]
-        if bucket is not None and not bucket.acquire():
+        if self.rpms[u] and self.take(u, 1):
             native.release(u)
             return -REASON_RATE
         native.count(u, _UP_REQUESTS)
@@ -218,10 +226,11 @@ class SharedHealth:
 
     def retry_after_s(self, u: int) -> int:
         """Whole seconds until u's rpm bucket has a token again (at least 1)."""
-        bucket = self.buckets[u]
-        if bucket is None:
+        rate = self.rpm.config(u)[0]
+        if not self.rpms[u] or rate <= 0:  # no bucket, or a leased one (the next lease fills it)
             return 1
-        return max(1, -(-bucket.wait_hint_us(1) // 1_000_000))
+        missing = 1 - self.rpm.level(u)  # whole tokens short of one (more when in debt)
+        return max(1, -(-missing * 60 // rate))
 
     def try_retry(self, u: int, now: int) -> bool:
         """Take one retry from the gateway's budget for a retry on upstream u (counted)."""
@@ -288,11 +297,15 @@ class UpstreamTokens:
     """The upstreams' tpm buckets (index = upstream; an upstream without tpm takes nothing).
     One native `Limits` mapping of their own, made before fork with the rest of the health."""
 
-    __slots__ = ("limits", "burst")
+    __slots__ = ("limits", "burst", "wanted")
 
     def __init__(self, tpms: tuple[int, ...]) -> None:
         self.limits = _native.Limits(len(tpms))
         self.burst = tpms  # one minute's worth; 0: no bucket
+        # Field u: the size of the last reservation u's bucket refused (a gauge the Redis
+        # refresher reads and clears: a reservation larger than one lease makes the host lease
+        # enough for it once, velox.cluster). Unused without VELOX_REDIS_URL.
+        self.wanted = Counters(1, max(1, len(tpms)))
         for u, tpm in enumerate(tpms):
             if tpm > 0:
                 self.limits.configure(u, tpm, tpm)
@@ -307,6 +320,7 @@ class UpstreamTokens:
         wait = self.limits.take(u, n)
         if wait == 0:
             return n, 0
+        self.wanted.set(0, u, n)  # the refusal's slow path: for the refresher's next lease
         return 0, max(wait, 1)
 
     def give(self, u: int, tokens: int) -> None:

@@ -55,13 +55,14 @@ The supervisor never runs an event loop; it sleeps in select() on a signal wake-
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
 
-With VELOX_REDIS_URL the rate limits are shared with the other hosts: the global Limiter is a
-LEASED bucket, and the host's Redis refresher (velox.cluster, one thread with its own asyncio
-loop) runs here too, started before the first fork and stopped after the last worker, when it
-hands the tokens this host still holds back to Redis.
+With VELOX_REDIS_URL the rate limits are shared with the other hosts: the global Limiter, each
+[[key]]'s and each [[upstream]]'s rpm and tpm buckets are LEASED buckets, and the host's Redis
+refresher (velox.cluster, one thread with its own asyncio loop) runs here too, started before
+the first fork and stopped after the last worker, when it hands the tokens this host still
+holds back to Redis.
 
 Imports: worker, ratelimit, cache (its store), stats, topology, config, admin.server, cluster and keys (lazily),
-stdlib, uvloop.
+health (lazily), stdlib, uvloop.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class Supervisor:
                 self.cluster.add("gateway", self.limiter.limits, self.limiter.index,
                                  settings.rate_limit_rpm, settings.rate_limit_burst)
             self._share_keys(self.shared)
+            self._share_upstreams(self.shared)
         cores = oversubscribed(settings.workers)
         if cores:
             log.warning("VELOX_WORKERS=%d is more than the %d usable core(s): the workers will "
@@ -224,6 +226,27 @@ class Supervisor:
             if spec.tpm:
                 cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
                             spec.tpm, keys.wanted)
+
+    def _share_upstreams(self, shared: SharedStats) -> None:
+        """VELOX_REDIS_URL: each [[upstream]]'s rpm and tpm bucket is shared with the other
+        hosts, in Redis as `upstream:<name>:rpm|tpm` (so hosts must give an upstream the same
+        name). The buckets are the new configuration's (velox.health: a reload makes them
+        afresh); the old workers of a reload keep what their buckets hold until they drain."""
+        cluster = self.cluster
+        if cluster is None:
+            return
+        from velox.health import rpm_burst
+
+        health = shared.health
+        cluster.remove("upstream:")
+        for u, spec in enumerate(shared.tables.upstreams):
+            # The same bursts as on one host (velox.health): 10 s of rpm, a minute of tpm.
+            if spec.rpm:
+                cluster.add(f"upstream:{spec.name}:rpm", health.rpm, u, spec.rpm,
+                            rpm_burst(spec.rpm))
+            if spec.tpm and health.tpm is not None:
+                cluster.add(f"upstream:{spec.name}:tpm", health.tpm.limits, u, spec.tpm,
+                            spec.tpm, health.tpm.wanted)
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -316,6 +339,7 @@ class Supervisor:
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
         self._share_keys(shared)  # the reloaded keys' buckets, leased again (VELOX_REDIS_URL)
+        self._share_upstreams(shared)  # and the reloaded upstreams' rpm and tpm buckets
         tables = settings.tables
         assert tables is not None
         log.info("SIGHUP: reloading the configuration%s (%d upstream(s), %d route(s)); "
@@ -389,6 +413,7 @@ class Supervisor:
         self.shared.counters.set(r.new_slot, F.READY, 0)
         self.reload = None
         self._share_keys(self.shared)  # the running configuration's keys again
+        self._share_upstreams(self.shared)  # and its upstreams' buckets
         if r.rollback:
             log.error("reload: switching back failed too; the workers of slot(s) %s keep the "
                       "new configuration", ", ".join(map(str, r.done)))
