@@ -716,11 +716,16 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
     single benchmark's make target runs, leaving every other section as it was."""
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json")}
+            "batching": _load(results / "batching.json"),
+            "cluster": _load(results / "cluster.json"),
+            "native": _load(results / "e2e-native.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
+    native_before = _load(results / "e2e-native-before.json")
     secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
-                    cache=docs["cache"], batching=docs["batching"], cluster=docs["cluster"])
-    blocks = {m: readme_block(m, secs, {**docs, "balance": balance}, set())
+                    cache=docs["cache"], batching=docs["batching"], cluster=docs["cluster"],
+                    native=docs["native"], native_before=native_before)
+    blocks = {m: readme_block(m, secs, {**docs, "balance": balance,
+                                        "native_before": native_before}, set())
               for m in markers if docs.get(m)}
     return update_readme(readme, blocks)
 
@@ -728,7 +733,8 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
     docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
             "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json"), "cluster": _load(results / "cluster.json"),
+            "batching": _load(results / "batching.json"),
+            "cluster": _load(results / "cluster.json"),
             "native": _load(results / "e2e-native.json")}
     soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
     native_before = _load(results / "e2e-native-before.json")
