@@ -1,5 +1,5 @@
 /* velox._native: the CPython binding of the native core (vx_ring, vx_bucket, vx_stats,
- * vx_json, vx_health, vx_cache, vx_limits, vx_h2, vx_http1).
+ * vx_json, vx_health, vx_cache, vx_limits, vx_h2, vx_http1, vx_reqhead).
  *
  * Only argument parsing, reference ownership and exceptions live here; the algorithms are
  * in the plain-C files. Heap types created per module (PyType_FromModuleAndSpec) and
@@ -19,6 +19,7 @@
 #include "vx_http1.h"
 #include "vx_json.h"
 #include "vx_limits.h"
+#include "vx_reqhead.h"
 #include "vx_ring.h"
 #include "vx_stats.h"
 
@@ -42,6 +43,7 @@ typedef struct {
     PyTypeObject *cache_type;
     PyTypeObject *limits_type;
     PyTypeObject *h2_type;
+    PyObject *methods[VX_RH_METHODS]; /* reqhead: one bytes object per method, shared */
 } module_state;
 
 /* ---------------------------------------------------------------- integer arguments */
@@ -3350,6 +3352,93 @@ static PyObject *native_h1_server_timing(PyObject *Py_UNUSED(module), PyObject *
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
 }
 
+/* ---------------------------------------------------------------- HTTP/1.1 request heads */
+
+/* Fields on the C stack; a head with more falls back to httptools (the SDK sends 16). */
+#define RH_FIELDS 100
+/* An incomplete head this long falls back (see vx_reqhead.h: bounds rescanning). */
+#define RH_PARTIAL 4096
+
+PyDoc_STRVAR(reqhead_doc,
+             "reqhead(buf, start, max_header_bytes, /) -> tuple | None | False\n\n"
+             "Parse the request head starting at buf[start] (bytes-like) with native/vx_reqhead.c.\n"
+             "None: a valid beginning, call again with more bytes. False: not in the subset the\n"
+             "parser accepts (or too large): hand the bytes to httptools. Otherwise\n"
+             "(method, target, headers, content_length, authorization, expect_continue,\n"
+             " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
+             "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
+             "absent, authorization the last Authorization value (the same object as in headers)\n"
+             "or None, end the offset in buf just past the blank line.");
+
+static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t start, limit;
+    int overflow;
+    if (check_nargs("reqhead", nargs, 3, 3) < 0 || to_i64(args[1], &start, &overflow) < 0 ||
+        to_i64(args[2], &limit, &overflow) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (start < 0 || start > (int64_t)view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "reqhead: start outside the buffer");
+        return NULL;
+    }
+    vx_rh_field fields[RH_FIELDS];
+    vx_reqhead h;
+    const char *base = (const char *)view.buf + start;
+    int rc = vx_reqhead_parse(base, (size_t)(view.len - start), fields, RH_FIELDS,
+                              limit < 0 ? 0 : (size_t)limit, RH_PARTIAL, &h);
+    if (rc != VX_RH_DONE) {
+        PyBuffer_Release(&view);
+        if (rc == VX_RH_MORE)
+            Py_RETURN_NONE;
+        Py_RETURN_FALSE;
+    }
+    module_state *st = PyModule_GetState(module);
+    PyObject *headers = PyList_New((Py_ssize_t)h.nfields);
+    PyObject *target = NULL, *authorization = Py_None, *result = NULL;
+    if (headers == NULL)
+        goto done;
+    for (size_t i = 0; i < h.nfields; i++) {
+        const vx_rh_field *f = &fields[i];
+        PyObject *name = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)f->name_len);
+        if (name == NULL)
+            goto done;
+        vx_reqhead_lower(PyBytes_AS_STRING(name), base + f->name_off, f->name_len);
+        PyObject *value = PyBytes_FromStringAndSize(base + f->value_off, (Py_ssize_t)f->value_len);
+        if (value == NULL) {
+            Py_DECREF(name);
+            goto done;
+        }
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) {
+            Py_DECREF(name);
+            Py_DECREF(value);
+            goto done;
+        }
+        PyTuple_SET_ITEM(pair, 0, name);
+        PyTuple_SET_ITEM(pair, 1, value); /* both stolen */
+        PyList_SET_ITEM(headers, (Py_ssize_t)i, pair);
+        if ((int)i == h.authorization)
+            authorization = value; /* borrowed: the list holds it */
+    }
+    target = PyBytes_FromStringAndSize(base + h.target_off, (Py_ssize_t)h.target_len);
+    if (target == NULL)
+        goto done;
+    result = Py_BuildValue("(OOOLOOOOn)", st->methods[h.method], target, headers,
+                           (long long)h.content_length, authorization,
+                           h.expect_continue ? Py_True : Py_False,
+                           h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
+                           (Py_ssize_t)(start + (int64_t)h.head_len));
+done:
+    Py_XDECREF(target);
+    Py_XDECREF(headers); /* a partly filled list holds NULLs: list dealloc skips them */
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"scan_json", (PyCFunction)native_scan_json, METH_O, scan_json_doc},
     {"hash64", FASTCALL(native_hash64), METH_FASTCALL, hash64_doc},
@@ -3358,6 +3447,7 @@ static PyMethodDef module_methods[] = {
     {"h1_chunks", FASTCALL(native_h1_chunks), METH_FASTCALL, h1_chunks_doc},
     {"h1_server_timing", FASTCALL(native_h1_server_timing), METH_FASTCALL,
      h1_server_timing_doc},
+    {"reqhead", FASTCALL(native_reqhead), METH_FASTCALL, reqhead_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -3389,6 +3479,16 @@ static int module_exec(PyObject *module)
     for (size_t i = 0; i < sizeof json_constants / sizeof json_constants[0]; i++)
         if (PyModule_AddIntConstant(module, json_constants[i].name, json_constants[i].value) < 0)
             return -1;
+    for (int m = 0; m < VX_RH_METHODS; m++) {
+        size_t len;
+        const char *name = vx_reqhead_method_name(m, &len);
+        st->methods[m] = PyBytes_FromStringAndSize(name, (Py_ssize_t)len);
+        if (st->methods[m] == NULL)
+            return -1;
+    }
+    if (PyModule_AddIntConstant(module, "REQHEAD_PARTIAL", RH_PARTIAL) < 0 ||
+        PyModule_AddIntConstant(module, "REQHEAD_FIELDS", RH_FIELDS) < 0)
+        return -1;
     return 0;
 }
 
@@ -3407,6 +3507,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->cache_type);
     Py_VISIT(st->limits_type);
     Py_VISIT(st->h2_type);
+    for (int m = 0; m < VX_RH_METHODS; m++)
+        Py_VISIT(st->methods[m]);
     return 0;
 }
 
@@ -3425,6 +3527,8 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->cache_type);
     Py_CLEAR(st->limits_type);
     Py_CLEAR(st->h2_type);
+    for (int m = 0; m < VX_RH_METHODS; m++)
+        Py_CLEAR(st->methods[m]);
     return 0;
 }
 
