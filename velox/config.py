@@ -300,6 +300,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_CACHE_REDIS_TIMEOUT_MS", "cache_redis_timeout_ms", _int_in(1, 10_000), "5",
           "with VELOX_REDIS_URL, a local cache miss waits at most this long for the Redis "
           "tier's answer, then goes on as a miss"),
+    Field("VELOX_INGRESS_PARSER", "ingress_parser", _choice("native", "httptools"), "native",
+          "request heads: native (one C call per head; httptools takes over a connection at "
+          "anything unusual) or httptools alone"),
 )
 
 
@@ -350,6 +353,7 @@ class Settings:
     token_accounting: bool = True
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     cache_redis_timeout_ms: int = 5
+    ingress_parser: str = "native"
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them

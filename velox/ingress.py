@@ -38,7 +38,7 @@ from typing import Any
 import httptools
 import orjson
 
-from velox import h1write
+from velox import _native, h1write
 from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
@@ -67,6 +67,10 @@ _JSON = ((b"content-type", b"application/json"),)
 _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
+# VELOX_INGRESS_PARSER's choices (config.py): the native head parser with httptools behind it,
+# or httptools alone.
+PARSERS = ("native", "httptools")
+_reqhead = _native.reqhead
 # Bodies declared larger than this are appended to one growing bytearray as they arrive, so
 # completing a multi-megabyte upload costs no single large join on the loop. The buffer is
 # never sized from Content-Length: it holds what arrived (CPython over-allocates ~12% per
@@ -80,7 +84,7 @@ class IngressState:
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
-        "handoff", "unflushed", "flush_scheduled",
+        "handoff", "unflushed", "flush_scheduled", "native",
     )
 
     def __init__(
@@ -94,6 +98,7 @@ class IngressState:
         max_header: int,
         is_ready: Callable[[], bool],
         on_response: Callable[[Request, int, int], None],
+        parser: str = "native",
     ) -> None:
         self.loop = loop
         self.ring = ring
@@ -114,6 +119,9 @@ class IngressState:
         # Streams with bytes queued in this loop pass, written by one `flush` at its end.
         self.unflushed: list[ClientConnection] = []
         self.flush_scheduled = False
+        # VELOX_INGRESS_PARSER: new connections start on the native head parser (True) or
+        # on httptools (False).
+        self.native = parser == "native"
 
     def flush_soon(self, conn: ClientConnection) -> None:
         """Queue conn's stream bytes for the end of this loop pass (one call_soon per pass)."""
@@ -146,6 +154,9 @@ class ClientConnection(asyncio.Protocol):
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
         "receiving_since", "_in_body",
+        # the native path: still on it, unparsed head bytes, body bytes still due, the last
+        # head's method and version, no request may follow (the last one closes)
+        "_native", "_buf", "_body_left", "_method", "_http10", "_keep_alive", "_after_close",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
         "read_paused", "refused",
@@ -172,6 +183,13 @@ class ClientConnection(asyncio.Protocol):
         self.refused = False  # a request was refused mid-parse: nothing more is read
         # monotonic time of the first byte of the request being received; 0.0 between requests.
         self.receiving_since = 0.0
+        self._native = state.native
+        self._buf = b""
+        self._body_left = 0
+        self._method = b""
+        self._http10 = False
+        self._keep_alive = True
+        self._after_close = False
         self._reset_message()
 
     # --- transport callbacks ------------------------------------------------------------
@@ -205,6 +223,18 @@ class ClientConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         if self.refused:
             return  # the parser is in an error state; the connection closes after the refusal
+        if self._native:
+            try:
+                self._fast(data)
+            except _Refuse as exc:
+                self._refuse(exc.error)
+            except Exception as exc:  # as the httptools path reports a failing callback
+                log.error("request handling failed", exc_info=exc)
+                self._refuse(InternalError())
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -247,8 +277,10 @@ class ClientConnection(asyncio.Protocol):
         self._in_body = False
 
     def on_message_begin(self) -> None:
-        # llhttp calls this at the first byte of a request line: the receive deadline starts.
-        self.receiving_since = time.monotonic()
+        # llhttp calls this at the first byte of a request line: the receive deadline starts
+        # (unless the native path had already started it for bytes it handed over).
+        if not self.receiving_since:
+            self.receiving_since = time.monotonic()
         self._reset_message()
 
     def on_url(self, url: bytes) -> None:
@@ -276,14 +308,18 @@ class ClientConnection(asyncio.Protocol):
                 self._expect = True
 
     def on_headers_complete(self) -> None:
-        state = self.state
         self._in_body = True
         if self.parser.should_upgrade():
             # Connection: Upgrade (h2c, websocket) or CONNECT. httptools would complete the
             # message and only then raise HttpParserUpgrade, too late to answer it.
             raise _Refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
+        self._head_complete(self.parser.get_method())
+
+    def _head_complete(self, method: bytes) -> None:
+        """The head is in (either parser): route, authenticate, check the declared length."""
+        state = self.state
         try:
-            route = classify(self.parser.get_method(), self._url)
+            route = classify(method, self._url)
             if route <= Route.ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route
@@ -315,6 +351,10 @@ class ClientConnection(asyncio.Protocol):
                 assembled += body
 
     def on_message_complete(self) -> None:
+        self._complete(self.parser.get_method(), self.parser.should_keep_alive())
+
+    def _complete(self, method: bytes, keep_alive: bool) -> None:
+        """The whole request is in (either parser): build it and start or queue it."""
         state = self.state
         self.receiving_since = 0.0
         chunks = self._chunks
@@ -329,9 +369,8 @@ class ClientConnection(asyncio.Protocol):
             else:
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         request = Request(
-            self, self.parser.get_method(), self._url, self._route or Route.FORWARD,
-            self._headers, body, self.parser.should_keep_alive(), time.perf_counter_ns(),
-            segment,
+            self, method, self._url, self._route or Route.FORWARD, self._headers, body,
+            keep_alive, time.perf_counter_ns(), segment,
         )
         if self._caller is not None:
             request.caller = self._caller  # route.caller_of's digest, already made
@@ -344,6 +383,82 @@ class ClientConnection(asyncio.Protocol):
             if len(self._pending) >= _PIPELINE_DEPTH and not self.read_paused:
                 self.read_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
+
+    # --- the native path ------------------------------------------------------------------
+
+    def _fast(self, data: bytes) -> None:
+        """data_received on the native path: whole heads parsed by one native call
+        (native/vx_reqhead.c), bodies taken by their Content-Length; the callbacks' shared
+        parts (_head_complete, on_body, _complete) do the rest exactly as for httptools.
+        A head the native parser does not accept sends this connection to httptools for good,
+        with every byte not yet consumed."""
+        left = self._body_left
+        if left:
+            n = len(data)
+            if n < left:
+                self._body_left = left - n
+                self.on_body(data)
+                return
+            self._body_left = 0
+            self.on_body(data if n == left else data[:left])
+            self._complete(self._method, self._keep_alive)
+            if n == left or self.refused:
+                return
+            data = data[left:]
+        if self._after_close:
+            self._data_after_close(data)
+            return
+        buf = self._buf + data if self._buf else data
+        end = len(buf)
+        pos = 0
+        max_header = self.state.max_header
+        while True:
+            if not self.receiving_since:
+                self.receiving_since = time.monotonic()  # the first byte of a request
+            head = _reqhead(buf, pos, max_header)
+            if head is None:
+                self._buf = buf[pos:] if pos else buf
+                return
+            if head is False:
+                self._buf = b""
+                self._native = False
+                self._feed(buf[pos:] if pos else buf)
+                return
+            self._reset_message()
+            (method, self._url, self._headers, length, self._authorization, self._expect,
+             keep_alive, self._http10, pos) = head
+            self._method = method
+            self._keep_alive = keep_alive
+            self._content_length = length
+            self._in_body = True
+            self._head_complete(method)
+            if length > 0:
+                have = end - pos
+                if have < length:
+                    self._buf = b""
+                    self._body_left = length - have
+                    if have:
+                        self.on_body(buf[pos:])
+                    return
+                self.on_body(buf[pos:pos + length])
+                pos += length
+            self._complete(method, keep_alive)
+            if self.refused:
+                return
+            if not keep_alive:
+                # llhttp refuses anything but empty lines after such a request.
+                self._after_close = True
+                self._buf = b""
+                if pos < end:
+                    self._data_after_close(buf[pos:])
+                return
+            if pos == end:
+                self._buf = b""
+                return
+
+    def _data_after_close(self, data: bytes) -> None:
+        if data.strip(b"\r\n"):
+            self._refuse(BadHTTP("Malformed HTTP request: Data after `Connection: close`"))
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -401,7 +516,10 @@ class ClientConnection(asyncio.Protocol):
         self.receiving_since = 0.0
         # A refused HEAD still gets no body. Until llhttp has matched a method it reports its
         # method 0 (DELETE), which is harmless here; an invalid method is no method at all.
-        method = self.parser.get_method() if method_known else b""
+        if self._native:
+            method = self._method  # of the last head parsed (see expire_receive)
+        else:
+            method = self.parser.get_method() if method_known else b""
         request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
                           time.perf_counter_ns())
         if self.current is None:
@@ -444,7 +562,10 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
-        self._chunked = self.parser.get_http_version() != "1.0"
+        if self._native:
+            self._chunked = not self._http10
+        else:
+            self._chunked = self.parser.get_http_version() != "1.0"
         if not self._chunked:
             request.keep_alive = False
         extra = request.extra_headers
@@ -523,6 +644,14 @@ class ClientConnection(asyncio.Protocol):
         close. If earlier requests are still being answered, the 408 follows their answers."""
         if self.closed or self.refused:
             return
+        if self._native and self._buf:
+            # A head still incomplete on the native path: httptools takes it over, so the 408
+            # names the method exactly as it would have (what it has matched so far).
+            buf, self._buf = self._buf, b""
+            self._native = False
+            self._feed(buf)
+            if self.closed or self.refused:
+                return
         self.receiving_since = 0.0
         self.state.receive_timeouts += 1
         self._refuse(RequestTimeout())

@@ -161,7 +161,7 @@ class Worker:
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
-            settings.max_header_bytes, self.is_ready, self.on_response,
+            settings.max_header_bytes, self.is_ready, self.on_response, settings.ingress_parser,
         )
 
     async def serve(self) -> None:
