@@ -413,16 +413,18 @@ class ClientConnection(asyncio.Protocol):
         pos = 0
         max_header = self.state.max_header
         while True:
-            if not self.receiving_since:
-                self.receiving_since = time.monotonic()  # the first byte of a request
             head = _reqhead(buf, pos, max_header)
-            if head is None:
-                self._buf = buf[pos:] if pos else buf
-                return
             if head is False:
+                # httptools starts the deadline (on_message_begin) unless it already runs;
+                # it skips empty lines between requests without starting one.
                 self._buf = b""
                 self._native = False
                 self._feed(buf[pos:] if pos else buf)
+                return
+            if not self.receiving_since:
+                self.receiving_since = time.monotonic()  # the first byte of a request
+            if head is None:
+                self._buf = buf[pos:] if pos else buf
                 return
             self._reset_message()
             (method, self._url, self._headers, length, self._authorization, self._expect,

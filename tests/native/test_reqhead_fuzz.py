@@ -1,0 +1,385 @@
+"""Differential fuzz of the native request-head parser (native/vx_reqhead.c) against httptools
+(llhttp), and of ingress's two paths against each other.
+
+1. Parser against parser: generated and mutated request heads go to `_native.reqhead` and to
+   httptools, the latter fed the same bytes split in two at EVERY byte boundary (and whole).
+   Whenever the native parser accepts a head, httptools accepts it too and reports the same
+   method, target, header fields (names lower-cased), Content-Length, keep-alive, version, no
+   upgrade, and the body starts where the native parser says the head ends. The native parser
+   never accepts what httptools rejects. Every proper prefix of an accepted head is "need
+   more", and a head found at an offset of a buffer parses the same.
+2. Ingress against ingress: the same traffic (pipelined requests, bodies, chunked ones that
+   send the connection over to httptools mid-way, garbage) fed in random pieces to two
+   ClientConnections, one on VELOX_INGRESS_PARSER=native and one on httptools: the Requests
+   they produce (method, path, route, headers, body, keep-alive, caller) and every byte they
+   write, close and refusal are identical.
+
+`make test` runs a bounded number of examples; VELOX_FUZZ_EXAMPLES=2000 runs more.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httptools
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from velox import _native
+from velox._types import Request
+from velox.config import load
+from velox.ingress import ClientConnection, IngressState
+from velox.route import Auth
+
+EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "300"))
+MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads
+MAX_BODY = 600
+
+# --- generated heads --------------------------------------------------------------------------
+
+_TCHAR = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-!#$%&'*+.^_`|~"
+TOKEN = st.text(alphabet=_TCHAR, min_size=1, max_size=10).map(str.encode)
+
+
+# (usual, odd) choices for each part of a head: a head takes an odd choice for each part with
+# a chance set per test, so heads stay near the subset's edges instead of failing at their
+# first byte.
+METHODS = (
+    st.sampled_from([b"GET", b"POST", b"POST", b"HEAD", b"PUT", b"DELETE", b"OPTIONS",
+                     b"PATCH"]),
+    st.sampled_from([b"CONNECT", b"TRACE", b"get", b"PRI", b"POSTX", b"OPTIONSX"]) | TOKEN)
+TARGETS = (
+    st.sampled_from([
+        b"/v1/chat/completions", b"/v1/embeddings", b"/v1/models", b"/", b"/healthz",
+        b"/readyz", b"/v1/../x", b"/v1//x", b"/v1/a%2fb", b"/v1/a\\b", b"/nowhere",
+        b"/v1/chat/completions?a=1#f", b"/\"<>{}|^`~",
+    ]) | st.text(alphabet=[chr(c) for c in range(0x21, 0x7f)], max_size=20).map(
+        lambda t: b"/" + t.encode()),
+    st.sampled_from([b"*", b"http://example.com/v1/models", b"a:443"])
+    | st.binary(min_size=1, max_size=20))
+VERSIONS = (st.sampled_from([b"HTTP/1.1"] * 4 + [b"HTTP/1.0"]),
+            st.sampled_from([b"HTTP/2.0", b"HTTP/1.2", b"http/1.1", b"HTTP/1.1 ", b"HTTP/1.",
+                             b"HTTP/0.9"]))
+NAMES = (
+    st.sampled_from([
+        b"Host", b"content-type", b"Authorization", b"authorization", b"Content-Length",
+        b"CONTENT-LENGTH", b"Connection", b"connection", b"Expect", b"Keep-Alive",
+        b"x-stainless-lang", b"Accept", b"TE", b"Trailer", b"User-Agent",
+    ]) | TOKEN,
+    st.sampled_from([b"Transfer-Encoding", b"Upgrade", b"Proxy-Connection", b"X Space", b"",
+                     b"x-\x80", b"x(y", b"x\x00"]))
+VALUES = (
+    st.sampled_from([
+        b"close", b"Close", b"keep-alive", b"Keep-Alive", b"100-continue", b"100-Continue",
+        b"0", b"5", b"007", b"12", b"Bearer sk-x", b"Bearer sk-bad", b"bearer  sk-x", b"",
+        b"application/json", b"\x80\xff", b"a b\tc", b"h2c", b"chunked",
+    ]) | st.binary(max_size=16).filter(
+        lambda b: not set(b) & set(b"\r\n\x7f") and all(c > 31 or c == 9 for c in b)),
+    st.sampled_from([b"upgrade", b"close, keep-alive", b"-1", b"1,1", b"+3",
+                     b"99999999999999999999", b"a\x7fb", b"a\x00b", b"5 ", b" "])
+    | st.binary(max_size=16).filter(lambda b: b"\r" not in b and b"\n" not in b))
+SEPARATORS = (st.sampled_from([b": ", b": ", b":", b":  ", b":\t", b": \t"]),
+              st.sampled_from([b" :", b"\t:", b";"]))
+TRAILING = (st.just(b""), st.sampled_from([b" ", b"\t", b" \t"]))
+EOLS = (st.just(b"\r\n"), st.sampled_from([b"\n", b"\r", b"\r\r\n", b"\r\n "]))
+MUTANTS = st.sampled_from(list(b" \t\r\n:\x00\x7f\x80,A0/"))
+
+
+@st.composite
+def heads(draw: st.DrawFn, odd: int = 12, mutate: int | None = None) -> bytes:
+    """One request head (blank line included); each part takes its odd choice about once in
+    `odd` draws (0: never), and about one head in `mutate` (default `odd`) gets one to three
+    byte mutations anywhere."""
+    mutate = odd if mutate is None else mutate
+
+    def part(choices: tuple[st.SearchStrategy[bytes], st.SearchStrategy[bytes]]) -> bytes:
+        return draw(choices[1] if odd and draw(st.integers(1, odd)) == 1 else choices[0])
+
+    def rarely() -> bool:
+        return bool(odd) and draw(st.integers(1, 3 * odd)) == 1
+
+    line = b"%b %b %b" % (part(METHODS), part(TARGETS), part(VERSIONS))
+    if rarely():
+        line = line.replace(b" ", b"  ", 1)
+    out = [b"\r\n"] if rarely() else []
+    out += [line, part(EOLS)]
+    for _ in range(draw(st.integers(0, 8))):
+        out += [part(NAMES), part(SEPARATORS), part(VALUES), part(TRAILING), part(EOLS)]
+    if draw(st.integers(0, 5)) == 0:
+        out += [b"x-long: ", b"y" * draw(st.integers(0, 1100)), b"\r\n"]
+    out.append(b"\r\n")
+    raw = bytearray(b"".join(out))
+    if mutate and draw(st.integers(1, mutate)) == 1:
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(raw) - 1))
+            kind = draw(st.integers(0, 2))
+            if kind == 0:
+                raw[at] = draw(MUTANTS)
+            elif kind == 1:
+                raw.insert(at, draw(MUTANTS))
+            elif len(raw) > 1:
+                del raw[at]
+    return bytes(raw)
+
+
+# --- httptools as the reference ---------------------------------------------------------------
+
+class _Reference:
+    """What httptools reports for the first request of the bytes it is fed."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.head: tuple[Any, ...] | None = None
+        self.done: tuple[Any, ...] | None = None
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        p = self.parser
+        self.head = (p.get_method(), self.url, self.headers, p.should_upgrade())
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        if self.done is None:
+            p = self.parser
+            self.done = (p.get_method(), self.url, self.headers, p.should_keep_alive(),
+                         p.get_http_version(), p.should_upgrade(), self.body)
+
+
+def reference(pieces: list[bytes]) -> tuple[tuple[Any, ...] | None, str | None]:
+    """(the first complete request as httptools saw it, the error it raised, if any)."""
+    ref = _Reference()
+    try:
+        for piece in pieces:
+            ref.parser.feed_data(piece)
+    except httptools.HttpParserUpgrade:
+        return ref.done, "upgrade"
+    except httptools.HttpParserError as exc:
+        return ref.done, f"{type(exc).__name__}: {exc}"
+    return ref.done, None
+
+
+def check_head(raw: bytes) -> bool:
+    """The differential check of one head; returns whether the native parser accepted it."""
+    got = _native.reqhead(raw, 0, MAX_HEADER)
+    if not isinstance(got, tuple):
+        return False
+    method, target, headers, length, authorization, expect, keep_alive, http10, end = got
+    assert 0 < end <= len(raw) and raw[end - 4:end] == b"\r\n\r\n"
+    # The body httptools will read: exactly what the Content-Length says.
+    body = bytes(range(48, 58)) * (max(length, 0) // 10 + 1)
+    data = raw[:end] + body[:max(length, 0)]
+    expected = (method, target, headers, keep_alive, "1.0" if http10 else "1.1", False,
+                data[end:])
+    whole, error = reference([data])
+    assert error is None, f"native accepted what httptools rejects ({error}): {raw!r}"
+    assert whole == expected, f"{raw!r}\nnative:    {expected}\nhttptools: {whole}"
+    for cut in range(1, len(data)):
+        split, error = reference([data[:cut], data[cut:]])
+        assert error is None and split == expected, (raw, cut, error, split)
+    # What ingress takes from the fields, the same from both.
+    lengths = [int(v) for n, v in headers if n == b"content-length"]
+    assert length == (lengths[0] if lengths else -1) and len(lengths) <= 1
+    auths = [v for n, v in headers if n == b"authorization"]
+    assert authorization == (auths[-1] if auths else None)
+    assert authorization is None or authorization is auths[-1]
+    assert expect == any(n == b"expect" and v.lower() == b"100-continue" for n, v in headers)
+    count = len(target) + sum(len(n) + len(v) + 4 for n, v in headers)
+    assert count <= MAX_HEADER
+    # Every proper prefix needs more; the same head at an offset parses the same.
+    for cut in range(end):
+        assert _native.reqhead(raw[:cut], 0, MAX_HEADER) is None, (raw, cut)
+    shifted = _native.reqhead(b"xyz" + raw, 3, MAX_HEADER)
+    assert shifted == (*got[:-1], end + 3)
+    return True
+
+
+_FUZZ = settings(max_examples=EXAMPLES, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@_FUZZ
+@given(raw=heads(odd=40))
+def test_heads_with_an_odd_part_agree_with_httptools(raw: bytes) -> None:
+    # About one odd part per head: the subset's edges, one at a time.
+    check_head(raw)
+
+
+@_FUZZ
+@given(raw=heads(odd=8))
+def test_odd_heads_agree_with_httptools(raw: bytes) -> None:
+    check_head(raw)
+
+
+@_FUZZ
+@given(raw=heads(odd=0, mutate=1))
+def test_mutated_plain_heads_agree_with_httptools(raw: bytes) -> None:
+    # Plain heads with one to three bytes replaced, inserted or deleted anywhere.
+    check_head(raw)
+
+
+@_FUZZ
+@given(raw=heads(odd=0))
+def test_plain_heads_agree_with_httptools(raw: bytes) -> None:
+    # Heads of the usual parts only: most are accepted, and all must agree.
+    check_head(raw)
+
+
+SDK_HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+            b"Accept-Encoding: gzip, deflate\r\nConnection: keep-alive\r\n"
+            b"Accept: application/json\r\nContent-Type: application/json\r\n"
+            b"User-Agent: OpenAI/Python 1.54.4\r\nX-Stainless-Lang: python\r\n"
+            b"X-Stainless-Package-Version: 1.54.4\r\nX-Stainless-OS: Linux\r\n"
+            b"X-Stainless-Arch: x64\r\nX-Stainless-Runtime: CPython\r\n"
+            b"X-Stainless-Runtime-Version: 3.11.7\r\nX-Stainless-Retry-Count: 0\r\n"
+            b"X-Stainless-Read-Timeout: 600\r\n"
+            b"Authorization: Bearer sk-proj-a1B2c3D4e5F6g7H8a1B2c3D4e5F6g7H8\r\n"
+            b"Content-Length: 12\r\n\r\n")
+
+
+def test_the_heads_clients_send_are_accepted_and_agree() -> None:
+    # The subset is not empty: what the SDK, wrk and curl send takes the native path.
+    assert check_head(SDK_HEAD)
+    assert check_head(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+                      b"Content-Type: application/json\r\nAuthorization: Bearer sk-x\r\n"
+                      b"Content-Length: 300\r\n\r\n")
+    assert check_head(b"GET /healthz HTTP/1.1\r\nHost: localhost:8080\r\n"
+                      b"User-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n")
+    assert check_head(b"POST /v1/embeddings HTTP/1.0\r\nConnection: Keep-Alive\r\n"
+                      b"Expect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+
+
+# --- ingress on both paths --------------------------------------------------------------------
+
+class _Transport:
+    """Records everything a connection does to its transport, in order."""
+
+    def __init__(self) -> None:
+        self.log: list[Any] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.log.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+        self.log.append("close")
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.log.append("pause")
+
+    def resume_reading(self) -> None:
+        self.log.append("resume")
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+class _Ring:
+    """Answers every pushed request at once (200, or streamed), so pipelining goes on."""
+
+    def __init__(self) -> None:
+        self.pushed: list[Request] = []
+
+    def try_push(self, request: Request) -> bool:
+        self.pushed.append(request)
+        conn = request.conn
+        if len(self.pushed) % 3 == 0:
+            conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+            conn.send_chunk(b"data: x\n\n")
+            conn.end_stream()
+        else:
+            conn.respond(request, 200, [(b"x-n", b"%d" % len(self.pushed))], b"ok")
+        return True
+
+
+def make(parser: str) -> tuple[ClientConnection, _Transport, _Ring]:
+    ring = _Ring()
+    auth = Auth(load({"VELOX_API_KEYS": "sk-x"}, dotenv=None))
+    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+                         auth, MAX_BODY, MAX_HEADER, lambda: True,
+                         lambda request, status, size: None, parser)
+    conn = ClientConnection(state)
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, ring
+
+
+def _seen(request: Request) -> tuple[Any, ...]:
+    return (request.method, request.path, request.route, request.headers, bytes(request.body),
+            request.keep_alive, request.caller, request.arena_segment)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    head = draw(heads())
+    kind = draw(st.integers(0, 5))
+    if kind == 0 and head.endswith(b"\r\n\r\n"):  # a chunked body: httptools takes over
+        head = head[:-2] + b"Transfer-Encoding: chunked\r\n\r\n"
+        return head + b"3\r\nabc\r\n0\r\nx-t: 1\r\n\r\n"
+    got = _native.reqhead(head, 0, MAX_HEADER)
+    length = got[3] if isinstance(got, tuple) else 0
+    body = b'{"model": "m", "messages": []}' * 30
+    if length > 0 and kind != 1:
+        return head + body[:length]
+    return head
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
+    parts = draw(st.lists(requests(), min_size=1, max_size=4))
+    if draw(st.integers(0, 9)) == 0:
+        parts.insert(draw(st.integers(0, len(parts))), draw(st.sampled_from(
+            [b"\r\n", b"\r\n\r\n", b"\x16\x03\x01garbage", b"GET"])))
+    data = b"".join(parts)
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(data) - 1)), max_size=8))))
+    bounds = [0, *cuts, len(data)]
+    return data, [data[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def run_both(writes: list[bytes], expire: bool = False) -> None:
+    results = []
+    for parser in ("native", "httptools"):
+        conn, transport, ring = make(parser)
+        for piece in writes:
+            if conn.closed:
+                break
+            conn.data_received(piece)
+        if expire and conn.receiving_since:
+            conn.expire_receive()  # what the worker's tick does at VELOX_BODY_TIMEOUT_MS
+        results.append(([_seen(r) for r in ring.pushed], transport.log, conn.closed,
+                        conn.refused, bool(conn.receiving_since)))
+    native, reference_ = results
+    assert native == reference_, f"{writes!r}\nnative:    {native}\nhttptools: {reference_}"
+
+
+@_FUZZ
+@given(conversation=conversations(), expire=st.booleans())
+def test_ingress_makes_the_same_requests_and_answers_on_both_paths(
+        conversation: tuple[bytes, list[bytes]], expire: bool) -> None:
+    _, writes = conversation
+    run_both(writes, expire)
+
+
+@settings(max_examples=max(20, EXAMPLES // 10), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(conversation=conversations())
+def test_ingress_agrees_at_every_byte_boundary(conversation: tuple[bytes, list[bytes]]) -> None:
+    data, _ = conversation
+    for cut in range(1, len(data)):
+        run_both([data[:cut], data[cut:]])
+    if len(data) <= 400:
+        run_both([data[i:i + 1] for i in range(len(data))])
