@@ -1,0 +1,174 @@
+"""The native request-head parser's binding (`_native.reqhead`) and ingress's native path,
+case by case: what the binding returns, that it holds no references, and how a connection
+moves from the native path to httptools (chunked bodies, large heads, a 408 mid-head) with
+the same answers as httptools alone. The generated comparisons are in test_reqhead_fuzz.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import psutil
+import pytest
+
+from benches._pipeline import CLIENT_REQUEST
+from velox import _native
+from velox._types import Route
+from velox.config import load
+from velox.ingress import ClientConnection, IngressState
+from velox.route import Auth
+
+from .test_reqhead_fuzz import _Ring, _seen, _Transport, make, run_both
+
+reqhead = _native.reqhead
+
+
+def test_the_sdk_request_in_one_call() -> None:
+    head_end = CLIENT_REQUEST.index(b"\r\n\r\n") + 4
+    (method, target, headers, length, authorization, expect, keep_alive, http10,
+     end) = reqhead(CLIENT_REQUEST, 0, 65536)
+    assert (method, target, end) == (b"POST", b"/v1/chat/completions", head_end)
+    assert len(headers) == 15 and headers[0] == (b"host", b"127.0.0.1:8080")
+    assert all(name == name.lower() for name, _ in headers)
+    assert length == len(CLIENT_REQUEST) - head_end
+    assert authorization == b"Bearer sk-client-0123456789abcdef"
+    assert (expect, keep_alive, http10) == (False, True, False)
+    # One shared object per method and per common name; the values are fresh.
+    again = reqhead(bytearray(CLIENT_REQUEST), 0, 65536)
+    assert again[0] is method and again[2][0][0] is headers[0][0]
+    assert again[:-1] == (method, target, headers, length, authorization, expect, keep_alive,
+                          http10)
+
+
+def test_need_more_fallback_and_bad_arguments() -> None:
+    assert reqhead(b"", 0, 100) is None
+    assert reqhead(b"POST /v1/x HTTP/1.1\r\nHost: a\r\n", 0, 100) is None
+    assert reqhead(b"POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 0, 100) is False
+    # ingress's byte count over max_header_bytes: httptools answers the 431.
+    assert reqhead(b"GET /a HTTP/1.1\r\nx: " + b"y" * 100 + b"\r\n\r\n", 0, 100) is False
+    # An incomplete head as long as REQHEAD_PARTIAL falls back instead of being rescanned.
+    partial = b"GET /a HTTP/1.1\r\nx: " + b"y" * _native.REQHEAD_PARTIAL
+    assert reqhead(partial[:_native.REQHEAD_PARTIAL - 1], 0, 1 << 20) is None
+    assert reqhead(partial[:_native.REQHEAD_PARTIAL], 0, 1 << 20) is False
+    fields = b"".join(b"x-%d: v\r\n" % i for i in range(_native.REQHEAD_FIELDS + 1))
+    assert reqhead(b"GET / HTTP/1.1\r\n" + fields + b"\r\n", 0, 1 << 20) is False
+    with pytest.raises(ValueError):
+        reqhead(b"GET", 4, 100)
+    with pytest.raises(ValueError):
+        reqhead(b"GET", -1, 100)
+    with pytest.raises(TypeError):
+        reqhead("GET / HTTP/1.1\r\n\r\n", 0, 100)
+    with pytest.raises(TypeError):
+        reqhead(b"GET / HTTP/1.1\r\n\r\n", 0)
+
+
+def test_reqhead_keeps_refcounts_and_rss_flat() -> None:
+    data = CLIENT_REQUEST
+    base = sys.getrefcount(data)
+    for _ in range(10_000):  # warm-up
+        reqhead(data, 0, 65536)
+    gc.collect()
+    before = psutil.Process().memory_info().rss
+    for _ in range(100_000):
+        reqhead(data, 0, 65536)
+        reqhead(data, 0, 100)
+        reqhead(data[:50], 0, 65536)
+        with pytest.raises(ValueError):
+            reqhead(data, len(data) + 1, 65536)
+    gc.collect()
+    assert sys.getrefcount(data) == base
+    assert psutil.Process().memory_info().rss - before < 8 << 20
+
+
+# --- ingress ----------------------------------------------------------------------------------
+
+
+def test_sdk_requests_stay_on_the_native_path() -> None:
+    sdk = CLIENT_REQUEST.replace(b"Bearer sk-client-0123456789abcdef", b"Bearer sk-x")
+    in_body = sdk.index(b"\r\n\r\n") + 10
+    writes = [sdk, sdk, sdk * 2,  # pipelined in one read
+              sdk[:in_body], sdk[in_body:],  # split inside the body
+              sdk[:40], sdk[40:]]  # and inside the head
+    conn, _, ring = make("native")
+    for piece in writes:
+        conn.data_received(piece)
+    assert conn._native and len(ring.pushed) == 6
+    assert {r.route for r in ring.pushed} == {Route.MODEL_CALL}
+    assert len({repr(_seen(r)) for r in ring.pushed}) == 1  # the same, however split
+    run_both(writes)
+
+
+def test_a_chunked_request_hands_the_connection_to_httptools() -> None:
+    chunked = (b"POST /v1/embeddings HTTP/1.1\r\nAuthorization: Bearer sk-x\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n")
+    plain = b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer sk-x\r\n\r\n"
+    conn, _, ring = make("native")
+    conn.data_received(plain + chunked[:30])
+    assert conn._native
+    conn.data_received(chunked[30:] + plain)
+    assert not conn._native  # for good: httptools parsed the rest
+    assert [r.method for r in ring.pushed] == [b"GET", b"POST", b"GET"]
+    assert bytes(ring.pushed[1].body) == b"hello"
+    run_both([plain + chunked[:30], chunked[30:] + plain])
+    run_both([plain + chunked + plain])
+
+
+def test_a_head_over_the_header_limit_gets_httptools_431() -> None:
+    big = b"GET /v1/models HTTP/1.1\r\nx-big: " + b"y" * 2000 + b"\r\n\r\n"
+    conn, transport, _ = make("native")
+    conn.data_received(big)
+    assert transport.log[0].startswith(b"HTTP/1.1 431 ") and "close" in transport.log
+    run_both([big])
+    run_both([big[:700], big[700:]])
+
+
+def test_expect_100_continue_on_the_native_path() -> None:
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nAuthorization: Bearer sk-x\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    conn, transport, ring = make("native")
+    conn.data_received(head)
+    assert transport.log == [b"HTTP/1.1 100 Continue\r\n\r\n"] and not ring.pushed
+    conn.data_received(b"{}")
+    assert bytes(ring.pushed[0].body) == b"{}" and conn._native
+    run_both([head, b"{}"])
+    # Refused at header time (no key): the answer comes at once and the connection closes.
+    refused = head.replace(b"Authorization: Bearer sk-x\r\n", b"")
+    run_both([refused, b"{}"])
+
+
+@pytest.mark.parametrize("partial", [
+    b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n",  # method known: the 408 to HEAD has no body
+    b"POST /v1/embeddings HTTP/1.1\r\nContent-Length: 10\r\n\r\n{\"a\"",  # in the body
+    b"PO",  # not even a method yet
+])
+def test_a_request_cut_off_by_the_deadline_gets_the_same_408(partial: bytes) -> None:
+    conn, transport, _ = make("native")
+    conn.data_received(partial)
+    assert conn.receiving_since
+    conn.expire_receive()
+    assert transport.log[0].startswith(b"HTTP/1.1 408 ")
+    run_both([partial], expire=True)
+
+
+def test_bytes_after_a_closing_request_are_refused_as_httptools_does() -> None:
+    closing = b"GET /healthz HTTP/1.0\r\n\r\n"
+    run_both([closing + b"GET /healthz HTTP/1.1\r\n\r\n"])
+    run_both([closing + b"\r\n\r\n"])
+    conn, transport, _ = make("native")
+    conn.data_received(closing + b"GET /x")
+    assert transport.log[-1] == "close" and conn.closed
+
+
+def test_the_switch_selects_the_parser() -> None:
+    settings = load({"VELOX_INGRESS_PARSER": "httptools"}, dotenv=None)
+    assert settings.ingress_parser == "httptools"
+    assert load({}, dotenv=None).ingress_parser == "native"
+    state = IngressState(None, _Ring(), lambda: None, None,  # type: ignore[arg-type]
+                         Auth(settings), 1 << 20, 1 << 16, lambda: True,
+                         lambda request, status, size: None, settings.ingress_parser)
+    conn = ClientConnection(state)
+    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    assert not conn._native
+    with pytest.raises(Exception, match="VELOX_INGRESS_PARSER"):
+        load({"VELOX_INGRESS_PARSER": "h11"}, dotenv=None)
