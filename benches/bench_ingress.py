@@ -11,8 +11,14 @@ Two realistic requests, fed whole as one read:
 
 Contenders, each parsing one request per call of the inner loop:
 
-* `ingress`:       velox's ClientConnection.data_received (httptools with ingress's callbacks:
-                   header collection and limits, routing, auth, the Request pushed on a ring);
+* `ingress`:       velox's ClientConnection.data_received on VELOX_INGRESS_PARSER=httptools
+                   (httptools with ingress's callbacks: header collection and limits, routing,
+                   auth, the Request pushed on a ring);
+* `ingress-native`: the same on VELOX_INGRESS_PARSER=native (the default): the head parsed by
+                   one call of the native request-head parser, the body taken by its length;
+* `reqhead`:       that native call alone (`_native.reqhead`: the head parsed and validated, the
+                   header list built) plus slicing the body out: what the native path's parse
+                   costs, to compare with `callbacks` and `no-header-cb`;
 * `callbacks`:     httptools with minimal Python callbacks (url, every header appended to a
                    list, body, completion): the parse plus the price of the callbacks;
 * `no-header-cb`:  httptools with no on_header callback (url, body, completion only): llhttp's
@@ -22,6 +28,11 @@ Contenders, each parsing one request per call of the inner loop:
 
 `extra_info` records per-request microseconds and the per-header share: (callbacks -
 no-header-cb) / fields is what one header's Python callback costs.
+
+`test_pipeline_cpu_per_request` measures the whole socket-free worker path
+(benches/_pipeline.py: 64 clients sending the SDK's request, native codec) on both parsers,
+in interleaved blocks on the thread CPU clock, and records the per-request CPU of each and the
+difference (issue 12's parser decision).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_ingress.py` (the whole file: the shares are
 computed once every contender of a request has run).
@@ -36,8 +47,9 @@ import h11
 import httptools
 import pytest
 
-from benches._pipeline import FakeTransport
+from benches._pipeline import FakeTransport, Pipeline
 from benches.e2e import workload
+from velox import _native
 from velox.config import load
 from velox.ingress import ClientConnection, IngressState
 from velox.route import Auth
@@ -74,10 +86,10 @@ class _Ring:
         return True
 
 
-def _ingress() -> Callable[[bytes], None]:
+def _ingress(parser: str = "httptools") -> Callable[[bytes], None]:
     state = IngressState(None, _Ring(), lambda: None, None,  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 16 << 20, 64 << 10, lambda: True,
-                         lambda request, status, size: None)
+                         lambda request, status, size: None, parser)
     conn = ClientConnection(state)
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
     feed, finish = conn.data_received, conn._finish
@@ -85,6 +97,17 @@ def _ingress() -> Callable[[bytes], None]:
     def one(data: bytes) -> None:
         feed(data)
         finish(True)  # the answer went out: the next request is dispatched at once
+
+    return one
+
+
+def _reqhead() -> Callable[[bytes], None]:
+    reqhead = _native.reqhead
+
+    def one(data: bytes) -> None:
+        head = reqhead(data, 0, 64 << 10)
+        end, length = head[8], head[3]
+        data[end:end + length]  # the body, as ingress takes it
 
     return one
 
@@ -160,6 +183,8 @@ def _h11() -> Callable[[bytes], None]:
 
 CONTENDERS: dict[str, Callable[[], Callable[[bytes], None]]] = {
     "ingress": _ingress,
+    "ingress-native": lambda: _ingress("native"),
+    "reqhead": _reqhead,
     "callbacks": lambda: _httptools(_Callbacks()),
     "no-header-cb": lambda: _httptools(_NoHeaders()),
     "h11": _h11,
@@ -197,3 +222,48 @@ def test_parse_one_request(benchmark: Any, contender: str, request_name: str) ->
         ingress = _us.get(("ingress", request_name))
         if ingress is not None:
             benchmark.extra_info["ingress_over_floor_us"] = round(ingress - floor, 3)
+        native = _us.get(("ingress-native", request_name))
+        if ingress is not None and native is not None:
+            benchmark.extra_info["ingress_native_saves_us"] = round(ingress - native, 3)
+
+
+PIPELINE_BLOCKS = 30  # interleaved blocks per parser
+PIPELINE_ROUNDS = 10  # rounds of 64 requests per block
+
+
+@pytest.mark.benchmark(group="ingress-pipeline")
+def test_pipeline_cpu_per_request(benchmark: Any) -> None:
+    """Per-request CPU of the socket-free worker path on both parsers, interleaved."""
+    import gc
+    import statistics
+    import time
+
+    pipes = {parser: Pipeline(clients=64, codec="native", VELOX_INGRESS_PARSER=parser)
+             for parser in ("native", "httptools")}
+    for pipe in pipes.values():
+        for _ in range(50):
+            pipe.round()
+    gc.collect()
+    gc.freeze()
+    try:
+        blocks: dict[str, list[float]] = {parser: [] for parser in pipes}
+        order = list(pipes)
+        for block in range(PIPELINE_BLOCKS):
+            for parser in order if block % 2 else order[::-1]:  # alternate who goes first
+                pipe = pipes[parser]
+                t0 = time.thread_time()
+                for _ in range(PIPELINE_ROUNDS):
+                    pipe.round()
+                blocks[parser].append((time.thread_time() - t0) / (PIPELINE_ROUNDS * 64) * 1e6)
+        native = pipes["native"]
+        benchmark.pedantic(native.round, rounds=20, iterations=1, warmup_rounds=2)
+    finally:
+        gc.unfreeze()
+    for parser, us in blocks.items():
+        benchmark.extra_info[f"{parser}_us_per_request_median"] = round(statistics.median(us), 2)
+        benchmark.extra_info[f"{parser}_us_per_request_min"] = round(min(us), 2)
+    # Paired by block: each block of one parser against the other's block next to it.
+    saved = [h - n for h, n in zip(blocks["httptools"], blocks["native"])]
+    benchmark.extra_info["native_saves_us_median"] = round(statistics.median(saved), 2)
+    for pipe in pipes.values():
+        assert pipe.responses_written() > 0
