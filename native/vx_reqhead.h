@@ -19,8 +19,8 @@
  *   end           = CRLF
  *
  * and FALLBACK on: a leading empty line, any other method or version, obs-fold, bare CR or LF,
- * Transfer-Encoding, Upgrade, Connection or Proxy-Connection other than one field with exactly
- * "close" or "keep-alive" (any case), Content-Length other than 1 to 18 digits or given twice,
+ * Transfer-Encoding, Upgrade, Proxy-Connection (llhttp reads it as Connection), Connection
+ * other than one field with exactly "close" or "keep-alive" (any case), Content-Length other than 1 to 18 digits or given twice,
  * more than `max_fields` fields, a head whose ingress byte count (target + per field name +
  * value + 4, what velox/ingress.py's callbacks count) exceeds `max_header_bytes` (httptools
  * then answers the 431), and an incomplete head already `max_partial` bytes long.

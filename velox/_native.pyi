@@ -508,3 +508,13 @@ def h1_chunks(data: Buffer | Sequence[Buffer], last: bool = False, /) -> bytes:
 def h1_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
                      t_sent: int, t_headers: int, /) -> bytes:
     """server-timing value: ring, parse, ratelimit, upstream as milliseconds (3 decimals)."""
+# HTTP/1.1 request-head parser (native/vx_reqhead.c); used by velox.ingress's native path.
+REQHEAD_PARTIAL: Final[int]  # an incomplete head this long falls back to httptools
+REQHEAD_FIELDS: Final[int]  # a head with more fields falls back to httptools
+
+def reqhead(buf: Buffer, start: int, max_header_bytes: int, /) -> tuple[
+        bytes, bytes, list[tuple[bytes, bytes]], int, bytes | None, bool, bool, bool, int,
+] | bool | None:
+    """The head at buf[start:]: None (need more bytes), False (outside the subset: hand the
+    bytes to httptools) or (method, target, headers with lower-case names, content_length or
+    -1, last authorization value or None, expect_continue, keep_alive, http10, end offset)."""
