@@ -21,8 +21,8 @@ Two parsers (VELOX_INGRESS_PARSER). `native`, the default: a connection starts o
 request-head parser (native/vx_reqhead.c via `_native.reqhead`), which takes a whole head in
 one call and returns method, target, the lower-cased header list, Content-Length, the
 authorization value, expect-100, keep-alive and the head's length; the body is then taken by
-its Content-Length, and the same shared steps as httptools' callbacks (`_head_complete`,
-`on_body`, `_complete`) build the Request. That parser accepts only a strict subset it fully
+its Content-Length, and the same steps as httptools' callbacks (`_head_complete`, `on_body`,
+`on_message_complete`) build the Request. That parser accepts only a strict subset it fully
 validates; at the first head outside it (chunked bodies, upgrades, obs-fold, odd framing or
 Connection values, a head over the limits, anything malformed) the connection hands every
 byte not yet consumed to httptools for the rest of its life, so every odd case keeps
@@ -368,11 +368,13 @@ class ClientConnection(asyncio.Protocol):
             else:
                 assembled += body
 
-    def on_message_complete(self) -> None:
-        self._complete(self.parser.get_method(), self.parser.should_keep_alive())
-
-    def _complete(self, method: bytes, keep_alive: bool) -> None:
-        """The whole request is in (either parser): build it and start or queue it."""
+    def on_message_complete(self, method: bytes | None = None, keep_alive: bool = True) -> None:
+        """The whole request is in: build it and start or queue it. httptools calls this with
+        no arguments; the native path passes what its head parser found (one function for
+        both, which is also what profiles of either path show for this stage)."""
+        if method is None:
+            method = self.parser.get_method()
+            keep_alive = self.parser.should_keep_alive()
         state = self.state
         self.receiving_since = 0.0
         chunks = self._chunks
@@ -407,7 +409,7 @@ class ClientConnection(asyncio.Protocol):
     def _fast(self, data: bytes) -> None:
         """data_received on the native path: whole heads parsed by one native call
         (native/vx_reqhead.c), bodies taken by their Content-Length; the callbacks' shared
-        parts (_head_complete, on_body, _complete) do the rest exactly as for httptools.
+        parts (_head_complete, on_body, on_message_complete) do the rest exactly as for httptools.
         A head the native parser does not accept sends this connection to httptools for good,
         with every byte not yet consumed."""
         left = self._body_left
@@ -419,7 +421,7 @@ class ClientConnection(asyncio.Protocol):
                 return
             self._body_left = 0
             self.on_body(data if n == left else data[:left])
-            self._complete(self._method, self._keep_alive)
+            self.on_message_complete(self._method, self._keep_alive)
             if n == left or self.refused:
                 return
             data = data[left:]
@@ -462,7 +464,7 @@ class ClientConnection(asyncio.Protocol):
                     return
                 self.on_body(buf[pos:pos + length])
                 pos += length
-            self._complete(method, keep_alive)
+            self.on_message_complete(method, keep_alive)
             if self.refused:
                 return
             if not keep_alive:

@@ -32,7 +32,7 @@ from velox.config import load
 from velox.ingress import ClientConnection, IngressState
 from velox.route import Auth
 
-EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
 MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads
 MAX_BODY = 600
 
@@ -206,6 +206,8 @@ def check_head(raw: bytes) -> bool:
 
 _FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# The costlier examples (every byte boundary of a conversation, 8 to 14 requests each): fewer.
+_FUZZ_FEW = settings(_FUZZ, max_examples=max(10, EXAMPLES // 15))
 
 
 @_FUZZ
@@ -289,25 +291,33 @@ class _Transport:
 
 
 class _Ring:
-    """Answers every pushed request at once (200, or streamed), so pipelining goes on."""
+    """Answers every pushed request at once (200, or streamed), so pipelining goes on; or,
+    with answer=False, holds them (the test answers them later, see `answer`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: bool = True) -> None:
         self.pushed: list[Request] = []
+        self.answer = answer
 
     def try_push(self, request: Request) -> bool:
         self.pushed.append(request)
-        conn = request.conn
-        if len(self.pushed) % 3 == 0:
-            conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
-            conn.send_chunk(b"data: x\n\n")
-            conn.end_stream()
-        else:
-            conn.respond(request, 200, [(b"x-n", b"%d" % len(self.pushed))], b"ok")
+        if self.answer:
+            answer(request, len(self.pushed))
         return True
 
 
-def make(parser: str) -> tuple[ClientConnection, _Transport, _Ring]:
-    ring = _Ring()
+def answer(request: Request, n: int) -> None:
+    """Answer a request: 200 with a small body, or every third one streamed."""
+    conn = request.conn
+    if n % 3 == 0:
+        conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+        conn.send_chunk(b"data: x\n\n")
+        conn.end_stream()
+    else:
+        conn.respond(request, 200, [(b"x-n", b"%d" % n)], b"ok")
+
+
+def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport, _Ring]:
+    ring = _Ring(answer)
     auth = Auth(load({"VELOX_API_KEYS": "sk-x"}, dotenv=None))
     state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
                          auth, MAX_BODY, MAX_HEADER, lambda: True,
@@ -350,14 +360,25 @@ def conversations(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     return data, [data[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def run_both(writes: list[bytes], expire: bool = False) -> None:
+def run_both(writes: list[bytes], expire: bool = False, hold: bool = False) -> None:
+    """Feed the writes to a connection on each parser and compare everything. hold: the ring
+    holds requests until all writes are in (pipelined ones queue up, reading pauses at
+    eight), then they are answered one by one (reading resumes)."""
     results = []
     for parser in ("native", "httptools"):
-        conn, transport, ring = make(parser)
+        conn, transport, ring = make(parser, answer=not hold)
         for piece in writes:
             if conn.closed:
                 break
             conn.data_received(piece)
+        if hold:
+            answered = 0
+            while conn.current is not None and not conn.closed and answered < 100:
+                current = conn.current
+                if not any(current is r for r in ring.pushed):
+                    break  # not the ring's to answer
+                answered += 1
+                answer(current, answered)
         if expire and conn.receiving_since:
             conn.expire_receive()  # what the worker's tick does at VELOX_BODY_TIMEOUT_MS
         results.append(([_seen(r) for r in ring.pushed], transport.log, conn.closed,
@@ -367,15 +388,38 @@ def run_both(writes: list[bytes], expire: bool = False) -> None:
 
 
 @_FUZZ
-@given(conversation=conversations(), expire=st.booleans())
+@given(conversation=conversations(), expire=st.booleans(), hold=st.booleans())
 def test_ingress_makes_the_same_requests_and_answers_on_both_paths(
-        conversation: tuple[bytes, list[bytes]], expire: bool) -> None:
+        conversation: tuple[bytes, list[bytes]], expire: bool, hold: bool) -> None:
     _, writes = conversation
-    run_both(writes, expire)
+    run_both(writes, expire, hold)
 
 
-@settings(max_examples=max(20, EXAMPLES // 10), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@st.composite
+def forwarded(draw: st.DrawFn) -> bytes:
+    """A request the ring gets: authorized, to a forwarded path, with its body; about one in
+    twenty is chunked (the connection moves to httptools there)."""
+    path = draw(st.sampled_from([b"/v1/chat/completions", b"/v1/embeddings", b"/v1/files"]))
+    head = draw(heads(odd=0)).split(b"\r\n", 1)[1]  # its fields (and blank line) only
+    fields = [f for f in head.split(b"\r\n") if f and f.split(b":")[0].lower() not in (
+        b"authorization", b"connection", b"content-length", b"expect")]
+    head = b"POST %b HTTP/1.1\r\nAuthorization: Bearer sk-x\r\n%b" % (
+        path, b"".join(f + b"\r\n" for f in fields))
+    if draw(st.integers(0, 19)) == 0:
+        return head + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    length = draw(st.integers(0, 40))
+    return head + b"Content-Length: %d\r\n\r\n" % length + b"x" * length
+
+
+@_FUZZ_FEW
+@given(parts=st.lists(forwarded(), min_size=8, max_size=14), cuts=st.integers(1, 4))
+def test_many_pipelined_requests_pause_and_resume_alike(parts: list[bytes], cuts: int) -> None:
+    data = b"".join(parts)
+    step = len(data) // cuts + 1
+    run_both([data[i:i + step] for i in range(0, len(data), step)], hold=True)
+
+
+@_FUZZ_FEW
 @given(conversation=conversations())
 def test_ingress_agrees_at_every_byte_boundary(conversation: tuple[bytes, list[bytes]]) -> None:
     data, _ = conversation
