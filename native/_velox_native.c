@@ -1963,6 +1963,9 @@ static PyType_Spec Cache_spec = {
  * velox/egress/nativecodec.py. One receive_data call is one crossing: the C parser leaves a
  * compact event list for the whole read and this binding turns it into the same tuples the
  * Python codecs return. */
+/* The merged event kind receive_answers returns (after vx_h2's own kinds, 1 .. 7). */
+#define H2_ANSWER 8
+
 typedef struct {
     PyObject_HEAD
     vx_h2 *c;
@@ -2219,7 +2222,34 @@ static PyObject *h2_event(const vx_h2_event *e, const vx_hfield *fields, const u
     return t;
 }
 
-static PyObject *H2_receive_data(H2Object *self, PyObject *data)
+/* An ANSWER event, (ANSWER, stream_id, status, headers, body): a response's headers and the
+ * DATA frame that ends it, which came next in the same read (a short JSON answer almost always
+ * does). One tuple instead of two, and the body's flow-controlled length is credited here, so
+ * the caller makes one dispatch and no acknowledge call for the whole answer. */
+static PyObject *h2_answer(H2Object *self, const vx_h2_event *head, const vx_h2_event *body,
+                           const vx_hfield *fields, const uint8_t *arena)
+{
+    if (vx_h2_acknowledge(self->c, body->sid, body->value) != VX_H2_OK)
+        return PyErr_Format(PyExc_ValueError, "stream %u was never opened", body->sid);
+    PyObject *t = PyTuple_New(5);
+    if (t == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(H2_ANSWER));
+    PyTuple_SET_ITEM(t, 1, PyLong_FromUnsignedLong(head->sid));
+    PyTuple_SET_ITEM(t, 2, PyLong_FromUnsignedLong(head->value));
+    PyTuple_SET_ITEM(t, 3, h2_header_list(fields, head->first, head->count, arena));
+    PyTuple_SET_ITEM(t, 4,
+                     PyBytes_FromStringAndSize((const char *)body->data, (Py_ssize_t)body->len));
+    for (Py_ssize_t i = 0; i < 5; i++) {
+        if (PyTuple_GET_ITEM(t, i) == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+    }
+    return t;
+}
+
+static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
 {
     if (vx_h2_failed(self->c))
         return h2_raise(self, vx_h2_error_code(self->c), "connection already failed", NULL);
@@ -2231,13 +2261,19 @@ static PyObject *H2_receive_data(H2Object *self, PyObject *data)
     const vx_h2_event *ev = vx_h2_events(self->c, &n);
     const vx_hfield *fields = vx_h2_fields(self->c);
     const uint8_t *arena = vx_h2_arena(self->c);
-    PyObject *events = PyList_New((Py_ssize_t)n);
+    PyObject *events = PyList_New(0);
     for (size_t i = 0; events != NULL && i < n; i++) {
-        PyObject *t = h2_event(&ev[i], fields, arena);
-        if (t == NULL)
+        PyObject *t;
+        if (merge && ev[i].kind == VX_EV_RESPONSE && !ev[i].end_stream && i + 1 < n &&
+            ev[i + 1].kind == VX_EV_DATA && ev[i + 1].end_stream && ev[i + 1].sid == ev[i].sid) {
+            t = h2_answer(self, &ev[i], &ev[i + 1], fields, arena);
+            i++;
+        } else {
+            t = h2_event(&ev[i], fields, arena);
+        }
+        if (t == NULL || PyList_Append(events, t) < 0)
             Py_CLEAR(events);
-        else
-            PyList_SET_ITEM(events, (Py_ssize_t)i, t);
+        Py_XDECREF(t);
     }
     PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     if (events == NULL)
@@ -2245,6 +2281,16 @@ static PyObject *H2_receive_data(H2Object *self, PyObject *data)
     if (rc != VX_H2_OK)
         return h2_raise(self, vx_h2_error_code(self->c), vx_h2_error_message(self->c), events);
     return events;
+}
+
+static PyObject *H2_receive_data(H2Object *self, PyObject *data)
+{
+    return h2_receive(self, data, false);
+}
+
+static PyObject *H2_receive_answers(H2Object *self, PyObject *data)
+{
+    return h2_receive(self, data, true);
 }
 
 static PyObject *H2_data_to_send(H2Object *self, PyObject *Py_UNUSED(ignored))
@@ -2348,6 +2394,10 @@ static PyMethodDef H2_methods[] = {
      "send_request($self, method, path, headers, body, /)\n--\n\nOpen a stream; return its id."},
     {"receive_data", (PyCFunction)H2_receive_data, METH_O,
      "receive_data($self, data, /)\n--\n\nFeed transport bytes; return the events."},
+    {"receive_answers", (PyCFunction)H2_receive_answers, METH_O,
+     "receive_answers($self, data, /)\n--\n\nreceive_data, with each response whose ending DATA "
+     "frame follows its headers as one ANSWER event (stream_id, status, headers, body); its "
+     "flow-controlled length is acknowledged already."},
     {"data_to_send", (PyCFunction)H2_data_to_send, METH_NOARGS,
      "data_to_send($self, /)\n--\n\nEverything queued since the last call, or b''."},
     {"acknowledge", FASTCALL(H2_acknowledge), METH_FASTCALL,
@@ -3068,6 +3118,7 @@ static const struct {
     {"H2_GOAWAY", VX_EV_GOAWAY},
     {"H2_SETTINGS", VX_EV_SETTINGS},
     {"H2_PING_ACK", VX_EV_PING_ACK},
+    {"H2_ANSWER", H2_ANSWER},
     {"H2_LOCAL_INITIAL_WINDOW_SIZE", VX_H2_LOCAL_INITIAL_WINDOW_SIZE},
     {"H2_LOCAL_CONNECTION_WINDOW", VX_H2_LOCAL_CONNECTION_WINDOW},
     {"H2_LOCAL_MAX_HEADER_LIST_SIZE", VX_H2_LOCAL_MAX_HEADER_LIST_SIZE},

@@ -278,6 +278,9 @@ class Probe:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         pass
 
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        self._end(FAILURE if status >= 500 or status == 429 else SUCCESS)
+
     def on_error(self, exc: BaseException) -> None:
         self._end(FAILURE)
 

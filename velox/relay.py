@@ -138,8 +138,36 @@ class Exchange:
     # --- egress → client ------------------------------------------------------------------
 
     def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
-        if self.finished:
+        if self.finished or not self._commit(status, headers):
             return
+        if self.sse:
+            self._start_streaming()
+        if end_stream:
+            self._complete()
+
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """The whole answer in one piece (egress.interfaces.Client): on_response then
+        on_data(body, True), without collecting the body (at most one DATA frame, 16 KiB)."""
+        if self.finished or not self._commit(status, headers):
+            return
+        if self.sse:  # a whole event stream in one read: relayed as a stream all the same
+            self._start_streaming()
+            self.on_data(body, True)
+            return
+        observer = self.observer
+        if observer is not None:
+            observer.data(body)
+        self.finished = True
+        meter = self.meter
+        if meter is not None:
+            meter.body(body)
+        self.started = True
+        self.conn.respond(self.request, self.status, self.headers, body)
+        self._done(self.status, False, None)
+
+    def _commit(self, status: int, headers: Headers) -> bool:
+        """Response headers: False when dispatch sends the request again instead; else they
+        are the client's answer (filtered, with server-timing and x-velox-*)."""
         attempt = self.attempt
         if attempt is not None:
             self.t_sent = attempt.t_sent
@@ -147,7 +175,7 @@ class Exchange:
         dispatch = self.dispatch
         if dispatch is not None:
             if dispatch.response(self, status, headers):
-                return  # a failure sent again elsewhere: nothing of it reaches the client
+                return False  # a failure sent again elsewhere: nothing of it reaches the client
         self.on_release(self.request)  # committed to this answer: no retry can need the body
         drop = _DROP if self.request.extra_headers is None else _DROP_KEYED
         out = [h for h in headers if h[0] not in drop]
@@ -168,10 +196,7 @@ class Exchange:
                 break
         if self.meter is not None:
             self.meter.response(status, self.sse)
-        if self.sse:
-            self._start_streaming()
-        if end_stream:
-            self._complete()
+        return True
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ READ_BUFFER = 256 * 1024
 # before the connection is retired: one slow model is normal, three in a row with no response
 # in between says the connection (or the upstream behind it) is stuck.
 TIMEOUTS_TO_RETIRE = 3
+_ANSWER = ev.ANSWER
 # Stream ids are 31-bit; retire the connection well before they run out.
 _STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
 
@@ -113,7 +115,7 @@ class H2Connection(asyncio.BufferedProtocol):
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
         "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
-        "timeouts", "dead",
+        "timeouts", "dead", "receive",
     )
 
     def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
@@ -143,6 +145,10 @@ class H2Connection(asyncio.BufferedProtocol):
         self.pings = 0
         self.timeouts = 0  # requests in a row that got no response headers in time
         self.dead = False  # failed a liveness check: reconnect with backoff
+        # The native codec can hand a whole short answer as one ANSWER event (codec.ANSWER):
+        # one dispatch and no acknowledge call instead of two events per response.
+        # Looked up at the first read (bound once).
+        self.receive: Callable[[bytes], list[tuple[Any, ...]]] | None = None
 
     def _move(self, event: Input) -> None:
         try:
@@ -177,8 +183,11 @@ class H2Connection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes) -> None:
         self.reads += 1  # one increment per read, not per frame: all liveness costs here
         codec = self.codec
+        receive = self.receive
+        if receive is None:
+            receive = self.receive = getattr(codec, "receive_answers", None) or codec.receive_data
         try:
-            events = codec.receive_data(data)
+            events = receive(data)
         except ev.CodecError as exc:
             log.warning("upstream connection %d: protocol error: %s", self.index, exc)
             self.flush()
@@ -189,7 +198,16 @@ class H2Connection(asyncio.BufferedProtocol):
         self.receiving = True
         for event in events:
             kind = event[0]
-            if kind == ev.DATA:
+            if kind == _ANSWER:  # headers and the body's last frame: the common short answer
+                attempt = streams.get(event[1])
+                if attempt is None:
+                    continue  # a stream we reset (the codec credited the connection)
+                attempt.t_headers = time.perf_counter_ns()
+                attempt.last_activity = now
+                self.timeouts = 0
+                self._release(attempt)
+                attempt.client.on_answer(event[2], event[3], event[4])
+            elif kind == ev.DATA:
                 sid = event[1]
                 attempt = streams.get(sid)
                 if attempt is None:
@@ -512,6 +530,10 @@ class _Warmup:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if end_stream:
             self.conn.warmed()
+
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        self.status = status
+        self.conn.warmed()
 
     def on_error(self, exc: BaseException) -> None:
         conn = self.conn
