@@ -65,7 +65,7 @@ class Dispatch:
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
                  "loop", "forward_model", "hashed", "probes", "_status", "_targets",
-                 "_target_index", "_latency", "_retries")
+                 "_latency", "_retries", "_plain")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -84,9 +84,8 @@ class Dispatch:
         self.probes: set[int] = set()  # upstreams with a background probe in flight
         self._status = stats.upstream_status
         self._targets = stats.targets
-        self._target_index = {(route.model, target.upstream, target.model): i
-                               for i, (route, target) in enumerate(
-                                   (r, t) for r in tables.routes for t in r.targets)}
+        # Upstreams whose path is the client's as it is (not azure): no call per request.
+        self._plain = tuple(u.kind != "azure" for u in tables.upstreams)
         self._latency = stats.upstream_latency
         self._retries = stats.retries
 
@@ -121,12 +120,12 @@ class Dispatch:
     def _submit(self, exchange: Any, attempt: Attempt) -> None:
         request = exchange.request
         u = attempt.upstream
-        spec = self.tables.upstreams[u]
         exchange.route_attempt = attempt
         exchange.attempts = attempt.number
         exchange.upstream_name = self.names[u]
         exchange.outcome = NEUTRAL
-        exchange.path = spec.upstream_path(request.upstream_path, attempt.model)
+        exchange.path = request.upstream_path if self._plain[u] else \
+            self.tables.upstreams[u].upstream_path(request.upstream_path, attempt.model)
         # The upstream's own credential; without one, the client's (passed through only when
         # the gateway has no keys of its own: route.Auth decided that in `passthrough`).
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
@@ -136,11 +135,10 @@ class Dispatch:
         meter = exchange.meter
         # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
         # accepts the option; the meter then strips what it brings.
-        exchange.body = body if meter is None else meter.for_attempt(body, spec.stream_usage)
-        index = self._target_index.get((attempt.route.model, attempt.target.upstream,
-                                        attempt.target.model))
-        if index is not None:
-            self._targets.add(self.slot, index, 1)
+        exchange.body = body if meter is None else \
+            meter.for_attempt(body, self.tables.upstreams[u].stream_usage)
+        if attempt.index >= 0:
+            self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
 
     # --- before the commit point --------------------------------------------------------------

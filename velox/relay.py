@@ -78,7 +78,8 @@ class Exchange:
     """
 
     __slots__ = (
-        "request", "conn", "path", "headers_out", "body", "attempt", "on_done", "on_release",
+        "request", "conn", "method", "path", "headers_out", "body", "attempt", "on_done",
+        "on_release",
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
@@ -95,6 +96,7 @@ class Exchange:
                  dispatch: Dispatch | None = None) -> None:
         self.request = request
         self.conn = request.conn
+        self.method = request.method
         self.path = path  # upstream path (dispatch sets it per attempt)
         self.headers_out = headers_out  # upstream headers (hop-by-hop dropped, auth applied)
         self.body: bytes | bytearray | memoryview = request.body  # per attempt: model rewritten
@@ -125,10 +127,6 @@ class Exchange:
         self.meter: Meter | None = None
 
     # --- what the request carries upstream ------------------------------------------------
-
-    @property
-    def method(self) -> bytes:
-        return self.request.method
 
     @property
     def paused(self) -> bool:

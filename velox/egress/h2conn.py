@@ -60,6 +60,7 @@ TIMEOUTS_TO_RETIRE = 3
 _ANSWER = ev.ANSWER
 # Stream ids are 31-bit; retire the connection well before they run out.
 _STREAM_ID_LIMIT = (1 << 31) - 1 - 2 * 65_536
+_LAST_STREAM_ID = _STREAM_ID_LIMIT - 2  # client ids go up by 2
 
 
 class State(IntEnum):
@@ -171,7 +172,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.codec.initiate()
         self._move(Input.CONNECTED)
         self.pool.on_connected(self)
-        self._open(self.pool.warmup_attempt(_Warmup(self)))
+        self.send(self.pool.warmup_attempt(_Warmup(self)))
         self.flush()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -280,11 +281,6 @@ class H2Connection(asyncio.BufferedProtocol):
 
     def send(self, attempt: Attempt) -> None:
         """Encode the request into the codec's buffer; the pool flushes once per batch."""
-        self._open(attempt)
-        if self.codec.next_stream_id >= _STREAM_ID_LIMIT:
-            self.retire()
-
-    def _open(self, attempt: Attempt) -> None:
         client = attempt.client
         try:
             stream_id = self.codec.send_request(client.method, client.path, client.headers_out,
@@ -301,6 +297,8 @@ class H2Connection(asyncio.BufferedProtocol):
         attempt.conn = self
         attempt.stream_id = stream_id
         attempt.t_sent = time.perf_counter_ns()
+        if stream_id >= _LAST_STREAM_ID:  # the next id would reach the limit
+            self.retire()
 
     def flush(self) -> None:
         self.flush_pending = False
