@@ -3401,6 +3401,92 @@ static PyObject *native_h1_server_timing(PyObject *Py_UNUSED(module), PyObject *
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
 }
 
+/* ---------------------------------------------------------------- relay head */
+
+PyDoc_STRVAR(relay_head_doc,
+             "relay_head(headers, drop, t_received, t_popped, t_parsed, t_admitted, t_sent,\n"
+             "           t_headers, extra, /) -> (list, bool)\n\n"
+             "A client's response headers (velox.relay): the (name, value) tuples of the list\n"
+             "`headers` whose name is not in the set `drop`, then server-timing (formatted as\n"
+             "h1_server_timing does), then the tuples of the tuple `extra`; and whether the\n"
+             "first content-type of `headers` starts with text/event-stream.");
+
+static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    static const char sse[] = "text/event-stream";
+    if (check_nargs("relay_head", nargs, 9, 9) < 0)
+        return NULL;
+    PyObject *headers = args[0], *drop = args[1], *extra = args[8];
+    if (!PyList_Check(headers) || !PyAnySet_Check(drop) || !PyTuple_Check(extra)) {
+        PyErr_SetString(PyExc_TypeError, "relay_head takes a list, a set, six ints and a tuple");
+        return NULL;
+    }
+    int64_t t[6];
+    uint64_t us[4];
+    int overflow;
+    for (int i = 0; i < 6; i++)
+        if (to_i64(args[2 + i], &t[i], &overflow) < 0)
+            return NULL;
+    static const int pairs[4][2] = {{1, 0}, {2, 1}, {3, 2}, {5, 4}};
+    for (int i = 0; i < 4; i++) {
+        int64_t a = t[pairs[i][0]], b = t[pairs[i][1]];
+        us[i] = a > b ? ((uint64_t)a - (uint64_t)b) / 1000 : 0;
+    }
+    char buf[VX_H1_TIMING_MAX];
+    size_t tn = vx_h1_server_timing(buf, us[0], us[1], us[2], us[3]);
+    Py_ssize_t n = PyList_GET_SIZE(headers), n_extra = PyTuple_GET_SIZE(extra);
+    PyObject *out = PyList_New(n + 1 + n_extra);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t kept = 0;
+    int is_sse = 0, typed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(field, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(field, 1))) {
+            PyErr_SetString(PyExc_TypeError, "each header must be a (bytes, bytes) tuple");
+            goto fail;
+        }
+        PyObject *name = PyTuple_GET_ITEM(field, 0);
+        if (!typed && PyBytes_GET_SIZE(name) == 12 &&
+            memcmp(PyBytes_AS_STRING(name), "content-type", 12) == 0) {
+            PyObject *value = PyTuple_GET_ITEM(field, 1);
+            typed = 1;
+            is_sse = PyBytes_GET_SIZE(value) >= (Py_ssize_t)(sizeof sse - 1) &&
+                     memcmp(PyBytes_AS_STRING(value), sse, sizeof sse - 1) == 0;
+        }
+        int dropped = PySet_Contains(drop, name);
+        if (dropped < 0)
+            goto fail;
+        if (!dropped) {
+            Py_INCREF(field);
+            PyList_SET_ITEM(out, kept++, field);
+        }
+    }
+    PyObject *timing = Py_BuildValue("(y#y#)", "server-timing", (Py_ssize_t)13, buf, (Py_ssize_t)tn);
+    if (timing == NULL)
+        goto fail;
+    PyList_SET_ITEM(out, kept++, timing);
+    for (Py_ssize_t i = 0; i < n_extra; i++) {
+        PyObject *field = PyTuple_GET_ITEM(extra, i);
+        Py_INCREF(field);
+        PyList_SET_ITEM(out, kept++, field);
+    }
+    Py_SET_SIZE(out, kept); /* the dropped fields' slots (NULL) are past the end */
+    PyObject *result = PyTuple_New(2);
+    if (result == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(result, 0, out);
+    PyTuple_SET_ITEM(result, 1, PyBool_FromLong(is_sse));
+    return result;
+fail:
+    Py_SET_SIZE(out, kept);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"scan_json", (PyCFunction)native_scan_json, METH_O, scan_json_doc},
     {"hash64", FASTCALL(native_hash64), METH_FASTCALL, hash64_doc},
@@ -3409,6 +3495,7 @@ static PyMethodDef module_methods[] = {
     {"h1_chunks", FASTCALL(native_h1_chunks), METH_FASTCALL, h1_chunks_doc},
     {"h1_server_timing", FASTCALL(native_h1_server_timing), METH_FASTCALL,
      h1_server_timing_doc},
+    {"relay_head", FASTCALL(native_relay_head), METH_FASTCALL, relay_head_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,6 +56,7 @@ log = logging.getLogger("velox.dispatch")
 AFFINITY_HEADER = b"x-velox-affinity"
 _RETRY_AFTER = b"retry-after"
 _WIDTH = len(UPSTREAM_CLASSES)
+_EXTRA_MADE = 16  # attempt numbers whose x-velox-* headers are made in advance
 # velox_retries_total{reason}: stats.RETRY_REASONS positions.
 _R_CONNECT, _R_TIMEOUT, _R_5XX, _R_429, _R_REFUSED, _R_PROTOCOL = range(6)
 
@@ -65,7 +66,7 @@ class Dispatch:
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
                  "loop", "forward_model", "hashed", "probes", "_status", "_targets",
-                 "_latency", "_retries", "_plain")
+                 "_latency", "_retries", "_plain", "_extra")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -86,6 +87,9 @@ class Dispatch:
         self._targets = stats.targets
         # Upstreams whose path is the client's as it is (not azure): no call per request.
         self._plain = tuple(u.kind != "azure" for u in tables.upstreams)
+        # The answer's x-velox-upstream and x-velox-attempts, made once per upstream and number.
+        self._extra = tuple(tuple(head_extra(name, n) for n in range(_EXTRA_MADE))
+                            for name in self.names)
         self._latency = stats.upstream_latency
         self._retries = stats.retries
 
@@ -121,8 +125,9 @@ class Dispatch:
         request = exchange.request
         u = attempt.upstream
         exchange.route_attempt = attempt
-        exchange.attempts = attempt.number
+        exchange.attempts = n = attempt.number
         exchange.upstream_name = self.names[u]
+        exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
         exchange.outcome = NEUTRAL
         exchange.path = request.upstream_path if self._plain[u] else \
             self.tables.upstreams[u].upstream_path(request.upstream_path, attempt.model)
@@ -294,6 +299,12 @@ def affinity(request: Request) -> bytes | None:
             return value
     key = request.affinity
     return key.encode() if key else None
+
+
+def head_extra(upstream_name: bytes, attempts: int) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers the relay adds to an answer (Exchange.extra): the upstream that answered
+    and how many attempts it took."""
+    return ((b"x-velox-upstream", upstream_name), (b"x-velox-attempts", b"%d" % attempts))
 
 
 def rewrite_model(body: Any, model: str) -> bytes:

@@ -26,7 +26,8 @@ hands it every streamed piece (it returns what the client gets: the usage chunk 
 for on the client's behalf is removed there), the whole body of a plain answer, and, exactly once
 and before the route attempt is finished, that the request is over, whatever ended it.
 
-Imports: _types, errors, h1write (server-timing, native), usage, dispatch and
+Imports: _types, errors, h1write (server-timing, native), the native extension (relay_head:
+the filtered head, server-timing and x-velox-* in one call), usage, dispatch and
 egress.interfaces (annotations only) and stdlib.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from velox import h1write
+from velox import _native, h1write
 from velox._types import Headers, Request
 from velox.errors import to_response
 
@@ -86,6 +87,7 @@ class Exchange:
         # failover (velox.dispatch): the plan, its current attempt and what to tell the client
         "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
         "headers_base", "passthrough",
+        "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
         "observer",  # cache (velox.cache): sees the committed answer; None on uncached routes
         "meter",  # velox.usage: token accounting, None when nobody accounts this request
     )
@@ -123,6 +125,7 @@ class Exchange:
         self.finished = False
         self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
         self.t_headers = 0
+        self.extra: tuple[tuple[bytes, bytes], ...] = ()
         self.observer: Observer | None = None
         self.meter: Meter | None = None
 
@@ -174,24 +177,30 @@ class Exchange:
         if dispatch is not None:
             if dispatch.response(self, status, headers):
                 return False  # a failure sent again elsewhere: nothing of it reaches the client
-        self.on_release(self.request)  # committed to this answer: no retry can need the body
-        drop = _DROP if self.request.extra_headers is None else _DROP_KEYED
-        out = [h for h in headers if h[0] not in drop]
-        out.append((b"server-timing", self._server_timing()))
-        if dispatch is not None:
-            out.append((b"x-velox-upstream", self.upstream_name))
-            out.append((b"x-velox-attempts", _ATTEMPTS[self.attempts]
-                        if self.attempts < len(_ATTEMPTS) else b"%d" % self.attempts))
+        request = self.request
+        self.on_release(request)  # committed to this answer: no retry can need the body
+        drop = _DROP if request.extra_headers is None else _DROP_KEYED
+        if h1write.server_timing is _NATIVE_TIMING:
+            # One native call: the filter, server-timing, the extra headers, the SSE test.
+            out, sse = _relay_head(headers, drop, request.t_received, request.t_popped,
+                                   request.t_parsed, request.t_admitted, self.t_sent,
+                                   self.t_headers, self.extra)
+        else:  # the Python writer (h1write.use(False)): the same, step by step
+            out = [h for h in headers if h[0] not in drop]
+            out.append((b"server-timing", self._server_timing()))
+            out.extend(self.extra)
+            sse = False
+            for name, value in headers:
+                if name == b"content-type":
+                    sse = value.startswith(_EVENT_STREAM)
+                    break
+        if sse:
+            self.sse = True
         self.status = status
         self.headers = out
         observer = self.observer
         if observer is not None:
             observer.head(status, out)
-        for name, value in headers:
-            if name == b"content-type":
-                if value.startswith(_EVENT_STREAM):
-                    self.sse = True
-                break
         if self.meter is not None:
             self.meter.response(status, self.sse)
         return True
@@ -357,4 +366,5 @@ class ClientGone(Exception):
 
 
 _CLIENT_GONE = ClientGone("the client disconnected")
-_ATTEMPTS = tuple(b"%d" % n for n in range(16))
+_NATIVE_TIMING = _native.h1_server_timing
+_relay_head = _native.relay_head
