@@ -66,7 +66,7 @@ class Dispatch:
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
                  "loop", "forward_model", "hashed", "probes", "_status", "_targets",
-                 "_latency", "_retries", "_plain", "_extra")
+                 "_latency", "_retries", "_plain", "_extra", "_hash_all")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -82,6 +82,7 @@ class Dispatch:
         self.forward_model = CATCH_ALL if catch_all else tables.routes[0].model
         # Routes (by public model) whose strategy needs the affinity key.
         self.hashed = frozenset(r.model for r in tables.routes if r.strategy == "hash")
+        self._hash_all = CATCH_ALL in self.hashed  # the catch-all route hashes
         self.probes: set[int] = set()  # upstreams with a background probe in flight
         self._status = stats.upstream_status
         self._targets = stats.targets
@@ -102,8 +103,7 @@ class Dispatch:
         key = None
         if model is None:
             model = self.forward_model
-        elif model in self.hashed or (CATCH_ALL in self.hashed and
-                                      self.router.chains.get(model) is None):
+        elif model in self.hashed or (self._hash_all and self.router.chains.get(model) is None):
             key = affinity(request)
         plan = self.router.plan(model, key)
         if plan is None:
@@ -154,8 +154,14 @@ class Dispatch:
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
             return False
+        if 100 <= status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
+            # _count_status, inlined: this runs once per answer
+            self._status.add(self.slot, attempt.upstream * _WIDTH + UPSTREAM_CLASS_OF[status // 100],
+                             1)
+            exchange.outcome = SUCCESS
+            return False
         self._count_status(attempt.upstream, status)
-        if status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
+        if status < 500 and status != 429:
             exchange.outcome = SUCCESS
             return False
         retry_after = _retry_after(headers) if status == 429 else None
