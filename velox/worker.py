@@ -394,9 +394,9 @@ class Worker:
             self._refuse_rate_limited(parsed[admitted:])
 
         dispatch = self.dispatch
-        split = self.auth.client_headers
         models_body = self.models_body
         batcher = self.batcher
+        on_done = self.on_done  # bound once per batch, not per request
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
@@ -413,7 +413,7 @@ class Worker:
             if batcher is not None and ticket is None and batcher.offer(request):
                 self.in_flight += 1
                 continue
-            exchange = self._exchange(request, self.on_done)
+            exchange = self._exchange(request, on_done)
             if ticket is not None and cache is not None:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1

@@ -71,6 +71,9 @@ class State(IntEnum):
     CLOSED = 4
 
 
+_READY = State.READY
+
+
 class Input(Enum):
     CONNECTED = "connected"  # transport up, h2 negotiated (or prior knowledge), preface sent
     NO_H2 = "no_h2"  # ALPN chose something else
@@ -206,7 +209,12 @@ class H2Connection(asyncio.BufferedProtocol):
                 attempt.t_headers = time.perf_counter_ns()
                 attempt.last_activity = now
                 self.timeouts = 0
-                self._release(attempt)
+                if attempt.withheld or self.state is not _READY or self.pool.waiting:
+                    self._release(attempt)
+                else:  # _release with nothing to give back and nobody waiting
+                    del streams[attempt.stream_id]
+                    self.active -= 1
+                    attempt.conn = None
                 attempt.client.on_answer(event[2], event[3], event[4])
             elif kind == ev.DATA:
                 sid = event[1]
