@@ -68,6 +68,9 @@ _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
+# Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
+# (EnumType.__getattr__ puts the class on the slow attribute path).
+_FORWARD = Route.FORWARD
 _CLASS_FIELD = {1: F.RESP_2XX, 2: F.RESP_2XX, 3: F.RESP_3XX, 4: F.RESP_4XX, 5: F.RESP_5XX}
 
 
@@ -400,7 +403,7 @@ class Worker:
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
-            if models_body is not None and request.route is Route.FORWARD and \
+            if models_body is not None and request.route is _FORWARD and \
                     request.method == b"GET" and _is_models(request.path):
                 self._answer_models(request)
                 continue
@@ -444,7 +447,7 @@ class Worker:
                             self.dispatch)
         exchange.passthrough = passthrough
         ledger = self.ledger
-        if ledger is not None and request.route is not Route.FORWARD and (
+        if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
             exchange.meter = TokenMeter.for_request(ledger, request)
         return exchange
