@@ -207,3 +207,40 @@ def test_relay_head_refuses_what_is_not_a_header_list(bad: object) -> None:
 
 def test_codecs_without_receive_answers_keep_the_two_events() -> None:
     assert not hasattr(make_codec("framer", AUTHORITY, b"https"), "receive_answers")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_answers_and_heads_keep_refcounts_and_rss_flat() -> None:
+    import sys
+
+    codec = _native.H2Client(AUTHORITY, b"https", CodecError)
+    codec.initiate()
+    codec.receive_data(_SETTINGS)
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", b"2"), (b"x-a", b"b")]
+    extra = ((b"x-velox-upstream", b"u"),)
+    watched = (hdrs, hdrs[0], hdrs[1], extra, extra[0], _DROP)
+    base = [sys.getrefcount(o) for o in watched]
+
+    def one() -> None:
+        sid = codec.send_request(b"GET", b"/", [], None)
+        codec.data_to_send()
+        events = codec.receive_answers(headers(sid) + data(sid, b"{}", True))
+        assert events[0][0] == ANSWER and events[0][4] == b"{}"
+        out, _ = _native.relay_head(hdrs, _DROP, 1, 2, 3, 4, 5, 6, extra)
+        assert len(out) == 4
+        with pytest.raises(TypeError):  # fails after keeping two fields: they go back
+            _native.relay_head([*hdrs, (b"x", 1)], _DROP, 1, 2, 3, 4, 5, 6, extra)
+
+    for _ in range(2_000):
+        one()
+    before = _rss()
+    for _ in range(30_000):
+        one()
+    codec.data_to_send()
+    assert [sys.getrefcount(o) for o in watched] == base
+    assert codec.stream_state_count == 0
+    assert _rss() - before < 8 * 1024 * 1024
