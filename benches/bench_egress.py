@@ -79,6 +79,10 @@ class _Exchange:
         if end_stream:
             self._finish()
 
+    def on_answer(self, status: int, headers: list, body: bytes) -> None:
+        self.status = status
+        self._finish()
+
     def on_error(self, exc: BaseException) -> None:
         self.driver.errors += 1
         self._finish()

@@ -1966,6 +1966,9 @@ static PyType_Spec Cache_spec = {
  * velox/egress/nativecodec.py. One receive_data call is one crossing: the C parser leaves a
  * compact event list for the whole read and this binding turns it into the same tuples the
  * Python codecs return. */
+/* The merged event kind receive_answers returns (after vx_h2's own kinds, 1 .. 7). */
+#define H2_ANSWER 8
+
 typedef struct {
     PyObject_HEAD
     vx_h2 *c;
@@ -2222,7 +2225,34 @@ static PyObject *h2_event(const vx_h2_event *e, const vx_hfield *fields, const u
     return t;
 }
 
-static PyObject *H2_receive_data(H2Object *self, PyObject *data)
+/* An ANSWER event, (ANSWER, stream_id, status, headers, body): a response's headers and the
+ * DATA frame that ends it, which came next in the same read (a short JSON answer almost always
+ * does). One tuple instead of two, and the body's flow-controlled length is credited here, so
+ * the caller makes one dispatch and no acknowledge call for the whole answer. */
+static PyObject *h2_answer(H2Object *self, const vx_h2_event *head, const vx_h2_event *body,
+                           const vx_hfield *fields, const uint8_t *arena)
+{
+    if (vx_h2_acknowledge(self->c, body->sid, body->value) != VX_H2_OK)
+        return PyErr_Format(PyExc_ValueError, "stream %u was never opened", body->sid);
+    PyObject *t = PyTuple_New(5);
+    if (t == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(H2_ANSWER));
+    PyTuple_SET_ITEM(t, 1, PyLong_FromUnsignedLong(head->sid));
+    PyTuple_SET_ITEM(t, 2, PyLong_FromUnsignedLong(head->value));
+    PyTuple_SET_ITEM(t, 3, h2_header_list(fields, head->first, head->count, arena));
+    PyTuple_SET_ITEM(t, 4,
+                     PyBytes_FromStringAndSize((const char *)body->data, (Py_ssize_t)body->len));
+    for (Py_ssize_t i = 0; i < 5; i++) {
+        if (PyTuple_GET_ITEM(t, i) == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+    }
+    return t;
+}
+
+static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
 {
     if (vx_h2_failed(self->c))
         return h2_raise(self, vx_h2_error_code(self->c), "connection already failed", NULL);
@@ -2234,13 +2264,19 @@ static PyObject *H2_receive_data(H2Object *self, PyObject *data)
     const vx_h2_event *ev = vx_h2_events(self->c, &n);
     const vx_hfield *fields = vx_h2_fields(self->c);
     const uint8_t *arena = vx_h2_arena(self->c);
-    PyObject *events = PyList_New((Py_ssize_t)n);
+    PyObject *events = PyList_New(0);
     for (size_t i = 0; events != NULL && i < n; i++) {
-        PyObject *t = h2_event(&ev[i], fields, arena);
-        if (t == NULL)
+        PyObject *t;
+        if (merge && ev[i].kind == VX_EV_RESPONSE && !ev[i].end_stream && i + 1 < n &&
+            ev[i + 1].kind == VX_EV_DATA && ev[i + 1].end_stream && ev[i + 1].sid == ev[i].sid) {
+            t = h2_answer(self, &ev[i], &ev[i + 1], fields, arena);
+            i++;
+        } else {
+            t = h2_event(&ev[i], fields, arena);
+        }
+        if (t == NULL || PyList_Append(events, t) < 0)
             Py_CLEAR(events);
-        else
-            PyList_SET_ITEM(events, (Py_ssize_t)i, t);
+        Py_XDECREF(t);
     }
     PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     if (events == NULL)
@@ -2248,6 +2284,16 @@ static PyObject *H2_receive_data(H2Object *self, PyObject *data)
     if (rc != VX_H2_OK)
         return h2_raise(self, vx_h2_error_code(self->c), vx_h2_error_message(self->c), events);
     return events;
+}
+
+static PyObject *H2_receive_data(H2Object *self, PyObject *data)
+{
+    return h2_receive(self, data, false);
+}
+
+static PyObject *H2_receive_answers(H2Object *self, PyObject *data)
+{
+    return h2_receive(self, data, true);
 }
 
 static PyObject *H2_data_to_send(H2Object *self, PyObject *Py_UNUSED(ignored))
@@ -2351,6 +2397,10 @@ static PyMethodDef H2_methods[] = {
      "send_request($self, method, path, headers, body, /)\n--\n\nOpen a stream; return its id."},
     {"receive_data", (PyCFunction)H2_receive_data, METH_O,
      "receive_data($self, data, /)\n--\n\nFeed transport bytes; return the events."},
+    {"receive_answers", (PyCFunction)H2_receive_answers, METH_O,
+     "receive_answers($self, data, /)\n--\n\nreceive_data, with each response whose ending DATA "
+     "frame follows its headers as one ANSWER event (stream_id, status, headers, body); its "
+     "flow-controlled length is acknowledged already."},
     {"data_to_send", (PyCFunction)H2_data_to_send, METH_NOARGS,
      "data_to_send($self, /)\n--\n\nEverything queued since the last call, or b''."},
     {"acknowledge", FASTCALL(H2_acknowledge), METH_FASTCALL,
@@ -3071,6 +3121,7 @@ static const struct {
     {"H2_GOAWAY", VX_EV_GOAWAY},
     {"H2_SETTINGS", VX_EV_SETTINGS},
     {"H2_PING_ACK", VX_EV_PING_ACK},
+    {"H2_ANSWER", H2_ANSWER},
     {"H2_LOCAL_INITIAL_WINDOW_SIZE", VX_H2_LOCAL_INITIAL_WINDOW_SIZE},
     {"H2_LOCAL_CONNECTION_WINDOW", VX_H2_LOCAL_CONNECTION_WINDOW},
     {"H2_LOCAL_MAX_HEADER_LIST_SIZE", VX_H2_LOCAL_MAX_HEADER_LIST_SIZE},
@@ -3473,6 +3524,92 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- relay head */
+
+PyDoc_STRVAR(relay_head_doc,
+             "relay_head(headers, drop, t_received, t_popped, t_parsed, t_admitted, t_sent,\n"
+             "           t_headers, extra, /) -> (list, bool)\n\n"
+             "A client's response headers (velox.relay): the (name, value) tuples of the list\n"
+             "`headers` whose name is not in the set `drop`, then server-timing (formatted as\n"
+             "h1_server_timing does), then the tuples of the tuple `extra`; and whether the\n"
+             "first content-type of `headers` starts with text/event-stream.");
+
+static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    static const char sse[] = "text/event-stream";
+    if (check_nargs("relay_head", nargs, 9, 9) < 0)
+        return NULL;
+    PyObject *headers = args[0], *drop = args[1], *extra = args[8];
+    if (!PyList_Check(headers) || !PyAnySet_Check(drop) || !PyTuple_Check(extra)) {
+        PyErr_SetString(PyExc_TypeError, "relay_head takes a list, a set, six ints and a tuple");
+        return NULL;
+    }
+    int64_t t[6];
+    uint64_t us[4];
+    int overflow;
+    for (int i = 0; i < 6; i++)
+        if (to_i64(args[2 + i], &t[i], &overflow) < 0)
+            return NULL;
+    static const int pairs[4][2] = {{1, 0}, {2, 1}, {3, 2}, {5, 4}};
+    for (int i = 0; i < 4; i++) {
+        int64_t a = t[pairs[i][0]], b = t[pairs[i][1]];
+        us[i] = a > b ? ((uint64_t)a - (uint64_t)b) / 1000 : 0;
+    }
+    char buf[VX_H1_TIMING_MAX];
+    size_t tn = vx_h1_server_timing(buf, us[0], us[1], us[2], us[3]);
+    Py_ssize_t n = PyList_GET_SIZE(headers), n_extra = PyTuple_GET_SIZE(extra);
+    PyObject *out = PyList_New(n + 1 + n_extra);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t kept = 0;
+    int is_sse = 0, typed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(field, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(field, 1))) {
+            PyErr_SetString(PyExc_TypeError, "each header must be a (bytes, bytes) tuple");
+            goto fail;
+        }
+        PyObject *name = PyTuple_GET_ITEM(field, 0);
+        if (!typed && PyBytes_GET_SIZE(name) == 12 &&
+            memcmp(PyBytes_AS_STRING(name), "content-type", 12) == 0) {
+            PyObject *value = PyTuple_GET_ITEM(field, 1);
+            typed = 1;
+            is_sse = PyBytes_GET_SIZE(value) >= (Py_ssize_t)(sizeof sse - 1) &&
+                     memcmp(PyBytes_AS_STRING(value), sse, sizeof sse - 1) == 0;
+        }
+        int dropped = PySet_Contains(drop, name);
+        if (dropped < 0)
+            goto fail;
+        if (!dropped) {
+            Py_INCREF(field);
+            PyList_SET_ITEM(out, kept++, field);
+        }
+    }
+    PyObject *timing = Py_BuildValue("(y#y#)", "server-timing", (Py_ssize_t)13, buf, (Py_ssize_t)tn);
+    if (timing == NULL)
+        goto fail;
+    PyList_SET_ITEM(out, kept++, timing);
+    for (Py_ssize_t i = 0; i < n_extra; i++) {
+        PyObject *field = PyTuple_GET_ITEM(extra, i);
+        Py_INCREF(field);
+        PyList_SET_ITEM(out, kept++, field);
+    }
+    Py_SET_SIZE(out, kept); /* the dropped fields' slots (NULL) are past the end */
+    PyObject *result = PyTuple_New(2);
+    if (result == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(result, 0, out);
+    PyTuple_SET_ITEM(result, 1, PyBool_FromLong(is_sse));
+    return result;
+fail:
+    Py_SET_SIZE(out, kept);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"scan_json", (PyCFunction)native_scan_json, METH_O, scan_json_doc},
     {"hash64", FASTCALL(native_hash64), METH_FASTCALL, hash64_doc},
@@ -3482,6 +3619,7 @@ static PyMethodDef module_methods[] = {
     {"h1_server_timing", FASTCALL(native_h1_server_timing), METH_FASTCALL,
      h1_server_timing_doc},
     {"reqhead", FASTCALL(native_reqhead), METH_FASTCALL, reqhead_doc},
+    {"relay_head", FASTCALL(native_relay_head), METH_FASTCALL, relay_head_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,6 +7,7 @@ range.
 """
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, final
 
 from typing_extensions import Buffer
@@ -455,6 +456,7 @@ H2_RESET: Final[int]  # 4
 H2_GOAWAY: Final[int]  # 5
 H2_SETTINGS: Final[int]  # 6
 H2_PING_ACK: Final[int]  # 7
+H2_ANSWER: Final[int]  # 8
 H2_LOCAL_INITIAL_WINDOW_SIZE: Final[int]
 H2_LOCAL_CONNECTION_WINDOW: Final[int]
 H2_LOCAL_MAX_HEADER_LIST_SIZE: Final[int]
@@ -477,6 +479,9 @@ class H2Client:
         /,
     ) -> int: ...
     def receive_data(self, data: Buffer, /) -> list[tuple[Any, ...]]: ...
+    def receive_answers(self, data: Buffer, /) -> list[tuple[Any, ...]]:
+        """receive_data, with RESPONSE + the DATA ending it next as one ANSWER event
+        (velox.egress.codec.ANSWER), its flow-controlled length acknowledged."""
     def data_to_send(self) -> bytes: ...
     @property
     def data_pending(self) -> bool: ...
@@ -518,3 +523,8 @@ def reqhead(buf: Buffer, start: int, max_header_bytes: int, /) -> tuple[
     """The head at buf[start:]: None (need more bytes), False (outside the subset: hand the
     bytes to httptools) or (method, target, headers with lower-case names, content_length or
     -1, last authorization value or None, expect_continue, keep_alive, http10, end offset)."""
+def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_received: int,
+               t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
+               extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """headers without the names in drop, then server-timing, then extra; and whether the
+    first content-type is text/event-stream (velox.relay's answer head)."""

@@ -271,9 +271,10 @@ def make_hasher(method: str, seeds: list[int], weights: list[int]) -> Rendezvous
 class Target:
     """One target of one route, resolved to its upstream's index."""
 
-    __slots__ = ("spec", "route", "u", "weight", "priority", "pos", "model")
+    __slots__ = ("spec", "route", "u", "weight", "priority", "pos", "model", "index")
 
-    def __init__(self, spec: TargetSpec, route: RouteSpec, u: int, pos: int) -> None:
+    def __init__(self, spec: TargetSpec, route: RouteSpec, u: int, pos: int,
+                 index: int = -1) -> None:
         self.spec = spec
         self.route = route
         self.u = u
@@ -283,6 +284,8 @@ class Target:
         self.weight = spec.weight
         self.priority = spec.priority
         self.pos = pos  # index within its tier
+        # Position among every (route, target) of the tables (stats.targets' row); -1: none.
+        self.index = index
 
     def __repr__(self) -> str:
         return f"Target({self.route.model!r} -> {self.spec.upstream!r}/{self.spec.model!r})"
@@ -312,7 +315,8 @@ class Picker:
 
     __slots__ = ("route", "tiers", "strategy", "targets")
 
-    def __init__(self, route: RouteSpec, index: dict[str, int], hash_method: str) -> None:
+    def __init__(self, route: RouteSpec, index: dict[str, int], hash_method: str,
+                 positions: dict[tuple[str, str, str], int] | None = None) -> None:
         if not route.targets:
             raise ValueError(f"route {route.model!r} has no targets")
         self.route = route
@@ -325,8 +329,10 @@ class Picker:
                     raise ValueError(f"route {route.model!r}: unknown upstream {spec.upstream!r}")
                 if spec.weight < 1:
                     raise ValueError(f"route {route.model!r}: weight must be >= 1")
-            tiers.append(Tier([Target(s, route, index[s.upstream], i) for i, s in enumerate(specs)],
-                              hash_method))
+            tiers.append(Tier([Target(s, route, index[s.upstream], i,
+                                     -1 if positions is None else
+                                     positions.get((route.model, s.upstream, s.model), -1))
+                              for i, s in enumerate(specs)], hash_method))
         self.tiers = tuple(tiers)
         self.targets = tuple(t for tier in tiers for t in tier.targets)
 
@@ -442,7 +448,10 @@ class Router:
         self.rng = rng or random.Random()
         self.retry_policy = tables.retry
         index = {u.name: i for i, u in enumerate(tables.upstreams)}
-        pickers = {r.model: Picker(r, index, hash_method) for r in tables.routes}
+        # Every (route, target) pair in tables order: the rows of stats.targets.
+        positions = {(r.model, t.upstream, t.model): i for i, (r, t) in enumerate(
+            (r, t) for r in tables.routes for t in r.targets)}
+        pickers = {r.model: Picker(r, index, hash_method, positions) for r in tables.routes}
         chains: dict[str, tuple[Picker, ...]] = {}
         for route in tables.routes:
             chain = [pickers[route.model]]
@@ -467,7 +476,7 @@ class Attempt:
     """One try: which route and target, and what it holds until it is finished."""
 
     __slots__ = ("route", "target", "upstream", "model", "ticket", "number", "panic",
-                 "delay_ms", "started_ms", "finished", "tokens")
+                 "delay_ms", "started_ms", "finished", "tokens", "index")
 
     def __init__(self, target: Target, model: str, ticket: int, number: int, panic: bool,
                  delay_ms: int, now: int) -> None:
@@ -482,6 +491,7 @@ class Attempt:
         self.started_ms = now
         self.finished = False
         self.tokens = 0  # reserved on the upstream's tpm bucket (settled or given back)
+        self.index = target.index  # the target's row in stats.targets (-1: none)
 
     def __repr__(self) -> str:
         return (f"Attempt(#{self.number} {self.route.model!r} -> {self.target.upstream!r}"
@@ -544,12 +554,16 @@ class Plan:
         picker = self.chain[0]
         tier = picker.tiers[0]
         if state.usable_mask(tier.us, t) == tier.all:
-            if picker.strategy == "weighted" or len(tier.targets) == 1:
-                target = _weighted(tier, tier.targets)
+            targets = tier.targets
+            if len(targets) == 1:
+                target = targets[0]  # (smooth WRR over one target leaves its state at 0)
+            elif picker.strategy == "weighted":
+                target = _weighted(tier, targets)
             else:
-                target = _select(state, picker.strategy, tier, tier.targets, self.key_hash,
+                target = _select(state, picker.strategy, tier, targets, self.key_hash,
                                  router.rng)
-            ticket = self._admitter()(target.u, t)
+            ticket = state.admit(target.u, t) if not self.tokens or router.tpm is None \
+                else self._admit_tokens(target.u, t)
             if ticket >= 0:
                 self.tried.append(target)
                 self.count = 1

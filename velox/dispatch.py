@@ -56,6 +56,7 @@ log = logging.getLogger("velox.dispatch")
 AFFINITY_HEADER = b"x-velox-affinity"
 _RETRY_AFTER = b"retry-after"
 _WIDTH = len(UPSTREAM_CLASSES)
+_EXTRA_MADE = 16  # attempt numbers whose x-velox-* headers are made in advance
 # velox_retries_total{reason}: stats.RETRY_REASONS positions.
 _R_CONNECT, _R_TIMEOUT, _R_5XX, _R_429, _R_REFUSED, _R_PROTOCOL = range(6)
 
@@ -65,7 +66,7 @@ class Dispatch:
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
                  "loop", "forward_model", "hashed", "probes", "_status", "_targets",
-                 "_target_index", "_latency", "_retries")
+                 "_latency", "_retries", "_plain", "_extra", "_hash_all")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -81,12 +82,15 @@ class Dispatch:
         self.forward_model = CATCH_ALL if catch_all else tables.routes[0].model
         # Routes (by public model) whose strategy needs the affinity key.
         self.hashed = frozenset(r.model for r in tables.routes if r.strategy == "hash")
+        self._hash_all = CATCH_ALL in self.hashed  # the catch-all route hashes
         self.probes: set[int] = set()  # upstreams with a background probe in flight
         self._status = stats.upstream_status
         self._targets = stats.targets
-        self._target_index = {(route.model, target.upstream, target.model): i
-                               for i, (route, target) in enumerate(
-                                   (r, t) for r in tables.routes for t in r.targets)}
+        # Upstreams whose path is the client's as it is (not azure): no call per request.
+        self._plain = tuple(u.kind != "azure" for u in tables.upstreams)
+        # The answer's x-velox-upstream and x-velox-attempts, made once per upstream and number.
+        self._extra = tuple(tuple(head_extra(name, n) for n in range(_EXTRA_MADE))
+                            for name in self.names)
         self._latency = stats.upstream_latency
         self._retries = stats.retries
 
@@ -99,8 +103,7 @@ class Dispatch:
         key = None
         if model is None:
             model = self.forward_model
-        elif model in self.hashed or (CATCH_ALL in self.hashed and
-                                      self.router.chains.get(model) is None):
+        elif model in self.hashed or (self._hash_all and self.router.chains.get(model) is None):
             key = affinity(request)
         plan = self.router.plan(model, key)
         if plan is None:
@@ -121,12 +124,13 @@ class Dispatch:
     def _submit(self, exchange: Any, attempt: Attempt) -> None:
         request = exchange.request
         u = attempt.upstream
-        spec = self.tables.upstreams[u]
         exchange.route_attempt = attempt
-        exchange.attempts = attempt.number
+        exchange.attempts = n = attempt.number
         exchange.upstream_name = self.names[u]
+        exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
         exchange.outcome = NEUTRAL
-        exchange.path = spec.upstream_path(request.upstream_path, attempt.model)
+        exchange.path = request.upstream_path if self._plain[u] else \
+            self.tables.upstreams[u].upstream_path(request.upstream_path, attempt.model)
         # The upstream's own credential; without one, the client's (passed through only when
         # the gateway has no keys of its own: route.Auth decided that in `passthrough`).
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
@@ -136,11 +140,10 @@ class Dispatch:
         meter = exchange.meter
         # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
         # accepts the option; the meter then strips what it brings.
-        exchange.body = body if meter is None else meter.for_attempt(body, spec.stream_usage)
-        index = self._target_index.get((attempt.route.model, attempt.target.upstream,
-                                        attempt.target.model))
-        if index is not None:
-            self._targets.add(self.slot, index, 1)
+        exchange.body = body if meter is None else \
+            meter.for_attempt(body, self.tables.upstreams[u].stream_usage)
+        if attempt.index >= 0:
+            self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
 
     # --- before the commit point --------------------------------------------------------------
@@ -151,8 +154,14 @@ class Dispatch:
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
             return False
+        if 100 <= status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
+            # _count_status, inlined: this runs once per answer
+            self._status.add(self.slot, attempt.upstream * _WIDTH + UPSTREAM_CLASS_OF[status // 100],
+                             1)
+            exchange.outcome = SUCCESS
+            return False
         self._count_status(attempt.upstream, status)
-        if status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
+        if status < 500 and status != 429:
             exchange.outcome = SUCCESS
             return False
         retry_after = _retry_after(headers) if status == 429 else None
@@ -278,6 +287,9 @@ class Probe:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         pass
 
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        self._end(FAILURE if status >= 500 or status == 429 else SUCCESS)
+
     def on_error(self, exc: BaseException) -> None:
         self._end(FAILURE)
 
@@ -293,6 +305,12 @@ def affinity(request: Request) -> bytes | None:
             return value
     key = request.affinity
     return key.encode() if key else None
+
+
+def head_extra(upstream_name: bytes, attempts: int) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers the relay adds to an answer (Exchange.extra): the upstream that answered
+    and how many attempts it took."""
+    return ((b"x-velox-upstream", upstream_name), (b"x-velox-attempts", b"%d" % attempts))
 
 
 def rewrite_model(body: Any, model: str) -> bytes:

@@ -26,7 +26,8 @@ hands it every streamed piece (it returns what the client gets: the usage chunk 
 for on the client's behalf is removed there), the whole body of a plain answer, and, exactly once
 and before the route attempt is finished, that the request is over, whatever ended it.
 
-Imports: _types, errors, h1write (server-timing, native), usage, dispatch and
+Imports: _types, errors, h1write (server-timing, native), the native extension (relay_head:
+the filtered head, server-timing and x-velox-* in one call), usage, dispatch and
 egress.interfaces (annotations only) and stdlib.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from velox import h1write
+from velox import _native, h1write
 from velox._types import Headers, Request
 from velox.errors import to_response
 
@@ -78,13 +79,15 @@ class Exchange:
     """
 
     __slots__ = (
-        "request", "conn", "path", "headers_out", "body", "attempt", "on_done", "on_release",
+        "request", "conn", "method", "path", "headers_out", "body", "attempt", "on_done",
+        "on_release",
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
         # failover (velox.dispatch): the plan, its current attempt and what to tell the client
         "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
         "headers_base", "passthrough",
+        "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
         "observer",  # cache (velox.cache): sees the committed answer; None on uncached routes
         "meter",  # velox.usage: token accounting, None when nobody accounts this request
     )
@@ -95,6 +98,7 @@ class Exchange:
                  dispatch: Dispatch | None = None) -> None:
         self.request = request
         self.conn = request.conn
+        self.method = request.method
         self.path = path  # upstream path (dispatch sets it per attempt)
         self.headers_out = headers_out  # upstream headers (hop-by-hop dropped, auth applied)
         self.body: bytes | bytearray | memoryview = request.body  # per attempt: model rewritten
@@ -121,14 +125,11 @@ class Exchange:
         self.finished = False
         self.t_sent = 0  # of the attempt that answered (perf_counter_ns)
         self.t_headers = 0
+        self.extra: tuple[tuple[bytes, bytes], ...] = ()
         self.observer: Observer | None = None
         self.meter: Meter | None = None
 
     # --- what the request carries upstream ------------------------------------------------
-
-    @property
-    def method(self) -> bytes:
-        return self.request.method
 
     @property
     def paused(self) -> bool:
@@ -138,8 +139,36 @@ class Exchange:
     # --- egress → client ------------------------------------------------------------------
 
     def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
-        if self.finished:
+        if self.finished or not self._commit(status, headers):
             return
+        if self.sse:
+            self._start_streaming()
+        if end_stream:
+            self._complete()
+
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """The whole answer in one piece (egress.interfaces.Client): on_response then
+        on_data(body, True), without collecting the body (at most one DATA frame, 16 KiB)."""
+        if self.finished or not self._commit(status, headers):
+            return
+        if self.sse:  # a whole event stream in one read: relayed as a stream all the same
+            self._start_streaming()
+            self.on_data(body, True)
+            return
+        observer = self.observer
+        if observer is not None:
+            observer.data(body)
+        self.finished = True
+        meter = self.meter
+        if meter is not None:
+            meter.body(body)
+        self.started = True
+        self.conn.respond(self.request, self.status, self.headers, body)
+        self._done(self.status, False, None)
+
+    def _commit(self, status: int, headers: Headers) -> bool:
+        """Response headers: False when dispatch sends the request again instead; else they
+        are the client's answer (filtered, with server-timing and x-velox-*)."""
         attempt = self.attempt
         if attempt is not None:
             self.t_sent = attempt.t_sent
@@ -147,31 +176,34 @@ class Exchange:
         dispatch = self.dispatch
         if dispatch is not None:
             if dispatch.response(self, status, headers):
-                return  # a failure sent again elsewhere: nothing of it reaches the client
-        self.on_release(self.request)  # committed to this answer: no retry can need the body
-        drop = _DROP if self.request.extra_headers is None else _DROP_KEYED
-        out = [h for h in headers if h[0] not in drop]
-        out.append((b"server-timing", self._server_timing()))
-        if dispatch is not None:
-            out.append((b"x-velox-upstream", self.upstream_name))
-            out.append((b"x-velox-attempts", _ATTEMPTS[self.attempts]
-                        if self.attempts < len(_ATTEMPTS) else b"%d" % self.attempts))
+                return False  # a failure sent again elsewhere: nothing of it reaches the client
+        request = self.request
+        self.on_release(request)  # committed to this answer: no retry can need the body
+        drop = _DROP if request.extra_headers is None else _DROP_KEYED
+        if h1write.server_timing is _NATIVE_TIMING:
+            # One native call: the filter, server-timing, the extra headers, the SSE test.
+            out, sse = _relay_head(headers, drop, request.t_received, request.t_popped,
+                                   request.t_parsed, request.t_admitted, self.t_sent,
+                                   self.t_headers, self.extra)
+        else:  # the Python writer (h1write.use(False)): the same, step by step
+            out = [h for h in headers if h[0] not in drop]
+            out.append((b"server-timing", self._server_timing()))
+            out.extend(self.extra)
+            sse = False
+            for name, value in headers:
+                if name == b"content-type":
+                    sse = value.startswith(_EVENT_STREAM)
+                    break
+        if sse:
+            self.sse = True
         self.status = status
         self.headers = out
         observer = self.observer
         if observer is not None:
             observer.head(status, out)
-        for name, value in headers:
-            if name == b"content-type":
-                if value.startswith(_EVENT_STREAM):
-                    self.sse = True
-                break
         if self.meter is not None:
             self.meter.response(status, self.sse)
-        if self.sse:
-            self._start_streaming()
-        if end_stream:
-            self._complete()
+        return True
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
@@ -334,4 +366,5 @@ class ClientGone(Exception):
 
 
 _CLIENT_GONE = ClientGone("the client disconnected")
-_ATTEMPTS = tuple(b"%d" % n for n in range(16))
+_NATIVE_TIMING = _native.h1_server_timing
+_relay_head = _native.relay_head

@@ -68,6 +68,9 @@ _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
+# Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
+# (EnumType.__getattr__ puts the class on the slow attribute path).
+_FORWARD = Route.FORWARD
 _CLASS_FIELD = {1: F.RESP_2XX, 2: F.RESP_2XX, 3: F.RESP_3XX, 4: F.RESP_4XX, 5: F.RESP_5XX}
 
 
@@ -394,13 +397,13 @@ class Worker:
             self._refuse_rate_limited(parsed[admitted:])
 
         dispatch = self.dispatch
-        split = self.auth.client_headers
         models_body = self.models_body
         batcher = self.batcher
+        on_done = self.on_done  # bound once per batch, not per request
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
-            if models_body is not None and request.route is Route.FORWARD and \
+            if models_body is not None and request.route is _FORWARD and \
                     request.method == b"GET" and _is_models(request.path):
                 self._answer_models(request)
                 continue
@@ -413,7 +416,7 @@ class Worker:
             if batcher is not None and ticket is None and batcher.offer(request):
                 self.in_flight += 1
                 continue
-            exchange = self._exchange(request, self.on_done)
+            exchange = self._exchange(request, on_done)
             if ticket is not None and cache is not None:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
@@ -444,7 +447,7 @@ class Worker:
                             self.dispatch)
         exchange.passthrough = passthrough
         ledger = self.ledger
-        if ledger is not None and request.route is not Route.FORWARD and (
+        if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
             exchange.meter = TokenMeter.for_request(ledger, request)
         return exchange

@@ -129,6 +129,10 @@ class FakeClient:
         self.received += len(data)
         self.ended = end_stream
 
+    def on_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.on_response(status, headers, False)
+        self.on_data(body, True)
+
     def on_error(self, exc: BaseException) -> None:
         assert not self.ended and self.error is None
         self.error = exc

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 __all__ = [
+    "ANSWER",
     "CODEC_NAMES",
     "DATA",
     "GOAWAY",
@@ -87,6 +88,16 @@ PING_ACK = 7
 ``opaque`` is the 8-byte payload the ACK carried. The caller matches it against what it sent;
 an ACK nobody asked for is harmless. The peer's own PINGs never surface: they are answered
 inside the codec.
+"""
+
+ANSWER = 8
+"""``(ANSWER, stream_id, status, headers, body)``: a whole response in one event.
+
+Only the native codec's ``receive_answers`` (not part of `Codec`; h2conn uses it when the codec
+has it) emits it: a `RESPONSE` immediately followed, in the same read, by the `DATA` event that
+ends the same stream. The body's flow-controlled length has already been acknowledged by the
+codec, so the caller neither acknowledges it nor dispatches twice. Everything else is as the two
+events it replaces.
 """
 
 # --- HTTP/2 error codes (RFC 9113 section 7) ---------------------------------------------------

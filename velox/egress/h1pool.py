@@ -196,6 +196,9 @@ class _Warmup:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         pass
 
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        pass
+
     def on_error(self, exc: BaseException) -> None:
         if isinstance(exc, UpstreamTimeout):  # no answer within the connect timeout
             self.pool.warmup_expired(f"upstream {self.pool.authority}")

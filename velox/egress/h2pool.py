@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from velox.egress.interfaces import Carrier, Front
 
 log = logging.getLogger("velox.egress")
+_READY = State.READY
 
 
 class H2Pool(BasePool):
@@ -102,22 +103,26 @@ class H2Pool(BasePool):
             self._enqueue(attempt)
         else:
             conn.send(attempt)
-            self.mark_dirty(conn)
+            if not conn.flush_pending:
+                self.mark_dirty(conn)
 
     def _pick(self) -> H2Connection | None:
         """Round-robin over connections with free streams, passing over any that is busy
         writing a large upload unless no other can take the request."""
         conns = self.conns
         n = len(conns)
-        start = self.rr
+        i = self.rr
         fallback = None
-        for i in range(n):
-            conn = conns[(start + i) % n]
-            if conn is not None and conn.capacity > 0:
+        for _ in range(n):
+            conn = conns[i]
+            i = i + 1 if i + 1 < n else 0
+            # conn.capacity > 0, inlined: this runs once per request
+            if conn is not None and conn.state is _READY and \
+                    conn.codec.max_concurrent_streams > conn.active:
                 if conn.backlog_bytes > BACKLOG_LIMIT:
                     fallback = fallback or conn
                     continue
-                self.rr = (start + i + 1) % n
+                self.rr = i
                 return conn
         return fallback
 

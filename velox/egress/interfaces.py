@@ -80,6 +80,12 @@ class Client(Protocol):
 
     def on_data(self, data: bytes, end_stream: bool) -> None: ...
 
+    def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """The whole response at once (HTTP/2: its headers and the DATA frame ending it came
+        in one read): the same as on_response(status, headers, False) then on_data(body,
+        True), except that after on_response has moved the request elsewhere (a retry) or
+        ended it, the body is not delivered."""
+
     def on_error(self, exc: BaseException) -> None:
         """The request failed (exc is a VeloxError); at most once, never after the end."""
 

@@ -1,0 +1,96 @@
+"""A/B of the socket-free pipeline's Python per request between source trees, in one process.
+
+Each tree (a checkout with its native extension built in place) is imported under the same
+package names one after the other: its modules are kept aside and put back in `sys.modules`
+while its pipeline runs, so lazy imports resolve to the right tree. Blocks of rounds alternate
+between the trees (the order flips every block) and each block is timed on the thread CPU
+clock, so a host busy with other work slows every tree alike; the median block is reported,
+for the whole round and for its two phases (client request -> upstream frames, upstream
+answer -> client).
+
+    python -m benches.pipeline_ab before=../old-checkout after=. [--codec native] [--blocks 15]
+
+The first tree is the reference for the deltas. Nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in ("velox", "benches")
+
+
+def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
+    """The warmed pipeline of the tree at `root`, and that tree's modules."""
+    for name in [n for n in sys.modules if _ours(n)]:
+        del sys.modules[name]
+    root = str(Path(root).resolve())
+    sys.path.insert(0, root)
+    try:
+        from benches import _pipeline
+
+        if not str(Path(_pipeline.__file__).resolve()).startswith(root):
+            raise SystemExit(f"{root}: imported {_pipeline.__file__} instead")
+        pipeline = _pipeline.Pipeline(clients=clients, codec=codec)
+        for _ in range(50):
+            pipeline.round()
+    finally:
+        sys.path.remove(root)
+    return pipeline, {n: m for n, m in sys.modules.items() if _ours(n)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trees", nargs="+", help="NAME=PATH, the first is the reference")
+    ap.add_argument("--codec", default="native")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=20, help="rounds per block")
+    args = ap.parse_args(argv)
+    variants = []
+    for spec in args.trees:
+        name, _, root = spec.partition("=")
+        variants.append((name, *load(root, args.clients, args.codec)))
+    gc.collect()
+    gc.freeze()
+    n = args.clients * args.rounds
+    runs: dict[str, dict[str, list[float]]] = {
+        name: {"round": [], "send": [], "answer": []} for name, _, _ in variants}
+    for block in range(args.blocks):
+        for name, pipeline, modules in variants if block % 2 == 0 else variants[::-1]:
+            sys.modules.update(modules)
+            send = answer = 0.0
+            for _ in range(args.rounds):
+                t0 = time.thread_time()
+                pipeline.send_requests()
+                t1 = time.thread_time()
+                pipeline.answer_streams()
+                t2 = time.thread_time()
+                send += t1 - t0
+                answer += t2 - t1
+            assert pipeline.worker.in_flight == 0
+            run = runs[name]
+            run["send"].append(send / n * 1e6)
+            run["answer"].append(answer / n * 1e6)
+            run["round"].append((send + answer) / n * 1e6)
+    reference = None
+    for name, _, _ in variants:
+        med = {k: statistics.median(v) for k, v in runs[name].items()}
+        reference = reference or med
+        print(f"{name:>12}: {med['round']:6.2f} us/request (send {med['send']:5.2f}, "
+              f"answer {med['answer']:5.2f}); vs {variants[0][0]}: "
+              f"{med['round'] - reference['round']:+5.2f} (send "
+              f"{med['send'] - reference['send']:+5.2f}, answer "
+              f"{med['answer'] - reference['answer']:+5.2f})")
+
+
+if __name__ == "__main__":
+    main()
