@@ -30,7 +30,11 @@ Coalescing. Within a worker, requests with the key of a `Flight` in progress att
 followers: a streamed answer gives them the events so far, then the rest live; a whole one is
 written to each when it completes. Across workers, the leader holds the store's in-flight
 marker (`claim`) and requests in other workers wait for the entry to appear (`RemoteWait`,
-polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout); streamed
+polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout). The marker
+is a lease of `LEASE_MS` on the leader's pid, which the leader's worker renews every
+`RENEW_S` while its call runs: a leader whose worker died (the store sees its pid gone once the
+supervisor reaps it) or stopped renewing (stopped, stuck) no longer holds the key, and its
+waiters go on their own within a poll or at most one lease, not after the request timeout; streamed
 requests do not wait across workers (the entry appears only once the stream is complete, which
 would take their first byte to the end of the stream). A follower whose leader fails (no
 answer, or one that is not a 200) is sent on its own (`send_alone`, the worker's); one whose
@@ -93,6 +97,13 @@ _ENTRY = struct.Struct("<BI")  # is-event-stream, length of the header block
 # Cross-worker followers poll the store at growing intervals: 1, 2, 4, 8, 16, 20, 20 ... ms.
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.020
+# The in-flight marker's lease and how often a leader's worker renews it: a dead leader's
+# pid frees its key at once (once reaped); a leader that stops renewing (its worker stopped or
+# its loop stuck for 5 s) frees it after one lease, and its waiters are then sent alone (a
+# duplicate upstream call at worst, never a lost answer). 5 renewals per lease: a renewal may
+# come late by 4 s of loop stall before the lease lapses.
+LEASE_MS = 5000
+RENEW_S = 1.0
 _sort = orjson.OPT_SORT_KEYS
 _AGES = tuple(b"%d" % n for n in range(64))
 
@@ -108,6 +119,8 @@ class Store(Protocol):
     def put(self, key: bytes, value: bytes, now_ms: int, ttl_ms: int) -> bool: ...
 
     def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
+
+    def renew(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
 
     def unwait(self, key: bytes, /) -> None: ...
 
@@ -482,7 +495,7 @@ class Flight:
             front.put(self.key, encode_entry(self.sse, self.headers, body))
         if self.marker:
             self.marker = False
-            front.store.release(self.key)
+            front.unhold(self.key)
         followers = self.followers
         if not followers:
             return
@@ -605,9 +618,9 @@ class RemoteWait:
 class CacheFront:
     """One worker's cache stage (see the module docstring)."""
 
-    __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "hold_ms",
+    __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "wait_ms",
                  "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
-                 "_send_alone", "tier", "_resume")
+                 "_send_alone", "tier", "_resume", "held", "renewing")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
@@ -619,9 +632,9 @@ class CacheFront:
         self.hit_latency = histograms[H.CACHE_HIT]
         self.slot = slot
         self.ttl_ms = settings.cache_ttl_s * 1000
-        # A leader's marker outlives a dead leader by at most the longest request timeout;
-        # followers in other workers wait as long before they go on their own.
-        self.hold_ms = max(u.request_timeout_ms for u in tables.upstreams)
+        # Followers in other workers wait at most the longest request timeout for a leader that
+        # keeps its marker alive (LEASE_MS, renewed) before they go on their own.
+        self.wait_ms = max(u.request_timeout_ms for u in tables.upstreams)
         self.max_value = store.max_value
         self.by_model = {r.model: settings.cache or r.cache for r in tables.routes
                          if r.model != CATCH_ALL}
@@ -629,6 +642,8 @@ class CacheFront:
                              if r.model == CATCH_ALL)
         self.flights: dict[bytes, Flight] = {}
         self.waits: dict[bytes, RemoteWait] = {}
+        self.held: dict[bytes, Flight] = {}  # flights holding the store's marker (renewed)
+        self.renewing: asyncio.TimerHandle | None = None
         self._send_alone = send_alone
         self.release_body = release_body
         # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache_redis), and how
@@ -703,10 +718,10 @@ class CacheFront:
             store = self.store
             if not store.pending(key, now):
                 return False
-            if store.claim(key, now, self.hold_ms):
+            if store.claim(key, now, LEASE_MS):
                 store.release(key)  # the leader finished meanwhile: this one will lead
                 return False
-            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            wait = RemoteWait(self, key, time.monotonic() + self.wait_ms / 1000)
             self.waits[key] = wait
         wait.join(request)
         return True
@@ -751,10 +766,10 @@ class CacheFront:
         wait = self.waits.get(key)
         if wait is None:
             now = now_ms()
-            if self.store.claim(key, now, self.hold_ms):
+            if self.store.claim(key, now, LEASE_MS):
                 ticket.marker = True
                 return False
-            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            wait = RemoteWait(self, key, time.monotonic() + self.wait_ms / 1000)
             self.waits[key] = wait
         wait.join(request)
         return True
@@ -772,8 +787,31 @@ class CacheFront:
         if ticket.follow and key not in self.flights:
             flight.registered = True
             self.flights[key] = flight
-        flight.marker = ticket.marker
-        ticket.marker = False
+        if ticket.marker:
+            ticket.marker = False
+            flight.marker = True
+            self.held[key] = flight
+            if self.renewing is None:
+                self.renewing = self.loop.call_later(RENEW_S, self._renew)
+
+    def _renew(self) -> None:
+        """Every RENEW_S while this worker leads across workers: extend each marker's lease. A
+        marker lost meanwhile (its lease lapsed and another worker took the key over) is
+        forgotten: that flight leads no one outside this worker any more."""
+        self.renewing = None
+        held = self.held
+        if not held:
+            return
+        store, now = self.store, now_ms()
+        for key in [k for k in held if not store.renew(k, now, LEASE_MS)]:
+            held.pop(key).marker = False
+        if held:
+            self.renewing = self.loop.call_later(RENEW_S, self._renew)
+
+    def unhold(self, key: bytes) -> None:
+        """A leader's call ended: drop its marker (only its own: the store checks)."""
+        self.held.pop(key, None)
+        self.store.release(key)
 
     # --- helpers -----------------------------------------------------------------------------
 
