@@ -74,7 +74,7 @@ from velox.tables import CATCH_ALL, Tables
 from velox.usage import SSEUsage, client_asked_usage
 
 if TYPE_CHECKING:
-    from velox.cache_redis import RedisLookup, RedisTier
+    from velox.cache_redis import RedisTier
     from velox.config import Settings
     from velox.relay import Exchange
 
@@ -365,7 +365,7 @@ class Waiting:
 
     __slots__ = ("owner", "request", "started", "usage")
 
-    def __init__(self, owner: Flight | RemoteWait | RedisLookup, request: Request) -> None:
+    def __init__(self, owner: Flight | WaitList, request: Request) -> None:
         self.owner = owner
         self.request = request
         self.started = False  # the answer's head has been written to this client
@@ -543,20 +543,19 @@ class Flight:
         request.conn.start_stream(request, 200, self.headers + [(HEADER, HIT), (b"age", b"0")])
 
 
-class RemoteWait:
-    """Requests of this worker waiting for an identical request another worker leads: they
-    poll the store until the entry appears (answered as coalesced), the marker disappears
-    without one or the upstream's request timeout passes (then each is sent on its own)."""
+class WaitList:
+    """Requests of this worker held for one key until something answers them or lets them go
+    on (the owner of their `Waiting`): cross-worker followers (`RemoteWait`) and Redis lookups
+    (velox.cache_redis.RedisLookup). It keeps them, runs one timer (a poll, a timeout), and
+    releases a request whose client leaves; `take` ends the wait and hands the rest back."""
 
-    __slots__ = ("front", "key", "requests", "delay", "deadline", "timer")
+    __slots__ = ("front", "key", "requests", "timer")
 
-    def __init__(self, front: CacheFront, key: bytes, deadline: float) -> None:
+    def __init__(self, front: CacheFront, key: bytes) -> None:
         self.front = front
         self.key = key
         self.requests: list[Waiting] = []
-        self.delay = _POLL_FIRST_S
-        self.deadline = deadline
-        self.timer: asyncio.TimerHandle | None = front.loop.call_later(self.delay, self.poll)
+        self.timer: asyncio.TimerHandle | None = None
 
     def join(self, request: Request) -> None:
         waiting = Waiting(self, request)
@@ -564,6 +563,7 @@ class RemoteWait:
         self.requests.append(waiting)
 
     def leave(self, waiting: Waiting) -> None:
+        """A waiting client left: its request is dropped and its body freed."""
         try:
             self.requests.remove(waiting)
         except ValueError:
@@ -571,15 +571,48 @@ class RemoteWait:
         waiting.request.exchange = None
         self.front.release_body(waiting.request)
         if not self.requests:
-            self._close()
+            self.emptied()
 
-    def _close(self) -> None:
-        front = self.front
-        if front.waits.get(self.key) is self:
-            del front.waits[self.key]
+    def emptied(self) -> None:
+        """The last waiting client left (the subclass decides whether the wait goes on)."""
+
+    def closed(self) -> None:
+        """The wait ended (the subclass forgets it wherever it is registered)."""
+
+    def take(self) -> list[Request]:
+        """End the wait: the timer stops, the wait is forgotten, and the requests still
+        waiting are handed back, detached from it."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.closed()
+        requests = [w.request for w in self.requests]
+        self.requests = []
+        for request in requests:
+            request.exchange = None
+        return requests
+
+
+class RemoteWait(WaitList):
+    """Requests of this worker waiting for an identical request another worker leads: they
+    poll the store until the entry appears (answered as coalesced), the marker disappears
+    without one or the upstream's request timeout passes (then each is sent on its own)."""
+
+    __slots__ = ("delay", "deadline")
+
+    def __init__(self, front: CacheFront, key: bytes, deadline: float) -> None:
+        super().__init__(front, key)
+        self.delay = _POLL_FIRST_S
+        self.deadline = deadline
+        self.timer = front.loop.call_later(self.delay, self.poll)
+
+    def emptied(self) -> None:
+        self.take()  # no one is left to poll for
+
+    def closed(self) -> None:
+        front = self.front
+        if front.waits.get(self.key) is self:
+            del front.waits[self.key]
         front.store.unwait(self.key)
 
     def poll(self) -> None:
@@ -591,28 +624,19 @@ class RemoteWait:
         if got is None and not store.pending(key, now):
             got = store.get(key, now)  # the leader may have stored it between the two calls
             if got is None:
-                self._give_up()
+                front.send_alone(self.take())
                 return
         if got is not None:
-            waiting = self.requests
-            self.requests = []
-            self._close()
-            for w in waiting:
-                w.request.exchange = None
-                front.answer(w.request, got[0], got[1])
-            front.coalesced(len(waiting))
+            requests = self.take()
+            for request in requests:
+                front.answer(request, got[0], got[1])
+            front.coalesced(len(requests))
             return
         if time.monotonic() >= self.deadline:
-            self._give_up()
+            front.send_alone(self.take())
             return
         self.delay = min(self.delay * 2, _POLL_MAX_S)
         self.timer = front.loop.call_later(self.delay, self.poll)
-
-    def _give_up(self) -> None:
-        waiting = self.requests
-        self.requests = []
-        self._close()
-        self.front.send_alone([w.request for w in waiting])
 
 
 class CacheFront:

@@ -3,8 +3,8 @@
 The local shared-memory store (velox.cache) stays in front: a local hit never touches Redis.
 A local miss of a request that may look up (neither no-cache nor no-store), with no identical
 request already being fetched on this host, asks Redis before it goes on (`RedisTier.ask`);
-the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a `Waiting`
-owner), and is then either answered from Redis (`CacheFront.answer`: `x-velox-cache: hit`,
+the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a
+`cache.WaitList`), and is then either answered from Redis (`CacheFront.answer`: `x-velox-cache: hit`,
 and the entry is copied into the local store) or continued on the normal miss path (limiter,
 leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
 VELOX_CACHE_REDIS_TIMEOUT_MS: past it the request goes on as a plain miss, and a late reply
@@ -35,9 +35,9 @@ CACHE_HITS), CACHE_REDIS_MISSES (requests Redis had no usable entry for), CACHE_
 (requests that went on without Redis's answer: failed, timed out or skipped while down),
 CACHE_REDIS_STORES (answers written), CACHE_REDIS_DROPPED (answers not written).
 
-Imports: config (redact_url), health (the clock), stats (field numbers), cache (Waiting,
-lazily: cache refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the
-worker's loop).
+Imports: config (redact_url), health (the clock), stats (field numbers), cache (WaitList; cache
+refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the worker's
+loop).
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
+from velox.cache import WaitList
 from velox.config import redact_url
 from velox.health import now_ms
 from velox.stats import F
 
 if TYPE_CHECKING:
     from velox._types import Request
-    from velox.cache import CacheFront, Waiting
+    from velox.cache import CacheFront
 
 log = logging.getLogger("velox.cache")
 
@@ -84,56 +85,30 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisLookup:
-    """Requests of this worker waiting for Redis's answer on one key (owner of their Waiting)."""
+class RedisLookup(WaitList):
+    """Requests of this worker waiting for Redis's answer on one key. A client that leaves
+    cancels nothing (the lookup is cheap and shared; its answer still fills the local store)."""
 
-    __slots__ = ("tier", "front", "key", "requests", "timer", "open")
+    __slots__ = ("tier", "open")
 
     def __init__(self, tier: RedisTier, front: CacheFront, key: bytes) -> None:
+        super().__init__(front, key)
         self.tier = tier
-        self.front = front
-        self.key = key
-        self.requests: list[Waiting] = []
         self.open = True  # requests still wait on it (neither answered nor timed out)
-        self.timer: asyncio.TimerHandle | None = tier.loop.call_later(tier.timeout_s,
-                                                                      self.expire)
+        self.timer = tier.loop.call_later(tier.timeout_s, self.expire)
 
-    def join(self, request: Request) -> None:
-        from velox.cache import Waiting
-
-        waiting = Waiting(self, request)
-        request.exchange = waiting
-        self.requests.append(waiting)
-
-    def leave(self, waiting: Waiting) -> None:
-        """A waiting client left: nothing to cancel (the lookup is cheap and shared)."""
-        try:
-            self.requests.remove(waiting)
-        except ValueError:
-            return
-        waiting.request.exchange = None
-        self.front.release_body(waiting.request)
-
-    def _close(self) -> list[Request]:
+    def closed(self) -> None:
         self.open = False
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         lookups = self.tier.lookups
         if lookups.get(self.key) is self:
             del lookups[self.key]
-        requests = [w.request for w in self.requests]
-        self.requests = []
-        for request in requests:
-            request.exchange = None
-        return requests
 
     def expire(self) -> None:
         """The timeout passed without Redis's answer: every request goes on as a miss."""
         self.timer = None
         if not self.open:
             return
-        requests = self._close()
+        requests = self.take()
         tier = self.tier
         tier.counters.add(tier.slot, F.CACHE_REDIS_ERRORS, len(requests))
         self.front.go_on(requests)
@@ -155,7 +130,7 @@ class RedisLookup:
                 found = None
         if not self.open:
             return  # timed out: the requests went on; the entry only filled the local store
-        requests = self._close()
+        requests = self.take()
         misses: list[Request] = []
         hits = 0
         for request in requests:
@@ -176,7 +151,7 @@ class RedisLookup:
     def fail(self) -> None:
         if not self.open:
             return
-        requests = self._close()
+        requests = self.take()
         tier = self.tier
         tier.counters.add(tier.slot, F.CACHE_REDIS_ERRORS, len(requests))
         self.front.go_on(requests)

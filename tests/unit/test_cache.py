@@ -434,6 +434,25 @@ def test_a_remote_waiter_goes_alone_as_soon_as_its_leaders_process_is_gone(
     assert harness.front.state()["remote_waits"] == 0 and harness.count(F.CACHE_ALONE) == 1
 
 
+def test_a_remote_waiter_whose_client_leaves_is_released_and_the_wait_ends(
+        harness: Harness) -> None:
+    key = harness.front.ticket(make_request()).key
+    harness.store.pid = 2
+    assert harness.store.claim(key, cache.now_ms(), 3_600_000)
+    harness.store.pid = 1
+    first, second = make_request(), make_request()
+    assert harness.front.front([first, second]) == []
+    assert harness.store.waiting(key) == 1 and harness.front.state()["remote_waits"] == 2
+    first.exchange.client_gone()  # type: ignore[union-attr]
+    assert harness.released == [first] and first.exchange is None
+    assert harness.front.state()["remote_waits"] == 1 and key in harness.front.waits
+    second.exchange.client_gone()  # type: ignore[union-attr] # the last one: the wait ends
+    assert harness.released == [first, second] and key not in harness.front.waits
+    assert harness.store.waiting(key) == 0  # no longer counted on the other's marker
+    _run(harness, 0.05)
+    assert harness.alone == [] and first.conn.status == second.conn.status == 0  # type: ignore[attr-defined]
+
+
 def test_a_leader_renews_its_lease_and_forgets_a_marker_taken_over(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache, "RENEW_S", 0.01)
