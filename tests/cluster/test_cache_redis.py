@@ -8,7 +8,6 @@ depend on it: a killed Redis refuses at once."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,10 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
-from velox.launch import GatewayProcess, RedisProcess, free_port
+from tests.e2e.conftest import client_for, wait_for
+from tests.e2e.test_cache import calls, start
+from tests.e2e.test_cache import stats as cache_stats
+from velox.launch import GatewayProcess, RedisProcess
 from velox.mock import MockUpstream
 
 
@@ -42,37 +43,13 @@ def hosts(upstream: MockUpstream, redis_server: RedisProcess,
           tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     started: list[GatewayProcess] = []
     try:
-        for i in range(2):
-            gw = GatewayProcess({
-                "VELOX_UPSTREAM_ORIGIN": upstream.origin,
-                "VELOX_UPSTREAM_CA_FILE": upstream.ca_file or "",
-                "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
-                "VELOX_WORKERS": "2",
-                "VELOX_EGRESS_POOL_CONNECTIONS": "1",
-                "VELOX_RATE_LIMIT_RPM": "0",
-                "VELOX_SHUTDOWN_GRACE_S": "2",
-                "VELOX_ACCESS_LOG": "0",
-                "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-                "VELOX_CACHE": "1",
-                "VELOX_REDIS_URL": redis_server.url,
-                "VELOX_CACHE_REDIS_TIMEOUT_MS": "500",
-            }, log_path=tmp_path / f"velox-{i}.log")
-            started.append(gw)
-            gw.start(wait_ready=True)
+        for _ in range(2):  # test_cache's gateway (two workers, VELOX_CACHE=1), plus Redis
+            start(started, upstream, tmp_path, VELOX_REDIS_URL=redis_server.url,
+                  VELOX_CACHE_REDIS_TIMEOUT_MS="500", VELOX_SHUTDOWN_GRACE_S="2")
         yield started
     finally:
         for gw in started:
             gw.stop()
-
-
-def calls(mock: MockUpstream) -> int:
-    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
-
-
-def cache_stats(gw: GatewayProcess) -> dict[str, Any]:
-    status, body = gw.admin_get("/stats")
-    assert status == 200
-    return json.loads(body)["cache"]  # type: ignore[no-any-return]
 
 
 def chat(client: openai.OpenAI, prompt: str,
