@@ -175,14 +175,21 @@ def cache_control(headers: Headers) -> tuple[bool, bool, int]:
     return no_cache, no_store, max_age * 1000 if max_age >= 0 else -1
 
 
+def json_object(data: bytes | bytearray | memoryview) -> dict[str, Any] | None:
+    """The JSON object `data` holds, or None when it is not one orjson can read (not JSON, or
+    JSON of another type)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if type(doc) is dict else None
+
+
 def canonical_body(body: bytes | bytearray | memoryview) -> bytes | None:
     """The body as sorted-key compact JSON without the members that do not change the
     answer; None when it is not a JSON object orjson can read (then it is not cached)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if type(doc) is not dict:
+    doc = json_object(body)
+    if doc is None:
         return None
     for name in IGNORED_MEMBERS:
         doc.pop(name, None)
@@ -257,7 +264,7 @@ def complete_event_stream(body: bytes) -> bool:
                     try:
                         doc = orjson.loads(value)
                     except orjson.JSONDecodeError:
-                        return False
+                        return False  # an event that is not JSON is no answer to store
                     if type(doc) is dict and "error" in doc:
                         return False
     return True
@@ -845,16 +852,22 @@ class CacheFront:
             if self.tier is not None:
                 self.tier.store(key, value)
 
-    def go_on(self, requests: list[Request]) -> None:
-        """Requests the Redis tier held that it could not answer: on to the miss path (the
-        limiter, leading or following, dispatch), minus those whose client left."""
+    def _live(self, requests: list[Request]) -> list[Request]:
+        """Held requests about to go on: detached from what held them; those whose client
+        left meanwhile are dropped here, their bodies freed."""
         live = []
         for request in requests:
             request.exchange = None
             if request.conn.closed:
                 self.release_body(request)
-                continue
-            live.append(request)
+            else:
+                live.append(request)
+        return live
+
+    def go_on(self, requests: list[Request]) -> None:
+        """Requests the Redis tier held that it could not answer: on to the miss path (the
+        limiter, leading or following, dispatch), minus those whose client left."""
+        live = self._live(requests)
         if live and self._resume is not None:
             self._resume(live)
 
@@ -864,17 +877,12 @@ class CacheFront:
     def send_alone(self, requests: list[Request]) -> None:
         """Followers whose leader failed: each is sent upstream on its own (it may still be
         stored, but leads no one)."""
-        live = []
-        for request in requests:
-            request.exchange = None
-            if request.conn.closed:
-                self.release_body(request)
-                continue
+        live = self._live(requests)
+        for request in live:
             ticket: Ticket = request.cache
             alone = Ticket(ticket.key, False, ticket.store)
             alone.alone = True
             request.cache = alone
-            live.append(request)
         if live:
             self.counters.add(self.slot, F.CACHE_ALONE, len(live))
             self._send_alone(live)
