@@ -62,7 +62,8 @@ log = logging.getLogger("velox.cache")
 KEY_PREFIX = b"velox:cache:"
 _CREATED = struct.Struct("<q")
 RETRY_DOWN_S = 1.0  # after a failed call, Redis is skipped this long before it is tried again
-SOCKET_TIMEOUT_S = 0.5  # a call past this fails (and Redis counts as down); requests never wait
+SOCKET_TIMEOUT_S = 0.5  # a call past this (or the lookup timeout, if longer) fails and Redis
+# counts as down; requests never wait longer than the lookup timeout either way
 MAX_WRITES = 256  # answers waiting to be written; more are dropped (counted)
 
 
@@ -218,8 +219,12 @@ class RedisTier:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
+        # A call may take as long as a lookup may wait: a shorter socket timeout would fail
+        # (and mark Redis down) every call of a host whose Redis is slower than 0.5 s but
+        # within its configured VELOX_CACHE_REDIS_TIMEOUT_MS.
+        timeout = max(SOCKET_TIMEOUT_S, self.timeout_s)
         return Redis.from_url(
-            self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
+            self.url, socket_timeout=timeout, socket_connect_timeout=timeout,
             single_connection_client=True, retry=Retry(NoBackoff(), 0), health_check_interval=0,
             decode_responses=False)
 

@@ -14,7 +14,7 @@ from tests.unit.test_cache import Harness, make_request
 from velox import cache_redis
 from velox.cache import HEADER, HIT, encode_entry
 from velox.cache_redis import RedisTier, decode_value, encode_value, redis_key
-from velox.stats import F
+from velox.stats import F, SharedStats
 
 ENTRY = encode_entry(False, [(b"content-type", b"application/json")], b'{"answer": 1}')
 
@@ -186,3 +186,17 @@ def test_a_client_leaving_a_redis_lookup_is_released_and_never_answered(rig: Rig
     rig.run(0.05)
     assert rig.resumed == [staying] and alone.conn.status == 0  # type: ignore[attr-defined]
     assert key not in rig.tier.lookups and rig.h.store.get(key, cache_redis.now_ms())
+
+
+def test_a_call_may_take_as_long_as_a_lookup_may_wait() -> None:
+    """The socket timeout is 0.5 s or the lookup timeout, whichever is longer: a Redis slower
+    than 0.5 s but within VELOX_CACHE_REDIS_TIMEOUT_MS is used, not marked down on each call."""
+    loop = asyncio.new_event_loop()
+    try:
+        for timeout_ms, expected in ((5, 0.5), (2000, 2.0)):
+            tier = RedisTier("redis://127.0.0.1:1/0", timeout_ms, 1000, loop,
+                             SharedStats(1).counters, 0)
+            options = tier._connect().connection_pool.connection_kwargs
+            assert options["socket_timeout"] == options["socket_connect_timeout"] == expected
+    finally:
+        loop.close()
