@@ -889,6 +889,9 @@ class CacheFront:
 
     def state(self) -> dict[str, int]:
         """For the worker's control-channel state: what this worker holds."""
+        lookups = self.tier.lookups if self.tier is not None else {}
         return {"flights": len(self.flights),
                 "followers": sum(len(f.followers) for f in self.flights.values()),
-                "remote_waits": sum(len(w.requests) for w in self.waits.values())}
+                "remote_waits": sum(len(w.requests) for w in self.waits.values()),
+                "redis_lookups": len(lookups),
+                "redis_waits": sum(len(lk.requests) for lk in lookups.values())}

@@ -320,11 +320,13 @@ def test_fifty_identical_concurrent_requests_cost_one_upstream_call(
     assert doc["misses"] == 1 and doc["coalesced"] + doc["hits"] == 49
 
 
-def _send_raw(gw: GatewayProcess, body: dict[str, Any], headers: str = "") -> socket.socket:
+def send_raw(gw: GatewayProcess, body: dict[str, Any], headers: str = "",
+             key: str = CLIENT_KEY) -> socket.socket:
+    """A chat request on a socket of its own (the test reads or closes it)."""
     data = json.dumps(body).encode()
     sock = socket.create_connection((gw.host, gw.port), timeout=10)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                 b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+                 b"authorization: Bearer " + key.encode() + b"\r\n"
                  + headers.encode() + b"content-type: application/json\r\n"
                  + b"content-length: %d\r\n\r\n" % len(data) + data)
     return sock
@@ -343,7 +345,7 @@ def test_a_leaving_leader_does_not_cancel_the_answer_others_wait_for(
         gw = start(gateways, upstream, tmp_path, VELOX_WORKERS=workers)
         upstream.reset()
         body = {**CHAT, "messages": [{"role": "user", "content": f"leaving {workers}"}]}
-        leader = _send_raw(gw, body, "x-mock-latency-ms: 4000\r\n")
+        leader = send_raw(gw, body, "x-mock-latency-ms: 4000\r\n")
         wait_for(lambda: calls(upstream) == 1, timeout=10)  # the leader's call is upstream
 
         async def followers_then_leave() -> list[httpx.Response]:
@@ -376,7 +378,7 @@ def test_a_follower_in_another_worker_goes_on_soon_after_its_leaders_worker_dies
     request timeout (600 s by default)."""
     gw = start(gateways, upstream, tmp_path)
     body = {**CHAT, "messages": [{"role": "user", "content": "a leader that dies"}]}
-    sockets = [_send_raw(gw, body, "x-mock-latency-ms: 60000\r\n")]
+    sockets = [send_raw(gw, body, "x-mock-latency-ms: 60000\r\n")]
     try:
         wait_for(lambda: calls(upstream) == 1, timeout=10)  # the leader's call is upstream
         leaders = [pid for pid, s in _cache_state(gw).items() if s["flights"] == 1]
@@ -386,7 +388,7 @@ def test_a_follower_in_another_worker_goes_on_soon_after_its_leaders_worker_dies
         # connections by their ports; 24 tries all landing in one of two workers: 2^-24).
         follower = None
         for n in range(1, 25):
-            sock = _send_raw(gw, body)
+            sock = send_raw(gw, body)
             sockets.append(sock)
             wait_for(lambda: waiting(gw) == n, timeout=10)
             if any(s["remote_waits"] for pid, s in _cache_state(gw).items()
