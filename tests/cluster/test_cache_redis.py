@@ -205,7 +205,7 @@ def test_a_keyed_client_leaving_while_its_request_waits_for_redis(
     try:
         gw = start(started, upstream, tmp_path, VELOX_WORKERS="1", VELOX_CONFIG=str(config),
                    MOCK_KEY=UPSTREAM_KEY, VELOX_REDIS_URL=redis_server.url,
-                   VELOX_CACHE_REDIS_TIMEOUT_MS="4000")
+                   VELOX_CACHE_REDIS_TIMEOUT_MS="8000")
         client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=PAR_KEY, max_retries=0,
                                timeout=20)
         chat(client, "warm up")  # the worker's Redis connection is open now

@@ -464,31 +464,39 @@ max_parallel = 4
         port = int(gw.base_url.rsplit(":", 1)[1])
         leaver = {"model": "emb-key", "input": "leaver", "user": "k", "encoding_format": "float"}
 
+        async def until(predicate: Any) -> None:
+            """Poll (bounded, 10 s) without holding up the client tasks."""
+            for _ in range(200):
+                if predicate():
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("condition not met in time")
+
         async def run() -> list[Any]:
-            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "1000"})
+            c = client(gw, PAR_KEY)
             # (1) While waiting: a call of the group is in flight, the leaver waits behind it.
-            first = await blocker(gw, "emb-key", "k", latency_ms=1000, key=PAR_KEY)
-            sock = _keyed_embeddings_request(port, leaver, 1000)
-            wait_for(lambda: active(gw) == 2, timeout=10)
+            first = await blocker(gw, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
+            sock = _keyed_embeddings_request(port, leaver, 2000)
+            await until(lambda: active(gw) == 2)
             sock.close()
-            wait_for(lambda: active(gw) == 1, timeout=10)  # back before its group leaves
+            await until(lambda: active(gw) == 1)  # back before its group leaves
             stayer = embed(c, "stays 0")  # waits in the group, leaves when the blocker ends
             answers = [await first, await stayer]
             # (2) While in flight: the next blocker, then two members and a leaver merged into
-            # one call (2000 ms upstream: the first member's latency header).
-            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "2000"})
-            second = await blocker(gw, "emb-key", "k", latency_ms=1000, key=PAR_KEY)
-            jobs = [embed(c, "stays 1")]
-            await asyncio.sleep(0.2)
-            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"}, 2000)
-            wait_for(lambda: active(gw) == 3, timeout=10)
-            jobs.append(embed(c, "stays 2"))
+            # one call (1500 ms upstream: their latency header).
+            await c.close()
+            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "1500"})
             batches = batch_stats(gw)["total_batches"]
+            second = await blocker(gw, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            jobs = [embed(c, "stays 1"), embed(c, "stays 2")]
+            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"}, 1500)
+            await until(lambda: active(gw) == 4)  # all three wait behind the blocker
             answers.append(await second)
-            wait_for(lambda: batch_stats(gw)["total_batches"] == batches + 1, timeout=10)
+            await until(lambda: batch_stats(gw)["total_batches"] == batches + 2)  # merged, sent
             sock.close()
-            wait_for(lambda: active(gw) == 2, timeout=10)  # the merged call is still upstream
+            await until(lambda: active(gw) == 2)  # the merged call is still upstream
             answers += await asyncio.gather(*jobs)
+            await c.close()
             return answers
 
         before = stats(gw)["requests"]["total"]
