@@ -264,7 +264,7 @@ def complete_event_stream(body: bytes) -> bool:
                     try:
                         doc = orjson.loads(value)
                     except orjson.JSONDecodeError:
-                        return False  # an event that is not JSON is no answer to store
+                        return False
                     if type(doc) is dict and "error" in doc:
                         return False
     return True

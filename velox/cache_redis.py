@@ -4,9 +4,9 @@ The local shared-memory store (velox.cache) stays in front: a local hit never to
 A local miss of a request that may look up (neither no-cache nor no-store), with no identical
 request already being fetched on this host, asks Redis before it goes on (`RedisTier.ask`);
 the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a
-`cache.WaitList`), and is then either answered from Redis (`CacheFront.answer`: `x-velox-cache: hit`,
-and the entry is copied into the local store) or continued on the normal miss path (limiter,
-leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
+`cache.WaitList`), and is then either answered from Redis (`CacheFront.answer`:
+`x-velox-cache: hit`, and the entry is copied into the local store) or continued on the normal
+miss path (limiter, leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
 VELOX_CACHE_REDIS_TIMEOUT_MS: past it the request goes on as a plain miss, and a late reply
 only fills the local store.
 

@@ -450,7 +450,8 @@ def test_a_remote_waiter_whose_client_leaves_is_released_and_the_wait_ends(
     assert harness.released == [first, second] and key not in harness.front.waits
     assert harness.store.waiting(key) == 0  # no longer counted on the other's marker
     _run(harness, 0.05)
-    assert harness.alone == [] and first.conn.status == second.conn.status == 0  # type: ignore[attr-defined]
+    assert harness.alone == []
+    assert first.conn.status == second.conn.status == 0  # type: ignore[attr-defined]
 
 
 def test_a_leader_renews_its_lease_and_forgets_a_marker_taken_over(
