@@ -494,15 +494,26 @@ def html_table(table: Table) -> str:
 # --- documents -----------------------------------------------------------------------------
 
 
-def sections(e2e: dict[str, Any] | None, micro: dict[str, Any] | None,
-             soak: dict[str, Any] | None, routing: dict[str, Any] | None = None,
-             balance: dict[str, Any] | None = None, cache: dict[str, Any] | None = None,
-             batching: dict[str, Any] | None = None,
-             cluster: dict[str, Any] | None = None,
-             native: dict[str, Any] | None = None,
-             native_before: dict[str, Any] | None = None,
-             ) -> list[tuple[str, str, Table | None, str | None]]:
-    """(marker, title, table, plot file) in reading order; the source of both outputs."""
+# The result documents by name (`docs`), each from benches/results/<file> (see load_docs).
+DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json",
+             "cache": "cache.json", "batching": "batching.json", "cluster": "cluster.json",
+             "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
+             "native_before": "e2e-native-before.json"}
+
+
+def load_docs(results: Path) -> dict[str, Any]:
+    """Every result document by name (None for a benchmark not run yet)."""
+    return {name: _load(results / file) for name, file in DOCUMENTS.items()}
+
+
+def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | None]]:
+    """(marker, title, table, plot file) in reading order; the source of both outputs. `docs`:
+    result documents by name (DOCUMENTS; a missing or None one adds no section)."""
+    e2e, micro, soak, routing = docs.get("e2e"), docs.get("micro"), docs.get("soak"), \
+        docs.get("routing")
+    balance, cache, batching = docs.get("balance"), docs.get("cache"), docs.get("batching")
+    cluster, native, native_before = docs.get("cluster"), docs.get("native"), \
+        docs.get("native_before")
     out: list[tuple[str, str, Table | None, str | None]] = []
     if cluster:
         out.append(("cluster", "Three hosts, one limit, one Redis (`make bench-cluster`)",
@@ -681,7 +692,7 @@ def html_page(secs: list, docs: dict[str, Any], plots: set[str]) -> str:
              "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
              "</style></head><body><h1>Velox benchmarks</h1>"]
     for name, doc in docs.items():
-        if doc and name != "cluster":
+        if doc and name not in ("cluster", "balance", "native_before"):
             parts.append(f"<p><b>{name}</b>: {html.escape(machine_line(doc))}</p>")
     if docs.get("e2e"):
         parts.append(f"<p>{html.escape(docs['e2e']['placement'])}</p>")
@@ -696,14 +707,14 @@ def html_page(secs: list, docs: dict[str, Any], plots: set[str]) -> str:
     return "\n".join(parts)
 
 
-def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> set[str]:
+def _draw(results: Path, docs: dict[str, Any]) -> set[str]:
     """The plots are drawn by benches/e2e/plots.py, next to the benchmarks that made the data."""
     try:
         from benches.e2e import plots
     except ImportError as exc:  # matplotlib missing
         print(f"plots skipped: {exc} (make bench-report installs matplotlib)")
         return set()
-    drawn = plots.draw(results, docs["e2e"], docs["micro"], soak)
+    drawn = plots.draw(results, docs["e2e"], docs["micro"], docs["soak"])
     if docs.get("cluster"):
         name = plots.cluster_plot(results, docs["cluster"])
         if name:
@@ -714,41 +725,21 @@ def _draw(results: Path, docs: dict[str, Any], soak: dict[str, Any] | None) -> s
 def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[str]:
     """Rewrite only the README blocks of `markers` (tables, no plots, no report.html): what a
     single benchmark's make target runs, leaving every other section as it was."""
-    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
-            "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json"),
-            "cluster": _load(results / "cluster.json"),
-            "native": _load(results / "e2e-native.json")}
-    soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
-    native_before = _load(results / "e2e-native-before.json")
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
-                    cache=docs["cache"], batching=docs["batching"], cluster=docs["cluster"],
-                    native=docs["native"], native_before=native_before)
-    blocks = {m: readme_block(m, secs, {**docs, "balance": balance,
-                                        "native_before": native_before}, set())
-              for m in markers if docs.get(m)}
+    docs = load_docs(results)
+    secs = sections(docs)
+    blocks = {m: readme_block(m, secs, docs, set()) for m in markers if docs.get(m)}
     return update_readme(readme, blocks)
 
 
 def generate(results: Path, readme: Path | None) -> dict[str, Any]:
-    docs = {"e2e": _load(results / "e2e.json"), "micro": _load(results / "micro.json"),
-            "routing": _load(results / "routing.json"), "cache": _load(results / "cache.json"),
-            "batching": _load(results / "batching.json"),
-            "cluster": _load(results / "cluster.json"),
-            "native": _load(results / "e2e-native.json")}
-    soak, balance = _load(results / "soak.json"), _load(results / "balance.json")
-    native_before = _load(results / "e2e-native-before.json")
-    plots = _draw(results, docs, soak)
-    secs = sections(docs["e2e"], docs["micro"], soak, docs["routing"], balance,
-                    cache=docs["cache"], batching=docs["batching"],
-                    cluster=docs["cluster"], native=docs["native"],
-                    native_before=native_before)
-    (results / "report.html").write_text(html_page(secs, {**docs, "soak": soak}, plots))
+    docs = load_docs(results)
+    plots = _draw(results, docs)
+    secs = sections(docs)
+    (results / "report.html").write_text(html_page(secs, docs, plots))
     found: list[str] = []
     if readme is not None and readme.exists():
-        blocks = {m: readme_block(m, secs, {**docs, "balance": balance,
-                                            "native_before": native_before}, plots)
-                  for m in MARKERS if docs.get(m) or (m == "routing" and balance)}
+        blocks = {m: readme_block(m, secs, docs, plots)
+                  for m in MARKERS if docs.get(m) or (m == "routing" and docs["balance"])}
         found = update_readme(readme, blocks)
     return {"plots": sorted(plots), "readme_markers": found, "html": str(results / "report.html")}
 

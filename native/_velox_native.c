@@ -24,6 +24,7 @@
 #include "vx_stats.h"
 
 #include <errno.h>
+#include <unistd.h> /* getpid: the cache marker's owner */
 
 PyDoc_STRVAR(module_doc,
              "Private native core of Velox: bounded MPMC ring, shared token bucket, shared\n"
@@ -1721,8 +1722,9 @@ static PyObject *Cache_delete(CacheObject *self, PyObject *arg)
 
 PyDoc_STRVAR(Cache_claim_doc,
              "claim($self, key, now_ms, hold_ms)\n--\n\n"
-             "In-flight marker for cross-worker coalescing. True: the caller leads (no unexpired\n"
-             "marker existed; an expired one is taken over, keeping its waiter count; or the\n"
+             "In-flight marker for cross-worker coalescing, owned by this process (its pid) with\n"
+             "a lease of hold_ms. True: the caller leads (no live marker existed; an expired one,\n"
+             "or one whose owner process is gone, is taken over, keeping its waiter count; or the\n"
              "marker table is full). False: another leads and the caller is counted as a waiter.");
 
 static PyObject *Cache_claim(CacheObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -1736,10 +1738,30 @@ static PyObject *Cache_claim(CacheObject *self, PyObject *const *args, Py_ssize_
         cache_key(o[0], key) < 0 || cache_ms(o[1], "now_ms", 0, &now) < 0 ||
         cache_ms(o[2], "hold_ms", 1, &hold) < 0)
         return NULL;
-    int rc = vx_cache_claim(self->c, key, now, hold);
+    int rc = vx_cache_claim(self->c, key, now, hold, (int32_t)getpid());
     if (rc < 0)
         return cache_error();
     return PyBool_FromLong(rc != VX_CLAIM_WAIT);
+}
+
+PyDoc_STRVAR(Cache_renew_doc,
+             "renew($self, key, now_ms, hold_ms)\n--\n\n"
+             "The leader extends its marker's lease to now_ms + hold_ms. True when key's marker\n"
+             "is this process's; False when there is none or another process took it over.");
+
+static PyObject *Cache_renew(CacheObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    static const char *const names[] = {"key", "now_ms", "hold_ms"};
+    PyObject *o[3];
+    uint8_t key[VX_CACHE_KEY];
+    int64_t now, hold;
+    if (parse_fast("renew", args, nargs, kwnames, names, 3, 3, o) < 0 ||
+        cache_key(o[0], key) < 0 || cache_ms(o[1], "now_ms", 0, &now) < 0 ||
+        cache_ms(o[2], "hold_ms", 1, &hold) < 0)
+        return NULL;
+    int rc = vx_cache_renew(self->c, key, now, hold, (int32_t)getpid());
+    return rc < 0 ? cache_error() : PyBool_FromLong(rc);
 }
 
 PyDoc_STRVAR(Cache_unwait_doc,
@@ -1769,19 +1791,21 @@ static PyObject *Cache_waiting(CacheObject *self, PyObject *arg)
 
 PyDoc_STRVAR(Cache_release_doc,
              "release($self, key, /)\n--\n\n"
-             "The leader drops its marker (after put, or after failing); True when there was one.");
+             "The leader drops its marker (after put, or after failing); True when there was one\n"
+             "and it was this process's (a marker another process took over is left alone).");
 
 static PyObject *Cache_release(CacheObject *self, PyObject *arg)
 {
     uint8_t key[VX_CACHE_KEY];
     if (cache_key(arg, key) < 0)
         return NULL;
-    int rc = vx_cache_release(self->c, key);
+    int rc = vx_cache_release(self->c, key, (int32_t)getpid());
     return rc < 0 ? cache_error() : PyBool_FromLong(rc);
 }
 
 PyDoc_STRVAR(Cache_pending_doc,
-             "pending($self, key, now_ms)\n--\n\nTrue when an unexpired marker exists.");
+             "pending($self, key, now_ms)\n--\n\nTrue when a live marker exists: unexpired, and "
+             "its owner process still exists.");
 
 static PyObject *Cache_pending(CacheObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames)
@@ -1919,6 +1943,7 @@ static PyMethodDef Cache_methods[] = {
     {"put", FASTCALL_KW(Cache_put), METH_FASTCALL | METH_KEYWORDS, Cache_put_doc},
     {"delete", (PyCFunction)Cache_delete, METH_O, Cache_delete_doc},
     {"claim", FASTCALL_KW(Cache_claim), METH_FASTCALL | METH_KEYWORDS, Cache_claim_doc},
+    {"renew", FASTCALL_KW(Cache_renew), METH_FASTCALL | METH_KEYWORDS, Cache_renew_doc},
     {"unwait", (PyCFunction)Cache_unwait, METH_O, Cache_unwait_doc},
     {"waiting", (PyCFunction)Cache_waiting, METH_O, Cache_waiting_doc},
     {"release", (PyCFunction)Cache_release, METH_O, Cache_release_doc},

@@ -14,6 +14,7 @@
 #include "vx_cache.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -501,9 +502,27 @@ static uint32_t malloc_marker(vx_cache *c, int64_t now_ms)
     return NONE;
 }
 
+/* The owner process still exists. kill(pid, 0) sends nothing: it fails with ESRCH once the
+ * process is gone and reaped (a zombie still counts as alive: its lease bounds that window;
+ * the supervisor reaps at once). EPERM (another user's process) counts as alive. One syscall,
+ * well under a microsecond, made under the lock only by claim/pending of a key whose marker
+ * is unexpired. */
+static int owner_alive(int32_t owner)
+{
+    if (owner <= 0)
+        return 1;
+    return kill((pid_t)owner, 0) == 0 || errno != ESRCH;
+}
+
+static int marker_live(const vx_cmarker *mk, int64_t now_ms)
+{
+    return now_ms < mk->expires_ms && owner_alive(mk->owner);
+}
+
 /* ---------------------------------------------------------------- markers: API */
 
-int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms)
+int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms,
+                   int32_t owner)
 {
     if (lock(c) < 0)
         return -1;
@@ -513,12 +532,13 @@ int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold
     uint32_t m = mfind(c, key, &link);
     if (m != NONE) {
         vx_cmarker *mk = marker(c, m);
-        if (now_ms < mk->expires_ms) {
+        if (marker_live(mk, now_ms)) {
             if (mk->waiters < INT32_MAX)
                 mk->waiters++;
             rc = VX_CLAIM_WAIT;
         } else {
             mk->expires_ms = now_ms + hold_ms;
+            mk->owner = owner;
             c->takeovers++;
             rc = VX_CLAIM_TAKEOVER;
         }
@@ -531,6 +551,7 @@ int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold
         mk->expires_ms = now_ms + hold_ms;
         mk->waiters = 0;
         mk->live = 1;
+        mk->owner = owner;
         /* The sweep may have changed the chain: insert at the bucket's head. */
         uint32_t *bucket = &mbuckets_of(c)[key_hash(key) & (c->nmbuckets - 1)];
         mk->hnext = *bucket;
@@ -540,6 +561,20 @@ int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold
     }
     unlock(c);
     return rc;
+}
+
+int vx_cache_renew(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms,
+                   int32_t owner)
+{
+    if (lock(c) < 0)
+        return -1;
+    uint32_t *link;
+    uint32_t m = mfind(c, key, &link);
+    int renewed = m != NONE && marker(c, m)->owner == owner;
+    if (renewed)
+        marker(c, m)->expires_ms = now_ms + hold_ms;
+    unlock(c);
+    return renewed;
 }
 
 int64_t vx_cache_unwait(vx_cache *c, const uint8_t *key)
@@ -570,16 +605,17 @@ int64_t vx_cache_waiting(vx_cache *c, const uint8_t *key)
     return n;
 }
 
-int vx_cache_release(vx_cache *c, const uint8_t *key)
+int vx_cache_release(vx_cache *c, const uint8_t *key, int32_t owner)
 {
     if (lock(c) < 0)
         return -1;
     uint32_t *link;
     uint32_t m = mfind(c, key, &link);
-    if (m != NONE)
+    int dropped = m != NONE && marker(c, m)->owner == owner;
+    if (dropped)
         mremove_at(c, m, link);
     unlock(c);
-    return m != NONE;
+    return dropped;
 }
 
 int vx_cache_pending(vx_cache *c, const uint8_t *key, int64_t now_ms)
@@ -588,7 +624,7 @@ int vx_cache_pending(vx_cache *c, const uint8_t *key, int64_t now_ms)
         return -1;
     uint32_t *link;
     uint32_t m = mfind(c, key, &link);
-    int live = m != NONE && now_ms < marker(c, m)->expires_ms;
+    int live = m != NONE && marker_live(marker(c, m), now_ms);
     unlock(c);
     return live;
 }

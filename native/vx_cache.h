@@ -29,11 +29,17 @@
  * until it does. Accounting is in blocks: `bytes` = blocks in use x VX_CACHE_BLOCK, i.e. the
  * values plus their overhead (the 72-byte header and the unused tail of the last block).
  *
- * Markers. claim() puts an in-flight marker on a key with an expiry (now + hold_ms), so a
- * leader that died cannot block its key for longer than that; a later claim takes an expired
- * marker over. Waiters are counted on the marker (claim that finds a live marker: +1, unwait:
- * -1). The table is bounded (nmarkers, from capacity / 4096, 16 to 4096); when every marker is
- * live, claim answers "lead" without a marker (no coalescing for that key; counted).
+ * Markers. claim() puts an in-flight marker on a key with its leader (`owner`, the leader's
+ * pid) and an expiry (now + hold_ms): a lease the leader extends with renew() while its call
+ * runs, so a leader that stopped renewing (killed, stopped, its loop stuck) blocks its key for
+ * at most one lease. A marker whose owner process no longer exists (kill(owner, 0) fails with
+ * ESRCH: the supervisor has reaped it) is dead at once, whatever its lease. A later claim takes
+ * a dead or expired marker over; renew() and release() act only on the caller's own marker, so
+ * a leader whose marker was taken over never extends or drops its successor's. Owner 0: no
+ * process (only the lease ends it). Waiters are counted on the marker (claim that finds a live
+ * marker: +1, unwait: -1). The table is bounded (nmarkers, from capacity / 4096, 16 to 4096);
+ * when every marker is live, claim answers "lead" without a marker (no coalescing for that
+ * key; counted).
  *
  * Concurrency. One process-shared ROBUST mutex guards every field below `lock` except the
  * read-only geometry and the test flag `hook_holding`. Its lock/unlock are the acquire/release
@@ -53,6 +59,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define VX_CACHE_KEY 32     /* a SHA-256 digest */
 #define VX_CACHE_BLOCK 512  /* pool block; 1 KiB values take 3 blocks, 16 KiB take 33 */
@@ -77,7 +84,8 @@ enum {
 enum {
     VX_CLAIM_WAIT = 0,     /* a live marker exists: the caller is counted as a waiter */
     VX_CLAIM_LEAD = 1,     /* no marker existed: the caller's marker is set */
-    VX_CLAIM_TAKEOVER = 2, /* an expired marker was taken over (its waiter count is kept) */
+    VX_CLAIM_TAKEOVER = 2, /* an expired marker, or one whose owner is gone, was taken over
+                            * (its waiter count is kept) */
     VX_CLAIM_FULL = 3,     /* every marker is live: lead, but without a marker */
 };
 
@@ -100,7 +108,7 @@ typedef struct vx_cmarker {
     int32_t waiters;
     uint32_t hnext; /* index chain, or the free list */
     uint32_t live;  /* 1 while in the index */
-    uint32_t pad_;
+    int32_t owner;  /* the leader's pid; 0: none (only the expiry ends the marker) */
 } vx_cmarker;
 
 typedef struct vx_cache_stats {
@@ -154,6 +162,7 @@ _Static_assert((VX_CACHE_BLOCK & (VX_CACHE_BLOCK - 1)) == 0, "block size: a powe
 _Static_assert(VX_CACHE_BLOCK % VX_CACHE_LINE == 0, "blocks start on cache lines");
 _Static_assert(_Alignof(vx_centry) <= VX_CACHE_LINE, "entry header aligned in its block");
 _Static_assert(sizeof(vx_cmarker) == 56, "marker record");
+_Static_assert(sizeof(pid_t) == sizeof(int32_t), "an owner pid fits the marker");
 _Static_assert(offsetof(vx_cache, lock) == 0, "the lock opens the header");
 _Static_assert(offsetof(vx_cache, capacity) % VX_CACHE_LINE == 0, "geometry on its own line");
 _Static_assert(offsetof(vx_cache, lru_head) % VX_CACHE_LINE == 0, "state on its own line");
@@ -181,15 +190,21 @@ int vx_cache_delete(vx_cache *c, const uint8_t *key);
 /* Drop every entry and marker (counters are kept). 0, or -1 error. */
 int vx_cache_clear(vx_cache *c);
 
-/* One of VX_CLAIM_*, or -1 error. hold_ms >= 1. */
-int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms);
+/* One of VX_CLAIM_*, or -1 error. hold_ms >= 1; owner: the caller's pid (or 0, see above). A
+ * marker is live while now_ms < its expiry and its owner process exists. */
+int vx_cache_claim(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms,
+                   int32_t owner);
+/* The leader extends its lease: expiry = now_ms + hold_ms when key's marker is owner's. 1
+ * renewed, 0 not (no marker, or another owner's: taken over after it lapsed), -1 error. */
+int vx_cache_renew(vx_cache *c, const uint8_t *key, int64_t now_ms, int64_t hold_ms,
+                   int32_t owner);
 /* Waiters -= 1 (not below 0) on key's marker, if any. Returns the count left, or -1 error. */
 int64_t vx_cache_unwait(vx_cache *c, const uint8_t *key);
 /* Waiters on key's marker (0 when there is none), or -1 error. */
 int64_t vx_cache_waiting(vx_cache *c, const uint8_t *key);
-/* Drop key's marker: 1 dropped, 0 none, -1 error. */
-int vx_cache_release(vx_cache *c, const uint8_t *key);
-/* 1 when an unexpired marker exists, 0 not, -1 error. */
+/* Drop key's marker if it is owner's: 1 dropped, 0 none (or another owner's), -1 error. */
+int vx_cache_release(vx_cache *c, const uint8_t *key, int32_t owner);
+/* 1 when a live marker exists (unexpired, its owner alive), 0 not, -1 error. */
 int vx_cache_pending(vx_cache *c, const uint8_t *key, int64_t now_ms);
 
 /* A consistent snapshot (taken under the lock). 0, or -1 error. */

@@ -323,24 +323,30 @@ class SharedCache:
     def delete(self, key: Buffer, /) -> bool:
         """Remove key's entry; True when there was one."""
     def claim(self, key: Buffer, now_ms: int, hold_ms: int) -> bool:
-        """In-flight marker for cross-worker coalescing.
+        """In-flight marker for cross-worker coalescing, owned by the calling process (its
+        pid), with a lease of hold_ms.
 
         True: the caller now leads: no marker existed (one is set, expiring at now_ms +
-        hold_ms), or the marker had expired (its leader presumably died: the caller takes it
-        over and the waiter count is kept), or the marker table is full (the caller leads
-        without a marker: no coalescing for that key). False: an unexpired marker exists; the
-        caller is counted as a waiter (and must unwait() when it stops waiting). The same
-        process claiming twice is counted as a waiter the second time.
+        hold_ms), or the marker was dead (expired, or its owner process no longer exists:
+        the caller takes it over and the waiter count is kept), or the marker table is full
+        (the caller leads without a marker: no coalescing for that key). False: a live marker
+        exists; the caller is counted as a waiter (and must unwait() when it stops waiting).
+        The same process claiming twice is counted as a waiter the second time.
         """
+    def renew(self, key: Buffer, now_ms: int, hold_ms: int) -> bool:
+        """The leader extends its lease to now_ms + hold_ms. True when key's marker is this
+        process's; False when there is none or another process took it over."""
     def unwait(self, key: Buffer, /) -> None:
         """A waiter stops waiting: waiters -= 1 (never below 0; no-op without a marker)."""
     def waiting(self, key: Buffer, /) -> int:
         """Waiters on key's marker now (0 without a marker, expired or not)."""
     def release(self, key: Buffer, /) -> bool:
-        """The leader drops its marker (after put, or after failing); True when there was one.
+        """The leader drops its marker (after put, or after failing); True when there was one
+        and it was this process's (a marker another process took over is left alone).
         (PLAN: returns nothing; the bool is an addition.)"""
     def pending(self, key: Buffer, now_ms: int) -> bool:
-        """True when an unexpired marker exists for key."""
+        """True when a live marker exists for key: unexpired, and its owner process still
+        exists (a process that is gone is seen once reaped)."""
     def stats(self) -> dict[str, int]:
         """A consistent snapshot. entries, bytes (blocks in use x block_size), capacity,
         evictions, expired, max_value, markers (in the table, live or expired), and:

@@ -30,7 +30,11 @@ Coalescing. Within a worker, requests with the key of a `Flight` in progress att
 followers: a streamed answer gives them the events so far, then the rest live; a whole one is
 written to each when it completes. Across workers, the leader holds the store's in-flight
 marker (`claim`) and requests in other workers wait for the entry to appear (`RemoteWait`,
-polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout); streamed
+polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout). The marker
+is a lease of `LEASE_MS` on the leader's pid, which the leader's worker renews every
+`RENEW_S` while its call runs: a leader whose worker died (the store sees its pid gone once the
+supervisor reaps it) or stopped renewing (stopped, stuck) no longer holds the key, and its
+waiters go on their own within a poll or at most one lease, not after the request timeout; streamed
 requests do not wait across workers (the entry appears only once the stream is complete, which
 would take their first byte to the end of the stream). A follower whose leader fails (no
 answer, or one that is not a 200) is sent on its own (`send_alone`, the worker's); one whose
@@ -70,7 +74,7 @@ from velox.tables import CATCH_ALL, Tables
 from velox.usage import SSEUsage, client_asked_usage
 
 if TYPE_CHECKING:
-    from velox.cache_redis import RedisLookup, RedisTier
+    from velox.cache_redis import RedisTier
     from velox.config import Settings
     from velox.relay import Exchange
 
@@ -93,6 +97,13 @@ _ENTRY = struct.Struct("<BI")  # is-event-stream, length of the header block
 # Cross-worker followers poll the store at growing intervals: 1, 2, 4, 8, 16, 20, 20 ... ms.
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.020
+# The in-flight marker's lease and how often a leader's worker renews it: a dead leader's
+# pid frees its key at once (once reaped); a leader that stops renewing (its worker stopped or
+# its loop stuck for 5 s) frees it after one lease, and its waiters are then sent alone (a
+# duplicate upstream call at worst, never a lost answer). 5 renewals per lease: a renewal may
+# come late by 4 s of loop stall before the lease lapses.
+LEASE_MS = 5000
+RENEW_S = 1.0
 _sort = orjson.OPT_SORT_KEYS
 _AGES = tuple(b"%d" % n for n in range(64))
 
@@ -108,6 +119,8 @@ class Store(Protocol):
     def put(self, key: bytes, value: bytes, now_ms: int, ttl_ms: int) -> bool: ...
 
     def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
+
+    def renew(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
 
     def unwait(self, key: bytes, /) -> None: ...
 
@@ -162,14 +175,21 @@ def cache_control(headers: Headers) -> tuple[bool, bool, int]:
     return no_cache, no_store, max_age * 1000 if max_age >= 0 else -1
 
 
+def json_object(data: bytes | bytearray | memoryview) -> dict[str, Any] | None:
+    """The JSON object `data` holds, or None when it is not one orjson can read (not JSON, or
+    JSON of another type)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if type(doc) is dict else None
+
+
 def canonical_body(body: bytes | bytearray | memoryview) -> bytes | None:
     """The body as sorted-key compact JSON without the members that do not change the
     answer; None when it is not a JSON object orjson can read (then it is not cached)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    if type(doc) is not dict:
+    doc = json_object(body)
+    if doc is None:
         return None
     for name in IGNORED_MEMBERS:
         doc.pop(name, None)
@@ -352,7 +372,7 @@ class Waiting:
 
     __slots__ = ("owner", "request", "started", "usage")
 
-    def __init__(self, owner: Flight | RemoteWait | RedisLookup, request: Request) -> None:
+    def __init__(self, owner: Flight | WaitList, request: Request) -> None:
         self.owner = owner
         self.request = request
         self.started = False  # the answer's head has been written to this client
@@ -482,7 +502,7 @@ class Flight:
             front.put(self.key, encode_entry(self.sse, self.headers, body))
         if self.marker:
             self.marker = False
-            front.store.release(self.key)
+            front.unhold(self.key)
         followers = self.followers
         if not followers:
             return
@@ -530,20 +550,19 @@ class Flight:
         request.conn.start_stream(request, 200, self.headers + [(HEADER, HIT), (b"age", b"0")])
 
 
-class RemoteWait:
-    """Requests of this worker waiting for an identical request another worker leads: they
-    poll the store until the entry appears (answered as coalesced), the marker disappears
-    without one or the upstream's request timeout passes (then each is sent on its own)."""
+class WaitList:
+    """Requests of this worker held for one key until something answers them or lets them go
+    on (the owner of their `Waiting`): cross-worker followers (`RemoteWait`) and Redis lookups
+    (velox.cache_redis.RedisLookup). It keeps them, runs one timer (a poll, a timeout), and
+    releases a request whose client leaves; `take` ends the wait and hands the rest back."""
 
-    __slots__ = ("front", "key", "requests", "delay", "deadline", "timer")
+    __slots__ = ("front", "key", "requests", "timer")
 
-    def __init__(self, front: CacheFront, key: bytes, deadline: float) -> None:
+    def __init__(self, front: CacheFront, key: bytes) -> None:
         self.front = front
         self.key = key
         self.requests: list[Waiting] = []
-        self.delay = _POLL_FIRST_S
-        self.deadline = deadline
-        self.timer: asyncio.TimerHandle | None = front.loop.call_later(self.delay, self.poll)
+        self.timer: asyncio.TimerHandle | None = None
 
     def join(self, request: Request) -> None:
         waiting = Waiting(self, request)
@@ -551,6 +570,7 @@ class RemoteWait:
         self.requests.append(waiting)
 
     def leave(self, waiting: Waiting) -> None:
+        """A waiting client left: its request is dropped and its body freed."""
         try:
             self.requests.remove(waiting)
         except ValueError:
@@ -558,15 +578,48 @@ class RemoteWait:
         waiting.request.exchange = None
         self.front.release_body(waiting.request)
         if not self.requests:
-            self._close()
+            self.emptied()
 
-    def _close(self) -> None:
-        front = self.front
-        if front.waits.get(self.key) is self:
-            del front.waits[self.key]
+    def emptied(self) -> None:
+        """The last waiting client left (the subclass decides whether the wait goes on)."""
+
+    def closed(self) -> None:
+        """The wait ended (the subclass forgets it wherever it is registered)."""
+
+    def take(self) -> list[Request]:
+        """End the wait: the timer stops, the wait is forgotten, and the requests still
+        waiting are handed back, detached from it."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.closed()
+        requests = [w.request for w in self.requests]
+        self.requests = []
+        for request in requests:
+            request.exchange = None
+        return requests
+
+
+class RemoteWait(WaitList):
+    """Requests of this worker waiting for an identical request another worker leads: they
+    poll the store until the entry appears (answered as coalesced), the marker disappears
+    without one or the upstream's request timeout passes (then each is sent on its own)."""
+
+    __slots__ = ("delay", "deadline")
+
+    def __init__(self, front: CacheFront, key: bytes, deadline: float) -> None:
+        super().__init__(front, key)
+        self.delay = _POLL_FIRST_S
+        self.deadline = deadline
+        self.timer = front.loop.call_later(self.delay, self.poll)
+
+    def emptied(self) -> None:
+        self.take()  # no one is left to poll for
+
+    def closed(self) -> None:
+        front = self.front
+        if front.waits.get(self.key) is self:
+            del front.waits[self.key]
         front.store.unwait(self.key)
 
     def poll(self) -> None:
@@ -578,36 +631,27 @@ class RemoteWait:
         if got is None and not store.pending(key, now):
             got = store.get(key, now)  # the leader may have stored it between the two calls
             if got is None:
-                self._give_up()
+                front.send_alone(self.take())
                 return
         if got is not None:
-            waiting = self.requests
-            self.requests = []
-            self._close()
-            for w in waiting:
-                w.request.exchange = None
-                front.answer(w.request, got[0], got[1])
-            front.coalesced(len(waiting))
+            requests = self.take()
+            for request in requests:
+                front.answer(request, got[0], got[1])
+            front.coalesced(len(requests))
             return
         if time.monotonic() >= self.deadline:
-            self._give_up()
+            front.send_alone(self.take())
             return
         self.delay = min(self.delay * 2, _POLL_MAX_S)
         self.timer = front.loop.call_later(self.delay, self.poll)
-
-    def _give_up(self) -> None:
-        waiting = self.requests
-        self.requests = []
-        self._close()
-        self.front.send_alone([w.request for w in waiting])
 
 
 class CacheFront:
     """One worker's cache stage (see the module docstring)."""
 
-    __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "hold_ms",
+    __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "wait_ms",
                  "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
-                 "_send_alone", "tier", "_resume")
+                 "_send_alone", "tier", "_resume", "held", "renewing")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
@@ -619,9 +663,9 @@ class CacheFront:
         self.hit_latency = histograms[H.CACHE_HIT]
         self.slot = slot
         self.ttl_ms = settings.cache_ttl_s * 1000
-        # A leader's marker outlives a dead leader by at most the longest request timeout;
-        # followers in other workers wait as long before they go on their own.
-        self.hold_ms = max(u.request_timeout_ms for u in tables.upstreams)
+        # Followers in other workers wait at most the longest request timeout for a leader that
+        # keeps its marker alive (LEASE_MS, renewed) before they go on their own.
+        self.wait_ms = max(u.request_timeout_ms for u in tables.upstreams)
         self.max_value = store.max_value
         self.by_model = {r.model: settings.cache or r.cache for r in tables.routes
                          if r.model != CATCH_ALL}
@@ -629,6 +673,8 @@ class CacheFront:
                              if r.model == CATCH_ALL)
         self.flights: dict[bytes, Flight] = {}
         self.waits: dict[bytes, RemoteWait] = {}
+        self.held: dict[bytes, Flight] = {}  # flights holding the store's marker (renewed)
+        self.renewing: asyncio.TimerHandle | None = None
         self._send_alone = send_alone
         self.release_body = release_body
         # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache_redis), and how
@@ -703,10 +749,10 @@ class CacheFront:
             store = self.store
             if not store.pending(key, now):
                 return False
-            if store.claim(key, now, self.hold_ms):
+            if store.claim(key, now, LEASE_MS):
                 store.release(key)  # the leader finished meanwhile: this one will lead
                 return False
-            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            wait = RemoteWait(self, key, time.monotonic() + self.wait_ms / 1000)
             self.waits[key] = wait
         wait.join(request)
         return True
@@ -751,10 +797,10 @@ class CacheFront:
         wait = self.waits.get(key)
         if wait is None:
             now = now_ms()
-            if self.store.claim(key, now, self.hold_ms):
+            if self.store.claim(key, now, LEASE_MS):
                 ticket.marker = True
                 return False
-            wait = RemoteWait(self, key, time.monotonic() + self.hold_ms / 1000)
+            wait = RemoteWait(self, key, time.monotonic() + self.wait_ms / 1000)
             self.waits[key] = wait
         wait.join(request)
         return True
@@ -772,8 +818,31 @@ class CacheFront:
         if ticket.follow and key not in self.flights:
             flight.registered = True
             self.flights[key] = flight
-        flight.marker = ticket.marker
-        ticket.marker = False
+        if ticket.marker:
+            ticket.marker = False
+            flight.marker = True
+            self.held[key] = flight
+            if self.renewing is None:
+                self.renewing = self.loop.call_later(RENEW_S, self._renew)
+
+    def _renew(self) -> None:
+        """Every RENEW_S while this worker leads across workers: extend each marker's lease. A
+        marker lost meanwhile (its lease lapsed and another worker took the key over) is
+        forgotten: that flight leads no one outside this worker any more."""
+        self.renewing = None
+        held = self.held
+        if not held:
+            return
+        store, now = self.store, now_ms()
+        for key in [k for k in held if not store.renew(k, now, LEASE_MS)]:
+            held.pop(key).marker = False
+        if held:
+            self.renewing = self.loop.call_later(RENEW_S, self._renew)
+
+    def unhold(self, key: bytes) -> None:
+        """A leader's call ended: drop its marker (only its own: the store checks)."""
+        self.held.pop(key, None)
+        self.store.release(key)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -783,16 +852,22 @@ class CacheFront:
             if self.tier is not None:
                 self.tier.store(key, value)
 
-    def go_on(self, requests: list[Request]) -> None:
-        """Requests the Redis tier held that it could not answer: on to the miss path (the
-        limiter, leading or following, dispatch), minus those whose client left."""
+    def _live(self, requests: list[Request]) -> list[Request]:
+        """Held requests about to go on: detached from what held them; those whose client
+        left meanwhile are dropped here, their bodies freed."""
         live = []
         for request in requests:
             request.exchange = None
             if request.conn.closed:
                 self.release_body(request)
-                continue
-            live.append(request)
+            else:
+                live.append(request)
+        return live
+
+    def go_on(self, requests: list[Request]) -> None:
+        """Requests the Redis tier held that it could not answer: on to the miss path (the
+        limiter, leading or following, dispatch), minus those whose client left."""
+        live = self._live(requests)
         if live and self._resume is not None:
             self._resume(live)
 
@@ -802,23 +877,21 @@ class CacheFront:
     def send_alone(self, requests: list[Request]) -> None:
         """Followers whose leader failed: each is sent upstream on its own (it may still be
         stored, but leads no one)."""
-        live = []
-        for request in requests:
-            request.exchange = None
-            if request.conn.closed:
-                self.release_body(request)
-                continue
+        live = self._live(requests)
+        for request in live:
             ticket: Ticket = request.cache
             alone = Ticket(ticket.key, False, ticket.store)
             alone.alone = True
             request.cache = alone
-            live.append(request)
         if live:
             self.counters.add(self.slot, F.CACHE_ALONE, len(live))
             self._send_alone(live)
 
     def state(self) -> dict[str, int]:
         """For the worker's control-channel state: what this worker holds."""
+        lookups = self.tier.lookups if self.tier is not None else {}
         return {"flights": len(self.flights),
                 "followers": sum(len(f.followers) for f in self.flights.values()),
-                "remote_waits": sum(len(w.requests) for w in self.waits.values())}
+                "remote_waits": sum(len(w.requests) for w in self.waits.values()),
+                "redis_lookups": len(lookups),
+                "redis_waits": sum(len(lk.requests) for lk in lookups.values())}

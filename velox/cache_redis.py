@@ -3,10 +3,10 @@
 The local shared-memory store (velox.cache) stays in front: a local hit never touches Redis.
 A local miss of a request that may look up (neither no-cache nor no-store), with no identical
 request already being fetched on this host, asks Redis before it goes on (`RedisTier.ask`);
-the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a `Waiting`
-owner), and is then either answered from Redis (`CacheFront.answer`: `x-velox-cache: hit`,
-and the entry is copied into the local store) or continued on the normal miss path (limiter,
-leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
+the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a
+`cache.WaitList`), and is then either answered from Redis (`CacheFront.answer`:
+`x-velox-cache: hit`, and the entry is copied into the local store) or continued on the normal
+miss path (limiter, leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
 VELOX_CACHE_REDIS_TIMEOUT_MS: past it the request goes on as a plain miss, and a late reply
 only fills the local store.
 
@@ -35,9 +35,9 @@ CACHE_HITS), CACHE_REDIS_MISSES (requests Redis had no usable entry for), CACHE_
 (requests that went on without Redis's answer: failed, timed out or skipped while down),
 CACHE_REDIS_STORES (answers written), CACHE_REDIS_DROPPED (answers not written).
 
-Imports: config (redact_url), health (the clock), stats (field numbers), cache (Waiting,
-lazily: cache refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the
-worker's loop).
+Imports: config (redact_url), health (the clock), stats (field numbers), cache (WaitList; cache
+refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the worker's
+loop).
 """
 
 from __future__ import annotations
@@ -48,20 +48,22 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
+from velox.cache import WaitList
 from velox.config import redact_url
 from velox.health import now_ms
 from velox.stats import F
 
 if TYPE_CHECKING:
     from velox._types import Request
-    from velox.cache import CacheFront, Waiting
+    from velox.cache import CacheFront
 
 log = logging.getLogger("velox.cache")
 
 KEY_PREFIX = b"velox:cache:"
 _CREATED = struct.Struct("<q")
 RETRY_DOWN_S = 1.0  # after a failed call, Redis is skipped this long before it is tried again
-SOCKET_TIMEOUT_S = 0.5  # a call past this fails (and Redis counts as down); requests never wait
+SOCKET_TIMEOUT_S = 0.5  # a call past this (or the lookup timeout, if longer) fails and Redis
+# counts as down; requests never wait longer than the lookup timeout either way
 MAX_WRITES = 256  # answers waiting to be written; more are dropped (counted)
 
 
@@ -84,56 +86,30 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisLookup:
-    """Requests of this worker waiting for Redis's answer on one key (owner of their Waiting)."""
+class RedisLookup(WaitList):
+    """Requests of this worker waiting for Redis's answer on one key. A client that leaves
+    cancels nothing (the lookup is cheap and shared; its answer still fills the local store)."""
 
-    __slots__ = ("tier", "front", "key", "requests", "timer", "open")
+    __slots__ = ("tier", "open")
 
     def __init__(self, tier: RedisTier, front: CacheFront, key: bytes) -> None:
+        super().__init__(front, key)
         self.tier = tier
-        self.front = front
-        self.key = key
-        self.requests: list[Waiting] = []
         self.open = True  # requests still wait on it (neither answered nor timed out)
-        self.timer: asyncio.TimerHandle | None = tier.loop.call_later(tier.timeout_s,
-                                                                      self.expire)
+        self.timer = tier.loop.call_later(tier.timeout_s, self.expire)
 
-    def join(self, request: Request) -> None:
-        from velox.cache import Waiting
-
-        waiting = Waiting(self, request)
-        request.exchange = waiting
-        self.requests.append(waiting)
-
-    def leave(self, waiting: Waiting) -> None:
-        """A waiting client left: nothing to cancel (the lookup is cheap and shared)."""
-        try:
-            self.requests.remove(waiting)
-        except ValueError:
-            return
-        waiting.request.exchange = None
-        self.front.release_body(waiting.request)
-
-    def _close(self) -> list[Request]:
+    def closed(self) -> None:
         self.open = False
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         lookups = self.tier.lookups
         if lookups.get(self.key) is self:
             del lookups[self.key]
-        requests = [w.request for w in self.requests]
-        self.requests = []
-        for request in requests:
-            request.exchange = None
-        return requests
 
     def expire(self) -> None:
         """The timeout passed without Redis's answer: every request goes on as a miss."""
         self.timer = None
         if not self.open:
             return
-        requests = self._close()
+        requests = self.take()
         tier = self.tier
         tier.counters.add(tier.slot, F.CACHE_REDIS_ERRORS, len(requests))
         self.front.go_on(requests)
@@ -155,7 +131,7 @@ class RedisLookup:
                 found = None
         if not self.open:
             return  # timed out: the requests went on; the entry only filled the local store
-        requests = self._close()
+        requests = self.take()
         misses: list[Request] = []
         hits = 0
         for request in requests:
@@ -176,7 +152,7 @@ class RedisLookup:
     def fail(self) -> None:
         if not self.open:
             return
-        requests = self._close()
+        requests = self.take()
         tier = self.tier
         tier.counters.add(tier.slot, F.CACHE_REDIS_ERRORS, len(requests))
         self.front.go_on(requests)
@@ -243,8 +219,12 @@ class RedisTier:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
+        # A call may take as long as a lookup may wait: a shorter socket timeout would fail
+        # (and mark Redis down) every call of a host whose Redis is slower than 0.5 s but
+        # within its configured VELOX_CACHE_REDIS_TIMEOUT_MS.
+        timeout = max(SOCKET_TIMEOUT_S, self.timeout_s)
         return Redis.from_url(
-            self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
+            self.url, socket_timeout=timeout, socket_connect_timeout=timeout,
             single_connection_client=True, retry=Retry(NoBackoff(), 0), health_check_interval=0,
             decode_responses=False)
 

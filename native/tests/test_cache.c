@@ -5,7 +5,9 @@
  * (random puts and gets of random sizes: the same hits, entries, bytes and evictions after
  * every step); eviction until a large value fits; TTL, max_age (stale entries are kept and not
  * promoted), replace, too-large values; markers (lead, wait, unwait, expiry, takeover, the
- * bounded table and its sweep); clear; threads hammering one cache with self-verifying values
+ * bounded table and its sweep; owners: a leader that lost its lease cannot renew or drop its
+ * successor's marker, a leader process that is gone frees its key at once, a zombie does
+ * not until reaped); clear; threads hammering one cache with self-verifying values
  * while a checker walks every invariant; forked processes sharing it; a process killed while
  * holding the lock does not wedge the others (EOWNERDEAD: wiped, counted, usable).
  * Exit status 0 when every check passes.
@@ -26,6 +28,7 @@
 
 #define T0 INT64_C(1000000000) /* an arbitrary "boot + 11.6 days" in ms */
 #define DAY INT64_C(86400000)
+#define ME ((int32_t)getpid()) /* the marker owner of this process's claims */
 
 static void make_key(uint8_t key[VX_CACHE_KEY], uint64_t id)
 {
@@ -370,7 +373,7 @@ static void test_ttl_max_age_replace(void)
     /* delete and clear */
     CHECK(vx_cache_delete(c, key2) == 1);
     CHECK(vx_cache_delete(c, key2) == 0);
-    CHECK(vx_cache_claim(c, key2, T0, 1000) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_claim(c, key2, T0, 1000, ME) == VX_CLAIM_LEAD);
     CHECK(vx_cache_clear(c) == 0);
     s = stats(c);
     CHECK(s.entries == 0 && s.bytes == 0 && s.markers == 0 && s.value_bytes == 0);
@@ -392,12 +395,12 @@ static void test_markers(void)
     make_key(other, 8);
     CHECK(vx_cache_pending(c, k, T0) == 0);
     CHECK(vx_cache_waiting(c, k) == 0);
-    CHECK(vx_cache_claim(c, k, T0, 1000) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_claim(c, k, T0, 1000, ME) == VX_CLAIM_LEAD);
     CHECK(vx_cache_pending(c, k, T0) == 1);
     CHECK(vx_cache_pending(c, other, T0) == 0);
-    CHECK(vx_cache_claim(c, k, T0 + 10, 1000) == VX_CLAIM_WAIT);
-    CHECK(vx_cache_claim(c, k, T0 + 20, 1000) == VX_CLAIM_WAIT);
-    CHECK(vx_cache_claim(c, k, T0 + 30, 1000) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_claim(c, k, T0 + 10, 1000, ME) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_claim(c, k, T0 + 20, 1000, ME) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_claim(c, k, T0 + 30, 1000, ME) == VX_CLAIM_WAIT);
     CHECK(vx_cache_waiting(c, k) == 3);
     CHECK(vx_cache_unwait(c, k) == 2);
     CHECK(vx_cache_waiting(c, k) == 2);
@@ -405,25 +408,25 @@ static void test_markers(void)
     /* The leader died: its marker expires after hold_ms, then the next claim takes over,
      * keeping the count of those still waiting. */
     CHECK(vx_cache_pending(c, k, T0 + 1000) == 0);
-    CHECK(vx_cache_claim(c, k, T0 + 1000, 500) == VX_CLAIM_TAKEOVER);
+    CHECK(vx_cache_claim(c, k, T0 + 1000, 500, ME) == VX_CLAIM_TAKEOVER);
     CHECK(vx_cache_waiting(c, k) == 2);
     CHECK(vx_cache_pending(c, k, T0 + 1499) == 1);
-    CHECK(vx_cache_claim(c, k, T0 + 1001, 500) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_claim(c, k, T0 + 1001, 500, ME) == VX_CLAIM_WAIT);
     CHECK(vx_cache_waiting(c, k) == 3);
-    CHECK(vx_cache_release(c, k) == 1);
+    CHECK(vx_cache_release(c, k, ME) == 1);
     CHECK(vx_cache_pending(c, k, T0 + 1002) == 0);
     CHECK(vx_cache_waiting(c, k) == 0);
     CHECK(vx_cache_unwait(c, k) == 0); /* late waiters of a released marker: no-ops */
-    CHECK(vx_cache_release(c, k) == 0);
+    CHECK(vx_cache_release(c, k, ME) == 0);
     for (int i = 0; i < 3; i++)
         CHECK(vx_cache_unwait(c, other) == 0);
     vx_cache_stats s = stats(c);
     CHECK(s.claims == 6 && s.takeovers == 1 && s.markers == 0);
     /* Never below zero. */
-    CHECK(vx_cache_claim(c, k, T0, 1000) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_claim(c, k, T0, 1000, ME) == VX_CLAIM_LEAD);
     CHECK(vx_cache_unwait(c, k) == 0);
     CHECK(vx_cache_waiting(c, k) == 0);
-    CHECK(vx_cache_release(c, k) == 1);
+    CHECK(vx_cache_release(c, k, ME) == 1);
 
     /* The table is bounded: with every marker live, claim leads without one; once they
      * have expired, the sweep reclaims them. */
@@ -431,23 +434,94 @@ static void test_markers(void)
     uint8_t key[VX_CACHE_KEY];
     for (int64_t i = 0; i < slots; i++) {
         make_key(key, 1000 + (uint64_t)i);
-        CHECK(vx_cache_claim(c, key, T0, 1000 + i) == VX_CLAIM_LEAD);
+        CHECK(vx_cache_claim(c, key, T0, 1000 + i, ME) == VX_CLAIM_LEAD);
     }
     CHECK(stats(c).markers == slots);
     make_key(key, 5000);
-    CHECK(vx_cache_claim(c, key, T0, 1000) == VX_CLAIM_FULL);
+    CHECK(vx_cache_claim(c, key, T0, 1000, ME) == VX_CLAIM_FULL);
     CHECK(vx_cache_pending(c, key, T0) == 0);
     CHECK(stats(c).markers_full == 1);
     /* At T0 + 1003, the markers with hold 1000..1003 (4 of them) have expired. */
-    CHECK(vx_cache_claim(c, key, T0 + 1003, 1000) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_claim(c, key, T0 + 1003, 1000, ME) == VX_CLAIM_LEAD);
     CHECK(stats(c).markers == slots - 3);
     CHECK(vx_cache_check(c) == 0);
     for (int64_t i = 0; i < slots; i++) {
         make_key(key, 1000 + (uint64_t)i);
         CHECK(vx_cache_pending(c, key, T0 + 1003) == (i >= 4));
-        vx_cache_release(c, key);
+        vx_cache_release(c, key, ME);
     }
     CHECK(stats(c).markers == 1);
+    CHECK(vx_cache_check(c) == 0);
+    vx_cache_destroy(c);
+}
+
+/* A child process that claims key (as its own pid) and exits; returns its pid, not reaped. */
+static pid_t child_claims(vx_cache *c, const uint8_t *key)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(vx_cache_claim(c, key, T0, DAY, (int32_t)getpid()) == VX_CLAIM_LEAD ? 0 : 1);
+    return pid;
+}
+
+static void test_marker_owners(void)
+{
+    vx_cache *c = vx_cache_create(VX_CACHE_MIN_CAPACITY);
+    CHECK(c != NULL);
+    if (c == NULL)
+        return;
+    const int32_t parent = (int32_t)getppid(); /* a process that exists and is not us */
+    uint8_t k[VX_CACHE_KEY];
+    make_key(k, 70);
+
+    /* Only the owner renews or releases. A renewed lease outlives the old expiry. */
+    CHECK(vx_cache_claim(c, k, T0, 100, ME) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_renew(c, k, T0 + 50, 100, parent) == 0);
+    CHECK(vx_cache_release(c, k, parent) == 0);
+    CHECK(vx_cache_renew(c, k, T0 + 50, 100, ME) == 1);
+    CHECK(vx_cache_pending(c, k, T0 + 149) == 1);
+    CHECK(vx_cache_pending(c, k, T0 + 150) == 0);
+    /* The lease lapsed (the leader was stalled): another takes over, and the old leader can
+     * neither extend nor drop the new one's marker. */
+    CHECK(vx_cache_claim(c, k, T0 + 150, 100, parent) == VX_CLAIM_TAKEOVER);
+    CHECK(vx_cache_renew(c, k, T0 + 160, 1000, ME) == 0);
+    CHECK(vx_cache_release(c, k, ME) == 0);
+    CHECK(vx_cache_pending(c, k, T0 + 249) == 1);
+    CHECK(vx_cache_claim(c, k, T0 + 200, 100, ME) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_release(c, k, parent) == 1);
+    CHECK(vx_cache_renew(c, k, T0 + 200, 100, parent) == 0); /* nothing left to renew */
+
+    /* A leader process that is gone: its marker is dead at once, whatever its lease (a day),
+     * once the process is reaped; a zombie still counts (its lease bounds that). */
+    uint8_t d[VX_CACHE_KEY];
+    make_key(d, 71);
+    pid_t pid = child_claims(c, d);
+    CHECK(pid > 0);
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    CHECK(waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0); /* exited, not reaped */
+    CHECK(info.si_code == CLD_EXITED && info.si_status == 0);
+    CHECK(vx_cache_pending(c, d, T0 + 1) == 1);
+    CHECK(vx_cache_claim(c, d, T0 + 1, 1000, ME) == VX_CLAIM_WAIT);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid); /* reaped: the pid no longer exists */
+    CHECK(vx_cache_pending(c, d, T0 + 2) == 0);
+    vx_cache_stats before = stats(c);
+    CHECK(vx_cache_claim(c, d, T0 + 2, 1000, ME) == VX_CLAIM_TAKEOVER);
+    CHECK(vx_cache_waiting(c, d) == 1); /* those waiting stay counted */
+    CHECK(stats(c).takeovers == before.takeovers + 1);
+    CHECK(vx_cache_renew(c, d, T0 + 3, 1000, (int32_t)pid) == 0);
+    CHECK(vx_cache_release(c, d, (int32_t)pid) == 0);
+    CHECK(vx_cache_pending(c, d, T0 + 3) == 1);
+    CHECK(vx_cache_release(c, d, ME) == 1);
+
+    /* Owner 0 (no process): only the lease ends it. */
+    CHECK(vx_cache_claim(c, d, T0, 100, 0) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_pending(c, d, T0 + 99) == 1);
+    CHECK(vx_cache_claim(c, d, T0 + 99, 100, ME) == VX_CLAIM_WAIT);
+    CHECK(vx_cache_claim(c, d, T0 + 100, 100, ME) == VX_CLAIM_TAKEOVER);
+    CHECK(vx_cache_release(c, d, ME) == 1);
+    CHECK(stats(c).markers == 0);
     CHECK(vx_cache_check(c) == 0);
     vx_cache_destroy(c);
 }
@@ -489,13 +563,14 @@ static void *stress_main(void *p)
         }
         case 7: {
             /* A marker round: lead, then (maybe) wait on someone else's, unwait, release. */
-            int rc = vx_cache_claim(a->c, key, now, 50);
+            int rc = vx_cache_claim(a->c, key, now, 50, ME);
             if (rc < 0)
                 a->marker_bad++;
             else if (rc == VX_CLAIM_WAIT) {
                 if (vx_cache_unwait(a->c, key) < 0)
                     a->marker_bad++;
-            } else if (vx_cache_release(a->c, key) < 0)
+            } else if (vx_cache_renew(a->c, key, now, 50, ME) < 0 ||
+                       vx_cache_release(a->c, key, ME) < 0)
                 a->marker_bad++;
             break;
         }
@@ -637,7 +712,7 @@ static void test_dead_holder(void)
     uint8_t key[VX_CACHE_KEY];
     make_key(key, 1);
     CHECK(vx_cache_put(c, key, "before", 6, T0, DAY) == 1);
-    CHECK(vx_cache_claim(c, key, T0, DAY) == VX_CLAIM_LEAD);
+    CHECK(vx_cache_claim(c, key, T0, DAY, ME) == VX_CLAIM_LEAD);
     pid_t pid = fork();
     if (pid == 0) {
         vx_cache_hold(c, 30000); /* killed long before it ends */
@@ -681,6 +756,7 @@ int main(int argc, char **argv)
     test_lru_model();
     test_ttl_max_age_replace();
     test_markers();
+    test_marker_owners();
     test_fork_shares();
     test_dead_holder();
     test_threads(ops);

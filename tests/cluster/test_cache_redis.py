@@ -8,8 +8,12 @@ depend on it: a killed Redis refuses at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,9 @@ import openai
 import pytest
 
 from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
-from velox.launch import GatewayProcess, RedisProcess, free_port
+from tests.e2e.test_cache import calls, send_raw, start
+from tests.e2e.test_cache import stats as cache_stats
+from velox.launch import GatewayProcess, RedisProcess
 from velox.mock import MockUpstream
 
 
@@ -42,37 +48,13 @@ def hosts(upstream: MockUpstream, redis_server: RedisProcess,
           tmp_path: Path) -> Iterator[list[GatewayProcess]]:
     started: list[GatewayProcess] = []
     try:
-        for i in range(2):
-            gw = GatewayProcess({
-                "VELOX_UPSTREAM_ORIGIN": upstream.origin,
-                "VELOX_UPSTREAM_CA_FILE": upstream.ca_file or "",
-                "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
-                "VELOX_WORKERS": "2",
-                "VELOX_EGRESS_POOL_CONNECTIONS": "1",
-                "VELOX_RATE_LIMIT_RPM": "0",
-                "VELOX_SHUTDOWN_GRACE_S": "2",
-                "VELOX_ACCESS_LOG": "0",
-                "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-                "VELOX_CACHE": "1",
-                "VELOX_REDIS_URL": redis_server.url,
-                "VELOX_CACHE_REDIS_TIMEOUT_MS": "500",
-            }, log_path=tmp_path / f"velox-{i}.log")
-            started.append(gw)
-            gw.start(wait_ready=True)
+        for _ in range(2):  # test_cache's gateway (two workers, VELOX_CACHE=1), plus Redis
+            start(started, upstream, tmp_path, VELOX_REDIS_URL=redis_server.url,
+                  VELOX_CACHE_REDIS_TIMEOUT_MS="500", VELOX_SHUTDOWN_GRACE_S="2")
         yield started
     finally:
         for gw in started:
             gw.stop()
-
-
-def calls(mock: MockUpstream) -> int:
-    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
-
-
-def cache_stats(gw: GatewayProcess) -> dict[str, Any]:
-    status, body = gw.admin_get("/stats")
-    assert status == 200
-    return json.loads(body)["cache"]  # type: ignore[no-any-return]
 
 
 def chat(client: openai.OpenAI, prompt: str,
@@ -193,3 +175,72 @@ def test_redis_killed_then_restarted(
             break
     assert shared, "the hosts did not share answers again after Redis came back"
     assert "reachable again" in a.log()
+
+
+PAR_KEY = "vx-par-cache-0123456789"
+
+
+def worker_state(gw: GatewayProcess) -> dict[str, Any]:
+    (worker,) = json.loads(gw.admin_get("/stats")[1])["workers"]
+    assert isinstance(worker["state"], dict)
+    return worker["state"]  # type: ignore[no-any-return]
+
+
+def test_a_keyed_client_leaving_while_its_request_waits_for_redis(
+        upstream: MockUpstream, redis_server: RedisProcess, tmp_path: Path) -> None:
+    """A `[[key]]` client with max_parallel leaves while its request waits for Redis's answer
+    (Redis stopped with SIGSTOP: the lookup waits until it is continued): the key's place comes
+    back at once, the request is never sent upstream nor answered, its body is freed; and the
+    key's places all work again afterwards."""
+    config = tmp_path / "velox.toml"
+    config.write_text(
+        f'[[upstream]]\nname = "mock"\norigin = "{upstream.origin}"\n'
+        f'ca_file = "{upstream.ca_file}"\napi_key_env = "MOCK_KEY"\n'
+        '[[route]]\nmodel = "gpt-4o-mini"\ntargets = [{ upstream = "mock" }]\ncache = true\n'
+        f'[[key]]\nname = "par"\nsha256 = "{hashlib.sha256(PAR_KEY.encode()).hexdigest()}"\n'
+        'max_parallel = 2\n')
+    started: list[GatewayProcess] = []
+    redis = redis_server.proc
+    assert redis is not None
+    try:
+        gw = start(started, upstream, tmp_path, VELOX_WORKERS="1", VELOX_CONFIG=str(config),
+                   MOCK_KEY=UPSTREAM_KEY, VELOX_REDIS_URL=redis_server.url,
+                   VELOX_CACHE_REDIS_TIMEOUT_MS="8000")
+        client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=PAR_KEY, max_retries=0,
+                               timeout=20)
+        chat(client, "warm up")  # the worker's Redis connection is open now
+        answered = json.loads(gw.admin_get("/stats")[1])["requests"]["total"]
+        os.kill(redis.pid, signal.SIGSTOP)
+        try:
+            body = {"model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": "leaves while Redis is asked"}]}
+            sock = send_raw(gw, body, key=PAR_KEY)
+            wait_for(lambda: worker_state(gw)["cache"]["redis_waits"] == 1, timeout=10)
+            assert key_active(gw) == 1
+            sock.close()
+            wait_for(lambda: worker_state(gw)["cache"]["redis_waits"] == 0, timeout=10)
+            assert key_active(gw) == 0  # given back when the client left, not at the timeout
+            assert worker_state(gw)["cache"]["redis_lookups"] == 1  # the lookup itself runs on
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+        wait_for(lambda: worker_state(gw)["cache"]["redis_lookups"] == 0, timeout=10)
+        state = worker_state(gw)
+        assert state["in_flight"] == 0
+        assert state["arena"] is None or state["arena"]["live_bodies"] == 0
+        assert calls(upstream) == 1  # the warm-up only: the one that left never went upstream
+        assert json.loads(gw.admin_get("/stats")[1])["requests"]["total"] == answered
+        assert key_active(gw) == 0
+        # Both of the key's places are free: two requests at once are both admitted.
+        slow = {"x-mock-latency-ms": "500"}
+        with ThreadPoolExecutor(2) as pool:
+            done = list(pool.map(lambda i: chat(client, f"after {i}", slow), range(2)))
+        assert [h["x-velox-cache"] for _, h in done] == ["miss", "miss"]
+        assert key_active(gw) == 0
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def key_active(gw: GatewayProcess) -> int:
+    (row,) = [k for k in json.loads(gw.admin_get("/stats")[1])["keys"] if k["name"] == "par"]
+    return row["active"]  # type: ignore[no-any-return]

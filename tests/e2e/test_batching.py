@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import socket
 import struct
@@ -406,3 +407,107 @@ def test_a_member_that_disconnects_does_not_break_the_others(
     assert not seen[1]["cancelled"]  # the others needed it: never cancelled
     # Every request ended exactly once: nothing is left in flight in the worker.
     assert wait_for(lambda: stats(gateway)["upstream"]["in_flight"] == 0, timeout=5)
+
+
+PAR_KEY = "vx-par-batching-0123456789"
+
+
+def _keyed_embeddings_request(port: int, body: dict, latency_ms: int) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                 b"\r\nauthorization: Bearer " + PAR_KEY.encode()
+                 + b"\r\nx-mock-latency-ms: %d" % latency_ms
+                 + b"\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+    return sock
+
+
+def test_a_keyed_member_leaving_while_it_waits_and_while_its_batch_is_in_flight(
+        mock: MockUpstream, tmp_path: Any) -> None:
+    """A `[[key]]` client with max_parallel leaves (1) while its request waits in a group and
+    (2) while the merged call carrying it is upstream: each time the key's place comes back
+    at once, the member is neither sent nor answered, every other member is answered once, and
+    the worker's in-flight count ends at 0 (an end counted twice would take it below)."""
+    mock.behave()
+    mock.reset()
+    config = tmp_path / "velox.toml"
+    config.write_text(f"""
+[[upstream]]
+name = "own"
+origin = "{mock.origin}"
+ca_file = "{mock.ca_file}"
+api_key_env = "UP_KEY"
+
+[[route]]
+model = "emb-key"
+targets = [{{ upstream = "own" }}]
+batch = {{ max_requests = 8, max_wait_ms = 5000 }}
+
+[[key]]
+name = "par"
+sha256 = "{hashlib.sha256(PAR_KEY.encode()).hexdigest()}"
+max_parallel = 4
+""")
+    env = {"VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
+           "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5",
+           "VELOX_ACCESS_LOG": "0", "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+
+    def active(gw: GatewayProcess) -> int:
+        (row,) = [k for k in stats(gw)["keys"] if k["name"] == "par"]
+        return row["active"]  # type: ignore[no-any-return]
+
+    def embed(c: openai.AsyncOpenAI, text: str) -> Any:
+        return asyncio.create_task(c.embeddings.create(model="emb-key", input=text, user="k",
+                                                       encoding_format="float"))
+
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:
+        port = int(gw.base_url.rsplit(":", 1)[1])
+        leaver = {"model": "emb-key", "input": "leaver", "user": "k", "encoding_format": "float"}
+
+        async def until(predicate: Any) -> None:
+            """Poll (bounded, 10 s) without holding up the client tasks."""
+            for _ in range(200):
+                if predicate():
+                    return
+                await asyncio.sleep(0.05)
+            raise AssertionError("condition not met in time")
+
+        async def run() -> list[Any]:
+            c = client(gw, PAR_KEY)
+            # (1) While waiting: a call of the group is in flight, the leaver waits behind it.
+            first = await blocker(gw, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
+            sock = _keyed_embeddings_request(port, leaver, 2000)
+            await until(lambda: active(gw) == 2)
+            sock.close()
+            await until(lambda: active(gw) == 1)  # back before its group leaves
+            stayer = embed(c, "stays 0")  # waits in the group, leaves when the blocker ends
+            answers = [await first, await stayer]
+            # (2) While in flight: the next blocker, then two members and a leaver merged into
+            # one call (1500 ms upstream: their latency header).
+            await c.close()
+            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "1500"})
+            batches = batch_stats(gw)["total_batches"]
+            second = await blocker(gw, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            jobs = [embed(c, "stays 1"), embed(c, "stays 2")]
+            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"}, 1500)
+            await until(lambda: active(gw) == 4)  # all three wait behind the blocker
+            answers.append(await second)
+            await until(lambda: batch_stats(gw)["total_batches"] == batches + 2)  # merged, sent
+            sock.close()
+            await until(lambda: active(gw) == 2)  # the merged call is still upstream
+            answers += await asyncio.gather(*jobs)
+            await c.close()
+            return answers
+
+        before = stats(gw)["requests"]["total"]
+        answers = asyncio.run(run())
+        texts = ["blocker", "stays 0", "blocker", "stays 1", "stays 2"]
+        for text, answer in zip(texts, answers, strict=True):
+            assert vector(answer.data[0]) == embedding_vector(text, EMBEDDING_DIMENSIONS)
+        seen = calls(mock)
+        # The first leaver never reached the upstream; the second went in the merged call
+        # (which the others needed: not cancelled).
+        assert [r["inputs"] for r in seen] == [1, 1, 1, 3] and not seen[3]["cancelled"]
+        assert active(gw) == 0
+        assert stats(gw)["requests"]["total"] == before + 5  # each once; the leavers never
+        assert wait_for(lambda: stats(gw)["workers"][0]["state"]["in_flight"] == 0, timeout=5)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, UPSTREAM_KEY, client_for, wait_for
+from tests.e2e.test_hardening_ingress import read_response
 from velox.launch import GatewayProcess, free_port
 from velox.mock import MockUpstream
 
@@ -317,11 +320,13 @@ def test_fifty_identical_concurrent_requests_cost_one_upstream_call(
     assert doc["misses"] == 1 and doc["coalesced"] + doc["hits"] == 49
 
 
-def _send_raw(gw: GatewayProcess, body: dict[str, Any], headers: str = "") -> socket.socket:
+def send_raw(gw: GatewayProcess, body: dict[str, Any], headers: str = "",
+             key: str = CLIENT_KEY) -> socket.socket:
+    """A chat request on a socket of its own (the test reads or closes it)."""
     data = json.dumps(body).encode()
     sock = socket.create_connection((gw.host, gw.port), timeout=10)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                 b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+                 b"authorization: Bearer " + key.encode() + b"\r\n"
                  + headers.encode() + b"content-type: application/json\r\n"
                  + b"content-length: %d\r\n\r\n" % len(data) + data)
     return sock
@@ -340,7 +345,7 @@ def test_a_leaving_leader_does_not_cancel_the_answer_others_wait_for(
         gw = start(gateways, upstream, tmp_path, VELOX_WORKERS=workers)
         upstream.reset()
         body = {**CHAT, "messages": [{"role": "user", "content": f"leaving {workers}"}]}
-        leader = _send_raw(gw, body, "x-mock-latency-ms: 4000\r\n")
+        leader = send_raw(gw, body, "x-mock-latency-ms: 4000\r\n")
         wait_for(lambda: calls(upstream) == 1, timeout=10)  # the leader's call is upstream
 
         async def followers_then_leave() -> list[httpx.Response]:
@@ -358,6 +363,53 @@ def test_a_leaving_leader_does_not_cancel_the_answer_others_wait_for(
         assert calls(upstream) == 1
         assert upstream.stats()["streams_cancelled"] == 0
         gw.stop()
+
+
+def _cache_state(gw: GatewayProcess) -> dict[int, dict[str, int]]:
+    """Each worker's cache state (flights, followers, remote_waits) by pid."""
+    workers = json.loads(gw.admin_get("/stats")[1])["workers"]
+    return {w["pid"]: w["state"]["cache"] for w in workers if isinstance(w["state"], dict)}
+
+
+def test_a_follower_in_another_worker_goes_on_soon_after_its_leaders_worker_dies(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    """The leader's worker is SIGKILLed mid-call: a follower waiting in the other worker is
+    sent on its own within moments (the marker's owner is gone), not after the old hold of the
+    request timeout (600 s by default)."""
+    gw = start(gateways, upstream, tmp_path)
+    body = {**CHAT, "messages": [{"role": "user", "content": "a leader that dies"}]}
+    sockets = [send_raw(gw, body, "x-mock-latency-ms: 60000\r\n")]
+    try:
+        wait_for(lambda: calls(upstream) == 1, timeout=10)  # the leader's call is upstream
+        leaders = [pid for pid, s in _cache_state(gw).items() if s["flights"] == 1]
+        assert len(leaders) == 1
+        leader_pid = leaders[0]
+        # Identical requests until one lands in the other worker (SO_REUSEPORT spreads
+        # connections by their ports; 24 tries all landing in one of two workers: 2^-24).
+        follower = None
+        for n in range(1, 25):
+            sock = send_raw(gw, body)
+            sockets.append(sock)
+            wait_for(lambda: waiting(gw) == n, timeout=10)
+            if any(s["remote_waits"] for pid, s in _cache_state(gw).items()
+                   if pid != leader_pid):
+                follower = sock
+                break
+        assert follower is not None, "no follower reached the other worker"
+        assert calls(upstream) == 1
+        os.kill(leader_pid, signal.SIGKILL)
+        started = time.monotonic()
+        follower.settimeout(30)
+        status, headers, answer = read_response(follower)
+        took = time.monotonic() - started
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"]
+    assert headers[b"x-velox-cache"] == b"miss"  # sent upstream on its own
+    assert took < 15, took  # far below the old hold (600 s); normally milliseconds
+    assert calls(upstream) == 2
+    assert stats(gw)["sent_alone"] >= 1
 
 
 def test_a_follower_whose_leader_fails_is_sent_alone(

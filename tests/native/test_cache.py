@@ -277,9 +277,42 @@ def test_child_puts_parent_gets() -> None:
     assert in_child(child) == b"100"
     for i in range(100):
         assert c.get(key(i), T0 + 3) == (value(i, 100 + 37 * i), 3)
-    assert c.pending(key("lead"), T0) is True
-    assert c.claim(key("lead"), T0, DAY) is False  # the child leads it
-    assert c.waiting(key("lead")) == 1
+    # The child claimed a day's lease, then exited (reaped): its marker is dead at once, and
+    # the next claim takes the key over.
+    assert c.pending(key("lead"), T0) is False
+    assert c.claim(key("lead"), T0, DAY) is True and c.stats()["takeovers"] == 1
+
+
+def test_a_live_leader_in_another_process_renews_and_keeps_its_marker() -> None:
+    c = SharedCache(4 * MB)
+    k = key("lead")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child: leads, then waits to be killed
+        os.close(r)
+        ok = c.claim(k, T0, 100) and c.renew(k, T0 + 50, 100)
+        os.write(w, b"1" if ok else b"0")
+        time.sleep(30)
+        os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"1"
+        # Another process's marker: a waiter here, and neither renew nor release touch it.
+        assert c.pending(k, T0 + 149) is True and c.claim(k, T0 + 149, 100) is False
+        assert c.renew(k, T0 + 149, DAY) is False and c.release(k) is False
+        assert c.waiting(k) == 1
+        # The leader is SIGKILLed: once reaped, its marker no longer holds the key.
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pid = 0
+        assert c.pending(k, T0 + 149) is False
+        assert c.claim(k, T0 + 149, 100) is True and c.waiting(k) == 1  # waiters stay counted
+        assert c.renew(k, T0 + 200, 100) is True and c.release(k) is True
+    finally:
+        os.close(r)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_processes_hammering_one_cache_keep_invariants() -> None:

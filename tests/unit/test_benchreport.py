@@ -120,7 +120,7 @@ def test_scenario_benchmarks_get_tables_not_micro_rows() -> None:
     _, admin = benchreport.table_admin_cost(micro)  # type: ignore[misc]
     assert admin[0][1] == "20,000 / 15,000 (25.0% fewer)"
     assert benchreport.table_bigbody(micro) is None
-    titles = [t for _, t, _, _ in benchreport.sections(None, micro, None)]
+    titles = [t for _, t, _, _ in benchreport.sections({"micro": micro})]
     assert "Client disconnect to upstream RST_STREAM (`benches/bench_cancel.py`)" in titles
 
 

@@ -35,13 +35,16 @@ from velox.stats import F, SharedStats
 
 
 class FakeStore:
-    """The SharedCache API in Python, one process only (for these tests)."""
+    """The SharedCache API in Python, one process only (for these tests); `pid` plays the
+    calling process, `dead` the processes that are gone."""
 
     def __init__(self, capacity: int = 1 << 20) -> None:
         self.capacity = capacity
         self.max_value = capacity // 4
         self.entries: OrderedDict[bytes, tuple[bytes, int, int]] = OrderedDict()
-        self.markers: dict[bytes, list[int]] = {}  # key → [expires_ms, waiters]
+        self.markers: dict[bytes, list[int]] = {}  # key → [expires_ms, waiters, owner]
+        self.pid = 1  # the process calling (markers are owned by a pid, like the native store's)
+        self.dead: set[int] = set()  # pids of processes that are gone
 
     def get(self, key: bytes, now_ms: int, max_age_ms: int = -1) -> tuple[bytes, int] | None:
         got = self.entries.get(key)
@@ -67,10 +70,17 @@ class FakeStore:
 
     def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool:
         marker = self.markers.get(key)
-        if marker is not None and marker[0] > now_ms:
+        if marker is not None and self._live(marker, now_ms):
             marker[1] += 1
             return False
-        self.markers[key] = [now_ms + hold_ms, 0]
+        self.markers[key] = [now_ms + hold_ms, marker[1] if marker else 0, self.pid]
+        return True
+
+    def renew(self, key: bytes, now_ms: int, hold_ms: int) -> bool:
+        marker = self.markers.get(key)
+        if marker is None or marker[2] != self.pid:
+            return False
+        marker[0] = now_ms + hold_ms
         return True
 
     def unwait(self, key: bytes) -> None:
@@ -81,11 +91,16 @@ class FakeStore:
         return self.markers[key][1] if key in self.markers else 0
 
     def release(self, key: bytes) -> None:
-        self.markers.pop(key, None)
+        marker = self.markers.get(key)
+        if marker is not None and marker[2] == self.pid:
+            del self.markers[key]
 
     def pending(self, key: bytes, now_ms: int) -> bool:
         marker = self.markers.get(key)
-        return marker is not None and marker[0] > now_ms
+        return marker is not None and self._live(marker, now_ms)
+
+    def _live(self, marker: list[int], now_ms: int) -> bool:
+        return marker[0] > now_ms and marker[2] not in self.dead
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self.entries), "bytes": 0, "capacity": self.capacity,
@@ -397,6 +412,75 @@ def test_remote_waiters_keep_the_call_running(harness: Harness) -> None:
     exchange.client_gone()
     assert not exchange.attempt.cancelled  # type: ignore[union-attr]
     harness.store.unwait(key)
+
+
+def _run(harness: Harness, seconds: float) -> None:
+    harness.loop.run_until_complete(asyncio.sleep(seconds))
+
+
+def test_a_remote_waiter_goes_alone_as_soon_as_its_leaders_process_is_gone(
+        harness: Harness) -> None:
+    key = harness.front.ticket(make_request()).key
+    harness.store.pid = 2  # another worker leads, with a lease far longer than this test
+    assert harness.store.claim(key, cache.now_ms(), 3_600_000)
+    harness.store.pid = 1
+    follower = make_request()
+    assert harness.front.front([follower]) == []  # waits for the other worker's answer
+    _run(harness, 0.05)
+    assert harness.alone == [] and harness.front.state()["remote_waits"] == 1
+    harness.store.dead.add(2)  # the leader's worker is SIGKILLed (and reaped)
+    _run(harness, 0.05)  # a poll or two (20 ms apart at most)
+    assert harness.alone == [follower] and follower.cache.alone
+    assert harness.front.state()["remote_waits"] == 0 and harness.count(F.CACHE_ALONE) == 1
+
+
+def test_a_remote_waiter_whose_client_leaves_is_released_and_the_wait_ends(
+        harness: Harness) -> None:
+    key = harness.front.ticket(make_request()).key
+    harness.store.pid = 2
+    assert harness.store.claim(key, cache.now_ms(), 3_600_000)
+    harness.store.pid = 1
+    first, second = make_request(), make_request()
+    assert harness.front.front([first, second]) == []
+    assert harness.store.waiting(key) == 1 and harness.front.state()["remote_waits"] == 2
+    first.exchange.client_gone()  # type: ignore[union-attr]
+    assert harness.released == [first] and first.exchange is None
+    assert harness.front.state()["remote_waits"] == 1 and key in harness.front.waits
+    second.exchange.client_gone()  # type: ignore[union-attr] # the last one: the wait ends
+    assert harness.released == [first, second] and key not in harness.front.waits
+    assert harness.store.waiting(key) == 0  # no longer counted on the other's marker
+    _run(harness, 0.05)
+    assert harness.alone == []
+    assert first.conn.status == second.conn.status == 0  # type: ignore[attr-defined]
+
+
+def test_a_leader_renews_its_lease_and_forgets_a_marker_taken_over(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "RENEW_S", 0.01)
+    leader = make_request()
+    exchange = harness.lead(harness.front.front([leader])[0])
+    key = leader.cache.key
+    flight = exchange.observer
+    first = harness.store.markers[key][0]
+    _run(harness, 0.05)
+    assert harness.store.markers[key][0] > first  # renewed while the call runs
+    assert harness.front.renewing is not None and key in harness.front.held
+    # The lease lapsed (a stalled loop) and another worker took the key over: this flight
+    # no longer leads across workers, stops renewing, and leaves the other's marker alone.
+    harness.store.markers[key][2] = 2
+    _run(harness, 0.05)
+    assert not flight.marker and not harness.front.held  # type: ignore[union-attr]
+    assert harness.front.renewing is None
+    answer(exchange)
+    assert harness.store.markers[key][2] == 2 and len(harness.store.entries) == 1
+    # A leader that ends drops its own marker and the renewals stop.
+    other = make_request(body=b'{"model":"m","messages":[]}')
+    exchange = harness.lead(harness.front.front([other])[0])
+    assert harness.front.renewing is not None
+    answer(exchange)
+    assert other.cache.key not in harness.store.markers and not harness.front.held
+    _run(harness, 0.03)
+    assert harness.front.renewing is None
 
 
 def test_streaming_follower_gets_events_so_far_then_the_rest_live(harness: Harness) -> None:

@@ -14,7 +14,7 @@ from tests.unit.test_cache import Harness, make_request
 from velox import cache_redis
 from velox.cache import HEADER, HIT, encode_entry
 from velox.cache_redis import RedisTier, decode_value, encode_value, redis_key
-from velox.stats import F
+from velox.stats import F, SharedStats
 
 ENTRY = encode_entry(False, [(b"content-type", b"application/json")], b'{"answer": 1}')
 
@@ -163,3 +163,40 @@ def test_a_failed_call_marks_redis_down_and_drops_writes(rig: Rig) -> None:
     name, value = rig.client.calls[-1][0][1:3]
     assert name == redis_key(b"k" * 32) and decode_value(value)[1] == ENTRY  # type: ignore[index]
     assert rig.client.calls[-1][0][3] == 60_000 and rig.h.count(F.CACHE_REDIS_STORES) == 1
+
+
+def test_a_client_leaving_a_redis_lookup_is_released_and_never_answered(rig: Rig) -> None:
+    leaving, staying = make_request(), make_request()
+    key = rig.h.front.ticket(leaving).key
+    rig.client.delay = 0.02
+    assert rig.h.front.front([leaving, staying]) == []
+    leaving.conn.closed = True  # type: ignore[attr-defined]
+    leaving.exchange.client_gone()  # type: ignore[union-attr] # what ingress does
+    assert rig.h.released == [leaving] and leaving.exchange is None
+    rig.run(0.05)
+    assert rig.resumed == [staying]  # the miss goes on; the one that left does not
+    assert leaving.conn.status == 0 and key not in rig.tier.lookups  # type: ignore[attr-defined]
+    # Every client leaves: the lookup still ends by itself, and its answer only fills the
+    # local store (no one is answered, nothing goes on).
+    rig.client.data[redis_key(key)] = encode_value(cache_redis.wall_ms(), ENTRY)
+    alone = make_request()
+    assert rig.h.front.front([alone]) == []
+    alone.conn.closed = True  # type: ignore[attr-defined]
+    alone.exchange.client_gone()  # type: ignore[union-attr]
+    rig.run(0.05)
+    assert rig.resumed == [staying] and alone.conn.status == 0  # type: ignore[attr-defined]
+    assert key not in rig.tier.lookups and rig.h.store.get(key, cache_redis.now_ms())
+
+
+def test_a_call_may_take_as_long_as_a_lookup_may_wait() -> None:
+    """The socket timeout is 0.5 s or the lookup timeout, whichever is longer: a Redis slower
+    than 0.5 s but within VELOX_CACHE_REDIS_TIMEOUT_MS is used, not marked down on each call."""
+    loop = asyncio.new_event_loop()
+    try:
+        for timeout_ms, expected in ((5, 0.5), (2000, 2.0)):
+            tier = RedisTier("redis://127.0.0.1:1/0", timeout_ms, 1000, loop,
+                             SharedStats(1).counters, 0)
+            options = tier._connect().connection_pool.connection_kwargs
+            assert options["socket_timeout"] == options["socket_connect_timeout"] == expected
+    finally:
+        loop.close()

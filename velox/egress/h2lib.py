@@ -25,7 +25,8 @@ from typing import Any
 from .codec import (
     CANCEL, COMPRESSION_ERROR, DATA, DATA_PER_CALL, DEFAULT_MAX_CONCURRENT_STREAMS, GOAWAY,
     LOCAL_CONNECTION_WINDOW, LOCAL_INITIAL_WINDOW_SIZE, LOCAL_MAX_HEADER_LIST_SIZE,
-    MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, PING_ACK, REFUSED_STREAM, RESET,
+    MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, PING_ACK, PROTOCOL_ERROR,
+    REFUSED_STREAM, RESET,
     RESPONSE,
     SENSITIVE_HEADERS, SETTINGS, TRAILERS, CodecError,
 )  # fmt: skip
@@ -73,6 +74,7 @@ class H2LibCodec:
         self._max_streams = DEFAULT_MAX_CONCURRENT_STREAMS
         self._got_settings = False
         self._refusal: str | None = None
+        self._malformed: set[int] = set()  # streams reset during the current receive_data
 
     # --- Codec interface --------------------------------------------------------------------
 
@@ -142,7 +144,10 @@ class H2LibCodec:
         for event in library_events:
             handler = dispatch.get(type(event))
             if handler is not None:
+                if self._malformed and getattr(event, "stream_id", 0) in self._malformed:
+                    continue  # the rest of a stream reset in this batch (see _on_response)
                 handler(event, events)
+        self._malformed.clear()
         return events
 
     def data_to_send(self) -> bytes:
@@ -234,10 +239,26 @@ class H2LibCodec:
     # --- Event mapping ----------------------------------------------------------------------
 
     def _on_response(self, event: Any, out: list[tuple]) -> None:
-        # Inbound validation guarantees :status comes first and is the only pseudo-header.
+        # Inbound validation guarantees :status comes first and is the only pseudo-header, but
+        # not that it is three digits (RFC 9113 section 8.3.2): a malformed one (b"abc" after a
+        # 1xx, say) is a stream error, answered like the framer does: RST_STREAM
+        # PROTOCOL_ERROR and a RESET event, never an exception out of receive_data.
         headers = event.headers
-        status = int(headers[0][1])
-        out.append((RESPONSE, event.stream_id, status, headers[1:], event.stream_ended is not None))
+        status = headers[0][1]
+        if len(status) != 3 or not status.isdigit():
+            self._reset_malformed(event.stream_id, out)
+            return
+        out.append((RESPONSE, event.stream_id, int(status), headers[1:],
+                    event.stream_ended is not None))
+
+    def _reset_malformed(self, sid: int, out: list[tuple]) -> None:
+        self._bodies.pop(sid, None)
+        self._malformed.add(sid)
+        try:
+            self._conn.reset_stream(sid, error_code=PROTOCOL_ERROR)
+        except self._protocol_error:
+            pass  # the response also ended the stream: nothing left to reset on the wire
+        out.append((RESET, sid, PROTOCOL_ERROR))
 
     def _on_data(self, event: Any, out: list[tuple]) -> None:
         out.append(
