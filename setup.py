@@ -18,6 +18,7 @@ NATIVE_SOURCES = [
     "native/vx_hpack.c",
     "native/vx_h2.c",
     "native/vx_http1.c",
+    "native/vx_books.c",
 ]
 
 setup(
