@@ -3664,6 +3664,23 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
     return Py_BuildValue("(LL)", (long long)in, (long long)out);
 }
 
+PyDoc_STRVAR(estimate_scan_doc,
+             "estimate_scan(body, /) -> (int, int)\n--\n\n"
+             "A request body's estimated input tokens (bytes / 4 rounded up, each inline\n"
+             "base64 payload counted as 765) and its max_tokens / max_completion_tokens /\n"
+             "max_output_tokens (-1 when absent), in one pass (velox.usage.estimate).");
+
+static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t input, output;
+    vx_books_estimate(view.buf, (size_t)view.len, &input, &output);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LL)", (long long)input, (long long)output);
+}
+
 static PyMethodDef module_methods[] = {
     {"scan_json", (PyCFunction)native_scan_json, METH_O, scan_json_doc},
     {"hash64", FASTCALL(native_hash64), METH_FASTCALL, hash64_doc},
@@ -3674,6 +3691,7 @@ static PyMethodDef module_methods[] = {
      h1_server_timing_doc},
     {"access_line", FASTCALL(native_access_line), METH_FASTCALL, access_line_doc},
     {"usage_scan", (PyCFunction)native_usage_scan, METH_O, usage_scan_doc},
+    {"estimate_scan", (PyCFunction)native_estimate_scan, METH_O, estimate_scan_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -216,3 +216,71 @@ int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
     *out = b;
     return 1;
 }
+
+/* ---- estimate ---- */
+
+static int py_space(unsigned char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r'); /* \t \n \v \f \r */
+}
+
+static const unsigned char *find(const unsigned char *s, size_t n, const char *lit, size_t len)
+{
+    return memmem(s, n, lit, len);
+}
+
+/* At s[i] (just past `"max_`): the rest of one of the three keys, then \s* : \s* digits. */
+static int64_t max_value(const unsigned char *s, size_t n, size_t i)
+{
+    static const char *const rests[] = {"completion_tokens\"", "output_tokens\"", "tokens\""};
+    for (size_t r = 0; r < 3; r++) {
+        size_t len = strlen(rests[r]);
+        if (n - i < len || memcmp(s + i, rests[r], len) != 0)
+            continue;
+        size_t j = i + len;
+        while (j < n && py_space(s[j]))
+            j++;
+        if (j >= n || s[j] != ':')
+            return -1;
+        j++;
+        while (j < n && py_space(s[j]))
+            j++;
+        int64_t v = 0;
+        size_t k = j;
+        while (k < n && k - j < 12 && s[k] >= '0' && s[k] <= '9')
+            v = v * 10 + (s[k++] - '0');
+        return k > j ? v : -1;
+    }
+    return -1;
+}
+
+void vx_books_estimate(const unsigned char *s, size_t n, int64_t *input, int64_t *output)
+{
+    static const char B64[] = ";base64,";
+    size_t inline_bytes = 0, payloads = 0, at = 0;
+    const unsigned char *hit;
+    while ((hit = find(s + at, n - at, B64, sizeof B64 - 1)) != NULL) {
+        size_t start = (size_t)(hit - s) + sizeof B64 - 1;
+        const unsigned char *quote = memchr(s + start, '"', n - start);
+        if (quote == NULL)
+            break;
+        size_t end = (size_t)(quote - s);
+        inline_bytes += end - start;
+        payloads++;
+        at = end;
+    }
+    size_t text = n - inline_bytes;
+    *input = (int64_t)((text + VX_BOOKS_BYTES_PER_TOKEN - 1) / VX_BOOKS_BYTES_PER_TOKEN) +
+             (int64_t)payloads * VX_BOOKS_IMAGE_TOKENS;
+    *output = -1;
+    at = 0;
+    while ((hit = find(s + at, n - at, "\"max_", 5)) != NULL) {
+        size_t i = (size_t)(hit - s) + 5;
+        int64_t v = max_value(s, n, i);
+        if (v >= 0) {
+            *output = v;
+            return;
+        }
+        at = (size_t)(hit - s) + 1;
+    }
+}

@@ -45,4 +45,15 @@ int vx_books_time(char *out, int64_t ms);
  * last one is not in that form (the caller reads it another way). */
 int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
 
+/* A request body's token estimate (velox.usage): *input = ceil(text bytes / 4) + 765 per
+ * inline base64 payload, where a payload runs from each ";base64," to the next '"' (its
+ * bytes are not text; one without a closing quote ends the search and counts as text), and
+ * *output = the value of the first `"max_tokens"`, `"max_completion_tokens"` or
+ * `"max_output_tokens"` key followed by whitespace, ':', whitespace and 1 to 12 digits (the
+ * first 12 when longer), -1 when there is none. Whitespace is Python's bytes \s (space,
+ * \t \n \r \f \v), as in the regular expression this replaces. */
+#define VX_BOOKS_BYTES_PER_TOKEN 4
+#define VX_BOOKS_IMAGE_TOKENS 765
+void vx_books_estimate(const unsigned char *s, size_t n, int64_t *input, int64_t *output);
+
 #endif /* VX_BOOKS_H */

@@ -32,7 +32,7 @@ Cut short (the client left, the upstream broke, no usage arrived): the request i
 estimated input plus the output relayed so far, one token per relayed event (OpenAI streams one
 token per chunk), or relayed bytes / 4 for a plain body.
 
-Imports: the native extension (usage_scan), _types (Request), stdlib, orjson.
+Imports: the native extension (usage_scan, estimate_scan), _types (Request), stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from velox._native import usage_scan
+from velox._native import estimate_scan, usage_scan
 
 if TYPE_CHECKING:
     from velox._types import Request
@@ -129,20 +129,14 @@ def estimate(request: Request, default_output: int | None = None, cap: int = 0) 
     request (velox.keys also caps the whole estimate at the key's tpm)."""
     if default_output is None:
         default_output = _default_output
-    body = request.body
-    if isinstance(body, memoryview):
-        body = bytes(body)  # once, for both searches
-    tokens = input_tokens(body)
+    # Both searches in one native pass over the body (vx_books_estimate; input_tokens and
+    # output_limit above are its reference, kept equal by tests): ~0.3 us instead of ~2.
+    tokens, out = estimate_scan(request.body)
     if bare_path(request.path) == _EMBEDDINGS:
         return tokens
-    return tokens + _output(body, default_output, cap)
-
-
-def _output(body: bytes | bytearray, default_output: int, cap: int) -> int:
-    m = _OUTPUT.search(body)
-    if m is not None:
-        return int(m.group(1))
-    return min(default_output, cap) if cap > 0 else default_output
+    if out >= 0:
+        return tokens + out
+    return tokens + (min(default_output, cap) if cap > 0 else default_output)
 
 
 # --- the body sent upstream ------------------------------------------------------------------
@@ -557,7 +551,7 @@ class TokenMeter:
         # 2 kB would be charged less than IMAGE_TOKENS anyway).
         size = len(request.body)
         self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
-            input_tokens(request.body)
+            estimate_scan(request.body)[0]
         self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
@@ -573,13 +567,7 @@ class TokenMeter:
         body: call it while the body is held, before the answer starts)."""
         tokens = self._estimate
         if tokens < 0:
-            request = self.request
-            body = request.body
-            if isinstance(body, memoryview):
-                body = bytes(body)
-            tokens = input_tokens(body)
-            if bare_path(request.path) != _EMBEDDINGS:
-                tokens += _output(body, self.ledger.default_output, self.cap)
+            tokens = estimate(self.request, self.ledger.default_output, self.cap)
             self._estimate = tokens
         return tokens
 

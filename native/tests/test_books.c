@@ -89,8 +89,35 @@ static void test_usage(void)
         CHECK(vx_books_usage((const unsigned char *)good, n, &in, &out) >= -1);
 }
 
+static void estimate(const char *s, int64_t *in, int64_t *out)
+{
+    vx_books_estimate((const unsigned char *)s, strlen(s), in, out);
+}
+
+static void test_estimate(void)
+{
+    int64_t in, out;
+    estimate("", &in, &out);
+    CHECK(in == 0 && out == -1);
+    estimate("{\"max_tokens\": 32}", &in, &out); /* 17 bytes */
+    CHECK(in == 5 && out == 32);
+    estimate("{\"max_completion_tokens\":7,\"max_tokens\":9}", &in, &out);
+    CHECK(out == 7);
+    estimate("{\"max_tokens\":null,\"max_output_tokens\":3}", &in, &out);
+    CHECK(out == 3);
+    estimate("{\"max_tokens\":1234567890123456}", &in, &out);
+    CHECK(out == INT64_C(123456789012));
+    estimate("{\"max_", &in, &out);
+    CHECK(out == -1);
+    estimate("\"x;base64,AAAAAAAA\"", &in, &out); /* 2 + 8 text bytes, one payload */
+    CHECK(in == 3 + 765 && out == -1);
+    estimate("\"x;base64,AAAAAAAA", &in, &out); /* unclosed: all text */
+    CHECK(in == 5);
+}
+
 int main(void)
 {
+    test_estimate();
     test_strings();
     test_numbers_and_time();
     test_usage();

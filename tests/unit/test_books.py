@@ -5,6 +5,8 @@
   included (quotes, backslashes, control bytes, latin-1 and non-BMP text, query strings).
 * usage_of reads OpenAI's own member order with a native scan (vx_books_usage) instead of a
   regular expression: same numbers, and anything else still goes the parsing way.
+* The token estimate is one native pass (vx_books_estimate) doing what input_tokens and
+  output_limit (the reference, in Python) do.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any
 import orjson
 import pytest
 
-from benches._pipeline import REPLY_BODY
-from velox._native import usage_scan
+from benches._pipeline import CHAT_BODY, REPLY_BODY
+from velox._native import estimate_scan, usage_scan
 from velox._types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
-from velox.usage import usage_of
+from velox.usage import estimate, input_tokens, output_limit, usage_of
 
 # --- the access log ------------------------------------------------------------------------
 
@@ -203,3 +205,36 @@ def test_usage_of_gives_what_it_gave(body: bytes) -> None:
             out = usage.get("completion_tokens", usage.get("output_tokens"))
             expected = (inp, out if type(out) is int else 0) if type(inp) is int else None
     assert usage_of(body) == expected
+
+
+# --- the estimate --------------------------------------------------------------------------
+
+ESTIMATE_BODIES = [
+    CHAT_BODY, b"", b"{}", b'{"max_tokens":12}', b'{"max_tokens" :\t 12 ,"x":1}',
+    b'{"max_completion_tokens":7,"max_tokens":9}', b'{"max_output_tokens":5}',
+    b'{"max_tokens":null,"max_completion_tokens":3}', b'{"max_tokens":"12"}',
+    b'{"max_tokens":1234567890123456}', b'{"max_tokens":', b'{"max_',
+    b'{"a":"data:image/png;base64,' + b"A" * 5000 + b'","b":"x;base64,QQ=="}',
+    b'{"a":"data:image/png;base64,AAAA',  # no closing quote
+    b'{"max_tokens\\":3}', b'{"max_tokens"\x0b:\x0c4}', b'"max_foo":1,"max_tokens":2',
+    b";base64,;base64,\"", b'{"input":"' + b"x" * 3001 + b'"}',
+]
+
+
+@pytest.mark.parametrize("body", ESTIMATE_BODIES)
+def test_estimate_scan_is_input_tokens_and_output_limit(body: bytes) -> None:
+    limit = output_limit(body)
+    expected = (input_tokens(body), -1 if limit is None else limit)
+    assert estimate_scan(body) == expected
+    assert estimate_scan(memoryview(body)) == expected
+
+
+def test_estimate_adds_the_default_output_capped_and_skips_embeddings() -> None:
+    request = _request(b"/v1/chat/completions", "m", -1)
+    request.body = b'{"model":"m"}'  # 13 bytes: 4 tokens, no maximum
+    assert estimate(request, 100) == 104
+    assert estimate(request, 100, cap=10) == 14
+    request.body = b'{"model":"m","max_tokens":5}'
+    assert estimate(request, 100, cap=10) == 7 + 5
+    request.path = b"/v1/embeddings?x=1"
+    assert estimate(request, 100) == 7
