@@ -183,7 +183,7 @@ class Ticket:
         if not self.released:
             self.released = True
             key = self.key
-            key.limits.leave(key.rpm_i, key.slot)
+            key.leave(key.rpm_i, key.slot)
 
     def settle(self, tokens_used: int) -> None:
         """The request really used `tokens_used` tokens (>= 0); call once, at any time
@@ -203,7 +203,8 @@ class _Key:
     """One key as the stage uses it (per worker)."""
 
     __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
-                 "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot")
+                 "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot",
+                 "limit_requests", "limit_tokens", "leave")
 
     def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int) -> None:
         self.limits = limits
@@ -222,6 +223,9 @@ class _Key:
         self.req_i = self.rpm_i if spec.rpm else -1
         self.tok_i = self.tpm_i if spec.tpm else -1
         self.headers = bool(spec.rpm or spec.tpm)
+        self.limit_requests = (_LIMIT_REQUESTS, self.rpm_value)
+        self.limit_tokens = (_LIMIT_TOKENS, self.tpm_value)
+        self.leave = limits.leave
 
 
 _LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
@@ -285,15 +289,24 @@ class KeyStage:
                 continue
             request.ticket = Ticket(key, reserved)
             if key.headers:
+                # One list display per shape, the limits' header pairs made once per key:
+                # about 1 us less per request than growing a list (benches/bench_keys.py).
                 left = ~code
-                extra = []
                 if key.rpm:
-                    extra += ((_LIMIT_REQUESTS, key.rpm_value),
-                              (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF)))
-                if tok_i >= 0:
-                    extra += ((_LIMIT_TOKENS, key.tpm_value),
-                              (_REMAINING_TOKENS, b"%d" % (left >> 32)))
-                request.extra_headers = extra
+                    if tok_i >= 0:
+                        request.extra_headers = [
+                            key.limit_requests,
+                            (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF)),
+                            key.limit_tokens, (_REMAINING_TOKENS, b"%d" % (left >> 32))]
+                    else:
+                        request.extra_headers = [
+                            key.limit_requests,
+                            (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF))]
+                elif tok_i >= 0:
+                    request.extra_headers = [
+                        key.limit_tokens, (_REMAINING_TOKENS, b"%d" % (left >> 32))]
+                else:
+                    request.extra_headers = []
             out.append(request)
         return out
 
