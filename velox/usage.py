@@ -528,10 +528,7 @@ class Ledger:
         field = ((key + 1) * self.width + route) * 2  # even: both kinds in the same block
         counters = self.counters[field >> _BLOCK_SHIFT]
         field &= _BLOCK_MASK
-        if inp:
-            counters.add(self.slot, field, inp)
-        if out:
-            counters.add(self.slot, field + 1, out)
+        counters.add_many(self.slot, field, inp, field + 1, out)  # adding 0 changes nothing
 
 
 class TokenMeter:
@@ -649,5 +646,6 @@ class TokenMeter:
             ledger.tpm.settle(attempt.upstream, reserved, used)
         if used:
             request = self.request
-            ledger.count(request.key, ledger.route_of(request.model),
-                         self.input, self.output)
+            model = request.model
+            ledger.count(request.key, ledger.forward if model is None else
+                         ledger.routes.get(model, ledger.catch_all), self.input, self.output)

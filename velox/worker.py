@@ -532,14 +532,14 @@ class Worker:
 
     def on_response(self, request: Request, status: int, bytes_out: int) -> None:
         ticket = request.ticket
-        if ticket is not None:  # the answer is written: the key's place goes back
-            ticket.release()
-        counters, slot = self.counters, self.slot
+        if ticket is not None and not ticket.released:  # the answer is written: the key's
+            ticket.release()  # place goes back
+        slot = self.slot
         cls = status // 100
-        add = counters.add
-        add(slot, _REQUESTS, 1)
-        add(slot, _CLASS_FIELD[cls] if 0 <= cls < 10 else _CLASS_FIELD[9], 1)
-        add(slot, _BYTES_OUT, bytes_out)
+        # The request's three counters in one native call.
+        self.counters.add_many(slot, _REQUESTS, 1,
+                               _CLASS_FIELD[cls] if 0 <= cls < 10 else _CLASS_FIELD[9], 1,
+                               _BYTES_OUT, bytes_out)
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log thread formats and writes
@@ -548,8 +548,8 @@ class Worker:
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
         ticket = exchange.request.ticket
-        if ticket is not None:  # ended any way (answer, error, timeout, client gone)
-            ticket.release()
+        if ticket is not None and not ticket.released:  # ended any way (answer, error,
+            ticket.release()  # timeout, client gone)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, _UPSTREAM_ERRORS, 1)

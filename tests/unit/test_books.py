@@ -7,6 +7,8 @@
   regular expression: same numbers, and anything else still goes the parsing way.
 * The token estimate is one native pass (vx_books_estimate) doing what input_tokens and
   output_limit (the reference, in Python) do.
+* Counters.add_many adds several fields of a slot in one call (what a finished request
+  counts), checking every argument first.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 import orjson
 import pytest
 
-from benches._pipeline import CHAT_BODY, REPLY_BODY
-from velox._native import estimate_scan, usage_scan
+from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
+from velox._native import Counters, estimate_scan, usage_scan
 from velox._types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.usage import estimate, input_tokens, output_limit, usage_of
@@ -238,3 +240,35 @@ def test_estimate_adds_the_default_output_capped_and_skips_embeddings() -> None:
     assert estimate(request, 100, cap=10) == 7 + 5
     request.path = b"/v1/embeddings?x=1"
     assert estimate(request, 100) == 7
+
+
+# --- counters --------------------------------------------------------------------------------
+
+
+def test_add_many_adds_each_pair_and_checks_everything_first() -> None:
+    counters = Counters(2, 10)
+    counters.add_many(1, 0, 1, 3, 700, 9, -2)
+    counters.add_many(1, 0, 1)
+    assert counters.snapshot()[1] == [2, 0, 0, 700, 0, 0, 0, 0, 0, -2]
+    assert counters.snapshot()[0] == [0] * 10
+    for bad in ((1, 0, 1, 10, 1), (2, 0, 1), (1, 0, 1, 3), (1,), (1, 0, "x")):
+        with pytest.raises((IndexError, TypeError, ValueError, OverflowError)):
+            counters.add_many(*bad)
+    assert counters.snapshot()[1] == [2, 0, 0, 700, 0, 0, 0, 0, 0, -2]  # nothing half-added
+    with pytest.raises(TypeError):
+        counters.add_many(0, *([0, 1] * 17))
+
+
+def test_a_pipeline_round_counts_what_it_counted_before() -> None:
+    """on_response's add_many and the ledger's: requests, classes, bytes, tokens."""
+    pipeline = Pipeline(clients=8, codec="native")
+    pipeline.round()
+    totals = pipeline.worker.shared.totals()
+    written = pipeline.responses_written()
+    pipeline.round()
+    after = pipeline.worker.shared.totals()
+    assert after["requests"] - totals["requests"] == 8
+    assert after["resp_2xx"] - totals["resp_2xx"] == 8
+    assert after["bytes_out"] - totals["bytes_out"] == pipeline.responses_written() - written
+    assert after["upstream_requests"] - totals["upstream_requests"] == 8
+    assert pipeline.worker.shared.token_rows() == [("-", "*", 2 * 8 * 31, 2 * 8 * 4)]
