@@ -3444,25 +3444,19 @@ PyDoc_STRVAR(access_line_doc,
              "newline included. The request id is the exchange's x-request-id header, else\n"
              "prefix + hex(seq).");
 
-static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const *args,
-                                    Py_ssize_t nargs)
+/* One line of `item`; the caller checked prefix (bytes) and key_names (a tuple). */
+static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
+                            PyObject *prefix, int64_t seq, PyObject *key_names)
 {
-    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_ready() < 0)
-        return NULL;
-    PyObject *item = args[0], *prefix = args[3], *key_names = args[5];
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5 || !PyBytes_Check(prefix) ||
-        !PyTuple_Check(key_names)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "access_line: item must be a 5-tuple, prefix bytes, key_names a tuple");
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+        PyErr_SetString(PyExc_TypeError, "access_line: an item must be a 5-tuple");
         return NULL;
     }
     int overflow;
-    int64_t t_end, wall_offset, worker, seq, status, bytes_out;
+    int64_t t_end, status, bytes_out;
     if (to_i64(PyTuple_GET_ITEM(item, 0), &t_end, &overflow) < 0 ||
         to_i64(PyTuple_GET_ITEM(item, 3), &status, &overflow) < 0 ||
-        to_i64(PyTuple_GET_ITEM(item, 4), &bytes_out, &overflow) < 0 ||
-        to_i64(args[1], &wall_offset, &overflow) < 0 ||
-        to_i64(args[2], &worker, &overflow) < 0 || to_i64(args[4], &seq, &overflow) < 0)
+        to_i64(PyTuple_GET_ITEM(item, 4), &bytes_out, &overflow) < 0)
         return NULL;
     PyObject *request = PyTuple_GET_ITEM(item, 1), *exchange = PyTuple_GET_ITEM(item, 2);
 
@@ -3675,6 +3669,106 @@ done:
     return result;
 }
 
+static int books_args(PyObject *const *args, int64_t *wall_offset, int64_t *worker,
+                      int64_t *seq)
+{
+    int overflow;
+    if (!PyBytes_Check(args[3]) || !PyTuple_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "access_line: prefix must be bytes, key_names a tuple");
+        return -1;
+    }
+    if (to_i64(args[1], wall_offset, &overflow) < 0 || to_i64(args[2], worker, &overflow) < 0 ||
+        to_i64(args[4], seq, &overflow) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    int64_t wall_offset, worker, seq;
+    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_ready() < 0 ||
+        books_args(args, &wall_offset, &worker, &seq) < 0)
+        return NULL;
+    return books_line(args[0], wall_offset, worker, args[3], seq, args[5]);
+}
+
+PyDoc_STRVAR(access_lines_doc,
+             "access_lines(items, wall_offset_ns, worker, prefix, seq, key_names, limit, /)\n"
+             "-> (list[bytes], int)\n--\n\n"
+             "access_line for every item of the list `items` (item i gets seq + 1 + i), the\n"
+             "lines joined into chunks of at most `limit` bytes of whole lines (a longer line\n"
+             "is a chunk of its own): one write per chunk keeps lines whole on a shared pipe.\n"
+             "An item that cannot be formatted is skipped. Returns the chunks and the number\n"
+             "of lines in them.");
+
+/* Append the chunk held in buf[0..*size) to chunks and empty it. */
+static int books_emit(PyObject *chunks, const char *buf, Py_ssize_t *size)
+{
+    PyObject *chunk = PyBytes_FromStringAndSize(buf, *size);
+    if (chunk == NULL)
+        return -1;
+    int rc = PyList_Append(chunks, chunk);
+    Py_DECREF(chunk);
+    *size = 0;
+    return rc;
+}
+
+static PyObject *native_access_lines(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                     Py_ssize_t nargs)
+{
+    int64_t wall_offset, worker, seq, limit;
+    int overflow;
+    if (check_nargs("access_lines", nargs, 7, 7) < 0 || books_ready() < 0 ||
+        books_args(args, &wall_offset, &worker, &seq) < 0 ||
+        to_i64(args[6], &limit, &overflow) < 0)
+        return NULL;
+    if (!PyList_Check(args[0]) || limit < 1 || limit > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "access_lines: items must be a list and limit in [1, 16 MiB]");
+        return NULL;
+    }
+    PyObject *items = args[0], *chunks = PyList_New(0);
+    char *buf = PyMem_Malloc((size_t)limit);
+    Py_ssize_t count = 0, size = 0;
+    if (chunks == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *line = books_line(PyList_GET_ITEM(items, i), wall_offset, worker, args[3],
+                                    seq + 1 + i, args[5]);
+        if (line == NULL) { /* one bad item must not cost the others their lines */
+            PyErr_Clear();
+            continue;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(line);
+        if (size > 0 && size + n > limit && books_emit(chunks, buf, &size) < 0) {
+            Py_DECREF(line);
+            goto fail;
+        }
+        if (n > limit) { /* a line longer than a chunk goes alone */
+            int rc = PyList_Append(chunks, line);
+            Py_DECREF(line);
+            if (rc < 0)
+                goto fail;
+        } else {
+            memcpy(buf + size, PyBytes_AS_STRING(line), (size_t)n);
+            size += n;
+            Py_DECREF(line);
+        }
+        count++;
+    }
+    if (size > 0 && books_emit(chunks, buf, &size) < 0)
+        goto fail;
+    PyMem_Free(buf);
+    return Py_BuildValue("(Nn)", chunks, count);
+fail:
+    PyMem_Free(buf);
+    Py_XDECREF(chunks);
+    return NULL;
+}
+
 PyDoc_STRVAR(usage_scan_doc,
              "usage_scan(body, /) -> (int, int) | bool\n--\n\n"
              "The usage of an answer in OpenAI's own order: (prompt_tokens, completion_tokens)\n"
@@ -3722,6 +3816,7 @@ static PyMethodDef module_methods[] = {
     {"h1_server_timing", FASTCALL(native_h1_server_timing), METH_FASTCALL,
      h1_server_timing_doc},
     {"access_line", FASTCALL(native_access_line), METH_FASTCALL, access_line_doc},
+    {"access_lines", FASTCALL(native_access_lines), METH_FASTCALL, access_lines_doc},
     {"usage_scan", (PyCFunction)native_usage_scan, METH_O, usage_scan_doc},
     {"estimate_scan", (PyCFunction)native_estimate_scan, METH_O, estimate_scan_doc},
     {NULL, NULL, 0, NULL},

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
-from velox._native import Counters, estimate_scan, usage_scan
+from velox._native import Counters, access_line, access_lines, estimate_scan, usage_scan
 from velox._types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.usage import estimate, input_tokens, output_limit, usage_of
@@ -134,6 +134,26 @@ def test_flush_writes_every_line_and_counts_them(tmp_path: Any) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
+
+
+def test_access_lines_chunks_whole_lines_and_skips_a_bad_item() -> None:
+    names = ("k",)
+    items: list[Any] = [(2_000_000 + n, _request(b"/v1/%d" % n + b"y" * (n * 37 % 300),
+                                                  "m", n % 2 - 1), None, 200, n)
+                        for n in range(40)]
+    items.insert(7, ("not", "an", "item"))
+    items.append((2_000_000, _request(b"/v1/" + b"z" * 3000, "m", -1), None, 200, 1))  # long
+    offset = 10**18
+    chunks, count = access_lines(items, offset, 1, b"p-", 100, names, 700)
+    assert count == 41
+    good = [(i, item) for i, item in enumerate(items) if len(item) == 5 and item[0] != "not"]
+    expected = [access_line(item, offset, 1, b"p-", 100 + 1 + i, names) for i, item in good]
+    assert b"".join(chunks) == b"".join(expected)  # every line, in order, ids as access_line's
+    for chunk in chunks:
+        assert chunk.endswith(b"\n")
+        assert len(chunk) <= 700 or chunk.count(b"\n") == 1  # only a long line goes alone
+    assert max(len(c) for c in chunks) > 700 and len(chunks) < count
+    assert access_lines([], offset, 1, b"p-", 0, names, 1000) == ([], 0)
 
 
 def test_a_model_that_cannot_be_utf8_and_an_unknown_key_are_null() -> None:
