@@ -7,6 +7,7 @@
   regular expression: same numbers, and anything else still goes the parsing way.
 * The token estimate is one native pass (vx_books_estimate) doing what input_tokens and
   output_limit (the reference, in Python) do.
+* A keyed request's ticket is native (Limits.ticket): released once, settled once.
 * Counters.add_many adds several fields of a slot in one call (what a finished request
   counts), checking every argument first.
 """
@@ -23,7 +24,7 @@ import orjson
 import pytest
 
 from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
-from velox._native import Counters, access_line, access_lines, estimate_scan, usage_scan
+from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
 from velox._types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.usage import estimate, input_tokens, output_limit, usage_of
@@ -292,3 +293,36 @@ def test_a_pipeline_round_counts_what_it_counted_before() -> None:
     assert after["bytes_out"] - totals["bytes_out"] == pipeline.responses_written() - written
     assert after["upstream_requests"] - totals["upstream_requests"] == 8
     assert pipeline.worker.shared.token_rows() == [("-", "*", 2 * 8 * 31, 2 * 8 * 4)]
+
+
+# --- key tickets -----------------------------------------------------------------------------
+
+
+def test_a_native_ticket_releases_and_settles_once() -> None:
+    limits = Limits(4, slots=2)
+    limits.configure(1, 1000, 1000)  # entry 1: a token bucket
+    assert limits.admit(-1, 1, 100, 0, 0, 1) < 0  # gauge 0 entered by slot 1, 100 tokens taken
+    key = object()
+    ticket = limits.ticket(key, 0, 1, 1, 100)
+    assert (ticket.key, ticket.reserved, ticket.released, ticket.settled) == (key, 100, False,
+                                                                               False)
+    assert limits.active(0) == 1
+    ticket.release()
+    ticket.release()
+    assert ticket.released and limits.active(0) == 0  # left once, not twice
+    taken = limits.taken(1)
+    ticket.settle(30)  # 70 of the 100 go back
+    ticket.settle(0)
+    assert ticket.settled and limits.taken(1) == taken - 70
+    over = limits.ticket(key, 0, 1, 1, 10)
+    level = limits.level(1)
+    over.settle(50)  # 40 more than reserved: charged
+    assert limits.level(1) == level - 40
+    assert limits.ticket(key, 0, -1, 1, 0).settled  # no token bucket: nothing to settle
+    with pytest.raises(ValueError):
+        over.settle(-1)
+    with pytest.raises((IndexError, ValueError)):
+        limits.ticket(key, 9, -1, 0, 0)
+    del limits  # the tickets keep the shared mapping alive
+    ticket.release()
+    over.release()
