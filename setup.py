@@ -19,6 +19,7 @@ NATIVE_SOURCES = [
     "native/vx_h2.c",
     "native/vx_http1.c",
     "native/vx_reqhead.c",
+    "native/vx_books.c",
 ]
 
 setup(

@@ -82,6 +82,9 @@ class Counters:
         """slots in [1, 4096], fields in [1, 4096]; otherwise ValueError."""
     def add(self, slot: int, field: int, n: int = 1, /) -> None:
         """Relaxed atomic fetch_add. IndexError on a bad slot or field."""
+    def add_many(self, slot: int, *field_n: int) -> None:
+        """add() of each (field, n) pair of the arguments (1 to 16 pairs) to one slot, in one
+        call; every argument is checked (IndexError, TypeError) before anything is added."""
     def set(self, slot: int, field: int, value: int, /) -> None:
         """Relaxed atomic store, for gauges."""
     def get(self, slot: int, field: int, /) -> int: ...
@@ -449,6 +452,10 @@ class Limits:
         x-ratelimit-remaining-* headers). Refused: wait_us * 4 + reason > 0 (ADMIT_REQUESTS,
         ADMIT_TOKENS, ADMIT_PARALLEL); wait_us is take()'s answer (0 for never) or 1 s for a
         full gauge."""
+    def ticket(self, key: object, rpm_i: int, tok_i: int, slot: int, reserved: int, /
+               ) -> KeyTicket:
+        """The ticket of a request admit() admitted (velox.keys): release() leaves gauge rpm_i
+        for slot, settle(used) corrects bucket tok_i's reservation (tok_i < 0: settled)."""
     # Test hook, not API.
     def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
@@ -534,3 +541,38 @@ def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_r
                extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:
     """headers without the names in drop, then server-timing, then extra; and whether the
     first content-type is text/event-stream (velox.relay's answer head)."""
+
+@final
+class KeyTicket:
+    """A keyed request's admission (made by Limits.ticket); each method acts once."""
+
+    def release(self) -> None:
+        """Give the gauge's place back (later calls do nothing)."""
+    def settle(self, tokens_used: int, /) -> None:
+        """Correct the reservation: unused tokens go back, over-use is charged (debt);
+        ValueError for tokens_used < 0. Later calls do nothing."""
+    @property
+    def key(self) -> object: ...
+    @property
+    def reserved(self) -> int: ...
+    @property
+    def released(self) -> bool: ...
+    @property
+    def settled(self) -> bool: ...
+
+# Bookkeeping (native/vx_books.c): the access log's line, the usage and the token estimate.
+def access_line(item: tuple[int, object, object, int, int], wall_offset_ns: int, worker: int,
+                prefix: bytes, seq: int, key_names: tuple[str, ...], /) -> bytes:
+    """One access-log line of (t_end_ns, request, exchange_or_None, status, bytes_out): the
+    bytes orjson makes of the line's dict, newline included (velox.admin.accesslog)."""
+def access_lines(items: list[tuple[int, object, object, int, int]], wall_offset_ns: int,
+                 worker: int, prefix: bytes, seq: int, key_names: tuple[str, ...], limit: int,
+                 /) -> tuple[list[bytes], int]:
+    """access_line of every item (item i with seq + 1 + i) joined into chunks of whole lines
+    of at most `limit` bytes (a longer line alone); items that fail are skipped. Returns the
+    chunks and the number of lines."""
+def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
+    """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
+    no "usage" key; True: the last one is in another form."""
+def estimate_scan(body: Buffer, /) -> tuple[int, int]:
+    """(estimated input tokens, max_*tokens or -1) of a request body (velox.usage)."""

@@ -293,7 +293,9 @@ FIELDS: tuple[Field, ...] = (
           "output tokens reserved for a request that gives no max_tokens (capped at the limit)"),
     Field("VELOX_TOKEN_ACCOUNTING", "token_accounting", _bool, "1",
           "read the usage of every model call (tokens per key and route in /stats and /metrics);"
-          " 0: only of requests a tpm limit applies to"),
+          " 0: only of requests a tpm limit applies to. On by default: the per-key token counts"
+          " are the gateway's usage books, and they cost ~6.5 us of ~86 us of worker CPU per"
+          " request (socket-free pipeline)"),
     Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
           "Redis shared by several Velox hosts: every rate limit becomes global across them "
           "(empty: this host alone)"),

@@ -18,7 +18,7 @@ rule applied to bodies over 2 kB), since the body is released once the answer st
 Exact (when the answer ends): the `usage` the upstream reports. A JSON answer carries it in its
 body (chat `prompt_tokens`/`completion_tokens`, responses `input_tokens`/`output_tokens`,
 embeddings `prompt_tokens`); it is found from the last `"usage"` key (OpenAI's own member order
-by one regular-expression match, any other by parsing the answer, or only its usage object
+read by one native scan, `usage_scan`; any other by parsing the answer, or only its usage object
 when the answer is over 4 kB). A streamed chat or completions request is sent upstream with
 `stream_options: {"include_usage": true}` added when the client did not ask for it
 (`add_include_usage`: the key is inserted after the body's opening brace, the rest byte for
@@ -32,7 +32,7 @@ Cut short (the client left, the upstream broke, no usage arrived): the request i
 estimated input plus the output relayed so far, one token per relayed event (OpenAI streams one
 token per chunk), or relayed bytes / 4 for a plain body.
 
-Imports: _types (Request), stdlib, orjson.
+Imports: the native extension (usage_scan, estimate_scan), _types (Request), stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+from velox._native import estimate_scan, usage_scan
 
 if TYPE_CHECKING:
     from velox._types import Request
@@ -63,9 +65,6 @@ _USAGE_OBJECT = re.compile(rb"\{(?:[^{}]+|\{[^{}]*\})*\}")
 # Answers up to this size are parsed whole (one orjson call is cheaper than finding the usage
 # object first); larger ones (embeddings) have only their usage object parsed.
 _WHOLE = 4096
-# Chat and completions usage as OpenAI writes it: prompt_tokens, then completion_tokens.
-_CHAT_USAGE = re.compile(
-    rb'"usage"\s*:\s*\{\s*"prompt_tokens"\s*:\s*(\d{1,15})\s*,\s*"completion_tokens"\s*:\s*(\d{1,15})')
 _SPACE = b" \t\r\n"
 
 # Paths whose streams get `stream_options.include_usage` (the others have no such option).
@@ -130,20 +129,15 @@ def estimate(request: Request, default_output: int | None = None, cap: int = 0) 
     request (velox.keys also caps the whole estimate at the key's tpm)."""
     if default_output is None:
         default_output = _default_output
-    body = request.body
-    if isinstance(body, memoryview):
-        body = bytes(body)  # once, for both searches
-    tokens = input_tokens(body)
-    if bare_path(request.path) == _EMBEDDINGS:
+    # Both searches in one native pass over the body (vx_books_estimate; input_tokens and
+    # output_limit above are its reference, kept equal by tests): ~0.3 us instead of ~2.
+    tokens, out = estimate_scan(request.body)
+    path = request.path
+    if path.startswith(_EMBEDDINGS) and bare_path(path) == _EMBEDDINGS:
         return tokens
-    return tokens + _output(body, default_output, cap)
-
-
-def _output(body: bytes | bytearray, default_output: int, cap: int) -> int:
-    m = _OUTPUT.search(body)
-    if m is not None:
-        return int(m.group(1))
-    return min(default_output, cap) if cap > 0 else default_output
+    if out >= 0:
+        return tokens + out
+    return tokens + (min(default_output, cap) if cap > 0 else default_output)
 
 
 # --- the body sent upstream ------------------------------------------------------------------
@@ -216,13 +210,14 @@ def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
     The usage object is the last `"usage"` key (OpenAI puts it near the end of every shape;
     a responses object nests it inside `response` for its stream events): only that object is
     parsed, matched by a regular expression: an object of numbers and objects of numbers, nested
-    two deep at most (its `*_details`), holding no strings with braces in them."""
+    two deep at most (its `*_details`), holding no strings with braces in them. OpenAI's own
+    member order is read first by one native scan (vx_books_usage)."""
+    found = usage_scan(body)  # OpenAI's own order, read natively (vx_books): ~0.2 us
+    if found is False:
+        return None  # no "usage" key at all
+    if found is not True:
+        return found
     i = body.rfind(b'"usage"')
-    if i < 0:
-        return None
-    m = _CHAT_USAGE.match(body, i)  # OpenAI's own order: one regular-expression match
-    if m is not None:
-        return int(m.group(1)), int(m.group(2))
     if len(body) <= _WHOLE:
         try:
             doc = orjson.loads(body)
@@ -230,10 +225,10 @@ def usage_of(body: bytes | bytearray) -> tuple[int, int] | None:
             return None
         if type(doc) is not dict:
             return None
-        found = doc.get("usage")
-        if found is None and type(doc.get("response")) is dict:  # a responses stream event
-            found = doc["response"].get("usage")
-        return _usage_numbers(found)
+        usage = doc.get("usage")
+        if usage is None and type(doc.get("response")) is dict:  # a responses stream event
+            usage = doc["response"].get("usage")
+        return _usage_numbers(usage)
     while i >= 0:
         j = i + 7
         n = len(body)
@@ -534,10 +529,7 @@ class Ledger:
         field = ((key + 1) * self.width + route) * 2  # even: both kinds in the same block
         counters = self.counters[field >> _BLOCK_SHIFT]
         field &= _BLOCK_MASK
-        if inp:
-            counters.add(self.slot, field, inp)
-        if out:
-            counters.add(self.slot, field + 1, out)
+        counters.add_many(self.slot, field, inp, field + 1, out)  # adding 0 changes nothing
 
 
 class TokenMeter:
@@ -558,7 +550,7 @@ class TokenMeter:
         # 2 kB would be charged less than IMAGE_TOKENS anyway).
         size = len(request.body)
         self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
-            input_tokens(request.body)
+            estimate_scan(request.body)[0]
         self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
@@ -574,13 +566,7 @@ class TokenMeter:
         body: call it while the body is held, before the answer starts)."""
         tokens = self._estimate
         if tokens < 0:
-            request = self.request
-            body = request.body
-            if isinstance(body, memoryview):
-                body = bytes(body)
-            tokens = input_tokens(body)
-            if bare_path(request.path) != _EMBEDDINGS:
-                tokens += _output(body, self.ledger.default_output, self.cap)
+            tokens = estimate(self.request, self.ledger.default_output, self.cap)
             self._estimate = tokens
         return tokens
 
@@ -661,5 +647,6 @@ class TokenMeter:
             ledger.tpm.settle(attempt.upstream, reserved, used)
         if used:
             request = self.request
-            ledger.count(request.key, ledger.route_of(request.model),
-                         self.input, self.output)
+            model = request.model
+            ledger.count(request.key, ledger.forward if model is None else
+                         ledger.routes.get(model, ledger.catch_all), self.input, self.output)

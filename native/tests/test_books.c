@@ -1,0 +1,127 @@
+/* vx_books: JSON strings as orjson writes them, the timestamp, and the usage scan. */
+#include "vx_books.h"
+
+#include "tests/check.h"
+
+#include <string.h>
+
+static int str_is(const char *got, const char *end, const char *want)
+{
+    return (size_t)(end - got) == strlen(want) && memcmp(got, want, strlen(want)) == 0;
+}
+
+static void test_strings(void)
+{
+    char buf[256];
+    const unsigned char ctl[] = {0x00, 0x01, 0x08, 0x09, 0x0a, 0x0c, 0x0d, 0x1f, 0x7f, '"', '\\',
+                                 '/'};
+    char *end = vx_books_latin1(buf, ctl, sizeof ctl);
+    CHECK(str_is(buf, end, "\"\\u0000\\u0001\\b\\t\\n\\f\\r\\u001f\x7f\\\"\\\\/\""));
+    CHECK((size_t)(end - buf) <= VX_BOOKS_STR_MAX(sizeof ctl));
+    const unsigned char latin[] = {'a', 0xe9, 0xff, 0x80};
+    end = vx_books_latin1(buf, latin, sizeof latin);
+    CHECK(str_is(buf, end, "\"a\xc3\xa9\xc3\xbf\xc2\x80\""));
+    const unsigned char utf8[] = "x\xe4\xb8\xad\xf0\x9f\x98\x80\xe2\x80\xa8\n";
+    end = vx_books_utf8(buf, utf8, sizeof utf8 - 1);
+    CHECK(str_is(buf, end, "\"x\xe4\xb8\xad\xf0\x9f\x98\x80\xe2\x80\xa8\\n\""));
+    end = vx_books_latin1(buf, (const unsigned char *)"", 0);
+    CHECK(str_is(buf, end, "\"\""));
+    /* The worst case fits its bound: every byte a \u00XX. */
+    unsigned char zeros[40] = {0};
+    char big[VX_BOOKS_STR_MAX(40)];
+    end = vx_books_latin1(big, zeros, sizeof zeros);
+    CHECK((size_t)(end - big) == VX_BOOKS_STR_MAX(40));
+    CHECK(vx_books_utf8_prefix(utf8, sizeof utf8 - 1, 2) == 4);
+    CHECK(vx_books_utf8_prefix(utf8, sizeof utf8 - 1, 3) == 8);
+    CHECK(vx_books_utf8_prefix(utf8, sizeof utf8 - 1, 100) == sizeof utf8 - 1);
+    CHECK(vx_books_utf8_prefix(utf8, sizeof utf8 - 1, 0) == 0);
+}
+
+static void test_numbers_and_time(void)
+{
+    char buf[64];
+    char *end = vx_books_i64(buf, 0);
+    CHECK(str_is(buf, end, "0"));
+    end = vx_books_i64(buf, -42);
+    CHECK(str_is(buf, end, "-42"));
+    end = vx_books_i64(buf, INT64_MIN);
+    CHECK(str_is(buf, end, "-9223372036854775808"));
+    end = vx_books_i64(buf, INT64_MAX);
+    CHECK(str_is(buf, end, "9223372036854775807"));
+    CHECK(vx_books_time(buf, INT64_C(1764000000123)) == 0);
+    CHECK(memcmp(buf, "2025-11-24T16:00:00.123Z", VX_BOOKS_TIME_LEN) == 0);
+    CHECK(vx_books_time(buf, 0) == 0);
+    CHECK(memcmp(buf, "1970-01-01T00:00:00.000Z", VX_BOOKS_TIME_LEN) == 0);
+    CHECK(vx_books_time(buf, -1) == -1);
+    CHECK(vx_books_time(buf, INT64_C(253402300800000)) == -1); /* year 10000 */
+}
+
+static int usage(const char *s, int64_t *in, int64_t *out)
+{
+    return vx_books_usage((const unsigned char *)s, strlen(s), in, out);
+}
+
+static void test_usage(void)
+{
+    int64_t in = -1, out = -1;
+    CHECK(usage("{\"usage\":{\"prompt_tokens\":31,\"completion_tokens\":4,\"total_tokens\":35}}",
+                &in, &out) == 1);
+    CHECK(in == 31 && out == 4);
+    CHECK(usage("{\"usage\" : { \"prompt_tokens\" : 1 ,\n\"completion_tokens\":\t2}}", &in,
+                &out) == 1);
+    CHECK(in == 1 && out == 2);
+    CHECK(usage("{\"a\":{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}},"
+                "\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":8}}", &in, &out) == 1);
+    CHECK(in == 7 && out == 8);
+    CHECK(usage("{}", &in, &out) == 0);
+    CHECK(usage("", &in, &out) == 0);
+    CHECK(usage("\"usag", &in, &out) == 0);
+    CHECK(usage("\"usage\"", &in, &out) == -1);
+    CHECK(usage("{\"usage\":null}", &in, &out) == -1);
+    CHECK(usage("{\"usage\":{\"completion_tokens\":4,\"prompt_tokens\":31}}", &in, &out) == -1);
+    CHECK(usage("{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":}}", &in, &out) == -1);
+    CHECK(usage("{\"usage\":{\"prompt_tokens\":1234567890123456,\"completion_tokens\":1}}", &in,
+                &out) == -1);
+    CHECK(usage("{\"usage\":{\"prompt_tokens\":1,\"completion_tokens", &in, &out) == -1);
+    /* Every prefix of a good body is read safely (the sanitizers watch the reads). */
+    const char *good = "{\"usage\":{\"prompt_tokens\":31,\"completion_tokens\":4}}";
+    for (size_t n = 0; n <= strlen(good); n++)
+        CHECK(vx_books_usage((const unsigned char *)good, n, &in, &out) >= -1);
+}
+
+static void estimate(const char *s, int64_t *in, int64_t *out)
+{
+    vx_books_estimate((const unsigned char *)s, strlen(s), in, out);
+}
+
+static void test_estimate(void)
+{
+    int64_t in, out;
+    estimate("", &in, &out);
+    CHECK(in == 0 && out == -1);
+    estimate("{\"max_tokens\": 32}", &in, &out); /* 17 bytes */
+    CHECK(in == 5 && out == 32);
+    estimate("{\"max_completion_tokens\":7,\"max_tokens\":9}", &in, &out);
+    CHECK(out == 7);
+    estimate("{\"max_tokens\":null,\"max_output_tokens\":3}", &in, &out);
+    CHECK(out == 3);
+    estimate("{\"max_tokens\":1234567890123456}", &in, &out);
+    CHECK(out == INT64_C(123456789012));
+    estimate("{\"max_", &in, &out);
+    CHECK(out == -1);
+    estimate("\"x;base64,AAAAAAAA\"", &in, &out); /* 2 + 8 text bytes, one payload */
+    CHECK(in == 3 + 765 && out == -1);
+    estimate("\"x;base64,AAAAAAAA", &in, &out); /* unclosed: all text */
+    CHECK(in == 5);
+}
+
+int main(void)
+{
+    test_estimate();
+    test_strings();
+    test_numbers_and_time();
+    test_usage();
+    if (failures)
+        fprintf(stderr, "test_books: %d failure(s)\n", failures);
+    return failures != 0;
+}

@@ -1,0 +1,59 @@
+/* vx_books: the per-request bookkeeping's byte work: JSON strings for the access log's line
+ * and the usage of an answer body, without Python.
+ *
+ * Why: a worker writes one access-log line per request and reads the token usage of every
+ * model call's answer. Done in Python they cost about 5 us and 2 us of a request's ~80 us of
+ * CPU (benches/bench_books.py); the binding (native/_velox_native.c) walks the request's
+ * attributes and calls these.
+ *
+ * JSON strings are written exactly as orjson writes them: '"' and '\' escaped with a
+ * backslash, \b \f \n \r \t in their short forms, every other byte below 0x20 as \u00XX
+ * (lowercase hex), everything else (0x7F, U+2028/2029 included) as it is, in UTF-8.
+ * Every read is checked against its length, so any byte sequence is safe to pass.
+ */
+#ifndef VX_BOOKS_H
+#define VX_BOOKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Room a JSON string of n input bytes may need: each byte at most 6 (\u00XX; a latin-1
+ * byte becomes at most 2), plus the quotes. */
+#define VX_BOOKS_STR_MAX(n) (6 * (size_t)(n) + 2)
+/* Room of vx_books_i64's output. */
+#define VX_BOOKS_I64_MAX 20
+/* "YYYY-MM-DDTHH:MM:SS.mmmZ" for years 0..9999. */
+#define VX_BOOKS_TIME_LEN 24
+
+/* s read as latin-1 (each byte one code point), as a quoted JSON string at out; returns the
+ * end of what was written. */
+char *vx_books_latin1(char *out, const unsigned char *s, size_t n);
+/* s, valid UTF-8, as a quoted JSON string at out (bytes >= 0x80 copied). */
+char *vx_books_utf8(char *out, const unsigned char *s, size_t n);
+/* Bytes of the first `chars` code points of UTF-8 text s (n when it has fewer). */
+size_t vx_books_utf8_prefix(const unsigned char *s, size_t n, size_t chars);
+/* v in decimal. */
+char *vx_books_i64(char *out, int64_t v);
+/* The UTC time of ms milliseconds after the epoch (0 <= ms, year <= 9999) as
+ * "YYYY-MM-DDTHH:MM:SS.mmmZ": VX_BOOKS_TIME_LEN bytes at out, no terminator. 0, or -1 when
+ * out of range (nothing written). */
+int vx_books_time(char *out, int64_t ms);
+
+/* The usage of an answer in OpenAI's own order: at the last `"usage"` of s, `"usage":{
+ * "prompt_tokens":N,"completion_tokens":M` (JSON whitespace allowed between tokens, N and M
+ * of 1 to 15 digits). 1 with *in, *out set; 0 when s has no "usage" key at all; -1 when its
+ * last one is not in that form (the caller reads it another way). */
+int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
+
+/* A request body's token estimate (velox.usage): *input = ceil(text bytes / 4) + 765 per
+ * inline base64 payload, where a payload runs from each ";base64," to the next '"' (its
+ * bytes are not text; one without a closing quote ends the search and counts as text), and
+ * *output = the value of the first `"max_tokens"`, `"max_completion_tokens"` or
+ * `"max_output_tokens"` key followed by whitespace, ':', whitespace and 1 to 12 digits (the
+ * first 12 when longer), -1 when there is none. Whitespace is Python's bytes \s (space,
+ * \t \n \r \f \v), as in the regular expression this replaces. */
+#define VX_BOOKS_BYTES_PER_TOKEN 4
+#define VX_BOOKS_IMAGE_TOKENS 765
+void vx_books_estimate(const unsigned char *s, size_t n, int64_t *input, int64_t *output);
+
+#endif /* VX_BOOKS_H */
