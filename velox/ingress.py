@@ -85,6 +85,9 @@ _JSON = ((b"content-type", b"application/json"),)
 _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
+# Route's members as globals on the per-request path: reading one off its Enum class takes
+# EnumType.__getattr__'s slow path on Python 3.11 (~0.3 us against ~0.04 for a global).
+_ROOT, _FORWARD, _HEALTH = Route.ROOT, Route.FORWARD, Route.HEALTH
 # VELOX_INGRESS_PARSER's choices (config.py): the native head parser with httptools behind it,
 # or httptools alone.
 PARSERS = ("native", "httptools")
@@ -338,7 +341,7 @@ class ClientConnection(asyncio.Protocol):
         state = self.state
         try:
             route = classify(method, self._url)
-            if route <= Route.ROOT:
+            if route <= _ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route
         except VeloxError as exc:
@@ -389,7 +392,7 @@ class ClientConnection(asyncio.Protocol):
             else:
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         request = Request(
-            self, method, self._url, self._route or Route.FORWARD, self._headers, body,
+            self, method, self._url, self._route or _FORWARD, self._headers, body,
             keep_alive, time.perf_counter_ns(), segment,
         )
         if self._caller is not None:
@@ -491,13 +494,13 @@ class ClientConnection(asyncio.Protocol):
             self.respond_error(request, reject)
         elif state.draining and not state.handoff:
             self.respond_error(request, ShuttingDown())
-        elif request.route <= Route.ROOT:
+        elif request.route <= _ROOT:
             if state.ring.try_push(request):
                 state.wake_drain()
             else:
                 state.overloaded += 1
                 self.respond_error(request, Overloaded(retry_after_s=1))
-        elif request.route is Route.HEALTH:
+        elif request.route is _HEALTH:
             self.respond(request, 200, _JSON, _HEALTH_BODY)
         elif state.is_ready():
             self.respond(request, 200, _JSON, _READY_BODY)

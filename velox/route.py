@@ -58,6 +58,10 @@ _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 # \ ; # anywhere, %2e %2f %5c in any case, an empty segment (// or a trailing /), a . or ..
 # segment. "/" alone is the root and is allowed (see classify).
 _NOT_NORMAL = re.compile(rb"[\\;#]|%(?:2[eEfF]|5[cC])|//|/\.{1,2}(?:/|$)|./$")
+# Route's members as globals for the per-request paths: on Python 3.11 reading a member off
+# its Enum class takes EnumType.__getattr__'s slow path (~0.3 us against ~0.04 for a global).
+_MODEL_CALL, _FORWARD, _ROOT = Route.MODEL_CALL, Route.FORWARD, Route.ROOT
+_HEALTH, _READY = Route.HEALTH, Route.READY
 
 
 def classify(method: bytes, path: bytes) -> Route:
@@ -70,24 +74,24 @@ def classify(method: bytes, path: bytes) -> Route:
             "segments, encoded or back slashes, ';' parameters); send the plain path.")
     if allowed is not None:
         if method == b"POST":
-            return Route.MODEL_CALL
+            return _MODEL_CALL
         if method in allowed:
-            return Route.FORWARD
+            return _FORWARD
         raise _not_allowed(allowed)
     allowed = _KNOWN_FORWARDS.get(bare)
     if allowed is not None:
         if method in allowed:
-            return Route.FORWARD
+            return _FORWARD
         raise _not_allowed(allowed)
     if bare.startswith(b"/v1/"):
-        return Route.FORWARD
+        return _FORWARD
     if bare == b"/":
         if method == b"POST":
-            return Route.ROOT
+            return _ROOT
         raise _not_allowed((b"POST",))
     if bare == b"/healthz" or bare == b"/readyz":
         if method in _PROBES:
-            return Route.HEALTH if bare == b"/healthz" else Route.READY
+            return _HEALTH if bare == b"/healthz" else _READY
         raise _not_allowed(_PROBES)
     raise NotFound(f"Unknown URL: {method.decode('latin-1')} {bare.decode('latin-1')}")
 
