@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -332,6 +333,18 @@ def test_h2_codec_entry_points_keep_refcounts_and_rss_flat() -> None:
             bad.send_ping(b"short")
         del bad, info
     assert [sys.getrefcount(o) for o in watched] == base
+
+
+def type_error(fn: Callable[..., object], *args: object) -> None:
+    """pytest.raises(TypeError) for hot loops: its context manager costs about 8 us a call,
+    which at 300,000 rounds was half of the HTTP/1.1 writer test's time."""
+    try:
+        fn(*args)
+    except TypeError:
+        return
+    pytest.fail(f"{fn.__name__} raised no TypeError")
+
+
 def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
     # The per-response calls of ingress (velox.h1write): header tuples and bodies go in, one
     # bytes object comes out; the error paths release what they took too.
@@ -360,9 +373,7 @@ def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
         h1_head(line, many, 300, H1_LENGTH)
         h1_chunks(pieces, True)
         h1_server_timing(1 << 40, (1 << 40) + 12345, 3, 4, 5, 1 << 41)
-        with pytest.raises(TypeError):
-            h1_response(line, headers, bad, H1_LENGTH)
-        with pytest.raises(TypeError):
-            h1_response(line, [(b"a", 1)] * 40, pieces, H1_LENGTH)
+        type_error(h1_response, line, headers, bad, H1_LENGTH)
+        type_error(h1_response, line, [(b"a", 1)] * 40, pieces, H1_LENGTH)
     assert [sys.getrefcount(o) for o in (line, headers, many, body, pieces, bad)] == base
     assert rss() - before < 8 * MB
