@@ -3654,15 +3654,40 @@ PyDoc_STRVAR(reqhead_doc,
              " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
              "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
              "absent, authorization the last Authorization value (the same object as in headers)\n"
-             "or None, end the offset in buf just past the blank line.");
+             "or None, end the offset in buf just past the blank line.\n"
+             "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
+             "headers' tuples whose name is not in `drop` (the upstream's share, route.Auth's\n"
+             "client_headers done in the same pass), or None when a Connection header lists\n"
+             "more than keep-alive / close (the caller then filters in Python).");
+
+/* A Connection value naming no other field: "keep-alive" or "close", any case. */
+static int rh_plain_connection(const char *v, size_t n)
+{
+    static const char *const plain[] = {"keep-alive", "close"};
+    for (int p = 0; p < 2; p++) {
+        size_t len = strlen(plain[p]), j = 0;
+        if (len != n)
+            continue;
+        while (j < n && (v[j] | (v[j] >= 'A' && v[j] <= 'Z' ? 0x20 : 0)) == plain[p][j])
+            j++;
+        if (j == n)
+            return 1;
+    }
+    return 0;
+}
 
 static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t start, limit;
     int overflow;
-    if (check_nargs("reqhead", nargs, 3, 3) < 0 || to_i64(args[1], &start, &overflow) < 0 ||
+    if (check_nargs("reqhead", nargs, 3, 4) < 0 || to_i64(args[1], &start, &overflow) < 0 ||
         to_i64(args[2], &limit, &overflow) < 0)
         return NULL;
+    PyObject *drop = nargs > 3 ? args[3] : NULL;
+    if (drop != NULL && !PyAnySet_Check(drop)) {
+        PyErr_SetString(PyExc_TypeError, "reqhead: drop must be a set");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -3684,8 +3709,11 @@ static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssiz
     }
     module_state *st = PyModule_GetState(module);
     PyObject *headers = PyList_New((Py_ssize_t)h.nfields);
-    PyObject *target = NULL, *authorization = Py_None, *result = NULL;
+    PyObject *target = NULL, *authorization = Py_None, *result = NULL, *upstream = NULL;
+    int listed = 0; /* a Connection header names other fields: no upstream list */
     if (headers == NULL)
+        goto done;
+    if (drop != NULL && (upstream = PyList_New(0)) == NULL)
         goto done;
     for (size_t i = 0; i < h.nfields; i++) {
         const vx_rh_field *f = &fields[i];
@@ -3708,16 +3736,37 @@ static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssiz
         PyList_SET_ITEM(headers, (Py_ssize_t)i, pair);
         if ((int)i == h.authorization)
             authorization = value; /* borrowed: the list holds it */
+        if (upstream != NULL) {
+            int dropped = PySet_Contains(drop, name);
+            if (dropped < 0)
+                goto done;
+            if (!dropped) {
+                if (PyList_Append(upstream, pair) < 0)
+                    goto done;
+            } else if (f->name_len == 10 && memcmp(PyBytes_AS_STRING(name), "connection", 10) == 0 &&
+                       !rh_plain_connection(base + f->value_off, f->value_len)) {
+                listed = 1;
+            }
+        }
     }
     target = PyBytes_FromStringAndSize(base + h.target_off, (Py_ssize_t)h.target_len);
     if (target == NULL)
         goto done;
-    result = Py_BuildValue("(OOOLOOOOn)", st->methods[h.method], target, headers,
-                           (long long)h.content_length, authorization,
-                           h.expect_continue ? Py_True : Py_False,
-                           h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
-                           (Py_ssize_t)(start + (int64_t)h.head_len));
+    if (upstream == NULL)
+        result = Py_BuildValue("(OOOLOOOOn)", st->methods[h.method], target, headers,
+                               (long long)h.content_length, authorization,
+                               h.expect_continue ? Py_True : Py_False,
+                               h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
+                               (Py_ssize_t)(start + (int64_t)h.head_len));
+    else
+        result = Py_BuildValue("(OOOLOOOOnO)", st->methods[h.method], target, headers,
+                               (long long)h.content_length, authorization,
+                               h.expect_continue ? Py_True : Py_False,
+                               h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
+                               (Py_ssize_t)(start + (int64_t)h.head_len),
+                               listed ? Py_None : upstream);
 done:
+    Py_XDECREF(upstream);
     Py_XDECREF(target);
     Py_XDECREF(headers); /* a partly filled list holds NULLs: list dealloc skips them */
     PyBuffer_Release(&view);

@@ -68,6 +68,10 @@ class Request:
         # holds (a keys.Ticket, released once when the request ends), and response headers
         # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
         "key", "ticket", "extra_headers",
+        # the headers sent upstream apart from any credential, and the client's credential to
+        # pass on (route.Auth.client_headers' pair), when ingress's native parser made them
+        # while parsing the head; None: the worker makes them
+        "upstream_headers",
     )
 
     def __init__(
@@ -104,3 +108,4 @@ class Request:
         self.key = -1
         self.ticket: Any = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None
+        self.upstream_headers: tuple[Headers, Headers] | None = None

@@ -166,6 +166,12 @@ class Auth:
             out += passthrough
         return out
 
+    def passthrough_of(self, authorization: bytes | None) -> Headers:
+        """client_headers' second item, from the client's (last) Authorization value."""
+        if authorization is None or self._client_keys or self._key_digests:
+            return []
+        return [(b"authorization", authorization)]
+
     def client_headers(self, headers: Headers) -> tuple[Headers, Headers]:
         """(the client's end-to-end headers without its credential, the credential to pass on
         when the upstream has none of its own): hop-by-hop headers and those the Connection

@@ -459,7 +459,9 @@ class Worker:
     def _exchange(self, request: Request, on_done: Any) -> Exchange:
         """The relay exchange of a request about to be sent: the client's headers apart from
         its credential, and a token meter when anyone accounts for it (velox.usage)."""
-        base, passthrough = self.auth.client_headers(request.headers)
+        prepared = request.upstream_headers  # made by ingress's native head parser
+        base, passthrough = self.auth.client_headers(request.headers) if prepared is None \
+            else prepared
         exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
                             self.dispatch)
         exchange.passthrough = passthrough
