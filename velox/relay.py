@@ -201,8 +201,8 @@ class Exchange:
         observer = self.observer
         if observer is not None:
             observer.head(status, out)
-        if self.meter is not None:
-            self.meter.response(status, self.sse)
+        if self.sse and self.meter is not None:  # a plain answer: nothing for the meter yet
+            self.meter.response(status, True)
         return True
 
     def on_data(self, data: bytes, end_stream: bool) -> None:

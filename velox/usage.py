@@ -471,7 +471,8 @@ class Meter(Protocol):
         ...
 
     def response(self, status: int, sse: bool) -> None:
-        """The answer the client gets starts (after any retries): its status and kind."""
+        """The answer the client gets starts (after any retries) as an event stream (the relay
+        calls it for those only: a plain answer has nothing for the meter before `body`)."""
         ...
 
     def data(self, data: bytes) -> bytes:
@@ -532,6 +533,13 @@ class Ledger:
         counters.add_many(self.slot, field, inp, field + 1, out)  # adding 0 changes nothing
 
 
+def _estimated_input(body: bytes | bytearray | memoryview) -> int:
+    """What a request cut short is charged for its input. A small body is bytes / 4 outright
+    (no search: any inline payload in 2 kB would be charged less than IMAGE_TOKENS anyway)."""
+    size = len(body)
+    return -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else estimate_scan(body)[0]
+
+
 class TokenMeter:
     """The accounting of one request (the relay's `Meter`): its estimate, what the answer says
     it used, and the settlement of every reservation when it ends."""
@@ -540,17 +548,15 @@ class TokenMeter:
                  "sse", "tail", "input", "output", "exact", "done")
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
-                 cap: int = 0) -> None:
+                 cap: int = 0, estimated_input: int = -1) -> None:
         self.ledger = ledger
         self.request = request
         self.cap = cap
         self._estimate = -1  # computed when a tpm needs it (`estimate`)
         # What a request cut short is charged: kept now, since the body is released once the
-        # answer starts. A small body is bytes / 4 outright (no search: any inline payload in
-        # 2 kB would be charged less than IMAGE_TOKENS anyway).
-        size = len(request.body)
-        self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
-            estimate_scan(request.body)[0]
+        # answer starts (or given, by a CountMeter handing over once the body may be gone).
+        self.estimated_input = estimated_input if estimated_input >= 0 else \
+            _estimated_input(request.body)
         self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
@@ -650,3 +656,77 @@ class TokenMeter:
             model = request.model
             ledger.count(request.key, ledger.forward if model is None else
                          ledger.routes.get(model, ledger.catch_all), self.input, self.output)
+
+
+# CountMeter's state once the answer's usage is counted (its `full` meter otherwise).
+_COUNTED: Any = object()
+
+
+class CountMeter:
+    """The meter of the common case: a request that is not streamed, holds no key ticket, and
+    meets no upstream tpm, so only the token counters need its numbers (velox.worker chooses
+    it). A plain answer's usage, read by the one native scan, is counted as soon as the body is
+    seen and `finish` has nothing left to do: ~3 us of Python less per request than a
+    TokenMeter (five hooks and a settlement that finds nothing to settle). Anything else (an
+    event stream answered all the same, a usage only Python can read, an answer cut short or
+    without usage) hands the request to a TokenMeter, which then does exactly what it would
+    have done from the start."""
+
+    __slots__ = ("ledger", "request", "estimated_input", "full")
+
+    def __init__(self, ledger: Ledger, request: Request) -> None:
+        self.ledger = ledger
+        self.request = request
+        size = len(request.body)  # _estimated_input, inlined
+        self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
+            estimate_scan(request.body)[0]
+        self.full: Any = None  # the TokenMeter taken over to, or _COUNTED
+
+    def _full(self) -> TokenMeter:
+        full = self.full
+        if full is None:
+            full = self.full = TokenMeter(self.ledger, self.request, False, 0,
+                                          self.estimated_input)
+        return full  # type: ignore[no-any-return]
+
+    @property
+    def estimate(self) -> int:
+        return self._full().estimate  # no tpm applies: asked only by tests and future stages
+
+    def for_attempt(self, body: bytes | bytearray | memoryview,
+                    stream_usage: bool) -> bytes | bytearray | memoryview:
+        return body  # not a stream: nothing to ask for
+
+    def response(self, status: int, sse: bool) -> None:
+        if sse:
+            self._full().response(status, sse)
+
+    def data(self, data: bytes) -> bytes:
+        return self._full().data(data)
+
+    def end(self) -> bytes:
+        return self._full().end()
+
+    def body(self, body: bytes) -> None:
+        if self.full is None:
+            found = usage_scan(body)
+            if type(found) is tuple:
+                inp, out = found
+                if inp or out:  # Ledger.count, inlined
+                    ledger = self.ledger
+                    request = self.request
+                    model = request.model
+                    route = ledger.forward if model is None else \
+                        ledger.routes.get(model, ledger.catch_all)
+                    if route >= 0:
+                        field = ((request.key + 1) * ledger.width + route) * 2
+                        ledger.counters[field >> _BLOCK_SHIFT].add_many(
+                            ledger.slot, field & _BLOCK_MASK, inp, (field & _BLOCK_MASK) + 1, out)
+                self.full = _COUNTED
+                return
+        self._full().body(body)
+
+    def finish(self, exchange: Any, status: int) -> None:
+        full = self.full
+        if full is not _COUNTED:
+            self._full().finish(exchange, status)

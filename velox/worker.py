@@ -59,7 +59,7 @@ from velox.relay import Exchange
 from velox.ring import make_queue
 from velox.route import Auth
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
-from velox.usage import Ledger, TokenMeter, set_default_output
+from velox.usage import CountMeter, Ledger, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
 
@@ -468,7 +468,10 @@ class Worker:
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
-            exchange.meter = TokenMeter.for_request(ledger, request)
+            # The common case (velox.usage.CountMeter): only the counters need the numbers.
+            exchange.meter = CountMeter(ledger, request) if not request.stream and \
+                request.ticket is None and ledger.tpm is None else \
+                TokenMeter.for_request(ledger, request)
         return exchange
 
     def _send(self, request: Request, on_done: Any) -> Exchange:

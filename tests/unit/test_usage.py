@@ -234,3 +234,85 @@ def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) 
                     + b"data: [DONE]\n\n") if strip else whole
         assert b"".join(out) == expected, cut
         assert (meter.input, meter.output) == (7, 3)
+
+
+# --- CountMeter: the common case's meter does what a TokenMeter does --------------------------
+
+
+class _Counters:
+    """A token block of the shared counters, recording what is added (velox.stats.Counters)."""
+
+    def __init__(self) -> None:
+        self.added: dict[tuple[int, int], int] = {}
+
+    def add_many(self, slot: int, *pairs: int) -> None:
+        for field, value in zip(pairs[::2], pairs[1::2]):
+            if value:
+                self.added[slot, field] = self.added.get((slot, field), 0) + value
+
+
+class _Exchange:
+    def __init__(self, status: int, size: int, answered: bool = True) -> None:
+        self.t_headers = 1 if answered else 0
+        self.status = status
+        self.size = size
+        self.attempts = 1
+        self.route_attempt = None
+
+
+def _settle(kind: type, request: Request, status: int, answer: bytes | None,
+            sse: list[bytes] | None = None, answered: bool = True) -> dict[tuple[int, int], int]:
+    """What a meter of `kind` counts for one request answered as given, driven as the relay
+    drives it (response only for an event stream, body for a plain answer, finish once)."""
+    counters = _Counters()
+    ledger = usage.Ledger((counters,), 3, ("gpt-4o", "*"), None)
+    meter = kind(ledger, request) if kind is usage.CountMeter else \
+        usage.TokenMeter.for_request(ledger, request)
+    assert meter.for_attempt(request.body, True) is request.body
+    size = 0
+    if sse is not None:
+        meter.response(status, True)
+        for piece in sse:
+            size += len(meter.data(piece))
+        meter.end()
+    elif answer is not None:
+        meter.body(answer)
+        size = len(answer)
+    meter.finish(_Exchange(status, size, answered), status)
+    meter.finish(_Exchange(status, size, answered), status)  # a second call changes nothing
+    return counters.added
+
+
+_OPENAI = (b'{"id":"x","object":"chat.completion","choices":[],'
+           b'"usage":{"prompt_tokens":31,"completion_tokens":4,"total_tokens":35}}')
+_REORDERED = orjson.dumps({"usage": {"completion_tokens": 4, "prompt_tokens": 31}, "id": "x"})
+_IMAGE = _chat(image="data:image/png;base64," + "A" * 4000)
+
+
+@pytest.mark.parametrize("model,body,status,answer,sse,answered", [
+    ("gpt-4o", _chat(), 200, _OPENAI, None, True),  # the common case: counted at the body
+    ("other", _chat(), 200, _OPENAI, None, True),  # the catch-all route
+    (None, _chat(), 200, _OPENAI, None, True),  # no model: the catch-all
+    ("gpt-4o", _chat(), 200, _REORDERED, None, True),  # usage only Python reads
+    ("gpt-4o", _chat(), 200, b'{"id":"x"}', None, True),  # no usage: charged its estimate
+    ("gpt-4o", _IMAGE, 200, b'{"id":"x"}', None, True),  # over 2 kB: the base64 rule
+    ("gpt-4o", _chat(), 200, None, [b'data: {"choices":[{"delta":{}}]}\n\n',
+                                    b"data: [DONE]\n\n"], True),  # an event stream all the same
+    ("gpt-4o", _chat(), 499, None, None, False),  # the client left while the upstream worked
+    ("gpt-4o", _chat(), 502, None, None, False),  # failed: nothing generated
+    ("gpt-4o", _chat(), 500, b'{"error":{}}', None, True),  # an error answer: nothing
+])
+def test_count_meter_counts_what_a_token_meter_counts(
+        model: str | None, body: bytes, status: int, answer: bytes | None,
+        sse: list[bytes] | None, answered: bool) -> None:
+    got: dict[type, dict[tuple[int, int], int]] = {}
+    for kind in (usage.CountMeter, usage.TokenMeter):
+        request = _request(b"/v1/chat/completions", body)
+        request.model = model
+        got[kind] = _settle(kind, request, status, answer, sse, answered)
+    assert got[usage.CountMeter] == got[usage.TokenMeter]
+    if answer is _OPENAI:  # read by the native scan alone, and counted
+        assert type(usage.usage_scan(_OPENAI)) is tuple
+        assert sorted(got[usage.CountMeter].values()) == [4, 31]
+    # Refused or failed answers generate nothing; every other case counts something.
+    assert bool(got[usage.CountMeter]) == (status < 300 or status == 499)
