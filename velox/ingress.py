@@ -458,7 +458,14 @@ class ClientConnection(asyncio.Protocol):
             if head is None:
                 self._buf = buf[pos:] if pos else buf
                 return
-            self._reset_message()
+            # _reset_message, apart from what the head sets just below (and _header_bytes,
+            # which only httptools reads and resets in on_message_begin): ~0.4 us a request.
+            self._chunks = []
+            self._assembled = None
+            self._body_size = 0
+            self._reject = None
+            self._route = None
+            self._caller = None
             (method, self._url, self._headers, length, self._authorization, self._expect,
              keep_alive, self._http10, pos, self._upstream) = head
             self._method = method
