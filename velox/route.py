@@ -110,7 +110,7 @@ class Auth:
     SHA-256 of what was presented: one set lookup, whatever the number of keys); both kinds
     may be combined. With either, the client's own credential never goes upstream."""
 
-    __slots__ = ("_client_keys", "_key_digests", "_digests", "_upstream_value")
+    __slots__ = ("_client_keys", "_key_digests", "_digests", "_valid", "_upstream_value")
 
     def __init__(self, settings: Settings) -> None:
         self._client_keys = tuple(k.encode() for k in settings.api_keys)
@@ -119,6 +119,10 @@ class Auth:
         # Presented [[key]] → its digest, for keys already seen valid: a dict lookup instead of
         # a SHA-256 per request. Bounded (cleared when full); unknown keys are never kept.
         self._digests: dict[bytes, bytes] = {}
+        # Whole Authorization values already accepted → check's result: one dict lookup per
+        # request before any parsing, hashing or comparing (0.67 -> ~0.2 us for a [[key]],
+        # 1.0 -> ~0.2 for one of three VELOX_API_KEYS). Bounded like _digests.
+        self._valid: dict[bytes, bytes | None] = {}
         key = settings.upstream_api_key
         self._upstream_value = b"Bearer " + key.encode() if key else None
 
@@ -134,6 +138,18 @@ class Auth:
             return None
         if authorization is None:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        valid = self._valid
+        digest = valid.get(authorization, _UNSEEN)
+        if digest is not _UNSEEN:
+            return digest  # type: ignore[return-value]
+        digest = self._check(authorization)
+        if len(valid) >= _DIGESTS_MAX:
+            valid.clear()
+        valid[authorization] = digest
+        return digest
+
+    def _check(self, authorization: bytes) -> bytes | None:
+        """check() for a value not seen valid yet: raises Unauthorized unless it is."""
         scheme, _, presented = authorization.partition(b" ")
         presented = presented.strip()
         if scheme.lower() == b"bearer" and presented:
@@ -198,7 +214,8 @@ class Auth:
 
 
 _CREDENTIALS = (b"authorization", b"api-key")
-_DIGESTS_MAX = 4096  # distinct valid keys remembered per worker (Auth._digests)
+_DIGESTS_MAX = 4096  # distinct valid keys remembered per worker (Auth._digests, Auth._valid)
+_UNSEEN = b"unseen"  # Auth._valid.get's default: no digest is this object
 
 
 def caller_of(request: Request) -> bytes:

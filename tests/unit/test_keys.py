@@ -139,6 +139,19 @@ def test_auth_accepts_keys_and_api_keys_and_never_forwards_them(tmp_path: Path) 
     # Valid keys' digests are remembered (no SHA-256 per request); unknown keys never are.
     assert auth._digests == {b"vx-k": hashlib.sha256(b"vx-k").digest()}
     assert auth.check(b"Bearer vx-k") == hashlib.sha256(b"vx-k").digest()
+    # So are the whole Authorization values accepted (one lookup before any parsing), with
+    # the same results; refused values never are.
+    assert auth._valid == {b"Bearer vx-k": hashlib.sha256(b"vx-k").digest(),
+                           b"bearer  vx-k ": hashlib.sha256(b"vx-k").digest(),
+                           b"Bearer plain": hashlib.sha256(b"plain").digest()}
+    for bad in (b"Bearer nope", b"Basic vx-k"):
+        with pytest.raises(Unauthorized):
+            auth.check(bad)
+    assert len(auth._valid) == 3
+    plain_only = Auth(load_keys(tmp_path, "", VELOX_API_KEYS="plain"))
+    assert plain_only.check(b"Bearer plain") is None
+    assert plain_only.check(b"Bearer plain") is None  # from _valid now
+    assert plain_only._valid == {b"Bearer plain": None}
     # Keys only (no VELOX_API_KEYS): the client's credential is still never passed upstream.
     only_keys = Auth(load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("vx-k")}"\n'))
     headers, passthrough = only_keys.client_headers([(b"authorization", b"Bearer vx-k"),
