@@ -28,6 +28,10 @@ sees exactly the events it would have seen without the gateway. A responses stre
 usage in its `response.completed` event, which is passed through. At most `_HOLD_MAX` bytes of an
 unfinished event are held per stream: a longer event is passed through unread.
 
+The meter of most requests (not streamed, no key ticket, no upstream tpm: only the token
+counters need the numbers) is a `CountMeter`, which counts a plain answer's usage from the native
+scan as soon as the body is seen and hands any other case to a `TokenMeter`.
+
 Cut short (the client left, the upstream broke, no usage arrived): the request is charged its
 estimated input plus the output relayed so far, one token per relayed event (OpenAI streams one
 token per chunk), or relayed bytes / 4 for a plain body.
