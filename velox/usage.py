@@ -676,11 +676,15 @@ class CountMeter:
     without usage) hands the request to a TokenMeter, which then does exactly what it would
     have done from the start."""
 
-    __slots__ = ("ledger", "request", "estimated_input", "full")
+    # input/output/exact/done as TokenMeter has them: the access log reads them from either.
+    __slots__ = ("ledger", "request", "estimated_input", "full", "input", "output", "exact",
+                 "done")
 
     def __init__(self, ledger: Ledger, request: Request) -> None:
         self.ledger = ledger
         self.request = request
+        self.input = self.output = 0
+        self.exact = self.done = False
         size = len(request.body)  # _estimated_input, inlined
         self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
             estimate_scan(request.body)[0]
@@ -727,10 +731,15 @@ class CountMeter:
                         ledger.counters[field >> _BLOCK_SHIFT].add_many(
                             ledger.slot, field & _BLOCK_MASK, inp, (field & _BLOCK_MASK) + 1, out)
                 self.full = _COUNTED
+                self.input, self.output = inp, out
+                self.exact = self.done = True
                 return
         self._full().body(body)
 
     def finish(self, exchange: Any, status: int) -> None:
         full = self.full
         if full is not _COUNTED:
-            self._full().finish(exchange, status)
+            full = self._full()
+            full.finish(exchange, status)
+            self.input, self.output, self.exact, self.done = \
+                full.input, full.output, full.exact, full.done

@@ -133,6 +133,29 @@ def test_flush_writes_every_line_and_counts_them(tmp_path: Any) -> None:
     assert {orjson.loads(line)["path"] for line in lines} == {"/v1/x"}
 
 
+def test_a_line_that_cannot_be_made_is_told_once_and_the_others_are_written(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # A meter without the fields the line reads (what a meter class missing `done` did): the
+    # line is skipped, the reason logged once per worker, the other lines written.
+    path = tmp_path / "log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    bad = SimpleNamespace(meter=SimpleNamespace(), upstream_name=b"u", attempts=1, t_headers=0,
+                          t_sent=0, headers=[])
+    try:
+        log = AccessLog(0, fd=fd)
+        with caplog.at_level("ERROR", logger="velox.accesslog"):
+            for round_ in range(2):
+                for n in range(3):
+                    log.append((time.perf_counter_ns(), _request(b"/v1/x", "m", -1),
+                                bad if n == 1 else None, 200, n))
+                assert log.flush() == 2
+    finally:
+        os.close(fd)
+    assert len(path.read_bytes().splitlines()) == 4
+    told = [r for r in caplog.records if r.name == "velox.accesslog"]
+    assert len(told) == 1 and told[0].exc_info is not None
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
 

@@ -261,9 +261,11 @@ class _Exchange:
 
 
 def _settle(kind: type, request: Request, status: int, answer: bytes | None,
-            sse: list[bytes] | None = None, answered: bool = True) -> dict[tuple[int, int], int]:
+            sse: list[bytes] | None = None, answered: bool = True,
+            seen: dict[type, tuple[object, ...]] | None = None) -> dict[tuple[int, int], int]:
     """What a meter of `kind` counts for one request answered as given, driven as the relay
-    drives it (response only for an event stream, body for a plain answer, finish once)."""
+    drives it (response only for an event stream, body for a plain answer, finish once);
+    `seen[kind]` gets what the access log reads of the meter afterwards."""
     counters = _Counters()
     ledger = usage.Ledger((counters,), 3, ("gpt-4o", "*"), None)
     meter = kind(ledger, request) if kind is usage.CountMeter else \
@@ -280,6 +282,8 @@ def _settle(kind: type, request: Request, status: int, answer: bytes | None,
         size = len(answer)
     meter.finish(_Exchange(status, size, answered), status)
     meter.finish(_Exchange(status, size, answered), status)  # a second call changes nothing
+    if seen is not None:
+        seen[kind] = (meter.done, meter.input, meter.output, meter.exact)
     return counters.added
 
 
@@ -306,11 +310,14 @@ def test_count_meter_counts_what_a_token_meter_counts(
         model: str | None, body: bytes, status: int, answer: bytes | None,
         sse: list[bytes] | None, answered: bool) -> None:
     got: dict[type, dict[tuple[int, int], int]] = {}
+    seen: dict[type, tuple[object, ...]] = {}
     for kind in (usage.CountMeter, usage.TokenMeter):
         request = _request(b"/v1/chat/completions", body)
         request.model = model
-        got[kind] = _settle(kind, request, status, answer, sse, answered)
+        got[kind] = _settle(kind, request, status, answer, sse, answered, seen)
     assert got[usage.CountMeter] == got[usage.TokenMeter]
+    # The access log's usage (done, input, output, exact) is the same from either meter.
+    assert seen[usage.CountMeter] == seen[usage.TokenMeter]
     if answer is _OPENAI:  # read by the native scan alone, and counted
         assert type(usage.usage_scan(_OPENAI)) is tuple
         assert sorted(got[usage.CountMeter].values()) == [4, 31]

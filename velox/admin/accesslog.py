@@ -31,6 +31,7 @@ Imports: the native extension (the line's formatter), stats (field numbers), std
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import select
@@ -41,6 +42,8 @@ from typing import Any
 
 from velox._native import access_line, access_lines
 from velox.stats import F
+
+log = logging.getLogger("velox.accesslog")
 
 FLUSH_INTERVAL_S = 0.05
 QUEUE_MAX = 65_536
@@ -65,6 +68,7 @@ class AccessLog:
         self.written = 0
         self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
         self._seq = 0
+        self._told = False  # why a line could not be formatted was logged (_tell)
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -111,10 +115,23 @@ class AccessLog:
                 for chunk in chunks:
                     _write_all(fd, chunk)
                 count += lines
+                if lines < len(items) and not self._told:
+                    self._tell(items, offset)
             self.written += count
             if self.counters is not None:
                 self.counters.add(self.slot, F.ACCESS_LOG_LINES, count)
             return count
+
+    def _tell(self, items: list[tuple[Any, ...]], offset: int) -> None:
+        """Log, once per worker, why a line could not be formatted (access_lines skips such an
+        item so the others are written; F.ACCESS_LOG_LINES shows how many went missing)."""
+        self._told = True
+        for item in items:
+            try:
+                access_line(item, offset, self.slot, self._prefix, 0, self.key_names)
+            except Exception:  # noqa: BLE001 - reported, never raised into the flush
+                log.exception("access log: a line could not be formatted (more are not told)")
+                return
 
     def line(self, item: tuple[Any, ...], wall_offset_ns: int) -> bytes:
         """One line (see the module docstring), formatted natively (vx_books): the request's
