@@ -369,10 +369,13 @@ def test_processes_hammering_one_cache_keep_invariants() -> None:
 def test_exactly_one_leader_per_key_across_processes() -> None:
     # Cross-worker coalescing: processes racing to claim the same keys (each in its own
     # shuffled order) get exactly one leader per key; everyone else is counted as a waiter.
+    # Every racer stays alive until all have claimed: a marker is a lease owned by its pid,
+    # and a reaped leader's keys may rightly be taken over by a racer still claiming.
     c = SharedCache(1 * MB)
     keys = [key(f"race {i}") for i in range(200)]
     procs = 4
     go_r, go_w = os.pipe()
+    end_r, end_w = os.pipe()
 
     def racer(seed: int) -> list[int]:
         import random
@@ -389,22 +392,26 @@ def test_exactly_one_leader_per_key_across_processes() -> None:
         if pid == 0:  # pragma: no cover - child
             try:
                 os.write(w, repr(racer(seed)).encode())
+                os.close(w)
+                os.read(end_r, 1)  # alive until every racer has claimed
             finally:
                 os._exit(0)
         os.close(w)
         children.append((pid, r))
     os.write(go_w, b"x" * procs)
     led: list[int] = []
-    for pid, r in children:
+    for _, r in children:
         chunks = []
         while chunk := os.read(r, 1 << 16):
             chunks.append(chunk)
         os.close(r)
+        led += ast.literal_eval(b"".join(chunks).decode())
+    os.write(end_w, b"x" * procs)
+    for pid, _ in children:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        led += ast.literal_eval(b"".join(chunks).decode())
-    os.close(go_r)
-    os.close(go_w)
+    for fd in (go_r, go_w, end_r, end_w):
+        os.close(fd)
     assert sorted(led) == list(range(len(keys)))  # each key led once, by one process
     assert all(c.waiting(k) == procs - 1 for k in keys)
     assert c.stats()["markers"] == len(keys)
