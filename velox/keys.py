@@ -108,7 +108,7 @@ def tpm_index(key: int) -> int:
 class SharedKeys:
     """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
 
-    __slots__ = ("keys", "slots", "limits", "counters", "wanted")
+    __slots__ = ("keys", "slots", "limits", "counters")
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
@@ -122,14 +122,9 @@ class SharedKeys:
             assert previous is not None
             self.limits = previous.limits
             self.counters = previous.counters
-            self.wanted = previous.wanted
         else:
             self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
             self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
-            # Field = bucket index: the size of the last take its bucket refused (a gauge,
-            # 0 after the Redis refresher saw it). With VELOX_REDIS_URL a tpm reservation
-            # larger than one lease makes the host lease enough for it (velox.cluster).
-            self.wanted = Counters(1, max(1, 2 * len(keys)))
         for i, key in enumerate(self.keys):
             # One minute's worth: a key may spend its whole minute at once, then the rate.
             if key.rpm:
@@ -213,7 +208,7 @@ _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count", "wanted")
+    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
         self.keys = tuple(_Key(i, spec, shared.limits, slot)
@@ -223,7 +218,6 @@ class KeyStage:
         self.slot = slot
         self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
         self.count = tuple(c.add for c in shared.counters)
-        self.wanted = shared.wanted.set
 
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
@@ -260,8 +254,6 @@ class KeyStage:
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
             code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
-                if code & 3 == ADMIT_TOKENS:  # for the Redis refresher's next lease
-                    self.wanted(0, tok_i, reserved)
                 self._refuse_limit(request, key, code)
                 continue
             request.ticket = ticket_of(key, key.rpm_i, key.tok_i, slot, reserved)
