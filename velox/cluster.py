@@ -54,7 +54,8 @@ call. A request that reaches a host whose token is spent gets 429 (Retry-After: 
 another host's token sits unused: the limit is never exceeded, and what the hosts hold idle is
 at most one token each (within the bound).
 
-Redis unreachable (refused, reset, or silent past `TIMEOUT_S`): the refresher logs once,
+Redis unreachable (refused, reset, silent past `TIMEOUT_S`, or answering replies of another
+shape than the script's, as a server that is not Redis would): the refresher logs once,
 counts a fallback, and reconfigures every local bucket to a CLOCK-refilled bucket holding the
 host's share: rate / hosts last seen, burst / hosts last seen (at least 1 each; 1 host if Redis
 was never reached), keeping the tokens it had. It tries again every `RETRY_DOWN_S`; the first
@@ -173,6 +174,12 @@ for i = 4, #KEYS do
 end
 return out
 """
+
+
+class ReplyShapeError(Exception):
+    """A Redis reply that is not what its command answers (a proxy or a server that is not
+    Redis, answering `+OK` to everything): treated like a lost connection, by the refresher
+    and by the response cache's tier (velox.cache_redis)."""
 
 
 class LimitsLike(Protocol):
@@ -446,7 +453,7 @@ class Cluster:
         from redis.exceptions import NoScriptError
 
         if not self._sha:
-            self._sha = await client.script_load(LEASE_LUA)
+            self._sha = _sha(await client.script_load(LEASE_LUA))
             self.commands += 1
         chunks = [asks[i:i + CHUNK] for i in range(0, len(asks), CHUNK)] or [[]]
         head = [self.host_id, int(HOST_TTL_S * 1000), "1" if leave else "0",
@@ -466,14 +473,10 @@ class Cluster:
             except NoScriptError:  # Redis restarted and lost its script cache: load it again
                 if attempt:
                     raise
-                self._sha = await client.script_load(LEASE_LUA)
+                self._sha = _sha(await client.script_load(LEASE_LUA))
                 self.commands += 1
+        hosts, out = lease_replies(results, [[want for _, want in chunk] for chunk in chunks])
         self._called = True
-        out: list[tuple[int, int]] = []
-        hosts = self.hosts
-        for result in results:
-            hosts = max(1, int(result[0]))
-            out += [(int(result[i]), int(result[i + 1])) for i in range(1, len(result), 2)]
         self._set_hosts(hosts)
         return out
 
@@ -528,6 +531,36 @@ class Cluster:
         else:
             log.info("sharing %d limit(s) through Redis at %s with %d host(s)",
                      len(self.buckets), redact_url(self.url), self.hosts)
+
+
+def lease_replies(results: Any, chunks: list[list[int]]) -> tuple[int, list[tuple[int, int]]]:
+    """(hosts alive, [(granted, wait_ms)] per ask) from the script calls' replies, once each
+    has LEASE_LUA's shape for its chunk of asks (`chunks`: the wants); else ReplyShapeError."""
+    if not isinstance(results, list) or len(results) != len(chunks):
+        raise ReplyShapeError(f"{len(results) if isinstance(results, list) else 'no'} replies "
+                              f"to {len(chunks)} script call(s)")
+    hosts, out = 1, []
+    for result, wants in zip(results, chunks):
+        if not isinstance(result, list) or len(result) != 1 + 2 * len(wants) or \
+                not all(type(v) is int for v in result) or result[0] < 1:
+            raise ReplyShapeError("a lease script call answered something else than "
+                                  f"{1 + 2 * len(wants)} integers")
+        hosts = result[0]
+        for k, want in enumerate(wants):
+            granted, wait_ms = result[1 + 2 * k], result[2 + 2 * k]
+            if not 0 <= granted <= max(0, want) or wait_ms < 0:
+                raise ReplyShapeError(f"a lease of {want} answered {granted} granted")
+            out.append((granted, wait_ms))
+    return hosts, out
+
+
+def _sha(reply: Any) -> str:
+    """SCRIPT LOAD's answer: the script's SHA-1 in hex; else ReplyShapeError."""
+    sha = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
+    if not isinstance(sha, str) or len(sha) != 40 or \
+            any(c not in "0123456789abcdef" for c in sha):
+        raise ReplyShapeError("SCRIPT LOAD answered something else than a SHA-1")
+    return sha
 
 
 def _describe(exc: BaseException) -> str:
