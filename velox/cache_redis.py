@@ -36,9 +36,9 @@ CACHE_HITS), CACHE_REDIS_MISSES (requests Redis had no usable entry for), CACHE_
 (requests that went on without Redis's answer: failed, timed out or skipped while down),
 CACHE_REDIS_STORES (answers written), CACHE_REDIS_DROPPED (answers not written).
 
-Imports: cluster (ReplyShapeError), config (redact_url), health (the clock), stats (field numbers), cache (WaitList; cache
-refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the worker's
-loop).
+Imports: cluster (ReplyShapeError), config (redact_url), health (the clock), stats (field
+numbers), cache (WaitList; cache refers to this module only in annotations), stdlib;
+redis.asyncio (lazily, in the worker's loop).
 """
 
 from __future__ import annotations

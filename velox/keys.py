@@ -48,14 +48,13 @@ from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters
 from velox._types import Request, Route
 from velox.errors import ModelNotAllowed, RateLimited
 from velox.route import caller_of
-from velox.tables import CATCH_ALL, KeySpec, Tables
+from velox.tables import CATCH_ALL, MAX_KEYS, KeySpec, Tables
 
 try:  # K2's token estimator; the interim below stands in until it lands
     from velox.usage import estimate as _estimate  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the tree
     _estimate = None
 
-MAX_KEYS = 4096  # the shared counters hold at most 4096 fields per row
 
 
 class KF(IntEnum):
@@ -112,8 +111,8 @@ class SharedKeys:
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
-        if len(keys) > MAX_KEYS:
-            raise ValueError(f"at most {MAX_KEYS} [[key]] tables, got {len(keys)}")
+        # The configuration refuses more (velox.tables); a Counters row holds 4,096 fields.
+        assert len(keys) <= MAX_KEYS, len(keys)
         self.keys = tuple(keys)
         self.slots = slots
         same = previous is not None and previous.slots == slots and \
