@@ -136,24 +136,43 @@ class SharedKeys:
         return self.limits.forget_slot(slot)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Per key, for /stats and /metrics: limits, what is left, in flight, counts."""
-        limits = self.limits
+        """Per key, for /stats: limits, what is left, in flight, counts."""
         totals = [c.totals() for c in self.counters]
-        out = []
-        for i, key in enumerate(self.keys):
-            out.append({
-                "name": key.name,
-                "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
-                "models": list(key.models) if key.models is not None else None,
-                "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
-                "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
-                "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
-                "active": limits.active(rpm_index(i)),
-                "requests": limits.entered(rpm_index(i)),
-                "refused": {reason: totals[KF.REFUSED_RPM + n][i]
-                            for n, reason in enumerate(REFUSAL_REASONS)},
-            })
-        return out
+        return [self._row(i, totals) for i in range(len(self.keys))]
+
+    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """For /metrics: the rows of the first `own` keys (file order), and the others summed
+        (requests, in flight, refusals; None when there are no others). Only those keys are
+        read: a scrape with thousands of keys costs the supervisor what `own` keys cost."""
+        totals = [c.totals() for c in self.counters]
+        own = min(own, len(self.keys))
+        rows = [self._row(i, totals) for i in range(own)]
+        if own == len(self.keys):
+            return rows, None
+        limits, rest = self.limits, range(own, len(self.keys))
+        other = {
+            "keys": len(rest),
+            "requests": sum(limits.entered(rpm_index(i)) for i in rest),
+            "active": sum(limits.active(rpm_index(i)) for i in rest),
+            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:])
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
+        return rows, other
+
+    def _row(self, i: int, totals: list[list[int]]) -> dict[str, Any]:
+        key, limits = self.keys[i], self.limits
+        return {
+            "name": key.name,
+            "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
+            "models": list(key.models) if key.models is not None else None,
+            "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
+            "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
+            "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
+            "active": limits.active(rpm_index(i)),
+            "requests": limits.entered(rpm_index(i)),
+            "refused": {reason: totals[KF.REFUSED_RPM + n][i]
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
 
 
 # --- per request ----------------------------------------------------------------------------

@@ -74,6 +74,14 @@ def test_the_documented_maximum_of_keys_starts_and_serves(
             keys = json.loads(body)["keys"]
             assert status == 200 and len(keys) == MAX
             assert keys[-1]["name"] == f"k{MAX - 1}" and keys[-1]["requests"] == 1
+            # /metrics: the first VELOX_METRICS_KEYS (100) keys their own series, the rest
+            # summed under key="_other" (the last key's request is counted there).
+            status, metrics = gw.admin_get("/metrics", timeout=30)
+            assert status == 200 and len(metrics) < 100_000, len(metrics)
+            assert b'velox_key_requests_total{key="k0"} 1.0' in metrics
+            assert b'velox_key_requests_total{key="_other"} 2.0' in metrics
+            assert b'key="k99"' in metrics and b'key="k100"' not in metrics
+            assert b"velox_key_series_other 3996.0" in metrics
             log = gw.log()
         assert "Traceback" not in log, log[-3000:]
     finally:
