@@ -72,6 +72,7 @@ def run(tmp_path: Path, hosts: int, per_host: float, duration_s: float, burst: i
         "last_send_s": max(d["last_send_s"] for d in docs),
         "last_admitted_s": max(d["last_admitted_s"] for d in docs),
         "failures": [d["failures"] for d in docs], "stats": stats, "logs": logs,
+        "records": sorted(r for d in docs for r in d["records"]),
     }
 
 
@@ -80,12 +81,17 @@ def test_one_host_sdk_requests_are_not_locked_out(tmp_path: Path, burst: int) ->
     """Below the key's limits (8 requests a second of 10), SDK-shaped requests are served:
     each reserves more than a second's lease of the tpm (1,000 tokens on one host) and gives
     most of it back. Before the fix: one 200, then 429 for every request."""
-    doc = run(tmp_path, hosts=1, per_host=8.0, duration_s=8.0, burst=burst, empty=False)
+    duration = 8.0
+    doc = run(tmp_path, hosts=1, per_host=8.0, duration_s=duration, burst=burst, empty=False)
     assert set(doc["statuses"]) <= {200, 429}, doc
-    # A first take may be refused while the first leases arrive (the refresher ticks every
-    # 0.05 s; a box loaded twenty deep stretches that); then everything passes.
-    assert doc["admitted"] >= 0.85 * doc["sent"], doc
-    assert doc["stats"][0]["refused"]["tpm"] <= 0.1 * doc["sent"], doc
+    # A first take or two may be refused while the first leases arrive; a loaded box starves
+    # the supervisor's refresher of CPU, leases come late and more requests get 429. Measured
+    # on the 2-core box: 62 and 58 of 64 passed at a load average of 10-11, 51 and 47 at 13
+    # (a busy loop added); a locked-out key passes 1.
+    assert doc["admitted"] >= 0.5 * doc["sent"], doc
+    # ...and it serves to the end: a lockout is for good.
+    late = [s for t, s in doc["records"] if t >= duration * 0.75]
+    assert late.count(200) >= 0.5 * len(late), doc
     assert all("Traceback" not in log for log in doc["logs"])
 
 
@@ -104,9 +110,11 @@ def test_three_hosts_hold_the_key_to_its_limit_both_ways(tmp_path: Path, burst: 
     upper = RATE * (doc["lead_s"] + max(duration, doc["last_admitted_s"])) + stated
     assert doc["admitted"] <= upper, doc
     # Lower: the refill while requests were sent, less a lease cap per host held at the end
-    # and one asked late, and less what a refresher starved of CPU leases late (a loaded
-    # 2-core box stretches its 0.05 s ticks): not far fewer than the limit.
-    lower = 0.8 * (RATE * doc["last_send_s"] - 2 * stated)
+    # and one asked late. A loaded box starves the refreshers of CPU (their 0.05 s ticks
+    # stretch) and requests meanwhile get 429. Measured of ~170-190 allowed: 171 and 165
+    # passed at a load average of 10-14, 171 and 94 at 16-19 (a busy loop added); a
+    # locked-out key passes 3. Not far fewer than the limit:
+    lower = 0.5 * RATE * doc["last_send_s"] - 2 * stated
     assert doc["admitted"] >= lower, doc
     # Each host is refused its share of the excess: none admits its whole demand.
     assert all(s["refused"]["rpm"] + s["refused"]["tpm"] > 0 for s in doc["stats"]), doc
