@@ -2913,6 +2913,32 @@ static PyObject *Limits_taken(LimitsObject *self, PyObject *arg)
     return PyLong_FromLongLong(vx_limits_taken(self->l, i));
 }
 
+PyDoc_STRVAR(Limits_refused_doc,
+             "refused($self, i, /)\n--\n\n"
+             "Cumulative tokens of the takes bucket i refused for want of tokens (demand\n"
+             "that taken() does not show; the Redis refresher counts it).");
+
+static PyObject *Limits_refused(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_refused(self->l, i));
+}
+
+PyDoc_STRVAR(Limits_pop_largest_doc,
+             "pop_largest($self, i, /)\n--\n\n"
+             "The largest take asked of bucket i (admitted or refused) since the last call;\n"
+             "resets it to 0. One reader: the Redis refresher.");
+
+static PyObject *Limits_pop_largest(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_pop_largest(self->l, i));
+}
+
 PyDoc_STRVAR(Limits_enter_doc,
              "enter($self, i, limit, slot, /)\n--\n\n"
              "Take a place of gauge i for the worker in `slot`: False (nothing taken) when\n"
@@ -3217,6 +3243,8 @@ static PyMethodDef Limits_methods[] = {
     {"charge", FASTCALL(Limits_charge), METH_FASTCALL, Limits_charge_doc},
     {"level", FASTCALL(Limits_level), METH_FASTCALL, Limits_level_doc},
     {"taken", (PyCFunction)Limits_taken, METH_O, Limits_taken_doc},
+    {"refused", (PyCFunction)Limits_refused, METH_O, Limits_refused_doc},
+    {"pop_largest", (PyCFunction)Limits_pop_largest, METH_O, Limits_pop_largest_doc},
     {"enter", FASTCALL(Limits_enter), METH_FASTCALL, Limits_enter_doc},
     {"leave", FASTCALL(Limits_leave), METH_FASTCALL, Limits_leave_doc},
     {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},

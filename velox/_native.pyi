@@ -429,6 +429,10 @@ class Limits:
         Approximate under concurrency (for headers and metrics)."""
     def taken(self, i: int, /) -> int:
         """Cumulative tokens taken or charged, minus refunds (rates, lease sizing)."""
+    def refused(self, i: int, /) -> int:
+        """Cumulative tokens of takes refused for want of tokens (demand taken() misses)."""
+    def pop_largest(self, i: int, /) -> int:
+        """The largest take asked (admitted or refused) since the last call; resets it."""
     def enter(self, i: int, limit: int, slot: int, /) -> bool:
         """Take a place of gauge i for the worker in slot; False (nothing taken) when limit
         places are held across the gateway. limit <= 0: no limit, count only."""

@@ -43,6 +43,9 @@ DEFAULT_WORKER_HANG_S = 10
 DEFAULT_BODY_TIMEOUT_MS = 30_000
 DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_CACHE_TTL_S = 3600
+# /metrics: gateway keys with their own series (VELOX_METRICS_KEYS). 2,048 keys made a 0.87 MB
+# scrape costing ~0.34 s of supervisor CPU (benches/bench_metrics.py); 100 keys stay small.
+DEFAULT_METRICS_KEYS = 100
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -296,6 +299,9 @@ FIELDS: tuple[Field, ...] = (
           " 0: only of requests a tpm limit applies to. On by default: the per-key token counts"
           " are the gateway's usage books, and they cost ~6.5 us of ~86 us of worker CPU per"
           " request (socket-free pipeline)"),
+    Field("VELOX_METRICS_KEYS", "metrics_keys", _int_in(0, 4096), str(DEFAULT_METRICS_KEYS),
+          "gateway keys with their own /metrics series (the first [[key]] tables in file "
+          "order); the others are summed under key=\"_other\" (/stats lists every key)"),
     Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
           "Redis shared by several Velox hosts: every rate limit becomes global across them "
           "(empty: this host alone)"),
@@ -352,6 +358,7 @@ class Settings:
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     cache_ttl_s: int = DEFAULT_CACHE_TTL_S
     tokens_default_output: int = 1024
+    metrics_keys: int = DEFAULT_METRICS_KEYS
     token_accounting: bool = True
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     cache_redis_timeout_ms: int = 5

@@ -48,14 +48,13 @@ from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters
 from velox._types import Request, Route
 from velox.errors import ModelNotAllowed, RateLimited
 from velox.route import caller_of
-from velox.tables import CATCH_ALL, KeySpec, Tables
+from velox.tables import CATCH_ALL, MAX_KEYS, KeySpec, Tables
 
 try:  # K2's token estimator; the interim below stands in until it lands
     from velox.usage import estimate as _estimate  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the tree
     _estimate = None
 
-MAX_KEYS = 4096  # the shared counters hold at most 4096 fields per row
 
 
 class KF(IntEnum):
@@ -108,12 +107,12 @@ def tpm_index(key: int) -> int:
 class SharedKeys:
     """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
 
-    __slots__ = ("keys", "slots", "limits", "counters", "wanted")
+    __slots__ = ("keys", "slots", "limits", "counters")
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
-        if len(keys) > MAX_KEYS:
-            raise ValueError(f"at most {MAX_KEYS} [[key]] tables, got {len(keys)}")
+        # The configuration refuses more (velox.tables); a Counters row holds 4,096 fields.
+        assert len(keys) <= MAX_KEYS, len(keys)
         self.keys = tuple(keys)
         self.slots = slots
         same = previous is not None and previous.slots == slots and \
@@ -122,14 +121,9 @@ class SharedKeys:
             assert previous is not None
             self.limits = previous.limits
             self.counters = previous.counters
-            self.wanted = previous.wanted
         else:
             self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
             self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
-            # Field = bucket index: the size of the last take its bucket refused (a gauge,
-            # 0 after the Redis refresher saw it). With VELOX_REDIS_URL a tpm reservation
-            # larger than one lease makes the host lease enough for it (velox.cluster).
-            self.wanted = Counters(1, max(1, 2 * len(keys)))
         for i, key in enumerate(self.keys):
             # One minute's worth: a key may spend its whole minute at once, then the rate.
             if key.rpm:
@@ -142,24 +136,43 @@ class SharedKeys:
         return self.limits.forget_slot(slot)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Per key, for /stats and /metrics: limits, what is left, in flight, counts."""
-        limits = self.limits
+        """Per key, for /stats: limits, what is left, in flight, counts."""
         totals = [c.totals() for c in self.counters]
-        out = []
-        for i, key in enumerate(self.keys):
-            out.append({
-                "name": key.name,
-                "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
-                "models": list(key.models) if key.models is not None else None,
-                "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
-                "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
-                "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
-                "active": limits.active(rpm_index(i)),
-                "requests": limits.entered(rpm_index(i)),
-                "refused": {reason: totals[KF.REFUSED_RPM + n][i]
-                            for n, reason in enumerate(REFUSAL_REASONS)},
-            })
-        return out
+        return [self._row(i, totals) for i in range(len(self.keys))]
+
+    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """For /metrics: the rows of the first `own` keys (file order), and the others summed
+        (requests, in flight, refusals; None when there are no others). Only those keys are
+        read: a scrape with thousands of keys costs the supervisor what `own` keys cost."""
+        totals = [c.totals() for c in self.counters]
+        own = min(own, len(self.keys))
+        rows = [self._row(i, totals) for i in range(own)]
+        if own == len(self.keys):
+            return rows, None
+        limits, rest = self.limits, range(own, len(self.keys))
+        other = {
+            "keys": len(rest),
+            "requests": sum(limits.entered(rpm_index(i)) for i in rest),
+            "active": sum(limits.active(rpm_index(i)) for i in rest),
+            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:])
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
+        return rows, other
+
+    def _row(self, i: int, totals: list[list[int]]) -> dict[str, Any]:
+        key, limits = self.keys[i], self.limits
+        return {
+            "name": key.name,
+            "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
+            "models": list(key.models) if key.models is not None else None,
+            "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
+            "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
+            "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
+            "active": limits.active(rpm_index(i)),
+            "requests": limits.entered(rpm_index(i)),
+            "refused": {reason: totals[KF.REFUSED_RPM + n][i]
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
 
 
 # --- per request ----------------------------------------------------------------------------
@@ -213,7 +226,7 @@ _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count", "wanted")
+    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
         self.keys = tuple(_Key(i, spec, shared.limits, slot)
@@ -223,7 +236,6 @@ class KeyStage:
         self.slot = slot
         self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
         self.count = tuple(c.add for c in shared.counters)
-        self.wanted = shared.wanted.set
 
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
@@ -260,8 +272,6 @@ class KeyStage:
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
             code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
-                if code & 3 == ADMIT_TOKENS:  # for the Redis refresher's next lease
-                    self.wanted(0, tok_i, reserved)
                 self._refuse_limit(request, key, code)
                 continue
             request.ticket = ticket_of(key, key.rpm_i, key.tok_i, slot, reserved)

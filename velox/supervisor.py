@@ -225,7 +225,13 @@ class Supervisor:
                             spec.rpm)
             if spec.tpm:
                 cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
-                            spec.tpm, keys.wanted)
+                            spec.tpm, self._typical_reservation())
+
+    def _typical_reservation(self) -> int:
+        """What a tpm bucket keeps in hand from its first lease (velox.cluster): an SDK
+        request without max_tokens reserves its prompt plus VELOX_TOKENS_DEFAULT_OUTPUT; the
+        1,024 covers a prompt of about 4 KB."""
+        return self.settings.tokens_default_output + 1024
 
     def _share_upstreams(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[upstream]]'s rpm and tpm bucket is shared with the other
@@ -246,7 +252,7 @@ class Supervisor:
                             rpm_burst(spec.rpm))
             if spec.tpm and health.tpm is not None:
                 cluster.add(f"upstream:{spec.name}:tpm", health.tpm.limits, u, spec.tpm,
-                            spec.tpm, health.tpm.wanted)
+                            spec.tpm, self._typical_reservation())
 
     def run(self) -> int:
         rfd, wfd = os.pipe()

@@ -241,6 +241,7 @@ def single_upstream(spec: UpstreamSpec) -> Tables:
 # client cycling query strings costs the slow path, never unbounded memory.
 _AZURE_PATHS: dict[tuple[bytes, str, str], bytes] = {}
 _AZURE_PATHS_MAX = 4096
+MAX_KEYS = 4096  # [[key]] tables (velox.keys sizes its shared counters by them)
 
 
 def azure_path(path: bytes, model: str, api_version: str) -> bytes:
@@ -563,8 +564,13 @@ def _keys(source: str, tables: list[dict[str, Any]],
     """`[[key]]` tables: unique names and hashes, limits in range, models naming routes."""
     models = [r.model for r in routes]
     keys: list[KeySpec] = []
+    by_name: dict[str, int] = {}  # name -> its table's number (a dict: 4,096 keys load fast)
+    by_digest: dict[str, int] = {}
     for index, table in enumerate(tables, 1):
         where = _label("key", index, "name", table.get("name"))
+        if index > MAX_KEYS:
+            _fail(source, where, "name", f"at most {MAX_KEYS:,} [[key]] tables, this file has "
+                  f"{len(tables):,} (each key has its own buckets and counters in shared memory)")
         if "key" in table or "api_key" in table:
             _fail(source, where, "key" if "key" in table else "api_key", "the key itself never "
                   "goes in the file: put its SHA-256 in sha256 (`velox key hash` prints it)")
@@ -592,13 +598,14 @@ def _keys(source: str, tables: list[dict[str, Any]],
             if len(set(raw)) != len(raw):
                 _fail(source, where, "models", f"names a route twice: {raw!r}")
             allowed = tuple(raw)
-        for earlier, other in enumerate(keys, 1):
-            if other.name == name:
-                _fail(source, where, "name",
-                      f"duplicate name {_q(name)}: [[key]] #{earlier} has it already")
-            if other.sha256 == digest:
-                _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
-                      f"({_q(other.name)}): each key may appear once")
+        if name in by_name:
+            _fail(source, where, "name",
+                  f"duplicate name {_q(name)}: [[key]] #{by_name[name]} has it already")
+        if digest in by_digest:
+            earlier = by_digest[digest]
+            _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
+                  f"({_q(keys[earlier - 1].name)}): each key may appear once")
+        by_name[name], by_digest[digest] = index, index
         keys.append(KeySpec(name, digest, models=allowed, **ints))
     return tuple(keys)
 

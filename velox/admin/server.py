@@ -165,7 +165,8 @@ class AdminServer:
         self.httpd.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.httpd.refused = 0
         self.collector = VeloxCollector(shared, limiter, settings.ring_depth, self.started_at,
-                                        self.profile_state, lambda: self.httpd.refused)
+                                        self.profile_state, lambda: self.httpd.refused,
+                                        settings.metrics_keys)
         self.registry = make_registry(self.collector)
         self.thread: threading.Thread | None = None
         self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL (see use_cluster)
