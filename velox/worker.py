@@ -113,6 +113,7 @@ class Worker:
         self.stopping: asyncio.Event | None = None
         self.routes = shared.routes
         self.body_timeout_s = settings.body_timeout_ms / 1000
+        self.write_timeout_s = settings.write_timeout_ms / 1000
         self.fd_exhausted = False
         self._fd_warned_at = -_FD_WARN_EVERY_S
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
@@ -292,15 +293,23 @@ class Worker:
         counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
+        stalled_before = now - self.write_timeout_s
         for conn in [c for c in self.ingress.connections
-                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before]:
-            if 0.0 < conn.receiving_since < late_before and not conn.read_paused:
+                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before
+                     or 0.0 < c.stalled_since < stalled_before]:
+            if 0.0 < conn.stalled_since < stalled_before:
+                conn.expire_write()
+            elif 0.0 < conn.receiving_since < late_before and not conn.read_paused:
                 conn.expire_receive()
             else:
                 conn.close_if_idle()
-        if self.ingress.receive_timeouts:
-            counters.add(slot, F.RECEIVE_TIMEOUTS, self.ingress.receive_timeouts)
-            self.ingress.receive_timeouts = 0
+        ingress = self.ingress
+        if ingress.receive_timeouts:
+            counters.add(slot, F.RECEIVE_TIMEOUTS, ingress.receive_timeouts)
+            ingress.receive_timeouts = 0
+        if ingress.write_timeouts:
+            counters.add(slot, F.WRITE_TIMEOUTS, ingress.write_timeouts)
+            ingress.write_timeouts = 0
         self._probe_fds(now)
         if now >= self._next_probe:  # breakers past their open time get a background probe
             self._next_probe = now + self.probe_every_s
