@@ -87,6 +87,11 @@ def worker(gw: GatewayProcess) -> psutil.Process:
     return psutil.Process(entry["pid"])
 
 
+def connected(proc: psutil.Process, port: int) -> bool:
+    """The worker still holds a connection from this client port."""
+    return any(c.raddr and c.raddr.port == port for c in proc.net_connections())
+
+
 def doc(gw: GatewayProcess) -> dict[str, Any]:
     return json.loads(gw.admin_get("/stats")[1])  # type: ignore[no-any-return]
 
@@ -211,9 +216,9 @@ def test_streaming_followers_that_fall_behind_the_live_stream_are_cut_off(
     # The leader's client read the whole stream at its own pace.
     (stream,) = events
     assert stream.count(b"\n\n") == chunks + 1 and stream.endswith(b"data: [DONE]\n\n")
-    wait_for(lambda: stats(gw)["followers_cut"] == followers, timeout=30)
     grown = proc.memory_info().rss - before
     assert grown < GROWTH_BOUND, f"worker grew {grown >> 20} MiB for {followers} idle followers"
+    wait_for(lambda: stats(gw)["followers_cut"] == followers, timeout=30)
     for sock in socks:
         got, _ = read_all(sock)
         assert got.startswith(b"HTTP/1.1 200 OK") and b"[DONE]" not in got
@@ -225,7 +230,12 @@ def test_a_client_that_does_not_read_a_relayed_answer_is_cut_at_the_deadline(
         sockets: list[socket.socket]) -> None:
     gw = start(gateways, upstream, tmp_path, VELOX_WORKERS="1", VELOX_CACHE="0",
                VELOX_WRITE_TIMEOUT_MS=DEADLINE_MS, VELOX_KEEPALIVE_TIMEOUT_S="1")
+    proc = worker(gw)
     sock = not_reading(gw, request_bytes("/v1/embeddings", LARGE), sockets)
-    wait_for(lambda: write_timeouts(gw) == 1, timeout=60)
+    port = sock.getsockname()[1]
+    wait_for(lambda: connected(proc, port), timeout=10)
+    # The gateway drops the connection on its own (the client still reads nothing).
+    wait_for(lambda: not connected(proc, port), timeout=60)
+    assert write_timeouts(gw) == 1
     got, _ = read_all(sock)
     assert got.startswith(b"HTTP/1.1 200 OK") and len(got) < 6_000_000

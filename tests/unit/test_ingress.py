@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from benches._pipeline import FakeTransport
 from velox._types import Request
 from velox.config import load
-from velox.ingress import ClientConnection, IngressState
+from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
 from velox.route import Auth
 
 
@@ -295,7 +295,7 @@ def test_a_paused_client_gets_no_further_pipelined_answers_until_it_reads() -> N
     conn, client, ring, answered = slow_conn()
     conn.data_received(CHAT_REQUEST + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
     (request,) = ring.pushed
-    conn.respond(request, 200, [], b"x" * (WHOLE + 1))  # written, transport paused
+    conn.respond(request, 200, [], b"x" * (WHOLE_BYTES + 1))  # written, transport paused
     assert client.paused and conn.current is None
     assert len(answered) == 1 and not conn.idle  # three health checks wait for the client
     client.read()
@@ -367,5 +367,3 @@ def test_a_client_that_takes_nothing_is_aborted_at_the_write_deadline() -> None:
     conn.connection_lost(None)
     assert conn._q is None
 
-
-WHOLE = __import__("velox.ingress", fromlist=["WHOLE_BYTES"]).WHOLE_BYTES
