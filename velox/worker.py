@@ -165,9 +165,6 @@ class Worker:
                     RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
                               settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
                     self.resume)
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
-                               self._flush_upstreams, loop, self.counters, self.slot) \
-            if Batcher.wanted(self.tables) else None
         # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
@@ -180,6 +177,10 @@ class Worker:
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
                              settings.tokens_default_output) \
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot,
+                               self.book_tokens) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response, settings.ingress_parser,
@@ -565,6 +566,14 @@ class Worker:
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log thread formats and writes
             log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
+
+    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+        """A batched member's share of its merged call's usage, into its own key's books (the
+        merged call's meter books nothing), when its tokens are accounted (as _exchange's
+        meter would be)."""
+        ledger = self.ledger
+        if ledger is not None and (self.meter_all or request.ticket is not None):
+            ledger.count(request.key, ledger.route_of(request.model), inp, out)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1

@@ -6,8 +6,10 @@ spread the connections) and a VELOX_CONFIG file with batching routes. Vectors ar
 against the mock's deterministic function of each input (`payloads.embedding_vector`), and
 what reached the upstream is read from the mock's request log (`inputs` per call).
 
-To make requests wait in a group, a "blocker" of the same group is sent first with a long
-`x-mock-latency-ms`: while it is in flight, the group's next requests wait and merge. Each
+To make requests wait in a group, a "blocker" of the same group is sent first and held by the
+mock (its behaviour is a long latency while the blocker arrives, normal again once it is
+there: a latency header of its own would put it in another group, since forwarded headers are
+part of the group): while it is in flight, the group's next requests wait and merge. Each
 test uses its own `user` (part of the group) so tests never share a group.
 """
 
@@ -120,14 +122,31 @@ def vector(data: Any) -> list[float]:
     return list(data.embedding)
 
 
-async def blocker(gw: GatewayProcess, model: str, user: str, latency_ms: int = 3000,
-                  key: str = CLIENT_KEY) -> Any:
+async def arrived(mock: MockUpstream, count: int) -> None:
+    """Until the mock has received `count` embeddings calls since its reset (bounded, 30 s;
+    polled without holding up the client tasks)."""
+    for _ in range(600):
+        if mock.stats()["by_path"].get(EMBED, 0) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the mock did not receive the call in time")
+
+
+async def blocker(gw: GatewayProcess, mock: MockUpstream, model: str, user: str,
+                  latency_ms: int = 3000, key: str = CLIENT_KEY) -> Any:
     """A slow call of the group (model, user): it goes out at once, and while it is in flight
-    the group's next requests wait. Returns the task; await it before the test ends."""
-    c = client(gw, key, **{"x-mock-latency-ms": str(latency_ms)})
+    the group's next requests wait. The mock holds it latency_ms (its behaviour while the
+    blocker arrives, normal again once it is there). Returns the task; await it before the
+    test ends."""
+    calls_before = mock.stats()["by_path"].get(EMBED, 0)
+    mock.behave(latency_ms=latency_ms)
+    c = client(gw, key)
     task = asyncio.create_task(c.embeddings.create(model=model, input="blocker", user=user,
                                                    encoding_format="float"))
-    await asyncio.sleep(0.3)  # it is in flight now (the mock holds it latency_ms)
+    try:
+        await arrived(mock, calls_before + 1)
+    finally:
+        mock.behave()
     return task
 
 
@@ -189,7 +208,7 @@ def test_multi_input_members_keep_their_order_and_get_their_share(
               ["last one"]]
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "order")
+        first = await blocker(gateway, fresh, "emb4", "order")
         c = client(gateway)
         raws = await asyncio.gather(*[c.embeddings.with_raw_response.create(
             model="emb4", input=items, user="order", encoding_format="float")
@@ -218,7 +237,7 @@ def test_one_bad_input_fails_only_its_own_request(gateway: GatewayProcess,
     before = batch_stats(gateway)
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "bad")
+        first = await blocker(gateway, fresh, "emb4", "bad")
         c = client(gateway)
         results = await asyncio.gather(*[c.embeddings.create(
             model="emb4", input=t, user="bad", encoding_format="float") for t in texts],
@@ -246,8 +265,9 @@ def test_any_other_failure_reaches_every_member_as_it_would_alone(
     before = batch_stats(gateway)
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "denied")
-        c = client(gateway, **{"x-mock-status": "401"})
+        first = await blocker(gateway, fresh, "emb4", "denied")
+        fresh.behave(status=401)  # for the merged call (the blocker is upstream already)
+        c = client(gateway)
         results = await asyncio.gather(*[c.embeddings.create(
             model="emb4", input=f"denied {i}", user="denied", encoding_format="float")
             for i in range(4)], return_exceptions=True)
@@ -330,7 +350,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     async def run() -> list[Any]:
         # 5 s: both pairs must arrive while their caller's blocker is in flight, even on a
         # host so loaded that starting four clients takes seconds.
-        blockers = [await blocker(gateway, "emb-pass", "pass", key=key, latency_ms=5000)
+        blockers = [await blocker(gateway, fresh, "emb-pass", "pass", key=key, latency_ms=5000)
                     for key in keys]
         jobs = [client(gateway, key).embeddings.with_raw_response.create(
             model="emb-pass", input=f"{key}-{i}", user="pass", encoding_format="float")
@@ -355,7 +375,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     fresh.reset()
 
     async def shared() -> list[Any]:
-        first = await blocker(gateway, "emb3", "shared")
+        first = await blocker(gateway, fresh, "emb3", "shared")
         jobs = [client(gateway, key).embeddings.create(
             model="emb3", input=key, user="shared", encoding_format="float")
             for key in ("sk-caller-a", "sk-caller-b", "sk-caller-c")]
@@ -382,10 +402,11 @@ def test_a_member_that_disconnects_does_not_break_the_others(
     body = {"model": "emb4", "input": "leaver", "user": "leave", "encoding_format": "float"}
 
     async def run() -> list[Any]:
-        first = await blocker(gateway, "emb4", "leave", latency_ms=1000)
-        # The merged call takes 1 s (its first member's latency header); one member's client
+        first = await blocker(gateway, fresh, "emb4", "leave", latency_ms=1000)
+        # The merged call takes 1 s (the mock's behaviour from now on); one member's client
         # closes its connection while the call is in flight.
-        c = client(gateway, **{"x-mock-latency-ms": "1000"})
+        fresh.behave(latency_ms=1000)
+        c = client(gateway)
         jobs = [asyncio.create_task(c.embeddings.create(
             model="emb4", input=f"stays {i}", user="leave", encoding_format="float"))
             for i in range(2)]
@@ -412,12 +433,11 @@ def test_a_member_that_disconnects_does_not_break_the_others(
 PAR_KEY = "vx-par-batching-0123456789"
 
 
-def _keyed_embeddings_request(port: int, body: dict, latency_ms: int) -> socket.socket:
+def _keyed_embeddings_request(port: int, body: dict) -> socket.socket:
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
                  b"\r\nauthorization: Bearer " + PAR_KEY.encode()
-                 + b"\r\nx-mock-latency-ms: %d" % latency_ms
                  + b"\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
     return sock
 
@@ -475,21 +495,20 @@ max_parallel = 4
         async def run() -> list[Any]:
             c = client(gw, PAR_KEY)
             # (1) While waiting: a call of the group is in flight, the leaver waits behind it.
-            first = await blocker(gw, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
-            sock = _keyed_embeddings_request(port, leaver, 2000)
+            first = await blocker(gw, mock, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
+            sock = _keyed_embeddings_request(port, leaver)
             await until(lambda: active(gw) == 2)
             sock.close()
             await until(lambda: active(gw) == 1)  # back before its group leaves
             stayer = embed(c, "stays 0")  # waits in the group, leaves when the blocker ends
             answers = [await first, await stayer]
             # (2) While in flight: the next blocker, then two members and a leaver merged into
-            # one call (1500 ms upstream: their latency header).
-            await c.close()
-            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "1500"})
+            # one call (1500 ms upstream: the mock's behaviour once the blocker is there).
             batches = batch_stats(gw)["total_batches"]
-            second = await blocker(gw, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            second = await blocker(gw, mock, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            mock.behave(latency_ms=1500)
             jobs = [embed(c, "stays 1"), embed(c, "stays 2")]
-            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"}, 1500)
+            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"})
             await until(lambda: active(gw) == 4)  # all three wait behind the blocker
             answers.append(await second)
             await until(lambda: batch_stats(gw)["total_batches"] == batches + 2)  # merged, sent
