@@ -28,9 +28,10 @@ stores (nor leads or follows); `max-age=N` accepts only entries at most N second
 
 Coalescing. Within a worker, requests with the key of a `Flight` in progress attach to it as
 followers: a streamed answer gives them the events so far, then the rest live; a whole one is
-written to each when it completes (one body object for all of them). Across workers, the leader holds the store's in-flight
-marker (`claim`) and requests in other workers wait for the entry to appear (`RemoteWait`,
-polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout). The marker
+written to each when it completes (one body object for all of them). Across workers, the
+leader holds the store's in-flight marker (`claim`) and requests in other workers wait for the
+entry to appear (`RemoteWait`, polled at 1, 2, 4 ... up to 20 ms intervals, up to the
+upstream's request timeout). The marker
 is a lease of `LEASE_MS` on the leader's pid, which the leader's worker renews every
 `RENEW_S` while its call runs: a leader whose worker died (the store sees its pid gone once the
 supervisor reaps it) or stopped renewing (stopped, stuck) no longer holds the key, and its

@@ -6,6 +6,11 @@ spread the connections) and a VELOX_CONFIG file with batching routes. Vectors ar
 against the mock's deterministic function of each input (`payloads.embedding_vector`), and
 what reached the upstream is read from the mock's request log (`inputs` per call).
 
+Between tenants (a second gateway, two `[[key]]`s, the access log on): clients that send
+different `OpenAI-Organization` / `OpenAI-Project` headers are never merged, each member's
+share of a merged call's tokens goes into its own key's books, and the access log has exactly
+one line per request, batched members included.
+
 To make requests wait in a group, a "blocker" of the same group is sent first and held by the
 mock (its behaviour is a long latency while the blocker arrives, normal again once it is
 there: a latency header of its own would put it in another group, since forwarded headers are
@@ -22,6 +27,7 @@ import json
 import socket
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,18 +92,46 @@ model = "emb-pass"
 targets = [{{ upstream = "pass" }}]
 batch = {{ max_requests = 2, max_wait_ms = 5000 }}
 """)
-    env = {
-        "VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
-        "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_ACCESS_LOG": "0",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-    }
-    with GatewayProcess(env, log_path=tmp / "velox.log") as gw:  # started, ready
+    with GatewayProcess(one_worker(config), log_path=tmp / "velox.log") as gw:  # ready
         yield gw
 
 
-def client(gw: GatewayProcess, key: str = CLIENT_KEY, **headers: str) -> openai.AsyncOpenAI:
+def one_worker(config: Path, access_log: bool = False) -> dict[str, str]:
+    """The settings of this module's gateways: one worker, the config file, no rate limit."""
+    return {"VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
+            "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5",
+            "VELOX_ACCESS_LOG": "1" if access_log else "0",
+            "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+
+
+def keyed_config(path: Path, mock: MockUpstream, route: str, batch: str,
+                 keys: dict[str, str], key_options: str = "") -> Path:
+    """A config file: the upstream "own" (the gateway's key), one batching route and one
+    `[[key]]` per name (with key_options)."""
+    blocks = "".join(f'\n[[key]]\nname = "{name}"\n'
+                     f'sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n{key_options}'
+                     for name, key in keys.items())
+    path.write_text(f"""
+[[upstream]]
+name = "own"
+origin = "{mock.origin}"
+ca_file = "{mock.ca_file}"
+api_key_env = "UP_KEY"
+
+[[route]]
+model = "{route}"
+targets = [{{ upstream = "own" }}]
+batch = {batch}
+{blocks}""")
+    return path
+
+
+def client(gw: GatewayProcess, key: str = CLIENT_KEY, options: dict[str, str] | None = None,
+           **headers: str) -> openai.AsyncOpenAI:
+    """An SDK client; options: the SDK's own (organization, project), which it sends as the
+    OpenAI-Organization / OpenAI-Project headers."""
     return openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
-                              timeout=30, default_headers=headers or None)
+                              timeout=30, default_headers=headers or None, **(options or {}))
 
 
 def stats(gw: GatewayProcess) -> dict:
@@ -450,27 +484,10 @@ def test_a_keyed_member_leaving_while_it_waits_and_while_its_batch_is_in_flight(
     the worker's in-flight count ends at 0 (an end counted twice would take it below)."""
     mock.behave()
     mock.reset()
-    config = tmp_path / "velox.toml"
-    config.write_text(f"""
-[[upstream]]
-name = "own"
-origin = "{mock.origin}"
-ca_file = "{mock.ca_file}"
-api_key_env = "UP_KEY"
-
-[[route]]
-model = "emb-key"
-targets = [{{ upstream = "own" }}]
-batch = {{ max_requests = 8, max_wait_ms = 5000 }}
-
-[[key]]
-name = "par"
-sha256 = "{hashlib.sha256(PAR_KEY.encode()).hexdigest()}"
-max_parallel = 4
-""")
-    env = {"VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
-           "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5",
-           "VELOX_ACCESS_LOG": "0", "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+    config = keyed_config(tmp_path / "velox.toml", mock, "emb-key",
+                          "{ max_requests = 8, max_wait_ms = 5000 }", {"par": PAR_KEY},
+                          "max_parallel = 4\n")
+    env = one_worker(config)
 
     def active(gw: GatewayProcess) -> int:
         (row,) = [k for k in stats(gw)["keys"] if k["name"] == "par"]
@@ -530,3 +547,112 @@ max_parallel = 4
         assert active(gw) == 0
         assert stats(gw)["requests"]["total"] == before + 5  # each once; the leavers never
         assert wait_for(lambda: stats(gw)["workers"][0]["state"]["in_flight"] == 0, timeout=5)
+
+# --- between tenants ------------------------------------------------------------------------
+
+TEAMS = {"team-a": "vx-team-a-0123456789abcdef", "team-b": "vx-team-b-0123456789abcdef"}
+# Each request of a test has one input for one tenant and SPREAD inputs for the other, fewer
+# requests than SPREAD: whatever crossed over, the inputs each tenant's calls carried could
+# not add up to its own (k one-input members = SPREAD x j members is impossible for k < SPREAD).
+REQUESTS = 24
+SPREAD = 30
+
+
+@pytest.fixture(scope="module")
+def tenants(mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[GatewayProcess]:
+    """A gateway whose one batching route `emb-t` serves two keys, with the access log on."""
+    tmp = tmp_path_factory.mktemp("tenants")
+    config = keyed_config(tmp / "velox.toml", mock, "emb-t",
+                          "{ max_requests = 64, max_wait_ms = 200 }", TEAMS)
+    with GatewayProcess(one_worker(config, access_log=True), log_path=tmp / "velox.log") as gw:
+        yield gw
+
+
+@pytest.fixture
+def busy(fresh: MockUpstream) -> MockUpstream:
+    fresh.behave(latency_ms=300)  # requests arriving while a call is upstream wait and merge
+    return fresh
+
+
+def embed_t(c: openai.AsyncOpenAI, inputs: list[str], user: str) -> Any:
+    return c.embeddings.with_raw_response.create(model="emb-t", input=inputs, user=user,
+                                                 encoding_format="float")
+
+
+def header(call: dict[str, Any], name: str) -> str | None:
+    return next((v for n, v in call["headers"] if n == name), None)
+
+
+def test_members_with_different_organization_or_project_are_never_merged(
+        tenants: GatewayProcess, busy: MockUpstream) -> None:
+    """One key, two organizations (then two projects of one organization): the members of
+    each upstream call all sent the header that call carries."""
+    for option, name, values in (
+            ("organization", "openai-organization", ("org-alpha", "org-beta")),
+            ("project", "openai-project", ("proj-alpha", "proj-beta"))):
+        busy.reset()
+        sizes = {values[0]: 1, values[1]: SPREAD}
+
+        async def run() -> list[Any]:
+            clients = {v: client(tenants, TEAMS["team-a"], {option: v}) for v in values}
+            jobs = [embed_t(clients[v], [f"{v} {i} item {j}" for j in range(sizes[v])], "orgs")
+                    for i in range(REQUESTS) for v in values]
+            return await asyncio.gather(*jobs)
+
+        raws = asyncio.run(run())
+        assert all(len(raw.parse().data) in (1, SPREAD) for raw in raws)
+        carried: dict[str | None, int] = {}
+        for call in calls(busy):
+            assert call["status"] == 200
+            value = header(call, name)
+            carried[value] = carried.get(value, 0) + call["inputs"]
+        # Each value's calls carried exactly that tenant's inputs: nothing crossed over.
+        assert carried == {values[0]: REQUESTS, values[1]: REQUESTS * SPREAD}, carried
+        # ... and they were batched: fewer calls than requests for each.
+        per_value = [header(c, name) for c in calls(busy)]
+        assert all(per_value.count(v) < REQUESTS for v in values), per_value
+
+
+def test_each_member_books_its_own_tokens_and_has_its_own_access_log_line(
+        tenants: GatewayProcess, busy: MockUpstream) -> None:
+    before = stats(tenants)
+    books_before = {(row["key"], row["route"]): row["input"] for row in before["tokens"]}
+    log_before = tenants.log().count('"log":"access"')
+
+    async def run() -> dict[str, list[Any]]:
+        clients = {team: client(tenants, key) for team, key in TEAMS.items()}
+        jobs = {team: [embed_t(clients[team], [f"{team} {i} item {j}" for j in range(size)],
+                               "books") for i in range(REQUESTS)]
+                for team, size in (("team-a", 1), ("team-b", 3))}
+        done = await asyncio.gather(*(j for team in TEAMS for j in jobs[team]))
+        return {"team-a": list(done[:REQUESTS]), "team-b": list(done[REQUESTS:])}
+
+    raws = asyncio.run(run())
+    merged = [raw for team in TEAMS for raw in raws[team] if "x-velox-batch" in raw.headers]
+    assert merged, "nothing was batched"
+    # Both keys' requests shared calls (the route sends the gateway's own key upstream).
+    assert len(calls(busy)) < 2 * REQUESTS
+    used = {team: sum(raw.parse().usage.prompt_tokens for raw in raws[team]) for team in TEAMS}
+    assert all(used.values())
+    total = 2 * REQUESTS
+    # The access log: one line per request, batched members included (each written once the
+    # answer is: wait on the counter, then read the lines).
+    wait_for(lambda: stats(tenants)["requests"]["total"] - before["requests"]["total"] == total,
+             timeout=30)
+    wait_for(lambda: stats(tenants)["access_log"]["lines"] - before["access_log"]["lines"]
+             == total, timeout=30)
+    lines = [json.loads(line) for line in tenants.log().splitlines()
+             if '"log":"access"' in line][log_before:]
+    assert len(lines) == total
+    assert all(line["path"] == EMBED and line["status"] == 200 for line in lines)
+    for team in TEAMS:
+        mine = [line for line in lines if line["key"] == team]
+        assert len(mine) == REQUESTS
+        assert sum(line["usage"]["input"] for line in mine) == used[team]
+    # The token books: each key's share under its own name, nothing under no key.
+    after = stats(tenants)
+    books = {(row["key"], row["route"]): row["input"] for row in after["tokens"]}
+    for team in TEAMS:
+        assert books.get((team, "emb-t"), 0) - books_before.get((team, "emb-t"), 0) == used[team]
+    assert books.get(("-", "emb-t"), 0) == books_before.get(("-", "emb-t"), 0)

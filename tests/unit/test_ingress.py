@@ -187,7 +187,7 @@ def test_an_aborted_stream_drops_its_queued_bytes() -> None:
 # --- answers to clients that do not read: the send queue and the write deadline ----------------
 
 
-class SlowClient:
+class SlowClient(FakeTransport):
     """A transport whose client takes bytes only when told. Writes pile up in its buffer; past
     64 KiB the protocol is paused from inside write(), as uvloop does, and `read()` takes
     everything buffered and resumes it."""
@@ -195,12 +195,13 @@ class SlowClient:
     HIGH = 64 * 1024
 
     def __init__(self, conn: ClientConnection) -> None:
+        super().__init__()
         self.conn = conn
         self.buffered: list[bytes] = []
         self.size = 0
         self.taken = bytearray()
         self.paused = False
-        self.closed = self.aborted = False
+        self.aborted = False
         self.peak = 0
 
     def write(self, data: bytes) -> None:
@@ -218,23 +219,8 @@ class SlowClient:
             self.paused = False
             self.conn.resume_writing()
 
-    def close(self) -> None:
-        self.closed = True
-
     def abort(self) -> None:
         self.closed = self.aborted = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
 
 
 def slow_conn() -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
