@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
+from tests.e2e.test_hardening_ingress import metric
 from tests.e2e.test_cache import gateways, mock, start, stats, upstream, waiting  # noqa: F401
 from velox.launch import GatewayProcess
 from velox.mock import MockUpstream
@@ -90,6 +91,10 @@ def worker(gw: GatewayProcess) -> psutil.Process:
 def connected(proc: psutil.Process, port: int) -> bool:
     """The worker still holds a connection from this client port."""
     return any(c.raddr and c.raddr.port == port for c in proc.net_connections())
+
+
+def metrics_text(gw: GatewayProcess) -> list[str]:
+    return httpx.get(f"{gw.admin_url}/metrics", timeout=10).text.splitlines()
 
 
 def doc(gw: GatewayProcess) -> dict[str, Any]:
@@ -219,6 +224,7 @@ def test_streaming_followers_that_fall_behind_the_live_stream_are_cut_off(
     grown = proc.memory_info().rss - before
     assert grown < GROWTH_BOUND, f"worker grew {grown >> 20} MiB for {followers} idle followers"
     wait_for(lambda: stats(gw)["followers_cut"] == followers, timeout=30)
+    assert f"velox_cache_followers_cut_total {float(followers)}" in metrics_text(gw)
     for sock in socks:
         got, _ = read_all(sock)
         assert got.startswith(b"HTTP/1.1 200 OK") and b"[DONE]" not in got
@@ -236,6 +242,6 @@ def test_a_client_that_does_not_read_a_relayed_answer_is_cut_at_the_deadline(
     wait_for(lambda: connected(proc, port), timeout=10)
     # The gateway drops the connection on its own (the client still reads nothing).
     wait_for(lambda: not connected(proc, port), timeout=60)
-    assert write_timeouts(gw) == 1
+    assert write_timeouts(gw) == 1 and metric(gw, "velox_response_write_timeouts") == 1
     got, _ = read_all(sock)
     assert got.startswith(b"HTTP/1.1 200 OK") and len(got) < 6_000_000
