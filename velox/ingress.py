@@ -569,10 +569,8 @@ class ClientConnection(asyncio.Protocol):
         request = self.current
         self.current = None
         self._streaming = False
-        if request is not None and request.arena_segment >= 0 and self.state.arena is not None:
-            # Normally released by the relay; this covers answers given without an exchange.
-            self.state.arena.release(request.arena_segment)
-            request.arena_segment = -1
+        if request is not None:
+            self._release_body(request)
         if not keep_alive:
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
@@ -581,6 +579,14 @@ class ClientConnection(asyncio.Protocol):
             # (While the client is not reading, the next answer waits for resume_writing:
             # answering requests it keeps pipelining would fill the transport's buffer.)
             self._next()
+
+    def _release_body(self, request: Request) -> None:
+        """The request's body is not needed once its answer is written or queued: normally the
+        relay releases it; this covers answers given without an exchange (and must not wait
+        for a client that may never take its answer: the segment would stay pinned)."""
+        if request.arena_segment >= 0 and self.state.arena is not None:
+            self.state.arena.release(request.arena_segment)
+            request.arena_segment = -1
 
     def _next(self) -> None:
         """Start the first pipelined request waiting behind the one just answered."""
@@ -641,6 +647,7 @@ class ClientConnection(asyncio.Protocol):
         else:  # the body is written from itself, as the client takes it
             head = h1write.head(STATUS_LINES[status], headers, len(body), flags)
             self.state.on_response(request, status, len(head) + len(body))
+            self._release_body(request)
             self._queue(head)
             self._queue(body)
             self._q_done = keep_alive
@@ -730,6 +737,7 @@ class ClientConnection(asyncio.Protocol):
         if self._q is not None or self.write_paused or not _small(out):
             self._queue_stream(out, True)
             self.state.on_response(request, self._stream_status, self._stream_bytes)
+            self._release_body(request)
             self._q_done = keep_alive
             self._drain()
             return

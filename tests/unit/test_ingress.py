@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from benches._pipeline import FakeTransport
 from velox._types import Request
+from velox.arena import Arena
 from velox.config import load
 from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
 from velox.route import Auth
@@ -223,10 +224,11 @@ class SlowClient(FakeTransport):
         self.closed = self.aborted = True
 
 
-def slow_conn() -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
+def slow_conn(arena: Arena | None = None,
+              ) -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
     ring = FakeRing()
     answered: list[tuple[int, int]] = []
-    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, ring, lambda: None, arena,  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
                          lambda request, status, size: answered.append((status, size)))
     conn = ClientConnection(state)
@@ -353,3 +355,16 @@ def test_a_client_that_takes_nothing_is_aborted_at_the_write_deadline() -> None:
     conn.connection_lost(None)
     assert conn._q is None
 
+
+def test_a_queued_answer_does_not_pin_its_request_body_in_the_arena() -> None:
+    """The body's arena segment goes back when the answer is queued, not when the client has
+    taken it: one that never does would pin the segment for good."""
+    arena = Arena(1 << 20)
+    conn, client, ring, answered = slow_conn(arena)
+    conn.data_received(CHAT_REQUEST)
+    (request,) = ring.pushed
+    assert request.arena_segment >= 0 and arena.live == 1
+    conn.respond(request, 200, [], b"x" * (4 << 20))
+    assert conn.queued and arena.live == 0
+    conn.connection_lost(None)  # the client never read
+    assert arena.live == 0
