@@ -33,10 +33,12 @@ class Responder(Protocol):
 
     closed: bool
     write_paused: bool  # the client is not reading: its transport paused our writes
+    queued: int  # bytes of answer waiting for the client to take them (ingress's send queue)
 
     def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
                 body: bytes | memoryview) -> None:
-        """Send a complete response (status line, headers, content-length, body) in one write."""
+        """Send a complete response (status line, headers, content-length, body); a large body
+        is written from itself as the client takes it (kept referenced until then)."""
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
         """Send the OpenAI-shaped error for `exc` (see errors.to_response)."""
@@ -46,7 +48,8 @@ class Responder(Protocol):
         """Send the response head of a streamed (chunked) response."""
 
     def send_chunk(self, data: bytes) -> None:
-        """Send one chunk of a streamed response, immediately."""
+        """Send one chunk of a streamed response (written at the end of this loop pass, or
+        queued, referenced, while the client is not taking writes)."""
 
     def end_stream(self) -> None:
         """Terminate the streamed response (last chunk); the connection may serve the next request."""

@@ -161,11 +161,15 @@ class RedisLookup(WaitList):
         requests = self.take()
         misses: list[Request] = []
         hits = 0
+        now = now_ms()
+        replay = body = None
         for request in requests:
             max_age = request.cache.max_age_ms
             if found is not None and (max_age < 0 or age_ms <= max_age):
                 hits += 1
-                front.answer(request, entry, age_ms)
+                if replay is None:
+                    replay, body = front.decode(self.key, entry, now - age_ms)
+                front.answer(request, self.key, replay, body, now)  # type: ignore[arg-type]
             else:
                 misses.append(request)
         counters, slot = tier.counters, tier.slot

@@ -41,6 +41,11 @@ DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
 DEFAULT_WORKER_HANG_S = 10
 DEFAULT_BODY_TIMEOUT_MS = 30_000
+# A client whose connection takes none of its answer for this long is disconnected (what is
+# waiting for it dropped). nginx's send_timeout is 60 s; a reading client drains its 64 KiB
+# transport buffer in well under a second even on a slow link, so 30 s cuts only clients that
+# stopped reading, while bounding how long such a client holds a worker's memory.
+DEFAULT_WRITE_TIMEOUT_MS = 30_000
 DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_CACHE_TTL_S = 3600
 # /metrics: gateway keys with their own series (VELOX_METRICS_KEYS). 2,048 keys made a 0.87 MB
@@ -278,6 +283,10 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
           str(DEFAULT_BODY_TIMEOUT_MS),
           "a request (line, headers, body) must arrive within this time of its first byte (408)"),
+    Field("VELOX_WRITE_TIMEOUT_MS", "write_timeout_ms", _int_in(100, 86_400_000),
+          str(DEFAULT_WRITE_TIMEOUT_MS),
+          "a client that takes none of its answer for this long is disconnected (a slow reader "
+          "is paced, not cut: only one whose writes stay blocked this long)"),
     Field("VELOX_UPSTREAM_PING_INTERVAL_MS", "upstream_ping_interval_ms",
           _int_in(0, 86_400_000), "10000",
           "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
@@ -351,6 +360,7 @@ class Settings:
     admin_token: str = ""
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     reload_ready_s: int = 30

@@ -84,6 +84,9 @@ class F(IntEnum):
     CACHE_REDIS_ERRORS = 48
     CACHE_REDIS_STORES = 49
     CACHE_REDIS_DROPPED = 50
+    WRITE_TIMEOUTS = 51  # client connections aborted for taking nothing for VELOX_WRITE_TIMEOUT_MS
+    # Streaming followers of a live coalesced stream cut off for falling too far behind it.
+    CACHE_FOLLOWERS_CUT = 52
 
 
 class H(IntEnum):

@@ -497,6 +497,10 @@ class Meter(Protocol):
         ...
 
 
+# request.key of a call whose tokens are booked by others: a merged embeddings call, whose
+# members each book their own share under their own key (velox.batch). Its meter still settles
+# the upstream's tpm for the whole call.
+NOT_BOOKED = -2
 # The token counts are blocks of 4096 fields (stats.TOKEN_BLOCK; stats is not imported here).
 _BLOCK_SHIFT = 12
 _BLOCK_MASK = (1 << _BLOCK_SHIFT) - 1
@@ -529,7 +533,7 @@ class Ledger:
         return route
 
     def count(self, key: int, route: int, inp: int, out: int) -> None:
-        if route < 0:
+        if route < 0 or key == NOT_BOOKED:
             return
         field = ((key + 1) * self.width + route) * 2  # even: both kinds in the same block
         counters = self.counters[field >> _BLOCK_SHIFT]
@@ -726,7 +730,7 @@ class CountMeter:
                     model = request.model
                     route = ledger.forward if model is None else \
                         ledger.routes.get(model, ledger.catch_all)
-                    if route >= 0:
+                    if route >= 0 and request.key != NOT_BOOKED:
                         field = ((request.key + 1) * ledger.width + route) * 2
                         ledger.counters[field >> _BLOCK_SHIFT].add_many(
                             ledger.slot, field & _BLOCK_MASK, inp, (field & _BLOCK_MASK) + 1, out)

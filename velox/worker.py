@@ -113,6 +113,7 @@ class Worker:
         self.stopping: asyncio.Event | None = None
         self.routes = shared.routes
         self.body_timeout_s = settings.body_timeout_ms / 1000
+        self.write_timeout_s = settings.write_timeout_ms / 1000
         self.fd_exhausted = False
         self._fd_warned_at = -_FD_WARN_EVERY_S
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
@@ -164,9 +165,6 @@ class Worker:
                     RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
                               settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
                     self.resume)
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
-                               self._flush_upstreams, loop, self.counters, self.slot) \
-            if Batcher.wanted(self.tables) else None
         # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
@@ -179,6 +177,10 @@ class Worker:
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
                              settings.tokens_default_output) \
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot,
+                               self.book_tokens) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response, settings.ingress_parser,
@@ -292,15 +294,23 @@ class Worker:
         counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
+        stalled_before = now - self.write_timeout_s
         for conn in [c for c in self.ingress.connections
-                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before]:
-            if 0.0 < conn.receiving_since < late_before and not conn.read_paused:
+                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before
+                     or 0.0 < c.stalled_since < stalled_before]:
+            if 0.0 < conn.stalled_since < stalled_before:
+                conn.expire_write()
+            elif 0.0 < conn.receiving_since < late_before and not conn.read_paused:
                 conn.expire_receive()
             else:
                 conn.close_if_idle()
-        if self.ingress.receive_timeouts:
-            counters.add(slot, F.RECEIVE_TIMEOUTS, self.ingress.receive_timeouts)
-            self.ingress.receive_timeouts = 0
+        ingress = self.ingress
+        if ingress.receive_timeouts:
+            counters.add(slot, F.RECEIVE_TIMEOUTS, ingress.receive_timeouts)
+            ingress.receive_timeouts = 0
+        if ingress.write_timeouts:
+            counters.add(slot, F.WRITE_TIMEOUTS, ingress.write_timeouts)
+            ingress.write_timeouts = 0
         self._probe_fds(now)
         if now >= self._next_probe:  # breakers past their open time get a background probe
             self._next_probe = now + self.probe_every_s
@@ -556,6 +566,14 @@ class Worker:
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log thread formats and writes
             log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
+
+    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+        """A batched member's share of its merged call's usage, into its own key's books (the
+        merged call's meter books nothing), when its tokens are accounted (as _exchange's
+        meter would be)."""
+        ledger = self.ledger
+        if ledger is not None and (self.meter_all or request.ticket is not None):
+            ledger.count(request.key, ledger.route_of(request.model), inp, out)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
