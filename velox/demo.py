@@ -60,10 +60,15 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        gateway.start()
+        try:
+            gateway.start()
+        except RuntimeError as exc:  # the port is taken, or the gateway did not start
+            print(f"velox demo: the gateway did not start: {exc}", file=sys.stderr)
+            return 1
         base_url = gateway.base_url + "/v1"
         print(f"Velox is listening on {gateway.base_url} (pid {gateway.pid}), forwarding over "
               f"HTTP/2 + TLS to the mock upstream at {mock.origin} (pid {mock.pid}).")
+        print(f"Its admin server (/stats, /metrics, /debug/pprof/) is on {gateway.admin_url}.")
         _try_the_sdk(base_url)
         print()
         print("Point any OpenAI client at it:")

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -108,14 +109,17 @@ class Watch(threading.Thread):
 
 
 async def closed_loop(gw: GatewayProcess, concurrency: int, until: Any, max_s: float,
-                      max_calls: int) -> list[tuple[float, int | str, str]]:
+                      max_calls: int, fresh: bool = False) -> list[tuple[float, int | str, str]]:
     """(sent at, status or exception name, x-velox-upstream) per call; the SDK never retries.
 
-    Runs until `until()` is true, bounded by `max_s` seconds and `max_calls` calls.
+    Runs until `until()` is true, bounded by `max_s` seconds and `max_calls` calls. `fresh`:
+    every call on a new connection (the kernel hands each to one of the listening sockets).
     """
     out: list[tuple[float, int | str, str]] = []
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) if fresh \
+        else None
     client = openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
-                                max_retries=0, timeout=20)
+                                max_retries=0, timeout=20, http_client=http)
     stop_at = time.monotonic() + max_s
 
     async def one() -> None:
@@ -254,11 +258,7 @@ def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
     }
     with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:  # started, then stopped
         before = worker_pids(gw)
-        # "m" now only goes to an upstream nobody listens on: the new worker is never ready.
-        dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
-                f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
-        config.write_text(upstream_table("a", two_mocks["a"]) + dead
-                          + ROUTE_TO.format(name="dead"))
+        config.write_text(dead_route(two_mocks))
         gw.signal(signal.SIGHUP)
         wait_for(lambda: "reload aborted" in gw.log(), timeout=30)
         assert "was not ready within 3s (VELOX_RELOAD_READY_S)" in gw.log()
@@ -268,3 +268,48 @@ def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
         assert "reload done" not in gw.log()
         ready = stats(gw)["workers"]
         assert len(ready) == 2 and all(w["ready"] for w in ready)
+
+
+def dead_route(mocks: dict[str, MockUpstream]) -> str:
+    """"m" routed only to an upstream nobody listens on: a worker running it is never ready."""
+    dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
+            f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
+    return upstream_table("a", mocks["a"]) + dead + ROUTE_TO.format(name="dead")
+
+
+def test_a_reload_that_cannot_serve_fails_no_request_under_load(
+        tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
+    """The new worker of a reload must not accept before it is ready: clients opening new
+    connections while it starts (and when the aborted reload kills it) all get answers."""
+    config = tmp_path / "velox.toml"
+    config.write_text(only_a(two_mocks))
+    env = {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "4",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
+    }
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:
+        before = worker_pids(gw)
+        aborted = Watch(gw, "reload aborted", timeout_s=90)
+        hup_at: list[float] = []
+
+        def until() -> bool:
+            # ~1 s of traffic, the HUP, then until 1.5 s after the new worker was killed.
+            if not hup_at and time.monotonic() > started + 1.0:
+                hup_at.append(time.monotonic())
+                config.write_text(dead_route(two_mocks))
+                gw.signal(signal.SIGHUP)
+                aborted.start()
+            return aborted.seen_at is not None and time.monotonic() > aborted.seen_at + 1.5
+
+        started = time.monotonic()
+        calls = asyncio.run(closed_loop(gw, 16, until, max_s=90, max_calls=100_000, fresh=True))
+        assert aborted.seen_at is not None, gw.log()[-3000:]
+        failed = [c for c in calls if c[1] != 200]
+        assert not failed, (len(failed), len(calls), failed[:5], gw.log()[-3000:])
+        during = [c for c in calls if hup_at[0] < c[0] < aborted.seen_at]
+        assert len(during) > 100, len(during)  # new connections all through the ready window
+        assert Counter(up for _, _, up in calls) == {"a": len(calls)}
+        assert "was not ready within 4s (VELOX_RELOAD_READY_S)" in gw.log()
+        assert worker_pids(gw) == before
+        assert "reload done" not in gw.log()
