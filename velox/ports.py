@@ -174,16 +174,16 @@ def process_name(pid: int) -> str:
 
 
 def holders(host: str, port: int) -> list[int]:
-    """The processes listening on host:port, one per program: a forked child that holds the
-    same sockets as its parent (a Velox worker) counts as its parent. More than one means the
-    connections are being shared between programs. Only processes this user may inspect are
-    seen."""
+    """The processes listening on host:port, one per program: a child holding only sockets its
+    parent holds too (a Velox worker: its supervisor keeps every worker's socket) counts as its
+    parent. More than one means the connections are being shared between programs. Only
+    processes this user may inspect are seen."""
     inodes = listening_inodes(host, port)
     if not inodes:
         return []
-    owners = []
+    held: dict[int, set[int]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and socket_inodes(int(name)) & inodes:
-            owners.append(int(name))
-    held = set(owners)
-    return sorted(pid for pid in owners if _parent(pid) not in held)
+        if name.isdigit() and (mine := socket_inodes(int(name)) & inodes):
+            held[int(name)] = mine
+    return sorted(pid for pid, mine in held.items()
+                  if not mine <= held.get(_parent(pid), set()))
