@@ -15,7 +15,9 @@ Imports: tables (the TOML tables), stdlib and python-dotenv.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,6 +304,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_CACHE_REDIS_TIMEOUT_MS", "cache_redis_timeout_ms", _int_in(1, 10_000), "5",
           "with VELOX_REDIS_URL, a local cache miss waits at most this long for the Redis "
           "tier's answer, then goes on as a miss"),
+    Field("VELOX_ALLOW_OPEN", "allow_open", _bool, "0",
+          "serve clients that present no key on a VELOX_HOST other than loopback, with the "
+          "upstream keys (an open relay: refused at start-up unless 1, and then logged)"),
     Field("VELOX_INGRESS_PARSER", "ingress_parser", _choice("native", "httptools"), "native",
           "request heads: native (one C call per head; httptools takes over a connection at "
           "anything unusual) or httptools alone"),
@@ -356,6 +361,7 @@ class Settings:
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     cache_redis_timeout_ms: int = 5
     ingress_parser: str = "native"
+    allow_open: bool = False
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
@@ -475,6 +481,7 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     _check_consistency(settings)
     if settings.config_file:
         settings = dataclasses.replace(settings, tables=_load_tables(settings, env))
+    _check_exposure(settings)
     return settings
 
 
@@ -506,6 +513,54 @@ def _check_consistency(s: Settings) -> None:
         raise ConfigError(
             "VELOX_EGRESS=http1 contradicts VELOX_UPSTREAM_PROTOCOL=h2; pick one protocol"
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) only ever means this machine."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def unprotected(s: Settings) -> str | None:
+    """Why anyone who can reach the gateway may use it (None: only this machine, or only
+    clients presenting a key)."""
+    tables = s.tables
+    assert tables is not None
+    if s.api_keys or tables.keys or is_loopback(s.host):
+        return None
+    return (f"VELOX_HOST={s.host} is not a loopback address and no client key is configured "
+            f"(VELOX_API_KEYS, or [[key]] tables in VELOX_CONFIG)")
+
+
+def relayed_keys(s: Settings) -> str | None:
+    """The upstream keys an unprotected gateway would lend to anyone, in words (None: none)."""
+    tables = s.tables
+    assert tables is not None
+    if unprotected(s) is None:
+        return None
+    names = [u.name for u in tables.upstreams if u.api_key]
+    if not names:
+        return None
+    if not tables.source:
+        return "the upstream key (VELOX_UPSTREAM_API_KEY or OPENAI_API_KEY)"
+    return f"the key of upstream(s) {', '.join(names)} of {tables.source}"
+
+
+def _check_exposure(s: Settings) -> None:
+    """An open relay of the operator's upstream keys only when asked for by name."""
+    relayed = relayed_keys(s)
+    if relayed and not s.allow_open:
+        raise ConfigError(
+            f"{unprotected(s)}: anyone who can reach it would be served with {relayed}; set "
+            f"VELOX_API_KEYS (or [[key]] tables), or VELOX_HOST=127.0.0.1, or "
+            f"VELOX_ALLOW_OPEN=1 to serve everyone on purpose")
 
 
 def replace(settings: Settings, **changes: Any) -> Settings:

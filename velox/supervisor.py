@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING
 
 from velox.cache import create_store
 from velox.cache import enabled as cache_enabled
-from velox.config import Settings
+from velox.config import Settings, relayed_keys, unprotected
 from velox.ratelimit import Limiter
 from velox.ports import listeners
 from velox.stats import F, SharedStats
@@ -256,6 +256,7 @@ class Supervisor:
                  "s" if len(tables.upstreams) > 1 else "",
                  ", ".join(f"{u.name}={u.origin}" if tables.source else u.origin
                            for u in tables.upstreams))
+        self._say_if_unprotected()
         if self.admin is not None:
             self.admin.start()
         while True:
@@ -289,6 +290,20 @@ class Supervisor:
             self.cluster.stop()
         log.info("all workers stopped; exiting")
         return 0
+
+    def _say_if_unprotected(self) -> None:
+        """Serving beyond loopback without client keys is said at start-up (an open relay of
+        the upstream keys only starts with VELOX_ALLOW_OPEN=1: config refuses it otherwise)."""
+        exposed = unprotected(self.settings)
+        if exposed is None:
+            return
+        relayed = relayed_keys(self.settings)
+        if relayed:
+            log.warning("VELOX_ALLOW_OPEN=1: %s: anyone who can reach %s:%d is served with %s",
+                        exposed, self.settings.host, self.port, relayed)
+        else:
+            log.warning("%s: anyone who can reach %s:%d may use it (with the credentials they "
+                        "send upstream)", exposed, self.settings.host, self.port)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum

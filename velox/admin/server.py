@@ -31,14 +31,13 @@ The socket is bound when the supervisor starts (before any fork, so a taken addr
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
 
-Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, stats, stdlib,
+Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, config, stats, stdlib,
 prometheus_client, orjson.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import socket
 import threading
@@ -53,6 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from velox.admin import profiling, snapshot
 from velox.admin.control import ControlError, ControlHub
 from velox.admin.metrics import VeloxCollector, make_registry
+from velox.config import is_loopback
 from velox.stats import F, SharedStats
 
 log = logging.getLogger("velox.admin")
@@ -81,18 +81,6 @@ def bind_problem(settings: Any) -> str | None:
     return (f"VELOX_ADMIN_ADDR={settings.admin_addr} is not a loopback address and "
             f"VELOX_ADMIN_TOKEN is empty: anyone who can reach it could read /stats and run "
             f"profiles; set VELOX_ADMIN_TOKEN to a secret, or bind 127.0.0.1")
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 class _HTTPServer(ThreadingHTTPServer):
