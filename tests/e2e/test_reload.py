@@ -10,6 +10,7 @@ refused with a log line naming file/table/key, and two SIGHUPs in a row are both
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import threading
@@ -202,6 +203,29 @@ def test_a_broken_table_is_refused_and_the_old_one_keeps_serving(
     assert worker_pids(gw) == before
     assert upstream_of(gw) == "a"
     assert "reload done" not in gw.log()
+
+
+def test_after_a_reload_the_profiling_index_links_the_serving_workers(
+        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = gateway
+    config.write_text(a_and_b_to_b(two_mocks))
+    gw.signal(signal.SIGHUP)
+    wait_for(lambda: DONE in gw.log(), timeout=60)
+    serving = sorted(w["worker"] for w in stats(gw)["workers"])
+    assert serving == [2, 3], serving  # the other half of the slots
+    status, page = gw.admin_get("/debug/pprof/")
+    assert status == 200
+    linked = sorted(int(w) for w in re.findall(rb"worker=(\d+)\">worker", page))
+    assert linked == serving, page.decode()
+    for worker in linked:  # every link answers (the links' own 10 s, shortened)
+        status, body = gw.admin_get(f"/debug/pprof/profile?seconds=0.3&worker={worker}"
+                                    f"&format=text", timeout=30)
+        assert status == 200, body[:300]
+        assert f"velox worker {worker} (pid".encode() in body
+    status, merged = gw.admin_get("/debug/pprof/profile?seconds=0.3&format=text", timeout=30)
+    assert status == 200, merged[:300]
+    assert b"2 velox workers merged: velox worker 2 (pid" in merged, merged[:600]
+    assert b"; velox worker 3 (pid" in merged
 
 
 def idle_keepalive_connections(gw: GatewayProcess, n: int) -> list[socket.socket]:

@@ -232,7 +232,8 @@ class AdminServer:
                       profiling.render(session, fmt, self.last_profile_title))
 
     def index(self) -> Answer:
-        return Answer(200, "text/html; charset=utf-8", _index_page(self.shared.workers).encode())
+        page = _index_page(self.shared.active_slots())  # after a reload: the new slots
+        return Answer(200, "text/html; charset=utf-8", page.encode())
 
 
 _UNAUTHORIZED = error(401, "the admin server needs Authorization: Bearer <VELOX_ADMIN_TOKEN>"
@@ -262,11 +263,12 @@ def _listen(addr: str, endpoint: tuple[str, int]) -> socket.socket:
     return sock
 
 
-def _index_page(workers: int) -> str:
+def _index_page(serving: list[int]) -> str:
+    workers = len(serving)
     fmt_links = " · ".join(
         f'<a href="profile?seconds=10&amp;format={f}">{f}</a>' for f in profiling.FORMATS)
     per_worker = " · ".join(
-        f'<a href="profile?seconds=10&amp;worker={w}">worker {w}</a>' for w in range(workers))
+        f'<a href="profile?seconds=10&amp;worker={w}">worker {w}</a>' for w in serving)
     last = " · ".join(f'<a href="last?format={f}">{f}</a>' for f in profiling.FORMATS)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Velox admin</title>
