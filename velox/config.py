@@ -15,6 +15,7 @@ Imports: tables (the TOML tables), stdlib and python-dotenv.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
 import socket
@@ -56,7 +57,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(ValueError):
-    """A setting has an invalid value; the message names the variable and the accepted form."""
+    """A setting has an invalid value; the message names the variable (or file, table and key)
+    and the accepted form, and `fix` says what to change."""
+
+    def __init__(self, message: str, fix: str = "fix that variable (see .env.example)") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def usable_cores() -> int:
@@ -362,6 +368,9 @@ class Settings:
     cache_redis_timeout_ms: int = 5
     ingress_parser: str = "native"
     allow_open: bool = False
+    # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
+    # logged at start-up and on reload, printed by doctor.
+    warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
@@ -477,6 +486,7 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     if not values.get("upstream_api_key"):
         values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()
+    values["warnings"] = unknown_variables(env)
     settings = Settings(**values)
     _check_consistency(settings)
     if settings.config_file:
@@ -485,19 +495,39 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     return settings
 
 
+def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:
+    """A warning for each VELOX_* variable that is no setting (a typo is otherwise silently
+    ignored), with the closest setting's name when one is close."""
+    prefix = "VELOX_"
+    known = {f.env.removeprefix(prefix): f.env for f in FIELDS}
+    out = []
+    for name in sorted(n for n in env if n.startswith(prefix)):
+        suffix = name.removeprefix(prefix)
+        if suffix in known:
+            continue
+        # Compared without the prefix every name shares, which would make anything look close.
+        close = difflib.get_close_matches(suffix, known, n=1, cutoff=0.6)
+        hint = f"did you mean {known[close[0]]}?" if close else "see .env.example for the settings"
+        out.append(f"{name} is not a Velox setting and is ignored; {hint}")
+    return tuple(out)
+
+
 def _load_tables(settings: Settings, env: Mapping[str, str]) -> Tables:
     """The VELOX_CONFIG file's tables, with the VELOX_* scalars as per-upstream defaults."""
     try:
         tables = load_file(settings.config_file, env, settings.default_upstream())
     except TableError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(str(exc), exc.fix or f"fix {settings.config_file} (VELOX_CONFIG)"
+                          ) from None
     if settings.egress == "http1":  # the whole gateway speaks HTTP/1.1 upstream
         upstreams = []
         for index, spec in enumerate(tables.upstreams, 1):
             if spec.protocol == "h2":
+                where = f"[[upstream]] #{index} (name \"{spec.name}\")"
                 raise ConfigError(
-                    f"{tables.source}: [[upstream]] #{index} (name \"{spec.name}\"): protocol: "
-                    "\"h2\" contradicts VELOX_EGRESS=http1; pick one protocol")
+                    f"{tables.source}: {where}: protocol: \"h2\" contradicts VELOX_EGRESS=http1; "
+                    "pick one protocol", f"fix protocol of {where} in {tables.source}, or "
+                    "VELOX_EGRESS")
             upstreams.append(dataclasses.replace(spec, protocol="http1"))
         tables = dataclasses.replace(tables, upstreams=tuple(upstreams))
     return tables
@@ -557,10 +587,10 @@ def _check_exposure(s: Settings) -> None:
     """An open relay of the operator's upstream keys only when asked for by name."""
     relayed = relayed_keys(s)
     if relayed and not s.allow_open:
-        raise ConfigError(
-            f"{unprotected(s)}: anyone who can reach it would be served with {relayed}; set "
-            f"VELOX_API_KEYS (or [[key]] tables), or VELOX_HOST=127.0.0.1, or "
-            f"VELOX_ALLOW_OPEN=1 to serve everyone on purpose")
+        fix = ("set VELOX_API_KEYS (or [[key]] tables), or VELOX_HOST=127.0.0.1, or "
+               "VELOX_ALLOW_OPEN=1 to serve everyone on purpose")
+        raise ConfigError(f"{unprotected(s)}: anyone who can reach it would be served with "
+                          f"{relayed}; {fix}", fix)
 
 
 def replace(settings: Settings, **changes: Any) -> Settings:

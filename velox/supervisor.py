@@ -326,6 +326,8 @@ class Supervisor:
         except ConfigError as exc:
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
+        for warning in settings.warnings:  # .env may have changed
+            log.warning("SIGHUP: %s", warning)
         kept = [name for name in _FIXED_AT_START
                 if getattr(settings, name) != getattr(self.settings, name)]
         if kept:

@@ -1,7 +1,8 @@
 """`velox doctor`: check the configuration and the path to the upstream, one line per check.
 
 Each check prints `PASS` or `FAIL` (or `SKIP` when an earlier failure makes it meaningless)
-with what it found, and for a failure what to do about it. In order:
+with what it found, and for a failure what to do about it; a VELOX_* variable that is no
+setting gets a `WARN` line with the setting it was probably meant to be. In order:
 
 1. the configuration loads (the same `config.load` the gateway uses);
 2. the gateway's port and 3. the admin port are free, or Velox is already up on them (then its
@@ -48,7 +49,7 @@ _PROBE_TIMEOUT_S = 2.0
 @dataclass
 class Result:
     name: str
-    status: str  # PASS, FAIL, SKIP
+    status: str  # PASS, FAIL, SKIP, WARN
     detail: str
     fix: str = ""
 
@@ -360,9 +361,11 @@ def main(out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         settings = load()
-    except ConfigError as exc:
-        _print(out, _fail("config", str(exc), "fix that variable (see .env.example)"))
+    except ConfigError as exc:  # its fix names the variable, or file, table and key
+        _print(out, _fail("config", str(exc), exc.fix))
         return 1
+    for warning in settings.warnings:  # a misspelt VELOX_* variable: not a failure
+        _print(out, Result("config", "WARN", warning))
     tables = settings.tables
     if tables is not None and tables.source:
         where = (f"{len(tables.upstreams)} upstream(s) "
