@@ -178,3 +178,24 @@ def test_client_keys_loopback_or_no_upstream_key_are_not_a_relay(tmp_path: Path)
     table.write_text(KEY_TABLE.split("[[key]]")[0])
     with pytest.raises(ConfigError, match=f"the key of upstream\\(s\\) a of {table}"):
         load(env, dotenv=None)
+
+
+@pytest.mark.parametrize(("value", "secret"), [
+    ("sk-proj-abc", True), ("sk-ant-api03-x", True), ("AIzaSyA0123456789", True),
+    ("0123456789abcdef0123456789abcdef", True), ("0123456789ABCDEF0123456789ABCDEF", True),
+    ("gsk_abcdefghij", True), ("OPENAI_API_KEY", False), ("KEY_A", False),
+    ("AZURE_OPENAI_KEY_2024_10_21", False), ("my_openai_key", False)])
+def test_what_looks_like_a_key_instead_of_a_variable_name(value: str, secret: bool) -> None:
+    from velox.tables import looks_like_a_key
+
+    assert looks_like_a_key(value) is secret
+
+
+def test_misspelt_variables_get_a_did_you_mean_and_never_their_value() -> None:
+    settings = load({"VELOX_PROT": "8080", "VELOX_API_KEY": "sk-secret-0123", "VELOX_PORT": "1",
+                     "VELOX_ZZZ": "1", "OTHER": "x"}, dotenv=None)
+    assert settings.warnings == (
+        "VELOX_API_KEY is not a Velox setting and is ignored; did you mean VELOX_API_KEYS?",
+        "VELOX_PROT is not a Velox setting and is ignored; did you mean VELOX_PORT?",
+        "VELOX_ZZZ is not a Velox setting and is ignored; see .env.example for the settings")
+    assert load({f.env: f.default for f in FIELDS if f.default}, dotenv=None).warnings == ()
