@@ -2,8 +2,10 @@
 
 Starts the mock OpenAI upstream over HTTP/2 + TLS with a fresh CA, starts the gateway on
 127.0.0.1:8080 (or VELOX_PORT) trusting that CA, makes one ordinary and one streaming call with
-the OpenAI SDK to show the path works, prints what to give your own client, and stays in the
-foreground until Ctrl-C, when it stops everything it started.
+the OpenAI SDK to show the path works, prints what to give your own client and where its admin
+server is (a free port of its own), and stays in the foreground until Ctrl-C, when it stops
+everything it started. A taken port (another gateway would answer in its place) is said, and
+the demo exits 1.
 
 Imports: config, launch, mock, stdlib (openai if installed).
 """
