@@ -47,6 +47,16 @@ def http_get(host: str, port: int, path: str, timeout: float = 2.0,
         conn.close()
 
 
+def raw_request(host: str, port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes (one or more requests) and read until the server closes."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+
 class GatewayProcess:
     def __init__(self, env: Mapping[str, str], port: int | None = None,
                  host: str = "127.0.0.1", log_path: str | Path | None = None,

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from velox.admin.server import MAX_CONNECTIONS, READ_TIMEOUT_S
-from velox.launch import GatewayProcess, free_port, http_get
+from velox.launch import GatewayProcess, free_port, http_get, raw_request
 from velox.mock import MockUpstream
 from velox.ports import listening_inodes
 
@@ -69,12 +69,7 @@ def raw_admin(gw: GatewayProcess, request: bytes, timeout: float = 5.0) -> bytes
     url = gw.admin_url
     assert url is not None
     host, _, port = url.removeprefix("http://").rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-        return data
+    return raw_request(host, int(port), request, timeout)
 
 
 # --- finding 5: SIGHUP --------------------------------------------------------------------

@@ -141,33 +141,44 @@ async def closed_loop(gw: GatewayProcess, concurrency: int, until: Any, max_s: f
     return out
 
 
+def hup_under_load(gw: GatewayProcess, config: Path, text: str, line: str, before_s: float,
+                   after_s: float, concurrency: int, fresh: bool = False,
+                   ) -> tuple[list[tuple[float, int | str, str]], float, float]:
+    """Calls for `before_s`, then `text` written to the file and SIGHUP, calls on until
+    `after_s` after `line` shows in the log: (calls, when the HUP went, when `line` showed)."""
+    watch = Watch(gw, line, timeout_s=90)
+    hup_at: list[float] = []
+
+    def until() -> bool:
+        if not hup_at and time.monotonic() > started + before_s:
+            hup_at.append(time.monotonic())
+            config.write_text(text)
+            gw.signal(signal.SIGHUP)
+            watch.start()
+        return watch.seen_at is not None and time.monotonic() > watch.seen_at + after_s
+
+    started = time.monotonic()
+    calls = asyncio.run(closed_loop(gw, concurrency, until, max_s=90, max_calls=100_000,
+                                    fresh=fresh))
+    assert watch.seen_at is not None, gw.log()[-3000:]
+    return calls, hup_at[0], watch.seen_at
+
+
 def test_sighup_under_load_switches_the_route_with_no_failed_request(
         gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
     gw, config = gateway
     assert upstream_of(gw) == "a"
     before = worker_pids(gw)
-    watch = Watch(gw, DONE, timeout_s=60)
-    hup_at: list[float] = []
-
-    def until() -> bool:
-        # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
-        if not hup_at and time.monotonic() > started + 1.5:
-            hup_at.append(time.monotonic())
-            config.write_text(a_and_b_to_b(two_mocks))
-            gw.signal(signal.SIGHUP)
-            watch.start()
-        return watch.seen_at is not None and time.monotonic() > watch.seen_at + 2.5
-
-    started = time.monotonic()
-    calls = asyncio.run(closed_loop(gw, 64, until, max_s=60, max_calls=100_000))
-    assert watch.seen_at is not None, gw.log()
+    # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
+    calls, hup_at, done_at = hup_under_load(gw, config, a_and_b_to_b(two_mocks), DONE,
+                                            before_s=1.5, after_s=2.5, concurrency=64)
     failed = [c for c in calls if c[1] != 200]
     assert not failed, (len(failed), failed[:5], gw.log()[-3000:])
     seen = Counter(up for _, _, up in calls)
     assert seen["a"] > 0 and seen["b"] > 0, seen
-    late = [up for sent, _, up in calls if sent > watch.seen_at + 2.0]
+    late = [up for sent, _, up in calls if sent > done_at + 2.0]
     assert late and set(late) == {"b"}, Counter(late)
-    early = [up for sent, _, up in calls if sent < hup_at[0]]
+    early = [up for sent, _, up in calls if sent < hup_at]
     assert early and set(early) == {"a"}, Counter(early)
     after = worker_pids(gw)
     assert len(after) == 2 and not after & before, (before, after)
@@ -271,15 +282,20 @@ def test_two_sighups_in_a_row_are_both_handled(
     assert gw.proc is not None and gw.proc.poll() is None
 
 
+def ready_within(config: Path, seconds: int) -> dict[str, str]:
+    """A two-worker gateway on `config` whose reloads wait `seconds` for a new worker."""
+    return {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": str(seconds),
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
+    }
+
+
 def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
         tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
     config = tmp_path / "velox.toml"
     config.write_text(only_a(two_mocks))
-    env = {
-        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
-        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "3",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
-    }
+    env = ready_within(config, 3)
     with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:  # started, then stopped
         before = worker_pids(gw)
         config.write_text(dead_route(two_mocks))
@@ -307,31 +323,15 @@ def test_a_reload_that_cannot_serve_fails_no_request_under_load(
     connections while it starts (and when the aborted reload kills it) all get answers."""
     config = tmp_path / "velox.toml"
     config.write_text(only_a(two_mocks))
-    env = {
-        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
-        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "4",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
-    }
-    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:
+    with GatewayProcess(ready_within(config, 4), log_path=tmp_path / "velox.log") as gw:
         before = worker_pids(gw)
-        aborted = Watch(gw, "reload aborted", timeout_s=90)
-        hup_at: list[float] = []
-
-        def until() -> bool:
-            # ~1 s of traffic, the HUP, then until 1.5 s after the new worker was killed.
-            if not hup_at and time.monotonic() > started + 1.0:
-                hup_at.append(time.monotonic())
-                config.write_text(dead_route(two_mocks))
-                gw.signal(signal.SIGHUP)
-                aborted.start()
-            return aborted.seen_at is not None and time.monotonic() > aborted.seen_at + 1.5
-
-        started = time.monotonic()
-        calls = asyncio.run(closed_loop(gw, 16, until, max_s=90, max_calls=100_000, fresh=True))
-        assert aborted.seen_at is not None, gw.log()[-3000:]
+        # ~1 s of traffic, the HUP, then until 1.5 s after the new worker was killed.
+        calls, hup_at, aborted_at = hup_under_load(
+            gw, config, dead_route(two_mocks), "reload aborted", before_s=1.0, after_s=1.5,
+            concurrency=16, fresh=True)
         failed = [c for c in calls if c[1] != 200]
         assert not failed, (len(failed), len(calls), failed[:5], gw.log()[-3000:])
-        during = [c for c in calls if hup_at[0] < c[0] < aborted.seen_at]
+        during = [c for c in calls if hup_at < c[0] < aborted_at]
         assert len(during) > 100, len(during)  # new connections all through the ready window
         assert Counter(up for _, _, up in calls) == {"a": len(calls)}
         assert "was not ready within 4s (VELOX_RELOAD_READY_S)" in gw.log()

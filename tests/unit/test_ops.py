@@ -12,6 +12,7 @@ from velox import config
 from velox.admin import server as admin_server
 from velox.admin import transport
 from velox.admin.server import AdminServer, bind_problem, is_loopback
+from velox.launch import raw_request
 from velox.ratelimit import Limiter
 from velox.stats import SharedStats
 from velox.topology import oversubscribed, plan
@@ -94,12 +95,7 @@ def test_authorized_checks_the_bearer_token() -> None:
 
 
 def _get(port: int, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-        return data
+    return raw_request("127.0.0.1", port, request)
 
 
 def test_an_idle_or_trickling_admin_connection_is_closed_at_its_head_deadline(
