@@ -87,8 +87,8 @@ from typing import TYPE_CHECKING
 from velox.cache import create_store
 from velox.cache import enabled as cache_enabled
 from velox.config import Settings, relayed_keys, unprotected
-from velox.ratelimit import Limiter
 from velox.ports import listeners
+from velox.ratelimit import Limiter
 from velox.stats import F, SharedStats
 from velox.topology import oversubscribed, pin, plan
 

@@ -66,8 +66,8 @@ log = logging.getLogger("velox.worker")
 # Batches run per drain before yielding to the loop, so a deep ring cannot starve I/O.
 _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
-# A reload's new worker looks this often whether its upstreams are ready to start accepting:
-# each slot of a reload waits for it, and the check reads a few attributes.
+# How often a reload's new worker checks whether its upstreams are ready, to start accepting:
+# each slot of a reload waits for it, and the check only reads a few attributes.
 _ACCEPT_POLL_S = 0.05
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
@@ -231,7 +231,8 @@ class Worker:
     async def _accept_when_ready(self) -> asyncio.AbstractServer | None:
         """Accept once the upstreams are ready (None: told to stop before that). Until then
         the READY gauge stays 0 (_tick), so the supervisor keeps the old worker serving and,
-        past VELOX_RELOAD_READY_S, kills this one: its socket's queue is the old worker's."""
+        past VELOX_RELOAD_READY_S, kills this one, leaving every connection queued on the
+        shared socket to the old worker."""
         stopping = self.stopping
         assert stopping is not None
         while not self.upstreams_ready():
