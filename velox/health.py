@@ -117,8 +117,9 @@ def check_tables(tables: Tables) -> None:
         limits.append((f"[[upstream]] {u.name!r} tpm", u.tpm, 0, 10**9))
     for key, value, lo, hi in limits:
         if not lo <= value <= hi:
-            raise TableError(f"{tables.source or 'tables'}: {key} must be an integer in "
-                             f"[{lo}, {hi}], got {value!r}")
+            where = tables.source or "tables"
+            raise TableError(f"{where}: {key} must be an integer in [{lo}, {hi}], got {value!r}",
+                             f"fix {key} in {where}")
 
 
 def rpm_burst(rpm: int) -> int:

@@ -57,7 +57,12 @@ AZURE_DEPLOYMENT_OPERATIONS = frozenset((
 
 
 class TableError(ValueError):
-    """A mistake in the VELOX_CONFIG file; the message names the file, the table and the key."""
+    """A mistake in the VELOX_CONFIG file; the message names the file, the table and the key,
+    and `fix` says what to change, naming them again."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +311,21 @@ KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
             "max_parallel": (0, 1_000_000)}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What provider keys start with (OpenAI, Anthropic, Groq, xAI, Google, Hugging Face, ...).
+_KEY_PREFIXES = ("sk-", "sk_", "gsk_", "xai-", "AIza", "hf_", "pk-", "rk-", "ghp_", "key-")
+
+
+def looks_like_a_key(value: str) -> bool:
+    """Whether a value meant as a variable NAME looks like a secret instead: a provider key's
+    prefix, or 20+ characters with 4+ digits that are not an UPPER_SNAKE name (an Azure key is
+    32 hex digits; OPENAI_API_KEY_2 is a name)."""
+    text = value.strip()
+    if text.startswith(_KEY_PREFIXES):
+        return True
+    digits = sum(c.isdigit() for c in text)
+    if len(text) < 20 or digits < 4:
+        return False
+    return not (text.isupper() and "_" in text)
 _API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -322,16 +342,18 @@ def load_file(path: str | Path, env: Mapping[str, str], template: UpstreamSpec) 
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise TableError(f"{source}: cannot read the VELOX_CONFIG file: "
-                         f"{exc.strerror or exc}") from None
+                         f"{exc.strerror or exc}",
+                         f"set VELOX_CONFIG to a readable TOML file (now {source})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TableError(f"{source}: not UTF-8 text (byte {exc.start}); TOML files are "
-                         "UTF-8") from None
+                         "UTF-8", f"save {source} as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # the message ends "(at line L, column C)"
-        raise TableError(f"{source}: TOML syntax error: {exc}") from None
+        raise TableError(f"{source}: TOML syntax error: {exc}",
+                         f"fix the TOML syntax of {source} where the error says") from None
     return parse(data, source, env, template, base_dir=Path(path).parent)
 
 
@@ -413,6 +435,11 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     api_key_env = _str(source, where, table, "api_key_env")
     api_key = ""
     if "api_key_env" in table:
+        if looks_like_a_key(api_key_env):  # never echoed: it may be the key itself
+            _fail(source, where, "api_key_env", "this value looks like a key, not the NAME of "
+                  "an environment variable: put the key in a variable (in the environment or "
+                  '.env) and write its name here, e.g. api_key_env = "OPENAI_API_KEY"; if it '
+                  "is a real key, rotate it: it was written into a file")
         if not _ENV_NAME.fullmatch(api_key_env):
             _fail(source, where, "api_key_env", "must be the NAME of an environment variable "
                   f"(letters, digits, '_'), got {_q(api_key_env)}")
@@ -614,7 +641,7 @@ def _keys(source: str, tables: list[dict[str, Any]],
 
 
 def _fail(source: str, where: str, key: str, problem: str) -> NoReturn:
-    raise TableError(f"{source}: {where}: {key}: {problem}")
+    raise TableError(f"{source}: {where}: {key}: {problem}", f"fix {key} of {where} in {source}")
 
 
 def _label(table: str, index: int, key: str, value: object) -> str:

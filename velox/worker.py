@@ -66,6 +66,9 @@ log = logging.getLogger("velox.worker")
 # Batches run per drain before yielding to the loop, so a deep ring cannot starve I/O.
 _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
+# How often a reload's new worker checks whether its upstreams are ready, to start accepting:
+# each slot of a reload waits for it, and the check only reads a few attributes.
+_ACCEPT_POLL_S = 0.05
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
 # Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
@@ -89,7 +92,7 @@ _ROOT = Route.ROOT
 
 class Worker:
     def __init__(self, settings: Settings, slot: int, shared: SharedStats, limiter: Limiter,
-                 sock: Any) -> None:
+                 sock: Any, defer_accept: bool = False) -> None:
         self.settings = settings
         self.slot = slot
         self.shared = shared
@@ -101,6 +104,11 @@ class Worker:
         self._record_overhead = shared.histograms[H.OVERHEAD].record
         self.limiter = limiter
         self.sock = sock
+        # A reload's new worker shares its socket with the worker it replaces, which accepts
+        # until this one is ready: it accepts only then (see _accept), so no client meets a
+        # worker whose upstreams are not warm, or one that a failed reload is about to kill.
+        self.defer_accept = defer_accept
+        self.accepting = False
         self.batch_max = settings.batch_max
         self.upstream_root_path = settings.upstream_request_path.encode()
         self.auth = Auth(settings)
@@ -196,31 +204,51 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         loop.add_signal_handler(signal.SIGUSR2, self._hand_off)
-        server = await loop.create_server(
-            lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
+        server = None if self.defer_accept else await self._accept()
         for upstream in self.upstreams:
             upstream.start()
         from velox.admin.agent import Agent
 
         agent = Agent(self)
         await agent.start()
+        ticker = loop.call_later(_TICK_S, self._tick)
+        if server is None:
+            server = await self._accept_when_ready()
         # Everything alive now lives as long as the worker: move it out of the collector's
         # sight, so the rare full collections only walk per-request objects. The hot path makes
         # no reference cycles (relay and ingress cut theirs), so refcounting frees requests.
         gc.collect()
         gc.freeze()
-        ticker = loop.call_later(_TICK_S, self._tick)
         await self.stopping.wait()
         ticker.cancel()
         await self.shutdown(server)
         agent.close()
+
+    async def _accept(self) -> asyncio.AbstractServer:
+        server = await self.loop.create_server(
+            lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
+        self.accepting = True
+        return server
+
+    async def _accept_when_ready(self) -> asyncio.AbstractServer | None:
+        """Accept once the upstreams are ready (None: told to stop before that). Until then
+        the READY gauge stays 0 (_tick), so the supervisor keeps the old worker serving and,
+        past VELOX_RELOAD_READY_S, kills this one, leaving every connection queued on the
+        shared socket to the old worker."""
+        stopping = self.stopping
+        assert stopping is not None
+        while not self.upstreams_ready():
+            if stopping.is_set():
+                return None
+            await asyncio.sleep(_ACCEPT_POLL_S)
+        return await self._accept()
 
     def _hand_off(self) -> None:
         """SIGUSR2 from the supervisor: a reload's new worker serves this slot now; drain."""
         self.ingress.handoff = True
         self.stopping.set()  # type: ignore[union-attr]
 
-    async def shutdown(self, server: asyncio.AbstractServer) -> None:
+    async def shutdown(self, server: asyncio.AbstractServer | None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then close.
 
         Idle keep-alive connections stay open meanwhile, so a request that arrives on one gets
@@ -232,7 +260,8 @@ class Worker:
         """
         state = self.ingress
         state.draining = True
-        server.close()
+        if server is not None:
+            server.close()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while time.monotonic() < deadline and (
             len(self.ring) or any(not c.idle for c in state.connections)
@@ -282,7 +311,7 @@ class Worker:
 
     def _tick(self) -> None:
         counters, slot = self.counters, self.slot
-        counters.set(slot, F.READY, 1 if self.upstreams_ready() else 0)
+        counters.set(slot, F.READY, 1 if self.accepting and self.upstreams_ready() else 0)
         counters.set(slot, F.IN_FLIGHT, self.in_flight)
         counters.set(slot, F.RING_DEPTH, len(self.ring))
         counters.set(slot, F.UPSTREAM_CONNECTIONS,
