@@ -37,7 +37,9 @@ benches/bench_ingress.py), and the socket-free worker path (64 clients, native c
 
 Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
 otherwise complete the message first and the client got an empty reply), transfer codings other
-than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
+than chunked (501, RFC 9112 §6.1), more than one Authorization field (400: the key check,
+the cache's partition and the upstream must all read the same credential; the native parser
+leaves such a head to httptools, so both paths refuse it alike). Trailer fields of a chunked body are dropped, never
 forwarded as headers.
 
 Imports: _types, errors, route, arena, h1write (the response bytes, native), _native (the
@@ -61,6 +63,7 @@ from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
     BadHTTP,
+    BadRequest,
     HeadersTooLarge,
     InternalError,
     NotReady,
@@ -83,6 +86,7 @@ _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
 _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
+_TWO_CREDENTIALS = "The request has more than one Authorization header; send exactly one."
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
@@ -328,6 +332,10 @@ class ClientConnection(asyncio.Protocol):
             if name == b"content-length":
                 self._content_length = int(value)
             elif name == b"authorization":
+                if self._authorization is not None:
+                    # Which one counts would differ between hops (the key check read the
+                    # last, a cache or an upstream may read the first): neither is guessed.
+                    raise _Refuse(BadRequest(_TWO_CREDENTIALS, param="authorization"))
                 self._authorization = value
             elif name == b"transfer-encoding":
                 _check_transfer_coding(value)

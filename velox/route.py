@@ -132,8 +132,10 @@ class Auth:
 
     def check(self, authorization: bytes | None) -> bytes | None:
         """Raise Unauthorized unless the client presented one of VELOX_API_KEYS or a `[[key]]`
-        (if any are set). Returns the SHA-256 digest of the presented key when it was computed
-        (for a `[[key]]`: the caller_of digest, so it is not computed twice), else None."""
+        (if any are set). Returns the SHA-256 digest of the key it checked (caller_of's form),
+        None when no key is required: the caller's identity (its `[[key]]`, its cache
+        partition, who may share a batch) is then the credential that was checked, never
+        another header of the request (an api-key beside it, say)."""
         if not self._client_keys and not self._key_digests:
             return None
         if authorization is None:
@@ -148,23 +150,21 @@ class Auth:
         valid[authorization] = digest
         return digest
 
-    def _check(self, authorization: bytes) -> bytes | None:
+    def _check(self, authorization: bytes) -> bytes:
         """check() for a value not seen valid yet: raises Unauthorized unless it is."""
         scheme, _, presented = authorization.partition(b" ")
         presented = presented.strip()
         if scheme.lower() == b"bearer" and presented:
-            digest = None
-            if self._key_digests:
-                digest = self._digests.get(presented)
-                if digest is not None:
-                    return digest
-                # A set lookup of the digest: timing can tell nothing about the key itself.
-                digest = hashlib.sha256(presented).digest()
-                if digest in self._key_digests:
-                    if len(self._digests) >= _DIGESTS_MAX:
-                        self._digests.clear()
-                    self._digests[presented] = digest
-                    return digest
+            digest = self._digests.get(presented)
+            if digest is not None:
+                return digest
+            # A set lookup of the digest: timing can tell nothing about the key itself.
+            digest = hashlib.sha256(presented).digest()
+            if digest in self._key_digests:
+                if len(self._digests) >= _DIGESTS_MAX:
+                    self._digests.clear()
+                self._digests[presented] = digest
+                return digest
             # Constant-time compare against every key so timing reveals neither key nor index.
             matched = False
             for key in self._client_keys:
@@ -213,26 +213,32 @@ class Auth:
         return out, []
 
 
-_CREDENTIALS = (b"authorization", b"api-key")
 _DIGESTS_MAX = 4096  # distinct valid keys remembered per worker (Auth._digests, Auth._valid)
 _UNSEEN = b"unseen"  # Auth._valid.get's default: no digest is this object
 
 
 def caller_of(request: Request) -> bytes:
     """Who is asking: the SHA-256 digest (32 raw bytes) of the credential the client presented
-    (the bearer value of Authorization, else Azure's api-key header), b"" when none. Computed
+    (the bearer value of Authorization, else Azure's api-key header, whatever their order),
+    b"" when none. When the gateway checks keys, ingress sets it from the key it checked
+    (Auth.check), so this reading of the headers serves only keyless gateways. Computed
     on first use and kept on the request: stages that need an identity (gateway keys, the
     cache key, batching's "allowed to share") share one digest, and requests of routes that
     need none pay nothing. A `[[key]]` table's `sha256` is the hex form of this digest."""
     caller = request.caller
     if caller is None:
-        caller = b""
-        for name, value in request.headers:
-            if name in _CREDENTIALS:
-                scheme, _, token = value.partition(b" ")
-                token = token.strip() if scheme.lower() == b"bearer" and token else value.strip()
-                caller = hashlib.sha256(token).digest() if token else b""
+        value = None
+        for name, field in request.headers:
+            if name == b"authorization":
+                value = field  # ingress refuses a second one
                 break
+            if name == b"api-key" and value is None:
+                value = field
+        caller = b""
+        if value is not None:
+            scheme, _, token = value.partition(b" ")
+            token = token.strip() if scheme.lower() == b"bearer" and token else value.strip()
+            caller = hashlib.sha256(token).digest() if token else b""
         request.caller = caller
     return caller
 

