@@ -68,6 +68,9 @@ class Request:
         # holds (a keys.Ticket, released once when the request ends), and response headers
         # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
         "key", "ticket", "extra_headers",
+        # the routes the caller's key may use (its `models`; None: any): dispatch takes no
+        # fallback outside them
+        "allowed",
         # the headers sent upstream apart from any credential, and the client's credential to
         # pass on (route.Auth.client_headers' pair), when ingress's native parser made them
         # while parsing the head; None: the worker makes them
@@ -108,4 +111,5 @@ class Request:
         self.key = -1
         self.ticket: Any = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None
+        self.allowed: frozenset[str] | None = None
         self.upstream_headers: tuple[Headers, Headers] | None = None

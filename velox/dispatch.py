@@ -105,7 +105,7 @@ class Dispatch:
             model = self.forward_model
         elif model in self.hashed or (self._hash_all and self.router.chains.get(model) is None):
             key = affinity(request)
-        plan = self.router.plan(model, key)
+        plan = self.router.plan(model, key, request.allowed)
         if plan is None:
             exchange.refuse(ModelNotFound(
                 f"The model `{model}` does not exist or you do not have access to it.",

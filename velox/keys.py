@@ -241,7 +241,7 @@ class KeyStage:
                 out.append(request)
                 continue
             request.key = key.index
-            allowed = key.allowed
+            allowed = request.allowed = key.allowed
             model = request.model
             if allowed is not None and model is not None and \
                     (model if model in named else CATCH_ALL) not in allowed:

@@ -145,3 +145,72 @@ def test_the_cache_partition_is_the_checked_key_not_an_api_key_beside_it(
     assert b.status_code == 200, b.text
     assert b.headers["x-velox-cache"] == "miss" and b.json()["id"] != a.json()["id"]
     assert chat_calls(upstream) == 2
+
+
+# --- fallbacks ------------------------------------------------------------------------------
+
+CHEAP_KEY, ANY_KEY = "vx-cheap-only-0123456789", "vx-any-route-0123456789"
+
+
+def fallback_config(mock: MockUpstream) -> str:
+    # Two upstreams on the one mock, told apart by x-velox-upstream; "cheap"'s allows one
+    # request a minute, so its second request can only go to the fallback.
+    return f"""
+[[upstream]]
+name = "cheap-up"
+origin = "{mock.origin}"
+api_key_env = "VELOX_UPSTREAM_API_KEY"
+ca_file = "{mock.ca_file}"
+rpm = 1
+
+[[upstream]]
+name = "pro-up"
+origin = "{mock.origin}"
+api_key_env = "VELOX_UPSTREAM_API_KEY"
+ca_file = "{mock.ca_file}"
+
+[[route]]
+model = "cheap"
+targets = [{{ upstream = "cheap-up" }}]
+fallbacks = ["o1-pro"]
+
+[[route]]
+model = "o1-pro"
+targets = [{{ upstream = "pro-up" }}]
+
+[[key]]
+name = "cheap-only"
+sha256 = "{sha(CHEAP_KEY)}"
+models = ["cheap"]
+
+[[key]]
+name = "any"
+sha256 = "{sha(ANY_KEY)}"
+"""
+
+
+def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    gw = start(gateways, upstream, tmp_path, fallback_config(upstream))
+    body = {**CHAT, "model": "cheap"}
+
+    def ask(key: str) -> httpx.Response:
+        return httpx.post(gw.base_url + "/v1/chat/completions", json=body, timeout=20,
+                          headers={"authorization": f"Bearer {key}"})
+
+    first = ask(CHEAP_KEY)
+    assert first.status_code == 200 and first.headers["x-velox-upstream"] == "cheap-up"
+    # cheap-up's rpm is spent: the key may not use "o1-pro", so it is refused, not served by
+    # the fallback (which it was: 200 from pro-up).
+    for _ in range(3):
+        refused = ask(CHEAP_KEY)
+        assert refused.status_code == 429, (refused.status_code, refused.headers)
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+    with pytest.raises(openai.RateLimitError):
+        openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
+                      max_retries=0).chat.completions.create(**body)
+    assert [r["model"] for r in upstream.requests() if r["method"] == "POST"] == ["cheap"]
+    # A key that may use every route still falls back.
+    served = ask(ANY_KEY)
+    assert served.status_code == 200 and served.headers["x-velox-upstream"] == "pro-up"
+    assert served.json()["model"] == "o1-pro"
