@@ -4269,9 +4269,10 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 
 PyDoc_STRVAR(estimate_scan_doc,
              "estimate_scan(body, /) -> (int, int)\n--\n\n"
-             "A request body's estimated input tokens (bytes / 4 rounded up, each inline\n"
-             "base64 payload counted as 765) and its max_tokens / max_completion_tokens /\n"
-             "max_output_tokens (-1 when absent), in one pass (velox.usage.estimate).");
+             "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
+             "inline base64 image where the schema puts one counted as 765) and its top-level\n"
+             "max_tokens / max_completion_tokens / max_output_tokens (-1 when none), in one\n"
+             "pass (velox.usage.estimate; native/vx_books.h).");
 
 static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {

@@ -214,3 +214,67 @@ def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
     served = ask(ANY_KEY)
     assert served.status_code == 200 and served.headers["x-velox-upstream"] == "pro-up"
     assert served.json()["model"] == "o1-pro"
+
+
+# --- the token estimate ----------------------------------------------------------------------
+
+TPM_KEY = "vx-tpm-10000-0123456789"
+
+
+def tpm_config(tpm: int) -> str:
+    return f"""
+[[route]]
+model = "*"
+targets = [{{ upstream = "default" }}]
+
+[[key]]
+name = "tpm"
+sha256 = "{sha(TPM_KEY)}"
+tpm = {tpm}
+"""
+
+
+def test_text_that_starts_like_base64_is_counted_as_text_under_a_burst(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    import asyncio
+
+    gw = start(gateways, upstream, tmp_path, tpm_config(10_000))
+    # 100 kB of text opening with ";base64,": ~25,000 tokens each, which the estimate took
+    # for one 765-token image (12 of 16 were admitted, 30x the key's minute).
+    text = ";base64," + "lorem ipsum " * 8_400
+    client = openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=TPM_KEY, max_retries=0,
+                                timeout=30)
+
+    async def one() -> int:
+        try:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": text}])
+            return 200
+        except openai.RateLimitError:
+            return 429
+
+    async def burst() -> list[int]:
+        try:
+            return await asyncio.gather(*(one() for _ in range(16)))
+        finally:
+            await client.close()
+
+    statuses = asyncio.run(burst())
+    # The first takes the whole minute (an estimate is capped at the tpm); the rest wait.
+    assert statuses.count(200) == 1 and statuses.count(429) == 15, statuses
+
+
+def test_a_max_tokens_inside_a_tool_schema_is_not_the_requests_maximum(
+        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    gw = start(gateways, upstream, tmp_path, tpm_config(5_000))
+    body = {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "lookup", "parameters": {"type": "object", "max_tokens": 1,
+                                         "properties": {"q": {"type": "string"}}}}}]}
+    raw = orjson.dumps(body)
+    answer = httpx.post(gw.base_url + "/v1/chat/completions", content=raw, timeout=20,
+                        headers={"authorization": f"Bearer {TPM_KEY}",
+                                 "content-type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    # Reserved: the body's bytes / 4 plus the default output (1,024), not plus 1.
+    reserved = -(-len(raw) // 4) + 1024
+    assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 5_000 - reserved
