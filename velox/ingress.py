@@ -76,7 +76,7 @@ from velox.errors import (
     to_response,
 )
 from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
-from velox.route import HOP_BY_HOP, Auth, classify
+from velox.route import HOP_BY_HOP, Auth, classify, normal_target
 
 log = logging.getLogger("velox.ingress")
 
@@ -354,7 +354,10 @@ class ClientConnection(asyncio.Protocol):
         """The head is in (either parser): route, authenticate, check the declared length."""
         state = self.state
         try:
-            route = classify(method, self._url)
+            url = self._url
+            if b"%" in url:  # escaped unreserved characters are routed decoded (route.py)
+                url = self._url = normal_target(url)
+            route = classify(method, url)
             if route <= _ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route

@@ -601,6 +601,9 @@ class TokenMeter:
 
     __slots__ = ("ledger", "request", "cap", "_estimate", "estimated_input", "ask", "strip",
                  "sse", "tail", "input", "output", "exact", "done")
+    # An answer without usage is charged its estimated input and what was relayed (below);
+    # ReportedMeter's endpoints are charged nothing they do not report.
+    charge_unreported = True
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
                  cap: int = 0, estimated_input: int = -1) -> None:
@@ -687,7 +690,9 @@ class TokenMeter:
             self.input, self.output = sse.input, sse.output
             self.exact = True
         if not self.exact:
-            if exchange.t_headers and 200 <= exchange.status < 300:
+            if not self.charge_unreported:
+                self.input = self.output = 0
+            elif exchange.t_headers and 200 <= exchange.status < 300:
                 # Cut short, or an answer without usage: its input and what was relayed.
                 self.input = self.estimated_input
                 self.output = sse.relayed_output() if sse is not None else \
@@ -711,6 +716,22 @@ class TokenMeter:
             model = request.model
             ledger.count(request.key, ledger.forward if model is None else
                          ledger.routes.get(model, ledger.catch_all), self.input, self.output)
+
+
+class ReportedMeter(TokenMeter):
+    """The meter of the other model-bearing endpoints (images, audio, moderations: route
+    MODEL_OTHER). Their bodies are files, images or short texts, not tokens to estimate, and
+    their answers are often no JSON (audio) or carry no usage (DALL-E, whisper-1): only the
+    usage an answer reports is counted and settled (gpt-image-1, gpt-4o-transcribe report
+    theirs), anything else counts nothing. A tpm reserves 1 token for such a request, so a
+    key in debt is refused; what it then reports is charged (debt when over)."""
+
+    __slots__ = ()
+    charge_unreported = False
+
+    def __init__(self, ledger: Ledger, request: Request) -> None:
+        super().__init__(ledger, request, False, 0, 0)
+        self._estimate = 1
 
 
 # CountMeter's state once the answer's usage is counted (its `full` meter otherwise).

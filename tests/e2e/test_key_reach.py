@@ -278,3 +278,145 @@ def test_a_max_tokens_inside_a_tool_schema_is_not_the_requests_maximum(
     # Reserved: the body's bytes / 4 plus the default output (1,024), not plus 1.
     reserved = -(-len(raw) // 4) + 1024
     assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 5_000 - reserved
+
+
+# --- forwarded paths --------------------------------------------------------------------------
+
+KEYS = {"models": "vx-models-only-m-0123456789", "forward": "vx-models-forward-0123456789",
+        "plain": "vx-plain-rpm-0123456789"}
+
+
+def reach_config(mock: MockUpstream) -> str:
+    # "m" goes to the OpenAI-kind upstream; everything else ("*") to an Azure one, which is
+    # what a client's own deployment path would have reached with the gateway's Azure key.
+    return f"""
+[[upstream]]
+name = "default"
+origin = "{mock.origin}"
+api_key_env = "VELOX_UPSTREAM_API_KEY"
+ca_file = "{mock.ca_file}"
+
+[[upstream]]
+name = "azure"
+kind = "azure"
+api_version = "2024-10-21"
+origin = "{mock.origin}"
+api_key_env = "VELOX_UPSTREAM_API_KEY"
+ca_file = "{mock.ca_file}"
+warmup_path = "/openai/models?api-version=2024-10-21"
+
+[[route]]
+model = "m"
+targets = [{{ upstream = "default" }}]
+
+[[route]]
+model = "*"
+targets = [{{ upstream = "azure" }}]
+
+[[key]]
+name = "models"
+sha256 = "{sha(KEYS['models'])}"
+models = ["m"]
+
+[[key]]
+name = "forward"
+sha256 = "{sha(KEYS['forward'])}"
+models = ["m"]
+forward = true
+
+[[key]]
+name = "plain"
+sha256 = "{sha(KEYS['plain'])}"
+rpm = 100
+"""
+
+
+def keyed(gw: GatewayProcess, key: str, method: str, path: str, **kw: Any) -> httpx.Response:
+    headers = {"authorization": f"Bearer {KEYS[key]}", **kw.pop("headers", {})}
+    return httpx.request(method, gw.base_url + path, headers=headers, timeout=20, **kw)
+
+
+def posts(mock: MockUpstream) -> list[dict[str, Any]]:
+    return [r for r in mock.requests() if r["method"] == "POST"]
+
+
+def key_stats(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
+    status, body = gw.admin_get("/stats")
+    assert status == 200
+    return {k["name"]: k for k in json.loads(body)["keys"]}
+
+
+@pytest.fixture
+def reach(upstream: MockUpstream, gateways: list[GatewayProcess],
+          tmp_path: Path) -> GatewayProcess:
+    return start(gateways, upstream, tmp_path, reach_config(upstream))
+
+
+def test_an_azure_deployment_path_from_a_client_is_refused(
+        upstream: MockUpstream, reach: GatewayProcess) -> None:
+    answer = keyed(reach, "models", "POST",
+                   "/v1/deployments/secret-dep/chat/completions?api-version=2024-10-21",
+                   json=CHAT)
+    assert answer.status_code == 404 and "deployment" in answer.json()["error"]["message"]
+    # It reached the deployment with the gateway's Azure key before.
+    assert not [r for r in upstream.requests() if r["deployment"] == "secret-dep"]
+
+
+def test_an_encoded_model_path_is_the_model_call_it_spells(
+        upstream: MockUpstream, reach: GatewayProcess) -> None:
+    encoded = "/v1/chat/c%6Fmpletions"
+    denied = keyed(reach, "models", "POST", encoded, json={**CHAT, "model": "o1-pro"})
+    assert denied.status_code == 403, denied.text
+    assert denied.json()["error"]["code"] == "model_not_allowed"
+    assert not posts(upstream)  # forwarded as it was, with the denied model, before
+    served = keyed(reach, "models", "POST", encoded, json=CHAT)
+    assert served.status_code == 200 and served.json()["object"] == "chat.completion"
+    assert [r["path"] for r in posts(upstream)] == ["/v1/chat/completions"]
+    # A percent sign that would decode into structure is refused.
+    odd = keyed(reach, "models", "POST", "/v1/chat/completions%3Bx", json=CHAT)
+    assert (odd.status_code, odd.json()["error"]["code"]) == (400, "invalid_path")
+
+
+def test_a_key_with_models_reaches_only_what_can_be_checked(
+        upstream: MockUpstream, reach: GatewayProcess) -> None:
+    models = openai.OpenAI(base_url=reach.base_url + "/v1", api_key=KEYS["models"],
+                           max_retries=0)
+    # Forwards (no model read): refused, through the SDK's own exception.
+    with pytest.raises(openai.PermissionDeniedError, match="forward = true"):
+        models.files.list()
+    with pytest.raises(openai.PermissionDeniedError):
+        models.batches.create(input_file_id="file-1", endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    # The gateway's own model list is no forward.
+    assert [m.id for m in models.models.list()] == ["m"]
+    # Model-bearing endpoints are read: JSON, and a multipart form as the SDK sends it.
+    with pytest.raises(openai.PermissionDeniedError, match="o1-pro"):
+        models.images.generate(model="o1-pro", prompt="a cat")
+    with pytest.raises(openai.PermissionDeniedError, match="default"):
+        models.moderations.create(input="hello")  # no model: the catch-all, not allowed
+    with pytest.raises(openai.PermissionDeniedError, match="o1-pro"):
+        models.audio.transcriptions.create(model="o1-pro", file=("a.wav", b"RIFF" * 64))
+    assert not posts(upstream)
+    # Allowed models pass on to the upstream (which serves no audio: its 404 comes back).
+    with pytest.raises(openai.NotFoundError):
+        models.audio.transcriptions.create(model="m", file=("a.wav", b"RIFF" * 64))
+    with pytest.raises(openai.NotFoundError):
+        models.images.generate(model="m", prompt="a cat")
+    assert [r["path"] for r in posts(upstream)] == ["/v1/audio/transcriptions",
+                                                   "/v1/images/generations"]
+    refused = key_stats(reach)["models"]["refused"]
+    assert (refused["forward"], refused["model"]) == (2, 3)
+
+
+def test_forwards_are_taken_by_keys_that_allow_them_and_counted(
+        upstream: MockUpstream, reach: GatewayProcess) -> None:
+    before = key_stats(reach)
+    for key in ("forward", "plain"):
+        answer = keyed(reach, key, "GET", "/v1/files?purpose=batch")
+        assert answer.status_code == 404  # the mock's answer: it reached the upstream
+    assert [r["path"] for r in upstream.requests() if r["method"] == "GET"
+            and "/files" in r["path"]] == ["/openai/files?purpose=batch&api-version=2024-10-21"
+                                           ] * 2
+    after = key_stats(reach)
+    for key in ("forward", "plain"):
+        assert after[key]["requests"] == before[key]["requests"] + 1
