@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,9 @@ import openai
 import orjson
 import pytest
 
-from tests.e2e.conftest import UPSTREAM_KEY
-from velox.launch import GatewayProcess, free_port
+from tests.e2e.conftest import GatewayFactory
+from tests.e2e.test_hardening_ingress import exchange
+from velox.launch import GatewayProcess
 from velox.mock import MockUpstream
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is reachable?"}]}
@@ -44,62 +44,31 @@ def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockUpstream]:
 
 
 @pytest.fixture
-def upstream(mock: MockUpstream) -> MockUpstream:
+def start(mock: MockUpstream, start_gateway: GatewayFactory, tmp_path: Path
+          ) -> Callable[..., GatewayProcess]:
+    """A gateway on this module's mock (reset first), with a tables file when one is given."""
     mock.behave()
     mock.reset()
-    return mock
+
+    def started(config: str | None = None, **env: str) -> GatewayProcess:
+        if config is not None:
+            path = tmp_path / f"velox-{len(env)}-{abs(hash(config))}.toml"
+            path.write_text(config)
+            env["VELOX_CONFIG"] = str(path)
+        return start_gateway(mock, VELOX_EGRESS_POOL_CONNECTIONS="1", **env)
+
+    return started
 
 
-@pytest.fixture
-def gateways() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for gw in started:
-        gw.stop()
-
-
-def start(gateways: list[GatewayProcess], mock: MockUpstream, tmp_path: Path,
-          config: str | None = None, **env: str) -> GatewayProcess:
-    settings = {
-        "VELOX_UPSTREAM_ORIGIN": mock.origin,
-        "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",
-        "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY,
-        "VELOX_WORKERS": "2",
-        "VELOX_EGRESS_POOL_CONNECTIONS": "1",
-        "VELOX_RATE_LIMIT_RPM": "0",
-        "VELOX_SHUTDOWN_GRACE_S": "5",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-    }
-    if config is not None:
-        path = tmp_path / f"velox-{len(gateways)}.toml"
-        path.write_text(config)
-        settings["VELOX_CONFIG"] = str(path)
-    settings.update(env)
-    gw = GatewayProcess(settings, log_path=tmp_path / f"velox-{len(gateways)}.log")
-    gateways.append(gw)
-    return gw.start(wait_ready=True)
-
-
-def raw_exchange(gw: GatewayProcess, request: bytes) -> tuple[int, bytes, bytes]:
-    """One raw request on its own connection: (status, head, body)."""
-    with socket.create_connection((gw.host, gw.port), timeout=10) as sock:
-        sock.sendall(request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            assert chunk, f"closed before a response: {data!r}"
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        while len(body) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "closed inside a body"
-            body += chunk
-        return int(head.split(b" ")[1]), head, body[:length]
+def upstream_table(name: str, mock: MockUpstream, extra: str = "") -> str:
+    return f"""
+[[upstream]]
+name = "{name}"
+origin = "{mock.origin}"
+api_key_env = "VELOX_UPSTREAM_API_KEY"
+ca_file = "{mock.ca_file}"
+{extra}
+"""
 
 
 def chat_calls(mock: MockUpstream) -> int:
@@ -111,19 +80,18 @@ def chat_calls(mock: MockUpstream) -> int:
 
 @pytest.mark.parametrize("parser", ["native", "httptools"])
 def test_two_authorization_fields_are_refused_on_both_parsers(
-        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path,
-        parser: str) -> None:
-    gw = start(gateways, upstream, tmp_path, VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
+        mock: MockUpstream, start: Callable[..., GatewayProcess], parser: str) -> None:
+    gw = start(VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
                VELOX_INGRESS_PARSER=parser)
     body = orjson.dumps(CHAT)
-    status, _, answer = raw_exchange(gw, (
+    status, _, answer = exchange(gw, (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         b"authorization: Bearer sk-tenant-a-1234\r\nauthorization: Bearer sk-tenant-b-5678\r\n"
         b"content-length: %d\r\n\r\n%b") % (len(body), body))
     error = orjson.loads(answer)["error"]
     assert (status, error["type"], error["param"]) == (400, "invalid_request_error",
                                                         "authorization"), answer
-    assert chat_calls(upstream) == 0
+    assert chat_calls(mock) == 0
     # One Authorization is served as before.
     client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-b-5678",
                            max_retries=0)
@@ -131,8 +99,8 @@ def test_two_authorization_fields_are_refused_on_both_parsers(
 
 
 def test_the_cache_partition_is_the_checked_key_not_an_api_key_beside_it(
-        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
-    gw = start(gateways, upstream, tmp_path, VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
+        mock: MockUpstream, start: Callable[..., GatewayProcess]) -> None:
+    gw = start(VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
                VELOX_CACHE="1")
     a = httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, timeout=20,
                    headers={"authorization": "Bearer sk-tenant-a-1234"})
@@ -144,7 +112,7 @@ def test_the_cache_partition_is_the_checked_key_not_an_api_key_beside_it(
                             ("authorization", "Bearer sk-tenant-b-5678")])
     assert b.status_code == 200, b.text
     assert b.headers["x-velox-cache"] == "miss" and b.json()["id"] != a.json()["id"]
-    assert chat_calls(upstream) == 2
+    assert chat_calls(mock) == 2
 
 
 # --- fallbacks ------------------------------------------------------------------------------
@@ -155,20 +123,7 @@ CHEAP_KEY, ANY_KEY = "vx-cheap-only-0123456789", "vx-any-route-0123456789"
 def fallback_config(mock: MockUpstream) -> str:
     # Two upstreams on the one mock, told apart by x-velox-upstream; "cheap"'s allows one
     # request a minute, so its second request can only go to the fallback.
-    return f"""
-[[upstream]]
-name = "cheap-up"
-origin = "{mock.origin}"
-api_key_env = "VELOX_UPSTREAM_API_KEY"
-ca_file = "{mock.ca_file}"
-rpm = 1
-
-[[upstream]]
-name = "pro-up"
-origin = "{mock.origin}"
-api_key_env = "VELOX_UPSTREAM_API_KEY"
-ca_file = "{mock.ca_file}"
-
+    return upstream_table("cheap-up", mock, "rpm = 1") + upstream_table("pro-up", mock) + f"""
 [[route]]
 model = "cheap"
 targets = [{{ upstream = "cheap-up" }}]
@@ -190,8 +145,8 @@ sha256 = "{sha(ANY_KEY)}"
 
 
 def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
-        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
-    gw = start(gateways, upstream, tmp_path, fallback_config(upstream))
+        mock: MockUpstream, start: Callable[..., GatewayProcess]) -> None:
+    gw = start(fallback_config(mock))
     body = {**CHAT, "model": "cheap"}
 
     def ask(key: str) -> httpx.Response:
@@ -209,7 +164,7 @@ def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
     with pytest.raises(openai.RateLimitError):
         openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
                       max_retries=0).chat.completions.create(**body)
-    assert [r["model"] for r in upstream.requests() if r["method"] == "POST"] == ["cheap"]
+    assert [r["model"] for r in mock.requests() if r["method"] == "POST"] == ["cheap"]
     # A key that may use every route still falls back.
     served = ask(ANY_KEY)
     assert served.status_code == 200 and served.headers["x-velox-upstream"] == "pro-up"
@@ -235,10 +190,10 @@ tpm = {tpm}
 
 
 def test_text_that_starts_like_base64_is_counted_as_text_under_a_burst(
-        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
+        start: Callable[..., GatewayProcess]) -> None:
     import asyncio
 
-    gw = start(gateways, upstream, tmp_path, tpm_config(10_000))
+    gw = start(tpm_config(10_000))
     # 100 kB of text opening with ";base64,": ~25,000 tokens each, which the estimate took
     # for one 765-token image (12 of 16 were admitted, 30x the key's minute).
     text = ";base64," + "lorem ipsum " * 8_400
@@ -265,8 +220,8 @@ def test_text_that_starts_like_base64_is_counted_as_text_under_a_burst(
 
 
 def test_a_max_tokens_inside_a_tool_schema_is_not_the_requests_maximum(
-        upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
-    gw = start(gateways, upstream, tmp_path, tpm_config(5_000))
+        start: Callable[..., GatewayProcess]) -> None:
+    gw = start(tpm_config(5_000))
     body = {**CHAT, "tools": [{"type": "function", "function": {
         "name": "lookup", "parameters": {"type": "object", "max_tokens": 1,
                                          "properties": {"q": {"type": "string"}}}}}]}
@@ -289,22 +244,11 @@ KEYS = {"models": "vx-models-only-m-0123456789", "forward": "vx-models-forward-0
 def reach_config(mock: MockUpstream) -> str:
     # "m" goes to the OpenAI-kind upstream; everything else ("*") to an Azure one, which is
     # what a client's own deployment path would have reached with the gateway's Azure key.
-    return f"""
-[[upstream]]
-name = "default"
-origin = "{mock.origin}"
-api_key_env = "VELOX_UPSTREAM_API_KEY"
-ca_file = "{mock.ca_file}"
-
-[[upstream]]
-name = "azure"
+    return upstream_table("default", mock) + upstream_table("azure", mock, """
 kind = "azure"
 api_version = "2024-10-21"
-origin = "{mock.origin}"
-api_key_env = "VELOX_UPSTREAM_API_KEY"
-ca_file = "{mock.ca_file}"
 warmup_path = "/openai/models?api-version=2024-10-21"
-
+""") + f"""
 [[route]]
 model = "m"
 targets = [{{ upstream = "default" }}]
@@ -347,38 +291,38 @@ def key_stats(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def reach(upstream: MockUpstream, gateways: list[GatewayProcess],
-          tmp_path: Path) -> GatewayProcess:
-    return start(gateways, upstream, tmp_path, reach_config(upstream))
+def reach(mock: MockUpstream, start: Callable[..., GatewayProcess]) -> GatewayProcess:
+    return start(reach_config(mock))
+
 
 
 def test_an_azure_deployment_path_from_a_client_is_refused(
-        upstream: MockUpstream, reach: GatewayProcess) -> None:
+        mock: MockUpstream, reach: GatewayProcess) -> None:
     answer = keyed(reach, "models", "POST",
                    "/v1/deployments/secret-dep/chat/completions?api-version=2024-10-21",
                    json=CHAT)
     assert answer.status_code == 404 and "deployment" in answer.json()["error"]["message"]
     # It reached the deployment with the gateway's Azure key before.
-    assert not [r for r in upstream.requests() if r["deployment"] == "secret-dep"]
+    assert not [r for r in mock.requests() if r["deployment"] == "secret-dep"]
 
 
 def test_an_encoded_model_path_is_the_model_call_it_spells(
-        upstream: MockUpstream, reach: GatewayProcess) -> None:
+        mock: MockUpstream, reach: GatewayProcess) -> None:
     encoded = "/v1/chat/c%6Fmpletions"
     denied = keyed(reach, "models", "POST", encoded, json={**CHAT, "model": "o1-pro"})
     assert denied.status_code == 403, denied.text
     assert denied.json()["error"]["code"] == "model_not_allowed"
-    assert not posts(upstream)  # forwarded as it was, with the denied model, before
+    assert not posts(mock)  # forwarded as it was, with the denied model, before
     served = keyed(reach, "models", "POST", encoded, json=CHAT)
     assert served.status_code == 200 and served.json()["object"] == "chat.completion"
-    assert [r["path"] for r in posts(upstream)] == ["/v1/chat/completions"]
+    assert [r["path"] for r in posts(mock)] == ["/v1/chat/completions"]
     # A percent sign that would decode into structure is refused.
     odd = keyed(reach, "models", "POST", "/v1/chat/completions%3Bx", json=CHAT)
     assert (odd.status_code, odd.json()["error"]["code"]) == (400, "invalid_path")
 
 
 def test_a_key_with_models_reaches_only_what_can_be_checked(
-        upstream: MockUpstream, reach: GatewayProcess) -> None:
+        mock: MockUpstream, reach: GatewayProcess) -> None:
     models = openai.OpenAI(base_url=reach.base_url + "/v1", api_key=KEYS["models"],
                            max_retries=0)
     # Forwards (no model read): refused, through the SDK's own exception.
@@ -396,25 +340,25 @@ def test_a_key_with_models_reaches_only_what_can_be_checked(
         models.moderations.create(input="hello")  # no model: the catch-all, not allowed
     with pytest.raises(openai.PermissionDeniedError, match="o1-pro"):
         models.audio.transcriptions.create(model="o1-pro", file=("a.wav", b"RIFF" * 64))
-    assert not posts(upstream)
+    assert not posts(mock)
     # Allowed models pass on to the upstream (which serves no audio: its 404 comes back).
     with pytest.raises(openai.NotFoundError):
         models.audio.transcriptions.create(model="m", file=("a.wav", b"RIFF" * 64))
     with pytest.raises(openai.NotFoundError):
         models.images.generate(model="m", prompt="a cat")
-    assert [r["path"] for r in posts(upstream)] == ["/v1/audio/transcriptions",
+    assert [r["path"] for r in posts(mock)] == ["/v1/audio/transcriptions",
                                                    "/v1/images/generations"]
     refused = key_stats(reach)["models"]["refused"]
     assert (refused["forward"], refused["model"]) == (2, 3)
 
 
 def test_forwards_are_taken_by_keys_that_allow_them_and_counted(
-        upstream: MockUpstream, reach: GatewayProcess) -> None:
+        mock: MockUpstream, reach: GatewayProcess) -> None:
     before = key_stats(reach)
     for key in ("forward", "plain"):
         answer = keyed(reach, key, "GET", "/v1/files?purpose=batch")
         assert answer.status_code == 404  # the mock's answer: it reached the upstream
-    assert [r["path"] for r in upstream.requests() if r["method"] == "GET"
+    assert [r["path"] for r in mock.requests() if r["method"] == "GET"
             and "/files" in r["path"]] == ["/openai/files?purpose=batch&api-version=2024-10-21"
                                            ] * 2
     after = key_stats(reach)
