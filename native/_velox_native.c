@@ -3681,8 +3681,8 @@ PyDoc_STRVAR(reqhead_doc,
              "(method, target, headers, content_length, authorization, expect_continue,\n"
              " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
              "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
-             "absent, authorization the last Authorization value (the same object as in headers)\n"
-             "or None, end the offset in buf just past the blank line.\n"
+             "absent, authorization the one Authorization value (the same object as in headers)\n"
+             "or None (a head with two is False), end the offset just past the blank line.\n"
              "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
              "headers' tuples whose name is not in `drop` (the upstream's share, route.Auth's\n"
              "client_headers done in the same pass), or None when a Connection header lists\n"
@@ -4297,9 +4297,10 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 
 PyDoc_STRVAR(estimate_scan_doc,
              "estimate_scan(body, /) -> (int, int)\n--\n\n"
-             "A request body's estimated input tokens (bytes / 4 rounded up, each inline\n"
-             "base64 payload counted as 765) and its max_tokens / max_completion_tokens /\n"
-             "max_output_tokens (-1 when absent), in one pass (velox.usage.estimate).");
+             "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
+             "inline base64 image where the schema puts one counted as 765) and its top-level\n"
+             "max_tokens / max_completion_tokens / max_output_tokens (-1 when none), in one\n"
+             "pass (velox.usage.estimate; native/vx_books.h).");
 
 static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {

@@ -21,6 +21,7 @@
  * and FALLBACK on: a leading empty line, any other method or version, obs-fold, bare CR or LF,
  * Transfer-Encoding, Upgrade, Proxy-Connection (llhttp reads it as Connection), Connection
  * other than one field with exactly "close" or "keep-alive" (any case), Content-Length other than 1 to 18 digits or given twice,
+ * Authorization given twice (ingress answers that with a 400 on the httptools path),
  * more than `max_fields` fields, a head whose ingress byte count (target + per field name +
  * value + 4, what velox/ingress.py's callbacks count) exceeds `max_header_bytes` (httptools
  * then answers the 431), and an incomplete head already `max_partial` bytes long.
@@ -66,7 +67,7 @@ typedef struct {
     int http10;            /* 1 for HTTP/1.0 */
     size_t nfields;
     int64_t content_length; /* -1 when absent */
-    int authorization;     /* index of the last Authorization field, -1 if none */
+    int authorization;     /* index of the one Authorization field, -1 if none */
     int expect_continue;   /* some Expect field is exactly "100-continue" (any case) */
     int keep_alive;
     size_t header_bytes;   /* ingress's count (see above) */

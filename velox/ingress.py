@@ -50,7 +50,9 @@ keep-alive timeout only closes connections that have nothing to send.
 
 Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
 otherwise complete the message first and the client got an empty reply), transfer codings other
-than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
+than chunked (501, RFC 9112 §6.1), more than one Authorization field (400: the key check,
+the cache's partition and the upstream must all read the same credential; the native parser
+leaves such a head to httptools, so both paths refuse it alike). Trailer fields of a chunked body are dropped, never
 forwarded as headers.
 
 Imports: _types, errors, route, arena, h1write (the response bytes, native), _native (the
@@ -74,6 +76,7 @@ from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
     BadHTTP,
+    BadRequest,
     HeadersTooLarge,
     InternalError,
     NotReady,
@@ -86,7 +89,7 @@ from velox.errors import (
     to_response,
 )
 from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
-from velox.route import HOP_BY_HOP, Auth, classify
+from velox.route import HOP_BY_HOP, Auth, classify, normal_target
 
 log = logging.getLogger("velox.ingress")
 
@@ -96,6 +99,7 @@ _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
 _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
+_TWO_CREDENTIALS = "The request has more than one Authorization header; send exactly one."
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
@@ -370,6 +374,10 @@ class ClientConnection(asyncio.Protocol):
             if name == b"content-length":
                 self._content_length = int(value)
             elif name == b"authorization":
+                if self._authorization is not None:
+                    # Which one counts would differ between hops (the key check read the
+                    # last, a cache or an upstream may read the first): neither is guessed.
+                    raise _Refuse(BadRequest(_TWO_CREDENTIALS, param="authorization"))
                 self._authorization = value
             elif name == b"transfer-encoding":
                 _check_transfer_coding(value)
@@ -388,7 +396,10 @@ class ClientConnection(asyncio.Protocol):
         """The head is in (either parser): route, authenticate, check the declared length."""
         state = self.state
         try:
-            route = classify(method, self._url)
+            url = self._url
+            if b"%" in url:  # escaped unreserved characters are routed decoded (route.py)
+                url = self._url = normal_target(url)
+            route = classify(method, url)
             if route <= _ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route

@@ -4,10 +4,12 @@ gateways in tests/e2e/test_hardening_ingress.py; these pin down the logic byte b
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +18,7 @@ from velox._types import Request
 from velox.arena import Arena
 from velox.config import load
 from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
-from velox.route import Auth
+from velox.route import Auth, caller_of
 
 
 class FakeRing:
@@ -28,12 +30,12 @@ class FakeRing:
         return True
 
 
-def make_conn(max_body: int = 16 * 1024 * 1024) -> tuple[ClientConnection, FakeTransport,
-                                                          FakeRing]:
+def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
+              **env: str) -> tuple[ClientConnection, FakeTransport, FakeRing]:
     ring = FakeRing()
     state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
-                         Auth(load({}, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None)
+                         Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
+                         lambda request, status, size: None, parser)
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -120,6 +122,34 @@ def test_upgrades_are_400_before_the_request_is_dispatched() -> None:
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (400, "bad_http_request")
     assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
+    # The key check read the last one while the cache's partition read the first: a request
+    # naming two credentials is refused, whatever the parser.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nauthorization: Bearer ka\r\n"
+                       b"Authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+    status, body = status_of(transport)
+    assert (status, body["error"]["type"], body["error"]["param"]) == \
+        (400, "invalid_request_error", "authorization")
+    assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_the_callers_identity_is_the_key_that_was_checked(parser: str) -> None:
+    # An Azure-style api-key before the checked Authorization named the cache partition.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\napi-key: ka\r\n"
+                       b"authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+    (request,) = ring.pushed
+    assert caller_of(request) == hashlib.sha256(b"kb").digest()
+    # Keyless: the credential the upstream gets (Authorization), whatever the order.
+    conn, transport, ring = make_conn(parser=parser)
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\napi-key: x\r\n"
+                       b"authorization: Bearer y\r\ncontent-length: 2\r\n\r\n{}")
+    assert caller_of(ring.pushed[0]) == hashlib.sha256(b"y").digest()
 
 
 def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Request]:
