@@ -36,7 +36,7 @@ import orjson
 
 from . import sse
 from .base import Answer, Headers, Untranslatable, UpstreamCall, Usage
-from .chat import (DONE, JSON_HEADERS, Chunks, ProviderError, b64_text, completion,
+from .chat import (DONE as END, JSON_HEADERS, Chunks, ProviderError, b64_text, completion,
                    data_url, error_answer, error_event, header, loads_object, refuse)
 
 KIND = "anthropic"
@@ -115,7 +115,9 @@ def _image_block(part: dict[str, Any], param: str) -> dict[str, Any]:
 
 
 def _file_block(part: dict[str, Any], param: str) -> dict[str, Any]:
-    file = part.get("file") if isinstance(part.get("file"), dict) else {}
+    file = part.get("file")
+    if not isinstance(file, dict):
+        file = {}
     inline = data_url(file.get("file_data") or "")
     if inline is None:
         raise _refuse(param, "a file part without file_data as a data: URL (file_id)")
@@ -653,7 +655,7 @@ class AnthropicStream:
         self.usage = usage_of(self._raw)
         if self._include_usage:
             out += self._chunks.usage(self.usage)
-        return out + DONE
+        return out + END
 
     def _error(self, ev: dict[str, Any]) -> bytes:
         return self._fail(error_of(200, [], _dumps(ev)))
