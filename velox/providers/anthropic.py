@@ -421,14 +421,17 @@ def error_of(status: int, headers: Headers, body: bytes) -> ProviderError:
     """An Anthropic error answer (or error event) as the error an OpenAI client gets."""
     parsed = loads_object(body)
     error = parsed.get("error") if parsed is not None else None
+    # An unknown type (or none) keeps the upstream's status; an error event inside a 200
+    # stream with an unknown type is a 500.
+    kept = 503 if status == 529 else status if status >= 400 else 500
     if isinstance(error, dict):
         type_ = str(error.get("type") or "api_error")
         message = str(error.get("message") or "")
+        mapped = ERROR_STATUS.get(type_, kept)
     else:
         type_ = "api_error"
         message = f"The upstream (kind '{KIND}') answered HTTP {status} without an error body."
-    # An unknown type keeps the upstream's status (a 5xx for an error event inside a 200).
-    mapped = 503 if status == 529 else ERROR_STATUS.get(type_, status if status >= 400 else 500)
+        mapped = kept
     retry_after = header(headers, b"retry-after")
     extra = ((b"retry-after", retry_after),) if retry_after is not None else ()
     return ProviderError(mapped, type_, message, headers=extra)

@@ -39,6 +39,12 @@ class Splitter:
         # One split of the finished part: the common read holds one or a few whole events.
         return [block for block in buf[:end].split(_LF2) if block]
 
+    def close(self) -> list[bytes]:
+        """The stream ended: a CR held back was a line end after all. An event still without
+        its blank line is dropped, as the SSE grammar says."""
+        held, self._buf = self._buf, b""
+        return self.feed(held[:-1] + b"\n") if held.endswith(b"\r") else []
+
     def pending(self) -> bytes:
         """The unfinished tail (an event whose blank line has not arrived)."""
         return self._buf
