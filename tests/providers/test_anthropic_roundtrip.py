@@ -28,14 +28,6 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "description
                                               "parameters": WEATHER_PARAMS}}]
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory):
-    log = tmp_path_factory.mktemp("mock") / "stderr.log"
-    with MockUpstream(log_path=str(log), name="anthropic") as m:
-        yield m
-    assert "Traceback" not in m.log_text(), m.log_text()
-
-
 class Translating(httpx2.BaseTransport):
     """OpenAI request in, translated Messages call to the mock, translated answer out."""
 

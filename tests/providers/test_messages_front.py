@@ -28,14 +28,6 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city.",
                             "required": ["city"]}}
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory):
-    log = tmp_path_factory.mktemp("mock") / "stderr.log"
-    with MockUpstream(log_path=str(log), name="front") as m:
-        yield m
-    assert "Traceback" not in m.log_text(), m.log_text()
-
-
 class Front(httpx2.BaseTransport):
     """Messages request in, chat completion to the mock (directly as an OpenAI upstream, or
     through the anthropic translator), Messages answer out."""
