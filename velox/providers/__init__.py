@@ -8,8 +8,9 @@ so a kind nobody configured costs nothing at start-up.
 `messages` is the other direction: the Anthropic Messages API in front, translated to and from
 OpenAI chat completions for upstreams that do not speak it.
 
-Imports: velox.errors (through the modules), stdlib, orjson. Nothing else from velox: the egress
-edge imports this package, not the other way round.
+Imports: base, stdlib (each kind's module through importlib, on first use). The modules import
+nothing from velox but velox.errors: the egress edge imports this package, not the other way
+round.
 """
 
 from __future__ import annotations
