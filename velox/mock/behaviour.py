@@ -14,10 +14,13 @@ Azure OpenAI paths are answered too: POST `/openai/deployments/{d}/chat/completi
 or unknown version). The body's `model` is optional there; the answer names the body's model, or
 the deployment when the body has none.
 
+The Anthropic Messages API (POST `/v1/messages`, `/v1/messages/count_tokens`) is answered by
+mock.anthropic_api, in Anthropic's shapes.
+
 Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
 per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
 
-Imports: mock.payloads, stdlib, orjson.
+Imports: mock.payloads, mock.anthropic_api, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -177,6 +180,8 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
     if path[:8] == b"/openai/":
         plan = _azure(b"GET" if head else method, path, query, headers, body, latency_ms,
                       chunks, status)
+    elif path[:12] == b"/v1/messages":
+        plan = anthropic_api.plan(method, path, headers, body, latency_ms, chunks, status)
     else:
         plan = _route(b"GET" if head else method, path, body, latency_ms, chunks, status)
     if head and plan.body is not None:
@@ -346,3 +351,7 @@ _POST_ROUTES = {
     b"/v1/responses": _responses,
     b"/v1/embeddings": _embeddings,
 }
+
+
+# The Anthropic Messages API (its own module; imported last: it uses Plan and _ids from here).
+from . import anthropic_api  # noqa: E402
