@@ -433,13 +433,13 @@ def error_answer(status: int, headers: Headers, body: bytes) -> Answer:
 #   OPEN      messageStop                           -> finish chunk                  STOPPED
 #   STOPPED   metadata                              -> (usage kept)                  STOPPED
 #   any       :message-type exception, bad frame    -> OpenAI error event            FAILED
-#   STOPPED   end()                                 -> usage chunk if asked, [DONE]
-#   OPEN      end()                                 -> error event (truncated)
+#   STOPPED   end(), no partial frame held          -> usage chunk if asked, [DONE]
+#   OPEN      end(), or a partial frame held        -> error event (truncated)
 OPEN, STOPPED, FAILED = range(3)
 
 
 class BedrockStream:
-    __slots__ = ("usage", "_writer", "_frames", "_state", "_tools")
+    __slots__ = ("usage", "_writer", "_frames", "_state", "_tools", "_held")
 
     def __init__(self, client_model: str, include_usage: bool) -> None:
         self.usage: Usage | None = None
@@ -447,14 +447,17 @@ class BedrockStream:
         self._frames = EventStreamBuffer()
         self._state = OPEN
         self._tools: dict[int, int] = {}  # contentBlockIndex -> OpenAI tool call index
+        self._held = 0  # bytes fed and not yet part of a whole frame
 
     def feed(self, data: bytes) -> bytes:
         if self._state == FAILED:
             return b""
         self._frames.add_data(data)
+        self._held += len(data)
         out: list[bytes] = []
         try:
             for message in self._frames:
+                self._held -= message.prelude.total_length
                 self._frame(message.headers, message.payload, out)
                 if self._state == FAILED:
                     break
@@ -513,7 +516,7 @@ class BedrockStream:
         self._state = FAILED
 
     def end(self) -> bytes:
-        if self._state == STOPPED:
+        if self._state == STOPPED and not self._held:
             return self._writer.end(self.usage)
         if self._state == FAILED:
             return b""

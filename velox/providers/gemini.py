@@ -421,8 +421,8 @@ def error_answer(status: int, headers: Headers, body: bytes) -> Answer:
 #   OPEN       finishReason                 -> finish chunk                    FINISHED
 #   OPEN       {"error": ...}               -> OpenAI error event              FAILED
 #   FINISHED   usageMetadata only           -> (usage kept)                    FINISHED
-#   any        end(), FINISHED              -> usage chunk if asked, [DONE]    -
-#   any        end(), OPEN                  -> error event (truncated), no [DONE]
+#   any        end(), FINISHED, nothing held -> usage chunk if asked, [DONE]   -
+#   any        end(), OPEN or an event cut  -> error event (truncated), no [DONE]
 #   FAILED     anything                     -> nothing                         FAILED
 OPEN, FINISHED, FAILED = range(3)
 
@@ -485,7 +485,7 @@ class GeminiStream:
         self._state = FAILED
 
     def end(self) -> bytes:
-        if self._state == FINISHED:
+        if self._state == FINISHED and not self._sse.pending():
             return self._writer.end(self.usage)
         if self._state == FAILED:
             return b""
