@@ -78,6 +78,15 @@ def _args_for(schema: Any) -> dict[str, Any]:
     return orjson.loads(_json_text(schema)) if isinstance(schema, dict) else {}
 
 
+def _field(obj: dict[str, Any], camel: str) -> Any:
+    """A field by its JSON name or its proto name: Google's JSON mapping accepts both, and the
+    google-genai SDK sends function declarations with snake_case keys."""
+    value = obj.get(camel)
+    if value is None:
+        value = obj.get(re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), camel))
+    return value
+
+
 def _ids() -> str:
     return "%012x" % next(_counter)
 
@@ -182,29 +191,29 @@ def _gemini_generate(req: dict[str, Any], model: str, stream: bool, sse: bool,
     last = contents[-1].get("parts") or []
     answered = [p["functionResponse"] for p in last if "functionResponse" in p]
     images = sum(1 for p in last if "inlineData" in p or "fileData" in p)
-    config = req.get("generationConfig") or {}
+    config = _field(req, "generationConfig") or {}
     declarations = [d for tool in req.get("tools") or () for d in
-                    tool.get("functionDeclarations") or ()]
-    calling = ((req.get("toolConfig") or {}).get("functionCallingConfig") or {})
+                    _field(tool, "functionDeclarations") or ()]
+    calling = _field(_field(req, "toolConfig") or {}, "functionCallingConfig") or {}
     parts: list[dict[str, Any]]
     if declarations and calling.get("mode") != "NONE" and not answered:
-        allowed = calling.get("allowedFunctionNames") or [declarations[0]["name"]]
+        allowed = _field(calling, "allowedFunctionNames") or [declarations[0]["name"]]
         chosen = next(d for d in declarations if d["name"] == allowed[0])
-        schema = chosen.get("parametersJsonSchema") or chosen.get("parameters")
+        schema = _field(chosen, "parametersJsonSchema") or chosen.get("parameters")
         parts = [{"functionCall": {"id": "fc_" + _ids(), "name": chosen["name"],
                                    "args": _args_for(schema)},
                   "thoughtSignature": GEMINI_SIGNATURE}]
     elif answered:
         parts = [{"text": "The tool said: " + orjson.dumps(answered[0].get("response"))
                   .decode()}]
-    elif config.get("responseMimeType") == "application/json":
-        parts = [{"text": _json_text(config.get("responseJsonSchema")
-                                     or config.get("responseSchema"))}]
+    elif _field(config, "responseMimeType") == "application/json":
+        parts = [{"text": _json_text(_field(config, "responseJsonSchema")
+                                     or _field(config, "responseSchema"))}]
     else:
         parts = [{"text": t} for t in _reply(images, chunks)]
     finish = ("MAX_TOKENS" if model.startswith("length-") else
               "SAFETY" if model.startswith("filter-") else "STOP")
-    thoughts = 7 if config.get("thinkingConfig") else 0
+    thoughts = 7 if _field(config, "thinkingConfig") else 0
     usage = {"promptTokenCount": _tokens(contents), "candidatesTokenCount": len(parts),
              "totalTokenCount": _tokens(contents) + len(parts) + thoughts}
     if thoughts:
