@@ -19,6 +19,7 @@ from tests.providers.oaparse import Stream, completion, embeddings, sdk_error
 from velox.mock import eventstream
 from velox.mock.providers import check_sigv4
 from velox.providers.base import Untranslatable
+from velox.providers import KINDS
 from velox.providers.bedrock import BedrockTranslator, tool_id
 
 T = BedrockTranslator("eu-west-1", "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG", "tok")
@@ -53,11 +54,15 @@ def test_path_and_sigv4_headers():
 def test_credentials_from_named_environment_variables(monkeypatch):
     monkeypatch.setenv("MY_AK", "AKIAEXAMPLEEXAMPLE12")
     monkeypatch.setenv("MY_SK", "secret")
-    t = BedrockTranslator.from_env("us-east-1", "MY_AK", "MY_SK", "MY_TOKEN")
-    auth = dict(t.chat({"messages": USER}, "m", False, []).headers)[b"authorization"]
-    assert b"Credential=AKIAEXAMPLEEXAMPLE12/" in auth
+    t = KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id_env="MY_AK",
+                         aws_secret_access_key_env="MY_SK", aws_session_token_env="MY_TOKEN",
+                         base_path="/proxy")
+    c = t.chat({"messages": USER}, "m", False, [])
+    assert c.path == b"/proxy/model/m/converse"
+    assert b"Credential=AKIAEXAMPLEEXAMPLE12/" in dict(c.headers)[b"authorization"]
     with pytest.raises(ValueError, match="MISSING_SK"):
-        BedrockTranslator.from_env("us-east-1", "MY_AK", "MISSING_SK")
+        KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id_env="MY_AK",
+                         aws_secret_access_key_env="MISSING_SK")
 
 
 def test_messages_system_images_and_inference_config():

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.providers.oaparse import Stream, completion, embeddings, sdk_error
+from velox.providers import KINDS
 from velox.providers.base import Untranslatable
 from velox.providers.gemini import GeminiTranslator
 
@@ -37,6 +38,9 @@ def test_path_and_key_header_never_query():
     assert b"key=" not in s.path and b"AIza" not in s.path
     t, _ = call({"messages": USER}, model="tunedModels/my-model")
     assert t.path == b"/v1beta/tunedModels/my-model:generateContent"
+    prefixed = KINDS["gemini"](api_key="k", base_path="/google/").chat(
+        {"messages": USER}, "gemini-2.5-flash", False, [])
+    assert prefixed.path == b"/google/v1beta/models/gemini-2.5-flash:generateContent"
 
 
 def test_system_roles_merged_and_images():

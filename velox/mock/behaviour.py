@@ -17,10 +17,13 @@ the deployment when the body has none.
 Gemini (`/v1beta/models/...`) and Bedrock (`/model/...`) calls are answered by
 `mock.providers` in those providers' shapes (its docstring tells how).
 
+The Anthropic Messages API (POST `/v1/messages`, `/v1/messages/count_tokens`) is answered by
+mock.anthropic_api, in Anthropic's shapes.
+
 Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
 per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
 
-Imports: mock.payloads, stdlib, orjson.
+Imports: mock.payloads, mock.anthropic_api, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -183,6 +186,8 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
     elif path[:8] == b"/openai/":
         plan = _azure(b"GET" if head else method, path, query, headers, body, latency_ms,
                       chunks, status)
+    elif path[:12] == b"/v1/messages":
+        plan = anthropic_api.plan(method, path, headers, body, latency_ms, chunks, status)
     else:
         plan = _route(b"GET" if head else method, path, body, latency_ms, chunks, status)
     if head and plan.body is not None:
@@ -365,3 +370,7 @@ _POST_ROUTES = {
     b"/v1/responses": _responses,
     b"/v1/embeddings": _embeddings,
 }
+
+
+# The Anthropic Messages API (its own module; imported last: it uses Plan and _ids from here).
+from . import anthropic_api  # noqa: E402

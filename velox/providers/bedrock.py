@@ -98,25 +98,17 @@ class BedrockTranslator:
 
     def __init__(self, region: str, access_key_id: str, secret_access_key: str,
                  session_token: str | None = None, host: str | None = None,
-                 embed_input_type: str = "search_document") -> None:
+                 embed_input_type: str = "search_document", base_path: str = "") -> None:
         """`host`: the endpoint the egress connects to (signed, so it must be the one sent);
-        `embed_input_type`: Cohere's input_type for embeddings (OpenAI has no such field)."""
+        `embed_input_type`: Cohere's input_type for embeddings (OpenAI has no such field);
+        `base_path`: the upstream URL's path (before /model)."""
         self.region = region
+        self._prefix = base_path.rstrip("/").encode()
         self.host = host or f"bedrock-runtime.{region}.amazonaws.com"
         self.embed_input_type = embed_input_type
         self._signer = SigV4Auth(Credentials(access_key_id, secret_access_key, session_token),
                                  SIGNING_NAME, region)
 
-    @classmethod
-    def from_env(cls, region: str, access_key_id_env: str, secret_access_key_env: str,
-                 session_token_env: str | None = None, **settings: Any) -> BedrockTranslator:
-        """Credentials read from the environment variables the configuration names."""
-        missing = [n for n in (access_key_id_env, secret_access_key_env) if not os.environ.get(n)]
-        if missing:
-            raise ValueError("environment variable(s) not set: " + ", ".join(missing))
-        token = os.environ.get(session_token_env) if session_token_env else None
-        return cls(region, os.environ[access_key_id_env], os.environ[secret_access_key_env],
-                   token or None, **settings)
 
     def sign(self, path: bytes, body: bytes, accept: bytes = b"application/json") -> Headers:
         """SigV4 headers for a POST of `body` to `path` on this target's host."""
@@ -130,6 +122,7 @@ class BedrockTranslator:
     def _call(self, path: bytes, request: dict[str, Any],
               accept: bytes = b"application/json") -> UpstreamCall:
         body = orjson.dumps(request)
+        path = self._prefix + path
         return UpstreamCall(b"POST", path, self.sign(path, body, accept), body)
 
     # --- chat ---------------------------------------------------------------------------
@@ -223,6 +216,21 @@ class BedrockTranslator:
         tokens = _header(headers, b"x-amzn-bedrock-input-token-count")
         return embeddings_json(vectors, client_model, encoding_format,
                                int(tokens) if tokens and tokens.isdigit() else 0)
+
+
+def from_settings(*, aws_region: str, aws_access_key_id_env: str,
+                  aws_secret_access_key_env: str, aws_session_token_env: str | None = None,
+                  api_key: str = "", **settings: Any) -> BedrockTranslator:
+    """The translator of one `kind = "bedrock"` target, from its configuration keys: the
+    credentials are read from the environment variables they name (a missing one is a
+    ValueError naming it). `api_key` is not used: Bedrock signs instead."""
+    names = (aws_access_key_id_env, aws_secret_access_key_env)
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        raise ValueError("environment variable(s) not set: " + ", ".join(missing))
+    token = os.environ.get(aws_session_token_env) if aws_session_token_env else None
+    return BedrockTranslator(aws_region, os.environ[aws_access_key_id_env],
+                             os.environ[aws_secret_access_key_env], token or None, **settings)
 
 
 # --- request pieces ---------------------------------------------------------------------------
@@ -479,21 +487,21 @@ class BedrockStream:
                           or "The Bedrock upstream failed mid-stream.")
             self._fail(out, STATUS.get(code, 502), message, code or None)
             return
-        name = headers.get(":event-type")
-        if name == "metadata":
+        event_type = headers.get(":event-type")
+        if event_type == "metadata":
             self.usage = usage_of(event.get("usage"))
         elif self._state != OPEN:
             return
-        elif name == "contentBlockDelta":
+        elif event_type == "contentBlockDelta":
             self._delta(event, out)
-        elif name == "contentBlockStart":
+        elif event_type == "contentBlockStart":
             use = (event.get("start") or {}).get("toolUse")
             if use:
                 index = len(self._tools)
                 self._tools[event.get("contentBlockIndex", -1)] = index
                 out.append(self._writer.tool_call(index, use.get("toolUseId") or "",
                                                   use.get("name") or "", ""))
-        elif name == "messageStop":
+        elif event_type == "messageStop":
             out.append(self._writer.finish(finish_reason(event.get("stopReason"),
                                                          bool(self._tools))))
             self._state = STOPPED

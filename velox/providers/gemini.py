@@ -44,7 +44,7 @@ import orjson
 
 from velox.providers import oaishape as oa
 from velox.providers.base import Answer, Headers, Untranslatable, UpstreamCall, Usage
-from velox.providers.sse import SSESplitter
+from velox.providers.sse import Splitter, fields
 
 KIND = "gemini"
 SIGNATURE_MARK = "__sig__"  # separates a tool call id from the thought signature it carries
@@ -92,12 +92,14 @@ def _thinking_style(model: str) -> str:
 class GeminiTranslator:
     kind = KIND
 
-    def __init__(self, api_key: str, thinking: str | None = None) -> None:
+    def __init__(self, api_key: str, thinking: str | None = None, base_path: str = "") -> None:
         """`thinking`: "level" or "budget" forces how reasoning_effort is sent; None picks by
-        model name (gemini-1.x/2.x budget, later level)."""
+        model name (gemini-1.x/2.x budget, later level). `base_path`: the upstream URL's path
+        (before /v1beta)."""
         if thinking not in (None, "level", "budget"):
             raise ValueError("thinking must be 'level' or 'budget'")
         self.thinking = thinking
+        self._prefix = base_path.rstrip("/").encode() + b"/v1beta/"
         self._headers: Headers = [(b"x-goog-api-key", api_key.encode()),
                                   (b"content-type", b"application/json")]
 
@@ -124,7 +126,7 @@ class GeminiTranslator:
         if config:
             request["generationConfig"] = config
         verb = b":streamGenerateContent?alt=sse" if stream else b":generateContent"
-        return UpstreamCall(b"POST", b"/v1beta/" + _model_path(model) + verb,
+        return UpstreamCall(b"POST", self._prefix + _model_path(model) + verb,
                             self._headers, orjson.dumps(request))
 
     def _generation_config(self, body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -203,7 +205,7 @@ class GeminiTranslator:
             extra["outputDimensionality"] = body["dimensions"]
         request = {"requests": [{"model": name, "content": {"parts": [{"text": text}]},
                                  **extra} for text in items]}
-        return UpstreamCall(b"POST", b"/v1beta/" + name.encode() + b":batchEmbedContents",
+        return UpstreamCall(b"POST", self._prefix + name.encode() + b":batchEmbedContents",
                             self._headers, orjson.dumps(request))
 
     def embeddings_answer(self, status: int, headers: Headers, body: bytes,
@@ -433,17 +435,20 @@ class GeminiStream:
     def __init__(self, client_model: str, include_usage: bool) -> None:
         self.usage: Usage | None = None
         self._writer = oa.ChunkWriter(client_model, include_usage)
-        self._sse = SSESplitter()
+        self._sse = Splitter()
         self._state = OPEN
         self._calls = 0
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
-        for _, payload in self._sse.feed(data):
-            if self._state == FAILED:
-                break
-            self._event(payload, out)
+        for block in self._sse.feed(data):
+            self._block(block, out)
         return b"".join(out)
+
+    def _block(self, block: bytes, out: list[bytes]) -> None:
+        payload = fields(block)[1]
+        if payload and self._state != FAILED:  # comment-only blocks carry nothing
+            self._event(payload, out)
 
     def _event(self, payload: bytes, out: list[bytes]) -> None:
         try:
@@ -485,7 +490,13 @@ class GeminiStream:
         self._state = FAILED
 
     def end(self) -> bytes:
-        if self._state == FINISHED and not self._sse.pending():
+        out: list[bytes] = []
+        for block in self._sse.close():  # an event whose last line end was a lone CR
+            self._block(block, out)
+        return b"".join(out) + self._ending()
+
+    def _ending(self) -> bytes:
+        if self._state == FINISHED and not self._sse.pending().strip():
             return self._writer.end(self.usage)
         if self._state == FAILED:
             return b""

@@ -187,7 +187,9 @@ def functions(tools: Any, kind: str) -> list[tuple[str, str | None, dict[str, An
 
 def tool_choice(value: Any, kind: str) -> str | tuple[str, str] | None:
     """'auto', 'none', 'required', ('function', name), or None when not given."""
-    if value is None or value in ("auto", "none", "required"):
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function":
         name = (value.get("function") or {}).get("name")
