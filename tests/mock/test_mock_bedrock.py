@@ -10,7 +10,6 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EventStreamError
 
-from velox.mock import MockUpstream
 
 USER = [{"role": "user", "content": [{"text": "Say hello"}]}]
 TOOLS = {"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json": {
@@ -18,11 +17,8 @@ TOOLS = {"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json": 
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory):
-    log = tmp_path_factory.mktemp("mock") / "stderr.log"
-    with MockUpstream(log_path=str(log)) as m:
-        yield m
-    assert "Traceback" not in m.log_text(), m.log_text()
+def mock(logged_mock):
+    return logged_mock
 
 
 def make_client(mock, **credentials):

@@ -7,15 +7,11 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from velox.mock import MockUpstream
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory):
-    log = tmp_path_factory.mktemp("mock") / "stderr.log"
-    with MockUpstream(log_path=str(log)) as m:
-        yield m
-    assert "Traceback" not in m.log_text(), m.log_text()
+def mock(logged_mock):
+    return logged_mock
 
 
 @pytest.fixture

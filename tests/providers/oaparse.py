@@ -8,7 +8,7 @@ import orjson
 from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from velox.providers.base import Answer
+from velox.providers.base import Answer, Translator
 
 _SDK = openai.OpenAI(api_key="sk-test", base_url="http://127.0.0.1:9/v1", max_retries=0)
 
@@ -98,3 +98,17 @@ class Stream:
                         call["id"] = "call_vx" + call["id"].partition("__sig__")[2]
             out.append(obj)
         return out
+
+
+def translate_stream(translator: Translator, raw: bytes, pieces: list[int] | None = None,
+                     include_usage: bool = True) -> Stream:
+    """`raw` fed to a fresh stream of `translator` in pieces of the given sizes (the rest in
+    one more feed), then ended: the client's side, parsed."""
+    stream = translator.chat_stream("client-name", include_usage)
+    out, at = [], 0
+    for size in pieces or [len(raw)]:
+        out.append(stream.feed(raw[at:at + size]))
+        at += size
+    out.append(stream.feed(raw[at:]))
+    out.append(stream.end())
+    return Stream(b"".join(out))

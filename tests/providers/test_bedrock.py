@@ -15,7 +15,8 @@ from botocore.eventstream import EventStreamBuffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.providers.oaparse import Stream, completion, embeddings, sdk_error
+from tests.providers.oaparse import (Stream, completion, embeddings, sdk_error,
+                                     translate_stream)
 from velox.mock import eventstream
 from velox.mock.providers import check_sigv4
 from velox.providers.base import Untranslatable
@@ -282,14 +283,7 @@ TOOL_FRAMES = frames(
 
 
 def run(raw: bytes, pieces: list[int] | None = None, include_usage: bool = True) -> Stream:
-    stream = T.chat_stream("client-name", include_usage)
-    out, at = [], 0
-    for size in pieces or [len(raw)]:
-        out.append(stream.feed(raw[at:at + size]))
-        at += size
-    out.append(stream.feed(raw[at:]))
-    out.append(stream.end())
-    return Stream(b"".join(out))
+    return translate_stream(T, raw, pieces, include_usage)
 
 
 def test_stream_text_and_usage():

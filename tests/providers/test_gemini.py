@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.providers.oaparse import Stream, completion, embeddings, sdk_error
+from tests.providers.oaparse import (Stream, completion, embeddings, sdk_error,
+                                     translate_stream)
 from velox.providers import KINDS
 from velox.providers.base import Untranslatable
 from velox.providers.gemini import GeminiTranslator
@@ -276,15 +277,7 @@ TOOL_STREAM = sse(
 
 
 def run(raw: bytes, pieces: list[int] | None = None, include_usage: bool = True) -> Stream:
-    stream = T.chat_stream("client-name", include_usage)
-    out = []
-    at = 0
-    for size in pieces or [len(raw)]:
-        out.append(stream.feed(raw[at:at + size]))
-        at += size
-    out.append(stream.feed(raw[at:]))
-    out.append(stream.end())
-    return Stream(b"".join(out))
+    return translate_stream(T, raw, pieces, include_usage)
 
 
 def test_stream_text_usage_done():

@@ -14,7 +14,6 @@ import orjson
 import pytest
 
 from tests.providers.oaparse import Stream, completion, embeddings, sdk_error
-from velox.mock import MockUpstream
 from velox.providers.bedrock import BedrockTranslator
 from velox.providers.gemini import GeminiTranslator
 
@@ -25,11 +24,8 @@ PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUl
 
 
 @pytest.fixture(scope="module")
-def mock(tmp_path_factory):
-    log = tmp_path_factory.mktemp("mock") / "stderr.log"
-    with MockUpstream(log_path=str(log)) as m:
-        yield m
-    assert "Traceback" not in m.log_text(), m.log_text()
+def mock(logged_mock):
+    return logged_mock
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ a list of texts (up to 96) in one call as OpenAI's `input` does; Titan takes one
 which would turn one client request into N upstream calls. Token usage comes from the
 `x-amzn-bedrock-input-token-count` header InvokeModel answers with.
 
-Imports: providers.base, providers.oaishape, providers.gemini (embeddings_json), stdlib,
-orjson, botocore (auth, awsrequest, credentials, eventstream).
+Imports: providers.base, providers.oaishape, stdlib, orjson, botocore (auth, awsrequest,
+credentials, eventstream).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from velox.providers import oaishape as oa
 from velox.providers.base import Answer, Headers, Untranslatable, UpstreamCall, Usage
-from velox.providers.gemini import embeddings_json
 
 KIND = "bedrock"
 SIGNING_NAME = "bedrock"  # the service name SigV4 signs for (bedrock-runtime's signingName)
@@ -172,7 +171,7 @@ class BedrockTranslator:
                 use = block["toolUse"]
                 calls.append(oa.tool_call_json(use.get("toolUseId") or "", use.get("name") or "",
                                                orjson.dumps(use.get("input") or {}).decode()))
-        finish = finish_reason(data.get("stopReason"), bool(calls))
+        finish = oa.finish_reason(FINISH, data.get("stopReason"), bool(calls))
         text = "".join(texts) if texts or not calls else None
         return oa.chat_answer(client_model, text, calls, finish, usage_of(data.get("usage")))
 
@@ -183,15 +182,7 @@ class BedrockTranslator:
 
     def embeddings(self, body: dict[str, Any], model: str,
                    client_headers: Headers) -> UpstreamCall:
-        oa.check_fields(body, KIND, frozenset(("input", "dimensions", "encoding_format",
-                                               "user")))
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str)
-                                                                for t in texts):
-            raise oa.refuse("input", KIND, "the input must be a string or a list of strings "
-                            "(token arrays cannot be embedded by Cohere on Bedrock)")
+        texts = oa.embedding_texts(body, KIND)
         if len(texts) > COHERE_MAX_TEXTS:
             raise oa.refuse("input", KIND, f"at most {COHERE_MAX_TEXTS} inputs per request "
                             "(Cohere Embed's limit)")
@@ -214,8 +205,8 @@ class BedrockTranslator:
             return oa.error_answer(502, "The Bedrock upstream answered with an unexpected "
                                    "embeddings body.", "upstream_protocol_error")
         tokens = _header(headers, b"x-amzn-bedrock-input-token-count")
-        return embeddings_json(vectors, client_model, encoding_format,
-                               int(tokens) if tokens and tokens.isdigit() else 0)
+        return oa.embeddings_answer(vectors, client_model, encoding_format,
+                                    int(tokens) if tokens and tokens.isdigit() else 0)
 
 
 def from_settings(*, aws_region: str, aws_access_key_id_env: str,
@@ -250,49 +241,38 @@ def tool_id(call_id: str) -> str:
 
 def _messages(messages: list[Any]) -> tuple[list[str], list[dict[str, Any]], bool]:
     system: list[str] = []
-    turns: list[dict[str, Any]] = []
+    turns = oa.Turns("content")
     has_tools = False
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        role = message.get("role") if isinstance(message, dict) else None
+    for role, where, message in oa.each_message(messages, KIND):
         if role in ("system", "developer"):
             text = oa.text_of(message.get("content"), where, KIND)
             if text:
                 system.append(text)
         elif role == "user":
-            add("user", _blocks(message.get("content"), where))
+            turns.add("user", _blocks(message.get("content"), where))
         elif role == "assistant":
             blocks = _blocks(message.get("content"), where)
             for j, call in enumerate(message.get("tool_calls") or ()):
-                call_id, name, args = oa.tool_call_parts(call, f"{where}.tool_calls[{j}]")
-                if not call_id:
-                    raise Untranslatable(f"'{where}.tool_calls[{j}].id' is required.",
-                                         param=f"{where}.tool_calls[{j}].id")
-                blocks.append({"toolUse": {"toolUseId": tool_id(call_id), "name": name,
-                                           "input": args}})
+                blocks.append(_tool_use(call, f"{where}.tool_calls[{j}]"))
                 has_tools = True
-            add("assistant", blocks)
-        elif role == "tool":
+            turns.add("assistant", blocks)
+        else:
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise Untranslatable(f"'{where}.tool_call_id' is required.",
                                      param=f"{where}.tool_call_id")
             text = oa.text_of(message.get("content"), where, KIND)
-            add("user", [{"toolResult": {"toolUseId": tool_id(call_id),
-                                         "content": [{"text": text}]}}])
+            turns.add("user", [{"toolResult": {"toolUseId": tool_id(call_id),
+                                               "content": [{"text": text}]}}])
             has_tools = True
-        else:
-            raise oa.refuse(f"{where}.role", KIND, f"role {role!r} is not translated")
-    return system, turns, has_tools
+    return system, turns.list, has_tools
+
+
+def _tool_use(call: Any, where: str) -> dict[str, Any]:
+    call_id, name, args = oa.tool_call_parts(call, where)
+    if not call_id:
+        raise Untranslatable(f"'{where}.id' is required.", param=f"{where}.id")
+    return {"toolUse": {"toolUseId": tool_id(call_id), "name": name, "input": args}}
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -382,11 +362,6 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
 # --- answer pieces --------------------------------------------------------------------------
 
 
-def finish_reason(reason: str | None, called: bool) -> str:
-    mapped = FINISH.get(reason or "end_turn", "stop")
-    return "tool_calls" if called and mapped == "stop" else mapped
-
-
 def usage_of(usage: dict[str, Any] | None) -> Usage:
     # Converse reports cache reads and writes beside inputTokens (Anthropic's convention);
     # OpenAI's prompt_tokens include the cached part, so they are added back.
@@ -443,17 +418,16 @@ def error_answer(status: int, headers: Headers, body: bytes) -> Answer:
 #   any       :message-type exception, bad frame    -> OpenAI error event            FAILED
 #   STOPPED   end(), no partial frame held          -> usage chunk if asked, [DONE]
 #   OPEN      end(), or a partial frame held        -> error event (truncated)
-OPEN, STOPPED, FAILED = range(3)
+OPEN, STOPPED, FAILED = oa.OPEN, oa.FINISHED, oa.FAILED
 
 
-class BedrockStream:
-    __slots__ = ("usage", "_writer", "_frames", "_state", "_tools", "_held")
+class BedrockStream(oa.StreamBase):
+    __slots__ = ("_frames", "_tools", "_held")
+    provider = "Bedrock"
 
     def __init__(self, client_model: str, include_usage: bool) -> None:
-        self.usage: Usage | None = None
-        self._writer = oa.ChunkWriter(client_model, include_usage)
+        super().__init__(client_model, include_usage)
         self._frames = EventStreamBuffer()
-        self._state = OPEN
         self._tools: dict[int, int] = {}  # contentBlockIndex -> OpenAI tool call index
         self._held = 0  # bytes fed and not yet part of a whole frame
 
@@ -502,8 +476,8 @@ class BedrockStream:
                 out.append(self._writer.tool_call(index, use.get("toolUseId") or "",
                                                   use.get("name") or "", ""))
         elif event_type == "messageStop":
-            out.append(self._writer.finish(finish_reason(event.get("stopReason"),
-                                                         bool(self._tools))))
+            reason = oa.finish_reason(FINISH, event.get("stopReason"), bool(self._tools))
+            out.append(self._writer.finish(reason))
             self._state = STOPPED
 
     def _delta(self, event: dict[str, Any], out: list[bytes]) -> None:
@@ -519,15 +493,5 @@ class BedrockStream:
             if index is not None:
                 out.append(self._writer.arguments(index, use["input"]))
 
-    def _fail(self, out: list[bytes], status: int, message: str, code: str | None) -> None:
-        out.append(oa.error_event(status, message, code))
-        self._state = FAILED
-
     def end(self) -> bytes:
-        if self._state == STOPPED and not self._held:
-            return self._writer.end(self.usage)
-        if self._state == FAILED:
-            return b""
-        self._state = FAILED
-        return oa.error_event(502, "The Bedrock upstream's stream ended before the answer was "
-                              "complete.", "upstream_truncated")
+        return self._ending(not self._held)

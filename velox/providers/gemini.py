@@ -34,9 +34,7 @@ Imports: providers.base, providers.oaishape, providers.sse, stdlib, orjson.
 
 from __future__ import annotations
 
-import base64
 import os
-import struct
 from typing import Any
 from urllib.parse import quote
 
@@ -179,7 +177,7 @@ class GeminiTranslator:
                 calls.append(oa.tool_call_json(*_call_fields(part)))
             elif isinstance(part.get("text"), str) and not part.get("thought"):
                 texts.append(part["text"])
-        finish = finish_reason(candidate.get("finishReason"), bool(calls))
+        finish = oa.finish_reason(FINISH, candidate.get("finishReason"), bool(calls))
         text = "".join(texts) if texts or not (calls or finish == "content_filter") else None
         return oa.chat_answer(client_model, text, calls, finish, usage)
 
@@ -190,15 +188,7 @@ class GeminiTranslator:
 
     def embeddings(self, body: dict[str, Any], model: str,
                    client_headers: Headers) -> UpstreamCall:
-        oa.check_fields(body, KIND, frozenset(("input", "dimensions", "encoding_format",
-                                               "user")))
-        items = body.get("input")
-        if isinstance(items, str):
-            items = [items]
-        if not isinstance(items, list) or not items or not all(isinstance(i, str)
-                                                                for i in items):
-            raise oa.refuse("input", KIND, "the input must be a string or a list of strings "
-                            "(token arrays cannot be embedded by Gemini)")
+        items = oa.embedding_texts(body, KIND)
         name = _model_path(model).decode()
         extra: dict[str, Any] = {}
         if body.get("dimensions") is not None:
@@ -220,9 +210,8 @@ class GeminiTranslator:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return oa.error_answer(502, "The Gemini upstream answered with an unexpected "
                                    "embeddings body.", "upstream_protocol_error")
-        return embeddings_json(vectors, client_model, encoding_format,
-                               int((data.get("usageMetadata") or {}).get("promptTokenCount")
-                                   or 0))
+        tokens = (data.get("usageMetadata") or {}).get("promptTokenCount")
+        return oa.embeddings_answer(vectors, client_model, encoding_format, int(tokens or 0))
 
 
 # --- request pieces ---------------------------------------------------------------------------
@@ -251,30 +240,18 @@ def _calling_config(choice: str | tuple[str, str]) -> dict[str, Any]:
 def _contents(messages: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
     names = oa.tool_names(messages)
     system: list[str] = []
-    contents: list[dict[str, Any]] = []
-
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
-        if not parts:
-            return
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
-
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        role = message.get("role") if isinstance(message, dict) else None
+    turns = oa.Turns("parts")
+    for role, where, message in oa.each_message(messages, KIND):
         if role in ("system", "developer"):
             system.append(oa.text_of(message.get("content"), where, KIND))
         elif role == "user":
-            add("user", [_part(p) for p in oa.parts_of(message.get("content"), where, KIND)])
+            turns.add("user", [_part(p) for p in oa.parts_of(message.get("content"), where,
+                                                              KIND)])
         elif role == "assistant":
-            add("model", _assistant_parts(message, where))
-        elif role == "tool":
-            add("user", [_function_response(message, where, names)])
+            turns.add("model", _assistant_parts(message, where))
         else:
-            raise oa.refuse(f"{where}.role", KIND, f"role {role!r} is not translated")
-    return system, contents
+            turns.add("user", [_function_response(message, where, names)])
+    return system, turns.list
 
 
 def _part(piece: str | oa.Image) -> dict[str, Any]:
@@ -346,11 +323,6 @@ def _call_fields(part: dict[str, Any]) -> tuple[str, str, str]:
 # --- answer pieces --------------------------------------------------------------------------
 
 
-def finish_reason(reason: str | None, called: bool) -> str:
-    mapped = FINISH.get(reason or "STOP", "stop")
-    return "tool_calls" if called and mapped == "stop" else mapped
-
-
 def usage_of(meta: dict[str, Any] | None) -> Usage:
     if not meta:
         return Usage()
@@ -360,21 +332,6 @@ def usage_of(meta: dict[str, Any] | None) -> Usage:
                  output=(meta.get("candidatesTokenCount") or 0) + thoughts,
                  cached_input=meta.get("cachedContentTokenCount") or 0,
                  reasoning=thoughts)
-
-
-def embeddings_json(vectors: list[list[float]], client_model: str, encoding_format: str,
-                    tokens: int) -> Answer:
-    """The OpenAI embeddings answer (shared with the other kinds that embed)."""
-    data = []
-    for index, vector in enumerate(vectors):
-        value: Any = vector
-        if encoding_format == "base64":
-            value = base64.b64encode(struct.pack("<%df" % len(vector), *vector)).decode()
-        data.append({"object": "embedding", "index": index, "embedding": value})
-    usage = Usage(input=tokens)
-    body = orjson.dumps({"object": "list", "data": data, "model": client_model,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-    return Answer(200, oa.JSON_HEADERS, body, usage)
 
 
 def _google_error(body: bytes) -> tuple[str, str, dict[str, Any]]:
@@ -426,17 +383,16 @@ def error_answer(status: int, headers: Headers, body: bytes) -> Answer:
 #   any        end(), FINISHED, nothing held -> usage chunk if asked, [DONE]   -
 #   any        end(), OPEN or an event cut  -> error event (truncated), no [DONE]
 #   FAILED     anything                     -> nothing                         FAILED
-OPEN, FINISHED, FAILED = range(3)
+OPEN, FINISHED, FAILED = oa.OPEN, oa.FINISHED, oa.FAILED
 
 
-class GeminiStream:
-    __slots__ = ("usage", "_writer", "_sse", "_state", "_calls")
+class GeminiStream(oa.StreamBase):
+    __slots__ = ("_sse", "_calls")
+    provider = "Gemini"
 
     def __init__(self, client_model: str, include_usage: bool) -> None:
-        self.usage: Usage | None = None
-        self._writer = oa.ChunkWriter(client_model, include_usage)
+        super().__init__(client_model, include_usage)
         self._sse = Splitter()
-        self._state = OPEN
         self._calls = 0
 
     def feed(self, data: bytes) -> bytes:
@@ -482,24 +438,12 @@ class GeminiStream:
             elif isinstance(part.get("text"), str) and part["text"] and not part.get("thought"):
                 out.append(writer.text(part["text"]))
         if candidate.get("finishReason"):
-            out.append(writer.finish(finish_reason(candidate["finishReason"], self._calls > 0)))
+            reason = oa.finish_reason(FINISH, candidate["finishReason"], self._calls > 0)
+            out.append(writer.finish(reason))
             self._state = FINISHED
-
-    def _fail(self, out: list[bytes], status: int, message: str, code: str | None) -> None:
-        out.append(oa.error_event(status, message, code))
-        self._state = FAILED
 
     def end(self) -> bytes:
         out: list[bytes] = []
         for block in self._sse.close():  # an event whose last line end was a lone CR
             self._block(block, out)
-        return b"".join(out) + self._ending()
-
-    def _ending(self) -> bytes:
-        if self._state == FINISHED and not self._sse.pending().strip():
-            return self._writer.end(self.usage)
-        if self._state == FAILED:
-            return b""
-        self._state = FAILED
-        return oa.error_event(502, "The Gemini upstream's stream ended before the answer was "
-                              "complete.", "upstream_truncated")
+        return b"".join(out) + self._ending(not self._sse.pending().strip())

@@ -10,8 +10,11 @@ Imports: providers.base, errors, stdlib, orjson.
 
 from __future__ import annotations
 
+import base64
 import os
+import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +140,39 @@ def _image(value: Any, where: str, kind: str) -> Image:
                  "https URLs")
 
 
+_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
+
+
+def each_message(messages: list[Any], kind: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(role, where, message) of each message; an unknown role (the deprecated "function"
+    included) is refused."""
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _ROLES:
+            raise refuse(f"{where}.role", kind, f"role {role!r} is not translated")
+        yield role, where, message
+
+
+class Turns:
+    """A provider's conversation built from OpenAI messages: items of consecutive messages of
+    one role merged into one turn (Gemini and Converse want roles to alternate)."""
+
+    __slots__ = ("key", "list")
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # where a turn keeps its items: "parts", "content"
+        self.list: list[dict[str, Any]] = []
+
+    def add(self, role: str, items: list[dict[str, Any]]) -> None:
+        if not items:
+            return
+        if self.list and self.list[-1]["role"] == role:
+            self.list[-1][self.key].extend(items)
+        else:
+            self.list.append({"role": role, self.key: items})
+
+
 def tool_names(messages: list[dict[str, Any]]) -> dict[str, str]:
     """tool_call id -> function name, from every assistant message's tool_calls (a tool
     result names only the id; providers that want the name get it from here)."""
@@ -226,6 +262,19 @@ def stop_list(value: Any) -> list[str] | None:
     raise Untranslatable("'stop' must be a string or a list of strings.", param="stop")
 
 
+def embedding_texts(body: dict[str, Any], kind: str) -> list[str]:
+    """An embeddings request's `input` as a list of strings (token arrays are refused: no
+    provider but OpenAI embeds tokens of OpenAI's tokenizer)."""
+    check_fields(body, kind, frozenset(("input", "dimensions", "encoding_format", "user")))
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise refuse("input", kind, "the input must be a string or a list of strings (token "
+                     "arrays cannot be embedded)")
+    return texts
+
+
 def max_tokens(body: dict[str, Any]) -> int | None:
     value = body.get("max_completion_tokens")
     if value is None:
@@ -237,6 +286,13 @@ def max_tokens(body: dict[str, Any]) -> int | None:
 
 
 # --- answers ------------------------------------------------------------------------------
+
+
+def finish_reason(table: dict[str, str], reason: str | None, called: bool) -> str:
+    """A provider's stop reason through its table (unknown or none: "stop"); a stop with tool
+    calls in the answer is "tool_calls", as OpenAI reports it."""
+    mapped = table.get(reason, "stop") if reason else "stop"
+    return "tool_calls" if called and mapped == "stop" else mapped
 
 
 def completion_id() -> str:
@@ -271,6 +327,20 @@ def chat_answer(client_model: str, text: str | None, calls: list[dict[str, Any]]
         "usage": usage_json(usage),
     })
     return Answer(200, JSON_HEADERS, body, usage)
+
+
+def embeddings_answer(vectors: list[list[float]], client_model: str, encoding_format: str,
+                      tokens: int) -> Answer:
+    """The OpenAI embeddings answer; "base64" packs little-endian float32, as OpenAI does."""
+    data = []
+    for index, vector in enumerate(vectors):
+        value: Any = vector
+        if encoding_format == "base64":
+            value = base64.b64encode(struct.pack("<%df" % len(vector), *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": value})
+    body = orjson.dumps({"object": "list", "data": data, "model": client_model,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return Answer(200, JSON_HEADERS, body, Usage(input=tokens))
 
 
 class ChunkWriter:
@@ -350,3 +420,36 @@ def error_answer(status: int, message: str, code: str | None,
 def error_event(status: int, message: str, code: str | None) -> bytes:
     """A mid-stream provider error as the OpenAI error event (no [DONE] follows)."""
     return b"data: " + to_response(UpstreamAPIError(status, message, code)).body + b"\n\n"
+
+
+# --- the common part of streamed answers ---------------------------------------------------
+
+OPEN, FINISHED, FAILED = range(3)  # the states every streamed answer shares
+
+
+class StreamBase:
+    """What every translated stream shares: the chunk writer, the usage, the three states, and
+    how the client's stream ends (usage chunk and [DONE] only after a whole answer; otherwise
+    one error event and no [DONE])."""
+
+    __slots__ = ("usage", "_writer", "_state")
+    provider = "the"  # named in the truncation error
+
+    def __init__(self, client_model: str, include_usage: bool) -> None:
+        self.usage: Usage | None = None
+        self._writer = ChunkWriter(client_model, include_usage)
+        self._state = OPEN
+
+    def _fail(self, out: list[bytes], status: int, message: str, code: str | None) -> None:
+        out.append(error_event(status, message, code))
+        self._state = FAILED
+
+    def _ending(self, whole: bool) -> bytes:
+        """`whole`: nothing of an unfinished event or frame is held."""
+        if self._state == FINISHED and whole:
+            return self._writer.end(self.usage)
+        if self._state == FAILED:
+            return b""
+        self._state = FAILED
+        return error_event(502, f"The {self.provider} upstream's stream ended before the "
+                           "answer was complete.", "upstream_truncated")
