@@ -10,6 +10,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EventStreamError
 
+from velox.mock import fingerprint
+
 
 USER = [{"role": "user", "content": [{"text": "Say hello"}]}]
 TOOLS = {"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json": {
@@ -47,6 +49,7 @@ def test_converse_signed(client, mock):
     assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential="
                                                "AKIAIOSFODNN7EXAMPLE/")
     assert headers["x-amz-security-token"] == "session"
+    assert entry["auth"] == {"kind": "sigv4", "key_sha256": fingerprint("AKIAIOSFODNN7EXAMPLE")}
 
 
 def test_converse_stream_text_and_tool_use(client):

@@ -7,6 +7,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
+from velox.mock import fingerprint
+
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def test_generate_content_with_key_in_header(client, mock):
     [entry] = mock.requests()
     assert entry["path"] == "/v1beta/models/gemini-2.5-flash:generateContent"
     assert dict(entry["headers"])["x-goog-api-key"] == "AIza-test" and entry["query"] == ""
+    assert entry["auth"] == {"kind": "x-goog-api-key", "key_sha256": fingerprint("AIza-test")}
 
 
 def test_stream(client):

@@ -293,6 +293,15 @@ def test_stream_text_and_usage():
     assert s.chunks[0].model == "client-name"
 
 
+def test_stream_first_text_leaves_at_once():
+    """A text frame gives its chunk on the feed that completes it, not later."""
+    first = frames(("messageStart", {"role": "assistant"}),
+                   ("contentBlockDelta", {"delta": {"text": "Hi"}, "contentBlockIndex": 0}))
+    stream = T.chat_stream("m", False)
+    assert stream.feed(first[:-1]) == b""
+    assert Stream(stream.feed(first[-1:])).text == "Hi"
+
+
 def test_stream_tool_arguments_streamed_as_openai_does():
     s = run(TOOL_FRAMES)
     assert s.finish == "tool_calls" and s.text == "Checking."

@@ -71,7 +71,7 @@ def chat_stream(http, kind, body, model=None, include_usage=True):
     return Stream(b"".join(out)), stream
 
 
-def test_plain_and_streamed(http, kind):
+def test_plain_and_streamed(http, kind, mock):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     out = completion(chat(http, kind, {"messages": messages}))
     assert out.choices[0].message.content == "Hello from the Velox mock upstream"
@@ -79,6 +79,10 @@ def test_plain_and_streamed(http, kind):
     assert out.usage.prompt_tokens > 0 and out.usage.completion_tokens > 0
     s, raw = chat_stream(http, kind, {"messages": messages})
     assert s.text == out.choices[0].message.content and s.done and s.finish == "stop"
+    entry = mock.requests(1)[0]
+    assert entry["query"] == ("alt=sse" if isinstance(kind[0], GeminiTranslator) else "")
+    assert entry["auth"]["kind"] == ("x-goog-api-key" if isinstance(kind[0], GeminiTranslator)
+                                     else "sigv4")
     assert s.usage.total_tokens == raw.usage.input + raw.usage.output > 0
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
@@ -53,7 +53,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
                       "pip install 'velox[bedrock]'") from exc
 
 from velox.providers import oaishape as oa
-from velox.providers.base import Answer, Headers, Untranslatable, UpstreamCall, Usage
+from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
+                                  UpstreamCall, Usage)
 
 KIND = "bedrock"
 SIGNING_NAME = "bedrock"  # the service name SigV4 signs for (bedrock-runtime's signingName)
@@ -495,3 +496,8 @@ class BedrockStream(oa.StreamBase):
 
     def end(self) -> bytes:
         return self._ending(not self._held)
+
+
+if TYPE_CHECKING:  # mypy holds both classes to the contracts the egress edge calls
+    _translator: Translator = BedrockTranslator("", "", "")
+    _stream: Stream = BedrockStream("", False)

@@ -35,13 +35,14 @@ Imports: providers.base, providers.oaishape, providers.sse, stdlib, orjson.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import orjson
 
 from velox.providers import oaishape as oa
-from velox.providers.base import Answer, Headers, Untranslatable, UpstreamCall, Usage
+from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
+                                  UpstreamCall, Usage)
 from velox.providers.sse import Splitter, fields
 
 KIND = "gemini"
@@ -447,3 +448,8 @@ class GeminiStream(oa.StreamBase):
         for block in self._sse.close():  # an event whose last line end was a lone CR
             self._block(block, out)
         return b"".join(out) + self._ending(not self._sse.pending().strip())
+
+
+if TYPE_CHECKING:  # mypy holds both classes to the contracts the egress edge calls
+    _translator: Translator = GeminiTranslator("")
+    _stream: Stream = GeminiStream("", False)
