@@ -52,18 +52,17 @@ def test_path_and_sigv4_headers():
     assert dict(s.headers)[b"accept"] == b"application/vnd.amazon.eventstream"
 
 
-def test_credentials_from_named_environment_variables(monkeypatch):
-    monkeypatch.setenv("MY_AK", "AKIAEXAMPLEEXAMPLE12")
-    monkeypatch.setenv("MY_SK", "secret")
-    t = KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id_env="MY_AK",
-                         aws_secret_access_key_env="MY_SK", aws_session_token_env="MY_TOKEN",
-                         base_path="/proxy")
+def test_kind_factory_from_settings():
+    t = KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id="AKIAEXAMPLEEXAMPLE12",
+                         aws_secret_access_key="secret", aws_session_token="tok",
+                         base_path="/proxy", api_key="")
     c = t.chat({"messages": USER}, "m", False, [])
     assert c.path == b"/proxy/model/m/converse"
     assert b"Credential=AKIAEXAMPLEEXAMPLE12/" in dict(c.headers)[b"authorization"]
-    with pytest.raises(ValueError, match="MISSING_SK"):
-        KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id_env="MY_AK",
-                         aws_secret_access_key_env="MISSING_SK")
+    assert dict(c.headers)[b"x-amz-security-token"] == b"tok"
+    with pytest.raises(ValueError, match="secret access key"):
+        KINDS["bedrock"](aws_region="us-east-1", aws_access_key_id="AKIA",
+                         aws_secret_access_key="")
 
 
 def test_messages_system_images_and_inference_config():

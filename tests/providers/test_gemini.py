@@ -91,7 +91,8 @@ def test_untranslatable_refused_naming_field_and_kind(body, field):
 
 def test_neutral_values_accepted():
     _, req = call({"messages": USER, "n": 1, "logprobs": False, "parallel_tool_calls": True,
-                   "user": "u1", "stream_options": {"include_usage": True}})
+                   "user": "u1", "metadata": {"team": "a"},
+                   "stream_options": {"include_usage": True}})
     assert "generationConfig" not in req
 
 

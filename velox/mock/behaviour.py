@@ -23,7 +23,7 @@ mock.anthropic_api, in Anthropic's shapes.
 Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
 per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
 
-Imports: mock.payloads, mock.anthropic_api, stdlib, orjson.
+Imports: mock.payloads, mock.anthropic_api, mock.providers, stdlib, orjson.
 """
 
 from __future__ import annotations

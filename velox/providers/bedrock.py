@@ -36,7 +36,6 @@ credentials, eventstream).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -210,19 +209,17 @@ class BedrockTranslator:
                                     int(tokens) if tokens and tokens.isdigit() else 0)
 
 
-def from_settings(*, aws_region: str, aws_access_key_id_env: str,
-                  aws_secret_access_key_env: str, aws_session_token_env: str | None = None,
-                  api_key: str = "", **settings: Any) -> BedrockTranslator:
-    """The translator of one `kind = "bedrock"` target, from its configuration keys: the
-    credentials are read from the environment variables they name (a missing one is a
-    ValueError naming it). `api_key` is not used: Bedrock signs instead."""
-    names = (aws_access_key_id_env, aws_secret_access_key_env)
-    missing = [n for n in names if not os.environ.get(n)]
-    if missing:
-        raise ValueError("environment variable(s) not set: " + ", ".join(missing))
-    token = os.environ.get(aws_session_token_env) if aws_session_token_env else None
-    return BedrockTranslator(aws_region, os.environ[aws_access_key_id_env],
-                             os.environ[aws_secret_access_key_env], token or None, **settings)
+def from_settings(*, aws_region: str, aws_access_key_id: str, aws_secret_access_key: str,
+                  aws_session_token: str | None = None, api_key: str = "",
+                  **settings: Any) -> BedrockTranslator:
+    """The translator of one `kind = "bedrock"` target from its settings, the credentials
+    already read by the configuration from the variables `aws_access_key_id_env`,
+    `aws_secret_access_key_env` and `aws_session_token_env` name (the environment is read in
+    one place only). `api_key` is not used: Bedrock calls are signed instead."""
+    if not aws_access_key_id or not aws_secret_access_key:
+        raise ValueError("a bedrock target needs an access key id and a secret access key")
+    return BedrockTranslator(aws_region, aws_access_key_id, aws_secret_access_key,
+                             aws_session_token or None, **settings)
 
 
 # --- request pieces ---------------------------------------------------------------------------

@@ -53,8 +53,8 @@ _TRANSLATED = frozenset((
     "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
     "presence_penalty", "frequency_penalty", "tools", "tool_choice", "response_format",
     "reasoning_effort",
-    # Accepted, not sent: Gemini has no end-user id (documented).
-    "user",
+    # Accepted, not sent: Gemini has no end-user id or request metadata (documented).
+    "user", "metadata",
 ))
 
 FINISH = {
