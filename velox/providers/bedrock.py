@@ -128,10 +128,7 @@ class BedrockTranslator:
 
     def chat(self, body: dict[str, Any], model: str, stream: bool,
              client_headers: Headers) -> UpstreamCall:
-        oa.check_fields(body, KIND, _TRANSLATED)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise Untranslatable("'messages' must be a non-empty list.", param="messages")
+        messages = oa.chat_messages(body, KIND, _TRANSLATED)
         system, turns, has_tools = _messages(messages)
         request: dict[str, Any] = {"messages": turns}
         if system:

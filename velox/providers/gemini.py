@@ -106,10 +106,7 @@ class GeminiTranslator:
 
     def chat(self, body: dict[str, Any], model: str, stream: bool,
              client_headers: Headers) -> UpstreamCall:
-        oa.check_fields(body, KIND, _TRANSLATED)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise Untranslatable("'messages' must be a non-empty list.", param="messages")
+        messages = oa.chat_messages(body, KIND, _TRANSLATED)
         system, contents = _contents(messages)
         request: dict[str, Any] = {"contents": contents}
         if system:

@@ -52,6 +52,15 @@ def check_fields(body: dict[str, Any], kind: str, translated: frozenset[str]) ->
         raise refuse(name, kind, "the upstream has no equivalent")
 
 
+def chat_messages(body: dict[str, Any], kind: str, translated: frozenset[str]) -> list[Any]:
+    """A chat request's messages, once every field was found translatable."""
+    check_fields(body, kind, translated)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise Untranslatable("'messages' must be a non-empty list.", param="messages")
+    return messages
+
+
 # --- request parts ----------------------------------------------------------------------
 
 
