@@ -5,7 +5,7 @@ credentials) and turns one client request in the client's API into the upstream'
 upstream's answer (whole, or as a stream fed in whatever pieces reads deliver) back into the
 client's API. Untranslatable requests raise `Untranslatable` before anything is sent.
 
-Imports: velox.errors, stdlib.
+Imports: errors, stdlib.
 """
 
 from __future__ import annotations
