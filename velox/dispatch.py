@@ -10,13 +10,17 @@ deployment paths), its credential header, and the body with the target's model n
 differs from the public one (the bytes of the `model` value are replaced in place of the
 original, found by the native scanner; nothing else in the body is re-serialised).
 
-Failover. The relay asks `response_failed` when response headers arrive and `error_failed` when
-an attempt fails, as long as no byte has been written to the client (the commit point): an
-upstream-caused failure that `balance.classify` calls retryable (connection refused or reset,
-TLS, connect timeout, 502/503/504/529, no headers within the request timeout, a 429 — which
-moves to another target and returns to its own only after a Retry-After of at most 2 s) is
-sent again, to the target the plan chooses then, within the retry policy's attempts, elapsed
-time and the gateway-wide retry budget. The abandoned attempt is cancelled (RST_STREAM), so it
+Failover. The relay asks `response` when response headers arrive and `error_failed` when
+an attempt fails, as long as no byte has been written to the client (the commit point; a plain
+answer is collected whole before it goes out, so its headers alone do not commit it): an
+upstream-caused failure that `balance.classify` calls retryable (connection refused, reset or
+lost, before or after the headers, TLS, connect timeout, 502/503/504/529, no headers within
+the request timeout, a 429 — which moves to another target and returns to its own only after
+a Retry-After of at most 2 s) is sent again, to the target the plan chooses then, within the
+retry policy's attempts, elapsed time and the gateway-wide retry budget. A request whose
+connection was lost may have run upstream: sending it again may pay for it twice, but its
+client gets one answer instead of a 502 that the OpenAI and Anthropic SDKs retry by default
+(see balance.EVENT_TABLE). The abandoned attempt is cancelled (RST_STREAM), so it
 holds nothing. Past the commit point nothing is retried; the relay ends a broken event stream
 with an error event instead.
 
@@ -333,12 +337,12 @@ def _retry_after(headers: Headers) -> float | None:
 
 def _event_of(exc: BaseException, got_headers: bool) -> tuple[Event, int]:
     """What an egress failure was, for classify, and its retry reason."""
+    if isinstance(exc, UpstreamUnavailable):  # the connection was lost (the stream was not)
+        return (Event.LOST_AFTER_HEADERS if got_headers else Event.CONNECT_RESET), _R_CONNECT
     if got_headers:
         return Event.BROKEN_AFTER_HEADERS, _R_PROTOCOL
     if isinstance(exc, UpstreamTimeout):
         return Event.HEADERS_TIMEOUT, _R_TIMEOUT
-    if isinstance(exc, UpstreamUnavailable):
-        return Event.CONNECT_RESET, _R_CONNECT
     if isinstance(exc, VeloxError) and exc.source.value == "internal":
         return Event.GATEWAY_REFUSED, _R_REFUSED
     return Event.PROTOCOL_ERROR, _R_PROTOCOL

@@ -155,6 +155,7 @@ class Exchange:
             self._start_streaming()
             self.on_data(body, True)
             return
+        self._begin()
         observer = self.observer
         if observer is not None:
             observer.data(body)
@@ -168,7 +169,9 @@ class Exchange:
 
     def _commit(self, status: int, headers: Headers) -> bool:
         """Response headers: False when dispatch sends the request again instead; else they
-        are the client's answer (filtered, with server-timing and x-velox-*)."""
+        are the head of the client's answer (filtered, with server-timing and x-velox-*).
+        Nothing reaches the client yet: a plain answer is collected first, and until it goes
+        out (`_begin`) a lost connection may still send the request elsewhere."""
         attempt = self.attempt
         if attempt is not None:
             self.t_sent = attempt.t_sent
@@ -178,7 +181,6 @@ class Exchange:
             if dispatch.response(self, status, headers):
                 return False  # a failure sent again elsewhere: nothing of it reaches the client
         request = self.request
-        self.on_release(request)  # committed to this answer: no retry can need the body
         drop = _DROP if request.extra_headers is None else _DROP_KEYED
         if h1write.server_timing is _NATIVE_TIMING:
             # One native call: the filter, server-timing, the extra headers, the SSE test.
@@ -198,20 +200,28 @@ class Exchange:
             self.sse = True
         self.status = status
         self.headers = out
+        return True
+
+    def _begin(self) -> None:
+        """The commit point: the answer starts going to the client. No retry can need the
+        request body any more, and the observer (and an event stream's meter) sees the head,
+        then the pieces collected so far."""
+        self.on_release(self.request)
         observer = self.observer
         if observer is not None:
-            observer.head(status, out)
+            observer.head(self.status, self.headers)
+            for chunk in self.chunks:
+                observer.data(chunk)
         if self.sse and self.meter is not None:  # a plain answer: nothing for the meter yet
-            self.meter.response(status, True)
-        return True
+            self.meter.response(self.status, True)
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
             return
-        observer = self.observer
-        if observer is not None:
-            observer.data(data)
         if self.streaming:
+            observer = self.observer
+            if observer is not None:
+                observer.data(data)
             if self.meter is not None:
                 data = self.meter.data(data)
             if data:
@@ -291,6 +301,7 @@ class Exchange:
     # --- internals ------------------------------------------------------------------------
 
     def _start_streaming(self) -> None:
+        self._begin()
         self.streaming = True
         self.started = True
         self.conn.start_stream(self.request, self.status, self.headers)
@@ -310,6 +321,7 @@ class Exchange:
                     self.conn.send_chunk(rest)
             self.conn.end_stream()
         else:
+            self._begin()
             chunks = self.chunks
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             if meter is not None:

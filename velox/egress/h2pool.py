@@ -5,8 +5,10 @@ each server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Eve
 warmed with a GET of the spec's warm-up path before it takes traffic; a connection that is lost
 or told GOAWAY is replaced with exponential backoff. Requests the upstream has provably not
 processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec)
-go back to the `Upstream` (`front.retry`), which sends them again; requests that may have been
-processed are failed with 502, never replayed.
+go back to the `Upstream` (`front.retry`), which sends them again on this upstream; requests
+that may have been processed are failed here (UpstreamUnavailable when the connection is lost),
+and velox.dispatch decides whether to send them to another target before anything reached the
+client.
 
 Liveness: the warm-up must be answered within the connect timeout (its attempt's deadline),
 else the connection is closed and reopened with backoff; each sweep tick, a connection with
