@@ -325,6 +325,28 @@ def test_sigkill_one_of_three_under_load(tmp_path: Path, fresh: dict, gateways: 
     fresh["c"] = start_mock("c", str(Path(victim.ca_file).parent), port=victim.port)
     wait_for(lambda: upstream_stats(gw, "c")["state"] == "closed", timeout=45)
     assert shares(fire(gw, 300, concurrency=16))["c"] > 0
+    # Every breaker transition is logged once for the whole gateway (two workers), by the
+    # worker that made it: opened once, as many half-open lines as openings (each ended in
+    # one), closed once; nothing about a and b. A worker logs on its next tick, so the last
+    # lines may lag the state a little.
+    kinds = wait_for(lambda: (k := breaker_lines(gw, "c"))["closed"] == 1
+                     and k["half-open"] == k["opened"] + k["opened again"] and k, timeout=10)
+    assert kinds["opened"] == 1, kinds
+    assert not breaker_lines(gw, "a") and not breaker_lines(gw, "b")
+    opened = next(line for line in gw.log().splitlines()
+                  if "upstream 'c': circuit breaker opened after" in line)
+    assert "WARNING" in opened and "route 'm'" in opened and "(the last: " in opened, opened
+
+
+def breaker_lines(gw: GatewayProcess, name: str) -> Counter[str]:
+    """The gateway's log lines about upstream `name`'s breaker, by transition."""
+    kinds: Counter[str] = Counter()
+    for line in gw.log().splitlines():
+        _, found, rest = line.partition(f"upstream {name!r}: circuit breaker ")
+        if found:
+            kinds["opened again" if rest.startswith("opened again") else rest.split()[0]
+                  .rstrip(":;")] += 1
+    return kinds
 
 
 async def _fire_mixed(base_url: str, total: int, concurrency: int,
