@@ -173,6 +173,7 @@ class H2Pool(BasePool):
 
     def on_ready(self, conn: H2Connection) -> None:
         self.backoff[conn.index] = 0.0
+        self.came_up()
         if not self.ready_once and all(c is not None and c.state >= State.READY
                                        for c in self.conns):
             self.ready_once = True
@@ -236,8 +237,8 @@ class H2Pool(BasePool):
                 conn.close()
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             self.tally.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority,
-                        self.connect_error(exc))
+            self.went_down(f"upstream connect to {self.authority} failed: "
+                           f"{self.connect_error(exc)}")
             self.backoff[index] = next_backoff(self.backoff[index])
             self._fail_waiting_if_unreachable()
             self.loop.call_soon(self._spawn, index)
