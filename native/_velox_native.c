@@ -3883,9 +3883,101 @@ PyDoc_STRVAR(relay_head_doc,
              "relay_head(headers, drop, t_received, t_popped, t_parsed, t_admitted, t_sent,\n"
              "           t_headers, extra, /) -> (list, bool)\n\n"
              "A client's response headers (velox.relay): the (name, value) tuples of the list\n"
-             "`headers` whose name is not in the set `drop`, then server-timing (formatted as\n"
+             "`headers` whose name is not in the set `drop` nor named by a `connection` field\n"
+             "(other than a plain keep-alive or close), then server-timing (formatted as\n"
              "h1_server_timing does), then the tuples of the tuple `extra`; and whether the\n"
-             "first content-type of `headers` starts with text/event-stream.");
+             "first content-type of `headers` starts with text/event-stream. The Python twin\n"
+             "is velox.relay.answer_head.");
+
+/* A field named `connection` (names arrive lowercased, as velox.relay compares them). */
+static int rh_is_connection(PyObject *name)
+{
+    return PyBytes_GET_SIZE(name) == 10 && memcmp(PyBytes_AS_STRING(name), "connection", 10) == 0;
+}
+
+/* A `connection` field that names other fields (not a plain keep-alive or close). */
+static int rh_lists_fields(PyObject *value)
+{
+    return !rh_plain_connection(PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+}
+
+/* ASCII whitespace as bytes.strip() sees it. */
+static int rh_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Add the names a Connection value lists to the set `names`, as velox.route.connection_tokens
+ * does: split at commas, ASCII whitespace stripped, ASCII-lowercased, empty ones skipped. */
+static int rh_connection_tokens(PyObject *names, const char *v, Py_ssize_t n)
+{
+    for (Py_ssize_t at = 0; at <= n;) {
+        Py_ssize_t end = at;
+        while (end < n && v[end] != ',')
+            end++;
+        Py_ssize_t a = at, b = end;
+        while (a < b && rh_space(v[a]))
+            a++;
+        while (b > a && rh_space(v[b - 1]))
+            b--;
+        if (b > a) {
+            PyObject *token = PyBytes_FromStringAndSize(NULL, b - a);
+            if (token == NULL)
+                return -1;
+            char *d = PyBytes_AS_STRING(token);
+            for (Py_ssize_t k = 0; k < b - a; k++)
+                d[k] = (char)(v[a + k] >= 'A' && v[a + k] <= 'Z' ? v[a + k] | 0x20 : v[a + k]);
+            int added = PySet_Add(names, token);
+            Py_DECREF(token);
+            if (added < 0)
+                return -1;
+        }
+        at = end + 1;
+    }
+    return 0;
+}
+
+/* The rare path of relay_head: the upstream sent a Connection field naming other fields. Drop
+ * those of the `*kept` fields in `out` (compacted in place; the freed slots are NULL). */
+static int rh_drop_listed(PyObject *headers, PyObject *out, Py_ssize_t *kept)
+{
+    PyObject *names = PySet_New(NULL);
+    if (names == NULL)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(field, 0), *value = PyTuple_GET_ITEM(field, 1);
+        if (rh_is_connection(name) && rh_lists_fields(value) &&
+            rh_connection_tokens(names, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)) < 0) {
+            Py_DECREF(names);
+            return -1;
+        }
+    }
+    Py_ssize_t w = 0;
+    for (Py_ssize_t r = 0; r < *kept; r++) {
+        PyObject *field = PyList_GET_ITEM(out, r);
+        int listed = PySet_Contains(names, PyTuple_GET_ITEM(field, 0));
+        if (listed < 0) { /* (bytes always hash) keep the rest as they are */
+            for (; r < *kept; r++, w++) {
+                PyObject *rest = PyList_GET_ITEM(out, r);
+                PyList_SET_ITEM(out, r, NULL);
+                PyList_SET_ITEM(out, w, rest);
+            }
+            *kept = w;
+            Py_DECREF(names);
+            return -1;
+        }
+        PyList_SET_ITEM(out, r, NULL);
+        if (listed)
+            Py_DECREF(field);
+        else
+            PyList_SET_ITEM(out, w++, field);
+    }
+    *kept = w;
+    Py_DECREF(names);
+    return 0;
+}
 
 static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const *args,
                                    Py_ssize_t nargs)
@@ -3916,7 +4008,7 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
     if (out == NULL)
         return NULL;
     Py_ssize_t kept = 0;
-    int is_sse = 0, typed = 0;
+    int is_sse = 0, typed = 0, listing = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *field = PyList_GET_ITEM(headers, i);
         if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
@@ -3933,6 +4025,8 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
             is_sse = PyBytes_GET_SIZE(value) >= (Py_ssize_t)(sizeof sse - 1) &&
                      memcmp(PyBytes_AS_STRING(value), sse, sizeof sse - 1) == 0;
         }
+        if (rh_is_connection(name))
+            listing |= rh_lists_fields(PyTuple_GET_ITEM(field, 1));
         int dropped = PySet_Contains(drop, name);
         if (dropped < 0)
             goto fail;
@@ -3941,6 +4035,8 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
             PyList_SET_ITEM(out, kept++, field);
         }
     }
+    if (listing && rh_drop_listed(headers, out, &kept) < 0)
+        goto fail;
     PyObject *timing = Py_BuildValue("(y#y#)", "server-timing", (Py_ssize_t)13, buf, (Py_ssize_t)tn);
     if (timing == NULL)
         goto fail;
