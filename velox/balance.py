@@ -165,6 +165,7 @@ class Event(IntEnum):
     PROTOCOL_ERROR = 8  # the upstream sent something that is not valid HTTP
     CLIENT_GONE = 9  # our client disconnected
     GATEWAY_REFUSED = 10  # the gateway answered itself (its own 429 / 503)
+    LOST_AFTER_HEADERS = 11  # the connection was lost after the headers, before the commit point
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,12 @@ class Verdict:
 
 # Event -> (breaker outcome, retryable). Refused streams were never processed and say nothing
 # bad about the upstream (a graceful GOAWAY, or its stream limit): retryable, not a failure.
-# A break after headers or a protocol error may have been processed: a failure, not retried.
+# A stream the upstream broke after its headers, or a protocol error, says something about this
+# request (it ran, and may break again wherever it goes): a failure, not retried. A connection
+# lost while nothing had reached the client is retried whether or not the headers had come: an
+# upstream that died or was cut off says nothing about the request. It may have run, so its
+# tokens may be paid twice; the client still gets exactly one answer, and the alternative, a
+# 502, is what the OpenAI and Anthropic SDKs retry by default (the same cost, later, seen).
 EVENT_TABLE: dict[Event, tuple[int, bool]] = {
     Event.CONNECT_REFUSED: (FAILURE, True),
     Event.CONNECT_RESET: (FAILURE, True),
@@ -186,6 +192,7 @@ EVENT_TABLE: dict[Event, tuple[int, bool]] = {
     Event.REFUSED_STREAM: (NEUTRAL, True),
     Event.HEADERS_TIMEOUT: (FAILURE, True),
     Event.BROKEN_AFTER_HEADERS: (FAILURE, False),
+    Event.LOST_AFTER_HEADERS: (FAILURE, True),
     Event.PROTOCOL_ERROR: (FAILURE, False),
     Event.CLIENT_GONE: (NEUTRAL, False),
     Event.GATEWAY_REFUSED: (NEUTRAL, False),

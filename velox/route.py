@@ -73,7 +73,9 @@ HOP_BY_HOP = frozenset({
 })
 
 
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+# Connection values that name no other field (the common ones): no token list to build. The
+# relay's answer filter (velox.relay, native relay_head) skips the same two.
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 
 
 # Anything that makes a path differ from its normal form, in the path part (query excluded):
@@ -269,8 +271,8 @@ class Auth:
             name = header[0]
             if name in HOP_BY_HOP:
                 # "keep-alive" and "close" name no extra hop-by-hop headers: skip the parse.
-                if name == b"connection" and header[1].lower() not in _PLAIN_CONNECTION:
-                    listed = _connection_tokens(header[1], listed)
+                if name == b"connection" and header[1].lower() not in PLAIN_CONNECTION:
+                    listed = connection_tokens(header[1], listed)
             elif name == b"authorization":
                 client_auth = header
             else:
@@ -312,8 +314,10 @@ def caller_of(request: Request) -> bytes:
     return caller
 
 
-def _connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:
-    """Names listed in a Connection header are hop-by-hop too (RFC 9110 §7.6.1)."""
+def connection_tokens(value: bytes, into: set[bytes] | None) -> set[bytes]:
+    """Names listed in a Connection header are hop-by-hop too (RFC 9110 §7.6.1): split at
+    commas, ASCII whitespace stripped, lowercased, empty ones skipped (the native relay_head
+    parses them the same way)."""
     names = into if into is not None else set()
     names.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return names

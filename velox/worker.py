@@ -345,6 +345,7 @@ class Worker:
         if now >= self._next_probe:  # breakers past their open time get a background probe
             self._next_probe = now + self.probe_every_s
             self.dispatch.probe()
+        self.dispatch.log_breakers()
         self.loop.call_later(_TICK_S, self._tick)
 
     def _probe_fds(self, now: float) -> None:

@@ -27,7 +27,14 @@ from velox.balance import (
     classify,
     target_seed,
 )
-from velox.errors import Overloaded, RateLimited
+from velox.dispatch import _event_of
+from velox.errors import (
+    Overloaded,
+    RateLimited,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
 from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
@@ -615,6 +622,7 @@ P = RetryPolicy(same_target_retry_after_s=2)
         (Event.REFUSED_STREAM, 0, None, Verdict(NEUTRAL, True, True)),
         (Event.HEADERS_TIMEOUT, 0, None, Verdict(FAILURE, True, True)),
         (Event.BROKEN_AFTER_HEADERS, 0, None, Verdict(FAILURE, False, False)),
+        (Event.LOST_AFTER_HEADERS, 0, None, Verdict(FAILURE, True, True)),
         (Event.PROTOCOL_ERROR, 0, None, Verdict(FAILURE, False, False)),
         (Event.CLIENT_GONE, 0, None, Verdict(NEUTRAL, False, False)),
         (Event.GATEWAY_REFUSED, 0, None, Verdict(NEUTRAL, False, False)),
@@ -627,3 +635,16 @@ def test_classification_table(event: Event, status: int, retry_after: float | No
 
 def test_every_event_is_classified() -> None:
     assert set(EVENT_TABLE) == set(Event) - {Event.RESPONSE}
+
+
+@pytest.mark.parametrize("exc, got_headers, event", [
+    (UpstreamUnavailable("the upstream connection was lost"), False, Event.CONNECT_RESET),
+    # Lost after the headers but before anything reached the client: retried all the same.
+    (UpstreamUnavailable("the upstream connection was lost"), True, Event.LOST_AFTER_HEADERS),
+    (UpstreamProtocolError("the upstream reset the stream"), True, Event.BROKEN_AFTER_HEADERS),
+    (UpstreamTimeout(), True, Event.BROKEN_AFTER_HEADERS),
+    (UpstreamTimeout(), False, Event.HEADERS_TIMEOUT),
+    (UpstreamProtocolError(), False, Event.PROTOCOL_ERROR),
+])
+def test_what_an_egress_failure_was(exc: Exception, got_headers: bool, event: Event) -> None:
+    assert _event_of(exc, got_headers)[0] is event
