@@ -37,8 +37,15 @@ benches/bench_ingress.py), and the socket-free worker path (64 clients, native c
 
 Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
 otherwise complete the message first and the client got an empty reply), transfer codings other
-than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
-forwarded as headers.
+than chunked (501, RFC 9112 §6.1), any Transfer-Encoding on HTTP/1.0 (400: faulty framing,
+§6.1), an HTTP/1.1 request without Host and any request with two Host fields or an invalid
+Host (400, §3.2), more than MAX_FIELDS header fields (431), and request lines of HTTP/0.9
+(llhttp reads a line without a version as one) or HTTP/2.0 (505: llhttp parses both, and they
+would otherwise be answered as HTTP/1.1). An absolute-form target (`POST http://host/v1/...`,
+§3.2.2) is served as its path and query; its authority is checked like a Host and otherwise
+ignored, as Host is: Velox routes by path alone. Trailer fields of a chunked body are dropped,
+never forwarded as headers. The native parser accepts none of these heads (see
+native/vx_reqhead.h), so each rule is applied once, on the httptools path, for both settings.
 
 Imports: _types, errors, route, arena, h1write (the response bytes, native), _native (the
 request-head parser), config (for Settings), the ring interface, httptools and orjson.
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -69,6 +77,7 @@ from velox.errors import (
     RequestTimeout,
     ShuttingDown,
     UnsupportedTransferCoding,
+    VersionNotSupported,
     VeloxError,
     to_response,
 )
@@ -82,7 +91,21 @@ _HEALTH_BODY = orjson.dumps({"status": "ok"})
 _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
-_WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
+_WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding",
+                      b"host"})
+# Header fields per request, at most (431 beyond): the native parser's room for fields, so a
+# head it cannot hold is exactly one this refuses. 100 is 6x what the SDKs send; before the
+# cap a 54 KB head of 5,500 tiny fields cost about 65 times a normal request, and every field
+# was forwarded.
+MAX_FIELDS = _native.REQHEAD_FIELDS
+_TOO_MANY_FIELDS = (f"The request has more than {MAX_FIELDS} header fields; this gateway "
+                    f"accepts at most {MAX_FIELDS}.")
+# The bytes of uri-host [":" port] (RFC 3986: ALPHA DIGIT "-._~", sub-delims, "%" of
+# pct-encoded, "[]:" of IP literals and the port), checked as a set as Go's net/http does; the
+# native parser's C_HOST class is the same set.
+_HOST = re.compile(rb"[0-9A-Za-z!$%&'()*+,\-.:;=\[\]_~]*")
+# An absolute-form target: scheme http or https (any case), authority, the rest.
+_ABSOLUTE = re.compile(rb"(?i:https?)://([^/?]*)(.*)", re.S)
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
@@ -178,6 +201,7 @@ class ClientConnection(asyncio.Protocol):
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
+        "_fields", "_host",  # header fields seen (trailers too), a Host seen: httptools only
         "_upstream",  # the native parser's upstream share of _headers (Request.upstream_headers)
         "receiving_since", "_in_body",
         # the native path: still on it, unparsed head bytes, body bytes still due, the last
@@ -294,6 +318,8 @@ class ClientConnection(asyncio.Protocol):
         self._assembled: bytearray | None = None
         self._body_size = 0
         self._header_bytes = 0
+        self._fields = 0
+        self._host = False
         self._content_length = -1
         self._authorization: bytes | None = None
         self._expect = False
@@ -321,8 +347,11 @@ class ClientConnection(asyncio.Protocol):
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.state.max_header:
             raise _Refuse(HeadersTooLarge())
+        self._fields += 1
+        if self._fields > MAX_FIELDS:
+            raise _Refuse(HeadersTooLarge(_TOO_MANY_FIELDS))
         if self._in_body:
-            return  # a trailer field of a chunked body: counted against the limit, not kept
+            return  # a trailer field of a chunked body: counted against the limits, not kept
         self._headers.append((name, value))
         if name in _WATCHED:
             if name == b"content-length":
@@ -330,17 +359,36 @@ class ClientConnection(asyncio.Protocol):
             elif name == b"authorization":
                 self._authorization = value
             elif name == b"transfer-encoding":
+                if self.parser.get_http_version() == "1.0":
+                    raise _Refuse(BadHTTP(
+                        "Transfer-Encoding is not defined for HTTP/1.0 (RFC 9112 §6.1); send "
+                        "the body with Content-Length, or use HTTP/1.1."))
                 _check_transfer_coding(value)
+            elif name == b"host":
+                if self._host:
+                    raise _Refuse(BadHTTP("The request has more than one Host header field."))
+                if _HOST.fullmatch(value.rstrip(b" \t")) is None:
+                    raise _Refuse(BadHTTP("The Host header field is not a host[:port]."))
+                self._host = True
             elif value.lower() == b"100-continue":
                 self._expect = True
 
     def on_headers_complete(self) -> None:
         self._in_body = True
-        if self.parser.should_upgrade():
+        parser = self.parser
+        if parser.should_upgrade():
             # Connection: Upgrade (h2c, websocket) or CONNECT. httptools would complete the
             # message and only then raise HttpParserUpgrade, too late to answer it.
             raise _Refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
-        self._head_complete(self.parser.get_method())
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            raise _Refuse(VersionNotSupported(
+                f"HTTP/{version} requests are not served here; send HTTP/1.1."))
+        if not self._host and version == "1.1":
+            raise _Refuse(BadHTTP("An HTTP/1.1 request needs a Host header field."))
+        if self._url[:1] != b"/":
+            self._url = _origin_form(self._url)
+        self._head_complete(parser.get_method())
 
     def _head_complete(self, method: bytes) -> None:
         """The head is in (either parser): route, authenticate, check the declared length."""
@@ -709,6 +757,21 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
             return True
         return False
+
+
+def _origin_form(target: bytes) -> bytes:
+    """An absolute-form target's path and query (`http://h:1/v1/x?q` -> `/v1/x?q`, `http://h`
+    -> `/`; RFC 9112 §3.2.2). Its authority must be a valid host[:port], without userinfo
+    (RFC 9110 §4.2.4) and not empty (§4.2.1). Any other target (`*`, another scheme) is
+    returned as it is, for routing to refuse."""
+    match = _ABSOLUTE.fullmatch(target)
+    if match is None:
+        return target
+    authority, rest = match.groups()
+    if not authority or _HOST.fullmatch(authority) is None:
+        raise _Refuse(BadHTTP(
+            f"The request target {target.decode('latin-1')!r} has no valid host[:port]."))
+    return rest if rest[:1] == b"/" else b"/" + rest
 
 
 _CHUNKED_CODING = b"chunked"
