@@ -6,8 +6,11 @@
    Whenever the native parser accepts a head, httptools accepts it too and reports the same
    method, target, header fields (names lower-cased), Content-Length, keep-alive, version, no
    upgrade, and the body starts where the native parser says the head ends. The native parser
-   never accepts what httptools rejects. Every proper prefix of an accepted head is "need
-   more", and a head found at an offset of a buffer parses the same.
+   never accepts what httptools rejects, nor what ingress's httptools path refuses at header
+   time (a missing, repeated or invalid Host, more than MAX_FIELDS fields, another target
+   form); generated heads usually carry one valid Host and oddly none, two or an invalid one.
+   Every proper prefix of an accepted head is "need more", and a head found at an offset of a
+   buffer parses the same.
 2. Ingress against ingress: the same traffic (pipelined requests, bodies, chunked ones that
    send the connection over to httptools mid-way, garbage) fed in random pieces to two
    ClientConnections, one on VELOX_INGRESS_PARSER=native and one on httptools: the Requests
