@@ -83,12 +83,12 @@ static int ieq(const char *a, size_t alen, const char *b, size_t n)
  * authority). */
 static int valid_host(const char *v, size_t n)
 {
-    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
-        n--;
-    for (size_t i = 0; i < n; i++)
-        if (!(CLASS[(unsigned char)v[i]] & C_HOST))
-            return 0;
-    return 1;
+    size_t i = 0;
+    while (i < n && (CLASS[(unsigned char)v[i]] & C_HOST))
+        i++;
+    while (i < n && (v[i] == ' ' || v[i] == '\t'))
+        i++;
+    return i == n;
 }
 
 int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t max_fields,
@@ -106,10 +106,14 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
         return p <= 7 ? more : VX_RH_FALLBACK; /* OPTIONS is the longest: 7 */
     if (buf[p] != ' ')
         return VX_RH_FALLBACK;
+    /* The length and the first byte first: one memcmp call, not two for POST (HEAD's too). */
     out->method = -1;
     for (int m = 0; m < VX_RH_METHODS; m++)
-        if (METHODS[m].len == p && memcmp(buf, METHODS[m].name, p) == 0)
+        if (METHODS[m].len == p && METHODS[m].name[0] == buf[0] &&
+            memcmp(buf, METHODS[m].name, p) == 0) {
             out->method = m;
+            break;
+        }
     if (out->method < 0)
         return VX_RH_FALLBACK;
     p++;

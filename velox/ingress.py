@@ -201,11 +201,14 @@ class ClientConnection(asyncio.Protocol):
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
-        "_fields", "_host",  # header fields seen (trailers too), a Host seen: httptools only
+        # httptools only: trailer fields seen, a Host seen; the last Host value found valid on
+        # this connection
+        "_trailers", "_host", "_valid_host",
         "_upstream",  # the native parser's upstream share of _headers (Request.upstream_headers)
         "receiving_since", "_in_body",
         # the native path: still on it, unparsed head bytes, body bytes still due, the last
-        # head's method and version, no request may follow (the last one closes)
+        # head's method and version (both paths set _http10), no request may follow (the last
+        # one closes)
         "_native", "_buf", "_body_left", "_method", "_http10", "_keep_alive", "_after_close",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
@@ -240,6 +243,7 @@ class ClientConnection(asyncio.Protocol):
         self._http10 = False
         self._keep_alive = True
         self._after_close = False
+        self._valid_host: bytes | None = None
         self._reset_message()
 
     # --- transport callbacks ------------------------------------------------------------
@@ -318,7 +322,7 @@ class ClientConnection(asyncio.Protocol):
         self._assembled: bytearray | None = None
         self._body_size = 0
         self._header_bytes = 0
-        self._fields = 0
+        self._trailers = 0
         self._host = False
         self._content_length = -1
         self._authorization: bytes | None = None
@@ -347,12 +351,17 @@ class ClientConnection(asyncio.Protocol):
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.state.max_header:
             raise _Refuse(HeadersTooLarge())
-        self._fields += 1
-        if self._fields > MAX_FIELDS:
+        headers = self._headers
+        if self._in_body:  # a trailer field of a chunked body: counted against the limits, not kept
+            self._trailers += 1
+            if len(headers) + self._trailers > MAX_FIELDS:
+                raise _Refuse(HeadersTooLarge(_TOO_MANY_FIELDS))
+            return
+        # A length test per field (~0.3 us for the SDK's 16) measured cheaper than a counter,
+        # or than testing only at marks of the byte count.
+        if len(headers) == MAX_FIELDS:
             raise _Refuse(HeadersTooLarge(_TOO_MANY_FIELDS))
-        if self._in_body:
-            return  # a trailer field of a chunked body: counted against the limits, not kept
-        self._headers.append((name, value))
+        headers.append((name, value))
         if name in _WATCHED:
             if name == b"content-length":
                 self._content_length = int(value)
@@ -367,8 +376,10 @@ class ClientConnection(asyncio.Protocol):
             elif name == b"host":
                 if self._host:
                     raise _Refuse(BadHTTP("The request has more than one Host header field."))
-                if _HOST.fullmatch(value.rstrip(b" \t")) is None:
-                    raise _Refuse(BadHTTP("The Host header field is not a host[:port]."))
+                if value != self._valid_host:  # a client sends one Host on every request
+                    if _HOST.fullmatch(value.rstrip(b" \t")) is None:
+                        raise _Refuse(BadHTTP("The Host header field is not a host[:port]."))
+                    self._valid_host = value
                 self._host = True
             elif value.lower() == b"100-continue":
                 self._expect = True
@@ -380,7 +391,10 @@ class ClientConnection(asyncio.Protocol):
             # Connection: Upgrade (h2c, websocket) or CONNECT. httptools would complete the
             # message and only then raise HttpParserUpgrade, too late to answer it.
             raise _Refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
+        # ~0.3 us (a str.format in httptools); start_stream reads the flag it leaves, as on the
+        # native path, instead of asking again.
         version = parser.get_http_version()
+        self._http10 = version == "1.0"
         if version != "1.1" and version != "1.0":
             raise _Refuse(VersionNotSupported(
                 f"HTTP/{version} requests are not served here; send HTTP/1.1."))
@@ -651,10 +665,7 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
-        if self._native:
-            self._chunked = not self._http10
-        else:
-            self._chunked = self.parser.get_http_version() != "1.0"
+        self._chunked = not self._http10
         if not self._chunked:
             request.keep_alive = False
         extra = request.extra_headers

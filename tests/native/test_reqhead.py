@@ -239,3 +239,34 @@ def test_an_absolute_form_target_is_served_as_its_path(target: bytes, path: byte
             (b"POST", path, Route.MODEL_CALL),
             (b"GET", b"/v1/models", Route.FORWARD)]
     run_both([raw + _GOOD])
+
+
+@pytest.mark.parametrize("field", [b"a:", b"ab: ", b"x-%d: 1"])  # 5, 6, 8-9 counted bytes
+def test_the_field_cap_holds_at_exactly_100_whatever_the_fields_size(field: bytes) -> None:
+    # 100 fields are served and the 101st is refused, on both paths, whatever the fields'
+    # size: the smallest count 5 bytes each against VELOX_MAX_HEADER_BYTES.
+    def head(n: int) -> bytes:
+        fields = b"".join((field % i if b"%" in field else field) + b"\r\n" for i in range(n))
+        return b"GET /v1/models HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer sk-x\r\n" + fields
+
+    for parser in ("native", "httptools"):
+        conn, transport, ring = make(parser)
+        conn.data_received(head(98) + b"\r\n")
+        assert len(ring.pushed) == 1 and len(ring.pushed[0].headers) == 100
+        conn, transport, ring = make(parser)
+        conn.data_received(head(99) + b"\r\n")
+        assert transport.log[0].startswith(b"HTTP/1.1 431 ") and not ring.pushed
+    run_both([head(98) + b"\r\n"])
+    run_both([head(99) + b"\r\n"])
+
+
+def test_trailer_fields_count_against_the_cap() -> None:
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer sk-x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
+    for trailers, answer in ((97, b"HTTP/1.1 200 "), (98, b"HTTP/1.1 431 ")):
+        raw = head + b"".join(b"t%d: 1\r\n" % i for i in range(trailers)) + b"\r\n"
+        for parser in ("native", "httptools"):
+            conn, transport, _ = make(parser)
+            conn.data_received(raw)
+            assert transport.log[0].startswith(answer), (trailers, parser, transport.log)
+        run_both([raw])
