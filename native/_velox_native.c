@@ -2913,6 +2913,32 @@ static PyObject *Limits_taken(LimitsObject *self, PyObject *arg)
     return PyLong_FromLongLong(vx_limits_taken(self->l, i));
 }
 
+PyDoc_STRVAR(Limits_refused_doc,
+             "refused($self, i, /)\n--\n\n"
+             "Cumulative tokens of the takes bucket i refused for want of tokens (demand\n"
+             "that taken() does not show; the Redis refresher counts it).");
+
+static PyObject *Limits_refused(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_refused(self->l, i));
+}
+
+PyDoc_STRVAR(Limits_pop_largest_doc,
+             "pop_largest($self, i, /)\n--\n\n"
+             "The largest take asked of bucket i (admitted or refused) since the last call;\n"
+             "resets it to 0. One reader: the Redis refresher.");
+
+static PyObject *Limits_pop_largest(LimitsObject *self, PyObject *arg)
+{
+    int64_t i;
+    if (limits_index(self, arg, &i) < 0)
+        return NULL;
+    return PyLong_FromLongLong(vx_limits_pop_largest(self->l, i));
+}
+
 PyDoc_STRVAR(Limits_enter_doc,
              "enter($self, i, limit, slot, /)\n--\n\n"
              "Take a place of gauge i for the worker in `slot`: False (nothing taken) when\n"
@@ -3217,6 +3243,8 @@ static PyMethodDef Limits_methods[] = {
     {"charge", FASTCALL(Limits_charge), METH_FASTCALL, Limits_charge_doc},
     {"level", FASTCALL(Limits_level), METH_FASTCALL, Limits_level_doc},
     {"taken", (PyCFunction)Limits_taken, METH_O, Limits_taken_doc},
+    {"refused", (PyCFunction)Limits_refused, METH_O, Limits_refused_doc},
+    {"pop_largest", (PyCFunction)Limits_pop_largest, METH_O, Limits_pop_largest_doc},
     {"enter", FASTCALL(Limits_enter), METH_FASTCALL, Limits_enter_doc},
     {"leave", FASTCALL(Limits_leave), METH_FASTCALL, Limits_leave_doc},
     {"active", (PyCFunction)Limits_active, METH_O, Limits_active_doc},
@@ -3655,8 +3683,8 @@ PyDoc_STRVAR(reqhead_doc,
              "(method, target, headers, content_length, authorization, expect_continue,\n"
              " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
              "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
-             "absent, authorization the last Authorization value (the same object as in headers)\n"
-             "or None, end the offset in buf just past the blank line.\n"
+             "absent, authorization the one Authorization value (the same object as in headers)\n"
+             "or None (a head with two is False), end the offset just past the blank line.\n"
              "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
              "headers' tuples whose name is not in `drop` (the upstream's share, route.Auth's\n"
              "client_headers done in the same pass), or None when a Connection header lists\n"
@@ -4271,9 +4299,10 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 
 PyDoc_STRVAR(estimate_scan_doc,
              "estimate_scan(body, /) -> (int, int)\n--\n\n"
-             "A request body's estimated input tokens (bytes / 4 rounded up, each inline\n"
-             "base64 payload counted as 765) and its max_tokens / max_completion_tokens /\n"
-             "max_output_tokens (-1 when absent), in one pass (velox.usage.estimate).");
+             "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
+             "inline base64 image where the schema puts one counted as 765) and its top-level\n"
+             "max_tokens / max_completion_tokens / max_output_tokens (-1 when none), in one\n"
+             "pass (velox.usage.estimate; native/vx_books.h).");
 
 static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {

@@ -182,6 +182,27 @@ void vx_limits_config(const vx_limits *l, int64_t i, int64_t *rate_per_minute, i
     unpack(atomic_load_explicit(&l->e[i].config, memory_order_relaxed), rate_per_minute, burst);
 }
 
+/* Raise `largest` to n. Usually one relaxed load: a store only for the first take after the
+ * refresher's pop (about 20 a second) or a larger one. Relaxed: a self-contained gauge. */
+static void note_largest(vx_limit *e, int64_t n)
+{
+    int64_t cur = atomic_load_explicit(&e->largest, memory_order_relaxed);
+    while (n > cur && !atomic_compare_exchange_weak_explicit(&e->largest, &cur, n,
+                                                             memory_order_relaxed,
+                                                             memory_order_relaxed)) {
+    }
+}
+
+int64_t vx_limits_refused(const vx_limits *l, int64_t i)
+{
+    return atomic_load_explicit(&l->e[i].refused, memory_order_relaxed);
+}
+
+int64_t vx_limits_pop_largest(vx_limits *l, int64_t i)
+{
+    return atomic_exchange_explicit(&entry(l, i)->largest, 0, memory_order_relaxed);
+}
+
 int64_t vx_limits_take(vx_limits *l, int64_t i, int64_t n, int64_t now_us)
 {
     if (n < 1)
@@ -193,6 +214,7 @@ int64_t vx_limits_take(vx_limits *l, int64_t i, int64_t n, int64_t now_us)
     if (n > burst)
         return VX_LIMITS_NEVER;
     const int64_t need = n * U, cap = burst * U;
+    note_largest(e, n);
     refill(e, rate, cap, now_us);
     int64_t cur = atomic_load_explicit(&e->level, memory_order_relaxed);
     while (cur >= need) {
@@ -203,6 +225,8 @@ int64_t vx_limits_take(vx_limits *l, int64_t i, int64_t n, int64_t now_us)
             return 0;
         }
     }
+    /* A counter: relaxed (see vx_limits.h). */
+    atomic_fetch_add_explicit(&e->refused, n, memory_order_relaxed);
     if (rate == 0)
         return VX_LIMITS_LEASE_WAIT_US;
     return (need - cur + rate - 1) / rate; /* ceil: >= 1 since need > cur */

@@ -33,7 +33,13 @@
  * dead process held is given back. Known window: a process killed between the CAS on active
  * and the increment of its row (two adjacent instructions) leaks that one place.
  *
- * Memory orders. The level, last_us, taken and the gauges are each self-contained atomics:
+ * Demand. A leased bucket is filled by a refresher that must know what the takers want, not
+ * only what they got: `refused` counts the tokens of takes refused for want of tokens, and
+ * `largest` holds the largest take asked since the refresher last popped it (so it can keep
+ * enough for the next request of that size). Both are updated by take(); the largest costs a
+ * relaxed load per take and a store only when a take is larger than any since the last pop.
+ *
+ * Memory orders. The level, last_us, taken, the demand and the gauges are each self-contained atomics:
  * no plain data is published through them, so their operations are relaxed (atomicity and
  * one modification order per variable is all the algorithm needs). One exception: configure()
  * moves last_us forward (so time spent LEASED or unconfigured is not credited by the first
@@ -80,6 +86,9 @@ typedef struct vx_limit {
     _Atomic int64_t taken;                        /* tokens taken or charged, minus refunds */
     _Atomic int64_t active;                       /* places held across the gateway */
     _Atomic int64_t entered;                      /* places ever taken (a counter) */
+    /* Demand, for a LEASED bucket's refresher (which sees `taken` only for admitted takes): */
+    _Atomic int64_t refused; /* tokens of takes refused for want of tokens (a counter) */
+    _Atomic int64_t largest; /* the largest take asked since vx_limits_pop_largest (a gauge) */
 } vx_limit;
 
 typedef struct vx_limits {
@@ -142,6 +151,14 @@ int64_t vx_limits_level(const vx_limits *l, int64_t i, int64_t now_us);
 
 /* Cumulative tokens taken or charged, minus refunds. */
 int64_t vx_limits_taken(const vx_limits *l, int64_t i);
+
+/* Cumulative tokens of the takes refused because the bucket was short (not those larger than
+ * its burst): demand that `taken` does not show. */
+int64_t vx_limits_refused(const vx_limits *l, int64_t i);
+
+/* The largest take asked of bucket i (admitted or refused) since the last call, and reset
+ * it to 0. One reader (the host's lease refresher). */
+int64_t vx_limits_pop_largest(vx_limits *l, int64_t i);
 
 /* Credit the time since the last refill to entry i (exposed for tests; take calls it). */
 void vx_limits_refill(vx_limits *l, int64_t i, int64_t now_us);

@@ -248,8 +248,11 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
             }
             break;
         case 13:
-            if (IEQ(nm, name_len, "authorization"))
+            if (IEQ(nm, name_len, "authorization")) {
+                if (authorization >= 0)
+                    return VX_RH_FALLBACK; /* ingress refuses two credentials (400) */
                 authorization = (int)n;
+            }
             break;
         case 6:
             if (IEQ(nm, name_len, "expect") && IEQ(v, value_len, "100-continue"))

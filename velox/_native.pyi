@@ -429,6 +429,10 @@ class Limits:
         Approximate under concurrency (for headers and metrics)."""
     def taken(self, i: int, /) -> int:
         """Cumulative tokens taken or charged, minus refunds (rates, lease sizing)."""
+    def refused(self, i: int, /) -> int:
+        """Cumulative tokens of takes refused for want of tokens (demand taken() misses)."""
+    def pop_largest(self, i: int, /) -> int:
+        """The largest take asked (admitted or refused) since the last call; resets it."""
     def enter(self, i: int, limit: int, slot: int, /) -> bool:
         """Take a place of gauge i for the worker in slot; False (nothing taken) when limit
         places are held across the gateway. limit <= 0: no limit, count only."""
@@ -535,7 +539,8 @@ def reqhead(buf: Buffer, start: int, max_header_bytes: int, /) -> tuple[
 ] | bool | None:
     """The head at buf[start:]: None (need more bytes), False (outside the subset: hand the
     bytes to httptools) or (method, target, headers with lower-case names, content_length or
-    -1, last authorization value or None, expect_continue, keep_alive, http10, end offset)."""
+    -1, the authorization value or None (a head with two: False), expect_continue, keep_alive,
+    http10, end offset)."""
 def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_received: int,
                t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
                extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:

@@ -17,10 +17,16 @@ only add latency). A batch that ends up with one member is sent as that member's
 Only requests that could have been one call are merged: same path, same route (public model),
 the same body apart from `input` (so `encoding_format`, `dimensions`, `user` and any other
 parameter are equal; compared in canonical JSON), the same kind of input (strings or token
-arrays: the API refuses a mix) and callers allowed to share: when every upstream the route
+arrays: the API refuses a mix), the same forwarded headers (the merged call goes upstream with
+its first member's headers on behalf of all, so an `OpenAI-Organization` or `OpenAI-Project`,
+or any other header the upstream may act on, must be every member's; compared as a set,
+without the hop-by-hop ones, the credential and `accept-encoding`, which the merged call
+replaces, and without those that only describe the client's software: `user-agent`, `accept`
+and the SDKs' `x-stainless-*`), and callers allowed to share: when every upstream the route
 can reach has the gateway's own key, any callers; when the client's credential is passed
-through, only requests presenting the same credential (`route.caller_of`). Batching is per
-worker: requests spread over N workers form up to N groups.
+through, only requests presenting the same credential (`route.caller_of`). Clients that send
+other headers (a trace header per request, an idempotency key) are therefore not merged.
+Batching is per worker: requests spread over N workers form up to N groups.
 
 The merged call is a normal relay `Exchange` of a synthetic request whose `conn` is a
 `BatchCall` (a `_types.Responder`): dispatch's routing, retries, failover and breakers apply
@@ -39,10 +45,14 @@ whose client left is skipped.
 
 Accounting: the worker counts a taken request in its in_flight; the batcher ends each member
 through the worker's `on_done` exactly once (with a `Member` carrying the merged call's
-timings, so the latency histograms and the access log see the member's own wait).
+timings, so the latency histograms and the access log see the member's own wait). Tokens: the
+merged call's own meter settles the upstream's tpm for the whole call and books nothing
+(`usage.NOT_BOOKED`); each member's share of the usage (`split`) settles its gateway key's
+reservation and goes into its own key's token books (`book`, the worker's), and is the usage
+its access-log line shows (`Member.meter`: one line per member, as for any request).
 
-Imports: _types, errors, tables, stats (field numbers), route (caller_of), usage (usage_of),
-orjson, stdlib.
+Imports: _types, errors, tables, stats (field numbers), route (caller_of, HOP_BY_HOP), usage
+(usage_of, NOT_BOOKED), orjson, stdlib.
 """
 
 from __future__ import annotations
@@ -57,10 +67,10 @@ import orjson
 
 from velox._types import Headers, Request, Route
 from velox.errors import UpstreamProtocolError
-from velox.route import caller_of
+from velox.route import HOP_BY_HOP, caller_of
 from velox.stats import F
 from velox.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
-from velox.usage import usage_of
+from velox.usage import NOT_BOOKED, usage_of
 
 EMBEDDINGS = b"/v1/embeddings"
 _STRINGS, _TOKENS = 0, 1
@@ -68,6 +78,12 @@ _BATCH_HEADER = b"x-velox-batch"
 _ACCEPT_ENCODING = b"accept-encoding"
 _CONTENT_ENCODING = b"content-encoding"
 _PLAIN = (b"identity", b"")
+# Request headers left out of the group key: those that never go upstream as the client sent
+# them (hop-by-hop and framing; the credential, keyed separately when it is passed through),
+# accept-encoding, which the merged call replaces, and those that only describe the client's
+# software (the SDKs send their version, OS and runtime, and a retry count, on every request).
+_NOT_KEYED = HOP_BY_HOP | {b"authorization", _ACCEPT_ENCODING, b"user-agent", b"accept"}
+_SDK_INFO = b"x-stainless-"
 
 
 class Member:
@@ -78,12 +94,13 @@ class Member:
     access log read the answering call's attributes from it."""
 
     __slots__ = ("request", "items", "weight", "group", "call", "gone", "done", "on_done",
-                 "t_sent", "t_headers", "upstream_name", "attempts", "headers")
+                 "t_sent", "t_headers", "upstream_name", "attempts", "headers", "meter", "book")
 
     streaming = False
 
     def __init__(self, request: Request, items: list[Any], weight: int,
-                 on_done: Callable[[Any, int], None]) -> None:
+                 on_done: Callable[[Any, int], None],
+                 book: Callable[[Request, int, int], None] | None = None) -> None:
         self.request = request
         self.items = items
         self.weight = weight  # its share of the merged call's usage
@@ -97,6 +114,10 @@ class Member:
         self.upstream_name = b""
         self.attempts = 0
         self.headers: Headers = []
+        # Its share of the merged call's usage once answered (what the access log reads off
+        # an exchange's meter), None until then or when the answer carried none.
+        self.meter: Share | None = None
+        self.book = book  # into its own key's token books (the worker's; None: no books)
 
     @property
     def live(self) -> bool:
@@ -129,9 +150,13 @@ class Member:
             self.upstream_name, self.attempts = exchange.upstream_name, exchange.attempts
         self.headers = headers
         request = self.request
+        used = usage_of(body) if status == 200 else None
+        if used is not None:
+            self.meter = Share(*used)
+            if self.book is not None:
+                self.book(request, *used)
         ticket = request.ticket
         if ticket is not None:  # its gateway key's reservation: settled from its own share
-            used = usage_of(body) if status == 200 else None
             ticket.settle(used[0] + used[1] if used is not None else 0)
         request.conn.respond(request, status, headers, body)
         request.exchange = None
@@ -147,6 +172,19 @@ class Member:
         request.conn.respond_error(request, exc)
         request.exchange = None
         self.on_done(self, getattr(exc, "status", 502))
+
+
+class Share:
+    """A member's tokens: the meter fields the access log reads (velox.usage.TokenMeter's)."""
+
+    __slots__ = ("input", "output")
+
+    exact = True  # read from the upstream's usage, apportioned
+    done = True
+
+    def __init__(self, inp: int, out: int) -> None:
+        self.input = inp
+        self.output = out
 
 
 class Group:
@@ -169,12 +207,12 @@ class Batcher:
     """One worker's batching stage (see the module docstring)."""
 
     __slots__ = ("routes", "catch_all", "send", "on_done", "release", "flush", "loop",
-                 "counters", "slot", "groups")
+                 "counters", "slot", "groups", "book")
 
     def __init__(self, tables: Tables, send: Callable[[Request, Callable[[Any, int], None]], Any],
                  on_done: Callable[[Any, int], None], release: Callable[[Request], None],
                  flush: Callable[[], None], loop: asyncio.AbstractEventLoop, counters: Any,
-                 slot: int) -> None:
+                 slot: int, book: Callable[[Request, int, int], None] | None = None) -> None:
         # Public model -> (spec, may callers share) for routes that batch; None for the others.
         by_model = {r.model: r for r in tables.routes}
         entries = {r.model: (r.batch, _shared(r, by_model, tables)) if r.batch else None
@@ -189,6 +227,9 @@ class Batcher:
         self.counters = counters
         self.slot = slot
         self.groups: dict[tuple, Group] = {}
+        # (request, input, output) into the request's key's token books: a merged call's
+        # members book their shares themselves (the call books nothing); None: no books.
+        self.book = book
 
     @staticmethod
     def wanted(tables: Tables) -> bool:
@@ -220,13 +261,16 @@ class Batcher:
         if len(items) > spec.max_inputs:
             return False
         template = {k: v for k, v in doc.items() if k != "input"}
+        # Members share a call only under the same allow-list: the call's fallbacks are
+        # limited to it (balance.Router.plan).
         key = (request.path, kind, orjson.dumps(template, option=orjson.OPT_SORT_KEYS),
-               b"" if shared else caller_of(request))
+               b"" if shared else caller_of(request), _forwarded(request.headers),
+               request.allowed)
         # The body may live in the arena, whose segment is reused once released: keep a copy
         # (a split retry sends it again) and release the segment now.
         request.body = bytes(request.body)
         self.release(request)
-        member = Member(request, items, _weight(items), self.on_done)
+        member = Member(request, items, _weight(items), self.on_done, self.book)
         request.exchange = member
         group = self.groups.get(key)
         if group is None:
@@ -304,6 +348,8 @@ class Batcher:
         merged.upstream_path = first.upstream_path
         merged.affinity = first.affinity
         merged.caller = first.caller
+        merged.key = NOT_BOOKED  # the members book their own shares (Member.answer)
+        merged.allowed = first.allowed
         merged.t_popped = merged.t_parsed = merged.t_admitted = now
         call.request = merged
         self.send(merged, call.done)
@@ -523,6 +569,12 @@ def _items(value: Any) -> tuple[list[Any], int] | None:
     if all(type(v) is list and all(type(t) is int for t in v) for v in value):
         return value, _TOKENS
     return None
+
+
+def _forwarded(headers: Headers) -> tuple[tuple[bytes, bytes], ...]:
+    """The headers that would go upstream with the request, as a set (the group key's part)."""
+    return tuple(sorted(h for h in headers
+                        if h[0] not in _NOT_KEYED and not h[0].startswith(_SDK_INFO)))
 
 
 def _weight(items: list[Any]) -> int:

@@ -28,9 +28,10 @@ stores (nor leads or follows); `max-age=N` accepts only entries at most N second
 
 Coalescing. Within a worker, requests with the key of a `Flight` in progress attach to it as
 followers: a streamed answer gives them the events so far, then the rest live; a whole one is
-written to each when it completes. Across workers, the leader holds the store's in-flight
-marker (`claim`) and requests in other workers wait for the entry to appear (`RemoteWait`,
-polled at 1, 2, 4 ... up to 20 ms intervals, up to the upstream's request timeout). The marker
+written to each when it completes (one body object for all of them). Across workers, the
+leader holds the store's in-flight marker (`claim`) and requests in other workers wait for the
+entry to appear (`RemoteWait`, polled at 1, 2, 4 ... up to 20 ms intervals, up to the
+upstream's request timeout). The marker
 is a lease of `LEASE_MS` on the leader's pid, which the leader's worker renews every
 `RENEW_S` while its call runs: a leader whose worker died (the store sees its pid gone once the
 supervisor reaps it) or stopped renewing (stopped, stuck) no longer holds the key, and its
@@ -42,11 +43,24 @@ leader's stream broke after it started gets the same broken ending as the leader
 client that disconnects never cancels an upstream call that others wait for: the call runs on
 without it (`client_gone`), and is cancelled only when no one is left.
 
+Slow clients. Answers are written as the client takes them (ingress's send queue: slices of the
+answer itself, no copy per client), and a client that takes nothing for VELOX_WRITE_TIMEOUT_MS
+is disconnected. A hit's answer is copied out of the shared store once per worker while it is
+being written: hits of the same key meanwhile are written from that copy (`Replay`, while any
+client is still being written it, within the entry's TTL and the request's max-age), so many
+clients asking for one large answer and not reading hold it once between them, not once each.
+The followers of a live stream go at the leader's pace (egress takes the upstream's data as the
+leader's client takes it); a follower whose client falls more than `FOLLOWER_LAG_BYTES` behind
+the stream (beyond the events it was given when it joined) is cut off: its connection is
+aborted, as a client that cannot keep up with a live stream must be (its answer cannot be
+restarted on its own call once part of it was sent), and counted (`followers_cut`).
+
 With VELOX_REDIS_URL a Redis tier sits behind the local store (velox.cache_redis, attached by
 the worker): a local miss with nothing in flight for its key on this host asks Redis (within
 VELOX_CACHE_REDIS_TIMEOUT_MS) before it goes on, and stored answers are written there too.
 
 Imports: _types, relay (Exchange, Observer), errors, health (the clock), route (caller_of),
+ingress (WHOLE_BYTES: which bodies it writes from themselves),
 cache_redis (annotations only; the worker attaches the tier),
 the native extension (SharedCache, lazily),
 stats (field numbers), tables, usage (removing a usage chunk on replay), config (annotations),
@@ -60,6 +74,7 @@ import hashlib
 import logging
 import struct
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,6 +83,7 @@ import orjson
 from velox._types import Headers, Request, Route
 from velox.errors import UpstreamProtocolError, to_response
 from velox.health import now_ms
+from velox.ingress import WHOLE_BYTES
 from velox.route import caller_of
 from velox.stats import F, H
 from velox.tables import CATCH_ALL, Tables
@@ -104,6 +120,10 @@ _POLL_MAX_S = 0.020
 # come late by 4 s of loop stall before the lease lapses.
 LEASE_MS = 5000
 RENEW_S = 1.0
+# How far a streaming follower's client may fall behind the live stream it shares (bytes given
+# to it and not yet taken, beyond the events it got on joining) before it is cut off. An LLM
+# stream comes at tens of KiB per second: 1 MiB behind is a client that has stopped keeping up.
+FOLLOWER_LAG_BYTES = 1 << 20
 _sort = orjson.OPT_SORT_KEYS
 _AGES = tuple(b"%d" % n for n in range(64))
 
@@ -218,11 +238,12 @@ def encode_entry(sse: bool, headers: Headers, body: bytes) -> bytes:
     return _ENTRY.pack(1 if sse else 0, len(block)) + block + body
 
 
-def decode_entry(value: bytes) -> tuple[bool, Headers, bytes]:
+def decode_entry(value: bytes) -> tuple[bool, Headers, memoryview]:
+    """(is-event-stream, headers, body); the body is a view of `value`, not a copy."""
     sse, size = _ENTRY.unpack_from(value)
     start = _ENTRY.size
     parts = value[start:start + size].split(b"\0") if size else []
-    return bool(sse), list(zip(parts[::2], parts[1::2])), value[start + size:]
+    return bool(sse), list(zip(parts[::2], parts[1::2])), memoryview(value)[start + size:]
 
 
 def storable(status: int, headers: Headers, body: bytes) -> bool:
@@ -292,9 +313,38 @@ def usage_filter(request: Request) -> SSEUsage | None:
     return SSEUsage(True)
 
 
+def _without_usage(body: bytes | memoryview) -> bytes:
+    """A whole recorded event stream without its usage chunk (usage_filter's filter)."""
+    usage = SSEUsage(True)
+    return usage.feed(bytes(body)) + usage.flush()
+
+
 def _age(age_ms: int) -> bytes:
     seconds = age_ms // 1000
     return _AGES[seconds] if seconds < len(_AGES) else b"%d" % seconds
+
+
+class Replay:
+    """A stored answer decoded for writing. One whose body is larger than ingress writes at
+    once (WHOLE_BYTES) stays referenced by each client's send queue until that client has
+    taken it; while any does, its worker remembers it (weak references to its bodies, as
+    stored and without the usage chunk) and writes later hits of its key from the same bytes."""
+
+    __slots__ = ("sse", "headers", "born_ms", "bodies")
+
+    def __init__(self, sse: bool, headers: Headers, born_ms: int) -> None:
+        self.sse = sse
+        self.headers = headers  # shared by every answer written from it: never appended to
+        self.born_ms = born_ms  # now_ms() when the entry was stored (now minus its age)
+        self.bodies: dict[bool, weakref.ref[memoryview]] = {}  # key: the usage chunk removed
+
+    def fresh(self, now: int, ttl_ms: int, max_age_ms: int) -> bool:
+        age = now - self.born_ms
+        return age < ttl_ms and (max_age_ms < 0 or age <= max_age_ms)
+
+    def body(self, bare: bool) -> memoryview | None:
+        ref = self.bodies.get(bare)
+        return None if ref is None else ref()
 
 
 # --- per request -------------------------------------------------------------------------------
@@ -322,6 +372,7 @@ class _Detached:
 
     closed = True
     write_paused = False
+    queued = 0
 
     def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
                 body: bytes | memoryview) -> None:
@@ -370,7 +421,7 @@ class Waiting:
     """A follower's stand-in for an exchange (request.exchange): ingress tells it when the
     client leaves or can take writes again."""
 
-    __slots__ = ("owner", "request", "started", "usage")
+    __slots__ = ("owner", "request", "started", "usage", "lag")
 
     def __init__(self, owner: Flight | WaitList, request: Request) -> None:
         self.owner = owner
@@ -379,15 +430,21 @@ class Waiting:
         # A streamed answer carries the usage chunk the leader's meter asked for (or its
         # client did): removed for a follower whose own request did not ask (velox.usage).
         self.usage = usage_filter(request)
+        # Most bytes of a live stream its client may leave untaken (Flight.join sets it).
+        self.lag = FOLLOWER_LAG_BYTES
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> bool:
         """Relay a piece of the leader's stream to this follower (its usage chunk removed
-        unless it asked for one)."""
+        unless it asked for one). False: its client fell too far behind and was cut off."""
+        conn = self.request.conn
+        if conn.queued > self.lag:
+            return False
         usage = self.usage
         if usage is not None:
             data = usage.feed(data)
         if data:
-            self.request.conn.send_chunk(data)
+            conn.send_chunk(data)
+        return True
 
     def end_stream(self) -> None:
         usage = self.usage
@@ -438,9 +495,9 @@ class Flight:
         self.followers.append(waiting)
         if self.status == 200 and self.sse:  # the stream is under way: events so far, then live
             self._start(waiting)
-            body = b"".join(self.chunks)
-            if body:
-                waiting.send(body)
+            waiting.lag = self.size + FOLLOWER_LAG_BYTES
+            for chunk in self.chunks:  # the recorded pieces themselves: shared, not copied
+                waiting.send(chunk)
 
     def leave(self, waiting: Waiting) -> None:
         """A follower's client left."""
@@ -485,8 +542,16 @@ class Flight:
                 self.chunks.append(data)
         self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
         if self.status == 200 and self.sse:
-            for waiting in self.followers:
-                waiting.send(data)
+            behind = [w for w in self.followers if not w.send(data)]
+            for waiting in behind:
+                self.cut(waiting)
+
+    def cut(self, waiting: Waiting) -> None:
+        """A follower's client fell too far behind the live stream: its connection is aborted
+        (the client sees the stream end without `[DONE]`) and it follows no more."""
+        waiting.request.conn.abort()
+        self.front.counters.add(self.front.slot, F.CACHE_FOLLOWERS_CUT, 1)
+        self.leave(waiting)
 
     def end(self, error: BaseException | None) -> None:
         front = self.front
@@ -635,8 +700,9 @@ class RemoteWait(WaitList):
                 return
         if got is not None:
             requests = self.take()
+            replay, body = front.decode(key, got[0], now - got[1])
             for request in requests:
-                front.answer(request, got[0], got[1])
+                front.answer(request, key, replay, body, now)
             front.coalesced(len(requests))
             return
         if time.monotonic() >= self.deadline:
@@ -651,7 +717,7 @@ class CacheFront:
 
     __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "wait_ms",
                  "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
-                 "_send_alone", "tier", "_resume", "held", "renewing")
+                 "_send_alone", "tier", "_resume", "held", "renewing", "replays")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
@@ -674,6 +740,7 @@ class CacheFront:
         self.flights: dict[bytes, Flight] = {}
         self.waits: dict[bytes, RemoteWait] = {}
         self.held: dict[bytes, Flight] = {}  # flights holding the store's marker (renewed)
+        self.replays: dict[bytes, Replay] = {}  # large answers being written (Replay)
         self.renewing: asyncio.TimerHandle | None = None
         self._send_alone = send_alone
         self.release_body = release_body
@@ -712,10 +779,10 @@ class CacheFront:
             if not now:
                 now = now_ms()
             if ticket.follow:  # neither no-cache nor no-store
-                got = self.store.get(key, now, ticket.max_age_ms)
+                got = self.lookup(key, now, ticket.max_age_ms)
                 if got is not None:
                     counters.add(slot, F.CACHE_HITS, 1)
-                    self.answer(request, got[0], got[1])
+                    self.answer(request, key, got[0], got[1], now)
                     continue
                 flight = self.flights.get(key)
                 if flight is not None and flight.joinable:
@@ -757,19 +824,56 @@ class CacheFront:
         wait.join(request)
         return True
 
-    def answer(self, request: Request, value: bytes, age_ms: int) -> None:
-        """Write a stored answer (a hit, or one a request in another worker fetched)."""
+    def lookup(self, key: bytes, now: int, max_age_ms: int) -> tuple[Replay, memoryview] | None:
+        """A fresh stored answer for key: the copy this worker is still writing to other
+        clients (a Replay), else the store's (None: none fresh enough)."""
+        replay = self.replays.get(key)
+        if replay is not None and replay.fresh(now, self.ttl_ms, max_age_ms):
+            body = replay.body(False)
+            if body is not None:
+                return replay, body
+        got = self.store.get(key, now, max_age_ms)
+        if got is None:
+            return None
+        return self.decode(key, got[0], now - got[1])
+
+    def decode(self, key: bytes, value: bytes, born_ms: int) -> tuple[Replay, memoryview]:
+        """A stored value ready to be written; a large one is remembered while it is."""
         sse, headers, body = decode_entry(value)
+        replay = Replay(sse, headers, born_ms)
+        if len(body) > WHOLE_BYTES:
+            self._share(key, replay, False, body)
+        return replay, body
+
+    def _share(self, key: bytes, replay: Replay, bare: bool, body: memoryview) -> None:
+        replays = self.replays
+
+        def written(ref: weakref.ref[memoryview]) -> None:  # no client holds this body now
+            bodies = replay.bodies
+            if bodies.get(bare) is ref:
+                del bodies[bare]
+            if not bodies and replays.get(key) is replay:
+                del replays[key]
+
+        replay.bodies[bare] = weakref.ref(body, written)
+        replays[key] = replay
+
+    def answer(self, request: Request, key: bytes, replay: Replay, body: memoryview,
+               now: int) -> None:
+        """Write a stored answer (a hit, or one a request in another worker fetched)."""
         _free(request)
-        headers.append((HEADER, HIT))
-        headers.append((b"age", _age(age_ms)))
+        headers = [*replay.headers, (HEADER, HIT), (b"age", _age(now - replay.born_ms))]
         conn = request.conn
-        if sse:
-            usage = usage_filter(request)
-            if usage is not None:
-                body = usage.feed(body) + usage.flush()
+        if replay.sse:
+            if usage_filter(request) is not None:
+                bare = replay.body(True)
+                if bare is None:
+                    bare = memoryview(_without_usage(body))
+                    if replay.bodies:
+                        self._share(key, replay, True, bare)
+                body = bare
             conn.start_stream(request, 200, headers)
-            conn.send_chunk(body)  # every event in one chunk: one write for the whole replay
+            conn.send_chunk(body)  # type: ignore[arg-type]  # every event in one chunk
             conn.end_stream()
         else:
             conn.respond(request, 200, headers, body)

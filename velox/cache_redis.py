@@ -25,7 +25,8 @@ header, Cache-Control max-age) are computed from that time, so they are only as 
 hosts' clocks agree (NTP: milliseconds); an entry from the future counts as age 0. A Redis
 entry is served only while it is younger than this host's VELOX_CACHE_TTL_S too.
 
-Redis down or slow: a failed call (refused, reset, past the socket timeout) marks Redis down for
+Redis down or slow: a failed call (refused, reset, past the socket timeout, or a reply not
+of the shape its command gives: a proxy or a server that is not Redis) marks Redis down for
 `RETRY_DOWN_S`, logged once per outage per worker; meanwhile requests skip Redis at once
 (counted as errors) and writes are dropped; then the next lookup tries again. A call out for
 longer than the lookup timeout also makes new lookups skip Redis until it returns.
@@ -35,9 +36,9 @@ CACHE_HITS), CACHE_REDIS_MISSES (requests Redis had no usable entry for), CACHE_
 (requests that went on without Redis's answer: failed, timed out or skipped while down),
 CACHE_REDIS_STORES (answers written), CACHE_REDIS_DROPPED (answers not written).
 
-Imports: config (redact_url), health (the clock), stats (field numbers), cache (WaitList; cache
-refers to this module only in annotations), stdlib; redis.asyncio (lazily, in the worker's
-loop).
+Imports: cluster (ReplyShapeError), config (redact_url), health (the clock), stats (field
+numbers), cache (WaitList; cache refers to this module only in annotations), stdlib;
+redis.asyncio (lazily, in the worker's loop).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from velox.cache import WaitList
+from velox.cluster import ReplyShapeError
 from velox.config import redact_url
 from velox.health import now_ms
 from velox.stats import F
@@ -80,6 +82,31 @@ def decode_value(value: bytes) -> tuple[int, bytes] | None:
     if len(value) < _CREATED.size + 5:
         return None
     return _CREATED.unpack_from(value)[0], value[_CREATED.size:]
+
+
+def lookup_values(replies: Any, writes: int, asks: int) -> list[bytes | None]:
+    """The MGET's values of one pipeline (`writes` SETs, then one MGET of `asks` keys when
+    asks > 0), once every reply has the shape its command gives; else ReplyShapeError."""
+    if not isinstance(replies, list) or len(replies) != writes + (1 if asks else 0):
+        raise ReplyShapeError(f"{len(replies) if isinstance(replies, list) else 'no'} "
+                              f"replies to {writes + (1 if asks else 0)} commands")
+    for reply in replies[:writes]:
+        if reply is not True and reply != b"OK":
+            raise ReplyShapeError(f"SET answered {_shape(reply)}")
+    if not asks:
+        return []
+    values = replies[-1]
+    if not isinstance(values, list) or len(values) != asks or \
+            not all(v is None or isinstance(v, bytes) for v in values):
+        raise ReplyShapeError(f"MGET of {asks} key(s) answered {_shape(values)}")
+    return values
+
+
+def _shape(reply: Any) -> str:
+    """What a reply was, without its content (it may hold a cached answer)."""
+    if isinstance(reply, list):
+        return f"a list of {len(reply)}"
+    return type(reply).__name__
 
 
 def wall_ms() -> int:
@@ -134,11 +161,15 @@ class RedisLookup(WaitList):
         requests = self.take()
         misses: list[Request] = []
         hits = 0
+        now = now_ms()
+        replay = body = None
         for request in requests:
             max_age = request.cache.max_age_ms
             if found is not None and (max_age < 0 or age_ms <= max_age):
                 hits += 1
-                front.answer(request, entry, age_ms)
+                if replay is None:
+                    replay, body = front.decode(self.key, entry, now - age_ms)
+                front.answer(request, self.key, replay, body, now)  # type: ignore[arg-type]
             else:
                 misses.append(request)
         counters, slot = tier.counters, tier.slot
@@ -246,7 +277,7 @@ class RedisTier:
                     pipe.mget([redis_key(lk.key) for lk in asking])
                 self.busy_since = time.monotonic() or 1e-9
                 try:
-                    replies = await pipe.execute()
+                    values = lookup_values(await pipe.execute(), len(writes), len(asking))
                 except Exception as exc:  # noqa: BLE001 - any failure: Redis is down for now
                     self.busy_since = 0.0
                     self._went_down(exc)
@@ -262,9 +293,8 @@ class RedisTier:
                 self._came_back()
                 if writes:
                     self.counters.add(self.slot, F.CACHE_REDIS_STORES, len(writes))
-                if asking:
-                    for lookup, value in zip(asking, replies[-1]):
-                        lookup.resolve(value)
+                for lookup, value in zip(asking, values):
+                    lookup.resolve(value)
         finally:
             self.task = None
             self.busy_since = 0.0
@@ -276,9 +306,10 @@ class RedisTier:
             self.loop.create_task(_close(client))
         if not self.down:
             self.down = True
+            why = f"{type(exc).__name__}: {exc}" if isinstance(exc, ReplyShapeError) \
+                else type(exc).__name__
             log.warning("the cache's Redis at %s is unreachable (%s); cacheable requests go "
-                        "on as local misses until it is back", redact_url(self.url),
-                        type(exc).__name__)
+                        "on as local misses until it is back", redact_url(self.url), why)
 
     def _came_back(self) -> None:
         if self.down:

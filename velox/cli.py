@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"velox: configuration error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
+        for warning in settings.warnings:
+            print(f"velox: warning: {warning}", file=sys.stderr)
         for name, value in settings.redacted().items():
             if isinstance(value, tuple):
                 value = ",".join(value)
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s velox[%(process)d] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for warning in settings.warnings:  # a misspelt VELOX_* variable, with a did-you-mean
+        logging.getLogger("velox.config").warning("%s", warning)
     from velox.supervisor import serve
 
     return serve(settings)

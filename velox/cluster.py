@@ -10,16 +10,24 @@ refresher per host, in the supervisor process (a thread running its own
 asyncio loop with one redis.asyncio connection, hiredis parsing), leases blocks of tokens from
 the Redis buckets and deposits them into the local ones:
 
-* Every `TICK_S` (0.05 s) it reads each bucket's level and its cumulative `taken`, and keeps an
-  estimate of the host's recent rate (the last tick's rate, or the previous estimate decayed
-  with a half-life of 1 s, whichever is higher: it follows a surge at once and lets go in
-  seconds). A bucket's TARGET is about a second's worth of that rate (`LEASE_S`), at least 1
-  token and at most the LEASE CAP: ceil(rate per second x LEASE_S / hosts alive), at most the
-  bucket's burst. When the level falls to half its target or below, the refresher asks for
-  what brings it back to the target: the next lease is asked for before the current one runs
-  out. A Redis bucket short of tokens grants what it has and says how long until the rest
-  refills; the host does not ask again for that bucket before then (at most `LEASE_S`), which
-  keeps an overloaded bucket to a few commands per host per second.
+* Every `TICK_S` (0.05 s) it reads each bucket's level, its cumulative `taken` and `refused`
+  (tokens of takes the local bucket refused) and the largest take asked since its last look,
+  and keeps an estimate of the host's recent DEMAND (tokens asked per second, admitted or
+  refused: the last tick's, or the previous estimate decayed with a half-life of 1 s,
+  whichever is higher: it follows a surge at once and lets go in seconds). A refused request
+  is demand: a host whose bucket cannot serve its requests asks for more instead of seeing
+  nothing admitted and letting its estimate decay to 0. A bucket's TARGET is about a second's
+  worth of that demand (`LEASE_S`), at least 1 token and at most the LEASE CAP:
+  ceil(rate per second x LEASE_S / hosts alive), at most the bucket's burst; plus, for a
+  bucket whose takes are larger than one token (a tpm reservation), the largest recent take
+  (times the number of such takes refused at once, at most `NEED_TAKES`; decaying with a
+  half-life of `NEED_HALF_LIFE_S`), so the next such requests find enough.
+  When the level falls to that extra plus half the rest, the refresher asks for what brings
+  it back to the target: the next lease is asked for before the current one runs out, and at
+  once when the bucket cannot serve its next take. A Redis bucket short of tokens grants what
+  it has and says how long until the rest refills; the host does not ask again for that
+  bucket before then (at most `LEASE_S`), which keeps an overloaded bucket to a few commands
+  per host per second.
 * All leases of one tick, and the host's registration, go to Redis as ONE script call per 500
   buckets, pipelined: a few commands per host per second whatever the request rate.
 * The Lua script (`LEASE_LUA`) is atomic and reads Redis's own clock (TIME), so the hosts'
@@ -35,10 +43,10 @@ a host admits only tokens it leased. So over ANY window of T seconds the hosts a
 and the last term is at most hosts x lease cap = hosts x ceil(rate/60 x LEASE_S / hosts), about
 one second of the limit (600 rpm on 3 hosts: 3 x 4 = 12 requests). Conversely, under a demand
 above the limit, fewer are admitted only by the tokens leased but not used when the window
-closes: at most one lease cap per host. `bound()` computes it. One exception: a single take
-larger than the lease cap (a gateway key's tpm reservation for a big request; the takers note
-its size in `wanted`) makes its host lease that much once, so it can pass; the held tokens are
-then at most hosts x the largest such reservation.
+closes: at most one lease cap per host. `bound()` computes it. For a bucket whose takes are
+larger than one token (a tpm reservation) each host may also hold the largest recent take on
+top, up to NEED_TAKES of them when that many were refused at once: the bound is then
+hosts x (lease cap + NEED_TAKES x the largest take), at most hosts x burst.
 
 Low rates. Below one token per second per host the lease is one token: each host holds at most
 one, asked for as soon as it used its last (the next tick), all of them batched into the same
@@ -46,7 +54,8 @@ call. A request that reaches a host whose token is spent gets 429 (Retry-After: 
 another host's token sits unused: the limit is never exceeded, and what the hosts hold idle is
 at most one token each (within the bound).
 
-Redis unreachable (refused, reset, or silent past `TIMEOUT_S`): the refresher logs once,
+Redis unreachable (refused, reset, silent past `TIMEOUT_S`, or answering replies of another
+shape than the script's, as a server that is not Redis would): the refresher logs once,
 counts a fallback, and reconfigures every local bucket to a CLOCK-refilled bucket holding the
 host's share: rate / hosts last seen, burst / hosts last seen (at least 1 each; 1 host if Redis
 was never reached), keeping the tokens it had. It tries again every `RETRY_DOWN_S`; the first
@@ -86,6 +95,10 @@ HOST_TTL_S = 5.0  # a host not heard from this long is not counted (5 missed hea
 TIMEOUT_S = 0.5
 RETRY_DOWN_S = 0.5  # while Redis is unreachable, try again this often
 RATE_HALF_LIFE_S = 1.0  # the host's rate estimate decays with this half-life
+# The largest take kept in hand decays more slowly: a key sending one large request every few
+# seconds still finds enough for it (what that holds is within `bound`'s `largest` term).
+NEED_HALF_LIFE_S = 10.0
+NEED_TAKES = 4  # at most this many of the largest take are kept in hand (requests at once)
 CHUNK = 500  # buckets per script call (bounds the script's run time inside Redis)
 KEY_PREFIX = "velox:"
 HOSTS_KEY = KEY_PREFIX + "hosts"
@@ -163,6 +176,12 @@ return out
 """
 
 
+class ReplyShapeError(Exception):
+    """A Redis reply that is not what its command answers (a proxy or a server that is not
+    Redis, answering `+OK` to everything): treated like a lost connection, by the refresher
+    and by the response cache's tier (velox.cache_redis)."""
+
+
 class LimitsLike(Protocol):
     """What the refresher needs of velox._native.Limits (tests may pass a stand-in)."""
 
@@ -171,6 +190,8 @@ class LimitsLike(Protocol):
     def give(self, i: int, n: int) -> int: ...
     def level(self, i: int) -> int: ...
     def taken(self, i: int) -> int: ...
+    def refused(self, i: int) -> int: ...
+    def pop_largest(self, i: int) -> int: ...
 
 
 def lease_cap(rate_per_minute: int, burst: int, hosts: int) -> int:
@@ -179,9 +200,37 @@ def lease_cap(rate_per_minute: int, burst: int, hosts: int) -> int:
     return max(1, min(burst, math.ceil(share)))
 
 
-def bound(rate_per_minute: int, burst: int, hosts: int) -> int:
-    """Tokens the hosts may hold unused at once: the most a window's count can be off by."""
-    return hosts * lease_cap(rate_per_minute, burst, hosts)
+def bound(rate_per_minute: int, burst: int, hosts: int, largest: int = 1) -> int:
+    """Tokens the hosts may hold unused at once: the most a window's count can be off by.
+    `largest`: the largest single take (a tpm reservation); 1 for a request bucket."""
+    extra = NEED_TAKES * largest if largest > 1 else 0
+    return hosts * min(burst, lease_cap(rate_per_minute, burst, hosts) + extra)
+
+
+def _need(largest: int, refused: int) -> float:
+    """What a bucket should keep in hand for its large takes, from the largest take asked in
+    the last tick and the tokens refused in it: takes refused beside the largest are
+    requests wanting about that much at once (several SDK clients of one key), so keep that
+    many (at most NEED_TAKES). 0 for a bucket of one-token takes (requests)."""
+    if largest <= 1:
+        return 0.0
+    return float(largest * min(NEED_TAKES, 1 + refused // largest))
+
+
+def lease_ask(rate_est: float, need: float, cap: int, burst: int, level: int) -> int:
+    """Tokens to lease now for a local bucket holding `level`, asked at `rate_est` tokens per
+    second recently, whose largest recent take was `need` (0: one token).
+
+    The target is about a second of the demand (at least 1, at most the lease cap) plus
+    `need`: enough for the next large take on top of the rate's lease. The lease is asked
+    when the level is down to `need` plus half the rate's part, before it runs out, and
+    above all when the bucket cannot serve its next take. 0: nothing to ask."""
+    part = min(cap, max(1, math.ceil(rate_est * LEASE_S)))
+    extra = math.ceil(need)
+    target = min(burst, part + extra)
+    if (level - extra) * 2 <= part and level < target:
+        return target - level
+    return 0
 
 
 def fallback_share(rate_per_minute: int, burst: int, hosts: int) -> tuple[int, int]:
@@ -191,13 +240,13 @@ def fallback_share(rate_per_minute: int, burst: int, hosts: int) -> tuple[int, i
 
 
 class Leased:
-    """One bucket: its Redis key, its local LEASED bucket and the host's view of its rate."""
+    """One bucket: its Redis key, its local LEASED bucket and the host's view of its demand."""
 
     __slots__ = ("name", "key", "limits", "index", "rate", "burst", "cap", "rate_est",
-                 "last_taken", "next_ask", "want", "wanted")
+                 "last_taken", "last_refused", "need", "next_ask", "want")
 
     def __init__(self, name: str, limits: LimitsLike, index: int, rate: int, burst: int,
-                 wanted: Any = None) -> None:
+                 need: int = 0) -> None:
         self.name = name
         self.key = f"{KEY_PREFIX}bucket:{name}"
         self.limits = limits
@@ -205,13 +254,15 @@ class Leased:
         self.rate = rate  # tokens per minute, global
         self.burst = burst  # global
         self.cap = 0  # the lease cap now (0: not configured yet)
-        self.rate_est = 0.0  # tokens per second taken on this host, recently
+        self.rate_est = 0.0  # tokens per second asked of this host (taken or refused), recently
         self.last_taken = limits.taken(index)
+        self.last_refused = limits.refused(index)
+        # The largest take recently asked, when larger than one token (a tpm reservation):
+        # the local bucket keeps that much on top of the rate's lease, so the next such
+        # request can pass. Decays with NEED_HALF_LIFE_S; starts at `need` (see add).
+        self.need = float(min(burst, need)) if need > 1 else 0.0
         self.next_ask = 0.0  # monotonic time before which Redis is not asked (it was short)
         self.want = 0  # tokens asked for in the call in progress
-        # A native Counters(1, n) whose field `index` holds the size of the last take the
-        # local bucket refused (a gauge the takers set, the refresher clears), or None.
-        self.wanted = wanted
 
 
 class Cluster:
@@ -246,14 +297,16 @@ class Cluster:
     # --- set-up (supervisor) -----------------------------------------------------------------
 
     def add(self, name: str, limits: LimitsLike, index: int, rate_per_minute: int,
-            burst: int, wanted: Any = None) -> None:
+            burst: int, need: int = 0) -> None:
         """Share the bucket `index` of `limits` with every host, as `name` in Redis.
 
         Call it before the workers that take from it fork: the bucket is configured LEASED at
         once (empty; the next tick fills it) or, while Redis is unreachable, to the host's
-        share. `wanted` (optional): see Leased. A bucket of the same name is replaced.
+        share. `need`: the size of a typical take when larger than one token (a tpm bucket:
+        a typical request's reservation), kept in hand from the first lease so the first such
+        request passes. A bucket of the same name is replaced.
         """
-        bucket = Leased(name, limits, index, rate_per_minute, burst, wanted)
+        bucket = Leased(name, limits, index, rate_per_minute, burst, need)
         with self._lock:
             self.buckets = [b for b in self.buckets if b.name != name]
             self.buckets.append(bucket)
@@ -264,6 +317,7 @@ class Cluster:
                 level = limits.level(index)
                 if level > 0:
                     limits.take(index, level)
+                    limits.pop_largest(index)  # that take is no request's: no demand
                 bucket.last_taken = limits.taken(index)
 
     def remove(self, prefix: str) -> None:
@@ -337,29 +391,30 @@ class Cluster:
             decode_responses=False)
 
     def _plan(self, now: float) -> list[tuple[Leased, int]]:
-        """Update each bucket's rate estimate; the leases to ask for now."""
+        """Update each bucket's demand estimate; the leases to ask for now."""
         dt = now - self._last_tick if self._last_tick else TICK_S
         self._last_tick = now
         decay = 0.5 ** (dt / RATE_HALF_LIFE_S)
+        need_decay = 0.5 ** (dt / NEED_HALF_LIFE_S)
         asks = []
         with self._lock:
             buckets = list(self.buckets)
         for b in buckets:
-            taken = b.limits.taken(b.index)
-            instant = (taken - b.last_taken) / dt if dt > 0 else 0.0
-            b.last_taken = taken
-            b.rate_est = max(instant, b.rate_est * decay)
+            limits, i = b.limits, b.index
+            taken, refused = limits.taken(i), limits.refused(i)
+            # Demand, not only admissions: a take the bucket refused counts too. Counting
+            # only what was admitted, a bucket that cannot serve its next request admits
+            # nothing, its estimate decays to 0 and it is never refilled (a locked-out key).
+            asked = (taken - b.last_taken) + (refused - b.last_refused)
+            b.rate_est = max(asked / dt if dt > 0 else 0.0, b.rate_est * decay)
+            b.need = max(_need(limits.pop_largest(i), refused - b.last_refused),
+                         b.need * need_decay)
+            b.last_taken, b.last_refused = taken, refused
             if not self.up or now < b.next_ask:
                 continue
-            target = min(b.cap, max(1, math.ceil(b.rate_est * LEASE_S)))
-            if b.wanted is not None:  # a take larger than a lease: lease enough for it once
-                big = b.wanted.get(0, b.index)
-                if big:
-                    b.wanted.set(0, b.index, 0)
-                    target = max(target, min(b.burst, big))
-            level = b.limits.level(b.index)
-            if level * 2 <= target:  # half the lease is left: ask for the next one now
-                asks.append((b, target - level))
+            ask = lease_ask(b.rate_est, b.need, b.cap, b.burst, limits.level(i))
+            if ask > 0:
+                asks.append((b, ask))
         return asks
 
     async def _tick(self, client: Any, now: float) -> None:
@@ -398,7 +453,7 @@ class Cluster:
         from redis.exceptions import NoScriptError
 
         if not self._sha:
-            self._sha = await client.script_load(LEASE_LUA)
+            self._sha = _sha(await client.script_load(LEASE_LUA))
             self.commands += 1
         chunks = [asks[i:i + CHUNK] for i in range(0, len(asks), CHUNK)] or [[]]
         head = [self.host_id, int(HOST_TTL_S * 1000), "1" if leave else "0",
@@ -418,14 +473,10 @@ class Cluster:
             except NoScriptError:  # Redis restarted and lost its script cache: load it again
                 if attempt:
                     raise
-                self._sha = await client.script_load(LEASE_LUA)
+                self._sha = _sha(await client.script_load(LEASE_LUA))
                 self.commands += 1
+        hosts, out = lease_replies(results, [[want for _, want in chunk] for chunk in chunks])
         self._called = True
-        out: list[tuple[int, int]] = []
-        hosts = self.hosts
-        for result in results:
-            hosts = max(1, int(result[0]))
-            out += [(int(result[i]), int(result[i + 1])) for i in range(1, len(result), 2)]
         self._set_hosts(hosts)
         return out
 
@@ -480,6 +531,36 @@ class Cluster:
         else:
             log.info("sharing %d limit(s) through Redis at %s with %d host(s)",
                      len(self.buckets), redact_url(self.url), self.hosts)
+
+
+def lease_replies(results: Any, chunks: list[list[int]]) -> tuple[int, list[tuple[int, int]]]:
+    """(hosts alive, [(granted, wait_ms)] per ask) from the script calls' replies, once each
+    has LEASE_LUA's shape for its chunk of asks (`chunks`: the wants); else ReplyShapeError."""
+    if not isinstance(results, list) or len(results) != len(chunks):
+        raise ReplyShapeError(f"{len(results) if isinstance(results, list) else 'no'} replies "
+                              f"to {len(chunks)} script call(s)")
+    hosts, out = 1, []
+    for result, wants in zip(results, chunks):
+        if not isinstance(result, list) or len(result) != 1 + 2 * len(wants) or \
+                not all(type(v) is int for v in result) or result[0] < 1:
+            raise ReplyShapeError("a lease script call answered something else than "
+                                  f"{1 + 2 * len(wants)} integers")
+        hosts = result[0]
+        for k, want in enumerate(wants):
+            granted, wait_ms = result[1 + 2 * k], result[2 + 2 * k]
+            if not 0 <= granted <= max(0, want) or wait_ms < 0:
+                raise ReplyShapeError(f"a lease of {want} answered {granted} granted")
+            out.append((granted, wait_ms))
+    return hosts, out
+
+
+def _sha(reply: Any) -> str:
+    """SCRIPT LOAD's answer: the script's SHA-1 in hex; else ReplyShapeError."""
+    sha = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
+    if not isinstance(sha, str) or len(sha) != 40 or \
+            any(c not in "0123456789abcdef" for c in sha):
+        raise ReplyShapeError("SCRIPT LOAD answered something else than a SHA-1")
+    return sha
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,10 @@ Imports: tables (the TOML tables), stdlib and python-dotenv.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import ipaddress
 import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +44,16 @@ DEFAULT_SHUTDOWN_GRACE_S = 30
 DEFAULT_KEEPALIVE_TIMEOUT_S = 75
 DEFAULT_WORKER_HANG_S = 10
 DEFAULT_BODY_TIMEOUT_MS = 30_000
+# A client whose connection takes none of its answer for this long is disconnected (what is
+# waiting for it dropped). nginx's send_timeout is 60 s; a reading client drains its 64 KiB
+# transport buffer in well under a second even on a slow link, so 30 s cuts only clients that
+# stopped reading, while bounding how long such a client holds a worker's memory.
+DEFAULT_WRITE_TIMEOUT_MS = 30_000
 DEFAULT_CACHE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_CACHE_TTL_S = 3600
+# /metrics: gateway keys with their own series (VELOX_METRICS_KEYS). 2,048 keys made a 0.87 MB
+# scrape costing ~0.34 s of supervisor CPU (benches/bench_metrics.py); 100 keys stay small.
+DEFAULT_METRICS_KEYS = 100
 # The token bucket keeps tokens in int64 scaled by 60e6 (µs per minute); these bounds keep
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
@@ -54,7 +65,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(ValueError):
-    """A setting has an invalid value; the message names the variable and the accepted form."""
+    """A setting has an invalid value; the message names the variable (or file, table and key)
+    and the accepted form, and `fix` says what to change."""
+
+    def __init__(self, message: str, fix: str = "fix that variable (see .env.example)") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def usable_cores() -> int:
@@ -277,6 +293,10 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
           str(DEFAULT_BODY_TIMEOUT_MS),
           "a request (line, headers, body) must arrive within this time of its first byte (408)"),
+    Field("VELOX_WRITE_TIMEOUT_MS", "write_timeout_ms", _int_in(100, 86_400_000),
+          str(DEFAULT_WRITE_TIMEOUT_MS),
+          "a client that takes none of its answer for this long is disconnected (a slow reader "
+          "is paced, not cut: only one whose writes stay blocked this long)"),
     Field("VELOX_UPSTREAM_PING_INTERVAL_MS", "upstream_ping_interval_ms",
           _int_in(0, 86_400_000), "10000",
           "HTTP/2 PING an idle upstream connection this often (0: no liveness PINGs)"),
@@ -298,12 +318,18 @@ FIELDS: tuple[Field, ...] = (
           " 0: only of requests a tpm limit applies to. On by default: the per-key token counts"
           " are the gateway's usage books, and they cost ~6.5 us of ~86 us of worker CPU per"
           " request (socket-free pipeline)"),
+    Field("VELOX_METRICS_KEYS", "metrics_keys", _int_in(0, 4096), str(DEFAULT_METRICS_KEYS),
+          "gateway keys with their own /metrics series (the first [[key]] tables in file "
+          "order); the others are summed under key=\"_other\" (/stats lists every key)"),
     Field("VELOX_REDIS_URL", "redis_url", _redis_url, "",
           "Redis shared by several Velox hosts: every rate limit becomes global across them "
           "(empty: this host alone)"),
     Field("VELOX_CACHE_REDIS_TIMEOUT_MS", "cache_redis_timeout_ms", _int_in(1, 10_000), "5",
           "with VELOX_REDIS_URL, a local cache miss waits at most this long for the Redis "
           "tier's answer, then goes on as a miss"),
+    Field("VELOX_ALLOW_OPEN", "allow_open", _bool, "0",
+          "serve clients that present no key on a VELOX_HOST other than loopback, with the "
+          "upstream keys (an open relay: refused at start-up unless 1, and then logged)"),
     Field("VELOX_INGRESS_PARSER", "ingress_parser", _choice("native", "httptools"), "native",
           "request heads: native (one C call per head; httptools takes over a connection at "
           "anything unusual) or httptools alone"),
@@ -347,6 +373,7 @@ class Settings:
     admin_token: str = ""
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS
     upstream_ping_interval_ms: int = 10_000
     upstream_ping_timeout_ms: int = 5_000
     reload_ready_s: int = 30
@@ -354,10 +381,15 @@ class Settings:
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     cache_ttl_s: int = DEFAULT_CACHE_TTL_S
     tokens_default_output: int = 1024
+    metrics_keys: int = DEFAULT_METRICS_KEYS
     token_accounting: bool = True
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     cache_redis_timeout_ms: int = 5
     ingress_parser: str = "native"
+    allow_open: bool = False
+    # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
+    # logged at start-up and on reload, printed by doctor.
+    warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
     # Upstreams, routes and failover policies (velox.tables). None here means "synthesise them
@@ -473,11 +505,30 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     if not values.get("upstream_api_key"):
         values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()
+    values["warnings"] = unknown_variables(env)
     settings = Settings(**values)
     _check_consistency(settings)
     if settings.config_file:
         settings = dataclasses.replace(settings, tables=_load_tables(settings, env))
+    _check_exposure(settings)
     return settings
+
+
+def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:
+    """A warning for each VELOX_* variable that is no setting (a typo is otherwise silently
+    ignored), with the closest setting's name when one is close."""
+    prefix = "VELOX_"
+    known = {f.env.removeprefix(prefix): f.env for f in FIELDS}
+    out = []
+    for name in sorted(n for n in env if n.startswith(prefix)):
+        suffix = name.removeprefix(prefix)
+        if suffix in known:
+            continue
+        # Compared without the prefix every name shares, which would make anything look close.
+        close = difflib.get_close_matches(suffix, known, n=1, cutoff=0.6)
+        hint = f"did you mean {known[close[0]]}?" if close else "see .env.example for the settings"
+        out.append(f"{name} is not a Velox setting and is ignored; {hint}")
+    return tuple(out)
 
 
 def _load_tables(settings: Settings, env: Mapping[str, str]) -> Tables:
@@ -485,14 +536,17 @@ def _load_tables(settings: Settings, env: Mapping[str, str]) -> Tables:
     try:
         tables = load_file(settings.config_file, env, settings.default_upstream())
     except TableError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(str(exc), exc.fix or f"fix {settings.config_file} (VELOX_CONFIG)"
+                          ) from None
     if settings.egress == "http1":  # the whole gateway speaks HTTP/1.1 upstream
         upstreams = []
         for index, spec in enumerate(tables.upstreams, 1):
             if spec.protocol == "h2":
+                where = f"[[upstream]] #{index} (name \"{spec.name}\")"
                 raise ConfigError(
-                    f"{tables.source}: [[upstream]] #{index} (name \"{spec.name}\"): protocol: "
-                    "\"h2\" contradicts VELOX_EGRESS=http1; pick one protocol")
+                    f"{tables.source}: {where}: protocol: \"h2\" contradicts VELOX_EGRESS=http1; "
+                    "pick one protocol", f"fix protocol of {where} in {tables.source}, or "
+                    "VELOX_EGRESS")
             upstreams.append(dataclasses.replace(spec, protocol="http1"))
         tables = dataclasses.replace(tables, upstreams=tuple(upstreams))
     return tables
@@ -508,6 +562,54 @@ def _check_consistency(s: Settings) -> None:
         raise ConfigError(
             "VELOX_EGRESS=http1 contradicts VELOX_UPSTREAM_PROTOCOL=h2; pick one protocol"
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name) only ever means this machine."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def unprotected(s: Settings) -> str | None:
+    """Why anyone who can reach the gateway may use it (None: only this machine, or only
+    clients presenting a key)."""
+    tables = s.tables
+    assert tables is not None
+    if s.api_keys or tables.keys or is_loopback(s.host):
+        return None
+    return (f"VELOX_HOST={s.host} is not a loopback address and no client key is configured "
+            f"(VELOX_API_KEYS, or [[key]] tables in VELOX_CONFIG)")
+
+
+def relayed_keys(s: Settings) -> str | None:
+    """The upstream keys an unprotected gateway would lend to anyone, in words (None: none)."""
+    tables = s.tables
+    assert tables is not None
+    if unprotected(s) is None:
+        return None
+    names = [u.name for u in tables.upstreams if u.api_key]
+    if not names:
+        return None
+    if not tables.source:
+        return "the upstream key (VELOX_UPSTREAM_API_KEY or OPENAI_API_KEY)"
+    return f"the key of upstream(s) {', '.join(names)} of {tables.source}"
+
+
+def _check_exposure(s: Settings) -> None:
+    """An open relay of the operator's upstream keys only when asked for by name."""
+    relayed = relayed_keys(s)
+    if relayed and not s.allow_open:
+        fix = ("set VELOX_API_KEYS (or [[key]] tables), or VELOX_HOST=127.0.0.1, or "
+               "VELOX_ALLOW_OPEN=1 to serve everyone on purpose")
+        raise ConfigError(f"{unprotected(s)}: anyone who can reach it would be served with "
+                          f"{relayed}; {fix}", fix)
 
 
 def replace(settings: Settings, **changes: Any) -> Settings:

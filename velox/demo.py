@@ -2,8 +2,10 @@
 
 Starts the mock OpenAI upstream over HTTP/2 + TLS with a fresh CA, starts the gateway on
 127.0.0.1:8080 (or VELOX_PORT) trusting that CA, makes one ordinary and one streaming call with
-the OpenAI SDK to show the path works, prints what to give your own client, and stays in the
-foreground until Ctrl-C, when it stops everything it started.
+the OpenAI SDK to show the path works, prints what to give your own client and where its admin
+server is (a free port of its own), and stays in the foreground until Ctrl-C, when it stops
+everything it started. A taken port (another gateway would answer in its place) is said, and
+the demo exits 1.
 
 Imports: config, launch, mock, stdlib (openai if installed).
 """
@@ -60,10 +62,15 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        gateway.start()
+        try:
+            gateway.start()
+        except RuntimeError as exc:  # the port is taken, or the gateway did not start
+            print(f"velox demo: the gateway did not start: {exc}", file=sys.stderr)
+            return 1
         base_url = gateway.base_url + "/v1"
         print(f"Velox is listening on {gateway.base_url} (pid {gateway.pid}), forwarding over "
               f"HTTP/2 + TLS to the mock upstream at {mock.origin} (pid {mock.pid}).")
+        print(f"Its admin server (/stats, /metrics, /debug/pprof/) is on {gateway.admin_url}.")
         _try_the_sdk(base_url)
         print()
         print("Point any OpenAI client at it:")

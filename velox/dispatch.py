@@ -105,7 +105,7 @@ class Dispatch:
             model = self.forward_model
         elif model in self.hashed or (self._hash_all and self.router.chains.get(model) is None):
             key = affinity(request)
-        plan = self.router.plan(model, key)
+        plan = self.router.plan(model, key, request.allowed)
         if plan is None:
             exchange.refuse(ModelNotFound(
                 f"The model `{model}` does not exist or you do not have access to it.",
@@ -136,7 +136,7 @@ class Dispatch:
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
                                                         or exchange.passthrough)
         body = request.body if request.model is None or attempt.model == request.model \
-            else rewrite_model(request.body, attempt.model)
+            else rewrite_model(request.body, attempt.model, request.model_span)
         meter = exchange.meter
         # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
         # accepts the option; the meter then strips what it brings.
@@ -313,8 +313,11 @@ def head_extra(upstream_name: bytes, attempts: int) -> tuple[tuple[bytes, bytes]
     return ((b"x-velox-upstream", upstream_name), (b"x-velox-attempts", b"%d" % attempts))
 
 
-def rewrite_model(body: Any, model: str) -> bytes:
-    """The body with its top-level `model` value replaced (the rest byte for byte)."""
+def rewrite_model(body: Any, model: str, span: tuple[int, int] | None = None) -> bytes:
+    """The body with its top-level `model` value replaced (the rest byte for byte); `span`:
+    a multipart form's model value (parse.form_model), replaced by the name as it is."""
+    if span is not None:
+        return b"".join((body[:span[0]], model.encode(), body[span[1]:]))
     error, _offset, start, end, *_ = _native.scan_json(body)
     if error or start < 0:
         return bytes(body)  # unreachable for a body the parse stage accepted

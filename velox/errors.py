@@ -137,6 +137,14 @@ class ModelNotAllowed(VeloxError):
     default_message = "This gateway key may not use the requested model."
 
 
+class EndpointNotAllowed(VeloxError):
+    status = 403  # the SDK raises PermissionDeniedError
+    type = "invalid_request_error"
+    code = "endpoint_not_allowed"
+    source = Source.DOWNSTREAM
+    default_message = "This gateway key may not use this endpoint."
+
+
 class RequestTimeout(VeloxError):
     status = 408
     type = "invalid_request_error"

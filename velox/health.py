@@ -57,7 +57,7 @@ import time
 from typing import Any
 
 from velox import _native
-from velox._native import Counters, Health, Limits, RetryBudget
+from velox._native import Health, Limits, RetryBudget
 from velox.tables import TableError, Tables
 
 # Why an upstream cannot take a request now (admit() returns the negative).
@@ -117,8 +117,9 @@ def check_tables(tables: Tables) -> None:
         limits.append((f"[[upstream]] {u.name!r} tpm", u.tpm, 0, 10**9))
     for key, value, lo, hi in limits:
         if not lo <= value <= hi:
-            raise TableError(f"{tables.source or 'tables'}: {key} must be an integer in "
-                             f"[{lo}, {hi}], got {value!r}")
+            where = tables.source or "tables"
+            raise TableError(f"{where}: {key} must be an integer in [{lo}, {hi}], got {value!r}",
+                             f"fix {key} in {where}")
 
 
 def rpm_burst(rpm: int) -> int:
@@ -297,15 +298,11 @@ class UpstreamTokens:
     """The upstreams' tpm buckets (index = upstream; an upstream without tpm takes nothing).
     One native `Limits` mapping of their own, made before fork with the rest of the health."""
 
-    __slots__ = ("limits", "burst", "wanted")
+    __slots__ = ("limits", "burst")
 
     def __init__(self, tpms: tuple[int, ...]) -> None:
         self.limits = _native.Limits(len(tpms))
         self.burst = tpms  # one minute's worth; 0: no bucket
-        # Field u: the size of the last reservation u's bucket refused (a gauge the Redis
-        # refresher reads and clears: a reservation larger than one lease makes the host lease
-        # enough for it once, velox.cluster). Unused without VELOX_REDIS_URL.
-        self.wanted = Counters(1, max(1, len(tpms)))
         for u, tpm in enumerate(tpms):
             if tpm > 0:
                 self.limits.configure(u, tpm, tpm)
@@ -320,7 +317,6 @@ class UpstreamTokens:
         wait = self.limits.take(u, n)
         if wait == 0:
             return n, 0
-        self.wanted.set(0, u, n)  # the refusal's slow path: for the refresher's next lease
         return 0, max(wait, 1)
 
     def give(self, u: int, tokens: int) -> None:

@@ -35,17 +35,32 @@ request costs ingress 23.2 us with httptools and 11.7 us natively (min of 30 rou
 benches/bench_ingress.py), and the socket-free worker path (64 clients, native codec)
 95.8 -> 82.5 us of CPU per request (medians of 30 interleaved blocks; paired saving 13.8 us).
 
+Writing answers. An answer of up to WHOLE_BYTES is built with its head by one native call and
+written at once (a chat completion is a few KiB). A larger body, and a stream's bytes whenever the
+client is not taking them, go through the connection's send queue: slices of the caller's own
+objects (nothing copied there), written at most `_WRITE_PIECE` bytes per transport write and
+only while the transport is not paused (pause_writing: its buffer is over 64 KiB). So a client
+that does not read holds the transport's buffer of its own, not a copy of its answer, and one
+answer written to many such clients (a cached one: velox.cache) is held once. Requests
+pipelined behind a paused answer wait for resume_writing before they are answered. A
+connection whose writes stay paused for VELOX_WRITE_TIMEOUT_MS (the client took nothing in
+that time) is aborted, dropping what it holds (the worker's tick calls `expire_write`): close()
+would wait for the buffer to drain, which a client that never reads never lets happen, and the
+keep-alive timeout only closes connections that have nothing to send.
+
 Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
 otherwise complete the message first and the client got an empty reply), transfer codings other
 than chunked (501, RFC 9112 §6.1), any Transfer-Encoding on HTTP/1.0 (400: faulty framing,
 §6.1), an HTTP/1.1 request without Host and any request with two Host fields or an invalid
-Host (400, §3.2), more than MAX_FIELDS header fields (431), and request lines of HTTP/0.9
-(llhttp reads a line without a version as one) or HTTP/2.0 (505: llhttp parses both, and they
-would otherwise be answered as HTTP/1.1). An absolute-form target (`POST http://host/v1/...`,
-§3.2.2) is served as its path and query; its authority is checked like a Host and otherwise
-ignored, as Host is: Velox routes by path alone. Trailer fields of a chunked body are dropped,
-never forwarded as headers. The native parser accepts none of these heads (see
-native/vx_reqhead.h), so each rule is applied once, on the httptools path, for both settings.
+Host (400, §3.2), more than one Authorization field (400: the key check, the cache's
+partition and the upstream must all read the same credential), more than MAX_FIELDS header
+fields (431), and request lines of HTTP/0.9 (llhttp reads a line without a version as one) or
+HTTP/2.0 (505: llhttp parses both, and they would otherwise be answered as HTTP/1.1). An
+absolute-form target (`POST http://host/v1/...`, §3.2.2) is served as its path and query; its
+authority is checked like a Host and otherwise ignored, as Host is: Velox routes by path
+alone. Trailer fields of a chunked body are dropped, never forwarded as headers. The native
+parser accepts none of these heads (see native/vx_reqhead.h), so each rule is applied once, on
+the httptools path, for both settings.
 
 Imports: _types, errors, route, arena, h1write (the response bytes, native), _native (the
 request-head parser), config (for Settings), the ring interface, httptools and orjson.
@@ -69,6 +84,7 @@ from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
     BadHTTP,
+    BadRequest,
     HeadersTooLarge,
     InternalError,
     NotReady,
@@ -82,7 +98,7 @@ from velox.errors import (
     to_response,
 )
 from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
-from velox.route import HOP_BY_HOP, Auth, classify
+from velox.route import HOP_BY_HOP, Auth, classify, normal_target
 
 log = logging.getLogger("velox.ingress")
 
@@ -106,6 +122,7 @@ _TOO_MANY_FIELDS = (f"The request has more than {MAX_FIELDS} header fields; this
 _HOST = re.compile(rb"[0-9A-Za-z!$%&'()*+,\-.:;=\[\]_~]*")
 # An absolute-form target: scheme http or https (any case), authority, the rest.
 _ABSOLUTE = re.compile(rb"(?i:https?)://([^/?]*)(.*)", re.S)
+_TWO_CREDENTIALS = "The request has more than one Authorization header; send exactly one."
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
@@ -124,6 +141,14 @@ _UPSTREAM_DROP = HOP_BY_HOP | {b"authorization"}
 # never sized from Content-Length: it holds what arrived (CPython over-allocates ~12% per
 # growth, and glibc grows blocks of 128 KiB and up with mremap, so appending copies no pages).
 _ASSEMBLE_BYTES = 64 * 1024
+# Bodies up to this size are written whole with their head (one native call, one write); the
+# transport's high-water mark is 64 KiB too, so a client that does not read holds at most about
+# this much of a whole answer in its transport buffer. Larger ones go through the send queue.
+WHOLE_BYTES = 64 * 1024
+# Largest single transport write from the send queue: a slice of the queued object, so writing
+# a 6 MiB cached answer to a reading client costs ~25 writes and no copy of the answer.
+_WRITE_PIECE = 256 * 1024
+_LAST_CHUNK = h1write.LAST_CHUNK
 
 
 class IngressState:
@@ -132,7 +157,7 @@ class IngressState:
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
-        "handoff", "unflushed", "flush_scheduled", "native",
+        "handoff", "unflushed", "flush_scheduled", "native", "write_timeouts",
     )
 
     def __init__(
@@ -161,6 +186,7 @@ class IngressState:
         self.on_response = on_response  # (request, status, bytes_out) for the counters
         self.overloaded = 0  # requests refused because the ring was full
         self.receive_timeouts = 0  # requests cut off by VELOX_BODY_TIMEOUT_MS (408)
+        self.write_timeouts = 0  # connections aborted by VELOX_WRITE_TIMEOUT_MS
         # Draining for a reload (a new worker took over): requests still arriving on open
         # connections are served, with Connection: close, instead of 503 shutting_down.
         self.handoff = False
@@ -215,6 +241,11 @@ class ClientConnection(asyncio.Protocol):
         "read_paused", "refused",
         # a stream's bytes not yet written: its head, and the pieces of body (unframed)
         "_out_head", "_out",
+        # the send queue (see "Writing answers"): objects to write, the offset into the first,
+        # the bytes left, and how the request ends once they are written (None: not yet ended)
+        "_q", "_q_off", "_q_bytes", "_q_done",
+        # monotonic time writes were paused (the client stopped taking them); 0.0 when not
+        "stalled_since",
     )
 
     def __init__(self, state: IngressState) -> None:
@@ -232,6 +263,11 @@ class ClientConnection(asyncio.Protocol):
         self._stream_bytes = 0
         self._out_head = b""
         self._out: list[bytes] | None = None  # None: nothing queued
+        self._q: deque[bytes | memoryview] | None = None
+        self._q_off = 0
+        self._q_bytes = 0
+        self._q_done: bool | None = None  # the keep-alive of the request once its bytes are out
+        self.stalled_since = 0.0
         self.read_paused = False
         self.refused = False  # a request was refused mid-parse: nothing more is read
         # monotonic time of the first byte of the request being received; 0.0 between requests.
@@ -257,6 +293,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.state.connections.discard(self)
         self._out = None
+        self._q = None
         self.parser = None  # type: ignore[assignment]  # it refers back to us: break the cycle
         current = self.current
         if current is not None:
@@ -306,11 +343,20 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.stalled_since = time.monotonic()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.stalled_since = 0.0
+        if self._q is not None:
+            self._drain()
+            if self.write_paused or self.closed:
+                return
         current = self.current
-        if current is not None and current.exchange is not None:
+        if current is None:
+            if self._pending:  # answers held back while the client was not reading
+                self._next()
+        elif current.exchange is not None:
             current.exchange.client_writable()  # type: ignore[attr-defined]
 
     # --- parser callbacks -----------------------------------------------------------------
@@ -366,6 +412,10 @@ class ClientConnection(asyncio.Protocol):
             if name == b"content-length":
                 self._content_length = int(value)
             elif name == b"authorization":
+                if self._authorization is not None:
+                    # Which one counts would differ between hops (the key check read the
+                    # last, a cache or an upstream may read the first): neither is guessed.
+                    raise _Refuse(BadRequest(_TWO_CREDENTIALS, param="authorization"))
                 self._authorization = value
             elif name == b"transfer-encoding":
                 if self.parser.get_http_version() == "1.0":
@@ -408,7 +458,10 @@ class ClientConnection(asyncio.Protocol):
         """The head is in (either parser): route, authenticate, check the declared length."""
         state = self.state
         try:
-            route = classify(method, self._url)
+            url = self._url
+            if b"%" in url:  # escaped unreserved characters are routed decoded (route.py)
+                url = self._url = normal_target(url)
+            route = classify(method, url)
             if route <= _ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route
@@ -589,14 +642,27 @@ class ClientConnection(asyncio.Protocol):
         request = self.current
         self.current = None
         self._streaming = False
-        if request is not None and request.arena_segment >= 0 and self.state.arena is not None:
-            # Normally released by the relay; this covers answers given without an exchange.
-            self.state.arena.release(request.arena_segment)
-            request.arena_segment = -1
+        if request is not None:
+            self._release_body(request)
         if not keep_alive:
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
             return
+        if self._pending and not self.write_paused:
+            # (While the client is not reading, the next answer waits for resume_writing:
+            # answering requests it keeps pipelining would fill the transport's buffer.)
+            self._next()
+
+    def _release_body(self, request: Request) -> None:
+        """The request's body is not needed once its answer is written or queued: normally the
+        relay releases it; this covers answers given without an exchange (and must not wait
+        for a client that may never take its answer: the segment would stay pinned)."""
+        if request.arena_segment >= 0 and self.state.arena is not None:
+            self.state.arena.release(request.arena_segment)
+            request.arena_segment = -1
+
+    def _next(self) -> None:
+        """Start the first pipelined request waiting behind the one just answered."""
         pending = self._pending
         if pending:
             nxt, reject = pending.popleft()
@@ -645,13 +711,21 @@ class ClientConnection(asyncio.Protocol):
         extra = request.extra_headers  # the stages' own headers (keys: x-ratelimit-*)
         if extra:
             headers = [*headers, *extra]
-        # One native call builds the whole response (velox/h1write.py).
-        if request.method != b"HEAD":
-            data = h1write.response(STATUS_LINES[status], headers, body,
-                                    H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
-        else:
-            data = h1write.head(STATUS_LINES[status], headers, len(body),
-                                H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE)
+        flags = H1_LENGTH if keep_alive else H1_LENGTH | H1_CLOSE
+        if request.method == b"HEAD":
+            data = h1write.head(STATUS_LINES[status], headers, len(body), flags)
+        elif len(body) <= WHOLE_BYTES:
+            # One native call builds the whole response (velox/h1write.py).
+            data = h1write.response(STATUS_LINES[status], headers, body, flags)
+        else:  # the body is written from itself, as the client takes it
+            head = h1write.head(STATUS_LINES[status], headers, len(body), flags)
+            self.state.on_response(request, status, len(head) + len(body))
+            self._release_body(request)
+            self._queue(head)
+            self._queue(body)
+            self._q_done = keep_alive
+            self._drain()
+            return
         self.transport.write(data)  # type: ignore[union-attr]
         self.state.on_response(request, status, len(data))
         self._finish(keep_alive)
@@ -703,6 +777,10 @@ class ClientConnection(asyncio.Protocol):
         if out is None or self.closed:
             return
         self._out = None
+        if self._q is not None or self.write_paused or not _small(out):
+            self._queue_stream(out, False)
+            self._drain()
+            return
         data = self._frame(out, False)
         if data:
             self._stream_bytes += len(data)
@@ -723,21 +801,126 @@ class ClientConnection(asyncio.Protocol):
         request = self.current
         if not self._streaming or self.closed or request is None:
             return
-        # The queued bytes (if any) and the last chunk in one write.
-        data = self._frame(self._out or [], True)
+        out = self._out or []
         self._out = None
+        keep_alive = request.keep_alive and not self.state.draining
+        if self._q is not None or self.write_paused or not _small(out):
+            self._queue_stream(out, True)
+            self.state.on_response(request, self._stream_status, self._stream_bytes)
+            self._release_body(request)
+            self._q_done = keep_alive
+            self._drain()
+            return
+        # The queued bytes (if any) and the last chunk in one write.
+        data = self._frame(out, True)
         self._stream_bytes += len(data)
         self.transport.write(data)  # type: ignore[union-attr]
         self.state.on_response(request, self._stream_status, self._stream_bytes)
-        self._finish(request.keep_alive and not self.state.draining)
+        self._finish(keep_alive)
+
+    # --- the send queue (see "Writing answers" in the module docstring) --------------------
+
+    def _queue(self, data: bytes | memoryview) -> None:
+        if not data:
+            return
+        q = self._q
+        if q is None:
+            q = self._q = deque()
+        q.append(data)
+        self._q_bytes += len(data)
+
+    def _queue_stream(self, pieces: list[bytes], last: bool) -> None:
+        """A stream's pieces into the send queue, framed around them (each piece its own
+        chunk, however large: the piece itself is queued, not a framed copy of it)."""
+        head = self._out_head
+        if head:
+            self._out_head = b""
+            self._queue(head)
+        size = len(head)
+        chunked = self._chunked
+        for piece in pieces:
+            n = len(piece)
+            if not n:
+                continue
+            if chunked:
+                line = b"%x\r\n" % n
+                self._queue(line)
+                self._queue(piece)
+                self._queue(b"\r\n")
+                size += len(line) + n + 2
+            else:
+                self._queue(piece)
+                size += n
+        if last and chunked:
+            self._queue(_LAST_CHUNK)
+            size += len(_LAST_CHUNK)
+        self._stream_bytes += size
+
+    @property
+    def queued(self) -> int:
+        """Bytes of answer waiting in the send queue (not yet given to the transport)."""
+        return self._q_bytes
+
+    def _drain(self) -> None:
+        """Write from the send queue while the transport takes it: slices of the queued
+        objects, at most _WRITE_PIECE bytes a write, small neighbours joined into one write.
+        pause_writing (called from inside write once the transport's buffer is over its
+        high-water mark) stops it; resume_writing goes on. Once the queue is empty, the request
+        whose end was queued is finished."""
+        q = self._q
+        if q is None:
+            return
+        write = self.transport.write  # type: ignore[union-attr]
+        while q and not self.write_paused and not self.closed:
+            first = q[0]
+            off = self._q_off
+            left = len(first) - off
+            piece: bytes | memoryview
+            if left > _WRITE_PIECE:
+                piece = memoryview(first)[off:off + _WRITE_PIECE]
+                self._q_off = off + _WRITE_PIECE
+            elif off:
+                piece = memoryview(first)[off:]
+                q.popleft()
+                self._q_off = 0
+            else:
+                parts = [q.popleft()]
+                size = left
+                while q and size + len(q[0]) <= _WRITE_PIECE:
+                    size += len(q[0])
+                    parts.append(q.popleft())
+                piece = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._q_bytes -= len(piece)
+            write(piece)
+        if q or self.closed:
+            return
+        self._q = None
+        done = self._q_done
+        if done is not None:
+            self._q_done = None
+            self._finish(done)
 
     def abort(self) -> None:
         if self.closed:
             return
         self.closed = True
         self._out = None  # queued stream bytes are dropped with the connection
+        self._q = None
         # Closing mid-body is the only way HTTP/1.1 can tell the client the response failed.
         self.transport.close()  # type: ignore[union-attr]
+
+    def expire_write(self) -> None:
+        """The client took nothing of its answer for VELOX_WRITE_TIMEOUT_MS: the connection is
+        aborted, and what it holds (the transport's buffer, the send queue) is dropped now.
+        Also after close(), which waits for that buffer to drain."""
+        if self.transport is None:
+            return
+        self.stalled_since = 0.0
+        self.state.write_timeouts += 1
+        self.closed = True
+        self._out = None
+        self._q = None
+        self.transport.abort()
 
     def expire_receive(self) -> None:
         """The request being received missed its deadline (VELOX_BODY_TIMEOUT_MS): 408, then
@@ -760,10 +943,10 @@ class ClientConnection(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        return self.current is None
+        return self.current is None and not self._pending
 
     def close_if_idle(self) -> bool:
-        if self.current is None and not self.closed:
+        if self.current is None and not self._pending and not self.closed:
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
             return True
@@ -783,6 +966,13 @@ def _origin_form(target: bytes) -> bytes:
         raise _Refuse(BadHTTP(
             f"The request target {target.decode('latin-1')!r} has no valid host[:port]."))
     return rest if rest[:1] == b"/" else b"/" + rest
+
+
+def _small(pieces: list[bytes]) -> bool:
+    """A loop pass's stream pieces fit one ordinary write (framed by one native call)."""
+    if len(pieces) == 1:
+        return len(pieces[0]) <= WHOLE_BYTES
+    return sum(map(len, pieces)) <= WHOLE_BYTES
 
 
 _CHUNKED_CODING = b"chunked"

@@ -7,9 +7,14 @@ cost does not grow with the number of keys. A request of no `[[key]]` (VELOX_API
 client auth) passes untouched with `request.key = -1`. For a keyed request, in order:
 
   1. `models`: a model call naming a route the key may not use gets 403 model_not_allowed (the
-     SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`.
+     SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`
+     (also for an images/audio call naming no model). A forwarded endpoint (no model read:
+     files, batches, fine-tuning, ...) gets 403 endpoint_not_allowed unless the key may
+     forward (`forward`, by default only a key without `models` and `tpm`); the gateway's own
+     GET /v1/models answer is no forward.
   2. `rpm`: one token of the key's request bucket.
-  3. `tpm` (model calls only): the request's estimated tokens (velox.usage.estimate when it
+  3. `tpm` (model calls; images and audio reserve 1, settled from the usage they report): the
+     request's estimated tokens (velox.usage.estimate when it
      exists; until then the interim estimate below), at least 1 (a key in debt is refused
      whatever the request) and at most the key's tpm (one large request can still pass a full
      bucket); the difference to the real usage is settled later
@@ -46,16 +51,15 @@ from typing import Any
 
 from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters, Limits
 from velox._types import Request, Route
-from velox.errors import ModelNotAllowed, RateLimited
-from velox.route import caller_of
-from velox.tables import CATCH_ALL, KeySpec, Tables
+from velox.errors import EndpointNotAllowed, ModelNotAllowed, RateLimited
+from velox.route import caller_of, is_model_list
+from velox.tables import CATCH_ALL, MAX_KEYS, KeySpec, Tables
 
 try:  # K2's token estimator; the interim below stands in until it lands
     from velox.usage import estimate as _estimate  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - depends on the tree
     _estimate = None
 
-MAX_KEYS = 4096  # the shared counters hold at most 4096 fields per row
 
 
 class KF(IntEnum):
@@ -66,9 +70,10 @@ class KF(IntEnum):
     REFUSED_TPM = 1
     REFUSED_PARALLEL = 2
     REFUSED_MODEL = 3
+    REFUSED_FORWARD = 4
 
 
-REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in order
+REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model", "forward")  # KF.REFUSED_* in order
 
 
 # --- the interim token estimate (INTERIM: replaced by velox.usage.estimate) -------------------
@@ -108,12 +113,12 @@ def tpm_index(key: int) -> int:
 class SharedKeys:
     """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
 
-    __slots__ = ("keys", "slots", "limits", "counters", "wanted")
+    __slots__ = ("keys", "slots", "limits", "counters")
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
-        if len(keys) > MAX_KEYS:
-            raise ValueError(f"at most {MAX_KEYS} [[key]] tables, got {len(keys)}")
+        # The configuration refuses more (velox.tables); a Counters row holds 4,096 fields.
+        assert len(keys) <= MAX_KEYS, len(keys)
         self.keys = tuple(keys)
         self.slots = slots
         same = previous is not None and previous.slots == slots and \
@@ -122,14 +127,9 @@ class SharedKeys:
             assert previous is not None
             self.limits = previous.limits
             self.counters = previous.counters
-            self.wanted = previous.wanted
         else:
             self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
             self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
-            # Field = bucket index: the size of the last take its bucket refused (a gauge,
-            # 0 after the Redis refresher saw it). With VELOX_REDIS_URL a tpm reservation
-            # larger than one lease makes the host lease enough for it (velox.cluster).
-            self.wanted = Counters(1, max(1, 2 * len(keys)))
         for i, key in enumerate(self.keys):
             # One minute's worth: a key may spend its whole minute at once, then the rate.
             if key.rpm:
@@ -142,24 +142,43 @@ class SharedKeys:
         return self.limits.forget_slot(slot)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Per key, for /stats and /metrics: limits, what is left, in flight, counts."""
-        limits = self.limits
+        """Per key, for /stats: limits, what is left, in flight, counts."""
         totals = [c.totals() for c in self.counters]
-        out = []
-        for i, key in enumerate(self.keys):
-            out.append({
-                "name": key.name,
-                "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
-                "models": list(key.models) if key.models is not None else None,
-                "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
-                "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
-                "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
-                "active": limits.active(rpm_index(i)),
-                "requests": limits.entered(rpm_index(i)),
-                "refused": {reason: totals[KF.REFUSED_RPM + n][i]
-                            for n, reason in enumerate(REFUSAL_REASONS)},
-            })
-        return out
+        return [self._row(i, totals) for i in range(len(self.keys))]
+
+    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """For /metrics: the rows of the first `own` keys (file order), and the others summed
+        (requests, in flight, refusals; None when there are no others). Only those keys are
+        read: a scrape with thousands of keys costs the supervisor what `own` keys cost."""
+        totals = [c.totals() for c in self.counters]
+        own = min(own, len(self.keys))
+        rows = [self._row(i, totals) for i in range(own)]
+        if own == len(self.keys):
+            return rows, None
+        limits, rest = self.limits, range(own, len(self.keys))
+        other = {
+            "keys": len(rest),
+            "requests": sum(limits.entered(rpm_index(i)) for i in rest),
+            "active": sum(limits.active(rpm_index(i)) for i in rest),
+            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:])
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
+        return rows, other
+
+    def _row(self, i: int, totals: list[list[int]]) -> dict[str, Any]:
+        key, limits = self.keys[i], self.limits
+        return {
+            "name": key.name,
+            "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
+            "models": list(key.models) if key.models is not None else None,
+            "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
+            "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
+            "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
+            "active": limits.active(rpm_index(i)),
+            "requests": limits.entered(rpm_index(i)),
+            "refused": {reason: totals[KF.REFUSED_RPM + n][i]
+                        for n, reason in enumerate(REFUSAL_REASONS)},
+        }
 
 
 # --- per request ----------------------------------------------------------------------------
@@ -181,7 +200,7 @@ class _Key:
 
     __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
                  "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot",
-                 "limit_requests", "limit_tokens")
+                 "limit_requests", "limit_tokens", "forward")
 
     def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int) -> None:
         self.limits = limits
@@ -192,6 +211,7 @@ class _Key:
         self.tpm = spec.tpm
         self.max_parallel = spec.max_parallel
         self.allowed = frozenset(spec.models) if spec.models is not None else None
+        self.forward = spec.may_forward
         self.rpm_i = rpm_index(index)
         self.tpm_i = tpm_index(index)
         self.rpm_value = b"%d" % spec.rpm
@@ -213,7 +233,7 @@ _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count", "wanted")
+    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
         self.keys = tuple(_Key(i, spec, shared.limits, slot)
@@ -223,7 +243,6 @@ class KeyStage:
         self.slot = slot
         self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
         self.count = tuple(c.add for c in shared.counters)
-        self.wanted = shared.wanted.set
 
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
@@ -233,6 +252,7 @@ class KeyStage:
         named = self.named_routes
         slot = self.slot
         model_call = Route.MODEL_CALL
+        forward = Route.FORWARD
         out: list[Request] = []
         for request in requests:
             caller = request.caller
@@ -241,27 +261,35 @@ class KeyStage:
                 out.append(request)
                 continue
             request.key = key.index
-            allowed = key.allowed
+            allowed = request.allowed = key.allowed
             model = request.model
-            if allowed is not None and model is not None and \
-                    (model if model in named else CATCH_ALL) not in allowed:
-                self._refuse_model(request, key, model)
+            route = request.route
+            if route is forward:
+                # Nothing of such a request can be checked against models or tpm: only keys
+                # that allow it explicitly (or have neither) reach it. The gateway's own
+                # answer to GET /v1/models is no forward.
+                if not key.forward and not is_model_list(request.method, request.path):
+                    self._refuse_forward(request, key)
+                    continue
+            elif allowed is not None and (model if model in named else CATCH_ALL) not in allowed:
+                # A model call; one without a model (an endpoint's default) takes "*".
+                self._refuse_model(request, key, model or "(the endpoint's default)")
                 continue
             reserved = 0
             tok_i = key.tok_i
             if tok_i >= 0:
-                if request.route is model_call:
+                if route is model_call:
                     # At least one token, so a key in debt is refused however small the
                     # request; at most the tpm, so a large one can still pass a full bucket.
                     reserved = estimate(request)
                     reserved = key.tpm if reserved > key.tpm else reserved if reserved > 0 else 1
-                else:
+                elif route is forward:
                     tok_i = -1  # forwarded calls (GET /v1/models, files...) carry no tokens
+                else:
+                    reserved = 1  # images, audio: settled from the usage they report
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
             code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
-                if code & 3 == ADMIT_TOKENS:  # for the Redis refresher's next lease
-                    self.wanted(0, tok_i, reserved)
                 self._refuse_limit(request, key, code)
                 continue
             request.ticket = ticket_of(key, key.rpm_i, key.tok_i, slot, reserved)
@@ -292,6 +320,15 @@ class KeyStage:
         self.count[KF.REFUSED_MODEL](self.slot, key.index, 1)
         request.conn.respond_error(request, ModelNotAllowed(
             f"The gateway key {key.name!r} may not use the model {model!r}.", param="model"))
+
+    def _refuse_forward(self, request: Request, key: _Key) -> None:
+        self._headers(request, key)
+        self.count[KF.REFUSED_FORWARD](self.slot, key.index, 1)
+        what = f"{request.method.decode('latin-1')} {request.path.split(b'?', 1)[0].decode('latin-1')}"
+        request.conn.respond_error(request, EndpointNotAllowed(
+            f"The gateway key {key.name!r} may not use {what}: the gateway forwards this "
+            "endpoint without reading a model from it, so the key's models and tpm cannot "
+            "hold there (its [[key]] table may allow it with forward = true)."))
 
     def _refuse_limit(self, request: Request, key: _Key, code: int) -> None:
         reason, wait = code & 3, code >> 2

@@ -7,7 +7,11 @@ caller sets VELOX_ADMIN_ADDR, the admin server gets a free port of its own, so g
 started side by side never collide. With VELOX_ADMIN_TOKEN in its settings, `admin_headers`
 and `admin_get` carry the token.
 
-Imports: stdlib only.
+`start` only counts an answer as its own gateway's: the port must be free before it starts
+(another gateway there would answer /readyz while this one refuses to start), and where /proc
+shows who listens, every socket listening on the port must be its process's.
+
+Imports: ports, stdlib.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from velox.ports import in_use, listening_inodes, socket_inodes
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,6 +45,16 @@ def http_get(host: str, port: int, path: str, timeout: float = 2.0,
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def raw_request(host: str, port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes (one or more requests) and read until the server closes."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
 
 
 class GatewayProcess:
@@ -89,6 +105,11 @@ class GatewayProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 30.0, wait_ready: bool = True) -> GatewayProcess:
+        taken = in_use(self.host, self.port)
+        if taken is not None:
+            raise RuntimeError(f"{self.host}:{self.port} is taken before velox started "
+                               f"({taken.strerror or taken}): another gateway or program "
+                               f"listens there (VELOX_PORT)")
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "velox"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -102,13 +123,25 @@ class GatewayProcess:
                 raise RuntimeError(f"velox exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 status, _ = http_get(self.host, self.port, path, timeout=1.0)
-                if status == 200:
+                if status == 200 and self._listens_alone():
                     return self
             except OSError:
                 pass
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"velox did not become ready within {timeout}s:\n{self.log()}")
+
+    def _listens_alone(self) -> bool:
+        """Whether every socket listening on the port is this gateway's (True where /proc
+        cannot tell). Its supervisor holds every worker's listening socket."""
+        assert self.proc is not None
+        listening = listening_inodes(self.host, self.port)
+        if not listening or listening <= socket_inodes(self.proc.pid):
+            return True
+        if self.proc.poll() is None:
+            return False
+        raise RuntimeError(f"velox exited with {self.proc.returncode} while another process "
+                           f"answers on port {self.port}:\n{self.log()}")
 
     def log(self) -> str:
         try:

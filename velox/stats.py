@@ -84,6 +84,9 @@ class F(IntEnum):
     CACHE_REDIS_ERRORS = 48
     CACHE_REDIS_STORES = 49
     CACHE_REDIS_DROPPED = 50
+    WRITE_TIMEOUTS = 51  # client connections aborted for taking nothing for VELOX_WRITE_TIMEOUT_MS
+    # Streaming followers of a live coalesced stream cut off for falling too far behind it.
+    CACHE_FOLLOWERS_CUT = 52
 
 
 class H(IntEnum):
@@ -97,7 +100,8 @@ class H(IntEnum):
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 # Label of each route in /metrics and /stats. Requests refused before routing (404, 405, bad
 # HTTP) are counted as FORWARD, since ingress gives them that route.
-ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.FORWARD: "forward", Route.ROOT: "root",
+ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.MODEL_OTHER: "model_other",
+               Route.FORWARD: "forward", Route.ROOT: "root",
                Route.HEALTH: "healthz", Route.READY: "readyz"}
 ROUTE_FIELDS = (max(Route) + 1) * len(STATUS_CLASSES)
 # ROUTE_STATUS_FIELD[route][status // 100]: one tuple index on the hot path, no arithmetic.
@@ -111,6 +115,9 @@ ROUTE_STATUS_FIELD = tuple(
 # Fields per Counters block of the token counts (the native Counters' most fields a row; a
 # power of two, so a field's block and column are a shift and a mask: velox.usage.Ledger).
 TOKEN_BLOCK = 4096
+# /metrics' key label for the keys past VELOX_METRICS_KEYS, summed (a key's name cannot start
+# with '_', velox.tables).
+OTHER_KEYS = "_other"
 
 # Why an attempt was sent again (velox_retries_total{reason}); field numbers of `retries`.
 RETRY_REASONS = ("connect", "timeout", "status_5xx", "status_429", "refused", "protocol")
@@ -209,16 +216,26 @@ class SharedStats:
         counters = self.counters
         return all(counters.get(slot, F.READY) for slot in self.active_slots())
 
-    def token_rows(self) -> list[tuple[str, str, int, int]]:
-        """(key, route, input, output) for every key and route that used tokens."""
+    def token_rows(self, own_keys: int | None = None) -> list[tuple[str, str, int, int]]:
+        """(key, route, input, output) for every key and route that used tokens. With
+        `own_keys`, keys past the first `own_keys` (file order) are summed per route under
+        OTHER_KEYS (the no-key row '-' is always its own)."""
         totals = [n for block in self.tokens for n in block.totals()]
         width = len(self.route_models)
+        names = self.key_names if own_keys is None else self.key_names[:own_keys + 1]
         rows = []
-        for k, key in enumerate(self.key_names):
+        for k, key in enumerate(names):
             for r, route in enumerate(self.route_models):
                 field = (k * width + r) * 2
                 if totals[field] or totals[field + 1]:
                     rows.append((key, route, totals[field], totals[field + 1]))
+        if len(names) < len(self.key_names):
+            start = len(names) * width * 2
+            for r, route in enumerate(self.route_models):
+                inp = sum(totals[start + r * 2::width * 2])
+                out = sum(totals[start + r * 2 + 1::width * 2])
+                if inp or out:
+                    rows.append((OTHER_KEYS, route, inp, out))
         return rows
 
     def totals(self) -> dict[str, int]:

@@ -2,14 +2,17 @@
 
 Everything that must be ONE for the whole gateway is made here before any worker exists: the
 token bucket and the stats region (shared mappings, so every worker enforces one global limit
-and writes one set of counters), and the port. Each worker listens on its own SO_REUSEPORT
+and writes one set of counters), and the port. Each worker accepts on its own SO_REUSEPORT
 socket, so the kernel spreads new connections evenly over the workers (with one shared
-listening socket, whichever worker wakes first accepts a whole burst and the others idle); the
-supervisor keeps a bound, non-listening socket in the same group to hold the port (and to learn
-it when VELOX_PORT=0) across worker restarts. Then it forks `VELOX_WORKERS` workers, each
-pinned to its own core (none pinned, with a warning, when there are more workers than usable
-cores: see topology.py), restarts any that dies, and on SIGTERM/SIGINT tells them to drain and
-waits for them, up to the grace period, before exiting 0.
+listening socket, whichever worker wakes first accepts a whole burst and the others idle).
+Those sockets, one per logical worker slot, are made here (velox.ports: start-up is refused,
+naming the port, when anything else already listens on the address, since SO_REUSEPORT would
+let it share the connections) and held for the supervisor's whole life: a worker inherits its
+slot's socket, and a restarted worker finds the connections queued while its slot was empty.
+Then it forks `VELOX_WORKERS` workers, each pinned to its own core (none pinned, with a
+warning, when there are more workers than usable cores: see topology.py), restarts any that
+dies, and on SIGTERM/SIGINT tells them to drain and waits for them, up to the grace period,
+before exiting 0.
 
 SIGHUP reloads the configuration (never fatal; workers ignore it, since a closed terminal
 signals the whole process group). The supervisor calls config.load() again: the VELOX_CONFIG
@@ -27,22 +30,24 @@ worker slots; logical slot i runs in physical slot i or i + workers, and a reloa
 new worker of i in the other one, so the old and the new worker never share a gauge. A shared
 `active` mask (one flag per physical slot) says which slots serve: readiness, /stats and the
 per-worker gauges of /metrics only look at those. For each logical slot in turn: fork the new
-worker (it listens on the port at once, SO_REUSEPORT); when its READY gauge is set, mark its
-slot active and the old one inactive, then SIGUSR2 the old worker: it drains within
-VELOX_SHUTDOWN_GRACE_S as on shutdown, except that requests still arriving on its open
-connections are served (with Connection: close) rather than refused with 503, and it waits for
-its clients to close those connections (it is SIGKILLed _KILL_AFTER_GRACE_S after that). A new
-worker that dies, or is not ready within VELOX_RELOAD_READY_S (30 s by default: the hang
-watch's start-up allowance, for the same reason), aborts the reload: it is killed, and
-the slots already switched are switched back the same way to the running configuration (so one
-configuration serves at the end). When every slot is switched, the admin server moves to the
-new shared state. A SIGHUP during a reload is queued: one more reload runs after this one; it
-starts a slot's new worker only once the worker that last left that physical slot has exited,
-so two processes never write one slot's gauges.
+worker on the slot's socket, which the old worker keeps accepting on; the new one starts
+accepting only when its upstreams are ready (so a configuration that parses but cannot serve
+never meets a client, and killing it drops no queued connection); when its READY gauge is set
+(it is set only once the worker accepts), mark its slot active and the old one inactive, then
+SIGUSR2 the old worker: it drains within VELOX_SHUTDOWN_GRACE_S as on shutdown, except that
+requests still arriving on its open connections are served (with Connection: close) rather than
+refused with 503, and it waits for its clients to close those connections (it is SIGKILLed
+_KILL_AFTER_GRACE_S after that). A new worker that dies, or is not ready within
+VELOX_RELOAD_READY_S (30 s by default: the hang watch's start-up allowance, for the same
+reason), aborts the reload: it is killed, and the slots already switched are switched back the
+same way to the running configuration (so one configuration serves at the end). When every slot
+is switched, the admin server moves to the new shared state. A SIGHUP during a reload is
+queued: one more reload runs after this one; it starts a slot's new worker only once the worker
+that last left that physical slot has exited, so two processes never write one slot's gauges.
 
-A forked worker closes every file descriptor it inherited but stdin/out/err and its own
-control socket: otherwise it would hold the admin server's client connections (and the other
-workers' channels) open for its whole life.
+A forked worker closes every file descriptor it inherited but stdin/out/err, its slot's
+listening socket and its own control socket: otherwise it would hold the admin server's client
+connections (and the other workers' channels and sockets) open for its whole life.
 
 Hung workers: each worker's loop writes a heartbeat (F.HEARTBEAT_MS, monotonic ms) every
 0.25 s tick. A worker silent for `_SILENT_S` (8 missed ticks) is marked not ready, so /readyz
@@ -61,7 +66,7 @@ refresher (velox.cluster, one thread with its own asyncio loop) runs here too, s
 the first fork and stopped after the last worker, when it hands the tokens this host still
 holds back to Redis.
 
-Imports: worker, ratelimit, cache (its store), stats, topology, config, admin.server, cluster and keys (lazily),
+Imports: worker, ratelimit, cache (its store), ports, stats, topology, config, admin.server, cluster and keys (lazily),
 health (lazily), stdlib, uvloop.
 """
 
@@ -81,7 +86,8 @@ from typing import TYPE_CHECKING
 
 from velox.cache import create_store
 from velox.cache import enabled as cache_enabled
-from velox.config import Settings
+from velox.config import Settings, relayed_keys, unprotected
+from velox.ports import listeners
 from velox.ratelimit import Limiter
 from velox.stats import F, SharedStats
 from velox.topology import oversubscribed, pin, plan
@@ -109,26 +115,6 @@ _FIXED_AT_START = ("host", "port", "workers", "pin_workers", "rate_limit_rpm",
                    "redis_url")
 
 
-def bind(host: str, port: int, listen: bool) -> socket.socket:
-    """A SO_REUSEPORT socket on host:port; listening ones share the port's connections."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(
-            f"velox: cannot listen on {host}:{port} (VELOX_HOST/VELOX_PORT): "
-            f"{exc.strerror or exc}"
-        ) from None
-    if listen:
-        sock.listen(4096)
-    sock.setblocking(False)
-    return sock
-
-
 class _Reload:
     """One reload in progress: the target configuration and where the replacement stands."""
 
@@ -152,8 +138,10 @@ class _Reload:
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sock = bind(settings.host, settings.port, listen=False)
-        self.port = self.sock.getsockname()[1]
+        # One listening socket per logical worker slot, held here for the supervisor's life
+        # (velox.ports): refused at once, naming the port, if anything else listens there.
+        self.listeners = listeners(settings.host, settings.port, settings.workers)
+        self.port = self.listeners[0].getsockname()[1]
         self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst,
                                       shared=bool(settings.redis_url))
@@ -225,7 +213,13 @@ class Supervisor:
                             spec.rpm)
             if spec.tpm:
                 cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
-                            spec.tpm, keys.wanted)
+                            spec.tpm, self._typical_reservation())
+
+    def _typical_reservation(self) -> int:
+        """What a tpm bucket keeps in hand from its first lease (velox.cluster): an SDK
+        request without max_tokens reserves its prompt plus VELOX_TOKENS_DEFAULT_OUTPUT; the
+        1,024 covers a prompt of about 4 KB."""
+        return self.settings.tokens_default_output + 1024
 
     def _share_upstreams(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[upstream]]'s rpm and tpm bucket is shared with the other
@@ -246,7 +240,7 @@ class Supervisor:
                             rpm_burst(spec.rpm))
             if spec.tpm and health.tpm is not None:
                 cluster.add(f"upstream:{spec.name}:tpm", health.tpm.limits, u, spec.tpm,
-                            spec.tpm, health.tpm.wanted)
+                            spec.tpm, self._typical_reservation())
 
     def run(self) -> int:
         rfd, wfd = os.pipe()
@@ -268,6 +262,7 @@ class Supervisor:
                  "s" if len(tables.upstreams) > 1 else "",
                  ", ".join(f"{u.name}={u.origin}" if tables.source else u.origin
                            for u in tables.upstreams))
+        self._say_if_unprotected()
         if self.admin is not None:
             self.admin.start()
         while True:
@@ -302,6 +297,20 @@ class Supervisor:
         log.info("all workers stopped; exiting")
         return 0
 
+    def _say_if_unprotected(self) -> None:
+        """Serving beyond loopback without client keys is said at start-up (an open relay of
+        the upstream keys only starts with VELOX_ALLOW_OPEN=1: config refuses it otherwise)."""
+        exposed = unprotected(self.settings)
+        if exposed is None:
+            return
+        relayed = relayed_keys(self.settings)
+        if relayed:
+            log.warning("VELOX_ALLOW_OPEN=1: %s: anyone who can reach %s:%d is served with %s",
+                        exposed, self.settings.host, self.port, relayed)
+        else:
+            log.warning("%s: anyone who can reach %s:%d may use it (with the credentials they "
+                        "send upstream)", exposed, self.settings.host, self.port)
+
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
 
@@ -323,6 +332,8 @@ class Supervisor:
         except ConfigError as exc:
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
+        for warning in settings.warnings:  # .env may have changed
+            log.warning("SIGHUP: %s", warning)
         kept = [name for name in _FIXED_AT_START
                 if getattr(settings, name) != getattr(self.settings, name)]
         if kept:
@@ -385,7 +396,7 @@ class Supervisor:
             self.generation[r.new_slot] = (r.settings, r.shared)
             self.respawn_at.pop(r.new_slot, None)
             self.backoff.pop(r.new_slot, None)
-            r.new_pid = self._spawn(r.new_slot)
+            r.new_pid = self._spawn(r.new_slot, defer=True)
             return
         self.reload = None
         self.settings, self.shared = r.settings, r.shared
@@ -477,12 +488,17 @@ class Supervisor:
         self.kill_deadline = time.monotonic() + grace + _KILL_AFTER_GRACE_S
         log.info("%s received: draining (grace %ds)",
                  signal.Signals(self.stop_signal).name, grace)
-        self.sock.close()
+        for sock in self.listeners:
+            sock.close()
         for pid in list(self.children):
             _signal(pid, signal.SIGTERM)
 
-    def _spawn(self, slot: int) -> int:
+    def _spawn(self, slot: int, defer: bool = False) -> int:
+        """Fork the worker of physical `slot`, on its logical slot's listening socket. With
+        `defer` (a reload's new worker, whose predecessor still accepts on that socket) it
+        accepts only once its upstreams are ready."""
         settings, shared = self.generation[slot]
+        sock = self.listeners[slot % self.settings.workers]
         self.started_at[slot] = time.monotonic()
         self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
         self.silent.discard(slot)
@@ -494,17 +510,20 @@ class Supervisor:
                 signal.set_wakeup_fd(-1)
                 os.close(self._wake[0])
                 os.close(self._wake[1])
-                self.sock.close()  # the port reservation is the supervisor's
                 if self.admin is not None and control is not None:
                     self.admin.close_in_child()
                     control[0].close()
-                close_inherited_fds({0, 1, 2} | ({control[1].fileno()} if control else set()))
+                for other in self.listeners:  # the other slots' sockets are not this one's
+                    if other is not sock:
+                        other.close()
+                keep = {0, 1, 2, sock.fileno()}
+                close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                code = run_worker(settings, slot, self.port, shared, self.limiter,
+                code = run_worker(settings, slot, sock, shared, self.limiter,
                                   self.placement[slot % len(self.placement)],
-                                  control[1] if control else None)
+                                  control[1] if control else None, defer)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -599,9 +618,9 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def run_worker(settings: Settings, slot: int, port: int, shared: SharedStats,
+def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: SharedStats,
                limiter: Limiter, placement: tuple[int, int],
-               control: socket.socket | None = None) -> int:
+               control: socket.socket | None = None, defer: bool = False) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.worker import Worker
 
@@ -620,8 +639,7 @@ def run_worker(settings: Settings, slot: int, port: int, shared: SharedStats,
     except ImportError:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    sock = bind(settings.host, port, listen=True)
-    worker = Worker(settings, slot, shared, limiter, sock)
+    worker = Worker(settings, slot, shared, limiter, sock, defer_accept=defer)
     worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
     try:
         loop.run_until_complete(worker.serve())

@@ -57,7 +57,12 @@ AZURE_DEPLOYMENT_OPERATIONS = frozenset((
 
 
 class TableError(ValueError):
-    """A mistake in the VELOX_CONFIG file; the message names the file, the table and the key."""
+    """A mistake in the VELOX_CONFIG file; the message names the file, the table and the key,
+    and `fix` says what to change, naming them again."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,16 @@ class KeySpec:
     tpm: int = 0  # tokens per minute (estimated at admission, settled from usage); 0: none
     max_parallel: int = 0  # requests in flight at once, all workers; 0: no limit
     models: tuple[str, ...] | None = None  # route models it may use; None: all
+    # May it use the endpoints forwarded without a model read (files, batches, fine-tuning,
+    # stored responses...)? None: the default, no when `models` or `tpm` is set (they could
+    # not hold there), yes otherwise.
+    forward: bool | None = None
+
+    @property
+    def may_forward(self) -> bool:
+        if self.forward is not None:
+            return self.forward
+        return self.models is None and not self.tpm
 
     @property
     def digest(self) -> bytes:
@@ -241,6 +256,7 @@ def single_upstream(spec: UpstreamSpec) -> Tables:
 # client cycling query strings costs the slow path, never unbounded memory.
 _AZURE_PATHS: dict[tuple[bytes, str, str], bytes] = {}
 _AZURE_PATHS_MAX = 4096
+MAX_KEYS = 4096  # [[key]] tables (velox.keys sizes its shared counters by them)
 
 
 def azure_path(path: bytes, model: str, api_version: str) -> bytes:
@@ -299,12 +315,27 @@ BREAKER_INTS = {
 }
 BATCH_INTS = {"max_requests": (1, 4096), "max_inputs": (1, 1_000_000),
               "max_wait_ms": (0, 60_000)}
-KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models")
+KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models", "forward")
 # rpm/tpm stay inside the native Limits' bounds (10**9 per minute); 0 means no limit.
 KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
             "max_parallel": (0, 1_000_000)}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What provider keys start with (OpenAI, Anthropic, Groq, xAI, Google, Hugging Face, ...).
+_KEY_PREFIXES = ("sk-", "sk_", "gsk_", "xai-", "AIza", "hf_", "pk-", "rk-", "ghp_", "key-")
+
+
+def looks_like_a_key(value: str) -> bool:
+    """Whether a value meant as a variable NAME looks like a secret instead: a provider key's
+    prefix, or 20+ characters with 4+ digits that are not an UPPER_SNAKE name (an Azure key is
+    32 hex digits; OPENAI_API_KEY_2 is a name)."""
+    text = value.strip()
+    if text.startswith(_KEY_PREFIXES):
+        return True
+    digits = sum(c.isdigit() for c in text)
+    if len(text) < 20 or digits < 4:
+        return False
+    return not (text.isupper() and "_" in text)
 _API_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -321,16 +352,18 @@ def load_file(path: str | Path, env: Mapping[str, str], template: UpstreamSpec) 
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise TableError(f"{source}: cannot read the VELOX_CONFIG file: "
-                         f"{exc.strerror or exc}") from None
+                         f"{exc.strerror or exc}",
+                         f"set VELOX_CONFIG to a readable TOML file (now {source})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TableError(f"{source}: not UTF-8 text (byte {exc.start}); TOML files are "
-                         "UTF-8") from None
+                         "UTF-8", f"save {source} as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:  # the message ends "(at line L, column C)"
-        raise TableError(f"{source}: TOML syntax error: {exc}") from None
+        raise TableError(f"{source}: TOML syntax error: {exc}",
+                         f"fix the TOML syntax of {source} where the error says") from None
     return parse(data, source, env, template, base_dir=Path(path).parent)
 
 
@@ -412,6 +445,11 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     api_key_env = _str(source, where, table, "api_key_env")
     api_key = ""
     if "api_key_env" in table:
+        if looks_like_a_key(api_key_env):  # never echoed: it may be the key itself
+            _fail(source, where, "api_key_env", "this value looks like a key, not the NAME of "
+                  "an environment variable: put the key in a variable (in the environment or "
+                  '.env) and write its name here, e.g. api_key_env = "OPENAI_API_KEY"; if it '
+                  "is a real key, rotate it: it was written into a file")
         if not _ENV_NAME.fullmatch(api_key_env):
             _fail(source, where, "api_key_env", "must be the NAME of an environment variable "
                   f"(letters, digits, '_'), got {_q(api_key_env)}")
@@ -563,8 +601,13 @@ def _keys(source: str, tables: list[dict[str, Any]],
     """`[[key]]` tables: unique names and hashes, limits in range, models naming routes."""
     models = [r.model for r in routes]
     keys: list[KeySpec] = []
+    by_name: dict[str, int] = {}  # name -> its table's number (a dict: 4,096 keys load fast)
+    by_digest: dict[str, int] = {}
     for index, table in enumerate(tables, 1):
         where = _label("key", index, "name", table.get("name"))
+        if index > MAX_KEYS:
+            _fail(source, where, "name", f"at most {MAX_KEYS:,} [[key]] tables, this file has "
+                  f"{len(tables):,} (each key has its own buckets and counters in shared memory)")
         if "key" in table or "api_key" in table:
             _fail(source, where, "key" if "key" in table else "api_key", "the key itself never "
                   "goes in the file: put its SHA-256 in sha256 (`velox key hash` prints it)")
@@ -592,14 +635,16 @@ def _keys(source: str, tables: list[dict[str, Any]],
             if len(set(raw)) != len(raw):
                 _fail(source, where, "models", f"names a route twice: {raw!r}")
             allowed = tuple(raw)
-        for earlier, other in enumerate(keys, 1):
-            if other.name == name:
-                _fail(source, where, "name",
-                      f"duplicate name {_q(name)}: [[key]] #{earlier} has it already")
-            if other.sha256 == digest:
-                _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
-                      f"({_q(other.name)}): each key may appear once")
-        keys.append(KeySpec(name, digest, models=allowed, **ints))
+        if name in by_name:
+            _fail(source, where, "name",
+                  f"duplicate name {_q(name)}: [[key]] #{by_name[name]} has it already")
+        if digest in by_digest:
+            earlier = by_digest[digest]
+            _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
+                  f"({_q(keys[earlier - 1].name)}): each key may appear once")
+        by_name[name], by_digest[digest] = index, index
+        forward = _bool(source, where, table, "forward") if "forward" in table else None
+        keys.append(KeySpec(name, digest, models=allowed, forward=forward, **ints))
     return tuple(keys)
 
 
@@ -607,7 +652,7 @@ def _keys(source: str, tables: list[dict[str, Any]],
 
 
 def _fail(source: str, where: str, key: str, problem: str) -> NoReturn:
-    raise TableError(f"{source}: {where}: {key}: {problem}")
+    raise TableError(f"{source}: {where}: {key}: {problem}", f"fix {key} of {where} in {source}")
 
 
 def _label(table: str, index: int, key: str, value: object) -> str:
@@ -765,6 +810,7 @@ def describe(tables: Tables) -> str:
                   f"rpm = {key.rpm}", f"tpm = {key.tpm}", f"max_parallel = {key.max_parallel}"]
         if key.models is not None:
             lines.append(f"models = {_toml(list(key.models))}")
+        lines.append(f"forward = {_toml(key.may_forward)}")
     for title, policy in (("retry", tables.retry), ("breaker", tables.breaker)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {getattr(policy, f.name)}" for f in dataclasses.fields(policy)]

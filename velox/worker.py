@@ -53,24 +53,28 @@ from velox.health import now_ms
 from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
 from velox.keys import KeyStage
-from velox.parse import parse_model_call, scan_model_call
+from velox.parse import parse_model_call, parse_other, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
 from velox.ring import make_queue
-from velox.route import Auth
+from velox.route import Auth, is_model_list
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
-from velox.usage import CountMeter, Ledger, TokenMeter, set_default_output
+from velox.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
 
 # Batches run per drain before yielding to the loop, so a deep ring cannot starve I/O.
 _BATCHES_PER_PASS = 16
 _TICK_S = 0.25
+# How often a reload's new worker checks whether its upstreams are ready, to start accepting:
+# each slot of a reload waits for it, and the check only reads a few attributes.
+_ACCEPT_POLL_S = 0.05
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
 # Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
 # (EnumType.__getattr__ puts the class on the slow attribute path).
 _FORWARD = Route.FORWARD
+_MODEL_OTHER = Route.MODEL_OTHER
 # The per-request counters' fields as plain ints, by status // 100 for the class (anything
 # past 5xx counts as 5xx): an IntEnum member costs a class attribute lookup and a conversion
 # in every Counters.add, ~0.4 us a call against ~0.1 (benches/bench_books.py).
@@ -89,7 +93,7 @@ _ROOT = Route.ROOT
 
 class Worker:
     def __init__(self, settings: Settings, slot: int, shared: SharedStats, limiter: Limiter,
-                 sock: Any) -> None:
+                 sock: Any, defer_accept: bool = False) -> None:
         self.settings = settings
         self.slot = slot
         self.shared = shared
@@ -101,6 +105,11 @@ class Worker:
         self._record_overhead = shared.histograms[H.OVERHEAD].record
         self.limiter = limiter
         self.sock = sock
+        # A reload's new worker shares its socket with the worker it replaces, which accepts
+        # until this one is ready: it accepts only then (see _accept), so no client meets a
+        # worker whose upstreams are not warm, or one that a failed reload is about to kill.
+        self.defer_accept = defer_accept
+        self.accepting = False
         self.batch_max = settings.batch_max
         self.upstream_root_path = settings.upstream_request_path.encode()
         self.auth = Auth(settings)
@@ -113,6 +122,7 @@ class Worker:
         self.stopping: asyncio.Event | None = None
         self.routes = shared.routes
         self.body_timeout_s = settings.body_timeout_ms / 1000
+        self.write_timeout_s = settings.write_timeout_ms / 1000
         self.fd_exhausted = False
         self._fd_warned_at = -_FD_WARN_EVERY_S
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
@@ -164,9 +174,6 @@ class Worker:
                     RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
                               settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
                     self.resume)
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
-                               self._flush_upstreams, loop, self.counters, self.slot) \
-            if Batcher.wanted(self.tables) else None
         # The [[key]] stage (velox.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
@@ -179,6 +186,10 @@ class Worker:
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
                              settings.tokens_default_output) \
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
+                               self._flush_upstreams, loop, self.counters, self.slot,
+                               self.book_tokens) \
+            if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response, settings.ingress_parser,
@@ -194,31 +205,51 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         loop.add_signal_handler(signal.SIGUSR2, self._hand_off)
-        server = await loop.create_server(
-            lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
+        server = None if self.defer_accept else await self._accept()
         for upstream in self.upstreams:
             upstream.start()
         from velox.admin.agent import Agent
 
         agent = Agent(self)
         await agent.start()
+        ticker = loop.call_later(_TICK_S, self._tick)
+        if server is None:
+            server = await self._accept_when_ready()
         # Everything alive now lives as long as the worker: move it out of the collector's
         # sight, so the rare full collections only walk per-request objects. The hot path makes
         # no reference cycles (relay and ingress cut theirs), so refcounting frees requests.
         gc.collect()
         gc.freeze()
-        ticker = loop.call_later(_TICK_S, self._tick)
         await self.stopping.wait()
         ticker.cancel()
         await self.shutdown(server)
         agent.close()
+
+    async def _accept(self) -> asyncio.AbstractServer:
+        server = await self.loop.create_server(
+            lambda: ClientConnection(self.ingress), sock=self.sock, backlog=4096)
+        self.accepting = True
+        return server
+
+    async def _accept_when_ready(self) -> asyncio.AbstractServer | None:
+        """Accept once the upstreams are ready (None: told to stop before that). Until then
+        the READY gauge stays 0 (_tick), so the supervisor keeps the old worker serving and,
+        past VELOX_RELOAD_READY_S, kills this one, leaving every connection queued on the
+        shared socket to the old worker."""
+        stopping = self.stopping
+        assert stopping is not None
+        while not self.upstreams_ready():
+            if stopping.is_set():
+                return None
+            await asyncio.sleep(_ACCEPT_POLL_S)
+        return await self._accept()
 
     def _hand_off(self) -> None:
         """SIGUSR2 from the supervisor: a reload's new worker serves this slot now; drain."""
         self.ingress.handoff = True
         self.stopping.set()  # type: ignore[union-attr]
 
-    async def shutdown(self, server: asyncio.AbstractServer) -> None:
+    async def shutdown(self, server: asyncio.AbstractServer | None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then close.
 
         Idle keep-alive connections stay open meanwhile, so a request that arrives on one gets
@@ -230,7 +261,8 @@ class Worker:
         """
         state = self.ingress
         state.draining = True
-        server.close()
+        if server is not None:
+            server.close()
         deadline = time.monotonic() + self.settings.shutdown_grace_s
         while time.monotonic() < deadline and (
             len(self.ring) or any(not c.idle for c in state.connections)
@@ -280,7 +312,7 @@ class Worker:
 
     def _tick(self) -> None:
         counters, slot = self.counters, self.slot
-        counters.set(slot, F.READY, 1 if self.upstreams_ready() else 0)
+        counters.set(slot, F.READY, 1 if self.accepting and self.upstreams_ready() else 0)
         counters.set(slot, F.IN_FLIGHT, self.in_flight)
         counters.set(slot, F.RING_DEPTH, len(self.ring))
         counters.set(slot, F.UPSTREAM_CONNECTIONS,
@@ -292,15 +324,23 @@ class Worker:
         counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
+        stalled_before = now - self.write_timeout_s
         for conn in [c for c in self.ingress.connections
-                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before]:
-            if 0.0 < conn.receiving_since < late_before and not conn.read_paused:
+                     if c.last_active < idle_before or 0.0 < c.receiving_since < late_before
+                     or 0.0 < c.stalled_since < stalled_before]:
+            if 0.0 < conn.stalled_since < stalled_before:
+                conn.expire_write()
+            elif 0.0 < conn.receiving_since < late_before and not conn.read_paused:
                 conn.expire_receive()
             else:
                 conn.close_if_idle()
-        if self.ingress.receive_timeouts:
-            counters.add(slot, F.RECEIVE_TIMEOUTS, self.ingress.receive_timeouts)
-            self.ingress.receive_timeouts = 0
+        ingress = self.ingress
+        if ingress.receive_timeouts:
+            counters.add(slot, F.RECEIVE_TIMEOUTS, ingress.receive_timeouts)
+            ingress.receive_timeouts = 0
+        if ingress.write_timeouts:
+            counters.add(slot, F.WRITE_TIMEOUTS, ingress.write_timeouts)
+            ingress.write_timeouts = 0
         self._probe_fds(now)
         if now >= self._next_probe:  # breakers past their open time get a background probe
             self._next_probe = now + self.probe_every_s
@@ -371,12 +411,16 @@ class Worker:
             if request.model is None:
                 request.t_popped = now
                 bytes_in += len(request.body)
-                if request.route is not _FORWARD:
-                    if len(request.body) >= self.off_loop_min:
+                route = request.route
+                if route is not _FORWARD:
+                    if route is not _MODEL_OTHER and len(request.body) >= self.off_loop_min:
                         self._scan_off_loop(request)
                         continue
                     try:
-                        parse_model_call(request)
+                        if route is _MODEL_OTHER:
+                            parse_other(request)
+                        else:
+                            parse_model_call(request)
                     except VeloxError as exc:
                         request.conn.respond_error(request, exc)
                         continue
@@ -421,7 +465,7 @@ class Worker:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
             if models_body is not None and request.route is _FORWARD and \
-                    request.method == b"GET" and _is_models(request.path):
+                    is_model_list(request.method, request.path):
                 self._answer_models(request)
                 continue
             ticket = request.cache
@@ -468,10 +512,13 @@ class Worker:
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
+            if request.route is _MODEL_OTHER:  # images, audio: only what the answer reports
+                exchange.meter = ReportedMeter(ledger, request)
             # The common case (velox.usage.CountMeter): only the counters need the numbers.
-            exchange.meter = CountMeter(ledger, request) if not request.stream and \
-                request.ticket is None and ledger.tpm is None else \
-                TokenMeter.for_request(ledger, request)
+            elif not request.stream and request.ticket is None and ledger.tpm is None:
+                exchange.meter = CountMeter(ledger, request)
+            else:
+                exchange.meter = TokenMeter.for_request(ledger, request)
         return exchange
 
     def _send(self, request: Request, on_done: Any) -> Exchange:
@@ -557,6 +604,14 @@ class Worker:
         if log_access is not None:  # a deque append: the log thread formats and writes
             log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
 
+    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+        """A batched member's share of its merged call's usage, into its own key's books (the
+        merged call's meter books nothing), when its tokens are accounted (as _exchange's
+        meter would be)."""
+        ledger = self.ledger
+        if ledger is not None and (self.meter_all or request.ticket is not None):
+            ledger.count(request.key, ledger.route_of(request.model), inp, out)
+
     def on_done(self, exchange: Exchange, status: int) -> None:
         self.in_flight -= 1
         ticket = exchange.request.ticket
@@ -602,11 +657,6 @@ def make_egress(settings: Settings, spec: UpstreamSpec, index: int,
 
 
 _JSON = ((b"content-type", b"application/json"),)
-
-
-def _is_models(path: bytes) -> bool:
-    bare = path.split(b"?", 1)[0]
-    return bare == b"/v1/models" or bare.startswith(b"/v1/models/")
 
 
 def _model_object(name: str) -> dict[str, Any]:

@@ -173,6 +173,38 @@ static void test_leased(void)
     vx_limits_destroy(l);
 }
 
+/* What a leased bucket's refresher reads besides `taken`: the tokens of refused takes (a
+ * counter) and the largest take asked since its last look (a gauge it pops). */
+static void test_demand(void)
+{
+    vx_limits *l = vx_limits_create(2, 1);
+    if (l == NULL) {
+        failures++;
+        return;
+    }
+    CHECK(vx_limits_configure(l, 0, 0, 2000, T0)); /* leased, empty */
+    CHECK(vx_limits_refused(l, 0) == 0 && vx_limits_pop_largest(l, 0) == 0);
+    CHECK(vx_limits_take(l, 0, 1043, T0) == VX_LIMITS_LEASE_WAIT_US);
+    CHECK(vx_limits_take(l, 0, 7, T0) == VX_LIMITS_LEASE_WAIT_US);
+    CHECK(vx_limits_take(l, 0, 2001, T0) == VX_LIMITS_NEVER); /* never: no demand it can meet */
+    CHECK(vx_limits_refused(l, 0) == 1050 && vx_limits_taken(l, 0) == 0);
+    CHECK(vx_limits_pop_largest(l, 0) == 1043 && vx_limits_pop_largest(l, 0) == 0);
+    CHECK(vx_limits_give(l, 0, 1035) == 1035);
+    CHECK(vx_limits_take(l, 0, 8, T0) == 0); /* admitted: largest, not refused */
+    CHECK(vx_limits_take(l, 0, 1043, T0) == VX_LIMITS_LEASE_WAIT_US);
+    CHECK(vx_limits_refused(l, 0) == 2093 && vx_limits_taken(l, 0) == 8);
+    CHECK(vx_limits_pop_largest(l, 0) == 1043);
+    /* admit: the refusing bucket counts the demand; the refunded one does not. */
+    CHECK(vx_limits_configure(l, 1, 60, 5, T0));
+    int reason;
+    int64_t left_req, left_tok;
+    CHECK(vx_limits_admit(l, 1, 0, 2000, -1, 0, 0, T0, &reason, &left_req, &left_tok) > 0);
+    CHECK(reason == VX_ADMIT_TOKENS && vx_limits_refused(l, 0) == 4093);
+    CHECK(vx_limits_refused(l, 1) == 0 && vx_limits_taken(l, 1) == 0);
+    CHECK(vx_limits_pop_largest(l, 1) == 1 && vx_limits_pop_largest(l, 0) == 2000);
+    vx_limits_destroy(l);
+}
+
 static void test_gauges(void)
 {
     vx_limits *l = vx_limits_create(10, 3);
@@ -444,6 +476,7 @@ int main(void)
     test_refill_exact();
     test_debt();
     test_leased();
+    test_demand();
     test_gauges();
     test_admit();
     test_threads_frozen_clock();

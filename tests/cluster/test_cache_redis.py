@@ -244,3 +244,117 @@ def test_a_keyed_client_leaving_while_its_request_waits_for_redis(
 def key_active(gw: GatewayProcess) -> int:
     (row,) = [k for k in json.loads(gw.admin_get("/stats")[1])["keys"] if k["name"] == "par"]
     return row["active"]  # type: ignore[no-any-return]
+
+
+class WrongRedis:
+    """A TCP server on 127.0.0.1 that reads RESP commands and answers `+OK` to every one (a
+    proxy or a server that is not Redis): replies of the wrong shape for MGET, EVALSHA,
+    SCRIPT LOAD. Counts the commands it answered."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.commands = 0
+        self.stopped = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self.stopped:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+
+    def _client(self, conn: Any) -> None:
+        buf = b""
+        with conn:
+            while not self.stopped:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buf += data
+                n, buf = _complete_commands(buf)
+                if n:
+                    self.commands += n
+                    conn.sendall(b"+OK\r\n" * n)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.sock.close()
+
+
+def _complete_commands(buf: bytes) -> tuple[int, bytes]:
+    """How many whole RESP commands (arrays of bulk strings) start `buf`, and the rest."""
+    n = 0
+    while buf.startswith(b"*"):
+        end = buf.find(b"\r\n")
+        if end < 0:
+            break
+        pos, parts, whole = end + 2, int(buf[1:end]), True
+        for _ in range(parts):
+            end = buf.find(b"\r\n", pos)
+            if end < 0 or buf[pos:pos + 1] != b"$":
+                whole = False
+                break
+            size = int(buf[pos + 1:end])
+            pos = end + 2 + size + 2
+            if pos > len(buf):
+                whole = False
+                break
+        if not whole:
+            break
+        n, buf = n + 1, buf[pos:]
+    return n, buf
+
+
+def test_a_server_answering_ok_to_everything_counts_as_redis_down(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    """Every reply of the wrong shape marks the tier down like a connection error, logged
+    once per worker, and every request is still answered (from the upstream, then the local
+    store); the lease refresher likewise falls back to the host's own limits, logged once.
+    Before: each cache lookup raised TypeError in a task nobody awaited (a traceback per
+    call) and the tier was never marked down."""
+    fake = WrongRedis()
+    started: list[GatewayProcess] = []
+    try:
+        gw = start(started, upstream, tmp_path, VELOX_REDIS_URL=fake.url,
+                   VELOX_CACHE_REDIS_TIMEOUT_MS="500", VELOX_SHUTDOWN_GRACE_S="2")
+        client = client_for(gw)
+        for i in range(40):  # distinct prompts: each a local miss that asks Redis
+            answer, headers = chat(client, f"wrong redis {i % 20}")
+            assert answer.choices[0].message.content
+        assert fake.commands > 0  # the gateway did talk to it
+        doc = cache_stats(gw)
+        assert doc["redis_errors"] >= 1 and doc["redis_hits"] == 0, doc
+        status, body = gw.admin_get("/stats")
+        assert json.loads(body)["redis"]["up"] == 0
+        gw.stop()
+        log = gw.log()
+        assert "Traceback" not in log and "TypeError" not in log, log[-3000:]
+        assert "exception was never retrieved" not in log
+        tier = [line for line in log.splitlines() if "the cache's Redis" in line
+                and "unreachable" in line]
+        assert 1 <= len(tier) <= 2 and all("ReplyShapeError" in line for line in tier), tier
+        leases = [line for line in log.splitlines() if "velox.cluster" in line
+                  and "unreachable" in line]
+        assert len(leases) == 1 and "ReplyShapeError" in leases[0], leases
+    finally:
+        for g in started:
+            g.stop()
+        fake.stop()

@@ -217,8 +217,8 @@ def test_admin_under_load(start_gateway: GatewayFactory) -> None:
     # doctor, against the gateway that is up: its ports are Velox's, /readyz and /stats answer.
     doctor = run_doctor(gw.env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert "Velox is up there, /readyz 200" in doctor.stdout
-    assert "Velox is up there, /stats 200" in doctor.stdout
+    assert f"Velox (pid {gw.pid}) is up there, /readyz 200" in doctor.stdout
+    assert f"Velox (pid {gw.pid}) is up there, /stats 200" in doctor.stdout
     client.close()
 
 

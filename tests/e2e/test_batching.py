@@ -6,8 +6,15 @@ spread the connections) and a VELOX_CONFIG file with batching routes. Vectors ar
 against the mock's deterministic function of each input (`payloads.embedding_vector`), and
 what reached the upstream is read from the mock's request log (`inputs` per call).
 
-To make requests wait in a group, a "blocker" of the same group is sent first with a long
-`x-mock-latency-ms`: while it is in flight, the group's next requests wait and merge. Each
+Between tenants (a second gateway, two `[[key]]`s, the access log on): clients that send
+different `OpenAI-Organization` / `OpenAI-Project` headers are never merged, each member's
+share of a merged call's tokens goes into its own key's books, and the access log has exactly
+one line per request, batched members included.
+
+To make requests wait in a group, a "blocker" of the same group is sent first and held by the
+mock (its behaviour is a long latency while the blocker arrives, normal again once it is
+there: a latency header of its own would put it in another group, since forwarded headers are
+part of the group): while it is in flight, the group's next requests wait and merge. Each
 test uses its own `user` (part of the group) so tests never share a group.
 """
 
@@ -20,6 +27,7 @@ import json
 import socket
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -84,18 +92,46 @@ model = "emb-pass"
 targets = [{{ upstream = "pass" }}]
 batch = {{ max_requests = 2, max_wait_ms = 5000 }}
 """)
-    env = {
-        "VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
-        "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_ACCESS_LOG": "0",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
-    }
-    with GatewayProcess(env, log_path=tmp / "velox.log") as gw:  # started, ready
+    with GatewayProcess(one_worker(config), log_path=tmp / "velox.log") as gw:  # ready
         yield gw
 
 
-def client(gw: GatewayProcess, key: str = CLIENT_KEY, **headers: str) -> openai.AsyncOpenAI:
+def one_worker(config: Path, access_log: bool = False) -> dict[str, str]:
+    """The settings of this module's gateways: one worker, the config file, no rate limit."""
+    return {"VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
+            "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5",
+            "VELOX_ACCESS_LOG": "1" if access_log else "0",
+            "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+
+
+def keyed_config(path: Path, mock: MockUpstream, route: str, batch: str,
+                 keys: dict[str, str], key_options: str = "") -> Path:
+    """A config file: the upstream "own" (the gateway's key), one batching route and one
+    `[[key]]` per name (with key_options)."""
+    blocks = "".join(f'\n[[key]]\nname = "{name}"\n'
+                     f'sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n{key_options}'
+                     for name, key in keys.items())
+    path.write_text(f"""
+[[upstream]]
+name = "own"
+origin = "{mock.origin}"
+ca_file = "{mock.ca_file}"
+api_key_env = "UP_KEY"
+
+[[route]]
+model = "{route}"
+targets = [{{ upstream = "own" }}]
+batch = {batch}
+{blocks}""")
+    return path
+
+
+def client(gw: GatewayProcess, key: str = CLIENT_KEY, options: dict[str, str] | None = None,
+           **headers: str) -> openai.AsyncOpenAI:
+    """An SDK client; options: the SDK's own (organization, project), which it sends as the
+    OpenAI-Organization / OpenAI-Project headers."""
     return openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
-                              timeout=30, default_headers=headers or None)
+                              timeout=30, default_headers=headers or None, **(options or {}))
 
 
 def stats(gw: GatewayProcess) -> dict:
@@ -120,14 +156,31 @@ def vector(data: Any) -> list[float]:
     return list(data.embedding)
 
 
-async def blocker(gw: GatewayProcess, model: str, user: str, latency_ms: int = 3000,
-                  key: str = CLIENT_KEY) -> Any:
+async def arrived(mock: MockUpstream, count: int) -> None:
+    """Until the mock has received `count` embeddings calls since its reset (bounded, 30 s;
+    polled without holding up the client tasks)."""
+    for _ in range(600):
+        if mock.stats()["by_path"].get(EMBED, 0) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the mock did not receive the call in time")
+
+
+async def blocker(gw: GatewayProcess, mock: MockUpstream, model: str, user: str,
+                  latency_ms: int = 3000, key: str = CLIENT_KEY) -> Any:
     """A slow call of the group (model, user): it goes out at once, and while it is in flight
-    the group's next requests wait. Returns the task; await it before the test ends."""
-    c = client(gw, key, **{"x-mock-latency-ms": str(latency_ms)})
+    the group's next requests wait. The mock holds it latency_ms (its behaviour while the
+    blocker arrives, normal again once it is there). Returns the task; await it before the
+    test ends."""
+    calls_before = mock.stats()["by_path"].get(EMBED, 0)
+    mock.behave(latency_ms=latency_ms)
+    c = client(gw, key)
     task = asyncio.create_task(c.embeddings.create(model=model, input="blocker", user=user,
                                                    encoding_format="float"))
-    await asyncio.sleep(0.3)  # it is in flight now (the mock holds it latency_ms)
+    try:
+        await arrived(mock, calls_before + 1)
+    finally:
+        mock.behave()
     return task
 
 
@@ -189,7 +242,7 @@ def test_multi_input_members_keep_their_order_and_get_their_share(
               ["last one"]]
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "order")
+        first = await blocker(gateway, fresh, "emb4", "order")
         c = client(gateway)
         raws = await asyncio.gather(*[c.embeddings.with_raw_response.create(
             model="emb4", input=items, user="order", encoding_format="float")
@@ -218,7 +271,7 @@ def test_one_bad_input_fails_only_its_own_request(gateway: GatewayProcess,
     before = batch_stats(gateway)
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "bad")
+        first = await blocker(gateway, fresh, "emb4", "bad")
         c = client(gateway)
         results = await asyncio.gather(*[c.embeddings.create(
             model="emb4", input=t, user="bad", encoding_format="float") for t in texts],
@@ -246,8 +299,9 @@ def test_any_other_failure_reaches_every_member_as_it_would_alone(
     before = batch_stats(gateway)
 
     async def run() -> tuple[Any, list[Any]]:
-        first = await blocker(gateway, "emb4", "denied")
-        c = client(gateway, **{"x-mock-status": "401"})
+        first = await blocker(gateway, fresh, "emb4", "denied")
+        fresh.behave(status=401)  # for the merged call (the blocker is upstream already)
+        c = client(gateway)
         results = await asyncio.gather(*[c.embeddings.create(
             model="emb4", input=f"denied {i}", user="denied", encoding_format="float")
             for i in range(4)], return_exceptions=True)
@@ -330,7 +384,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     async def run() -> list[Any]:
         # 5 s: both pairs must arrive while their caller's blocker is in flight, even on a
         # host so loaded that starting four clients takes seconds.
-        blockers = [await blocker(gateway, "emb-pass", "pass", key=key, latency_ms=5000)
+        blockers = [await blocker(gateway, fresh, "emb-pass", "pass", key=key, latency_ms=5000)
                     for key in keys]
         jobs = [client(gateway, key).embeddings.with_raw_response.create(
             model="emb-pass", input=f"{key}-{i}", user="pass", encoding_format="float")
@@ -355,7 +409,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
     fresh.reset()
 
     async def shared() -> list[Any]:
-        first = await blocker(gateway, "emb3", "shared")
+        first = await blocker(gateway, fresh, "emb3", "shared")
         jobs = [client(gateway, key).embeddings.create(
             model="emb3", input=key, user="shared", encoding_format="float")
             for key in ("sk-caller-a", "sk-caller-b", "sk-caller-c")]
@@ -382,10 +436,11 @@ def test_a_member_that_disconnects_does_not_break_the_others(
     body = {"model": "emb4", "input": "leaver", "user": "leave", "encoding_format": "float"}
 
     async def run() -> list[Any]:
-        first = await blocker(gateway, "emb4", "leave", latency_ms=1000)
-        # The merged call takes 1 s (its first member's latency header); one member's client
+        first = await blocker(gateway, fresh, "emb4", "leave", latency_ms=1000)
+        # The merged call takes 1 s (the mock's behaviour from now on); one member's client
         # closes its connection while the call is in flight.
-        c = client(gateway, **{"x-mock-latency-ms": "1000"})
+        fresh.behave(latency_ms=1000)
+        c = client(gateway)
         jobs = [asyncio.create_task(c.embeddings.create(
             model="emb4", input=f"stays {i}", user="leave", encoding_format="float"))
             for i in range(2)]
@@ -412,12 +467,11 @@ def test_a_member_that_disconnects_does_not_break_the_others(
 PAR_KEY = "vx-par-batching-0123456789"
 
 
-def _keyed_embeddings_request(port: int, body: dict, latency_ms: int) -> socket.socket:
+def _keyed_embeddings_request(port: int, body: dict) -> socket.socket:
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
                  b"\r\nauthorization: Bearer " + PAR_KEY.encode()
-                 + b"\r\nx-mock-latency-ms: %d" % latency_ms
                  + b"\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
     return sock
 
@@ -430,27 +484,10 @@ def test_a_keyed_member_leaving_while_it_waits_and_while_its_batch_is_in_flight(
     the worker's in-flight count ends at 0 (an end counted twice would take it below)."""
     mock.behave()
     mock.reset()
-    config = tmp_path / "velox.toml"
-    config.write_text(f"""
-[[upstream]]
-name = "own"
-origin = "{mock.origin}"
-ca_file = "{mock.ca_file}"
-api_key_env = "UP_KEY"
-
-[[route]]
-model = "emb-key"
-targets = [{{ upstream = "own" }}]
-batch = {{ max_requests = 8, max_wait_ms = 5000 }}
-
-[[key]]
-name = "par"
-sha256 = "{hashlib.sha256(PAR_KEY.encode()).hexdigest()}"
-max_parallel = 4
-""")
-    env = {"VELOX_CONFIG": str(config), "UP_KEY": UP_KEY, "VELOX_WORKERS": "1",
-           "VELOX_RATE_LIMIT_RPM": "0", "VELOX_SHUTDOWN_GRACE_S": "5",
-           "VELOX_ACCESS_LOG": "0", "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}"}
+    config = keyed_config(tmp_path / "velox.toml", mock, "emb-key",
+                          "{ max_requests = 8, max_wait_ms = 5000 }", {"par": PAR_KEY},
+                          "max_parallel = 4\n")
+    env = one_worker(config)
 
     def active(gw: GatewayProcess) -> int:
         (row,) = [k for k in stats(gw)["keys"] if k["name"] == "par"]
@@ -475,21 +512,20 @@ max_parallel = 4
         async def run() -> list[Any]:
             c = client(gw, PAR_KEY)
             # (1) While waiting: a call of the group is in flight, the leaver waits behind it.
-            first = await blocker(gw, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
-            sock = _keyed_embeddings_request(port, leaver, 2000)
+            first = await blocker(gw, mock, "emb-key", "k", latency_ms=2000, key=PAR_KEY)
+            sock = _keyed_embeddings_request(port, leaver)
             await until(lambda: active(gw) == 2)
             sock.close()
             await until(lambda: active(gw) == 1)  # back before its group leaves
             stayer = embed(c, "stays 0")  # waits in the group, leaves when the blocker ends
             answers = [await first, await stayer]
             # (2) While in flight: the next blocker, then two members and a leaver merged into
-            # one call (1500 ms upstream: their latency header).
-            await c.close()
-            c = client(gw, PAR_KEY, **{"x-mock-latency-ms": "1500"})
+            # one call (1500 ms upstream: the mock's behaviour once the blocker is there).
             batches = batch_stats(gw)["total_batches"]
-            second = await blocker(gw, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            second = await blocker(gw, mock, "emb-key", "k", latency_ms=2500, key=PAR_KEY)
+            mock.behave(latency_ms=1500)
             jobs = [embed(c, "stays 1"), embed(c, "stays 2")]
-            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"}, 1500)
+            sock = _keyed_embeddings_request(port, {**leaver, "input": "leaver 2"})
             await until(lambda: active(gw) == 4)  # all three wait behind the blocker
             answers.append(await second)
             await until(lambda: batch_stats(gw)["total_batches"] == batches + 2)  # merged, sent
@@ -511,3 +547,112 @@ max_parallel = 4
         assert active(gw) == 0
         assert stats(gw)["requests"]["total"] == before + 5  # each once; the leavers never
         assert wait_for(lambda: stats(gw)["workers"][0]["state"]["in_flight"] == 0, timeout=5)
+
+# --- between tenants ------------------------------------------------------------------------
+
+TEAMS = {"team-a": "vx-team-a-0123456789abcdef", "team-b": "vx-team-b-0123456789abcdef"}
+# Each request of a test has one input for one tenant and SPREAD inputs for the other, fewer
+# requests than SPREAD: whatever crossed over, the inputs each tenant's calls carried could
+# not add up to its own (k one-input members = SPREAD x j members is impossible for k < SPREAD).
+REQUESTS = 24
+SPREAD = 30
+
+
+@pytest.fixture(scope="module")
+def tenants(mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[GatewayProcess]:
+    """A gateway whose one batching route `emb-t` serves two keys, with the access log on."""
+    tmp = tmp_path_factory.mktemp("tenants")
+    config = keyed_config(tmp / "velox.toml", mock, "emb-t",
+                          "{ max_requests = 64, max_wait_ms = 200 }", TEAMS)
+    with GatewayProcess(one_worker(config, access_log=True), log_path=tmp / "velox.log") as gw:
+        yield gw
+
+
+@pytest.fixture
+def busy(fresh: MockUpstream) -> MockUpstream:
+    fresh.behave(latency_ms=300)  # requests arriving while a call is upstream wait and merge
+    return fresh
+
+
+def embed_t(c: openai.AsyncOpenAI, inputs: list[str], user: str) -> Any:
+    return c.embeddings.with_raw_response.create(model="emb-t", input=inputs, user=user,
+                                                 encoding_format="float")
+
+
+def header(call: dict[str, Any], name: str) -> str | None:
+    return next((v for n, v in call["headers"] if n == name), None)
+
+
+def test_members_with_different_organization_or_project_are_never_merged(
+        tenants: GatewayProcess, busy: MockUpstream) -> None:
+    """One key, two organizations (then two projects of one organization): the members of
+    each upstream call all sent the header that call carries."""
+    for option, name, values in (
+            ("organization", "openai-organization", ("org-alpha", "org-beta")),
+            ("project", "openai-project", ("proj-alpha", "proj-beta"))):
+        busy.reset()
+        sizes = {values[0]: 1, values[1]: SPREAD}
+
+        async def run() -> list[Any]:
+            clients = {v: client(tenants, TEAMS["team-a"], {option: v}) for v in values}
+            jobs = [embed_t(clients[v], [f"{v} {i} item {j}" for j in range(sizes[v])], "orgs")
+                    for i in range(REQUESTS) for v in values]
+            return await asyncio.gather(*jobs)
+
+        raws = asyncio.run(run())
+        assert all(len(raw.parse().data) in (1, SPREAD) for raw in raws)
+        carried: dict[str | None, int] = {}
+        for call in calls(busy):
+            assert call["status"] == 200
+            value = header(call, name)
+            carried[value] = carried.get(value, 0) + call["inputs"]
+        # Each value's calls carried exactly that tenant's inputs: nothing crossed over.
+        assert carried == {values[0]: REQUESTS, values[1]: REQUESTS * SPREAD}, carried
+        # ... and they were batched: fewer calls than requests for each.
+        per_value = [header(c, name) for c in calls(busy)]
+        assert all(per_value.count(v) < REQUESTS for v in values), per_value
+
+
+def test_each_member_books_its_own_tokens_and_has_its_own_access_log_line(
+        tenants: GatewayProcess, busy: MockUpstream) -> None:
+    before = stats(tenants)
+    books_before = {(row["key"], row["route"]): row["input"] for row in before["tokens"]}
+    log_before = tenants.log().count('"log":"access"')
+
+    async def run() -> dict[str, list[Any]]:
+        clients = {team: client(tenants, key) for team, key in TEAMS.items()}
+        jobs = {team: [embed_t(clients[team], [f"{team} {i} item {j}" for j in range(size)],
+                               "books") for i in range(REQUESTS)]
+                for team, size in (("team-a", 1), ("team-b", 3))}
+        done = await asyncio.gather(*(j for team in TEAMS for j in jobs[team]))
+        return {"team-a": list(done[:REQUESTS]), "team-b": list(done[REQUESTS:])}
+
+    raws = asyncio.run(run())
+    merged = [raw for team in TEAMS for raw in raws[team] if "x-velox-batch" in raw.headers]
+    assert merged, "nothing was batched"
+    # Both keys' requests shared calls (the route sends the gateway's own key upstream).
+    assert len(calls(busy)) < 2 * REQUESTS
+    used = {team: sum(raw.parse().usage.prompt_tokens for raw in raws[team]) for team in TEAMS}
+    assert all(used.values())
+    total = 2 * REQUESTS
+    # The access log: one line per request, batched members included (each written once the
+    # answer is: wait on the counter, then read the lines).
+    wait_for(lambda: stats(tenants)["requests"]["total"] - before["requests"]["total"] == total,
+             timeout=30)
+    wait_for(lambda: stats(tenants)["access_log"]["lines"] - before["access_log"]["lines"]
+             == total, timeout=30)
+    lines = [json.loads(line) for line in tenants.log().splitlines()
+             if '"log":"access"' in line][log_before:]
+    assert len(lines) == total
+    assert all(line["path"] == EMBED and line["status"] == 200 for line in lines)
+    for team in TEAMS:
+        mine = [line for line in lines if line["key"] == team]
+        assert len(mine) == REQUESTS
+        assert sum(line["usage"]["input"] for line in mine) == used[team]
+    # The token books: each key's share under its own name, nothing under no key.
+    after = stats(tenants)
+    books = {(row["key"], row["route"]): row["input"] for row in after["tokens"]}
+    for team in TEAMS:
+        assert books.get((team, "emb-t"), 0) - books_before.get((team, "emb-t"), 0) == used[team]
+    assert books.get(("-", "emb-t"), 0) == books_before.get(("-", "emb-t"), 0)

@@ -167,3 +167,59 @@ targets = [{{ upstream = "mock" }}]
         seen = [r for r in upstream.requests(20) if r["path"] == "/v1/chat/completions"][-1]
         assert dict(seen["headers"])["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert UPSTREAM_KEY not in gw.log_path.read_text()
+
+
+# --- what a newcomer trips over: a pasted key, a misspelt variable, doctor on a bad file ------
+
+PASTED = {"openai": "sk-proj-PASTED0123456789abcdefSECRET", "azure": "0123456789abcdef" * 2}
+
+
+@pytest.mark.parametrize("upstream", ["openai", "azure"])
+def test_a_key_pasted_into_api_key_env_is_never_printed(tmp_path: Path, upstream: str) -> None:
+    key = PASTED[upstream]
+    var = "E2E_OPENAI_KEY" if upstream == "openai" else "E2E_AZURE_KEY"
+    config = tmp_path / "velox.toml"
+    config.write_text(GOOD.replace(f'api_key_env = "{var}"', f'api_key_env = "{key}"'))
+    env = {"VELOX_CONFIG": str(config), **KEYS}
+    code, out, err = run_velox([], env, tmp_path)
+    index = 1 if upstream == "openai" else 2
+    assert code == 2 and key not in out + err, err
+    assert (f'[[upstream]] #{index} (name "{upstream}"): api_key_env: this value looks like a '
+            "key") in err
+    assert "NAME of an environment variable" in err and str(config) in err
+    code, out, err = run_velox(["doctor"], env, tmp_path)
+    assert code == 1 and key not in out + err, out
+    assert f'fix api_key_env of [[upstream]] #{index} (name "{upstream}") in {config}' in out
+
+
+def test_doctor_names_file_table_and_key_of_a_mistake(tmp_path: Path) -> None:
+    config = tmp_path / "velox.toml"
+    config.write_text(GOOD.replace('api_version = "2024-10-21"', 'api_verison = "2024-10-21"'))
+    code, out, _ = run_velox(["doctor"], {"VELOX_CONFIG": str(config), **KEYS}, tmp_path)
+    assert code == 1
+    assert f'FAIL  config            {config}: [[upstream]] #2 (name "azure"): api_verison' in out
+    assert f'→ fix api_verison of [[upstream]] #2 (name "azure") in {config}' in out
+    assert "fix that variable" not in out
+    config.write_text("[[upstream]\nname = ")
+    code, out, _ = run_velox(["doctor"], {"VELOX_CONFIG": str(config)}, tmp_path)
+    assert code == 1 and "TOML syntax error" in out
+    assert f"→ fix the TOML syntax of {config} where the error says" in out
+    code, out, _ = run_velox(["doctor"], {"VELOX_PORT": "http"}, tmp_path)
+    assert "→ fix that variable (see .env.example)" in out  # a variable's mistake: as before
+
+
+def test_a_misspelt_variable_is_warned_about_with_the_setting_meant(
+        tmp_path: Path, upstream: MockUpstream) -> None:
+    env = {**gateway_env(upstream), "VELOX_WORKER": "1", "VELOX_UPSTREAM_KEY": UPSTREAM_KEY,
+           "VELOX_NOTHING_LIKE_IT": "1"}
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:
+        log = gw.log()
+    assert "WARNING velox" in log
+    assert "VELOX_WORKER is not a Velox setting and is ignored; did you mean VELOX_WORKERS?" in log
+    assert ("VELOX_UPSTREAM_KEY is not a Velox setting and is ignored; did you mean "
+            "VELOX_UPSTREAM_API_KEY?") in log
+    assert "VELOX_NOTHING_LIKE_IT is not a Velox setting and is ignored; see .env.example" in log
+    assert UPSTREAM_KEY not in log
+    local = {"VELOX_WORKER": "1", "VELOX_UPSTREAM_ORIGIN": f"http://127.0.0.1:{free_port()}"}
+    code, out, _ = run_velox(["doctor"], local, tmp_path)
+    assert "WARN  config            VELOX_WORKER is not a Velox setting" in out

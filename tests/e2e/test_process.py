@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import signal
 import threading
 import time
@@ -16,7 +17,7 @@ import openai
 import psutil
 import pytest
 
-from velox.launch import GatewayProcess, free_port
+from velox.launch import GatewayProcess, free_port, http_get
 from velox.mock import MockUpstream
 
 from .conftest import UPSTREAM_KEY, GatewayFactory, async_client_for, client_for, raw, wait_for
@@ -332,6 +333,10 @@ def test_demo_answers_an_sdk_call_and_stops_on_ctrl_c(tmp_path) -> None:  # noqa
         assert f'OpenAI(base_url="http://127.0.0.1:{port}/v1", api_key="sk-velox-demo")' in text
         assert "chat.completions  → 'Hello from the Velox mock upstream'" in text
         assert "streamed 6 chunks" in text
+        admin = re.search(r"admin server \(/stats, /metrics, /debug/pprof/\) is on "
+                          r"http://127\.0\.0\.1:(\d+)", text)
+        assert admin is not None, text
+        assert http_get("127.0.0.1", int(admin.group(1)), "/healthz")[0] == 200
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=30) == 0
     finally:

@@ -10,6 +10,7 @@ refused with a log line naming file/table/key, and two SIGHUPs in a row are both
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -108,14 +110,17 @@ class Watch(threading.Thread):
 
 
 async def closed_loop(gw: GatewayProcess, concurrency: int, until: Any, max_s: float,
-                      max_calls: int) -> list[tuple[float, int | str, str]]:
+                      max_calls: int, fresh: bool = False) -> list[tuple[float, int | str, str]]:
     """(sent at, status or exception name, x-velox-upstream) per call; the SDK never retries.
 
-    Runs until `until()` is true, bounded by `max_s` seconds and `max_calls` calls.
+    Runs until `until()` is true, bounded by `max_s` seconds and `max_calls` calls. `fresh`:
+    every call on a new connection (the kernel hands each to one of the listening sockets).
     """
     out: list[tuple[float, int | str, str]] = []
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)) if fresh \
+        else None
     client = openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
-                                max_retries=0, timeout=20)
+                                max_retries=0, timeout=20, http_client=http)
     stop_at = time.monotonic() + max_s
 
     async def one() -> None:
@@ -136,33 +141,44 @@ async def closed_loop(gw: GatewayProcess, concurrency: int, until: Any, max_s: f
     return out
 
 
+def hup_under_load(gw: GatewayProcess, config: Path, text: str, line: str, before_s: float,
+                   after_s: float, concurrency: int, fresh: bool = False,
+                   ) -> tuple[list[tuple[float, int | str, str]], float, float]:
+    """Calls for `before_s`, then `text` written to the file and SIGHUP, calls on until
+    `after_s` after `line` shows in the log: (calls, when the HUP went, when `line` showed)."""
+    watch = Watch(gw, line, timeout_s=90)
+    hup_at: list[float] = []
+
+    def until() -> bool:
+        if not hup_at and time.monotonic() > started + before_s:
+            hup_at.append(time.monotonic())
+            config.write_text(text)
+            gw.signal(signal.SIGHUP)
+            watch.start()
+        return watch.seen_at is not None and time.monotonic() > watch.seen_at + after_s
+
+    started = time.monotonic()
+    calls = asyncio.run(closed_loop(gw, concurrency, until, max_s=90, max_calls=100_000,
+                                    fresh=fresh))
+    assert watch.seen_at is not None, gw.log()[-3000:]
+    return calls, hup_at[0], watch.seen_at
+
+
 def test_sighup_under_load_switches_the_route_with_no_failed_request(
         gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
     gw, config = gateway
     assert upstream_of(gw) == "a"
     before = worker_pids(gw)
-    watch = Watch(gw, DONE, timeout_s=60)
-    hup_at: list[float] = []
-
-    def until() -> bool:
-        # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
-        if not hup_at and time.monotonic() > started + 1.5:
-            hup_at.append(time.monotonic())
-            config.write_text(a_and_b_to_b(two_mocks))
-            gw.signal(signal.SIGHUP)
-            watch.start()
-        return watch.seen_at is not None and time.monotonic() > watch.seen_at + 2.5
-
-    started = time.monotonic()
-    calls = asyncio.run(closed_loop(gw, 64, until, max_s=60, max_calls=100_000))
-    assert watch.seen_at is not None, gw.log()
+    # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
+    calls, hup_at, done_at = hup_under_load(gw, config, a_and_b_to_b(two_mocks), DONE,
+                                            before_s=1.5, after_s=2.5, concurrency=64)
     failed = [c for c in calls if c[1] != 200]
     assert not failed, (len(failed), failed[:5], gw.log()[-3000:])
     seen = Counter(up for _, _, up in calls)
     assert seen["a"] > 0 and seen["b"] > 0, seen
-    late = [up for sent, _, up in calls if sent > watch.seen_at + 2.0]
+    late = [up for sent, _, up in calls if sent > done_at + 2.0]
     assert late and set(late) == {"b"}, Counter(late)
-    early = [up for sent, _, up in calls if sent < hup_at[0]]
+    early = [up for sent, _, up in calls if sent < hup_at]
     assert early and set(early) == {"a"}, Counter(early)
     after = worker_pids(gw)
     assert len(after) == 2 and not after & before, (before, after)
@@ -198,6 +214,29 @@ def test_a_broken_table_is_refused_and_the_old_one_keeps_serving(
     assert worker_pids(gw) == before
     assert upstream_of(gw) == "a"
     assert "reload done" not in gw.log()
+
+
+def test_after_a_reload_the_profiling_index_links_the_serving_workers(
+        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = gateway
+    config.write_text(a_and_b_to_b(two_mocks))
+    gw.signal(signal.SIGHUP)
+    wait_for(lambda: DONE in gw.log(), timeout=60)
+    serving = sorted(w["worker"] for w in stats(gw)["workers"])
+    assert serving == [2, 3], serving  # the other half of the slots
+    status, page = gw.admin_get("/debug/pprof/")
+    assert status == 200
+    linked = sorted(int(w) for w in re.findall(rb"worker=(\d+)\">worker", page))
+    assert linked == serving, page.decode()
+    for worker in linked:  # every link answers (the links' own 10 s, shortened)
+        status, body = gw.admin_get(f"/debug/pprof/profile?seconds=0.3&worker={worker}"
+                                    f"&format=text", timeout=30)
+        assert status == 200, body[:300]
+        assert f"velox worker {worker} (pid".encode() in body
+    status, merged = gw.admin_get("/debug/pprof/profile?seconds=0.3&format=text", timeout=30)
+    assert status == 200, merged[:300]
+    assert b"2 velox workers merged: velox worker 2 (pid" in merged, merged[:600]
+    assert b"; velox worker 3 (pid" in merged
 
 
 def idle_keepalive_connections(gw: GatewayProcess, n: int) -> list[socket.socket]:
@@ -243,22 +282,23 @@ def test_two_sighups_in_a_row_are_both_handled(
     assert gw.proc is not None and gw.proc.poll() is None
 
 
+def ready_within(config: Path, seconds: int) -> dict[str, str]:
+    """A two-worker gateway on `config` whose reloads wait `seconds` for a new worker."""
+    return {
+        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": str(seconds),
+        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
+    }
+
+
 def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
         tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
     config = tmp_path / "velox.toml"
     config.write_text(only_a(two_mocks))
-    env = {
-        "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
-        "VELOX_ACCESS_LOG": "0", "VELOX_RELOAD_READY_S": "3",
-        "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS, "KEY_DEAD": "sk-dead-0123456789",
-    }
+    env = ready_within(config, 3)
     with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw:  # started, then stopped
         before = worker_pids(gw)
-        # "m" now only goes to an upstream nobody listens on: the new worker is never ready.
-        dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
-                f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
-        config.write_text(upstream_table("a", two_mocks["a"]) + dead
-                          + ROUTE_TO.format(name="dead"))
+        config.write_text(dead_route(two_mocks))
         gw.signal(signal.SIGHUP)
         wait_for(lambda: "reload aborted" in gw.log(), timeout=30)
         assert "was not ready within 3s (VELOX_RELOAD_READY_S)" in gw.log()
@@ -268,3 +308,32 @@ def test_a_new_worker_that_never_gets_ready_aborts_the_reload(
         assert "reload done" not in gw.log()
         ready = stats(gw)["workers"]
         assert len(ready) == 2 and all(w["ready"] for w in ready)
+
+
+def dead_route(mocks: dict[str, MockUpstream]) -> str:
+    """"m" routed only to an upstream nobody listens on: a worker running it is never ready."""
+    dead = (f'[[upstream]]\nname = "dead"\norigin = "https://127.0.0.1:{free_port()}"\n'
+            f'api_key_env = "KEY_DEAD"\nconnections = 1\n')
+    return upstream_table("a", mocks["a"]) + dead + ROUTE_TO.format(name="dead")
+
+
+def test_a_reload_that_cannot_serve_fails_no_request_under_load(
+        tmp_path: Path, two_mocks: dict[str, MockUpstream]) -> None:
+    """The new worker of a reload must not accept before it is ready: clients opening new
+    connections while it starts (and when the aborted reload kills it) all get answers."""
+    config = tmp_path / "velox.toml"
+    config.write_text(only_a(two_mocks))
+    with GatewayProcess(ready_within(config, 4), log_path=tmp_path / "velox.log") as gw:
+        before = worker_pids(gw)
+        # ~1 s of traffic, the HUP, then until 1.5 s after the new worker was killed.
+        calls, hup_at, aborted_at = hup_under_load(
+            gw, config, dead_route(two_mocks), "reload aborted", before_s=1.0, after_s=1.5,
+            concurrency=16, fresh=True)
+        failed = [c for c in calls if c[1] != 200]
+        assert not failed, (len(failed), len(calls), failed[:5], gw.log()[-3000:])
+        during = [c for c in calls if hup_at < c[0] < aborted_at]
+        assert len(during) > 100, len(during)  # new connections all through the ready window
+        assert Counter(up for _, _, up in calls) == {"a": len(calls)}
+        assert "was not ready within 4s (VELOX_RELOAD_READY_S)" in gw.log()
+        assert worker_pids(gw) == before
+        assert "reload done" not in gw.log()

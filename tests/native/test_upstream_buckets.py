@@ -4,7 +4,7 @@ and what the Redis refresher needs of them and of the tpm buckets: socket-free.
 Checked here: one Limits for all upstreams with the same bursts as before (10 s of rpm), only
 upstreams with an rpm configured; a bucket shared by forked workers; a LEASED bucket (what
 velox.cluster makes of it) admitting exactly what was given, then refusing with Retry-After 1;
-the tpm refusal noted in `wanted` for the refresher; and the supervisor registering every
+the tpm refusal counted by the bucket for the refresher; and the supervisor registering every
 upstream's rpm and tpm bucket under `upstream:<name>:rpm|tpm` with the right indexes (a
 Cluster never started: no Redis, no socket).
 """
@@ -96,26 +96,29 @@ def test_a_refused_tpm_reservation_is_noted_for_the_next_lease() -> None:
     tokens = UpstreamTokens((0, 6000))
     tokens.limits.configure(1, 0, 6000)  # leased (the level is kept: drop it, as add() does)
     assert tokens.limits.take(1, 6000) == 0
+    tokens.limits.pop_largest(1)
     assert tokens.reserve(1, 500) == (0, 1_000_000)  # a lease's wait
-    assert tokens.wanted.get(0, 1) == 500
+    # The bucket itself counts the demand the refresher leases for (velox.cluster).
+    assert tokens.limits.refused(1) == 500 and tokens.limits.pop_largest(1) == 500
     tokens.limits.give(1, 500)
     assert tokens.reserve(1, 500) == (500, 0)
-    assert tokens.reserve(0, 500) == (0, 0) and tokens.wanted.get(0, 0) == 0
+    assert tokens.reserve(0, 500) == (0, 0) and tokens.limits.refused(0) == 0
 
 
 def test_supervisor_registers_each_upstreams_rpm_and_tpm_bucket_by_name() -> None:
     shared = SharedStats(1, tables((120, 0), (0, 6000), (60, 600), (0, 0)))
     c = cluster.Cluster("redis://127.0.0.1:1/0", host_id="test")  # never started
-    fake = SimpleNamespace(cluster=c)
+    fake = SimpleNamespace(cluster=c, _typical_reservation=lambda: 2048)
     Supervisor._share_upstreams(fake, shared)  # type: ignore[arg-type]
     health = shared.health
     assert health.tpm is not None
-    got = {b.name: (b.limits, b.index, b.rate, b.burst, b.wanted) for b in c.buckets}
+    got = {b.name: (b.limits, b.index, b.rate, b.burst, b.need) for b in c.buckets}
+    # A tpm bucket keeps a typical reservation in hand (at most its burst); rpm takes are 1.
     assert got == {
-        "upstream:u0:rpm": (health.rpm, 0, 120, 20, None),
-        "upstream:u1:tpm": (health.tpm.limits, 1, 6000, 6000, health.tpm.wanted),
-        "upstream:u2:rpm": (health.rpm, 2, 60, 10, None),
-        "upstream:u2:tpm": (health.tpm.limits, 2, 600, 600, health.tpm.wanted),
+        "upstream:u0:rpm": (health.rpm, 0, 120, 20, 0),
+        "upstream:u1:tpm": (health.tpm.limits, 1, 6000, 6000, 2048),
+        "upstream:u2:rpm": (health.rpm, 2, 60, 10, 0),
+        "upstream:u2:tpm": (health.tpm.limits, 2, 600, 600, 600),
     }
     # Leased now (rate 0) and empty until the refresher's first lease.
     assert health.rpm.config(0) == (0, 20) and health.rpm.level(0) == 0

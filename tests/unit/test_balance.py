@@ -392,6 +392,23 @@ def test_no_panic_while_a_fallback_is_available() -> None:
     assert state.panics == [0, 0, 0, 0]
 
 
+def test_a_keys_plan_leaves_out_the_fallbacks_it_may_not_use() -> None:
+    router, state = make([route("m", (0, 1, 0), fallbacks=("f", "g")), route("f", (2, 1, 0)),
+                          route("g", (3, 1, 0))])
+    state.rate_empty = {0: 7}  # m's own upstream has spent its rpm
+    only_m = router.plan("m", None, frozenset({"m"}))
+    assert only_m is not None and [p.route.model for p in only_m.chain] == ["m"]
+    refused = only_m.first(NOW)
+    assert isinstance(refused, RateLimited) and refused.retry_after_s == 7
+    with_g = router.plan("m", None, frozenset({"m", "g"}))
+    assert with_g is not None
+    attempt = with_g.first(NOW)
+    assert not isinstance(attempt, Exception) and attempt.upstream == 3  # f skipped
+    # Without an allow-list the whole chain; the limited chains are made once.
+    assert pick(router) == 2
+    assert router.plan("m", None, frozenset({"m"})).chain is only_m.chain  # type: ignore
+
+
 def test_open_and_full_is_not_panic_but_503() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))], max_in_flight=1)
     state.open = {0: NOW - 500}

@@ -210,6 +210,7 @@ class FakeConn:
     def __init__(self) -> None:
         self.closed = False
         self.write_paused = False
+        self.queued = 0
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.body = b""
@@ -543,6 +544,71 @@ def test_broken_stream_is_not_stored_and_followers_see_it_break(harness: Harness
     exchange.on_error(ConnectionResetError("reset"))
     assert follower.conn.ended and b'"error"' in follower.conn.body  # type: ignore[attr-defined]
     assert not harness.store.entries and harness.alone == []
+
+
+class HoldingConn(FakeConn):
+    """Keeps the body it was given, as ingress's send queue does until the client took it."""
+
+    def respond(self, request: Request, status: int, headers: Any, body: Any) -> None:
+        super().respond(request, status, headers, body)
+        self.held = body
+
+
+def test_hits_of_a_large_answer_share_one_copy_while_it_is_being_written(
+        harness: Harness) -> None:
+    import gc
+
+    large = orjson.dumps({"data": ["x" * 1000] * 100})  # ~100 KiB: written from itself
+    assert len(large) > cache.WHOLE_BYTES
+    answer(harness.lead(harness.front.front([make_request()])[0]), body=large)
+    hits = [make_request() for _ in range(3)]
+    for request in hits:
+        request.conn = HoldingConn()
+    harness.front.front(hits[:2])
+    first, second = hits[0].conn.held, hits[1].conn.held  # type: ignore[attr-defined]
+    assert bytes(first) == large and second is first  # one copy for both clients
+    # Both clients took their answer: the copy is let go, and the next hit reads the store.
+    hits[0].conn.held = hits[1].conn.held = None  # type: ignore[attr-defined]
+    del first, second
+    gc.collect()
+    assert not harness.front.replays
+    harness.front.front(hits[2:])
+    assert bytes(hits[2].conn.held) == large  # type: ignore[attr-defined]
+    # A client asking for a fresher answer than the copy being written reads the store.
+    strict = make_request(headers=[(b"cache-control", b"max-age=1")])
+    strict.conn = HoldingConn()
+    harness.front.replays[hits[2].cache.key].born_ms -= 5000  # the copy is 5 s old
+    harness.front.front([strict])
+    assert strict.conn.held is not hits[2].conn.held  # type: ignore[attr-defined]
+    assert bytes(strict.conn.held) == large  # type: ignore[attr-defined]
+    assert harness.count(F.CACHE_HITS) == 4
+
+
+def test_a_streaming_follower_that_falls_behind_is_cut_off(harness: Harness) -> None:
+    leader = make_request(stream=True)
+    exchange = harness.lead(harness.front.front([leader])[0])
+    exchange.on_response(200, list(SSE), False)
+    event = b'data: {"id":"1","choices":[{"delta":{"content":"%b"}}]}\n\n' % (b"y" * 4000)
+    exchange.on_data(event * 10, False)
+    slow, keeping_up = make_request(stream=True), make_request(stream=True)
+    assert harness.front.front([slow, keeping_up]) == []
+    joined = len(slow.conn.body)  # type: ignore[attr-defined]
+    assert joined == len(event) * 10
+    # The slow client takes nothing: what it was given stays queued (ingress's send queue).
+    slow.conn.queued = joined  # type: ignore[attr-defined]
+    sent = 0
+    while sent <= cache.FOLLOWER_LAG_BYTES:
+        exchange.on_data(event, False)
+        sent += len(event)
+        slow.conn.queued = joined + sent  # type: ignore[attr-defined]
+        assert not slow.conn.aborted  # type: ignore[attr-defined]
+    exchange.on_data(event, False)  # now more than FOLLOWER_LAG_BYTES behind
+    assert slow.conn.aborted and slow.exchange is None  # type: ignore[attr-defined]
+    assert harness.count(F.CACHE_FOLLOWERS_CUT) == 1 and harness.released == [slow]
+    exchange.on_data(b"data: [DONE]\n\n", True)
+    kept: Any = keeping_up.conn
+    assert kept.ended and kept.body.endswith(b"[DONE]\n\n") and kept.body == leader.conn.body
+    assert not slow.conn.ended  # type: ignore[attr-defined]
 
 
 # --- configuration ------------------------------------------------------------------------------

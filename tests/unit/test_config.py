@@ -135,3 +135,67 @@ def test_readme_configuration_table_is_generated_from_the_settings() -> None:
     section = readme.split("<!-- config:start -->\n", 1)[1].split("<!-- config:end -->", 1)[0]
     assert section == config.markdown_table(), (
         "regenerate the README table from velox.config.markdown_table()")
+
+
+# --- an open relay: beyond loopback, no client key, an upstream key --------------------------
+
+UPSTREAM = {"VELOX_UPSTREAM_API_KEY": "sk-operator-0123456789abcdef"}
+KEY_TABLE = """
+[[upstream]]
+name = "a"
+origin = "https://a.example"
+api_key_env = "KEY_A"
+
+[[key]]
+name = "team"
+sha256 = "{digest}"
+"""
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
+def test_an_open_relay_is_refused_unless_allowed_by_name(host: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load({"VELOX_HOST": host, **UPSTREAM}, dotenv=None)
+    message = str(err.value)
+    assert message.startswith(f"VELOX_HOST={host} is not a loopback address")
+    assert "VELOX_UPSTREAM_API_KEY" in message and "VELOX_ALLOW_OPEN=1" in message
+    assert "VELOX_API_KEYS" in message and "VELOX_HOST=127.0.0.1" in message
+    assert UPSTREAM["VELOX_UPSTREAM_API_KEY"] not in message
+    allowed = load({"VELOX_HOST": host, "VELOX_ALLOW_OPEN": "1", **UPSTREAM}, dotenv=None)
+    assert allowed.allow_open and config.relayed_keys(allowed)
+
+
+def test_client_keys_loopback_or_no_upstream_key_are_not_a_relay(tmp_path: Path) -> None:
+    public = {"VELOX_HOST": "0.0.0.0", **UPSTREAM}
+    assert config.unprotected(load({**public, "VELOX_API_KEYS": "k1"}, dotenv=None)) is None
+    assert config.unprotected(load({**UPSTREAM, "VELOX_HOST": "127.0.0.2"}, dotenv=None)) is None
+    passthrough = load({"VELOX_HOST": "0.0.0.0"}, dotenv=None)  # clients bring their own key
+    assert config.unprotected(passthrough) and config.relayed_keys(passthrough) is None
+    table = tmp_path / "velox.toml"
+    table.write_text(KEY_TABLE.format(digest="ab" * 32))
+    env = {"VELOX_HOST": "0.0.0.0", "VELOX_CONFIG": str(table), "KEY_A": "sk-a-0123456789"}
+    assert config.unprotected(load(env, dotenv=None)) is None  # [[key]] tables protect it
+    table.write_text(KEY_TABLE.split("[[key]]")[0])
+    with pytest.raises(ConfigError, match=f"the key of upstream\\(s\\) a of {table}"):
+        load(env, dotenv=None)
+
+
+@pytest.mark.parametrize(("value", "secret"), [
+    ("sk-proj-abc", True), ("sk-ant-api03-x", True), ("AIzaSyA0123456789", True),
+    ("0123456789abcdef0123456789abcdef", True), ("0123456789ABCDEF0123456789ABCDEF", True),
+    ("gsk_abcdefghij", True), ("OPENAI_API_KEY", False), ("KEY_A", False),
+    ("AZURE_OPENAI_KEY_2024_10_21", False), ("my_openai_key", False)])
+def test_what_looks_like_a_key_instead_of_a_variable_name(value: str, secret: bool) -> None:
+    from velox.tables import looks_like_a_key
+
+    assert looks_like_a_key(value) is secret
+
+
+def test_misspelt_variables_get_a_did_you_mean_and_never_their_value() -> None:
+    settings = load({"VELOX_PROT": "8080", "VELOX_API_KEY": "sk-secret-0123", "VELOX_PORT": "1",
+                     "VELOX_ZZZ": "1", "OTHER": "x"}, dotenv=None)
+    assert settings.warnings == (
+        "VELOX_API_KEY is not a Velox setting and is ignored; did you mean VELOX_API_KEYS?",
+        "VELOX_PROT is not a Velox setting and is ignored; did you mean VELOX_PORT?",
+        "VELOX_ZZZ is not a Velox setting and is ignored; see .env.example for the settings")
+    assert load({f.env: f.default for f in FIELDS if f.default}, dotenv=None).warnings == ()

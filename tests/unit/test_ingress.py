@@ -4,18 +4,21 @@ gateways in tests/e2e/test_hardening_ingress.py; these pin down the logic byte b
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benches._pipeline import FakeTransport
 from velox._types import Request
+from velox.arena import Arena
 from velox.config import load
-from velox.ingress import ClientConnection, IngressState
-from velox.route import Auth
+from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
+from velox.route import Auth, caller_of
 
 
 class FakeRing:
@@ -27,12 +30,12 @@ class FakeRing:
         return True
 
 
-def make_conn(max_body: int = 16 * 1024 * 1024) -> tuple[ClientConnection, FakeTransport,
-                                                          FakeRing]:
+def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
+              **env: str) -> tuple[ClientConnection, FakeTransport, FakeRing]:
     ring = FakeRing()
     state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
-                         Auth(load({}, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None)
+                         Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
+                         lambda request, status, size: None, parser)
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -109,8 +112,8 @@ def test_an_expired_request_gets_408_and_the_connection_closes() -> None:
 
 def test_transfer_codings_other_than_chunked_are_501() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"POST /v1/files HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
-                       b"2\r\n{}\r\n0\r\n\r\n")
+    conn.data_received(b"POST /v1/files HTTP/1.1\r\nhost: x\r\n"
+                       b"transfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (501, "unsupported_transfer_coding")
     assert transport.closed and not ring.pushed
@@ -118,10 +121,39 @@ def test_transfer_codings_other_than_chunked_are_501() -> None:
 
 def test_upgrades_are_400_before_the_request_is_dispatched() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"GET /v1/models HTTP/1.1\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
+    conn.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n"
+                       b"upgrade: h2c\r\n\r\n")
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (400, "bad_http_request")
     assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
+    # The key check read the last one while the cache's partition read the first: a request
+    # naming two credentials is refused, whatever the parser.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                       b"authorization: Bearer ka\r\nAuthorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+    status, body = status_of(transport)
+    assert (status, body["error"]["type"], body["error"]["param"]) == \
+        (400, "invalid_request_error", "authorization")
+    assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_the_callers_identity_is_the_key_that_was_checked(parser: str) -> None:
+    # An Azure-style api-key before the checked Authorization named the cache partition.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: ka\r\n"
+                       b"authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+    (request,) = ring.pushed
+    assert caller_of(request) == hashlib.sha256(b"kb").digest()
+    # Keyless: the credential the upstream gets (Authorization), whatever the order.
+    conn, transport, ring = make_conn(parser=parser)
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: x\r\n"
+                       b"authorization: Bearer y\r\ncontent-length: 2\r\n\r\n{}")
+    assert caller_of(ring.pushed[0]) == hashlib.sha256(b"y").digest()
 
 
 def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Request]:
@@ -185,3 +217,188 @@ def test_an_aborted_stream_drops_its_queued_bytes() -> None:
     finally:
         loop.close()
     assert transport.chunks == [] and transport.closed
+
+
+# --- answers to clients that do not read: the send queue and the write deadline ----------------
+
+
+class SlowClient(FakeTransport):
+    """A transport whose client takes bytes only when told. Writes pile up in its buffer; past
+    64 KiB the protocol is paused from inside write(), as uvloop does, and `read()` takes
+    everything buffered and resumes it."""
+
+    HIGH = 64 * 1024
+
+    def __init__(self, conn: ClientConnection) -> None:
+        super().__init__()
+        self.conn = conn
+        self.buffered: list[bytes] = []
+        self.size = 0
+        self.taken = bytearray()
+        self.paused = False
+        self.aborted = False
+        self.peak = 0
+
+    def write(self, data: bytes) -> None:
+        self.buffered.append(bytes(data))
+        self.size += len(data)
+        self.peak = max(self.peak, self.size)
+        if self.size > self.HIGH and not self.paused:
+            self.paused = True
+            self.conn.pause_writing()
+
+    def read(self) -> None:
+        self.taken += b"".join(self.buffered)
+        self.buffered, self.size = [], 0
+        if self.paused:
+            self.paused = False
+            self.conn.resume_writing()
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+
+def slow_conn(arena: Arena | None = None,
+              ) -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
+    ring = FakeRing()
+    answered: list[tuple[int, int]] = []
+    state = IngressState(None, ring, lambda: None, arena,  # type: ignore[arg-type]
+                         Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
+                         lambda request, status, size: answered.append((status, size)))
+    conn = ClientConnection(state)
+    transport = SlowClient(conn)
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, ring, answered
+
+
+CHAT_REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+
+
+def test_a_large_answer_is_written_as_the_client_takes_it_from_the_body_itself() -> None:
+    import gc
+    import weakref
+
+    from velox import h1write
+    from velox.h1write import H1_LENGTH, STATUS_LINES
+
+    conn, client, ring, answered = slow_conn()
+    conn.data_received(CHAT_REQUEST + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    (request,) = ring.pushed
+    body = memoryview(bytes(range(256)) * (24 * 1024))  # 6 MiB
+    alive = weakref.ref(body)
+    headers = [(b"content-type", b"application/json")]
+    conn.respond(request, 200, headers, body)
+    # The client reads nothing: the transport got its buffer's worth and one piece at most,
+    # the rest waits in the send queue as the body object itself (nothing copied per client).
+    assert client.size <= SlowClient.HIGH + 256 * 1024 + 1024
+    assert conn.queued > len(body) - 512 * 1024 and conn.write_paused
+    assert conn.stalled_since > 0.0
+    del body
+    gc.collect()
+    assert alive() is not None  # held by the queue until written
+    # The pipelined health check waits behind the answer (HTTP/1.1 answers in order).
+    head = h1write.head(STATUS_LINES[200], headers, 6 << 20, H1_LENGTH)
+    assert conn.current is request and answered == [(200, len(head) + (6 << 20))]
+    while client.paused:
+        client.read()
+        assert client.peak <= SlowClient.HIGH + 256 * 1024 + 1024
+    client.read()
+    expected = h1write.response(STATUS_LINES[200], headers, bytes(range(256)) * (24 * 1024),
+                                H1_LENGTH)
+    health = bytes(client.taken[len(expected):])
+    assert bytes(client.taken[:len(expected)]) == expected
+    assert health.startswith(b"HTTP/1.1 200 OK") and health.endswith(b'{"status":"ok"}')
+    gc.collect()
+    assert alive() is None and conn.queued == 0 and conn.current is None
+    assert conn.stalled_since == 0.0
+
+
+def test_a_paused_client_gets_no_further_pipelined_answers_until_it_reads() -> None:
+    conn, client, ring, answered = slow_conn()
+    conn.data_received(CHAT_REQUEST + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+    (request,) = ring.pushed
+    conn.respond(request, 200, [], b"x" * (WHOLE_BYTES + 1))  # written, transport paused
+    assert client.paused and conn.current is None
+    assert len(answered) == 1 and not conn.idle  # three health checks wait for the client
+    client.read()
+    assert len(answered) == 4 and conn.idle
+    client.read()
+    assert client.taken.count(b"HTTP/1.1 200 OK") == 4
+
+
+def test_a_stream_to_a_paused_client_is_queued_in_order_and_ended_once_written() -> None:
+    import asyncio
+
+    from velox import h1write
+    from velox.h1write import H1_CHUNKED, STATUS_LINES
+
+    loop = asyncio.new_event_loop()
+    try:
+        conn, client, ring, answered = slow_conn()
+        conn.state.loop = loop  # type: ignore[assignment]
+        conn.data_received(CHAT_REQUEST)
+        (request,) = ring.pushed
+        headers = [(b"content-type", b"text/event-stream")]
+        events = [b"data: {\"n\":%d,\"pad\":\"%b\"}\n\n" % (i, b"p" * 900) for i in range(400)]
+
+        async def relay() -> None:
+            conn.start_stream(request, 200, headers)
+            for i, event in enumerate(events):
+                conn.send_chunk(event)
+                if i % 10 == 9:
+                    await asyncio.sleep(0)  # one upstream read per loop pass
+            conn.end_stream()
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(relay())
+        assert client.paused and conn.queued > 0 and conn.current is request
+        assert answered == [(200, len(h1write.py_head(STATUS_LINES[200], headers, 0, H1_CHUNKED))
+                             + len(h1write.py_chunks(events, last=True)))]
+        while client.paused:
+            client.read()
+        client.read()
+    finally:
+        loop.close()
+    data = bytes(client.taken)
+    head = h1write.py_head(STATUS_LINES[200], headers, 0, H1_CHUNKED)
+    assert data.startswith(head) and data.endswith(b"0\r\n\r\n")
+    assert _dechunk(data[len(head):]) == b"".join(events)
+    assert conn.current is None and conn.queued == 0
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, at = [], 0
+    while True:
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end], 16)
+        if not size:
+            return b"".join(out)
+        out.append(data[end + 2:end + 2 + size])
+        at = end + 2 + size + 2
+
+
+def test_a_client_that_takes_nothing_is_aborted_at_the_write_deadline() -> None:
+    conn, client, ring, answered = slow_conn()
+    conn.data_received(CHAT_REQUEST)
+    (request,) = ring.pushed
+    conn.respond(request, 200, [], b"x" * (4 << 20))
+    assert conn.stalled_since > 0.0 and conn.queued
+    conn.expire_write()
+    assert client.aborted and conn.closed
+    assert conn.state.write_timeouts == 1
+    conn.connection_lost(None)
+    assert conn._q is None
+
+
+def test_a_queued_answer_does_not_pin_its_request_body_in_the_arena() -> None:
+    """The body's arena segment goes back when the answer is queued, not when the client has
+    taken it: one that never does would pin the segment for good."""
+    arena = Arena(1 << 20)
+    conn, client, ring, answered = slow_conn(arena)
+    conn.data_received(CHAT_REQUEST)
+    (request,) = ring.pushed
+    assert request.arena_segment >= 0 and arena.live == 1
+    conn.respond(request, 200, [], b"x" * (4 << 20))
+    assert conn.queued and arena.live == 0
+    conn.connection_lost(None)  # the client never read
+    assert arena.live == 0

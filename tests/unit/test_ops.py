@@ -10,7 +10,9 @@ import pytest
 
 from velox import config
 from velox.admin import server as admin_server
+from velox.admin import transport
 from velox.admin.server import AdminServer, bind_problem, is_loopback
+from velox.launch import raw_request
 from velox.ratelimit import Limiter
 from velox.stats import SharedStats
 from velox.topology import oversubscribed, plan
@@ -77,7 +79,10 @@ def test_authorized_checks_the_bearer_token() -> None:
     try:
         assert app.authorized("/stats", "Bearer s3cret")
         assert app.authorized("/healthz", None)
-        for header in (None, "", "Bearer s3cre", "Bearer s3cretX", "bearer s3cret", "s3cret"):
+        for header in ("bearer s3cret", "BEARER  s3cret", " Bearer s3cret "):
+            assert app.authorized("/stats", header), header  # the scheme in any case
+        for header in (None, "", "Bearer s3cre", "Bearer s3cretX", "Basic s3cret", "s3cret",
+                       "Bearers3cret"):
             assert not app.authorized("/stats", header), header
         assert not app.authorized("/metrics", "Bearer \u00e9")
     finally:
@@ -89,16 +94,69 @@ def test_authorized_checks_the_bearer_token() -> None:
         open_app.stop()
 
 
-def test_an_idle_admin_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert admin_server._Handler.timeout == admin_server.READ_TIMEOUT_S  # stdlib default: None
-    monkeypatch.setattr(admin_server._Handler, "timeout", 0.3)  # the same path, quicker
+def _get(port: int, request: bytes) -> bytes:
+    return raw_request("127.0.0.1", port, request)
+
+
+def test_an_idle_or_trickling_admin_connection_is_closed_at_its_head_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "READ_TIMEOUT_S", 0.5)  # the same path, quicker
     app = _admin()
     app.start()
     try:
-        host, port = app.httpd.server_address[:2]
-        with socket.create_connection((host, port), timeout=5) as idle:
+        port = app.server.sock.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as idle, \
+                socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
             started = time.monotonic()
-            assert idle.recv(1) == b""  # closed by the server, not by our 5 s timeout
-            assert time.monotonic() - started < 4
+            slow.sendall(b"GET /stats HTTP/1.1\r\n")
+            while time.monotonic() - started < 4:  # a byte every 0.1 s: never idle 0.5 s
+                try:
+                    slow.sendall(b"x")
+                except OSError:
+                    break
+                time.sleep(0.1)
+            assert slow.recv(1) == b""  # closed by the server at the deadline
+            assert idle.recv(1) == b""
+            assert time.monotonic() - started < 3
+    finally:
+        app.stop()
+
+
+def test_at_the_serving_cap_healthz_and_401_still_answer() -> None:
+    app = _admin(VELOX_ADMIN_TOKEN="s3cret")
+    app.start()
+    try:
+        port = app.server.sock.getsockname()[1]
+        for _ in range(admin_server.MAX_CONNECTIONS):  # every serving place taken
+            assert app.server.slots.acquire(blocking=False)
+        stats = b"GET /stats HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n"
+        busy = _get(port, stats)
+        assert busy.startswith(b"HTTP/1.1 503") and b"Connection: close" in busy
+        assert _get(port, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"
+                    ).startswith(b"HTTP/1.1 200")
+        assert _get(port, b"GET /stats HTTP/1.1\r\nConnection: close\r\n\r\n"
+                    ).startswith(b"HTTP/1.1 401")
+        assert app.server.refused == 1
+        app.server.slots.release()
+        assert _get(port, stats.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+                    ).startswith(b"HTTP/1.1 200")
+    finally:
+        app.stop()
+
+
+def test_admin_keep_alive_pipelining_and_malformed_heads() -> None:
+    app = _admin()
+    app.start()
+    try:
+        port = app.server.sock.getsockname()[1]
+        two = _get(port, b"GET /healthz HTTP/1.1\r\n\r\nHEAD /stats HTTP/1.1\r\n"
+                         b"Connection: close\r\n\r\n")
+        assert two.count(b"HTTP/1.1 200 OK") == 2 and two.endswith(b"\r\n\r\n")  # HEAD: no body
+        assert _get(port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+        double = b"GET /stats HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b\r\n\r\n"
+        assert _get(port, double).startswith(b"HTTP/1.1 400")
+        assert _get(port, b"GET /x HTTP/1.1\r\nX: " + b"y" * 20000).startswith(b"HTTP/1.1 431")
+        post = _get(port, b"POST /stats HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        assert post.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in post
     finally:
         app.stop()

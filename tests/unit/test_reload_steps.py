@@ -26,10 +26,12 @@ def sup(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(supervisor, "_signal", lambda pid, sig: sent.append((pid, sig)))
     s = Supervisor(Settings(workers=2, port=0, admin_addr="off", pin_workers=False))
     spawned: list[tuple[int, int, Settings]] = []
+    deferred: list[bool] = []
 
-    def fake_spawn(slot: int) -> int:
+    def fake_spawn(slot: int, defer: bool = False) -> int:
         pid = 1000 + len(spawned)
         spawned.append((pid, slot, s.generation[slot][0]))
+        deferred.append(defer)
         s.children[pid] = slot
         return pid
 
@@ -37,9 +39,10 @@ def sup(monkeypatch: pytest.MonkeyPatch) -> Any:
     for slot in range(2):
         s._spawn(slot)
         s.shared.counters.set(slot, F.READY, 1)
-    s.sent, s.spawned = sent, spawned  # type: ignore[attr-defined]
+    s.sent, s.spawned, s.deferred = sent, spawned, deferred  # type: ignore[attr-defined]
     yield s
-    s.sock.close()
+    for sock in s.listeners:
+        sock.close()
 
 
 def test_the_second_new_worker_dying_switches_the_first_slot_back(
@@ -76,6 +79,9 @@ def test_the_second_new_worker_dying_switches_the_first_slot_back(
     assert sup.reload is None and sup.settings is old
     assert "every worker runs the previous configuration again" in caplog.text
     assert "reload done" not in caplog.text
+    # Every worker a reload starts (the way back included) accepts only once it is ready;
+    # the first ones accept at once (nobody else serves their sockets).
+    assert sup.deferred == [False, False, True, True, True]
 
 
 def test_a_refused_configuration_starts_nothing(

@@ -298,9 +298,12 @@ ROUTE = '[[route]]\nmodel = "gpt-4o"\ntargets = [{ upstream = "openai" }]\n'
     (UP + 'api_key_env = "NOT_SET_ANYWHERE"\n',
      '[[upstream]] #1 (name "openai"): api_key_env: the environment variable NOT_SET_ANYWHERE '
      "is not set or empty"),
-    (UP + 'api_key_env = "sk-oops-a-key"\n',
+    (UP + 'api_key_env = "sk-oops-a-key"\n',  # never echoed: it looks like the key itself
+     '[[upstream]] #1 (name "openai"): api_key_env: this value looks like a key, not the NAME '
+     "of an environment variable"),
+    (UP + 'api_key_env = "my key"\n',
      '[[upstream]] #1 (name "openai"): api_key_env: must be the NAME of an environment '
-     "variable"),
+     'variable (letters, digits, \'_\'), got "my key"'),
     (UP + 'ca_file = "missing.pem"\n',
      '[[upstream]] #1 (name "openai"): ca_file: "{dir}/missing.pem" is not an existing file'),
     (UP.replace("https://api.openai.com", "http://127.0.0.1:8000") + 'ca_file = "x.pem"\n',

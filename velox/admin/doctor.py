@@ -1,11 +1,13 @@
 """`velox doctor`: check the configuration and the path to the upstream, one line per check.
 
 Each check prints `PASS` or `FAIL` (or `SKIP` when an earlier failure makes it meaningless)
-with what it found, and for a failure what to do about it. In order:
+with what it found, and for a failure what to do about it; a VELOX_* variable that is no
+setting gets a `WARN` line with the setting it was probably meant to be. In order:
 
 1. the configuration loads (the same `config.load` the gateway uses);
 2. the gateway's port and 3. the admin port are free, or Velox is already up on them (then its
-   /healthz and /readyz are asked);
+   /healthz and /readyz are asked) and no other program listens there too (with SO_REUSEPORT
+   a second one would answer a share of the connections: /proc shows who listens);
 4. the upstream's host resolves, 5. accepts a TCP connection, 6. completes a TLS handshake
    trusting the configured CAs, 7. negotiates h2 by ALPN (or Velox will fall back to
    HTTP/1.1), and 8. answers `GET VELOX_UPSTREAM_WARMUP_PATH` with the configured key. Any HTTP
@@ -20,7 +22,7 @@ upstream's failure skips only its own later checks.
 The exit status is 1 if any check failed, else 0. The warm-up request goes over HTTP/2 with the
 gateway's own codec when h2 was negotiated, so it exercises the same framing the egress uses.
 
-Imports: config, tables (specs), egress.codec, egress.pool (the TLS context), admin.server
+Imports: config, ports, tables (specs), egress.codec, egress.pool (the TLS context), admin.server
 (lazily, for the admin bind rule), stdlib.
 """
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from velox.config import ConfigError, Settings, load
+from velox.ports import holders, in_use, process_name
 from velox.tables import UpstreamSpec
 
 _PROBE_TIMEOUT_S = 2.0
@@ -46,7 +49,7 @@ _PROBE_TIMEOUT_S = 2.0
 @dataclass
 class Result:
     name: str
-    status: str  # PASS, FAIL, SKIP
+    status: str  # PASS, FAIL, SKIP, WARN
     detail: str
     fix: str = ""
 
@@ -60,18 +63,6 @@ def _fail(name: str, detail: str, fix: str) -> Result:
 
 
 # --- ports --------------------------------------------------------------------------------------
-
-
-def _port_free(host: str, port: int) -> OSError | None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR only (not SO_REUSEPORT): a running Velox must make this bind fail.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return exc
-    return None
 
 
 def _get_json(host: str, port: int, path: str,
@@ -94,12 +85,18 @@ def check_port(name: str, variable: str, host: str, port: int, velox_paths: tupl
     where = f"{host}:{port}"
     if port == 0:
         return _pass(name, f"{variable} port 0: a free port is picked at start-up")
-    error = _port_free(host, port)
+    error = in_use(host, port)
     if error is None:
         return _pass(name, f"{where} is free")
     if error.errno != errno.EADDRINUSE:
         return _fail(name, f"cannot bind {where}: {error.strerror or error}",
                      f"set {variable} to an address of this machine")
+    programs = holders(host, port)
+    if len(programs) > 1:  # the kernel shares the connections out between them
+        named = ", ".join(f"pid {pid} ({process_name(pid)})" for pid in programs)
+        return _fail(name, f"{where} is listened on by {len(programs)} programs at once ({named}):"
+                     " each answers a share of the connections",
+                     f"stop all but one of them, or set {variable} to a free port")
     try:
         status, body = _get_json(host, port, "/healthz")
     except (OSError, http.client.HTTPException):
@@ -107,7 +104,7 @@ def check_port(name: str, variable: str, host: str, port: int, velox_paths: tupl
     if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
         return _fail(name, f"{where} is in use by another program (not Velox)",
                      f"stop that program or set {variable} to a free port")
-    details = ["Velox is up there"]
+    details = [f"Velox (pid {programs[0]}) is up there" if programs else "Velox is up there"]
     for path in velox_paths:
         try:
             status, body = _get_json(host, port, path, headers)
@@ -364,9 +361,11 @@ def main(out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         settings = load()
-    except ConfigError as exc:
-        _print(out, _fail("config", str(exc), "fix that variable (see .env.example)"))
+    except ConfigError as exc:  # its fix names the variable, or file, table and key
+        _print(out, _fail("config", str(exc), exc.fix))
         return 1
+    for warning in settings.warnings:  # a misspelt VELOX_* variable: not a failure
+        _print(out, Result("config", "WARN", warning))
     tables = settings.tables
     if tables is not None and tables.source:
         where = (f"{len(tables.upstreams)} upstream(s) "

@@ -11,7 +11,7 @@ buckets are summed into `LE_BOUNDS_S`. A native bucket is counted under the firs
 holds its whole range (at most 1/64 of the value wide), so a `le` count can lag by at most
 the one native bucket straddling the bound.
 
-Imports: stats, stdlib, prometheus_client.
+Imports: config (a default), stats, stdlib, prometheus_client.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velox import __version__
+from velox.config import DEFAULT_METRICS_KEYS
 from velox.stats import (
+    OTHER_KEYS,
     F,
     H,
     RETRY_REASONS,
@@ -76,6 +78,8 @@ _COUNTERS = (
      "Workers in this slot killed and restarted because their loop fell silent."),
     (F.RECEIVE_TIMEOUTS, "velox_request_receive_timeouts",
      "Requests cut off with 408 for not arriving within VELOX_BODY_TIMEOUT_MS."),
+    (F.WRITE_TIMEOUTS, "velox_response_write_timeouts",
+     "Client connections aborted for taking none of their answer for VELOX_WRITE_TIMEOUT_MS."),
     (F.FD_EXHAUSTED, "velox_fd_exhausted",
      "Times a worker ran out of file descriptors; new clients are reset meanwhile."),
     (F.UPSTREAM_PING_TIMEOUTS, "velox_upstream_ping_timeouts",
@@ -95,6 +99,8 @@ _CACHE_COUNTERS = (
     (F.CACHE_STORES, "velox_cache_stores", "Answers stored in the response cache."),
     (F.CACHE_ALONE, "velox_cache_sent_alone",
      "Coalesced requests sent on their own because the call they waited for failed."),
+    (F.CACHE_FOLLOWERS_CUT, "velox_cache_followers_cut",
+     "Streaming followers disconnected for falling too far behind the live stream they shared."),
     (F.CACHE_REDIS_HITS, "velox_cache_redis_hits",
      "Requests answered from the cache's Redis tier (also counted in velox_cache_hits)."),
     (F.CACHE_REDIS_MISSES, "velox_cache_redis_misses",
@@ -119,8 +125,11 @@ _GAUGES = (
 class VeloxCollector(Collector):
     def __init__(self, shared: SharedStats, limiter: Any, ring_capacity: int,
                  started_at: float, profile_runs: Callable[[], tuple[int, bool]],
-                 admin_refused: Callable[[], int] | None = None) -> None:
+                 admin_refused: Callable[[], int] | None = None,
+                 max_keys: int = DEFAULT_METRICS_KEYS) -> None:
         self.shared = shared
+        # Gateway keys with their own series (VELOX_METRICS_KEYS); the rest are summed.
+        self.max_keys = max_keys
         self.limiter = limiter
         self.ring_capacity = ring_capacity
         self.started_at = started_at  # time.time() when the supervisor started
@@ -161,7 +170,7 @@ class VeloxCollector(Collector):
         tokens = CounterMetricFamily(
             "velox_tokens", "Tokens used, by gateway key ('-': none), route and kind.",
             labels=["key", "route", "kind"])
-        for key, route, inp, out in shared.token_rows():
+        for key, route, inp, out in shared.token_rows(self.max_keys):
             tokens.add_metric([key, route, "input"], inp)
             tokens.add_metric([key, route, "output"], out)
         yield tokens
@@ -269,10 +278,13 @@ class VeloxCollector(Collector):
         yield info
 
     def _keys(self) -> Iterator[Metric]:
-        """Per [[key]] (by name, never the key): admitted, refused by reason, in flight, left."""
-        rows = self.shared.keys.snapshot()
-        if not rows:
+        """Per [[key]] (by name, never the key): admitted, refused by reason, in flight, left.
+        The first VELOX_METRICS_KEYS keys in file order have their own series; the others
+        are summed under key="_other" (no `remaining`: a sum of buckets means nothing)."""
+        keys = self.shared.keys
+        if not keys.keys:
             return
+        rows, other = keys.metrics_rows(self.max_keys)
         requests = CounterMetricFamily("velox_key_requests",
                                        "Requests admitted for each gateway key.", labels=["key"])
         refused = CounterMetricFamily(
@@ -284,20 +296,23 @@ class VeloxCollector(Collector):
         remaining = GaugeMetricFamily(
             "velox_key_remaining", "What is left in each gateway key's buckets now.",
             labels=["key", "kind"])
-        for row in rows:
+        for row in rows + ([{**other, "name": OTHER_KEYS}] if other is not None else []):
             name = row["name"]
             requests.add_metric([name], row["requests"])
             for reason, n in row["refused"].items():
                 refused.add_metric([name, reason], n)
             active.add_metric([name], row["active"])
-            if row["remaining_requests"] is not None:
+            if row.get("remaining_requests") is not None:
                 remaining.add_metric([name, "requests"], row["remaining_requests"])
-            if row["remaining_tokens"] is not None:
+            if row.get("remaining_tokens") is not None:
                 remaining.add_metric([name, "tokens"], row["remaining_tokens"])
         yield requests
         yield refused
         yield active
         yield remaining
+        yield GaugeMetricFamily(
+            "velox_key_series_other", "Gateway keys summed under key=\"_other\" (past "
+            "VELOX_METRICS_KEYS).", value=other["keys"] if other is not None else 0)
 
     def _requests(self, slots: list[int]) -> Iterator[Metric]:
         family = CounterMetricFamily(

@@ -133,6 +133,9 @@ def merge(docs: list[dict[str, Any]]) -> Session:
     merged = sessions[0]
     for other in sessions[1:]:
         merged = Session.combine(merged, other)
+    if len(sessions) > 1:  # combine() keeps the first session's "velox worker K (pid P)"
+        merged.target_description = (f"{len(sessions)} velox workers merged: "
+                                     + "; ".join(s.target_description for s in sessions))
     # pyinstrument builds its tree as a timeline, joining a record only to the one before it;
     # sorted records put equal call paths side by side, so every view gets one box per path.
     merged.frame_records.sort(key=lambda record: record[0])

@@ -105,6 +105,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "by_route": by_route,
             "bytes_in": totals[F.BYTES_IN],
             "bytes_out": totals[F.BYTES_OUT],
+            # connections aborted for taking none of their answer (VELOX_WRITE_TIMEOUT_MS)
+            "write_timeouts": totals[F.WRITE_TIMEOUTS],
         },
         "latency": {
             "total": latency(hists[H.TOTAL]),
@@ -174,6 +176,7 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
         "hit_rate": round(answered / (answered + misses), 4) if answered + misses else 0.0,
         "stores": totals[F.CACHE_STORES],
         "sent_alone": totals[F.CACHE_ALONE],
+        "followers_cut": totals[F.CACHE_FOLLOWERS_CUT],
         "entries": store.get("entries", 0),
         "bytes": store.get("bytes", 0),
         "capacity": store.get("capacity", 0),
