@@ -134,7 +134,8 @@ def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
     # naming two credentials is refused, whatever the parser.
     conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
     conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                       b"authorization: Bearer ka\r\nAuthorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+                       b"authorization: Bearer ka\r\nAuthorization: Bearer kb\r\n"
+                       b"content-length: 2\r\n\r\n{}")
     status, body = status_of(transport)
     assert (status, body["error"]["type"], body["error"]["param"]) == \
         (400, "invalid_request_error", "authorization")
