@@ -214,6 +214,14 @@ class UnsupportedTransferCoding(VeloxError):
     default_message = "Only the chunked transfer coding is supported."
 
 
+class VersionNotSupported(VeloxError):
+    status = 505
+    type = "invalid_request_error"
+    code = "http_version_not_supported"
+    source = Source.DOWNSTREAM
+    default_message = "This port serves HTTP/1.1 and HTTP/1.0 only."
+
+
 class InternalError(VeloxError):
     default_message = "The gateway hit an internal error."
 

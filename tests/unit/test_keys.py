@@ -389,7 +389,7 @@ def test_ingress_appends_extra_headers_to_every_answer() -> None:
         if kind == "respond":
             conn.respond(request, 200, [(b"content-type", b"application/json")], b"{}")
         else:
-            conn.parser.feed_data(b"GET / HTTP/1.1\r\n\r\n")  # sets the HTTP version
+            conn.parser.feed_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # the HTTP version
             conn.current = request
             conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
         head = b"".join(transport.chunks).partition(b"\r\n\r\n")[0]
