@@ -20,13 +20,13 @@ from typing import Any
 
 import orjson
 
-from velox.config import load
+from velox.config.settings import load
 from velox.egress.codec import make_codec
 from velox.egress.h2conn import H2Connection, State
-from velox.ingress import ClientConnection
-from velox.ratelimit import Limiter
-from velox.stats import SharedStats
-from velox.worker import Worker
+from velox.ingress.connection import ClientConnection
+from velox.admission.ratelimit import Limiter
+from velox.state.stats import SharedStats
+from velox.pipeline.worker import Worker
 
 CHAT_BODY = orjson.dumps({
     "model": "gpt-4o-mini",

@@ -30,8 +30,8 @@ import psutil
 from benches._closedloop import ClosedLoop, chat_request
 from benches._pipeline import Pipeline
 from velox.admin.accesslog import AccessLog
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 CLIENTS = 64
 

@@ -3,7 +3,7 @@
 Timed (pytest-benchmark; every call does N = 1,000 items, figures are per item):
 
 * select:   one request's whole balancing work against the real shared state
-            (velox.health.SharedHealth): router.plan() + plan.first() + plan.finish(), for
+            (velox.state.health.SharedHealth): router.plan() + plan.first() + plan.finish(), for
             weighted, least_busy and hash (rendezvous and ring), 3 targets; 100 requests per
             call. Target < 2 us.
 * breaker:  SharedHealth.check() (breaker peek + in-flight cap), and admit() + finish().
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from velox._native import Rendezvous, TokenBucket, hash64
-from velox.balance import HASH_METHOD, HashRing, Router
-from velox.health import SUCCESS, SharedHealth, now_ms
-from velox.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.routing.balance import HASH_METHOD, HashRing, Router
+from velox.state.health import SUCCESS, SharedHealth, now_ms
+from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 N = 1000
 KEYS = 100_000

@@ -32,8 +32,8 @@ import time
 import orjson
 
 from benches._closedloop import ClosedLoop
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 # 16 MiB of message text, the largest body VELOX_MAX_BODY_BYTES accepts by default.
 _TEXT = "All work and no play makes a long prompt. " * (16 * 1024 * 1024 // 43 - 4)

@@ -20,8 +20,8 @@ import time
 import orjson
 
 from benches._closedloop import chat_request
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 ROUNDS = 40
 BACKGROUND = 32

@@ -11,7 +11,7 @@ whole response. One timed call sends `REQUESTS` requests; the figures per reques
 * `mock_cpu_us_per_request`: the mock's share, for scale.
 
 Contenders: `httpx` (a Task per request and httpx's pool, the generic way), then
-`velox.egress.upstream.Upstream` built from `velox.config.load(...)` with VELOX_EGRESS = h2, jh2,
+`velox.egress.upstream.Upstream` built from `velox.config.settings.load(...)` with VELOX_EGRESS = h2, jh2,
 framer (HTTP/2, the default pool of 2 connections) and http1 (HTTP/1.1 keep-alive over TLS).
 The upstream is driven the way the worker drives it, through minimal stand-ins for the relay's
 exchanges (egress `Client`s). Each pool benchmark records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx`
@@ -33,7 +33,7 @@ import pytest
 import uvloop
 
 from benches.e2e.machine import tree_cpu
-from velox.config import load
+from velox.config.settings import load
 from velox.egress.interfaces import AttemptHandle
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream

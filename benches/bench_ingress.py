@@ -50,9 +50,9 @@ import pytest
 from benches._pipeline import FakeTransport, Pipeline
 from benches.e2e import workload
 from velox import _native
-from velox.config import load
-from velox.ingress import ClientConnection, IngressState
-from velox.route import Auth
+from velox.config.settings import load
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.ingress.classify import Auth
 
 BODY = workload.body()
 REQUESTS = {

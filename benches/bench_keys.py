@@ -2,7 +2,7 @@
 
 Groups:
 
-* keys-stage: the stage alone (velox.keys.KeyStage.admit on a batch of 64 requests, then each
+* keys-stage: the stage alone (velox.admission.keys.KeyStage.admit on a batch of 64 requests, then each
   ticket released), for a key with rpm, tpm and max_parallel (every check runs, nothing is
   refused), for a key without limits (the lookup, the gauge and the ticket), and for requests
   of no key (the lookup only). Per request.
@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from benches._pipeline import CHAT_BODY, Pipeline
-from velox._types import Request, Route
-from velox.config import load
-from velox.keys import KeyStage, SharedKeys
+from velox.core.types import Request, Route
+from velox.config.settings import load
+from velox.admission.keys import KeyStage, SharedKeys
 
 BATCH = 64
 CLIENT_KEY = b"sk-client-0123456789abcdef"  # what benches._pipeline's requests present

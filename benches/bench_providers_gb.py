@@ -18,7 +18,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from velox.mock import eventstream
+from velox_lab.mock import eventstream
 from velox.providers.bedrock import BedrockTranslator
 from velox.providers.gemini import GeminiTranslator
 

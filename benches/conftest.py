@@ -10,8 +10,6 @@ write elsewhere (the hook writes nothing when no benchmark ran).
 The session holds the shared benchmark lock (see benches/e2e/machine.py) while it measures.
 pytest loads this file on plain `pytest` runs too (benches/ is a test path), so it imports
 nothing heavy and does nothing unless --benchmark is given.
-
-Imports: benches.e2e.machine (stdlib only), velox.mock (lazily, in the fixture).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ _CSV = ("group", "name", *_STATS, "measured_at", "extra_info")
 @pytest.fixture(scope="session")
 def mock_upstream() -> Iterator[Any]:
     """The bundled mock upstream over HTTP/2 + TLS (ALPN also offers HTTP/1.1), one process."""
-    from velox.mock import MockUpstream
+    from velox_lab.mock import MockUpstream
 
     with MockUpstream(tls=True) as mock:
         yield mock

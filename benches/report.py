@@ -24,8 +24,6 @@ Every number comes from the saved files; nothing is typed in here. The plots are
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
 does); without it the tables are still written. Run it from the repository root (the default
 --results and --readme paths are relative to it).
-
-Imports: stdlib; benches.e2e.plots lazily.
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@ configuration.
 
 `velox bench report` runs the developer tool benches/report.py, which is not part of the
 package: it works from the repository root of a source checkout and says so elsewhere.
-
-Imports: config, tables, supervisor (lazily, so --print-config works without the native
-extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily,
-from a checkout).
 """
 
 from __future__ import annotations
@@ -22,8 +18,8 @@ import secrets
 import sys
 
 from velox import __version__
-from velox.config import ConfigError, load
-from velox.tables import describe
+from velox.config.settings import ConfigError, load
+from velox.config.tables import describe
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from velox.demo import main as demo
+        from velox_lab.demo import main as demo
 
         return demo()
     if args.command == "doctor":

@@ -1,9 +1,6 @@
 """Command line: `python -m benches.e2e {run,routing,cache,batching,soak,cluster,install-litellm,
 lock-litellm}` (run from the repository root with the project's venv; the Makefile targets do
 exactly that).
-
-Imports: bench, sections, summary, results, soak, routing, cache, batching, cluster, litellm, wrk,
-stdlib.
 """
 
 from __future__ import annotations

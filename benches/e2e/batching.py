@@ -18,8 +18,6 @@ gateway's counters, read before and after), and the gateway's `batches.embedding
 abandons when its run ends are counted, their answers not: hence 1.01 without batching). Every loop is bounded: wrk by its
 duration (and a subprocess timeout), the rounds by their count. Results go to
 benches/results/batching.json; `python -m benches.report` turns them into the README table.
-
-Imports: machine, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benches.e2e.machine import bench_lock, facts, wait_quiet
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 CONCURRENCIES = (1, 64, 256)
 MODES = ("off", "on", "on-wait5")

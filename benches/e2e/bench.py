@@ -11,8 +11,6 @@ measures one load-generator run against one target and appends a record to `self
 
 Between runs the harness waits for the target and its upstream to go idle, so a slow target
 still working off a backlog (LiteLLM after a burst) cannot steal CPU from the next run.
-
-Imports: machine, targets, wrk, litellm, workload, stdlib.
 """
 
 from __future__ import annotations

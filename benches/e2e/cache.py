@@ -23,9 +23,6 @@ saves against a proxied miss, and what a workload with repeats gains.
 
 Results go to benches/results/cache.json (and .csv); `python -m benches.report` turns them into
 the README's cache tables.
-
-Imports: bench, machine, results, targets, workload, wrk, velox (the native store, cache, the
-launcher, the mock), stdlib, httpx.
 """
 
 from __future__ import annotations
@@ -169,8 +166,8 @@ def repeat(bench: Bench, mock: Mock) -> dict[str, Any]:
 def lookup_cost(iterations: int = 200_000) -> dict[str, Any]:
     """ns per hit lookup of one ~1.3 KB stored answer: the shared store against a dict LRU."""
     from velox._native import SharedCache
-    from velox.cache import cache_key, encode_entry
-    from velox.health import now_ms
+    from velox.cache.front import cache_key, encode_entry
+    from velox.state.health import now_ms
 
     value = encode_entry(False, [(b"content-type", b"application/json")], b"x" * 1300)
     key = cache_key(workload.PATH.encode(), workload.MODEL, b"", False, workload.body())

@@ -24,8 +24,6 @@ Redis commands per second against requests per second.
 Results: `run()` returns a dict (per-second admitted per host and in total, statuses, the
 bounds, the commands); `main` writes benches/results/cluster.json, which
 `python -m benches.report` turns into the README's figure (cluster.png) and table.
-
-Imports: wrk, machine, velox.cluster, velox.launch, velox.mock, stdlib, openai.
 """
 
 from __future__ import annotations
@@ -42,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from velox import cluster as vcluster
-from velox.launch import GatewayProcess, RedisProcess, free_port
-from velox.mock import MockUpstream
+from velox.cluster import leases as vcluster
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MODEL = "gpt-4o-mini"
 CLIENT_KEY = "sk-velox-cluster-bench-key"  # the [[key]] of keyed runs (its SHA-256 in the file)
@@ -275,7 +273,7 @@ def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     admitted = sum(total)
     outage_s = (plan.outage[1] - plan.outage[0]) if plan.outage and plan.redis else 0.0
     # One burst, the refill over the run, and what the hosts may hold. With an outage: the
-    # restarted Redis (no persistence) makes its buckets empty (velox.cluster.LEASE_LUA), and
+    # restarted Redis (no persistence) makes its buckets empty (velox.cluster.leases.LEASE_LUA), and
     # a host may still refill its share for up to a second after another is back on Redis.
     # Tokens keep refilling while requests wait in a busy gateway's queues: the bound runs to
     # the last admitted answer (a busy client may also send late).
@@ -412,7 +410,7 @@ def main(out: Path, name: str = "cluster", quick: bool = False) -> dict[str, Any
     doc = {**parts,
            "machine": {"cores": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
                        "foreign_cores_before_each_run": foreign},
-           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens (velox.cluster.bound)"}
+           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens (velox.cluster.leases.bound)"}
     for part in ("shared", "keyed", "single_host_no_redis"):
         doc[part].pop("logs", None)
     out.mkdir(parents=True, exist_ok=True)

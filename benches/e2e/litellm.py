@@ -10,8 +10,6 @@ The proxy runs with one worker, no database, a master key (the benchmark's clien
 LiteLLM requires to start) and a scrubbed environment (no
 inherited credentials, HOME in a scratch directory), pointed at the mock upstream as an
 OpenAI-compatible provider.
-
-Imports: workload, stdlib.
 """
 
 from __future__ import annotations

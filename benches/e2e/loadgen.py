@@ -14,8 +14,6 @@
   from the actual send is reported too, as `service`.
 
 Raw asyncio protocols with httptools on uvloop: no client library, no Task per request.
-
-Imports: workload, stdlib, httptools, uvloop.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@
   benchmark) is computed. Other people share this machine; a run disturbed by them is visible.
 * `bench_lock()`: the exclusive flock every timed section runs under, so two people measuring on
   the same machine take turns instead of disturbing each other.
-
-Imports: stdlib only (benches/conftest.py uses it too, on every `pytest --benchmark`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 `draw(results_dir, e2e, micro, soak)` writes whichever plots its inputs allow and returns their
 file names; `python -m benches.report` embeds them in report.html and the README.
-
-Imports: stdlib, matplotlib (Agg backend, no display needed).
 """
 
 from __future__ import annotations

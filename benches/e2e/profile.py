@@ -15,8 +15,6 @@ ways while wrk runs:
 
 Prints both tables as Markdown and writes them as JSON to --out (default
 benches/results/profile.json). Every process is started here and stopped by its PID.
-
-Imports: wrk, workload, machine, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ from pathlib import Path
 
 from benches.e2e import workload, wrk
 from benches.e2e.machine import bench_lock, children, facts
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile.json"
 

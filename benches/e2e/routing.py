@@ -28,8 +28,6 @@ repeat once if disturbed) and run each round under the shared benchmark lock. wr
 2 cores with the gateway and the mocks, as in every end-to-end run. Results go to
 benches/results/routing.json (and .csv); `python -m benches.report` turns them into the README's
 routing tables.
-
-Imports: bench, machine, results, targets, workload, wrk, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ from benches.e2e.bench import FOREIGN_LIMIT, Bench, Plan
 from benches.e2e.machine import bench_lock, children, wait_quiet
 from benches.e2e.targets import Service
 from benches.e2e.workload import API_KEY, MODEL
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 NAMES = ("a", "b", "c")
 WEIGHTS = {"a": 2, "b": 1, "c": 1}

@@ -12,8 +12,6 @@ starts only once the machine is quiet; a block stays well under five minutes.
 * stream:  streamed responses at a few connection counts (time to first byte, total time),
            then `many_streams` long streams at once, counting stalls;
 * arch:    Velox restarted with one VELOX_* switch changed at a time, at 64 connections.
-
-Imports: bench, machine, stdlib.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ been served. After every block the RSS of each worker is read. "Flat" is judged 
 half of the run, after allocator pools and caches have filled: the growth of the largest worker
 between the first and last sample of that half, and the slope of a least-squares line through
 it, in MiB per 100,000 requests. Each block runs under the shared benchmark lock.
-
-Imports: bench, machine, results, summary, stdlib.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ percentile minus direct's percentile from the same round (the two were measured 
 at most), then the median of those differences; throughput ratios likewise. The goals of the
 gateway and benchmark issues are evaluated here from the same medians, so the report only
 renders what this module computed.
-
-Imports: stdlib only (the report generator imports it too).
 """
 
 from __future__ import annotations

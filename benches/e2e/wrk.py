@@ -4,8 +4,6 @@ wrk is the closed-loop generator for the non-streaming runs: C keep-alive connec
 sending its next request when the previous answer is in. It is written in C, so at these rates
 it is not the bottleneck; `ceiling.py` measures how far it goes on this machine. Latencies are
 microseconds from wrk's own histogram.
-
-Imports: workload, stdlib.
 """
 
 from __future__ import annotations

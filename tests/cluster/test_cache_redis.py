@@ -1,4 +1,4 @@
-"""The response cache's Redis tier (velox.cache_redis): two real Velox hosts (separate
+"""The response cache's Redis tier (velox.cache.redis): two real Velox hosts (separate
 processes, two workers each, two ports) sharing one real redis-server and VELOX_CACHE=1, the
 bundled mock upstream over HTTP/2 + TLS, the official openai SDK.
 
@@ -25,8 +25,8 @@ import pytest
 from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
 from tests.e2e.test_cache import calls, send_raw, start
 from tests.e2e.test_cache import stats as cache_stats
-from velox.launch import GatewayProcess, RedisProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, RedisProcess
+from velox_lab.mock import MockUpstream
 
 
 @pytest.fixture(scope="module")

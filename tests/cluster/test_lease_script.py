@@ -1,4 +1,4 @@
-"""The lease script (velox.cluster.LEASE_LUA) run by a real Redis: the shared bucket's rules.
+"""The lease script (velox.cluster.leases.LEASE_LUA) run by a real Redis: the shared bucket's rules.
 
 Each test talks to its own redis-server through redis-py (sync client), exactly the way the
 refresher does (EVALSHA of the same script), without any Velox process.
@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from velox import cluster
-from velox.launch import RedisProcess
+from velox.cluster import leases as cluster
+from velox_lab.launch import RedisProcess
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ redis-server started on a free port, the bundled mock upstream behind them, all 
 VELOX_RATE_LIMIT_RPM=600 (burst 20), hammered at three times the limit with the official SDK
 (benches/e2e/cluster.py's harness, open loop). `make bench-cluster` runs the same for 60 s with
 Redis down for 20 s; here it is 20 s with Redis SIGKILLed 6 s in and restarted 8 s later, so
-`make test` stays fast. The bounds (velox.cluster.bound: hosts x lease cap, 12 requests here)
+`make test` stays fast. The bounds (velox.cluster.leases.bound: hosts x lease cap, 12 requests here)
 are derived in velox/cluster.py's docstring.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benches.e2e import cluster as harness
-from velox import cluster
+from velox.cluster import leases as cluster
 
 RPM, BURST, HOSTS = 600, 20, 3
 RATE = RPM / 60

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
 CLIENT_KEY = "sk-client-key-abcdef"

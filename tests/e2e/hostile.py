@@ -1,6 +1,6 @@
 """A scriptable hostile upstream for fault tests: HTTP/2 over TLS or h2c, or HTTP/1.1.
 
-Unlike the bundled mock (velox.mock), which behaves like a well-mannered provider, this server
+Unlike the bundled mock (velox_lab.mock), which behaves like a well-mannered provider, this server
 misbehaves on purpose, in ways a test chooses. It runs an asyncio server on a daemon thread of
 the test process (`with HostileUpstream(...) as up:`), listens on 127.0.0.1 only, and has the
 `origin` and `ca_file` attributes `tests/e2e/conftest.gateway_env` expects of an upstream.
@@ -34,8 +34,6 @@ Counters (read from the test thread; plain ints and lists, updated on the server
 `connections`, `requests` (paths of non-warm-up requests, in arrival order), `warmups`,
 `pings` (PING frames received, not ACKs), `streams_finished`, `resets_received`;
 `send_windows()`.
-
-Imports: h2, trustme (through velox.mock.certs), velox.mock.certs, stdlib.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from velox.mock.certs import ensure_certs
+from velox_lab.mock.certs import ensure_certs
 
 CONTINUATION_LIMIT = 20_000
 _FRAME = 16_384

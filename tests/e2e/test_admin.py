@@ -25,8 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benches._closedloop import ClosedLoop, chat_request
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, gateway_env, wait_for
 

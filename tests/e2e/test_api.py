@@ -8,8 +8,8 @@ import hashlib
 import orjson
 import pytest
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import UPSTREAM_KEY, async_client_for, client_for, raw
 

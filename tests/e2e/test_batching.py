@@ -36,10 +36,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
-from velox.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
-from velox.mock.state import fingerprint
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
+from velox_lab.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
+from velox_lab.mock.state import fingerprint
 
 UP_KEY = "sk-upstream-batching-0123456789"
 EMBED = "/v1/embeddings"

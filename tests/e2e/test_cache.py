@@ -23,8 +23,8 @@ import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, UPSTREAM_KEY, client_for, wait_for
 from tests.e2e.test_hardening_ingress import read_response
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "Tell me about caches."}]
 CHAT = {"model": "gpt-4o-mini", "messages": MESSAGES}

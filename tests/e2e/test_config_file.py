@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, client_for, gateway_env
 

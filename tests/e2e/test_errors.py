@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, client_for, raw
 

@@ -30,8 +30,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import gateway_env
 

@@ -126,7 +126,7 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
 
 
 def _readyz(gw) -> int:  # type: ignore[no-untyped-def]
-    from velox.launch import http_get
+    from velox_lab.launch import http_get
     try:
         return http_get("127.0.0.1", gw.port, "/readyz", timeout=1.0)[0]
     except OSError:

@@ -23,9 +23,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from velox.admin.server import MAX_CONNECTIONS, READ_TIMEOUT_S
-from velox.launch import GatewayProcess, free_port, http_get, raw_request
-from velox.mock import MockUpstream
-from velox.ports import listening_inodes
+from velox_lab.launch import GatewayProcess, free_port, http_get, raw_request
+from velox_lab.mock import MockUpstream
+from velox.system.ports import listening_inodes
 
 from .conftest import GatewayFactory, client_for, gateway_env, wait_for
 

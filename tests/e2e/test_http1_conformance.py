@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import gateway_env
 from .test_hardening_ingress import connect, error_code, is_closed, read_response

@@ -26,8 +26,8 @@ import pytest
 
 from tests.e2e.conftest import GatewayFactory
 from tests.e2e.test_hardening_ingress import exchange
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is reachable?"}]}
 

@@ -31,8 +31,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import UPSTREAM_KEY, wait_for
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream, fingerprint
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream, fingerprint
 
 KEYS = {  # name -> the key clients present
     "open": "vx-open-0123456789",

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from tests.e2e.conftest import UPSTREAM_KEY
-from velox.launch import GatewayProcess, RedisProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MAX = 4096
 

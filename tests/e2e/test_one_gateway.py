@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from velox.launch import GatewayProcess, free_port, http_get
-from velox.mock import MockUpstream
-from velox.ports import holders
+from velox_lab.launch import GatewayProcess, free_port, http_get
+from velox_lab.mock import MockUpstream
+from velox.system.ports import holders
 
 from .conftest import GatewayFactory, client_for, gateway_env
 

@@ -17,8 +17,8 @@ import openai
 import psutil
 import pytest
 
-from velox.launch import GatewayProcess, free_port, http_get
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port, http_get
+from velox_lab.mock import MockUpstream
 
 from .conftest import UPSTREAM_KEY, GatewayFactory, async_client_for, client_for, raw, wait_for
 

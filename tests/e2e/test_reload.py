@@ -27,8 +27,8 @@ import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import KEYS, start_mock, upstream_table
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 ROUTE_TO = """

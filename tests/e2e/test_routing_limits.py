@@ -26,8 +26,8 @@ from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import (  # noqa: F401  (fixtures: certdir, mocks, fresh, gateways)
     CHAT, KEYS, admin_stats, certdir, chat_calls, fire, fresh, gateways, mocks, shares, start,
     upstream_stats, upstream_table, write_config)
-from velox.launch import free_port
-from velox.mock.state import fingerprint
+from velox_lab.launch import free_port
+from velox_lab.mock.state import fingerprint
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 

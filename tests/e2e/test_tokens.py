@@ -26,8 +26,8 @@ from tests.e2e.conftest import CLIENT_KEY, GatewayFactory, client_for, wait_for
 from tests.e2e.test_routing import (  # noqa: F401  (fixtures: certdir, mocks, fresh, gateways)
     admin_stats, certdir, chat_calls, fresh, gateways, mocks, start, upstream_stats,
     upstream_table, write_config)
-from velox import usage
-from velox.mock import MockUpstream
+from velox.relay import usage
+from velox_lab.mock import MockUpstream
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 MESSAGES = [{"role": "user", "content": "Count the tokens of this sentence, please. " * 5}]
@@ -161,7 +161,7 @@ def test_settlement_is_exact_for_every_shape(start_gateway: GatewayFactory) -> N
 
 def payloads_completion_usage(prompt: str) -> bytes:
     """The usage chunk the mock sends for a default completions stream that asks for it."""
-    from velox.mock import payloads
+    from velox_lab.mock import payloads
 
     events = payloads.completion_stream({"prompt": prompt, "stream_options": {
         "include_usage": True}}, "gpt-4o", "x", 1, 8)

@@ -26,8 +26,8 @@ from velox.egress.h2pool import H2Pool
 from velox.egress.interfaces import AttemptHandle
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
-from velox.stats import SharedStats
-from velox.tables import UpstreamSpec
+from velox.state.stats import SharedStats
+from velox.config.tables import UpstreamSpec
 
 from ._codec_peer import raw_frame
 

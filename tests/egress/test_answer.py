@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benches._pipeline import FakeTransport, Pipeline
-from velox import _native, h1write
+from velox import _native
+from velox.ingress import h1write
 from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError, make_codec
-from velox.relay import _DROP, _DROP_KEYED, Exchange, answer_head
+from velox.relay.exchange import _DROP, _DROP_KEYED, Exchange, answer_head
 
 AUTHORITY = b"api.example.com"
 _SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
@@ -194,7 +195,7 @@ _field = st.one_of(st.tuples(_names, _values), st.tuples(st.just(b"connection"),
        st.sampled_from([(), ((b"x-velox-upstream", b"u"), (b"x-velox-attempts", b"2"))]))
 def test_relay_head_matches_its_python_twin(hdrs: list, keyed: bool, stamps: list[int],
                                             extra: tuple) -> None:
-    # The native filter against velox.relay.answer_head (the Python writer's path), field
+    # The native filter against velox.relay.exchange.answer_head (the Python writer's path), field
     # for field, the fields a Connection field names included (dropped by both).
     drop = _DROP_KEYED if keyed else _DROP
     out, sse = _native.relay_head(hdrs, drop, *stamps, extra)

@@ -10,8 +10,8 @@ import anthropic
 import httpx2
 import pytest
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.anthropic_api import fill
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.anthropic_api import fill
 
 KEY = "sk-ant-mock-0123456789"
 HI = [{"role": "user", "content": "Say hello"}]

@@ -12,8 +12,8 @@ import httpx2
 import openai
 import pytest
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.payloads import embedding_vector
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.payloads import embedding_vector
 
 API_VERSION = "2024-10-21"
 AZURE_KEY = "azure-mock-key-0123456789abcdef"

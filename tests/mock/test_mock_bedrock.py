@@ -10,7 +10,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EventStreamError
 
-from velox.mock import fingerprint
+from velox_lab.mock import fingerprint
 
 
 USER = [{"role": "user", "content": [{"text": "Say hello"}]}]

@@ -7,7 +7,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from velox.mock import fingerprint
+from velox_lab.mock import fingerprint
 
 
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 

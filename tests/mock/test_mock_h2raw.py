@@ -16,7 +16,7 @@ import h2.exceptions
 import h2.settings
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 CHAT = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
 STREAM_CHAT = json.dumps({"model": "gpt-4o", "stream": True,

@@ -9,7 +9,7 @@ import httpx2
 import openai
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 

@@ -12,9 +12,9 @@ import h2.events
 import hpack
 import pytest
 
-from velox.mock import hpackenc
-from velox.mock import h2server as h2s
-from velox.mock.behaviour import Defaults, plan_request
+from velox_lab.mock import hpackenc
+from velox_lab.mock import h2server as h2s
+from velox_lab.mock.behaviour import Defaults, plan_request
 
 CHAT = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode()
 
@@ -255,8 +255,8 @@ def test_per_input_latency_is_base_plus_inputs():
 
 
 def test_auth_of_reports_kind_and_fingerprint_never_the_key():
-    from velox.mock import fingerprint
-    from velox.mock.state import auth_of
+    from velox_lab.mock import fingerprint
+    from velox_lab.mock.state import auth_of
 
     assert auth_of([]) == {"kind": None, "key_sha256": None}
     bearer = auth_of([(b"authorization", b"Bearer sk-secret")])

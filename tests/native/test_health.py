@@ -1,9 +1,9 @@
-"""velox._native.Health / RetryBudget / hash64 / Rendezvous, and velox.health.SharedHealth.
+"""velox._native.Health / RetryBudget / hash64 / Rendezvous, and velox.state.health.SharedHealth.
 
 The breaker's state machine through the binding with an explicit clock; forked processes
 hammering one shared state (exactly one opener per opening, the in-flight cap and the retry
 budget exact across processes, evidence from one process protecting the others); the
-SharedHealth built from tables driving velox.balance end to end (failures through retry()
+SharedHealth built from tables driving velox.routing.balance end to end (failures through retry()
 open a breaker for every worker, panic, rpm refusals); bad arguments named in ValueErrors.
 """
 
@@ -19,11 +19,11 @@ import pytest
 
 from velox import _native
 from velox._native import Health, Rendezvous, RetryBudget, hash64
-from velox.balance import Event, Router, classify
-from velox.errors import RateLimited
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.health import SharedHealth, now_ms
-from velox.tables import (
+from velox.routing.balance import Event, Router, classify
+from velox.core.errors import RateLimited
+from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
+from velox.state.health import SharedHealth, now_ms
+from velox.config.tables import (
     BreakerPolicy,
     RetryPolicy,
     RouteSpec,

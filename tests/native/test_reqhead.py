@@ -14,10 +14,10 @@ import pytest
 
 from benches._pipeline import CLIENT_REQUEST
 from velox import _native
-from velox._types import Route
-from velox.config import load
-from velox.ingress import ClientConnection, IngressState
-from velox.route import Auth
+from velox.core.types import Route
+from velox.config.settings import load
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.ingress.classify import Auth
 
 from .test_reqhead_fuzz import _Ring, _seen, _Transport, make, run_both
 

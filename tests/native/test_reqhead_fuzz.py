@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 
 from benches.bench_ingress import REQUESTS
 from velox import _native
-from velox._types import Request
-from velox.config import load
-from velox.ingress import _HOST, MAX_FIELDS, ClientConnection, IngressState
-from velox.route import Auth
+from velox.core.types import Request
+from velox.config.settings import load
+from velox.ingress.connection import _HOST, MAX_FIELDS, ClientConnection, IngressState
+from velox.ingress.classify import Auth
 
 EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
 MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads

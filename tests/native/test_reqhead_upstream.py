@@ -10,9 +10,9 @@ from hypothesis import given
 
 from benches._pipeline import CLIENT_REQUEST
 from velox import _native
-from velox.config import load
-from velox.ingress import _UPSTREAM_DROP
-from velox.route import Auth
+from velox.config.settings import load
+from velox.ingress.connection import _UPSTREAM_DROP
+from velox.ingress.classify import Auth
 
 from .test_reqhead_fuzz import _FUZZ, MAX_HEADER, heads, make
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.anthropic_api import fill
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.anthropic_api import fill
 from velox.providers import KINDS
 from velox.providers.base import Untranslatable
 
@@ -47,7 +47,7 @@ class Translating(httpx2.BaseTransport):
         try:
             call = self.translator.chat(body, self.model, stream, headers)
         except Untranslatable as exc:
-            from velox.errors import to_response
+            from velox.core.errors import to_response
 
             refused = to_response(exc)
             return httpx2.Response(refused.status, headers=list(refused.headers),

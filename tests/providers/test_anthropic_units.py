@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox.errors import to_response
+from velox.core.errors import to_response
 from velox.providers.anthropic import FINISH, AnthropicTranslator
 from velox.providers.base import Untranslatable
 

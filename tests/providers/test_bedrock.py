@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from tests.providers.oaparse import (Stream, completion, embeddings, sdk_error,
                                      translate_stream)
-from velox.mock import eventstream
-from velox.mock.providers import check_sigv4
+from velox_lab.mock import eventstream
+from velox_lab.mock.providers import check_sigv4
 from velox.providers.base import Untranslatable
 from velox.providers import KINDS
 from velox.providers.bedrock import BedrockTranslator, tool_id

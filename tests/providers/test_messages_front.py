@@ -14,10 +14,10 @@ import httpx2
 import orjson
 import pytest
 
-from velox import usage as velox_usage
-from velox.errors import VeloxError, to_response
-from velox.mock import MockUpstream
-from velox.mock.anthropic_api import fill
+from velox.relay import usage as velox_usage
+from velox.core.errors import VeloxError, to_response
+from velox_lab.mock import MockUpstream
+from velox_lab.mock.anthropic_api import fill
 from velox.providers import KINDS, messages
 from velox.providers.base import Usage
 

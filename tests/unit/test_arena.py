@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from velox.arena import SEGMENTS, Arena
+from velox.ingress.arena import SEGMENTS, Arena
 
 
 def test_body_is_copied_contiguously_and_readable_in_place() -> None:

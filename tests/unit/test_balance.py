@@ -1,4 +1,4 @@
-"""velox.balance without shared memory: every decision against a plain in-process state.
+"""velox.routing.balance without shared memory: every decision against a plain in-process state.
 
 Strategies (smooth weighted round-robin's exact order and its 3:1 share, least_busy preferring
 the less loaded, consistent hashing's stability, balance, minimal movement and bounded load,
@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from velox.balance import (
+from velox.routing.balance import (
     BOUNDED_LOAD,
     Attempt,
     EVENT_TABLE,
@@ -27,16 +27,16 @@ from velox.balance import (
     classify,
     target_seed,
 )
-from velox.dispatch import _event_of
-from velox.errors import (
+from velox.routing.dispatch import _event_of
+from velox.core.errors import (
     Overloaded,
     RateLimited,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
+from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 NOW = 1_000_000
 

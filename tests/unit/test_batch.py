@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from velox import config
-from velox._types import Request, Route
-from velox.batch import Batcher, apportion, apportion_usage, split
-from velox.config import ConfigError
-from velox.stats import F
-from velox.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.config import settings as config
+from velox.core.types import Request, Route
+from velox.batching.batch import Batcher, apportion, apportion_usage, split
+from velox.config.settings import ConfigError
+from velox.state.stats import F
+from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 
 # --- apportion ------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_on
 
 
 def test_print_config_shows_the_batch_of_a_route(tmp_path: Path) -> None:
-    from velox.tables import describe
+    from velox.config.tables import describe
 
     text = describe(_load(tmp_path, "batch = { max_requests = 8 }").tables)
     assert "batch = { max_requests = 8, max_inputs = 2048, max_wait_ms = 20 }" in text

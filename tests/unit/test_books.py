@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
-from velox._types import Request, Route
+from velox.core.types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
-from velox.usage import estimate, input_tokens, output_limit, usage_of
+from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
 
 # --- the access log ------------------------------------------------------------------------
 

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from velox import cache
-from velox._types import Request, Route
-from velox.cache import (
+from velox.cache import front as cache
+from velox.core.types import Request, Route
+from velox.cache.front import (
     BYPASS,
     HEADER,
     HIT,
@@ -29,9 +29,9 @@ from velox.cache import (
     encode_entry,
     storable,
 )
-from velox.config import Settings
-from velox.relay import Exchange
-from velox.stats import F, SharedStats
+from velox.config.settings import Settings
+from velox.relay.exchange import Exchange
+from velox.state.stats import F, SharedStats
 
 
 class FakeStore:
@@ -205,7 +205,7 @@ def test_entry_round_trip() -> None:
 
 
 class FakeConn:
-    """A client connection that records what it is sent (velox._types.Responder)."""
+    """A client connection that records what it is sent (velox.core.types.Responder)."""
 
     def __init__(self) -> None:
         self.closed = False
@@ -615,7 +615,7 @@ def test_a_streaming_follower_that_falls_behind_is_cut_off(harness: Harness) -> 
 
 
 def test_route_cache_flag_in_the_file(tmp_path: Any) -> None:
-    from velox.tables import TableError, UpstreamSpec, load_file
+    from velox.config.tables import TableError, UpstreamSpec, load_file
 
     template = UpstreamSpec("default", "https://api.openai.com")
     path = tmp_path / "velox.toml"
@@ -630,7 +630,7 @@ def test_route_cache_flag_in_the_file(tmp_path: Any) -> None:
 
 
 def test_settings_and_which_models_are_cached(tmp_path: Any) -> None:
-    from velox.config import ConfigError, load
+    from velox.config.settings import ConfigError, load
 
     assert load({}, dotenv=None).cache is False
     settings = load({"VELOX_CACHE": "1", "VELOX_CACHE_MAX_BYTES": "1048576",

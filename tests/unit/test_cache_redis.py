@@ -1,4 +1,4 @@
-"""The cache's Redis tier without sockets (velox.cache_redis): lookups gathered into one call,
+"""The cache's Redis tier without sockets (velox.cache.redis): lookups gathered into one call,
 the timeout, a failure marking Redis down, a late reply, ages and max-age, the value format,
 against a fake redis.asyncio client. Real processes and a real redis-server are exercised in
 tests/cluster/test_cache_redis.py."""
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tests.unit.test_cache import Harness, make_request
-from velox import cache_redis
-from velox.cache import HEADER, HIT, encode_entry
-from velox.cache_redis import RedisTier, decode_value, encode_value, redis_key
-from velox.stats import F, SharedStats
+from velox.cache import redis as cache_redis
+from velox.cache.front import HEADER, HIT, encode_entry
+from velox.cache.redis import RedisTier, decode_value, encode_value, redis_key
+from velox.state.stats import F, SharedStats
 
 ENTRY = encode_entry(False, [(b"content-type", b"application/json")], b'{"answer": 1}')
 

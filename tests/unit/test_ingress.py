@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benches._pipeline import FakeTransport
-from velox._types import Request
-from velox.arena import Arena
-from velox.config import load
-from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
-from velox.route import Auth, caller_of
+from velox.core.types import Request
+from velox.ingress.arena import Arena
+from velox.config.settings import load
+from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
+from velox.ingress.classify import Auth, caller_of
 
 
 class FakeRing:
@@ -170,8 +170,8 @@ def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Requ
 def test_a_streams_chunks_of_one_loop_pass_go_out_in_one_write() -> None:
     import asyncio
 
-    from velox import h1write
-    from velox.h1write import H1_CHUNKED, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_CHUNKED, STATUS_LINES
 
     loop = asyncio.new_event_loop()
     try:
@@ -279,8 +279,8 @@ def test_a_large_answer_is_written_as_the_client_takes_it_from_the_body_itself()
     import gc
     import weakref
 
-    from velox import h1write
-    from velox.h1write import H1_LENGTH, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_LENGTH, STATUS_LINES
 
     conn, client, ring, answered = slow_conn()
     conn.data_received(CHAT_REQUEST + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -330,8 +330,8 @@ def test_a_paused_client_gets_no_further_pipelined_answers_until_it_reads() -> N
 def test_a_stream_to_a_paused_client_is_queued_in_order_and_ended_once_written() -> None:
     import asyncio
 
-    from velox import h1write
-    from velox.h1write import H1_CHUNKED, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_CHUNKED, STATUS_LINES
 
     loop = asyncio.new_event_loop()
     try:

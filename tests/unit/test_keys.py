@@ -14,13 +14,13 @@ import orjson
 import pytest
 
 from benches._pipeline import FakeTransport
-from velox._types import Request, Route
-from velox.config import ConfigError, load
-from velox.errors import Unauthorized, to_response
-from velox.ingress import ClientConnection, IngressState
-from velox.keys import KF, KeyStage, SharedKeys, estimate, rpm_index, tpm_index
-from velox.route import Auth, caller_of
-from velox.tables import KeySpec, describe
+from velox.core.types import Request, Route
+from velox.config.settings import ConfigError, load
+from velox.core.errors import Unauthorized, to_response
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.admission.keys import KF, KeyStage, SharedKeys, estimate, rpm_index, tpm_index
+from velox.ingress.classify import Auth, caller_of
+from velox.config.tables import KeySpec, describe
 
 
 def sha(key: str) -> str:
@@ -276,7 +276,7 @@ def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
 def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
     stage, shared = stage_for(
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 10\ntpm = 1000\n')
-    big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.usage.estimate)
+    big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.relay.usage.estimate)
     first, second = make_request("k", body=big), make_request("k", body=big)
     assert stage.admit([first, second]) == [first]
     assert first.ticket.reserved == estimate(first) == -(-len(big) // 4) + 900

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from velox import config
+from velox.config import settings as config
 from velox.admin import server as admin_server
 from velox.admin import transport
 from velox.admin.server import AdminServer, bind_problem, is_loopback
-from velox.launch import raw_request
-from velox.ratelimit import Limiter
-from velox.stats import SharedStats
-from velox.topology import oversubscribed, plan
+from velox_lab.launch import raw_request
+from velox.admission.ratelimit import Limiter
+from velox.state.stats import SharedStats
+from velox.system.topology import oversubscribed, plan
 
 NODES = {0: [0, 1], 1: [2, 3]}
 

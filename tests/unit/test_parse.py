@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox._types import Request, Route
-from velox.dispatch import rewrite_model
-from velox.errors import BadRequest, VeloxError
-from velox.parse import parse_model_call, parse_other, scan_model_call
+from velox.core.types import Request, Route
+from velox.routing.dispatch import rewrite_model
+from velox.core.errors import BadRequest, VeloxError
+from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 
 
 def on_loop(body: bytes) -> tuple[str, bool] | tuple[str, str]:

@@ -12,8 +12,6 @@ Commands (see control.py for the framing):
   worker that cannot answer quickly is busy, which the supervisor reports as such.
 * `profile {seconds}`: start pyinstrument on this (the loop's) thread; after `seconds`
   (`loop.call_later`) stop it and answer with the compacted session.
-
-Imports: admin.accesslog, admin.control, stdlib; admin.profiling when a profile starts.
 """
 
 from __future__ import annotations

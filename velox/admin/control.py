@@ -10,8 +10,6 @@ much later (a profile answers after its N seconds), and may answer other command
 and waits for the reply with a timeout, while one reader thread per channel routes replies to
 their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
-
-Imports: stdlib and orjson only.
 """
 
 from __future__ import annotations

@@ -9,8 +9,6 @@ narrower than `MIN_WIDTH_PX` are left out with their callees, as flamegraph tool
 
 Only the frame tree's public attributes are used (`time`, `children`, `function`,
 `class_name`, `file_path_short`, `line_no`, `is_synthetic`).
-
-Imports: stdlib only (the frame tree is passed in).
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ small fixed set of cumulative `le` bounds that stay the same across scrapes, so 
 buckets are summed into `LE_BOUNDS_S`. A native bucket is counted under the first bound that
 holds its whole range (at most 1/64 of the value wide), so a `le` count can lag by at most
 the one native bucket straddling the bound.
-
-Imports: config (a default), stats, stdlib, prometheus_client.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velox import __version__
-from velox.config import DEFAULT_METRICS_KEYS
-from velox.stats import (
+from velox.config.settings import DEFAULT_METRICS_KEYS
+from velox.state.stats import (
     OTHER_KEYS,
     F,
     H,
@@ -135,7 +133,7 @@ class VeloxCollector(Collector):
         self.started_at = started_at  # time.time() when the supervisor started
         self.profile_runs = profile_runs
         self.admin_refused = admin_refused
-        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL
+        self.cluster: Any = None  # velox.cluster.leases.Cluster with VELOX_REDIS_URL
 
     def _upstreams(self) -> Iterator[Metric]:
         """Per upstream: attempts by outcome class, breaker state, in flight; retries by reason."""
@@ -176,7 +174,7 @@ class VeloxCollector(Collector):
         yield tokens
 
     def _embeddings_batches(self) -> Iterator[Metric]:
-        """velox_embeddings_batch_*: embeddings batching (velox.batch), all workers."""
+        """velox_embeddings_batch_*: embeddings batching (velox.batching.batch), all workers."""
         totals = self.shared.counters.totals()
         yield CounterMetricFamily(
             "velox_embeddings_batch_calls",
@@ -347,7 +345,7 @@ class VeloxCollector(Collector):
                                 value=limiter.burst)
 
     def _redis(self) -> Iterator[Metric]:
-        """VELOX_REDIS_URL: the host's lease refresher (velox.cluster)."""
+        """VELOX_REDIS_URL: the host's lease refresher (velox.cluster.leases)."""
         cluster = self.cluster
         if cluster is None:
             return
@@ -372,7 +370,7 @@ class VeloxCollector(Collector):
                                   value=m["errors"])
 
     def _cache(self) -> Iterator[Metric]:
-        """The response cache (velox.cache): outcomes summed over workers, the store's state."""
+        """The response cache (velox.cache.front): outcomes summed over workers, the store's state."""
         store = self.shared.cache
         yield GaugeMetricFamily("velox_cache_enabled", "1 if the response cache is on.",
                                 value=0 if store is None else 1)

@@ -11,8 +11,6 @@ and the thread's frame is renamed so that the sessions of several workers merge 
 Supervisor side: `parse_params` validates the query, `merge` joins the workers' sessions with
 `Session.combine`, and `render` produces html (pyinstrument's page), speedscope JSON, text or
 an SVG flamegraph (`flamegraph.py`).
-
-Imports: flamegraph, stdlib; pyinstrument (only when a profile is taken or rendered).
 """
 
 from __future__ import annotations

@@ -34,9 +34,6 @@ Protection (it can profile the workers and reads every counter):
 The socket is bound when the supervisor starts (before any fork, so a taken address fails
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
-
-Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, admin.transport,
-config, stats, stdlib, prometheus_client, orjson.
 """
 
 from __future__ import annotations
@@ -55,8 +52,8 @@ from velox.admin import profiling, snapshot
 from velox.admin.control import ControlError, ControlHub
 from velox.admin.metrics import VeloxCollector, make_registry
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
-from velox.config import is_loopback
-from velox.stats import F, SharedStats
+from velox.config.settings import is_loopback
+from velox.state.stats import F, SharedStats
 
 log = logging.getLogger("velox.admin")
 
@@ -103,7 +100,7 @@ class AdminServer:
                                         self.profile_state, lambda: self.server.refused,
                                         settings.metrics_keys)
         self.registry = make_registry(self.collector)
-        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL (see use_cluster)
+        self.cluster: Any = None  # velox.cluster.leases.Cluster with VELOX_REDIS_URL (see use_cluster)
 
     def use_cluster(self, cluster: Any) -> None:
         """Show the Redis refresher's state in /metrics (velox_redis_*) and /stats ("redis")."""

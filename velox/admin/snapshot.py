@@ -5,8 +5,6 @@ token bucket), like /metrics. `state` (the worker's upstream pool per connection
 connections, what it holds in flight) can only come from the worker, over the control channel;
 all workers are asked at once and given `STATE_TIMEOUT_S` together. A worker whose loop is too
 busy to answer in that time is reported as `"busy"` instead of holding the response up.
-
-Imports: admin.control, stats, stdlib.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any
 
 from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
-from velox.stats import (
+from velox.state.stats import (
     F,
     H,
     RETRY_REASONS,
@@ -154,13 +152,13 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "keys": shared.keys.snapshot(),
         "tokens": [{"key": key, "route": route, "input": inp, "output": out}
                    for key, route, inp, out in shared.token_rows()],
-        # VELOX_REDIS_URL: the refresher's state (velox.cluster.Cluster.metrics); else None.
+        # VELOX_REDIS_URL: the refresher's state (velox.cluster.leases.Cluster.metrics); else None.
         "redis": cluster.metrics() if cluster is not None else None,
     }
 
 
 def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
-    """The response cache (velox.cache): outcomes from the counters, the store's own state.
+    """The response cache (velox.cache.front): outcomes from the counters, the store's own state.
     hit_rate: the share of cacheable requests answered without an upstream call of their own
     (hits and coalesced over hits, coalesced and misses; bypasses are not lookups)."""
     hits, misses = totals[F.CACHE_HITS], totals[F.CACHE_MISSES]
@@ -183,7 +181,7 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
         "evictions": store.get("evictions", 0),
         "expired": store.get("expired", 0),
         "latency_hit": latency(shared.histograms[H.CACHE_HIT]),
-        # The Redis tier (velox.cache_redis; zeros without VELOX_REDIS_URL): redis_hits are
+        # The Redis tier (velox.cache.redis; zeros without VELOX_REDIS_URL): redis_hits are
         # also in hits; redis_errors: requests that went on without Redis's answer.
         "redis_hits": totals[F.CACHE_REDIS_HITS],
         "redis_misses": totals[F.CACHE_REDIS_MISSES],
@@ -194,7 +192,7 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
 
 
 def embeddings_batches(totals: list[int]) -> dict[str, Any]:
-    """Embeddings batching (velox.batch), all workers: upstream calls of batching routes
+    """Embeddings batching (velox.batching.batch), all workers: upstream calls of batching routes
     (a lone request is a batch of one), members per call, why merged calls left, and members
     sent again alone after a 400."""
     calls = totals[F.EMB_BATCHES]

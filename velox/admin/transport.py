@@ -19,8 +19,6 @@ selector: waiting costs a descriptor and a buffer, never a thread.
   with none left it gets 503 and the connection is closed.
 * No request body is read (the admin server answers GET and HEAD): a request announcing one
   is answered, then its connection closed. Heads larger than `MAX_HEAD_BYTES` get 431.
-
-Imports: stdlib, orjson.
 """
 
 from __future__ import annotations

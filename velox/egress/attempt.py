@@ -11,8 +11,6 @@ Withheld credit is bounded by construction: it grows only while the attempt is o
 connection (`conn` is set), and the connection's single release point for a stream (H2:
 `H2Connection._release`, H1: `H1Connection._release`) gives it back, whatever ended the attempt
 (end of response, reset, GOAWAY, cancel, deadline, connection loss).
-
-Imports: egress.interfaces (annotations), stats (field numbers), stdlib.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from velox.stats import F
+from velox.state.stats import F
 
 if TYPE_CHECKING:
     from velox._native import Counters

@@ -9,9 +9,6 @@ allocation Python has and the pool dispatches on `event[0]` anyway.
 
 This module imports only the standard library at import time; `make_codec` imports the chosen
 implementation lazily so that the implementations can depend on this module and never the reverse.
-
-Imports: stdlib; egress.framer, egress.h2lib and egress.nativecodec lazily (the implementations it
-builds).
 """
 
 from __future__ import annotations
@@ -340,7 +337,7 @@ def make_codec(name: str, authority: bytes, scheme: bytes) -> Codec:
                 f"install it or choose another codec (VELOX_EGRESS={'|'.join(CODEC_NAMES)})"
             )
             raise ImportError(msg) from exc
-        from .h2lib import H2LibCodec
+        from velox_lab.h2lib import H2LibCodec
 
         return H2LibCodec(library, authority, scheme)
     msg = f"unknown HTTP/2 codec {name!r}; valid names: {', '.join(CODEC_NAMES)}"

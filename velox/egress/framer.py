@@ -8,9 +8,6 @@ compiled decoder when it is installed, else with the pure-Python `hpack` decoder
 HPACK-encoded statelessly (static table and literals only; see hpack_static.py), so the peer's decoder table never holds
 anything of ours and we need no encoder state at all. See CODECS.md for what is deliberately left
 out.
-
-Imports: the standard library, `velox.egress.codec`, `velox.egress.hpack_static`, and
-`jh2._hazmat` or `hpack`. Nothing else.
 """
 
 from __future__ import annotations

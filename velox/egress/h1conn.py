@@ -6,9 +6,6 @@ HTTP/2 path does. Backpressure: when the client stops reading, we stop reading t
 socket (the attempt is marked as withholding) until it reads again, or the attempt ends, which
 `_release` (the one exit of an attempt) turns back on. A large request body is written a slice
 per loop pass, as on HTTP/2, since TLS encrypts inside transport.write.
-
-Imports: egress.h2conn (WRITE_SLICE), egress.attempt, egress.interfaces (annotations),
-errors, stdlib, httptools.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import httptools
 
 from velox.egress.attempt import Attempt
 from velox.egress.h2conn import WRITE_SLICE
-from velox.errors import UpstreamProtocolError, UpstreamUnavailable
+from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import H1Owner
@@ -121,7 +118,7 @@ class H1Connection(asyncio.BufferedProtocol):
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
         # Hop-by-hop fields, those the Connection field names included, are the relay's to
-        # drop (velox.relay.answer_head), as for HTTP/2 answers.
+        # drop (velox.relay.exchange.answer_head), as for HTTP/2 answers.
         headers = self.headers
         attempt = self.attempt
         if attempt is not None:

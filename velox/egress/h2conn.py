@@ -19,8 +19,6 @@ connection CLOSED.
 Every way a stream ends goes through `_release` (end of response, trailers, reset, GOAWAY,
 cancel, deadline, connection loss), which is the one place that gives back the flow-control
 credit its attempt withholds for a client that stopped reading.
-
-Imports: egress.codec, egress.attempt, egress.interfaces (annotations), errors, stdlib.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from velox.egress import codec as ev
 from velox.egress.attempt import Attempt
-from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle, H2Owner, Headers

@@ -7,7 +7,7 @@ or told GOAWAY is replaced with exponential backoff. Requests the upstream has p
 processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec)
 go back to the `Upstream` (`front.retry`), which sends them again on this upstream; requests
 that may have been processed are failed here (UpstreamUnavailable when the connection is lost),
-and velox.dispatch decides whether to send them to another target before anything reached the
+and velox.routing.dispatch decides whether to send them to another target before anything reached the
 client.
 
 Liveness: the warm-up must be answered within the connect timeout (its attempt's deadline),
@@ -16,9 +16,6 @@ streams open and no frame for a tick, or idle for VELOX_UPSTREAM_PING_INTERVAL_M
 PING (`H2Connection.check_liveness`) and replaced when it goes unanswered for
 VELOX_UPSTREAM_PING_TIMEOUT_MS; a connection on which `TIMEOUTS_TO_RETIRE` requests in a row
 get no response headers in time is retired (`request_timed_out`).
-
-Imports: egress.pool, egress.h2conn, egress.codec, egress.attempt, egress.interfaces
-(annotations), errors, stdlib.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ from velox.egress.attempt import Attempt
 from velox.egress.codec import make_codec
 from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
-from velox.errors import UpstreamUnavailable
+from velox.core.errors import UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Carrier, Front

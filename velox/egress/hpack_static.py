@@ -6,8 +6,6 @@ Request headers are a few hundred bytes on a connection that then carries kiloby
 compression would buy little, and statelessness means encoded fields can be cached and shared
 by every connection. Responses are decoded by jh2's compiled decoder when it is installed, else
 by the pure-Python `hpack` one.
-
-Imports: the standard library, `velox.egress.codec`, and `jh2._hazmat` or `hpack` (lazily).
 """
 
 from __future__ import annotations

@@ -7,9 +7,6 @@ serve the same traffic (streaming and errors included) but it is never the defau
 It implements the same `interfaces.Egress` as `upstream.Upstream` and carries each request's
 `Attempt` (it is the attempt's `Carrier`: cancelling cancels the task; httpx does its own flow
 control, so there is no credit to return).
-
-Imports: egress.pool (for the TLS context), egress.attempt, egress.interfaces (annotations),
-errors, config, stdlib, httpx (lazily).
 """
 
 from __future__ import annotations
@@ -19,10 +16,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from velox.config import Settings
+from velox.config.settings import Settings
 from velox.egress.attempt import Attempt, Tally
 from velox.egress.pool import make_ssl_context
-from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Client

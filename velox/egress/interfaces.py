@@ -15,8 +15,6 @@ instead of failing at run time. Reading top down:
 * `Pool`: an HTTP/2 or HTTP/1.1 pool behind an `Upstream` (`h2pool.H2Pool`, `h1pool.H1Pool`).
 * `Front`: what a pool needs of its `Upstream` (retries, the TLS contexts, the counters).
 * `H2Owner` / `H1Owner`: what a connection needs of its pool.
-
-Imports: stdlib only (attempt, the connections and tables for annotations, under TYPE_CHECKING).
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
     from velox.egress.attempt import Attempt, Tally
     from velox.egress.h1conn import H1Connection
     from velox.egress.h2conn import H2Connection
-    from velox.tables import UpstreamSpec
+    from velox.config.tables import UpstreamSpec
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -8,8 +8,6 @@ upstream read and returns the event tuples built there.
 
 This module only checks that the C core was built with the same constants as codec.py and hands
 it `CodecError`, which it raises as ``CodecError(code, message, events)``.
-
-Imports: `velox.egress.codec` and `velox._native`.
 """
 
 from __future__ import annotations

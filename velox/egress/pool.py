@@ -11,8 +11,6 @@ Reachability, for the operator: an upstream that cannot be connected to, or whos
 connections never answer their warm-up, is logged once when it goes down (`went_down`) and
 once when a connection answers again (`came_up`), however many reconnects fail in between
 (each at debug level); both pools reconnect with the same exponential backoff (`next_backoff`).
-
-Imports: egress.attempt, egress.interfaces (annotations), errors, config, tables, stdlib.
 """
 
 from __future__ import annotations
@@ -26,10 +24,10 @@ from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from velox.config import Settings
+from velox.config.settings import Settings
 from velox.egress.attempt import MAX_ATTEMPTS, Attempt
-from velox.errors import Overloaded, UpstreamTimeout, VeloxError
-from velox.tables import DEFAULT_UPSTREAM
+from velox.core.errors import Overloaded, UpstreamTimeout, VeloxError
+from velox.config.tables import DEFAULT_UPSTREAM
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Carrier, Client, Front

@@ -22,9 +22,6 @@ on its assistant message to continue a tool conversation with thinking), `finish
 `FINISH`, usage with the cached and reasoning parts (Anthropic's `input_tokens` excludes cache
 reads and writes; OpenAI's `prompt_tokens` includes them). Errors keep the provider's message
 with the status the OpenAI SDK maps to the same class (`ERROR_STATUS`; 529 overloaded -> 503).
-
-Imports: velox.errors (via providers.chat), providers.base, providers.chat, providers.sse,
-stdlib, orjson.
 """
 
 from __future__ import annotations

@@ -28,8 +28,6 @@ Answers: text (thought parts left out), function calls as tool_calls (arguments 
 string OpenAI clients expect), finishReason -> finish_reason, usageMetadata -> usage (thoughts
 are reasoning tokens, part of completion_tokens as OpenAI counts them). Errors come in Google's
 shape `{"error": {"code", "message", "status"}}`; `status` picks the OpenAI status.
-
-Imports: providers.base, providers.oaishape, providers.sse, stdlib, orjson.
 """
 
 from __future__ import annotations
