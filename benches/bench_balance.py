@@ -36,7 +36,8 @@ from typing import Any
 
 from velox._native import Rendezvous, TokenBucket, hash64
 from velox.routing.balance import HASH_METHOD, HashRing, Router
-from velox.state.health import SUCCESS, SharedHealth, now_ms
+from velox.core.clock import now_ms
+from velox.state.health import SUCCESS, SharedHealth
 from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 N = 1000

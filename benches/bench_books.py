@@ -33,7 +33,8 @@ import pytest
 from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import access_line, estimate_scan, usage_scan
 from velox.admin.accesslog import AccessLog
-from velox.state.stats import F, SharedStats
+from velox.core.fields import F
+from velox.state.stats import SharedStats
 from velox.relay.usage import input_tokens, output_limit
 
 BATCH = 64

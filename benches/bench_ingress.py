@@ -52,7 +52,7 @@ from benches.e2e import workload
 from velox import _native
 from velox.config.settings import load
 from velox.ingress.connection import ClientConnection, IngressState
-from velox.ingress.classify import Auth
+from velox.ingress.auth import Auth
 
 BODY = workload.body()
 REQUESTS = {

@@ -31,7 +31,8 @@ import pytest
 from benches._pipeline import CHAT_BODY, Pipeline
 from velox.core.types import Request, Route
 from velox.config.settings import load
-from velox.admission.keys import KeyStage, SharedKeys
+from velox.admission.keys import KeyStage
+from velox.state.keys import SharedKeys
 
 BATCH = 64
 CLIENT_KEY = b"sk-client-0123456789abcdef"  # what benches._pipeline's requests present

@@ -27,7 +27,8 @@ KEYS, ROUTES = 2048, ("gpt-4o", "gpt-4o-mini", "*")
 
 def collector(max_keys: int):  # noqa: ANN201 - the collector and its registry
     from velox.admin.metrics import VeloxCollector, make_registry
-    from velox.state.stats import TOKEN_BLOCK, SharedStats
+    from velox.core.fields import TOKEN_BLOCK
+    from velox.state.stats import SharedStats
     from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
     keys = tuple(KeySpec(f"team-{i:04d}", hashlib.sha256(b"%d" % i).hexdigest(), rpm=600,

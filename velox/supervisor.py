@@ -81,12 +81,13 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from velox.cache.front import create_store
-from velox.cache.front import enabled as cache_enabled
+from velox.cache.store import create_store
+from velox.cache.store import enabled as cache_enabled
 from velox.config.settings import Settings, relayed_keys, unprotected
 from velox.system.ports import listeners
 from velox.admission.ratelimit import Limiter
-from velox.state.stats import F, SharedStats
+from velox.core.fields import F
+from velox.state.stats import SharedStats
 from velox.system.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ class Supervisor:
         cluster = self.cluster
         if cluster is None:
             return
-        from velox.admission.keys import rpm_index, tpm_index
+        from velox.state.keys import rpm_index, tpm_index
 
         keys = shared.keys
         cluster.remove("key:")

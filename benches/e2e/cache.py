@@ -166,8 +166,8 @@ def repeat(bench: Bench, mock: Mock) -> dict[str, Any]:
 def lookup_cost(iterations: int = 200_000) -> dict[str, Any]:
     """ns per hit lookup of one ~1.3 KB stored answer: the shared store against a dict LRU."""
     from velox._native import SharedCache
-    from velox.cache.front import cache_key, encode_entry
-    from velox.state.health import now_ms
+    from velox.cache.store import cache_key, encode_entry
+    from velox.core.clock import now_ms
 
     value = encode_entry(False, [(b"content-type", b"application/json")], b"x" * 1300)
     key = cache_key(workload.PATH.encode(), workload.MODEL, b"", False, workload.body())

@@ -19,7 +19,7 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection as H2Server
 from h2.events import Event, RequestReceived
 
-from velox.egress.attempt import Tally
+from velox.egress.interfaces import Tally
 from velox.egress.codec import make_codec
 from velox.egress.h2conn import H2Connection, State
 from velox.egress.h2pool import H2Pool

@@ -8,7 +8,7 @@ import time
 from velox.egress.h1conn import H1Connection
 from velox.egress.h1pool import H1Pool, _Warmup
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
-from velox.state.stats import F
+from velox.core.fields import F
 
 from ._pool_peer import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
 

@@ -15,7 +15,7 @@ from h2.events import PingReceived, StreamReset, WindowUpdated
 
 from velox.egress.h2conn import State
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from velox.state.stats import F
+from velox.core.fields import F
 
 from ._codec_peer import CODECS
 from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, PING_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer

@@ -22,7 +22,8 @@ from velox._native import Health, Rendezvous, RetryBudget, hash64
 from velox.routing.balance import Event, Router, classify
 from velox.core.errors import RateLimited
 from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.state.health import SharedHealth, now_ms
+from velox.core.clock import now_ms
+from velox.state.health import SharedHealth
 from velox.config.tables import (
     BreakerPolicy,
     RetryPolicy,

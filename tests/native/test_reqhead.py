@@ -17,7 +17,7 @@ from velox import _native
 from velox.core.types import Route
 from velox.config.settings import load
 from velox.ingress.connection import ClientConnection, IngressState
-from velox.ingress.classify import Auth
+from velox.ingress.auth import Auth
 
 from .test_reqhead_fuzz import _Ring, _seen, _Transport, make, run_both
 

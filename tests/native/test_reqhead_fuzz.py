@@ -34,7 +34,7 @@ from velox import _native
 from velox.core.types import Request
 from velox.config.settings import load
 from velox.ingress.connection import _HOST, MAX_FIELDS, ClientConnection, IngressState
-from velox.ingress.classify import Auth
+from velox.ingress.auth import Auth
 
 EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
 MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads

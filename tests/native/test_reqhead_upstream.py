@@ -12,7 +12,7 @@ from benches._pipeline import CLIENT_REQUEST
 from velox import _native
 from velox.config.settings import load
 from velox.ingress.connection import _UPSTREAM_DROP
-from velox.ingress.classify import Auth
+from velox.ingress.auth import Auth
 
 from .test_reqhead_fuzz import _FUZZ, MAX_HEADER, heads, make
 

@@ -17,7 +17,8 @@ from tests.native.test_health import run_children
 from velox.cluster import leases as cluster
 from velox.routing.balance import Router
 from velox.core.errors import RateLimited
-from velox.state.health import REASON_RATE, SUCCESS, SharedHealth, UpstreamTokens, now_ms, rpm_burst
+from velox.core.clock import now_ms
+from velox.state.health import REASON_RATE, SUCCESS, SharedHealth, UpstreamTokens, rpm_burst
 from velox.state.stats import SharedStats
 from velox.supervisor import Supervisor
 from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec

@@ -19,7 +19,7 @@ from velox.config import settings as config
 from velox.core.types import Request, Route
 from velox.batching.batch import Batcher, apportion, apportion_usage, split
 from velox.config.settings import ConfigError
-from velox.state.stats import F
+from velox.core.fields import F
 from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 

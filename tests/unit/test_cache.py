@@ -14,24 +14,29 @@ import orjson
 import pytest
 
 from velox.cache import front as cache
-from velox.core.types import Request, Route
-from velox.cache.front import (
+from velox.cache.front import CacheFront
+from velox.cache.store import (
     BYPASS,
     HEADER,
     HIT,
     MISS,
-    CacheFront,
     cache_control,
     cache_key,
     canonical_body,
     complete_event_stream,
     decode_entry,
+    enabled,
     encode_entry,
     storable,
 )
+from velox.cache.wait import FOLLOWER_LAG_BYTES
+from velox.core.clock import now_ms
+from velox.core.types import Request, Route
+from velox.ingress.connection import WHOLE_BYTES
 from velox.config.settings import Settings
 from velox.relay.exchange import Exchange
-from velox.state.stats import F, SharedStats
+from velox.core.fields import F
+from velox.state.stats import SharedStats
 
 
 class FakeStore:
@@ -409,7 +414,7 @@ def test_remote_waiters_keep_the_call_running(harness: Harness) -> None:
     leader = make_request()
     exchange = harness.lead(harness.front.front([leader])[0])
     key = leader.cache.key
-    assert not harness.store.claim(key, cache.now_ms(), 1000)  # a waiter in another worker
+    assert not harness.store.claim(key, now_ms(), 1000)  # a waiter in another worker
     exchange.client_gone()
     assert not exchange.attempt.cancelled  # type: ignore[union-attr]
     harness.store.unwait(key)
@@ -423,7 +428,7 @@ def test_a_remote_waiter_goes_alone_as_soon_as_its_leaders_process_is_gone(
         harness: Harness) -> None:
     key = harness.front.ticket(make_request()).key
     harness.store.pid = 2  # another worker leads, with a lease far longer than this test
-    assert harness.store.claim(key, cache.now_ms(), 3_600_000)
+    assert harness.store.claim(key, now_ms(), 3_600_000)
     harness.store.pid = 1
     follower = make_request()
     assert harness.front.front([follower]) == []  # waits for the other worker's answer
@@ -439,7 +444,7 @@ def test_a_remote_waiter_whose_client_leaves_is_released_and_the_wait_ends(
         harness: Harness) -> None:
     key = harness.front.ticket(make_request()).key
     harness.store.pid = 2
-    assert harness.store.claim(key, cache.now_ms(), 3_600_000)
+    assert harness.store.claim(key, now_ms(), 3_600_000)
     harness.store.pid = 1
     first, second = make_request(), make_request()
     assert harness.front.front([first, second]) == []
@@ -559,7 +564,7 @@ def test_hits_of_a_large_answer_share_one_copy_while_it_is_being_written(
     import gc
 
     large = orjson.dumps({"data": ["x" * 1000] * 100})  # ~100 KiB: written from itself
-    assert len(large) > cache.WHOLE_BYTES
+    assert len(large) > WHOLE_BYTES
     answer(harness.lead(harness.front.front([make_request()])[0]), body=large)
     hits = [make_request() for _ in range(3)]
     for request in hits:
@@ -597,7 +602,7 @@ def test_a_streaming_follower_that_falls_behind_is_cut_off(harness: Harness) -> 
     # The slow client takes nothing: what it was given stays queued (ingress's send queue).
     slow.conn.queued = joined  # type: ignore[attr-defined]
     sent = 0
-    while sent <= cache.FOLLOWER_LAG_BYTES:
+    while sent <= FOLLOWER_LAG_BYTES:
         exchange.on_data(event, False)
         sent += len(event)
         slow.conn.queued = joined + sent  # type: ignore[attr-defined]
@@ -638,12 +643,12 @@ def test_settings_and_which_models_are_cached(tmp_path: Any) -> None:
     assert (settings.cache, settings.cache_max_bytes, settings.cache_ttl_s) == (True, 1 << 20, 5)
     with pytest.raises(ConfigError, match="VELOX_CACHE_MAX_BYTES='1000' is invalid"):
         load({"VELOX_CACHE_MAX_BYTES": "1000"}, dotenv=None)
-    assert not cache.enabled(load({}, dotenv=None))
+    assert not enabled(load({}, dotenv=None))
     path = tmp_path / "velox.toml"
     path.write_text('[[route]]\nmodel = "a"\ntargets = [{ upstream = "default" }]\ncache = true\n'
                     '[[route]]\nmodel = "*"\ntargets = [{ upstream = "default" }]\n')
     settings = load({"VELOX_CONFIG": str(path)}, dotenv=None)
-    assert cache.enabled(settings)
+    assert enabled(settings)
     loop = asyncio.new_event_loop()
     shared = SharedStats(1)
     front = CacheFront(settings, settings.tables, FakeStore(), loop,  # type: ignore[arg-type]

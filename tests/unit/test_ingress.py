@@ -18,7 +18,7 @@ from velox.core.types import Request
 from velox.ingress.arena import Arena
 from velox.config.settings import load
 from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
-from velox.ingress.classify import Auth, caller_of
+from velox.ingress.auth import Auth, caller_of
 
 
 class FakeRing:

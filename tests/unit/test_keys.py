@@ -18,8 +18,10 @@ from velox.core.types import Request, Route
 from velox.config.settings import ConfigError, load
 from velox.core.errors import Unauthorized, to_response
 from velox.ingress.connection import ClientConnection, IngressState
-from velox.admission.keys import KF, KeyStage, SharedKeys, estimate, rpm_index, tpm_index
-from velox.ingress.classify import Auth, caller_of
+from velox.admission.keys import KeyStage, estimate
+from velox.core.fields import KF
+from velox.state.keys import SharedKeys, rpm_index, tpm_index
+from velox.ingress.auth import Auth, caller_of
 from velox.config.tables import KeySpec, describe
 
 

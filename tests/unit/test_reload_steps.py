@@ -17,7 +17,7 @@ import pytest
 from velox import supervisor
 from velox.config import settings as config
 from velox.config.settings import Settings
-from velox.state.stats import F
+from velox.core.fields import F
 from velox.supervisor import Supervisor
 
 

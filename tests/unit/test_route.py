@@ -5,7 +5,8 @@ import pytest
 from velox.core.types import Route
 from velox.config.settings import load
 from velox.core.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
-from velox.ingress.classify import Auth, classify, normal_target
+from velox.ingress.auth import Auth
+from velox.ingress.classify import classify, normal_target
 
 
 @pytest.mark.parametrize(
@@ -163,7 +164,7 @@ def test_caller_of_is_the_digest_of_the_presented_credential():
     import hashlib
 
     from velox.core.types import Request
-    from velox.ingress.classify import caller_of
+    from velox.ingress.auth import caller_of
 
     def req(headers):
         return Request(None, b"POST", b"/v1/embeddings", Route.MODEL_CALL, headers, b"", True, 0)

@@ -39,7 +39,7 @@ from collections import deque
 from typing import Any
 
 from velox._native import access_line, access_lines
-from velox.state.stats import F
+from velox.core.fields import F
 
 log = logging.getLogger("velox.accesslog")
 

@@ -29,17 +29,18 @@ from prometheus_client.registry import Collector
 
 from velox import __version__
 from velox.config.settings import DEFAULT_METRICS_KEYS
-from velox.state.stats import (
-    OTHER_KEYS,
+from velox.core.clock import now_ms
+from velox.core.fields import (
     F,
     H,
+    OTHER_KEYS,
     RETRY_REASONS,
     ROUTE_NAMES,
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
-    SharedStats,
 )
+from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
@@ -244,10 +245,10 @@ class VeloxCollector(Collector):
         age = GaugeMetricFamily("velox_worker_heartbeat_age_seconds",
                                 "Time since the worker's loop last ticked (-1: not started).",
                                 labels=["worker"])
-        now_ms = time.monotonic() * 1000
+        now = now_ms()
         for w, row in zip(serving, serving_rows):
             beat = row[F.HEARTBEAT_MS]
-            age.add_metric([w], max(0.0, now_ms - beat) / 1000 if beat else -1.0)
+            age.add_metric([w], max(0, now - beat) / 1000 if beat else -1.0)
         yield age
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)

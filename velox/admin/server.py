@@ -53,7 +53,8 @@ from velox.admin.control import ControlError, ControlHub
 from velox.admin.metrics import VeloxCollector, make_registry
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
 from velox.config.settings import is_loopback
-from velox.state.stats import F, SharedStats
+from velox.core.fields import F
+from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.admin")
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
-from velox.state.stats import (
+from velox.core.clock import now_ms
+from velox.core.fields import (
     F,
     H,
     RETRY_REASONS,
@@ -22,8 +23,8 @@ from velox.state.stats import (
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
-    SharedStats,
 )
+from velox.state.stats import SharedStats
 
 STATE_TIMEOUT_S = 0.25
 QUANTILES = ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us"), (0.999, "p999_us"))
@@ -71,7 +72,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
     limited = bool(getattr(limiter, "enabled", bucket is not None))  # shared (Redis) mode too
-    now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
+    now = now_ms()  # the clock the workers' heartbeats use
     workers = []
     for slot in serving:
         row = rows[slot]
@@ -82,7 +83,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "numa_node": row[F.NUMA_NODE],
             "ready": bool(row[F.READY]),
             "restarts": max(0, row[F.STARTS] - 1),
-            "heartbeat_age_ms": round(now_ms - row[F.HEARTBEAT_MS]) if row[F.HEARTBEAT_MS]
+            "heartbeat_age_ms": now - row[F.HEARTBEAT_MS] if row[F.HEARTBEAT_MS]
             else None,
             "hang_kills": row[F.HANG_KILLS],
             "requests": row[F.REQUESTS],

@@ -14,8 +14,7 @@ client auth) passes untouched with `request.key = -1`. For a keyed request, in o
      GET /v1/models answer is no forward.
   2. `rpm`: one token of the key's request bucket.
   3. `tpm` (model calls; images and audio reserve 1, settled from the usage they report): the
-     request's estimated tokens (velox.relay.usage.estimate when it
-     exists; until then the interim estimate below), at least 1 (a key in debt is refused
+     request's estimated tokens (velox.relay.usage.estimate), at least 1 (a key in debt is refused
      whatever the request) and at most the key's tpm (one large request can still pass a full
      bucket); the difference to the real usage is settled later
      (`Ticket.settle`), and over-use becomes debt the key's next requests repay first.
@@ -26,157 +25,31 @@ Retry-After from the bucket's own refill time (1 s for max_parallel). Every answ
 request that reached this stage carries OpenAI's x-ratelimit-limit/remaining-requests/tokens
 headers (for the limits the key has), through `request.extra_headers`.
 
-The state is shared: `SharedKeys` holds one native `Limits` (created by the supervisor before
-the workers fork) with two entries per key: 2i is key i's request bucket and its gauge, 2i+1
-its token bucket; buckets hold one minute's worth (burst = the limit). Each admitted keyed
-request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from every
+The state is shared: `velox.state.keys.SharedKeys` holds one native `Limits` (created by the
+supervisor before the workers fork) with two entries per key: 2i is key i's request bucket and
+its gauge, 2i+1 its token bucket; buckets hold one minute's worth (burst = the limit). Each
+admitted keyed request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from every
 place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
 exchange ended, whatever way; ingress's connection_lost: the client left while the request
 waited without an exchange). A worker killed with requests in flight cannot release: the
 supervisor calls `SharedKeys.forget_slot` for its slot after reaping it.
 
-A reload keeps the keys' buckets and gauges when the list of key names is unchanged (the
-same `Limits`, reconfigured: levels kept, capped at the new limits); otherwise the new
-configuration's keys start afresh.
+A reload keeps the keys' buckets and gauges when their names are unchanged (velox.state.keys).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
-from enum import IntEnum
 from typing import Any
 
-from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters, Limits
-from velox.core.types import Request, Route
+from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Limits
+from velox.config.tables import CATCH_ALL, KeySpec, Tables
 from velox.core.errors import EndpointNotAllowed, ModelNotAllowed, RateLimited
-from velox.ingress.classify import caller_of, is_model_list
-from velox.config.tables import CATCH_ALL, MAX_KEYS, KeySpec, Tables
-
-try:  # K2's token estimator; the interim below stands in until it lands
-    from velox.relay.usage import estimate as _estimate  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - depends on the tree
-    _estimate = None
-
-
-
-class KF(IntEnum):
-    """Per-key refusal counters (one native Counters per field, field = key index). Admitted
-    requests are counted natively, by the gauge (Limits.entered)."""
-
-    REFUSED_RPM = 0
-    REFUSED_TPM = 1
-    REFUSED_PARALLEL = 2
-    REFUSED_MODEL = 3
-    REFUSED_FORWARD = 4
-
-
-REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model", "forward")  # KF.REFUSED_* in order
-
-
-# --- the interim token estimate (INTERIM: replaced by velox.relay.usage.estimate) -------------------
-
-# A literal prefix ("max_) lets the regex engine skip ahead with a fast search.
-_MAX_TOKENS = re.compile(rb'"max_(?:completion_)?tokens"\s*:\s*(\d{1,9})')
-
-
-def interim_estimate(request: Request) -> int:
-    """INTERIM, until velox.relay.usage.estimate exists: body bytes / 4 (a rough bytes-per-token
-    ratio for English JSON) plus `max_tokens` / `max_completion_tokens` when the body names
-    one (found with a regex, not a parse: a stand-in only)."""
-    body = request.body
-    tokens = len(body) // 4
-    match = _MAX_TOKENS.search(body)
-    if match is not None:
-        tokens += int(match.group(1))
-    return tokens
-
-
-estimate: Callable[[Request], int] = _estimate if _estimate is not None else interim_estimate
-
-
-def rpm_index(key: int) -> int:
-    """The Limits entry of key i's request bucket and gauge."""
-    return 2 * key
-
-
-def tpm_index(key: int) -> int:
-    """The Limits entry of key i's token bucket."""
-    return 2 * key + 1
-
-
-# --- shared state (created before fork) ------------------------------------------------------
-
-
-class SharedKeys:
-    """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
-
-    __slots__ = ("keys", "slots", "limits", "counters")
-
-    def __init__(self, keys: Sequence[KeySpec], slots: int,
-                 previous: SharedKeys | None = None) -> None:
-        # The configuration refuses more (velox.config.tables); a Counters row holds 4,096 fields.
-        assert len(keys) <= MAX_KEYS, len(keys)
-        self.keys = tuple(keys)
-        self.slots = slots
-        same = previous is not None and previous.slots == slots and \
-            [k.name for k in previous.keys] == [k.name for k in keys]
-        if same:
-            assert previous is not None
-            self.limits = previous.limits
-            self.counters = previous.counters
-        else:
-            self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
-            self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
-        for i, key in enumerate(self.keys):
-            # One minute's worth: a key may spend its whole minute at once, then the rate.
-            if key.rpm:
-                self.limits.configure(rpm_index(i), key.rpm, key.rpm)
-            if key.tpm:
-                self.limits.configure(tpm_index(i), key.tpm, key.tpm)
-
-    def forget_slot(self, slot: int) -> int:
-        """A worker of `slot` died: give back the places it held (see Limits.forget_slot)."""
-        return self.limits.forget_slot(slot)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Per key, for /stats: limits, what is left, in flight, counts."""
-        totals = [c.totals() for c in self.counters]
-        return [self._row(i, totals) for i in range(len(self.keys))]
-
-    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """For /metrics: the rows of the first `own` keys (file order), and the others summed
-        (requests, in flight, refusals; None when there are no others). Only those keys are
-        read: a scrape with thousands of keys costs the supervisor what `own` keys cost."""
-        totals = [c.totals() for c in self.counters]
-        own = min(own, len(self.keys))
-        rows = [self._row(i, totals) for i in range(own)]
-        if own == len(self.keys):
-            return rows, None
-        limits, rest = self.limits, range(own, len(self.keys))
-        other = {
-            "keys": len(rest),
-            "requests": sum(limits.entered(rpm_index(i)) for i in rest),
-            "active": sum(limits.active(rpm_index(i)) for i in rest),
-            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:])
-                        for n, reason in enumerate(REFUSAL_REASONS)},
-        }
-        return rows, other
-
-    def _row(self, i: int, totals: list[list[int]]) -> dict[str, Any]:
-        key, limits = self.keys[i], self.limits
-        return {
-            "name": key.name,
-            "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
-            "models": list(key.models) if key.models is not None else None,
-            "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
-            "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
-            "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
-            "active": limits.active(rpm_index(i)),
-            "requests": limits.entered(rpm_index(i)),
-            "refused": {reason: totals[KF.REFUSED_RPM + n][i]
-                        for n, reason in enumerate(REFUSAL_REASONS)},
-        }
+from velox.core.fields import KF
+from velox.core.types import Request, Route
+from velox.ingress.auth import caller_of
+from velox.ingress.classify import is_model_list
+from velox.relay.usage import estimate
+from velox.state.keys import SharedKeys, rpm_index, tpm_index
 
 
 # --- per request ----------------------------------------------------------------------------

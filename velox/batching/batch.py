@@ -64,8 +64,9 @@ import orjson
 
 from velox.core.types import Headers, Request, Route
 from velox.core.errors import UpstreamProtocolError
-from velox.ingress.classify import HOP_BY_HOP, caller_of
-from velox.state.stats import F
+from velox.ingress.auth import caller_of
+from velox.ingress.headers import HOP_BY_HOP
+from velox.core.fields import F
 from velox.config.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 from velox.relay.usage import NOT_BOOKED, usage_of
 

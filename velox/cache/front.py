@@ -63,24 +63,38 @@ VELOX_CACHE_REDIS_TIMEOUT_MS) before it goes on, and stored answers are written 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import struct
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from velox.core.types import Headers, Request, Route
-from velox.core.errors import UpstreamProtocolError, to_response
-from velox.state.health import now_ms
-from velox.ingress.connection import WHOLE_BYTES
-from velox.ingress.classify import caller_of
-from velox.state.stats import F, H
+from velox.cache.store import (
+    BYPASS,
+    CACHEABLE_PATHS,
+    EVENT_STREAM,
+    HEADER,
+    HIT,
+    MISS,
+    Replay,
+    Store,
+    cache_control,
+    cache_key,
+    canonical_body,
+    decode_entry,
+    encode_entry,
+    storable,
+    stored_headers,
+)
+from velox.cache.wait import FOLLOWER_LAG_BYTES, WaitList, Waiting, usage_filter
 from velox.config.tables import CATCH_ALL, Tables
-from velox.relay.usage import SSEUsage, client_asked_usage
+from velox.core.clock import now_ms
+from velox.core.errors import UpstreamProtocolError, to_response
+from velox.core.fields import F, H
+from velox.core.types import Headers, Request, Route
+from velox.ingress.auth import caller_of
+from velox.ingress.connection import WHOLE_BYTES
+from velox.relay.usage import SSEUsage
 
 if TYPE_CHECKING:
     from velox.cache.redis import RedisTier
@@ -89,20 +103,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("velox.cache")
 
-CACHEABLE_PATHS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
-# Body members that do not change the answer (who asks, how usage is reported, tags).
-IGNORED_MEMBERS = ("user", "stream_options", "metadata")
-HEADER = b"x-velox-cache"
-HIT, MISS, BYPASS = b"hit", b"miss", b"bypass"
-# Response headers not stored: the gateway's own, and those that describe one moment of the
-# upstream (its rate-limit state, the date) rather than the answer.
-_NOT_STORED = frozenset((b"server-timing", b"x-velox-upstream", b"x-velox-attempts", HEADER,
-                         b"date", b"age", b"set-cookie"))
-_EVENT_STREAM = b"text/event-stream"
-_JSON = b"application/json"
-_DONE = b"data: [DONE]"
-_PERSON = b"velox-cache-v1"  # BLAKE2b personalisation: a new entry format changes every key
-_ENTRY = struct.Struct("<BI")  # is-event-stream, length of the header block
 # Cross-worker followers poll the store at growing intervals: 1, 2, 4, 8, 16, 20, 20 ... ms.
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.020
@@ -113,179 +113,7 @@ _POLL_MAX_S = 0.020
 # come late by 4 s of loop stall before the lease lapses.
 LEASE_MS = 5000
 RENEW_S = 1.0
-# How far a streaming follower's client may fall behind the live stream it shares (bytes given
-# to it and not yet taken, beyond the events it got on joining) before it is cut off. An LLM
-# stream comes at tens of KiB per second: 1 MiB behind is a client that has stopped keeping up.
-FOLLOWER_LAG_BYTES = 1 << 20
-_sort = orjson.OPT_SORT_KEYS
 _AGES = tuple(b"%d" % n for n in range(64))
-
-
-class Store(Protocol):
-    """What the cache needs of its store (velox._native.SharedCache; a fake in the tests)."""
-
-    @property
-    def max_value(self) -> int: ...
-
-    def get(self, key: bytes, now_ms: int, max_age_ms: int = -1) -> tuple[bytes, int] | None: ...
-
-    def put(self, key: bytes, value: bytes, now_ms: int, ttl_ms: int) -> bool: ...
-
-    def claim(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
-
-    def renew(self, key: bytes, now_ms: int, hold_ms: int) -> bool: ...
-
-    def unwait(self, key: bytes, /) -> None: ...
-
-    def waiting(self, key: bytes, /) -> int: ...
-
-    def release(self, key: bytes, /) -> object: ...
-
-    def pending(self, key: bytes, now_ms: int) -> bool: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-
-def enabled(settings: Settings) -> bool:
-    """Caching is on somewhere: VELOX_CACHE=1 or a route with `cache = true`."""
-    tables = settings.tables
-    return settings.cache or (tables is not None and any(r.cache for r in tables.routes))
-
-
-def create_store(settings: Settings) -> Store | None:
-    """The gateway's shared store, or None when no route caches. Call before forking."""
-    if not enabled(settings):
-        return None
-    from velox._native import SharedCache
-
-    store: Store = SharedCache(settings.cache_max_bytes)
-    return store
-
-
-# --- the key and the controls ------------------------------------------------------------------
-
-
-def cache_control(headers: Headers) -> tuple[bool, bool, int]:
-    """(no_cache, no_store, max_age_ms) from the request's Cache-Control header(s); -1: no
-    max-age. Unknown directives are ignored (RFC 9111 §5.2); a max-age that is not a
-    non-negative integer counts as 0 (only a fresh answer will do), one past 2^31 as 2^31."""
-    no_cache = no_store = False
-    max_age = -1
-    for name, value in headers:
-        if name != b"cache-control":
-            continue
-        for directive in value.split(b","):
-            word, _, arg = directive.strip().partition(b"=")
-            word = word.strip().lower()
-            if word == b"no-cache":
-                no_cache = True
-            elif word == b"no-store":
-                no_store = True
-            elif word == b"max-age":
-                arg = arg.strip().strip(b'"')
-                seconds = min(int(arg), 1 << 31) if arg.isdigit() else 0
-                max_age = seconds if max_age < 0 else min(max_age, seconds)
-    return no_cache, no_store, max_age * 1000 if max_age >= 0 else -1
-
-
-def json_object(data: bytes | bytearray | memoryview) -> dict[str, Any] | None:
-    """The JSON object `data` holds, or None when it is not one orjson can read (not JSON, or
-    JSON of another type)."""
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return doc if type(doc) is dict else None
-
-
-def canonical_body(body: bytes | bytearray | memoryview) -> bytes | None:
-    """The body as sorted-key compact JSON without the members that do not change the
-    answer; None when it is not a JSON object orjson can read (then it is not cached)."""
-    doc = json_object(body)
-    if doc is None:
-        return None
-    for name in IGNORED_MEMBERS:
-        doc.pop(name, None)
-    return orjson.dumps(doc, option=_sort)
-
-
-def cache_key(path: bytes, model: str, caller: bytes, stream: bool, canonical: bytes) -> bytes:
-    """BLAKE2b-256 of the parts; each variable-length part is length-prefixed, so no two
-    different tuples hash the same bytes."""
-    h = hashlib.blake2b(digest_size=32, person=_PERSON)
-    for part in (path, model.encode(), caller):
-        h.update(len(part).to_bytes(4, "little"))
-        h.update(part)
-    h.update(b"\x01" if stream else b"\x00")
-    h.update(canonical)
-    return h.digest()
-
-
-# --- what is stored ----------------------------------------------------------------------------
-
-
-def encode_entry(sse: bool, headers: Headers, body: bytes) -> bytes:
-    """One stored answer: flag, the response headers (NUL-separated; header fields cannot
-    hold NUL), then the body (JSON, or the event stream's bytes as the upstream sent them)."""
-    block = b"\0".join(b"%b\0%b" % (name, value) for name, value in headers)
-    return _ENTRY.pack(1 if sse else 0, len(block)) + block + body
-
-
-def decode_entry(value: bytes) -> tuple[bool, Headers, memoryview]:
-    """(is-event-stream, headers, body); the body is a view of `value`, not a copy."""
-    sse, size = _ENTRY.unpack_from(value)
-    start = _ENTRY.size
-    parts = value[start:start + size].split(b"\0") if size else []
-    return bool(sse), list(zip(parts[::2], parts[1::2])), memoryview(value)[start + size:]
-
-
-def storable(status: int, headers: Headers, body: bytes) -> bool:
-    """A complete 200 whose body is what its content type says."""
-    if status != 200:
-        return False
-    content_type = b""
-    for name, value in headers:
-        if name == b"content-type":
-            content_type = value.lower()
-            break
-    if content_type.startswith(_JSON):
-        try:
-            orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return False
-        return True
-    if content_type.startswith(_EVENT_STREAM):
-        return complete_event_stream(body)
-    return False
-
-
-def complete_event_stream(body: bytes) -> bool:
-    """The stream's last event is `data: [DONE]` and no event is an error (an `event: error`
-    line, or a data object with a top-level `error`)."""
-    events = [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
-    if not events or events[-1].strip() != _DONE:
-        return False
-    for event in events[:-1]:
-        for line in event.split(b"\n"):
-            field, _, value = line.partition(b":")
-            value = value.strip()
-            if field == b"event" and value == b"error":
-                return False
-            if field == b"data":
-                if value == b"[DONE]":
-                    return False  # [DONE] before the end
-                if b'"error"' in value:
-                    try:
-                        doc = orjson.loads(value)
-                    except orjson.JSONDecodeError:
-                        return False
-                    if type(doc) is dict and "error" in doc:
-                        return False
-    return True
-
-
-def _stored_headers(headers: Headers) -> Headers:
-    return [h for h in headers if h[0] not in _NOT_STORED and not h[0].startswith(b"x-ratelimit")]
 
 
 def _free(request: Request) -> None:
@@ -297,15 +125,6 @@ def _free(request: Request) -> None:
         ticket.settle(0)
 
 
-def usage_filter(request: Request) -> SSEUsage | None:
-    """For a streamed answer recorded from another request: the filter that removes the usage
-    chunk (and the `"usage":null` members that come with it) when this request's client did
-    not ask for usage. The key leaves `stream_options` out, so one entry serves both."""
-    if not request.stream or client_asked_usage(request.body):
-        return None
-    return SSEUsage(True)
-
-
 def _without_usage(body: bytes | memoryview) -> bytes:
     """A whole recorded event stream without its usage chunk (usage_filter's filter)."""
     usage = SSEUsage(True)
@@ -315,29 +134,6 @@ def _without_usage(body: bytes | memoryview) -> bytes:
 def _age(age_ms: int) -> bytes:
     seconds = age_ms // 1000
     return _AGES[seconds] if seconds < len(_AGES) else b"%d" % seconds
-
-
-class Replay:
-    """A stored answer decoded for writing. One whose body is larger than ingress writes at
-    once (WHOLE_BYTES) stays referenced by each client's send queue until that client has
-    taken it; while any does, its worker remembers it (weak references to its bodies, as
-    stored and without the usage chunk) and writes later hits of its key from the same bytes."""
-
-    __slots__ = ("sse", "headers", "born_ms", "bodies")
-
-    def __init__(self, sse: bool, headers: Headers, born_ms: int) -> None:
-        self.sse = sse
-        self.headers = headers  # shared by every answer written from it: never appended to
-        self.born_ms = born_ms  # now_ms() when the entry was stored (now minus its age)
-        self.bodies: dict[bool, weakref.ref[memoryview]] = {}  # key: the usage chunk removed
-
-    def fresh(self, now: int, ttl_ms: int, max_age_ms: int) -> bool:
-        age = now - self.born_ms
-        return age < ttl_ms and (max_age_ms < 0 or age <= max_age_ms)
-
-    def body(self, bare: bool) -> memoryview | None:
-        ref = self.bodies.get(bare)
-        return None if ref is None else ref()
 
 
 # --- per request -------------------------------------------------------------------------------
@@ -410,50 +206,6 @@ class _Tag:
 _TAG = _Tag()
 
 
-class Waiting:
-    """A follower's stand-in for an exchange (request.exchange): ingress tells it when the
-    client leaves or can take writes again."""
-
-    __slots__ = ("owner", "request", "started", "usage", "lag")
-
-    def __init__(self, owner: Flight | WaitList, request: Request) -> None:
-        self.owner = owner
-        self.request = request
-        self.started = False  # the answer's head has been written to this client
-        # A streamed answer carries the usage chunk the leader's meter asked for (or its
-        # client did): removed for a follower whose own request did not ask (velox.relay.usage).
-        self.usage = usage_filter(request)
-        # Most bytes of a live stream its client may leave untaken (Flight.join sets it).
-        self.lag = FOLLOWER_LAG_BYTES
-
-    def send(self, data: bytes) -> bool:
-        """Relay a piece of the leader's stream to this follower (its usage chunk removed
-        unless it asked for one). False: its client fell too far behind and was cut off."""
-        conn = self.request.conn
-        if conn.queued > self.lag:
-            return False
-        usage = self.usage
-        if usage is not None:
-            data = usage.feed(data)
-        if data:
-            conn.send_chunk(data)
-        return True
-
-    def end_stream(self) -> None:
-        usage = self.usage
-        if usage is not None:
-            rest = usage.flush()
-            if rest:
-                self.request.conn.send_chunk(rest)
-        self.request.conn.end_stream()
-
-    def client_gone(self) -> None:
-        self.owner.leave(self)
-
-    def client_writable(self) -> None:
-        pass
-
-
 class Flight:
     """One upstream call whose answer is recorded (and stored), with the requests waiting for
     it. The relay's observer of that call's exchange."""
@@ -512,11 +264,11 @@ class Flight:
 
     def head(self, status: int, headers: Headers) -> None:
         self.status = status
-        self.headers = _stored_headers(headers)
+        self.headers = stored_headers(headers)
         headers.append((HEADER, MISS))
         for name, value in headers:
             if name == b"content-type":
-                self.sse = value.startswith(_EVENT_STREAM)
+                self.sse = value.startswith(EVENT_STREAM)
                 break
         if status == 200 and self.sse:
             for waiting in self.followers:
@@ -608,57 +360,7 @@ class Flight:
         request.conn.start_stream(request, 200, self.headers + [(HEADER, HIT), (b"age", b"0")])
 
 
-class WaitList:
-    """Requests of this worker held for one key until something answers them or lets them go
-    on (the owner of their `Waiting`): cross-worker followers (`RemoteWait`) and Redis lookups
-    (velox.cache.redis.RedisLookup). It keeps them, runs one timer (a poll, a timeout), and
-    releases a request whose client leaves; `take` ends the wait and hands the rest back."""
-
-    __slots__ = ("front", "key", "requests", "timer")
-
-    def __init__(self, front: CacheFront, key: bytes) -> None:
-        self.front = front
-        self.key = key
-        self.requests: list[Waiting] = []
-        self.timer: asyncio.TimerHandle | None = None
-
-    def join(self, request: Request) -> None:
-        waiting = Waiting(self, request)
-        request.exchange = waiting
-        self.requests.append(waiting)
-
-    def leave(self, waiting: Waiting) -> None:
-        """A waiting client left: its request is dropped and its body freed."""
-        try:
-            self.requests.remove(waiting)
-        except ValueError:
-            return
-        waiting.request.exchange = None
-        self.front.release_body(waiting.request)
-        if not self.requests:
-            self.emptied()
-
-    def emptied(self) -> None:
-        """The last waiting client left (the subclass decides whether the wait goes on)."""
-
-    def closed(self) -> None:
-        """The wait ended (the subclass forgets it wherever it is registered)."""
-
-    def take(self) -> list[Request]:
-        """End the wait: the timer stops, the wait is forgotten, and the requests still
-        waiting are handed back, detached from it."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        self.closed()
-        requests = [w.request for w in self.requests]
-        self.requests = []
-        for request in requests:
-            request.exchange = None
-        return requests
-
-
-class RemoteWait(WaitList):
+class RemoteWait(WaitList["CacheFront"]):
     """Requests of this worker waiting for an identical request another worker leads: they
     poll the store until the entry appears (answered as coalesced), the marker disappears
     without one or the upstream's request timeout passes (then each is sent on its own)."""

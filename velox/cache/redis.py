@@ -1,10 +1,10 @@
 """The response cache's Redis tier (VELOX_REDIS_URL with a cached route): hosts share answers.
 
-The local shared-memory store (velox.cache.front) stays in front: a local hit never touches Redis.
+The local shared-memory store (velox.cache.store) stays in front: a local hit never touches Redis.
 A local miss of a request that may look up (neither no-cache nor no-store), with no identical
 request already being fetched on this host, asks Redis before it goes on (`RedisTier.ask`);
 the request waits asynchronously, like a cross-worker follower (`RedisLookup`, a
-`cache.WaitList`), and is then either answered from Redis (`CacheFront.answer`:
+`velox.cache.wait.WaitList`), and is then either answered from Redis (`CacheFront.answer`:
 `x-velox-cache: hit`, and the entry is copied into the local store) or continued on the normal
 miss path (limiter, leader or follower, dispatch: `CacheFront.go_on`). It never waits longer than
 VELOX_CACHE_REDIS_TIMEOUT_MS: past it the request goes on as a plain miss, and a late reply
@@ -19,8 +19,8 @@ at most one call on it at a time: the lookups and writes gathered while a call i
 together in the next one, one pipeline (the writes' SETs, then one MGET of every key asked).
 
 Keys: `velox:cache:` + the hex of the 32-byte cache key (which covers the caller's identity,
-velox.cache.front.cache_key). Values: the storing host's wall-clock time in ms (8 bytes, little
-endian) and the entry as the local store holds it (velox.cache.front.encode_entry). Ages (the `age`
+velox.cache.store.cache_key). Values: the storing host's wall-clock time in ms (8 bytes, little
+endian) and the entry as the local store holds it (velox.cache.store.encode_entry). Ages (the `age`
 header, Cache-Control max-age) are computed from that time, so they are only as right as the
 hosts' clocks agree (NTP: milliseconds); an entry from the future counts as age 0. A Redis
 entry is served only while it is younger than this host's VELOX_CACHE_TTL_S too.
@@ -45,15 +45,14 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any
 
-from velox.cache.front import WaitList
+from velox.cache.wait import Front, WaitList
 from velox.cluster.leases import ReplyShapeError
 from velox.config.settings import redact_url
-from velox.state.health import now_ms
-from velox.state.stats import F
+from velox.core.clock import now_ms
+from velox.core.fields import F
 
 if TYPE_CHECKING:
     from velox.core.types import Request
-    from velox.cache.front import CacheFront
 
 log = logging.getLogger("velox.cache")
 
@@ -109,13 +108,13 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class RedisLookup(WaitList):
+class RedisLookup(WaitList[Front]):
     """Requests of this worker waiting for Redis's answer on one key. A client that leaves
     cancels nothing (the lookup is cheap and shared; its answer still fills the local store)."""
 
     __slots__ = ("tier", "open")
 
-    def __init__(self, tier: RedisTier, front: CacheFront, key: bytes) -> None:
+    def __init__(self, tier: RedisTier, front: Front, key: bytes) -> None:
         super().__init__(front, key)
         self.tier = tier
         self.open = True  # requests still wait on it (neither answered nor timed out)
@@ -215,7 +214,7 @@ class RedisTier:
         busy = self.busy_since
         return not busy or now - busy < self.timeout_s
 
-    def ask(self, front: CacheFront, request: Request, key: bytes) -> bool:
+    def ask(self, front: Front, request: Request, key: bytes) -> bool:
         """Hold the request until Redis answers for its key; False: it goes on at once."""
         lookup = self.lookups.get(key)
         if lookup is None:

@@ -13,22 +13,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httptools
 
-from velox.egress.attempt import Attempt
-from velox.egress.h2conn import WRITE_SLICE
 from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
+from velox.egress.h2conn import WRITE_SLICE
+from velox.egress.interfaces import Attempt
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import H1Owner
+    from velox.egress.interfaces import Front, Tally
 
 log = logging.getLogger("velox.egress")
 
 
 # Reads land in a buffer of ours (see READ_BUFFER in h2conn for why).
 _READ_BUFFER = 64 * 1024
+
+
+class H1Owner(Protocol):
+    """What an HTTP/1.1 connection needs of its pool (h1pool.H1Pool)."""
+
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
+
+    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+        """The connection finished a response (answered) and can be reused."""
+
+    def on_closed(self, conn: H1Connection) -> None: ...
 
 
 class H1Connection(asyncio.BufferedProtocol):

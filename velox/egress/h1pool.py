@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import Attempt
+from velox.egress.interfaces import Attempt
 from velox.egress.h1conn import H1Connection
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable

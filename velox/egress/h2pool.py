@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import Attempt
+from velox.egress.interfaces import Attempt
 from velox.egress.codec import make_codec
 from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
 from velox.egress.pool import BasePool, EgressOptions, next_backoff

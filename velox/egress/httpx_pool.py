@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from velox.config.settings import Settings
-from velox.egress.attempt import Attempt, Tally
+from velox.egress.interfaces import Attempt, Tally
 from velox.egress.pool import make_ssl_context
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from velox.config.settings import Settings
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt
+from velox.egress.interfaces import MAX_ATTEMPTS, Attempt
 from velox.core.errors import Overloaded, UpstreamTimeout, VeloxError
 from velox.config.tables import DEFAULT_UPSTREAM
 

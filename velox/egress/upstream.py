@@ -19,7 +19,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt, Tally
+from velox.egress.interfaces import MAX_ATTEMPTS, Attempt, Tally
 from velox.egress.h1pool import H1Pool
 from velox.egress.h2pool import H2Pool
 from velox.egress.pool import EgressOptions, ssl_context

@@ -96,7 +96,9 @@ from velox.core.errors import (
     to_response,
 )
 from velox.ingress.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
-from velox.ingress.classify import HOP_BY_HOP, Auth, classify, normal_target
+from velox.ingress.auth import Auth
+from velox.ingress.classify import classify, normal_target
+from velox.ingress.headers import HOP_BY_HOP
 
 log = logging.getLogger("velox.ingress")
 

@@ -39,12 +39,12 @@ from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
 from velox.config.settings import Settings
 from velox.routing.dispatch import Dispatch
-from velox.egress.attempt import Tally
+from velox.egress.interfaces import Tally
 from velox.egress.interfaces import Egress
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
-from velox.state.health import now_ms
+from velox.core.clock import now_ms
 from velox.config.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress.connection import ClientConnection, IngressState
 from velox.admission.keys import KeyStage
@@ -52,8 +52,10 @@ from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.admission.ratelimit import Limiter
 from velox.relay.exchange import Exchange
 from velox.ingress.ring import make_queue
-from velox.ingress.classify import Auth, is_model_list
-from velox.state.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
+from velox.ingress.auth import Auth
+from velox.ingress.classify import is_model_list
+from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
+from velox.state.stats import SharedStats
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
@@ -70,12 +72,6 @@ _FD_WARN_EVERY_S = 10.0
 # (EnumType.__getattr__ puts the class on the slow attribute path).
 _FORWARD = Route.FORWARD
 _MODEL_OTHER = Route.MODEL_OTHER
-# The per-request counters' fields as plain ints, by status // 100 for the class (anything
-# past 5xx counts as 5xx): an IntEnum member costs a class attribute lookup and a conversion
-# in every Counters.add, ~0.4 us a call against ~0.1 (benches/bench_books.py).
-_CLASS_FIELD = tuple(int(f) for f in (F.RESP_5XX, F.RESP_2XX, F.RESP_2XX, F.RESP_3XX,
-                                      F.RESP_4XX, F.RESP_5XX, F.RESP_5XX, F.RESP_5XX,
-                                      F.RESP_5XX, F.RESP_5XX))
 _REQUESTS = int(F.REQUESTS)
 _BYTES_OUT = int(F.BYTES_OUT)
 _UPSTREAM_REQUESTS = int(F.UPSTREAM_REQUESTS)
@@ -315,8 +311,8 @@ class Worker:
         if self.ingress.overloaded:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
+        counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
         now = time.monotonic()
-        counters.set(slot, F.HEARTBEAT_MS, int(now * 1000))  # the supervisor's hang watch
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
         stalled_before = now - self.write_timeout_s
@@ -593,7 +589,7 @@ class Worker:
         cls = status // 100
         # The request's three counters in one native call.
         self.counters.add_many(slot, _REQUESTS, 1,
-                               _CLASS_FIELD[cls] if 0 <= cls < 10 else _CLASS_FIELD[9], 1,
+                               RESPONSE_FIELD[cls] if 0 <= cls < 10 else RESPONSE_FIELD[9], 1,
                                _BYTES_OUT, bytes_out)
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
         log_access = self.log_access

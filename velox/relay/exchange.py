@@ -36,10 +36,9 @@ from velox import _native
 from velox.ingress import h1write
 from velox.core.types import Headers, Request
 from velox.core.errors import to_response
-from velox.ingress.classify import PLAIN_CONNECTION, connection_tokens
+from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
-    from velox.routing.dispatch import Dispatch
     from velox.egress.interfaces import AttemptHandle
     from velox.relay.usage import Meter
 
@@ -93,7 +92,7 @@ class Exchange:
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],
                  on_release: Callable[[Request], None],
-                 dispatch: Dispatch | None = None) -> None:
+                 dispatch: Failover | None = None) -> None:
         self.request = request
         self.conn = request.conn
         self.method = request.method
@@ -376,6 +375,20 @@ class Observer(Protocol):
     def client_gone(self, exchange: Exchange) -> bool:
         """The client left: True keeps the upstream call running (others wait for it);
         the observer then points `exchange.conn` somewhere harmless."""
+
+
+class Failover(Protocol):
+    """What the relay asks of routing (velox.routing.dispatch.Dispatch) while nothing of the
+    answer has reached the client: whether to send the request again elsewhere instead."""
+
+    def response(self, exchange: Exchange, status: int, headers: Headers) -> bool:
+        """Response headers arrived: True when the request goes to another target instead."""
+
+    def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
+        """The attempt failed: True when the request goes to another target instead."""
+
+    def finish(self, exchange: Exchange, broken: bool) -> None:
+        """The exchange is over: release the route attempt and report its outcome."""
 
 
 class ClientGone(Exception):

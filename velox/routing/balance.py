@@ -73,13 +73,13 @@ import math
 import random
 from dataclasses import dataclass
 from enum import IntEnum
-from time import monotonic_ns
 from collections.abc import Callable
 from typing import Protocol
 
 from velox._native import Rendezvous, hash64
 from velox.core.errors import Overloaded, RateLimited, VeloxError
-from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS, now_ms
+from velox.core.clock import now_ms
+from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS
 from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
@@ -572,7 +572,7 @@ class Plan:
 
     def first(self, now: int | None = None) -> Attempt | VeloxError:
         """The first attempt, or the error to answer when no target can take the request."""
-        t = monotonic_ns() // 1_000_000 if now is None else now
+        t = now_ms() if now is None else now
         router = self.router
         state = router.state
         state.record_request(t)

@@ -49,16 +49,10 @@ import orjson
 from velox import _native
 from velox.routing.balance import Attempt, Event, Plan, Router, classify
 from velox.core.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
-from velox.state.health import (
-    FAILURE,
-    NEUTRAL,
-    SUCCESS,
-    TR_CLOSED,
-    TR_HALF_OPENED,
-    TR_OPENED,
-    now_ms,
-)
-from velox.state.stats import UPSTREAM_CLASS_OF, UPSTREAM_CLASSES, UPSTREAM_ERROR, SharedStats
+from velox.core.clock import now_ms
+from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
+from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
+from velox.state.stats import SharedStats
 from velox.config.tables import CATCH_ALL, Tables
 
 if TYPE_CHECKING:
@@ -173,7 +167,7 @@ class Dispatch:
             return False
         if 100 <= status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
             # _count_status, inlined: this runs once per answer
-            self._status.add(self.slot, attempt.upstream * _WIDTH + UPSTREAM_CLASS_OF[status // 100],
+            self._status.add(self.slot, attempt.upstream * _WIDTH + STATUS_CLASS[status // 100],
                              1)
             exchange.outcome = SUCCESS
             return False
@@ -248,7 +242,7 @@ class Dispatch:
             self._latency[attempt.upstream].record(self.slot, (t_headers - t_sent) // 1000)
 
     def _count_status(self, u: int, status: int) -> None:
-        cls = UPSTREAM_CLASS_OF[status // 100] if 100 <= status < 1000 else UPSTREAM_ERROR
+        cls = STATUS_CLASS[status // 100] if 100 <= status < 1000 else UPSTREAM_ERROR
         self._status.add(self.slot, u * _WIDTH + cls, 1)
 
     # --- background probes ----------------------------------------------------------------------

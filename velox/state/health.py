@@ -56,6 +56,7 @@ from typing import Any
 
 from velox import _native
 from velox._native import Health, Limits, RetryBudget
+from velox.core.clock import now_ms
 from velox.config.tables import TableError, Tables
 
 # Why an upstream cannot take a request now (admit() returns the negative).
@@ -93,11 +94,6 @@ _UP_FULL = _native.UP_FULL
 _CLOSED = _native.BREAKER_CLOSED
 _PEEK_PROBE = _native.PEEK_PROBE
 _PEEK_CLOSED = _native.PEEK_CLOSED
-
-
-def now_ms() -> int:
-    """CLOCK_MONOTONIC in milliseconds (time.monotonic is that clock on Linux)."""
-    return time.monotonic_ns() // 1_000_000
 
 
 _MAX_S = 2**31 // 1000  # the native core keeps times in ms below 2^31
