@@ -1,6 +1,6 @@
 """What seeing inside costs: the access log per request, and a running profile's throughput cost.
 
-* `test_access_log_cost`: one worker's whole path without sockets (benches/_pipeline.py), 64
+* `test_access_log_cost`: one worker's whole path without sockets (velox_lab/pipeline.py), 64
   requests per round, CPU time per request with the access log off, with only its hot-path
   enqueue, and on. "On" also formats and writes the round's lines (to /dev/null) on the same
   thread, so it includes the logging thread's work, not only the enqueue.
@@ -27,8 +27,8 @@ import httpx
 import orjson
 import psutil
 
-from benches._closedloop import ClosedLoop, chat_request
-from benches._pipeline import Pipeline
+from velox_lab.closedloop import ClosedLoop, chat_request
+from velox_lab.pipeline import Pipeline
 from velox.admin.accesslog import AccessLog
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream

@@ -26,6 +26,7 @@ every figure).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import time
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from velox._native import Rendezvous, TokenBucket, hash64
-from velox.routing.balance import HASH_METHOD, HashRing, Router
+from velox.routing.balance import Router, target_seed
 from velox.core.clock import now_ms
 from velox.state.health import SUCCESS, SharedHealth
 from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
@@ -48,6 +49,63 @@ RESULTS = Path(__file__).parent / "results"
 SELECT_N = 100  # requests per call of the select group: short calls, rarely descheduled
 MEDIANS: dict[str, float] = {}
 MINIMA: dict[str, float] = {}
+RING_VNODES = 150  # virtual nodes per unit of weight on the ring (the seed's figure)
+HASH_METHOD = "rendezvous"  # the one the gateway uses
+
+
+class HashRing:
+    """Consistent hashing with virtual nodes (RING_VNODES per unit of weight), as the seed
+    describes: the gateway hashes by rendezvous (velox.routing.balance), and this is what it
+    was chosen over, kept here for the comparison."""
+
+    __slots__ = ("points", "owners", "n")
+
+    def __init__(self, seeds: list[int], weights: list[int], vnodes: int = RING_VNODES) -> None:
+        pairs = sorted(
+            (hash64(b"%d#%d" % (seed, v)), i)
+            for i, (seed, w) in enumerate(zip(seeds, weights, strict=True))
+            for v in range(vnodes * w)
+        )
+        self.points = [p for p, _ in pairs]
+        self.owners = [i for _, i in pairs]
+        self.n = len(seeds)
+
+    def first(self, key_hash: int) -> int:
+        i = bisect.bisect(self.points, key_hash)
+        return self.owners[i if i < len(self.owners) else 0]
+
+    def rank(self, key_hash: int) -> tuple[int, ...]:
+        """Distinct targets met walking clockwise from the key."""
+        owners = self.owners
+        size = len(owners)
+        start = bisect.bisect(self.points, key_hash)
+        seen: list[int] = []
+        for k in range(size):
+            o = owners[(start + k) % size]
+            if o not in seen:
+                seen.append(o)
+                if len(seen) == self.n:
+                    break
+        return tuple(seen)
+
+
+def make_hasher(method: str, seeds: list[int], weights: list[int]) -> Rendezvous | HashRing:
+    if method == "rendezvous":
+        return Rendezvous(seeds, [float(w) for w in weights])
+    if method == "ring":
+        return HashRing(seeds, weights)
+    raise ValueError(f"hash method must be one of {HASH_METHODS}, got {method!r}")
+
+
+def _with_ring(router: Router) -> Router:
+    """The router with every tier's rendezvous hasher replaced by a HashRing of the same
+    targets and weights (the ring row of the select group)."""
+    for chain in router.chains.values():
+        for picker in chain:
+            for tier in picker.tiers:
+                tier.hasher = HashRing([target_seed(t.spec) for t in tier.targets],  # type: ignore[assignment]
+                                       [t.weight for t in tier.targets])
+    return router
 
 
 def record(benchmark: Any, name: str, note: str, items: int = N) -> float:
@@ -72,7 +130,9 @@ def _tables(strategy: str, n: int = 3) -> Tables:
 def _select(benchmark: Any, strategy: str, key: bytes | None, method: str = HASH_METHOD) -> None:
     tables = _tables(strategy)
     state = SharedHealth.create(tables)
-    router = Router(tables, state, hash_method=method)
+    router = Router(tables, state)
+    if method == "ring":
+        _with_ring(router)
     plan_of = router.plan
 
     def run() -> None:

@@ -31,7 +31,7 @@ import time
 
 import orjson
 
-from benches._closedloop import ClosedLoop
+from velox_lab.closedloop import ClosedLoop
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
 

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from benches._closedloop import chat_request
+from velox_lab.closedloop import chat_request
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
 

@@ -21,7 +21,8 @@ import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 
-from velox.egress.codec import DATA, Codec, make_codec
+from velox.egress.codec import DATA, Codec
+from velox_lab.codecs import make_codec
 from velox.egress.framer import Framer
 
 IN_FLIGHT = 64

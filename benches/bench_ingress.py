@@ -30,7 +30,7 @@ Contenders, each parsing one request per call of the inner loop:
 no-header-cb) / fields is what one header's Python callback costs.
 
 `test_pipeline_cpu_per_request` measures the whole socket-free worker path
-(benches/_pipeline.py: 64 clients sending the SDK's request, native codec) on both parsers,
+(velox_lab/pipeline.py: 64 clients sending the SDK's request, native codec) on both parsers,
 in interleaved blocks on the thread CPU clock, and records the per-request CPU of each and the
 difference (issue 12's parser decision).
 
@@ -47,9 +47,10 @@ import h11
 import httptools
 import pytest
 
-from benches._pipeline import FakeTransport, Pipeline
+from velox_lab.pipeline import FakeTransport, Pipeline
 from benches.e2e import workload
 from velox import _native
+from velox.ingress.arena import Arena
 from velox.config.settings import load
 from velox.ingress.connection import ClientConnection, IngressState
 from velox.ingress.auth import Auth
@@ -87,9 +88,9 @@ class _Ring:
 
 
 def _ingress(parser: str = "httptools") -> Callable[[bytes], None]:
-    state = IngressState(None, _Ring(), lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, _Ring(), lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 16 << 20, 64 << 10, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
     feed, finish = conn.data_received, conn._finish
@@ -238,7 +239,7 @@ def test_pipeline_cpu_per_request(benchmark: Any) -> None:
     import statistics
     import time
 
-    pipes = {parser: Pipeline(clients=64, codec="native", VELOX_INGRESS_PARSER=parser)
+    pipes = {parser: Pipeline(clients=64, codec="native", ingress_native=parser == "native")
              for parser in ("native", "httptools")}
     for pipe in pipes.values():
         for _ in range(50):

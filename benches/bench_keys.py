@@ -6,7 +6,7 @@ Groups:
   ticket released), for a key with rpm, tpm and max_parallel (every check runs, nothing is
   refused), for a key without limits (the lookup, the gauge and the ticket), and for requests
   of no key (the lookup only). Per request.
-* keys-pipeline: one worker's whole request path without sockets (benches/_pipeline.py,
+* keys-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py,
   64 clients, the OpenAI SDK's request), with the same tables file four ways: no client
   auth, the client's key in VELOX_API_KEYS, and the client's key as a `[[key]]` with rpm and
   max_parallel, then also tpm (limits high enough that nothing is refused). The variants are
@@ -28,14 +28,14 @@ from typing import Any
 
 import pytest
 
-from benches._pipeline import CHAT_BODY, Pipeline
+from velox_lab.pipeline import CHAT_BODY, Pipeline
 from velox.core.types import Request, Route
 from velox.config.settings import load
 from velox.admission.keys import KeyStage
 from velox.state.keys import SharedKeys
 
 BATCH = 64
-CLIENT_KEY = b"sk-client-0123456789abcdef"  # what benches._pipeline's requests present
+CLIENT_KEY = b"sk-client-0123456789abcdef"  # what velox_lab.pipeline's requests present
 ROUNDS = 300
 
 TABLES = """

@@ -1,12 +1,14 @@
-"""Command line: `velox` (serve), `velox demo`, `velox --print-config`, `velox key hash|new` and
-`velox bench report`.
+"""Command line: `velox` (serve), `velox demo`, `velox doctor`, `velox --print-config` and
+`velox key hash|new`.
 
 `velox key hash` reads a gateway key on stdin and prints its SHA-256 (the `sha256` of a
 `[[key]]` table); `velox key new` prints a fresh random key and its hash. Neither reads the
 configuration.
 
-`velox bench report` runs the developer tool benches/report.py, which is not part of the
-package: it works from the repository root of a source checkout and says so elsewhere.
+`velox demo` runs the lab (velox_lab: the mock upstream and the launcher), which is not part
+of the gateway and comes with the development install; without it the command says how to
+get it. The supervisor and the doctor are imported when their command runs, so
+`--print-config` works without the native extension.
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ import sys
 from velox import __version__
 from velox.config.settings import ConfigError, load
 from velox.config.tables import describe
+
+
+LAB_MISSING = ("velox demo runs the lab (the mock upstream and the gateway launcher), which "
+               "comes with the development install: from a checkout of the repository, "
+               "pip install -e '.[dev]'")
+
+
+def _demo() -> int:
+    try:
+        from velox_lab.demo import main as demo
+    except ImportError as exc:
+        print(f"{LAB_MISSING} (missing: {exc.name or exc})", file=sys.stderr)
+        return 2
+    return demo()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,34 +55,19 @@ def _parser() -> argparse.ArgumentParser:
     key = sub.add_parser("key", help="gateway keys: `velox key hash` (a key on stdin → its "
                          "sha256 for a [[key]] table), `velox key new` (a fresh key and its hash)")
     key.add_argument("action", choices=["hash", "new"])
-    bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
-    bench.add_argument("action", choices=["report"])
-    bench.add_argument("options", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from velox_lab.demo import main as demo
-
-        return demo()
+        return _demo()
     if args.command == "doctor":
         from velox.admin.doctor import main as doctor
 
         return doctor()
     if args.command == "key":
         return _key(args.action)
-    if args.command == "bench":
-        try:
-            from benches.report import main as report
-        except ImportError as exc:
-            print(f"velox bench report: the report generator is benches/report.py in the source "
-                  f"checkout, not part of the installed package ({exc}); run it from the "
-                  f"repository root: python -m benches.report (or make bench-report)",
-                  file=sys.stderr)
-            return 2
-        return report(args.options)
     try:
         settings = load()
     except ConfigError as exc:

@@ -10,6 +10,7 @@ the demo exits 1.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -19,6 +20,10 @@ import threading
 from velox.config.settings import load
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
+
+# The mock upstream mints its TLS certificates with trustme (in its own process): without it
+# the demo could not start, so importing this module says so (velox demo reports it).
+importlib.import_module("trustme")
 
 DEMO_CLIENT_KEY = "sk-velox-demo"
 DEMO_UPSTREAM_KEY = "sk-mock-upstream-key"

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benches._closedloop import ClosedLoop, chat_request
+from velox_lab.closedloop import ClosedLoop, chat_request
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
 
@@ -250,6 +250,20 @@ def test_admin_address_in_use_stops_startup(upstream: MockUpstream, tmp_path: Pa
         with pytest.raises(RuntimeError, match="exited"):
             gw.start(timeout=20)
     assert f"cannot listen on {addr} (VELOX_ADMIN_ADDR)" in gw.log()
+
+
+def test_profile_without_pyinstrument_says_how_to_install_it(
+        start_gateway: GatewayFactory, tmp_path: Path) -> None:
+    # pyinstrument is an extra: a gateway that cannot import it serves, and its profile path
+    # answers 501 naming the extra instead of failing in the workers.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['pyinstrument'] = None  # as if not installed\n")
+    gw = start_gateway(PYTHONPATH=str(tmp_path))
+    status, body = gw.admin_get("/debug/pprof/profile?seconds=0.1")
+    assert status == 501, body
+    assert "pip install 'velox[profile]'" in orjson.loads(body)["error"]["message"]
+    status, _ = gw.admin_get("/stats")
+    assert status == 200
 
 
 def test_admin_off_still_serves(start_gateway: GatewayFactory) -> None:

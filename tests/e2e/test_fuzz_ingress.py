@@ -1,6 +1,6 @@
 """Fuzzing the ingress of a real worker with hypothesis-generated HTTP/1.1 traffic.
 
-One gateway per ingress parser (VELOX_INGRESS_PARSER=native and httptools; one worker, the
+One gateway per ingress parser (native, and httptools with VELOX_NATIVE=0; one worker, the
 mock behind it) receives generated requests on fresh connections: methods, targets (good,
 unnormalised, absolute-form, garbage), versions (HTTP/0.9's version-less line and HTTP/2.0
 included), Host fields (one, none, two, invalid), headers (framing, upgrades, expectations,
@@ -47,7 +47,7 @@ def fuzz_gateway(request: pytest.FixtureRequest, upstream: MockUpstream,
     log = tmp_path_factory.mktemp(f"fuzz-{request.param}") / "velox.log"
     env = gateway_env(upstream, VELOX_WORKERS="1", VELOX_BODY_TIMEOUT_MS=str(BODY_TIMEOUT_MS),
                       VELOX_MAX_BODY_BYTES="100000", VELOX_MAX_HEADER_BYTES="4096",
-                      VELOX_INGRESS_PARSER=request.param)
+                      VELOX_NATIVE="1" if request.param == "native" else "0")
     with GatewayProcess(env, log_path=log) as gw:
         yield gw
 

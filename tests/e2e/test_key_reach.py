@@ -82,7 +82,7 @@ def chat_calls(mock: MockUpstream) -> int:
 def test_two_authorization_fields_are_refused_on_both_parsers(
         mock: MockUpstream, start: Callable[..., GatewayProcess], parser: str) -> None:
     gw = start(VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
-               VELOX_INGRESS_PARSER=parser)
+               VELOX_NATIVE="1" if parser == "native" else "0")
     body = orjson.dumps(CHAT)
     status, _, answer = exchange(gw, (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import FakeTransport, Pipeline
+from velox_lab.pipeline import FakeTransport, Pipeline
 from velox import _native
 from velox.ingress import h1write
-from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError, make_codec
+from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError
+from velox.egress.framer import Framer
 from velox.relay.exchange import _DROP, _DROP_KEYED, Exchange, answer_head
 
 AUTHORITY = b"api.example.com"
@@ -107,7 +108,8 @@ def test_an_answer_credits_the_connection_like_an_acknowledged_data_frame() -> N
     assert merged.stream_state_count == 0
 
 
-def test_the_pipeline_answers_the_same_with_the_framer_and_the_native_codec() -> None:
+def test_the_pipeline_answers_the_same_natively_and_on_the_python_twins() -> None:
+    # "framer": VELOX_NATIVE=0, so the framer, httptools alone and the Python writer.
     written = {}
     for codec in ("framer", "native"):
         pipeline = Pipeline(clients=2, codec=codec)
@@ -229,7 +231,7 @@ def test_relay_head_refuses_what_is_not_a_header_list(bad: object) -> None:
 
 
 def test_codecs_without_receive_answers_keep_the_two_events() -> None:
-    assert not hasattr(make_codec("framer", AUTHORITY, b"https"), "receive_answers")
+    assert not hasattr(Framer(AUTHORITY, b"https"), "receive_answers")
 
 
 def _rss() -> int:

@@ -494,16 +494,7 @@ def test_hpack_dynamic_table_across_many_responses(codec: str) -> None:
     assert peer.server.encoder.header_table.dynamic_entries  # the table really was used
 
 
-JH2_TABLE_SIZE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="jh2 5.0.15 signals a table size of 4096 before 0 after the peer lowers "
-    "HEADER_TABLE_SIZE to 0, which a strict decoder rejects (RFC 7541 section 4.2)",
-)
-
-
-@pytest.mark.parametrize(
-    "codec", ["framer", pytest.param("jh2", marks=JH2_TABLE_SIZE_BUG), "h2", "native"]
-)
+@each_codec
 def test_requests_survive_a_smaller_server_header_table(codec: str) -> None:
     peer = ready(codec)
     peer.server.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})

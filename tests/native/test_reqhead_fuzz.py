@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 from benches.bench_ingress import REQUESTS
 from velox import _native
+from velox.ingress.arena import Arena
 from velox.core.types import Request
 from velox.config.settings import load
 from velox.ingress.connection import _HOST, MAX_FIELDS, ClientConnection, IngressState
@@ -346,9 +347,9 @@ def answer(request: Request, n: int) -> None:
 def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport, _Ring]:
     ring = _Ring(answer)
     auth = Auth(load({"VELOX_API_KEYS": "sk-x"}, dotenv=None))
-    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          auth, MAX_BODY, MAX_HEADER, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     transport = _Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]

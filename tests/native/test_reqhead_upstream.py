@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from benches._pipeline import CLIENT_REQUEST
+from velox_lab.pipeline import CLIENT_REQUEST
 from velox import _native
 from velox.config.settings import load
 from velox.ingress.connection import _UPSTREAM_DROP

@@ -124,16 +124,6 @@ def test_scenario_benchmarks_get_tables_not_micro_rows() -> None:
     assert "Client disconnect to upstream RST_STREAM (`benches/bench_cancel.py`)" in titles
 
 
-def test_velox_bench_report_outside_a_checkout_fails_clearly(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "velox", "bench", "report"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert "python -m benches.report" in out.stderr
-
-
 def test_batching_table_and_only_its_readme_block(tmp_path: Path) -> None:
     rows = [{"mode": "off", "conns": 64, "rps": 2000.0, "p50": 23000, "p99": 45000,
              "errors": 0, "upstream_calls_per_request": 1.0, "avg_batch_size": None,

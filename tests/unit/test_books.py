@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
+from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
 from velox.core.types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog

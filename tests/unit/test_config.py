@@ -24,7 +24,7 @@ def test_defaults_without_environment() -> None:
     assert s.max_body_bytes == 16 * 1024 * 1024
     assert s.request_timeout_ms == 600_000 and s.connect_timeout_ms == 5_000
     assert s.stream_idle_timeout_ms == 300_000 and s.shutdown_grace_s == 30
-    assert s.egress_protocol == "h2" and s.egress == "native"
+    assert s.egress_protocol == "h2" and s.egress == "auto" and s.native
 
 
 @pytest.mark.parametrize(
@@ -35,8 +35,8 @@ def test_defaults_without_environment() -> None:
         ("VELOX_RING_DEPTH", "1000", "a power of two"),
         ("VELOX_BATCH_MAX", "0", "an integer from 1 to"),
         ("VELOX_PIN_WORKERS", "maybe", "one of 1/0"),
-        ("VELOX_QUEUE", "deque", "one of ring, asyncio"),
-        ("VELOX_EGRESS", "curl", "one of framer, jh2, h2, http1, httpx"),
+        ("VELOX_EGRESS", "curl", "one of auto, http1"),
+        ("VELOX_NATIVE", "yes please", "one of 1/0"),
         ("VELOX_UPSTREAM_ORIGIN", "ftp://example.com", "an origin like"),
         ("VELOX_UPSTREAM_ORIGIN", "https://api.openai.com/v1", "an origin like"),
         ("VELOX_UPSTREAM_PROTOCOL", "h3", "one of auto, h2, http1"),
@@ -199,3 +199,33 @@ def test_misspelt_variables_get_a_did_you_mean_and_never_their_value() -> None:
         "VELOX_PROT is not a Velox setting and is ignored; did you mean VELOX_PORT?",
         "VELOX_ZZZ is not a Velox setting and is ignored; see .env.example for the settings")
     assert load({f.env: f.default for f in FIELDS if f.default}, dotenv=None).warnings == ()
+
+
+def test_a_removed_setting_starts_with_a_warning_saying_what_became_of_it() -> None:
+    # What an .env copied from an earlier .env.example holds: each removed variable and each
+    # removed VELOX_EGRESS value is named in a start-up warning, and the gateway runs with
+    # the defaults in their place.
+    old = {"VELOX_QUEUE": "asyncio", "VELOX_ARENA": "0", "VELOX_INGRESS_PARSER": "httptools",
+           "VELOX_EGRESS": "jh2"}
+    settings = load(old, dotenv=None)
+    assert settings.egress == "auto" and settings.native
+    assert settings.warnings == (
+        "VELOX_ARENA was removed in this version and is ignored: request bodies always go "
+        "through the arena (VELOX_ARENA_BYTES=0 keeps each body in its own buffer)",
+        "VELOX_INGRESS_PARSER was removed in this version and is ignored: VELOX_NATIVE=0 "
+        "selects httptools alone for request heads",
+        "VELOX_QUEUE was removed in this version and is ignored: the native ring is the only "
+        "ingress queue",
+        "VELOX_EGRESS=jh2 was removed in this version and is read as auto: the h2 and jh2 "
+        "codecs were comparison baselines and are gone")
+    for value in ("native", "framer", "h2", "httpx"):
+        warnings = load({"VELOX_EGRESS": value}, dotenv=None).warnings
+        assert len(warnings) == 1 and warnings[0].startswith(f"VELOX_EGRESS={value} was removed")
+
+
+def test_python_twins_need_an_hpack_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not load({"VELOX_NATIVE": "0"}, dotenv=None).native  # jh2 and hpack: the dev extra
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="VELOX_NATIVE=0 runs the Python HTTP/2 framer"):
+        load({"VELOX_NATIVE": "0"}, dotenv=None)
+    assert load({}, dotenv=None).native  # the native codec needs neither

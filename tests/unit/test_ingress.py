@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import FakeTransport
+from velox_lab.pipeline import FakeTransport
 from velox.core.types import Request
 from velox.ingress.arena import Arena
 from velox.config.settings import load
@@ -33,9 +33,9 @@ class FakeRing:
 def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
               **env: str) -> tuple[ClientConnection, FakeTransport, FakeRing]:
     ring = FakeRing()
-    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -262,6 +262,7 @@ class SlowClient(FakeTransport):
 def slow_conn(arena: Arena | None = None,
               ) -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
     ring = FakeRing()
+    arena = Arena(0) if arena is None else arena  # an empty arena: every body its own buffer
     answered: list[tuple[int, int]] = []
     state = IngressState(None, ring, lambda: None, arena,  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from benches._pipeline import FakeTransport
+from velox_lab.pipeline import FakeTransport
+from velox.ingress.arena import Arena
 from velox.core.types import Request, Route
 from velox.config.settings import ConfigError, load
 from velox.core.errors import Unauthorized, to_response
@@ -378,7 +379,7 @@ def test_a_reload_with_the_same_key_names_keeps_the_buckets(tmp_path: Path) -> N
 
 
 def test_ingress_appends_extra_headers_to_every_answer() -> None:
-    state = IngressState(None, None, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, None, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
                          lambda request, status, size: None)
     for kind in ("respond", "stream"):

@@ -271,10 +271,10 @@ class _Upstream:
 
     def _get_h2(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
         from velox.egress import codec as ev
+        from velox.egress.framer import Framer
 
         assert self.sock is not None
-        codec = ev.make_codec("framer", self.spec.authority.encode(),
-                              self.spec.scheme.encode())
+        codec = Framer(self.spec.authority.encode(), self.spec.scheme.encode())
         codec.initiate()
         stream_id = codec.send_request(b"GET", path, headers, None)
         self.sock.sendall(codec.data_to_send())

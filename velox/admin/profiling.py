@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyinstrument.session import Session
 
+# pyinstrument is an extra (`velox[profile]`, in the dev extra too): serving does not need it.
+MISSING = ("profiling needs pyinstrument, which is not installed: pip install 'velox[profile]' "
+           "and restart the gateway")
 DEFAULT_SECONDS = 10.0
 MAX_SECONDS = 60.0
 # pyinstrument's hook runs on every call and return whatever the interval; that, not the
@@ -39,6 +42,15 @@ FORMATS = {
 # cheap stages (the rate limiter's one call per batch is ~0.1%), and those are worth seeing.
 TEXT_THRESHOLD = 0.0002
 _THREAD_FILE = "<thread>"
+
+
+def available() -> bool:
+    """pyinstrument can be imported (by this process, and so by the workers it forks)."""
+    try:
+        import pyinstrument  # noqa: F401 - imported only to know it is there
+    except ImportError:
+        return False
+    return True
 
 
 class BadParams(ValueError):

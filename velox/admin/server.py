@@ -15,7 +15,8 @@ Routes (GET; HEAD for the cheap ones):
 * `/debug/pprof/`: an index page linking the rest.
 * `/debug/pprof/profile?seconds=N&format=html|speedscope|text|svg&worker=K`: profile the
   workers' loops for N seconds (default 10, at most 60) and return the merged result. One at
-  a time (409 otherwise); bad parameters get 400 with a JSON error.
+  a time (409 otherwise); bad parameters get 400 with a JSON error; without pyinstrument (an
+  extra: `velox[profile]`), 501 saying how to install it.
 * `/debug/pprof/last?format=...`: the last profile again, in any format, without waiting.
 
 Protection (it can profile the workers and reads every counter):
@@ -188,6 +189,8 @@ class AdminServer:
         return Answer(200, _JSON, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
     def profile(self, query: dict[str, list[str]]) -> Answer:
+        if not profiling.available():
+            return error(501, profiling.MISSING)
         try:
             params = profiling.parse_params(query, self.shared.slots)
         except profiling.BadParams as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import ipaddress
 import os
 import socket
@@ -56,8 +57,7 @@ DEFAULT_METRICS_KEYS = 100
 # every product inside int64 with room to spare.
 MAX_RATE_LIMIT = 1_000_000_000
 
-EGRESS_CHOICES = ("framer", "jh2", "h2", "http1", "httpx", "native")
-QUEUE_CHOICES = ("ring", "asyncio")
+EGRESS_CHOICES = ("auto", "http1")
 PROTOCOL_CHOICES = ("auto", "h2", "http1")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -228,10 +228,6 @@ FIELDS: tuple[Field, ...] = (
           "requests a worker queues before answering 503 overloaded (power of two)"),
     Field("VELOX_BATCH_MAX", "batch_max", _int_in(1, 1024), str(DEFAULT_BATCH_MAX),
           "largest micro-batch a worker drains from its ring at once"),
-    Field("VELOX_QUEUE", "queue", _choice(*QUEUE_CHOICES), "ring",
-          "ingress queue: the native lock-free ring or a plain asyncio.Queue (for comparison)"),
-    Field("VELOX_ARENA", "arena", _bool, "1",
-          "copy request bodies into the per-worker arena (0: keep them as separate bytes)"),
     Field("VELOX_ARENA_BYTES", "arena_bytes", _int_in(0, 1 << 30), str(DEFAULT_ARENA_BYTES),
           "size of each worker's preallocated body arena"),
     Field("VELOX_MAX_BODY_BYTES", "max_body_bytes", _int_in(1, 1 << 31),
@@ -261,8 +257,9 @@ FIELDS: tuple[Field, ...] = (
           "bearer token sent upstream (falls back to OPENAI_API_KEY)", secret=True),
     Field("VELOX_API_KEYS", "api_keys", _key_list, "",
           "comma-separated keys clients must present (empty: no client auth)", secret=True),
-    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "native",
-          "egress implementation: an HTTP/2 codec (framer, jh2, h2, native), http1, or httpx (baseline)"),
+    Field("VELOX_EGRESS", "egress", _choice(*EGRESS_CHOICES), "auto",
+          "upstream protocol: auto (each upstream's own: HTTP/2 where TLS offers it) or http1 "
+          "(HTTP/1.1 to every upstream)"),
     Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
           "upstream connections per worker (empty: one per usable core)"),
     Field("VELOX_REQUEST_TIMEOUT_MS", "request_timeout_ms", _int_in(1, 86_400_000),
@@ -328,10 +325,28 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_ALLOW_OPEN", "allow_open", _bool, "0",
           "serve clients that present no key on a VELOX_HOST other than loopback, with the "
           "upstream keys (an open relay: refused at start-up unless 1, and then logged)"),
-    Field("VELOX_INGRESS_PARSER", "ingress_parser", _choice("native", "httptools"), "native",
-          "request heads: native (one C call per head; httptools takes over a connection at "
-          "anything unusual) or httptools alone"),
+    Field("VELOX_NATIVE", "native", _bool, "1",
+          "the native C paths (0: their Python reference twins: httptools alone for request "
+          "heads, the Python response writer, the Python HTTP/2 framer; for differential tests)"),
 )
+
+# Settings an earlier version had, with what became of them: set in the environment, each gets
+# a start-up warning saying so (like a misspelt variable) and is otherwise ignored, so a .env
+# copied from an older .env.example still starts.
+REMOVED = {
+    "VELOX_QUEUE": "the native ring is the only ingress queue",
+    "VELOX_ARENA": "request bodies always go through the arena (VELOX_ARENA_BYTES=0 keeps each "
+                   "body in its own buffer)",
+    "VELOX_INGRESS_PARSER": "VELOX_NATIVE=0 selects httptools alone for request heads",
+}
+# Values of VELOX_EGRESS an earlier version accepted: warned about, read as `auto`.
+REMOVED_EGRESS = {
+    "native": "the native HTTP/2 codec is what auto uses (VELOX_NATIVE=0: the Python framer)",
+    "framer": "VELOX_NATIVE=0 selects the Python framer",
+    "jh2": "the h2 and jh2 codecs were comparison baselines and are gone",
+    "h2": "the h2 and jh2 codecs were comparison baselines and are gone",
+    "httpx": "the httpx egress was a comparison baseline and is gone",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,8 +357,6 @@ class Settings:
     pin_workers: bool = True
     ring_depth: int = DEFAULT_RING_DEPTH
     batch_max: int = DEFAULT_BATCH_MAX
-    queue: str = "ring"
-    arena: bool = True
     arena_bytes: int = DEFAULT_ARENA_BYTES
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -357,7 +370,7 @@ class Settings:
     upstream_ca_file: str = ""
     upstream_api_key: str = dataclasses.field(default="", repr=False)  # secrets: never in repr
     api_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
-    egress: str = "native"
+    egress: str = "auto"
     egress_pool_connections: int = 1
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
@@ -383,7 +396,7 @@ class Settings:
     token_accounting: bool = True
     redis_url: str = dataclasses.field(default="", repr=False)  # may hold a password
     cache_redis_timeout_ms: int = 5
-    ingress_parser: str = "native"
+    native: bool = True
     allow_open: bool = False
     # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
     # logged at start-up and on reload, printed by doctor.
@@ -485,8 +498,13 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     env.update(os.environ if environ is None else environ)
 
     values: dict[str, Any] = {}
+    warnings = list(unknown_variables(env))
     for f in FIELDS:
         raw = env.get(f.env)
+        if f.env == "VELOX_EGRESS" and raw is not None and raw.strip().lower() in REMOVED_EGRESS:
+            warnings.append(f"VELOX_EGRESS={raw.strip()} was removed in this version and is read "
+                            f"as auto: {REMOVED_EGRESS[raw.strip().lower()]}")
+            raw = None
         if raw is None or raw.strip() == "":
             raw = f.default
         if raw == "" and f.default == "":
@@ -503,7 +521,7 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     if not values.get("upstream_api_key"):
         values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()
-    values["warnings"] = unknown_variables(env)
+    values["warnings"] = tuple(warnings)
     settings = Settings(**values)
     _check_consistency(settings)
     if settings.config_file:
@@ -514,13 +532,17 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
 
 def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:
     """A warning for each VELOX_* variable that is no setting (a typo is otherwise silently
-    ignored), with the closest setting's name when one is close."""
+    ignored), with the closest setting's name when one is close, or what became of it when an
+    earlier version had it (REMOVED)."""
     prefix = "VELOX_"
     known = {f.env.removeprefix(prefix): f.env for f in FIELDS}
     out = []
     for name in sorted(n for n in env if n.startswith(prefix)):
         suffix = name.removeprefix(prefix)
         if suffix in known:
+            continue
+        if name in REMOVED:
+            out.append(f"{name} was removed in this version and is ignored: {REMOVED[name]}")
             continue
         # Compared without the prefix every name shares, which would make anything look close.
         close = difflib.get_close_matches(suffix, known, n=1, cutoff=0.6)
@@ -560,6 +582,11 @@ def _check_consistency(s: Settings) -> None:
         raise ConfigError(
             "VELOX_EGRESS=http1 contradicts VELOX_UPSTREAM_PROTOCOL=h2; pick one protocol"
         )
+    if not s.native and not any(importlib.util.find_spec(m) for m in ("jh2", "hpack")):
+        raise ConfigError(
+            "VELOX_NATIVE=0 runs the Python HTTP/2 framer, whose HPACK decoder comes from the "
+            "jh2 or hpack package, and neither is installed",
+            "install the development extra (pip install 'velox[dev]') or unset VELOX_NATIVE")
 
 
 def is_loopback(host: str) -> bool:

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from velox.egress.interfaces import Attempt
-from velox.egress.codec import make_codec
 from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 from velox.core.errors import UpstreamUnavailable
@@ -220,7 +219,7 @@ class H2Pool(BasePool):
             delay = self.backoff[index]
             if delay:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            codec = make_codec(self.options.codec, self.authority.encode(), spec.scheme.encode())
+            codec = self.options.codec(self.authority.encode(), spec.scheme.encode())
             ctx = self.front.tls(self._alpn()) if spec.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(

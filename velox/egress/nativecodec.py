@@ -43,5 +43,5 @@ if _mismatch:  # pragma: no cover - a build from other sources
 
 
 def NativeCodec(authority: bytes, scheme: bytes) -> codec.Codec:  # noqa: N802 - a constructor
-    """A native codec for one connection (see `velox.egress.codec.make_codec`)."""
+    """A native codec for one connection (see `velox.egress.codec.Codec`)."""
     return _native.H2Client(authority, scheme, CodecError)

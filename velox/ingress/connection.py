@@ -17,7 +17,7 @@ request line, headers and body - within VELOX_BODY_TIMEOUT_MS of its first byte,
 deadline a client trickling a byte every few seconds would hold its buffer forever, since every
 byte refreshes the keep-alive idle clock.
 
-Two parsers (VELOX_INGRESS_PARSER). `native`, the default: a connection starts on the native
+Two parsers. The native one, the default: a connection starts on the native
 request-head parser (native/vx_reqhead.c via `_native.reqhead`), which takes a whole head in
 one call and returns method, target, the lower-cased header list, Content-Length, the
 authorization value, expect-100, keep-alive and the head's length; the body is then taken by
@@ -26,8 +26,8 @@ its Content-Length, and the same steps as httptools' callbacks (`_head_complete`
 validates; at the first head outside it (chunked bodies, upgrades, obs-fold, odd framing or
 Connection values, a head over the limits, anything malformed) the connection hands every
 byte not yet consumed to httptools for the rest of its life, so every odd case keeps
-httptools' exact behaviour and error texts. `httptools`: httptools' callbacks from the first
-byte (the previous behaviour). Both make identical Requests and answers: the differential
+httptools' exact behaviour and error texts. Its reference twin (VELOX_NATIVE=0): httptools'
+callbacks from the first byte. Both make identical Requests and answers: the differential
 tests (tests/native/test_reqhead_fuzz.py) feed generated traffic to both and to llhttp split
 at every byte boundary. Why: httptools calls Python once per header field (15 for the SDK's
 request) plus five more per request; measured on this 2-core host under load, the SDK's
@@ -128,9 +128,6 @@ _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
 # EnumType.__getattr__'s slow path on Python 3.11 (~0.3 us against ~0.04 for a global).
 _ROOT, _FORWARD, _HEALTH = Route.ROOT, Route.FORWARD, Route.HEALTH
-# VELOX_INGRESS_PARSER's choices (config.py): the native head parser with httptools behind it,
-# or httptools alone.
-PARSERS = ("native", "httptools")
 _reqhead = _native.reqhead
 # What the native parser leaves out of the upstream's share of the headers, in the same pass
 # (route.Auth.client_headers' rule: hop-by-hop fields and the client's credential); a second
@@ -165,13 +162,13 @@ class IngressState:
         loop: asyncio.AbstractEventLoop,
         ring: Any,
         wake_drain: Callable[[], None],
-        arena: Arena | None,
+        arena: Arena,
         auth: Auth,
         max_body: int,
         max_header: int,
         is_ready: Callable[[], bool],
         on_response: Callable[[Request, int, int], None],
-        parser: str = "native",
+        native: bool = True,
     ) -> None:
         self.loop = loop
         self.ring = ring
@@ -193,9 +190,9 @@ class IngressState:
         # Streams with bytes queued in this loop pass, written by one `flush` at its end.
         self.unflushed: list[ClientConnection] = []
         self.flush_scheduled = False
-        # VELOX_INGRESS_PARSER: new connections start on the native head parser (True) or
-        # on httptools (False).
-        self.native = parser == "native"
+        # VELOX_NATIVE: new connections start on the native head parser (True) or on its
+        # reference twin, httptools alone (False).
+        self.native = native
 
     def flush_soon(self, conn: ClientConnection) -> None:
         """Queue conn's stream bytes for the end of this loop pass (one call_soon per pass)."""
@@ -306,7 +303,7 @@ class ClientConnection(asyncio.Protocol):
         if self._pending:
             arena = self.state.arena
             for request, _ in self._pending:
-                if arena is not None and request.arena_segment >= 0:
+                if request.arena_segment >= 0:
                     arena.release(request.arena_segment)
             self._pending = None
 
@@ -507,7 +504,7 @@ class ClientConnection(asyncio.Protocol):
         if self._assembled is not None:
             body = self._assembled
         elif chunks:
-            placed = state.arena.put(chunks) if state.arena is not None else None
+            placed = state.arena.put(chunks)
             if placed is not None:
                 body, segment = placed
             else:
@@ -657,7 +654,7 @@ class ClientConnection(asyncio.Protocol):
         """The request's body is not needed once its answer is written or queued: normally the
         relay releases it; this covers answers given without an exchange (and must not wait
         for a client that may never take its answer: the segment would stay pinned)."""
-        if request.arena_segment >= 0 and self.state.arena is not None:
+        if request.arena_segment >= 0:
             self.state.arena.release(request.arena_segment)
             request.arena_segment = -1
 

@@ -34,6 +34,7 @@ from urllib.parse import unquote
 import orjson
 
 from velox.core.types import Request, Route
+from velox.ingress import h1write
 from velox.ingress.arena import Arena
 from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
@@ -45,13 +46,13 @@ from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.clock import now_ms
-from velox.config.tables import CATCH_ALL, Tables, UpstreamSpec
+from velox.config.tables import CATCH_ALL, Tables
 from velox.ingress.connection import ClientConnection, IngressState
 from velox.admission.keys import KeyStage
 from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.admission.ratelimit import Limiter
 from velox.relay.exchange import Exchange
-from velox.ingress.ring import make_queue
+from velox.ingress.ring import Ring
 from velox.ingress.auth import Auth
 from velox.ingress.classify import is_model_list
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
@@ -122,8 +123,8 @@ class Worker:
         self.log_access: Any = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
-        self.ring: Any
-        self.arena: Arena | None
+        self.ring: Any  # the native Ring: it carries Requests, typed as objects
+        self.arena: Arena
         self.upstreams: list[Egress]  # one per upstream of settings.tables, in its order
         self.pool: Egress  # upstreams[0] (the only one without VELOX_CONFIG)
         self.dispatch: Dispatch
@@ -148,10 +149,15 @@ class Worker:
         so call it after pinning). Split from serve() so the pipeline can run without sockets."""
         settings = self.settings
         self.loop = loop
-        self.ring = make_queue(settings.queue, settings.ring_depth)
-        self.arena = Arena(settings.arena_bytes) if settings.arena and settings.arena_bytes else None
-        self.upstreams = [make_egress(settings, spec, index, loop, Tally(self.counters, self.slot))
-                          for index, spec in enumerate(self.tables.upstreams)]
+        self.ring = Ring(settings.ring_depth)
+        # VELOX_ARENA_BYTES=0 makes an empty arena: every body then keeps its own buffer.
+        self.arena = Arena(settings.arena_bytes)
+        # VELOX_NATIVE=0: the Python response writer instead of the native one (velox.ingress.
+        # h1write: module-wide, and this process is this worker's alone).
+        h1write.use(native=settings.native)
+        options = EgressOptions.from_settings(settings)
+        self.upstreams = [Upstream(spec, options, loop, Tally(self.counters, self.slot))
+                          for spec in self.tables.upstreams]
         self.pool = self.upstreams[0]
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
         if self.shared.cache is not None:
@@ -183,7 +189,7 @@ class Worker:
             if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
-            settings.max_header_bytes, self.is_ready, self.on_response, settings.ingress_parser,
+            settings.max_header_bytes, self.is_ready, self.on_response, settings.native,
         )
 
     async def serve(self) -> None:
@@ -431,8 +437,7 @@ class Worker:
         self._admit(parsed, time.perf_counter_ns())
         for upstream in self.upstreams:
             upstream.flush()
-        if self.arena is not None:
-            self.arena.reset()
+        self.arena.reset()
 
     def resume(self, requests: list[Request]) -> None:
         """Requests the cache's Redis tier held that it could not answer (velox.cache.redis):
@@ -579,7 +584,7 @@ class Worker:
         segment = request.arena_segment
         if segment >= 0:
             request.arena_segment = -1
-            self.arena.release(segment)  # type: ignore[union-attr]
+            self.arena.release(segment)
 
     def on_response(self, request: Request, status: int, bytes_out: int) -> None:
         ticket = request.ticket
@@ -635,17 +640,6 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except OSError:  # not permitted here: the scan still runs, at normal priority
         pass
-
-
-def make_egress(settings: Settings, spec: UpstreamSpec, index: int,
-                loop: asyncio.AbstractEventLoop, tally: Tally) -> Egress:
-    """One upstream's egress: the project's pools, or (VELOX_EGRESS=httpx, first upstream only)
-    httpx as a measured baseline. Egress counts its events in `tally` itself."""
-    if settings.egress == "httpx" and index == 0:
-        from velox.egress.httpx_pool import HttpxPool
-
-        return HttpxPool(settings, loop, tally)
-    return Upstream(spec, EgressOptions.from_settings(settings), loop, tally)
 
 
 _JSON = ((b"content-type", b"application/json"),)

@@ -68,7 +68,6 @@ real usage; finish() gives back whatever is still held (an attempt that failed o
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 from dataclasses import dataclass
@@ -83,9 +82,6 @@ from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCE
 from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
-RING_VNODES = 150  # virtual nodes per unit of weight on the ring (the seed's figure)
-HASH_METHODS = ("rendezvous", "ring")
-HASH_METHOD = "rendezvous"  # the one the gateway uses (see the module docstring)
 BACKOFF_MS = 100
 BACKOFF_MAX_MS = 1000
 
@@ -223,51 +219,8 @@ def classify(event: Event, status: int = 0, retry_after_s: float | None = None,
 
 
 def target_seed(target: TargetSpec) -> int:
-    """A target's identity on the hash ring / in rendezvous: its upstream and model."""
+    """A target's identity in rendezvous hashing: its upstream and model."""
     return hash64(f"{target.upstream}\x00{target.model}".encode())
-
-
-class HashRing:
-    """Consistent hashing with virtual nodes (RING_VNODES per unit of weight), as the seed
-    describes; kept for comparison with rendezvous (benches/bench_balance.py)."""
-
-    __slots__ = ("points", "owners", "n")
-
-    def __init__(self, seeds: list[int], weights: list[int], vnodes: int = RING_VNODES) -> None:
-        pairs = sorted(
-            (hash64(b"%d#%d" % (seed, v)), i)
-            for i, (seed, w) in enumerate(zip(seeds, weights, strict=True))
-            for v in range(vnodes * w)
-        )
-        self.points = [p for p, _ in pairs]
-        self.owners = [i for _, i in pairs]
-        self.n = len(seeds)
-
-    def first(self, key_hash: int) -> int:
-        i = bisect.bisect(self.points, key_hash)
-        return self.owners[i if i < len(self.owners) else 0]
-
-    def rank(self, key_hash: int) -> tuple[int, ...]:
-        """Distinct targets met walking clockwise from the key."""
-        owners = self.owners
-        size = len(owners)
-        start = bisect.bisect(self.points, key_hash)
-        seen: list[int] = []
-        for k in range(size):
-            o = owners[(start + k) % size]
-            if o not in seen:
-                seen.append(o)
-                if len(seen) == self.n:
-                    break
-        return tuple(seen)
-
-
-def make_hasher(method: str, seeds: list[int], weights: list[int]) -> Rendezvous | HashRing:
-    if method == "rendezvous":
-        return Rendezvous(seeds, [float(w) for w in weights])
-    if method == "ring":
-        return HashRing(seeds, weights)
-    raise ValueError(f"hash method must be one of {HASH_METHODS}, got {method!r}")
 
 
 # ------------------------------------------------------------------------------ targets
@@ -301,7 +254,7 @@ class Tier:
 
     __slots__ = ("targets", "us", "all", "uniform", "weight_sum", "current", "hasher")
 
-    def __init__(self, targets: list[Target], hash_method: str) -> None:
+    def __init__(self, targets: list[Target]) -> None:
         if len(targets) > 64:
             raise ValueError(f"route {targets[0].route.model!r}: more than 64 targets of one "
                              "priority")
@@ -311,8 +264,8 @@ class Tier:
         self.uniform = len({t.weight for t in targets}) == 1
         self.weight_sum = sum(t.weight for t in targets)
         self.current = [0] * len(targets)  # smooth WRR's current weights (per worker)
-        self.hasher = make_hasher(hash_method, [target_seed(t.spec) for t in targets],
-                                  [t.weight for t in targets])
+        self.hasher = Rendezvous([target_seed(t.spec) for t in targets],
+                                 [float(t.weight) for t in targets])
 
 
 class Picker:
@@ -320,7 +273,7 @@ class Picker:
 
     __slots__ = ("route", "tiers", "strategy", "targets")
 
-    def __init__(self, route: RouteSpec, index: dict[str, int], hash_method: str,
+    def __init__(self, route: RouteSpec, index: dict[str, int],
                  positions: dict[tuple[str, str, str], int] | None = None) -> None:
         if not route.targets:
             raise ValueError(f"route {route.model!r} has no targets")
@@ -337,7 +290,7 @@ class Picker:
             tiers.append(Tier([Target(s, route, index[s.upstream], i,
                                      -1 if positions is None else
                                      positions.get((route.model, s.upstream, s.model), -1))
-                              for i, s in enumerate(specs)], hash_method))
+                              for i, s in enumerate(specs)]))
         self.tiers = tuple(tiers)
         self.targets = tuple(t for tier in tiers for t in tier.targets)
 
@@ -447,7 +400,7 @@ class Router:
                  "limited")
 
     def __init__(self, tables: Tables, state: LiveState, *, rng: random.Random | None = None,
-                 hash_method: str = HASH_METHOD, tpm: TokenBuckets | None = None) -> None:
+                 tpm: TokenBuckets | None = None) -> None:
         self.tables = tables
         self.state = state
         self.tpm = tpm  # the upstreams' tpm buckets; None when no upstream has one
@@ -457,7 +410,7 @@ class Router:
         # Every (route, target) pair in tables order: the rows of stats.targets.
         positions = {(r.model, t.upstream, t.model): i for i, (r, t) in enumerate(
             (r, t) for r in tables.routes for t in r.targets)}
-        pickers = {r.model: Picker(r, index, hash_method, positions) for r in tables.routes}
+        pickers = {r.model: Picker(r, index, positions) for r in tables.routes}
         chains: dict[str, tuple[Picker, ...]] = {}
         for route in tables.routes:
             chain = [pickers[route.model]]

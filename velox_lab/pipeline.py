@@ -8,8 +8,15 @@ building, one write per upstream connection), answers every open upstream stream
 HTTP/2 frames, and lets the relay write the client responses. What remains is what Python
 spends per request; the kernel's share (loopback sockets, TLS) is what this leaves out.
 
-Used by benches/bench_pipeline.py (the per-request cost) and by tests (no reference cycles on
-the hot path).
+`codec` names the HTTP/2 codec of the upstream connection (velox_lab.codecs): "native" runs
+the gateway as configured by default, "framer" with VELOX_NATIVE=0 (every Python twin: the
+framer, httptools alone for request heads, the Python response writer), "h2" and "jh2" the
+default gateway with a comparison codec on that connection.
+
+Used by the benchmarks (benches/bench_pipeline.py: the per-request cost; pipeline_ab.py) and by
+the tests (the answer bytes, no reference cycles on the hot path). Also the canned requests both
+send: CLIENT_REQUEST (the OpenAI SDK's head and a short chat body) and REQUESTS (what wrk and
+the SDK send for the benchmarks' workload).
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ from typing import Any
 import orjson
 
 from velox.config.settings import load
-from velox.egress.codec import make_codec
 from velox.egress.h2conn import H2Connection, State
 from velox.ingress.connection import ClientConnection
 from velox.admission.ratelimit import Limiter
 from velox.state.stats import SharedStats
 from velox.pipeline.worker import Worker
+from velox_lab.codecs import make_codec
 
 CHAT_BODY = orjson.dumps({
     "model": "gpt-4o-mini",
@@ -145,10 +152,12 @@ class FakeLoop:
 
 
 class Pipeline:
-    def __init__(self, clients: int = 64, codec: str = "framer", **env: str) -> None:
+    def __init__(self, clients: int = 64, codec: str = "native",
+                 ingress_native: bool | None = None, **env: str) -> None:
         settings = load({"VELOX_UPSTREAM_ORIGIN": "https://upstream.invalid",
                          "VELOX_EGRESS_POOL_CONNECTIONS": "1", "VELOX_WORKERS": "1",
-                         "VELOX_UPSTREAM_API_KEY": "sk-upstream", "VELOX_EGRESS": codec, **env},
+                         "VELOX_UPSTREAM_API_KEY": "sk-upstream",
+                         "VELOX_NATIVE": "0" if codec == "framer" else "1", **env},
                         dotenv=None)
         self.loop = FakeLoop()
         self.worker = Worker(settings, 0, SharedStats(1, settings.tables), Limiter(None), None)
@@ -160,6 +169,8 @@ class Pipeline:
         conn.data_received(SERVER_PREFACE + reply_frames(1))  # the warm-up request's answer
         assert conn.state is State.READY, "the upstream connection did not warm up"
         self.conn = conn
+        if ingress_native is not None:  # one twin alone: the ingress parser (benches/bench_ingress.py)
+            self.worker.ingress.native = ingress_native
         self.clients: list[tuple[ClientConnection, FakeTransport]] = []
         for _ in range(clients):
             client = ClientConnection(self.worker.ingress)
