@@ -41,9 +41,11 @@ test-py: build
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The import contract (pyproject.toml, [tool.importlinter]): the layers of velox/, no cycles,
-# and the lab (velox_lab/) kept out of the product.
+# ruff over every Python file ([tool.ruff] in pyproject.toml), then the import contract
+# ([tool.importlinter]): the layers of velox/, no cycles, and the lab (velox_lab/) kept out of
+# the product.
 lint: $(STAMP)
+	$(VENV)/bin/ruff check
 	$(VENV)/bin/lint-imports
 
 # The several-hosts mode (VELOX_REDIS_URL) is tested and demonstrated against a real Redis:

@@ -27,11 +27,11 @@ import httpx
 import orjson
 import psutil
 
-from velox_lab.closedloop import ClosedLoop, chat_request
-from velox_lab.pipeline import Pipeline
 from velox.admin.accesslog import AccessLog
+from velox_lab.closedloop import ClosedLoop, chat_request
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
+from velox_lab.pipeline import Pipeline
 
 CLIENTS = 64
 
@@ -57,7 +57,7 @@ def _round(access_log: str) -> Callable[[], None]:
     return round_
 
 
-def test_access_log_cost(benchmark) -> None:  # noqa: ANN001
+def test_access_log_cost(benchmark) -> None:
     """CPU time (process_time: every thread, immune to other processes' load) per request."""
     variants = ("off", "enqueue", "on")
     rounds = {v: _round(v) for v in variants}
@@ -136,7 +136,7 @@ def _run(gw: GatewayProcess, request: bytes, seconds: float,
     return (done - done_before) / (t1 - t0), cpu / max(1, load.completed) * 1e6
 
 
-def test_profile_throughput_cost(benchmark) -> None:  # noqa: ANN001
+def test_profile_throughput_cost(benchmark) -> None:
     body = orjson.dumps({"model": "gpt-4o-mini",
                          "messages": [{"role": "user", "content": "hello"}]})
     request = chat_request(body)

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from velox._native import Rendezvous, TokenBucket, hash64
-from velox.routing.balance import Router, target_seed
-from velox.core.clock import now_ms
-from velox.state.health import SUCCESS, SharedHealth
 from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.core.clock import now_ms
+from velox.routing.balance import Router, target_seed
+from velox.state.health import SUCCESS, SharedHealth
 
 N = 1000
 KEYS = 100_000
@@ -87,14 +87,6 @@ class HashRing:
                 if len(seen) == self.n:
                     break
         return tuple(seen)
-
-
-def make_hasher(method: str, seeds: list[int], weights: list[int]) -> Rendezvous | HashRing:
-    if method == "rendezvous":
-        return Rendezvous(seeds, [float(w) for w in weights])
-    if method == "ring":
-        return HashRing(seeds, weights)
-    raise ValueError(f"hash method must be one of {HASH_METHODS}, got {method!r}")
 
 
 def _with_ring(router: Router) -> Router:
@@ -288,11 +280,11 @@ def _quality(method: str, n: int, keys: list[int]) -> dict[str, Any]:
     mean = len(keys) / n
     removed = _owners(build(n - 1), keys)  # the last target removed
     added = _owners(build(n + 1), keys)
-    moved_remove = sum(a != b for a, b in zip(owners, removed))
-    moved_add = sum(a != b for a, b in zip(owners, added))
+    moved_remove = sum(a != b for a, b in zip(owners, removed, strict=False))
+    moved_add = sum(a != b for a, b in zip(owners, added, strict=False))
     # Only keys of the removed target should move; only keys to the new one.
-    wrong_remove = sum(a != b and a != n - 1 for a, b in zip(owners, removed))
-    wrong_add = sum(a != b and b != n for a, b in zip(owners, added))
+    wrong_remove = sum(a != b and a != n - 1 for a, b in zip(owners, removed, strict=False))
+    wrong_add = sum(a != b and b != n for a, b in zip(owners, added, strict=False))
     first = base.first
     t0 = time.perf_counter_ns()
     for k in keys:

@@ -117,7 +117,7 @@ def _run(gw: GatewayProcess, path: str | None, status: int) -> dict[str, float]:
             "uploads": uploader.uploads if uploader else 0}
 
 
-def test_large_uploads_do_not_stall_the_loop(benchmark) -> None:  # noqa: ANN001
+def test_large_uploads_do_not_stall_the_loop(benchmark) -> None:
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     with MockUpstream(tls=True, certdir=tempfile.mkdtemp()) as mock:
         base = {"VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",

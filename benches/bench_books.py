@@ -30,12 +30,12 @@ from typing import Any
 import orjson
 import pytest
 
-from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import access_line, estimate_scan, usage_scan
 from velox.admin.accesslog import AccessLog
 from velox.core.fields import F
-from velox.state.stats import SharedStats
 from velox.relay.usage import input_tokens, output_limit
+from velox.state.stats import SharedStats
+from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 BATCH = 64
 ROUNDS = 300

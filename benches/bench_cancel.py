@@ -62,7 +62,7 @@ def _cancel_once(gw: GatewayProcess, mock: MockUpstream, tag: str) -> float:
     raise AssertionError("the upstream never saw the cancel")
 
 
-def test_client_disconnect_cancel_latency(benchmark) -> None:  # noqa: ANN001
+def test_client_disconnect_cancel_latency(benchmark) -> None:
     results: dict[str, list[float]] = {"idle": [], "busy": []}
     with MockUpstream(tls=True, certdir=tempfile.mkdtemp()) as mock:
         env = {"VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",

@@ -1,4 +1,4 @@
-"""The egress client head to head: Velox's upstream pool, per codec, vs httpx.AsyncClient(http2=True).
+"""The egress client head to head: Velox's upstream pool, per codec, vs httpx's HTTP/2 client.
 
 Every contender sends the same POST /v1/chat/completions (about 400 bytes) to the bundled mock
 upstream over TLS, keeping 64 requests in flight, inside a uvloop event loop, and reads each
@@ -13,10 +13,9 @@ whole response. One timed call sends `REQUESTS` requests; the figures per reques
 Contenders: `httpx` (a Task per request and httpx's pool, the generic way), then
 `velox.egress.upstream.Upstream` built from `velox.config.settings.load(...)` over HTTP/2 (the
 default pool of 2 connections) with the codecs h2, jh2 and framer (velox_lab.codecs), and with
-VELOX_EGRESS=http1 (HTTP/1.1 keep-alive over TLS).
-The upstream is driven the way the worker drives it, through minimal stand-ins for the relay's
-exchanges (egress `Client`s). Each pool benchmark records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx`
-(> 1: the pool is cheaper).
+VELOX_EGRESS=http1 (HTTP/1.1 keep-alive over TLS). The upstream is driven the way the worker drives
+it, through minimal stand-ins for the relay's exchanges (egress `Client`s). Each pool benchmark
+records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx` (> 1: the pool is cheaper).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_egress.py` (the whole file, httpx runs first).
 """

@@ -25,11 +25,11 @@ import pytest
 KEYS, ROUTES = 2048, ("gpt-4o", "gpt-4o-mini", "*")
 
 
-def collector(max_keys: int):  # noqa: ANN201 - the collector and its registry
+def collector(max_keys: int):
     from velox.admin.metrics import VeloxCollector, make_registry
+    from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
     from velox.core.fields import TOKEN_BLOCK
     from velox.state.stats import SharedStats
-    from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
     keys = tuple(KeySpec(f"team-{i:04d}", hashlib.sha256(b"%d" % i).hexdigest(), rpm=600,
                          tpm=60_000, max_parallel=8) for i in range(KEYS))
@@ -49,7 +49,7 @@ def collector(max_keys: int):  # noqa: ANN201 - the collector and its registry
 
 
 @pytest.mark.parametrize("which", ["all", "default"])
-def test_scrape_cost(benchmark, which: str) -> None:  # noqa: ANN001
+def test_scrape_cost(benchmark, which: str) -> None:
     from prometheus_client import generate_latest
 
     from velox.config.settings import Settings

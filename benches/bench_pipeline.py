@@ -48,7 +48,7 @@ def _per_request(benchmark: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_pipeline_round(benchmark, variant: str) -> None:  # noqa: ANN001
+def test_pipeline_round(benchmark, variant: str) -> None:
     codec, env = VARIANTS[variant]
     pipeline = _ready(codec, **env)
     benchmark.group = "pipeline: one worker, 64 requests per round, no sockets"
@@ -58,8 +58,9 @@ def test_pipeline_round(benchmark, variant: str) -> None:  # noqa: ANN001
     gc.unfreeze()
 
 
-@pytest.mark.parametrize("phase", ["client request -> upstream frames", "upstream answer -> client"])
-def test_pipeline_phase(benchmark, phase: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("phase", ["client request -> upstream frames",
+                                   "upstream answer -> client"])
+def test_pipeline_phase(benchmark, phase: str) -> None:
     pipeline = _ready()
     benchmark.group = "pipeline phases (default configuration), 64 requests per round"
     if phase.startswith("client"):

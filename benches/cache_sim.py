@@ -92,7 +92,8 @@ def workload(requests: int, repeat: float, seed: int) -> tuple[list[int], list[i
     return stream, sizes
 
 
-def run_lru(stream: list[int], sizes: list[int], workers: int, cap: int, seed: int) -> dict[str, Any]:
+def run_lru(stream: list[int], sizes: list[int], workers: int, cap: int, seed: int) -> dict[str,
+                                                                                            Any]:
     caches = [LRU(cap) for _ in range(workers)]
     spread = random.Random(seed ^ 0x5EED)
     for p in stream:

@@ -87,10 +87,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for row in rows:
         row["measured_at"] = machine["date"]
         merged[row["fullname"]] = row
-    history = previous.get("history", []) + [{
-        "date": machine["date"], "selection": selection, "benchmarks": len(rows),
-        "exitstatus": int(exitstatus), "git_commit": machine["git_commit"],
-        "loadavg": machine["loadavg"]}]
+    run = {"date": machine["date"], "selection": selection, "benchmarks": len(rows),
+           "exitstatus": int(exitstatus), "git_commit": machine["git_commit"],
+           "loadavg": machine["loadavg"]}
+    history = [*previous.get("history", []), run]
     doc = {"kind": "velox-micro", "machine": machine, "history": history[-20:],
            "benchmarks": sorted(merged.values(), key=lambda b: b["fullname"])}
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -99,4 +99,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         writer.writerow(_CSV)
         for row in doc["benchmarks"]:
             writer.writerow([row["group"], row["name"], *(row["stats"][k] for k in _STATS),
-                             row.get("measured_at"), json.dumps(row["extra_info"], sort_keys=True, default=str)])
+                             row.get("measured_at"), json.dumps(row["extra_info"], sort_keys=True,
+                                                                default=str)])

@@ -1,9 +1,9 @@
 """Private native core of Velox (C extension `velox._native`).
 
-Do not import this module directly: the public faces are velox.ingress.ring, velox.admission.ratelimit,
-velox.state.stats and velox.state.health. Errors: ValueError for bad values (integers too large for int64
-included, never OverflowError), TypeError for wrong types, IndexError for slot/field out of
-range.
+Do not import this module directly: the public faces are velox.ingress.ring,
+velox.admission.ratelimit, velox.state.stats and velox.state.health. Errors: ValueError for bad
+values (integers too large for int64 included, never OverflowError), TypeError for wrong types,
+IndexError for slot/field out of range.
 """
 
 from collections.abc import Sequence
@@ -318,7 +318,8 @@ class SharedCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         """capacity_bytes in [65536, 2**40]; otherwise ValueError."""
-    def get(self, key: Buffer, now_ms: int, max_age_ms: int | None = -1) -> tuple[bytes, int] | None:
+    def get(self, key: Buffer, now_ms: int,
+            max_age_ms: int | None = -1) -> tuple[bytes, int] | None:
         """(value, age_ms) of a fresh entry, which becomes the most recently used; else None.
 
         An entry past its own TTL (now_ms >= stored + ttl_ms) is removed and None returned;
@@ -463,8 +464,8 @@ class Limits:
         full gauge."""
     def ticket(self, key: object, rpm_i: int, tok_i: int, slot: int, reserved: int, /
                ) -> KeyTicket:
-        """The ticket of a request admit() admitted (velox.admission.keys): release() leaves gauge rpm_i
-        for slot, settle(used) corrects bucket tok_i's reservation (tok_i < 0: settled)."""
+        """The ticket of a request admit() admitted (velox.admission.keys): release() leaves gauge
+        rpm_i for slot, settle(used) corrects bucket tok_i's reservation (tok_i < 0: settled)."""
     # Test hook, not API.
     def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
@@ -535,7 +536,8 @@ def h1_chunks(data: Buffer | Sequence[Buffer], last: bool = False, /) -> bytes:
 def h1_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
                      t_sent: int, t_headers: int, /) -> bytes:
     """server-timing value: ring, parse, ratelimit, upstream as milliseconds (3 decimals)."""
-# HTTP/1.1 request-head parser (native/vx_reqhead.c); used by velox.ingress.connection's native path.
+# HTTP/1.1 request-head parser (native/vx_reqhead.c); used by velox.ingress.connection's native
+# path.
 REQHEAD_PARTIAL: Final[int]  # an incomplete head this long falls back to httptools
 REQHEAD_FIELDS: Final[int]  # a head with more fields falls back to httptools
 

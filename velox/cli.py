@@ -23,7 +23,6 @@ from velox import __version__
 from velox.config.settings import ConfigError, load
 from velox.config.tables import describe
 
-
 LAB_MISSING = ("velox demo runs the lab (the mock upstream and the gateway launcher), which "
                "comes with the development install: from a checkout of the repository, "
                "pip install -e '.[dev]'")
@@ -77,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         for warning in settings.warnings:
             print(f"velox: warning: {warning}", file=sys.stderr)
         for name, value in settings.redacted().items():
+            shown: object = value
             if isinstance(value, tuple):
-                value = ",".join(value)
+                shown = ",".join(value)
             elif isinstance(value, bool):
-                value = int(value)
-            print(f"{name}={value}")
+                shown = int(value)
+            print(f"{name}={shown}")
         print()
         print(describe(settings.tables), end="")  # upstreams and routes, keys masked
         return 0

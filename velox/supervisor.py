@@ -81,13 +81,13 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+from velox.admission.ratelimit import Limiter
 from velox.cache.store import create_store
 from velox.cache.store import enabled as cache_enabled
 from velox.config.settings import Settings, relayed_keys, unprotected
-from velox.system.ports import listeners
-from velox.admission.ratelimit import Limiter
 from velox.core.fields import F
 from velox.state.stats import SharedStats
+from velox.system.ports import listeners
 from velox.system.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
@@ -143,10 +143,11 @@ class Supervisor:
         self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst,
                                       shared=bool(settings.redis_url))
-        # The response cache's one store (velox.cache.front), shared by every worker like the bucket.
+        # The response cache's one store (velox.cache.front), shared by every worker like the
+        # bucket.
         self.shared.cache = create_store(settings)
-        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other
-        # hosts (velox.cluster.leases). Started before the first fork, stopped after the last worker.
+        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other hosts
+        # (velox.cluster.leases). Started before the first fork, stopped after the last worker.
         self.cluster: Cluster | None = None
         if settings.redis_url:
             from velox.cluster.leases import Cluster
@@ -169,8 +170,8 @@ class Supervisor:
         self.children: dict[int, int] = {}  # pid → physical slot
         self.shared_of: dict[int, SharedStats] = {}  # pid → the shared state it runs with
         # The configuration and shared state each physical slot's worker runs with.
-        self.generation: dict[int, tuple[Settings, SharedStats]] = {
-            slot: (settings, self.shared) for slot in range(settings.workers)}
+        self.generation: dict[int, tuple[Settings, SharedStats]] = dict.fromkeys(
+            range(settings.workers), (settings, self.shared))
         self.slot_of = list(range(settings.workers))  # logical slot → its physical slot now
         self.retiring: dict[int, float] = {}  # pid of a replaced worker → when to SIGKILL it
         self.reload: _Reload | None = None

@@ -39,11 +39,10 @@ def _try_the_sdk(base_url: str) -> None:
     reply = client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Say hello"}])
     print(f"  chat.completions  → {reply.choices[0].message.content!r}")
-    pieces = []
-    for chunk in client.chat.completions.create(
-            model="gpt-4o-mini", messages=[{"role": "user", "content": "Count"}], stream=True):
-        if chunk.choices and chunk.choices[0].delta.content:
-            pieces.append(chunk.choices[0].delta.content)
+    stream = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Count"}], stream=True)
+    pieces = [chunk.choices[0].delta.content for chunk in stream
+              if chunk.choices and chunk.choices[0].delta.content]
     print(f"  streamed {len(pieces)} chunks → {''.join(pieces)!r}")
 
 

@@ -21,12 +21,27 @@ from types import ModuleType
 from typing import Any
 
 from velox.egress.codec import (
-    CANCEL, COMPRESSION_ERROR, DATA, DATA_PER_CALL, DEFAULT_MAX_CONCURRENT_STREAMS, GOAWAY,
-    LOCAL_CONNECTION_WINDOW, LOCAL_INITIAL_WINDOW_SIZE, LOCAL_MAX_HEADER_LIST_SIZE,
-    MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, NO_ERROR, PING_ACK, PROTOCOL_ERROR,
-    REFUSED_STREAM, RESET,
+    CANCEL,
+    COMPRESSION_ERROR,
+    DATA,
+    DATA_PER_CALL,
+    DEFAULT_MAX_CONCURRENT_STREAMS,
+    GOAWAY,
+    LOCAL_CONNECTION_WINDOW,
+    LOCAL_INITIAL_WINDOW_SIZE,
+    LOCAL_MAX_HEADER_LIST_SIZE,
+    MAX_CONCURRENT_STREAMS_CAP,
+    MAX_STREAM_ID,
+    NO_ERROR,
+    PING_ACK,
+    PROTOCOL_ERROR,
+    REFUSED_STREAM,
+    RESET,
     RESPONSE,
-    SENSITIVE_HEADERS, SETTINGS, TRAILERS, CodecError,
+    SENSITIVE_HEADERS,
+    SETTINGS,
+    TRAILERS,
+    CodecError,
 )  # fmt: skip
 
 __all__ = ["H2LibCodec"]
@@ -110,8 +125,8 @@ class H2LibCodec:
             (b":path", path),
         ]
         never_indexed = self._never_indexed
-        for field in headers:
-            fields.append(never_indexed(*field) if field[0] in SENSITIVE_HEADERS else field)
+        fields.extend(never_indexed(*field) if field[0] in SENSITIVE_HEADERS else field
+                      for field in headers)
         try:
             self._conn.send_headers(sid, fields, end_stream=not body)
         except self._protocol_error as exc:
@@ -200,7 +215,7 @@ class H2LibCodec:
     @property
     def stream_state_count(self) -> int:
         """Streams with state in the library or here (introspection for tests and metrics)."""
-        self._conn.open_outbound_streams  # prunes closed streams from the library's table
+        _ = self._conn.open_outbound_streams  # prunes closed streams from the library's table
         return len(self._conn.streams) + len(self._bodies)
 
     # --- Sending ----------------------------------------------------------------------------

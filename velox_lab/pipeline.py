@@ -27,12 +27,12 @@ from typing import Any
 
 import orjson
 
+from velox.admission.ratelimit import Limiter
 from velox.config.settings import load
 from velox.egress.h2conn import H2Connection, State
 from velox.ingress.connection import ClientConnection
-from velox.admission.ratelimit import Limiter
-from velox.state.stats import SharedStats
 from velox.pipeline.worker import Worker
+from velox.state.stats import SharedStats
 from velox_lab.codecs import make_codec
 
 CHAT_BODY = orjson.dumps({
@@ -169,7 +169,7 @@ class Pipeline:
         conn.data_received(SERVER_PREFACE + reply_frames(1))  # the warm-up request's answer
         assert conn.state is State.READY, "the upstream connection did not warm up"
         self.conn = conn
-        if ingress_native is not None:  # one twin alone: the ingress parser (benches/bench_ingress.py)
+        if ingress_native is not None:  # one twin alone, the ingress parser: bench_ingress.py
             self.worker.ingress.native = ingress_native
         self.clients: list[tuple[ClientConnection, FakeTransport]] = []
         for _ in range(clients):

@@ -42,11 +42,12 @@ import httpx
 from benches.e2e import results, workload, wrk
 from benches.e2e.bench import FOREIGN_LIMIT, Bench, Plan
 from benches.e2e.machine import bench_lock, wait_quiet
-from benches.e2e.targets import Mock, Velox
+from benches.e2e.targets import Mock
 
 CONNS = (1, 64)
 CONFIGS = (("direct", "direct", None), ("velox-nocache", "miss", None),
-           ("velox-cache", "hit", None), ("velox-cache", "miss-stored", {"Cache-Control": "no-cache"}))
+           ("velox-cache", "hit", None), ("velox-cache", "miss-stored",
+                                          {"Cache-Control": "no-cache"}))
 REQUESTS = 2000
 CLIENTS = 16
 REPEAT_RATIO = 0.8

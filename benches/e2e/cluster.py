@@ -94,7 +94,7 @@ class Cluster:
         def start(gw: GatewayProcess) -> None:
             try:
                 gw.start(timeout=60)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=start, args=(gw,)) for gw in self.gateways]
@@ -248,7 +248,7 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
     for task in tasks:
         try:
             await asyncio.wait_for(task, timeout=15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
     for client in clients:
         await client.close()
@@ -259,14 +259,14 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
 
 def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     """Per-second admitted counts, statuses and the bounds they are held to."""
-    seconds = int(math.ceil(max(plan.duration_s, raw["last_send_s"] + 1e-9)))
+    seconds = math.ceil(max(plan.duration_s, raw["last_send_s"] + 1e-9))
     per_host = [[0] * seconds for _ in range(plan.hosts)]
     statuses: dict[str, int] = {}
     for sent, host, status in raw["records"]:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
         if status == 200:
             per_host[host][min(seconds - 1, int(sent))] += 1
-    total = [sum(col) for col in zip(*per_host)]
+    total = [sum(col) for col in zip(*per_host, strict=False)]
     rate_s = plan.rpm / 60
     hosts = plan.hosts if plan.redis else 1
     stated = vcluster.bound(plan.rpm, plan.burst, hosts) if plan.redis else 0
@@ -382,7 +382,7 @@ def commands_at_rate(c: Cluster, plan: Plan) -> dict[str, Any]:
     after = [c.metrics(i) for i in range(plan.hosts)]
     requests = sum(float(r.get("requests", 0)) for r in results)
     commands = sum(a.get("velox_redis_commands", 0) - b.get("velox_redis_commands", 0)
-                   for a, b in zip(after, before))
+                   for a, b in zip(after, before, strict=False))
     return {"seconds": round(seconds, 2), "requests": requests,
             "requests_per_s": round(requests / seconds, 1),
             "commands": commands, "commands_per_s": round(commands / seconds, 2),
@@ -410,7 +410,8 @@ def main(out: Path, name: str = "cluster", quick: bool = False) -> dict[str, Any
     doc = {**parts,
            "machine": {"cores": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
                        "foreign_cores_before_each_run": foreign},
-           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens (velox.cluster.leases.bound)"}
+           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens "
+                            "(velox.cluster.leases.bound)"}
     for part in ("shared", "keyed", "single_host_no_redis"):
         doc[part].pop("logs", None)
     out.mkdir(parents=True, exist_ok=True)

@@ -261,7 +261,7 @@ class Generator:
         self._check_done()
         try:
             await asyncio.wait_for(asyncio.shield(self.done), self.args.grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         unfinished = sum(1 for c in self.conns if c.busy and not c.lost) + len(self.backlog)
         cpu1 = os.times()

@@ -79,7 +79,7 @@ def pyspy_stages(pid: int, seconds: float, raw: Path | None = None) -> dict[str,
     with tempfile.NamedTemporaryFile(suffix=".txt") as fh:
         proc = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250",
                                "-f", "raw", "-o", fh.name, "--nonblocking"],
-                              capture_output=True, text=True, timeout=seconds + 60)
+                              capture_output=True, text=True, timeout=seconds + 60, check=False)
         text = Path(fh.name).read_text()
         if raw is not None:
             raw.write_text(text)
@@ -109,12 +109,12 @@ def perf_dsos(pid: int, seconds: float) -> dict[str, object]:
         data = Path(tmp) / "perf.data"
         rec = subprocess.run([perf, "record", "-F", "999", "-p", str(pid), "-o", str(data), "--",
                               "sleep", str(seconds)], capture_output=True, text=True,
-                             timeout=seconds + 60)
+                             timeout=seconds + 60, check=False)
         if rec.returncode != 0 or not data.exists():
             return {"error": f"perf record: {rec.stderr.strip()[-300:]}"}
         rep = subprocess.run([perf, "report", "-i", str(data), "--sort", "dso", "--stdio",
                               "--percent-limit", "0.5"], capture_output=True, text=True,
-                             timeout=120)
+                             timeout=120, check=False)
     shares: dict[str, float] = {}
     for line in rep.stdout.splitlines():
         parts = line.split()

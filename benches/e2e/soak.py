@@ -28,7 +28,7 @@ def _slope(xs: list[float], ys: list[float]) -> float:
         return 0.0
     mx, my = sum(xs) / n, sum(ys) / n
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den if den else 0.0
 
 
 def analyse(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -145,7 +145,8 @@ class Nginx(Service):
     def _proxy_tls(self) -> str:
         if not self.tls:
             return ""
-        lines = ("proxy_ssl_verify on;", f"proxy_ssl_trusted_certificate {self.upstream.mock.ca_file};",
+        lines = ("proxy_ssl_verify on;",
+                 f"proxy_ssl_trusted_certificate {self.upstream.mock.ca_file};",
                  "proxy_ssl_name localhost;", "proxy_ssl_server_name on;",
                  "proxy_ssl_session_reuse on;")
         return "\n".join("            " + line for line in lines)

@@ -89,7 +89,7 @@ def test_after_a_data_loss_new_buckets_start_empty(client: redis.Redis,
     fresh = redis.Redis.from_url(redis_server.url)
     # A host that never called (a new deployment) would get a full bucket; one that called
     # before sees the state gone: its buckets start empty and only refill.
-    hosts, granted, wait = lease(fresh, "a", ("k", 600, 10, 10), called_before=True)
+    _hosts, granted, wait = lease(fresh, "a", ("k", 600, 10, 10), called_before=True)
     assert granted <= 1 and wait > 0
     assert lease(fresh, "b", ("j", 600, 10, 10))[1] <= 1  # also for the hosts after it
     assert fresh.pttl(cluster.LOST_KEY) > (cluster.LOST_S - 5) * 1000

@@ -1,4 +1,5 @@
-"""velox.cluster.leases.Cluster (the host's refresher) against a real Redis: leases, hosts, fallback.
+"""The host's refresher (velox.cluster.leases.Cluster) against a real Redis: leases, hosts,
+fallback.
 
 Each "host" is a Cluster in this process with its own local buckets; the local buckets are
 native `Limits` entries, as in the gateway.

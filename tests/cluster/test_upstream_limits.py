@@ -66,7 +66,7 @@ def start_hosts(tmp_path: Path, mock: MockUpstream, redis: RedisProcess | None) 
 
 
 def redis_hosts(gw: GatewayProcess) -> float:
-    status, body = gw.admin_get("/metrics", timeout=2.0)
+    _status, body = gw.admin_get("/metrics", timeout=2.0)
     for line in body.decode().splitlines():
         if line.startswith("velox_redis_hosts "):
             return float(line.split()[1])

@@ -142,9 +142,9 @@ class _H2Server(asyncio.Protocol):
             elif isinstance(event, h2.events.DataReceived):
                 self.conn.acknowledge_received_data(event.flow_controlled_length,
                                                     event.stream_id)
-            elif isinstance(event, h2.events.SettingsAcknowledged):
-                if self.script.silent_after_handshake:
-                    self.silent = True
+            elif isinstance(event, h2.events.SettingsAcknowledged) and \
+                    self.script.silent_after_handshake:
+                self.silent = True
         self.flush()
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
@@ -382,13 +382,20 @@ class HostileUpstream:
         if loop is None:
             return
 
+        async def stop_after_the_closes() -> None:
+            # The transports just aborted (and any closing already) finish on the loop's next
+            # passes (connection_lost, TLS teardown): stop only then, so none outlives the loop.
+            for _ in range(5):
+                await asyncio.sleep(0)
+            loop.stop()
+
         def shutdown() -> None:
             if self._server is not None:
                 self._server.close()
             for proto in list(self.live):
                 if proto.transport is not None:
                     proto.transport.abort()
-            loop.stop()
+            loop.create_task(stop_after_the_closes())
 
         loop.call_soon_threadsafe(shutdown)
         if self._thread is not None:

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import closed_after_the_test
 from velox_lab.closedloop import ClosedLoop, chat_request
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
@@ -104,6 +105,7 @@ def test_admin_under_load(start_gateway: GatewayFactory) -> None:
     load = ClosedLoop("127.0.0.1", gw.port, chat_request(BODY, f"Bearer {CLIENT_KEY}"),
                       concurrency=32, max_requests=300_000, max_seconds=20).start()
     client = httpx.Client(base_url=admin, timeout=30)
+    closed_after_the_test(client)
     try:
         wait_for(lambda: load.completed > 500)
         html: dict[str, httpx.Response] = {}
@@ -276,7 +278,8 @@ def test_admin_off_still_serves(start_gateway: GatewayFactory) -> None:
 
 def run_doctor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "velox", "doctor"], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent,
+                          check=False)
 
 
 def test_doctor_passes_against_the_mock_and_fails_against_a_closed_port(

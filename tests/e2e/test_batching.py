@@ -35,6 +35,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
@@ -323,6 +324,7 @@ def test_a_lone_request_leaves_at_once(gateway: GatewayProcess, fresh: MockUpstr
     before = batch_stats(gateway)
     c = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
                       timeout=30)
+    closed_after_the_test(c)
     raw = c.embeddings.with_raw_response.create(model="emb4", input="all alone", user="lone",
                                                 encoding_format="float")
     answer = raw.parse()
@@ -347,8 +349,8 @@ def test_different_parameters_and_callers_are_never_merged(
     async def run() -> list[Any]:
         c = client(gateway, **{"x-mock-latency-ms": "800"})
         jobs = []
-        for i, params in enumerate(variants):  # two of each, all at once
-            params = {"user": "params", **params}
+        for i, variant in enumerate(variants):  # two of each, all at once
+            params = {"user": "params", **variant}
             jobs += [c.embeddings.with_raw_response.create(model="emb-short",
                                                            input=f"v{i}-{j}", **params)
                      for j in range(2)]
@@ -368,7 +370,7 @@ def test_different_parameters_and_callers_are_never_merged(
         got: Any = raw.parse().data[0].embedding
         dims = params.get("dimensions", EMBEDDING_DIMENSIONS)
         if params["encoding_format"] == "base64":  # asked for explicitly: the SDK keeps it
-            got = list(struct.unpack("<%df" % dims, base64.b64decode(got)))
+            got = list(struct.unpack(f"<{dims}f", base64.b64decode(got)))
         assert len(got) == dims
         assert got == pytest.approx(embedding_vector(f"v{n // 2}-{n % 2}", dims), abs=1e-6)
 
@@ -417,7 +419,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
 
     answers = asyncio.run(shared())
     assert [r["inputs"] for r in calls(fresh)] == [1, 3]  # different callers, one call
-    for key, answer in zip(("sk-caller-a", "sk-caller-b", "sk-caller-c"), answers):
+    for key, answer in zip(("sk-caller-a", "sk-caller-b", "sk-caller-c"), answers, strict=False):
         assert vector(answer.data[0]) == embedding_vector(key, EMBEDDING_DIMENSIONS)
 
 

@@ -66,7 +66,8 @@ def hostile_h2c() -> Iterator[HostileUpstream]:
 
 
 def _one_connection(**extra: str) -> dict[str, str]:
-    env = {"VELOX_WORKERS": "1", "VELOX_EGRESS_POOL_CONNECTIONS": "1", "VELOX_UPSTREAM_PROTOCOL": "h2",
+    env = {"VELOX_WORKERS": "1", "VELOX_EGRESS_POOL_CONNECTIONS": "1",
+           "VELOX_UPSTREAM_PROTOCOL": "h2",
            "VELOX_REQUEST_TIMEOUT_MS": "10000"}
     env.update(extra)
     return env

@@ -24,6 +24,7 @@ import openai
 import orjson
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import GatewayFactory
 from tests.e2e.test_hardening_ingress import exchange
 from velox_lab.launch import GatewayProcess
@@ -95,6 +96,7 @@ def test_two_authorization_fields_are_refused_on_both_parsers(
     # One Authorization is served as before.
     client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-b-5678",
                            max_retries=0)
+    closed_after_the_test(client)
     assert client.chat.completions.create(**CHAT).choices
 
 
@@ -325,6 +327,7 @@ def test_a_key_with_models_reaches_only_what_can_be_checked(
         mock: MockUpstream, reach: GatewayProcess) -> None:
     models = openai.OpenAI(base_url=reach.base_url + "/v1", api_key=KEYS["models"],
                            max_retries=0)
+    closed_after_the_test(models)
     # Forwards (no model read): refused, through the SDK's own exception.
     with pytest.raises(openai.PermissionDeniedError, match="forward = true"):
         models.files.list()

@@ -12,8 +12,8 @@ import threading
 import time
 
 import httpx
-import orjson
 import openai
+import orjson
 import psutil
 import pytest
 
@@ -82,7 +82,7 @@ def test_rate_limit_is_global_across_workers(start_gateway: GatewayFactory) -> N
     started = time.monotonic()
     statuses = asyncio.run(blast())
     elapsed = time.monotonic() - started
-    cpu_used = [cpu_ns(w.pid) - before for w, before in zip(workers, cpu_before)]
+    cpu_used = [cpu_ns(w.pid) - before for w, before in zip(workers, cpu_before, strict=False)]
     admitted = statuses.count(200)
     assert statuses.count(429) == 100 - admitted
     # One bucket for the whole gateway: never more than burst + rate x elapsed (1 per second).
@@ -169,7 +169,7 @@ def test_the_native_paths_and_their_python_twins_serve_the_api(start_gateway: Ga
 
 
 def test_http1_fallback_when_upstream_offers_no_h2(start_gateway: GatewayFactory,
-                                                   tmp_path) -> None:  # noqa: ANN001
+                                                   tmp_path) -> None:
     with MockUpstream(tls=True, alpn="http/1.1", certdir=str(tmp_path)) as mock:
         gw = start_gateway(mock=mock, VELOX_WORKERS="1")
         client = client_for(gw)
@@ -214,7 +214,7 @@ def test_cleartext_upstream(start_gateway: GatewayFactory, protocol: str, seen: 
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_goaway_and_stream_limits_lose_no_request(start_gateway: GatewayFactory,
-                                                  tmp_path, native: str) -> None:  # noqa: ANN001
+                                                  tmp_path, native: str) -> None:
     with MockUpstream(tls=True, goaway_after=10, max_concurrent_streams=4,
                       certdir=str(tmp_path), latency_ms=5) as mock:
         gw = start_gateway(mock=mock, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="2",
@@ -235,7 +235,7 @@ def test_goaway_and_stream_limits_lose_no_request(start_gateway: GatewayFactory,
 
 
 def test_lost_upstream_is_502_then_reconnected(start_gateway: GatewayFactory,
-                                               tmp_path) -> None:  # noqa: ANN001
+                                               tmp_path) -> None:
     port = free_port()
     mock = MockUpstream(tls=True, certdir=str(tmp_path), extra_args=["--port", str(port)]).start()
     gw = start_gateway(mock=mock, VELOX_WORKERS="1", VELOX_CONNECT_TIMEOUT_MS="500")
@@ -304,7 +304,7 @@ def test_ssl_cert_file_adds_a_trusted_ca(start_gateway: GatewayFactory,
     assert client_for(gw).chat.completions.create(model="m", messages=MESSAGES).choices
 
 
-def test_demo_answers_an_sdk_call_and_stops_on_ctrl_c(tmp_path) -> None:  # noqa: ANN001
+def test_demo_answers_an_sdk_call_and_stops_on_ctrl_c(tmp_path) -> None:
     import subprocess
     import sys
 
@@ -334,5 +334,7 @@ def test_demo_answers_an_sdk_call_and_stops_on_ctrl_c(tmp_path) -> None:  # noqa
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+        assert demo.stdout is not None
+        demo.stdout.close()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/healthz")

@@ -23,8 +23,8 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
-from tests.e2e.test_hardening_ingress import metric
 from tests.e2e.test_cache import gateways, mock, start, stats, upstream, waiting  # noqa: F401
+from tests.e2e.test_hardening_ingress import metric
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
 

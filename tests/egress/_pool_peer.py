@@ -19,15 +19,14 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection as H2Server
 from h2.events import Event, RequestReceived
 
-from velox.egress.interfaces import Tally
+from velox.config.tables import UpstreamSpec
 from velox.egress.h2conn import H2Connection, State
 from velox.egress.h2pool import H2Pool
-from velox.egress.interfaces import AttemptHandle
+from velox.egress.interfaces import AttemptHandle, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
 from velox.state.stats import SharedStats
 from velox_lab.codecs import factory, make_codec
-from velox.config.tables import UpstreamSpec
 
 from ._codec_peer import raw_frame
 

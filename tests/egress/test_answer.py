@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox_lab.pipeline import FakeTransport, Pipeline
 from velox import _native
-from velox.ingress import h1write
 from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError
 from velox.egress.framer import Framer
 from velox.relay.exchange import _DROP, _DROP_KEYED, Exchange, answer_head
+from velox_lab.pipeline import FakeTransport, Pipeline
 
 AUTHORITY = b"api.example.com"
 _SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
@@ -102,8 +102,8 @@ def test_an_answer_credits_the_connection_like_an_acknowledged_data_frame() -> N
         by_hand(plain, wire)
     out = merged.data_to_send()
     assert out == plain.data_to_send()
-    window_updates = [m.start() for m in re.finditer(re.escape(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00"),
-                                                     out)]
+    connection_update = re.escape(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00")
+    window_updates = [m.start() for m in re.finditer(connection_update, out)]
     assert window_updates, "no connection WINDOW_UPDATE: the answers were not credited"
     assert merged.stream_state_count == 0
 
@@ -161,7 +161,7 @@ def test_a_retried_answer_reaches_neither_the_client_nor_the_observer() -> None:
                         _Retrying())  # type: ignore[arg-type]
 
     class Observer:
-        seen: list[str] = []
+        seen: ClassVar[list[str]] = []
 
         def head(self, *a: object) -> None:
             self.seen.append("head")

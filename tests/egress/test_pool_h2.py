@@ -13,12 +13,19 @@ import pytest
 from h2.errors import ErrorCodes
 from h2.events import PingReceived, StreamReset, WindowUpdated
 
-from velox.egress.h2conn import State
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.core.fields import F
+from velox.egress.h2conn import State
 
 from ._codec_peer import CODECS
-from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, PING_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
+from ._pool_peer import (
+    CONNECT_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    PING_TIMEOUT_S,
+    REQUEST_TIMEOUT_MS,
+    FakeClient,
+    PoolPeer,
+)
 
 MIB = 1024 * 1024
 

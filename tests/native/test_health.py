@@ -19,11 +19,6 @@ import pytest
 
 from velox import _native
 from velox._native import Health, Rendezvous, RetryBudget, hash64
-from velox.routing.balance import Event, Router, classify
-from velox.core.errors import RateLimited
-from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.core.clock import now_ms
-from velox.state.health import SharedHealth
 from velox.config.tables import (
     BreakerPolicy,
     RetryPolicy,
@@ -32,6 +27,18 @@ from velox.config.tables import (
     Tables,
     TargetSpec,
     UpstreamSpec,
+)
+from velox.core.clock import now_ms
+from velox.core.errors import RateLimited
+from velox.routing.balance import Event, Router, classify
+from velox.state.health import (
+    FAILURE,
+    NEUTRAL,
+    REASON_FULL,
+    REASON_OPEN,
+    REASON_RATE,
+    SUCCESS,
+    SharedHealth,
 )
 
 T0 = 10**9  # an explicit clock well clear of the real one
@@ -81,7 +88,7 @@ def test_breaker_cycle_with_explicit_clock() -> None:
         assert h.report(0, 0, FAILURE, T0) == _native.TR_NONE
     assert h.peek(0, T0) == _native.PEEK_CLOSED and h.check(0, T0) == 0
     assert h.report(0, 0, FAILURE, T0) == _native.TR_OPENED
-    state, count, probes, streak, stamp, opened_at, opens, until = h.breaker(0, T0 + 10_000)
+    state, _count, _probes, streak, _stamp, opened_at, opens, until = h.breaker(0, T0 + 10_000)
     assert (state, streak, opened_at, opens, until) == (_native.BREAKER_OPEN, 1, T0, 1, 20_000)
     assert h.enter(0, T0 + 29_999) == -1 and h.check(0, T0 + 29_999) == REASON_OPEN
     assert h.check(1, T0) == 0  # the other upstream is untouched

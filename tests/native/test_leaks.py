@@ -20,8 +20,8 @@ from velox._native import (
     Health,
     Histogram,
     Limits,
-    RetryBudget,
     Rendezvous,
+    RetryBudget,
     Ring,
     SharedCache,
     TokenBucket,
@@ -145,8 +145,8 @@ def test_create_destroy_unmaps_shared_memory() -> None:
 
 
 def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
-    # The per-request calls of the routing layer (velox.state.health, velox.routing.balance): tuples of
-    # upstream indices and key bytes go in, ints and tuples come out, a million times.
+    # The per-request calls of the routing layer (velox.state.health, velox.routing.balance): tuples
+    # of upstream indices and key bytes go in, ints and tuples come out, a million times.
     health = Health([0, 4, 0], failures=5, successes=2, open_ms=1000, max_open_ms=8000,
                     probes=1, probe_lease_ms=2000)
     budget = RetryBudget(20, 10, 10)
@@ -279,8 +279,8 @@ def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
 def test_h2_codec_entry_points_keep_refcounts_and_rss_flat() -> None:
     # The native HTTP/2 codec's per-request calls, 50k requests on one connection: arguments
     # must not gain references, events must be freed with their lists, and nothing may grow.
-    from velox.egress.codec import CodecError
     from velox._native import H2Client
+    from velox.egress.codec import CodecError
 
     codec = H2Client(b"api.example.com", b"https", CodecError)
     codec.initiate()

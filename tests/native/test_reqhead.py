@@ -12,13 +12,13 @@ import sys
 import psutil
 import pytest
 
-from velox_lab.pipeline import CLIENT_REQUEST
 from velox import _native
-from velox.ingress.arena import Arena
-from velox.core.types import Route
 from velox.config.settings import load
-from velox.ingress.connection import ClientConnection, IngressState
+from velox.core.types import Route
+from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
+from velox.ingress.connection import ClientConnection, IngressState
+from velox_lab.pipeline import CLIENT_REQUEST
 
 from .test_reqhead_fuzz import _Ring, _seen, _Transport, make, run_both
 

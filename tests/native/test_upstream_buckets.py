@@ -3,10 +3,10 @@ and what the Redis refresher needs of them and of the tpm buckets: socket-free.
 
 Checked here: one Limits for all upstreams with the same bursts as before (10 s of rpm), only
 upstreams with an rpm configured; a bucket shared by forked workers; a LEASED bucket (what
-velox.cluster.leases makes of it) admitting exactly what was given, then refusing with Retry-After 1;
-the tpm refusal counted by the bucket for the refresher; and the supervisor registering every
-upstream's rpm and tpm bucket under `upstream:<name>:rpm|tpm` with the right indexes (a
-Cluster never started: no Redis, no socket).
+velox.cluster.leases makes of it) admitting exactly what was given, then refusing with Retry-After
+1; the tpm refusal counted by the bucket for the refresher; and the supervisor registering every
+upstream's rpm and tpm bucket under `upstream:<name>:rpm|tpm` with the right indexes (a Cluster
+never started: no Redis, no socket).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 from tests.native.test_health import run_children
 from velox.cluster import leases as cluster
-from velox.routing.balance import Router
-from velox.core.errors import RateLimited
+from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.clock import now_ms
+from velox.core.errors import RateLimited
+from velox.routing.balance import Router
 from velox.state.health import REASON_RATE, SUCCESS, SharedHealth, UpstreamTokens, rpm_burst
 from velox.state.stats import SharedStats
 from velox.supervisor import Supervisor
-from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 
 def tables(*rates: tuple[int, int]) -> Tables:

@@ -37,7 +37,7 @@ def test_a_live_body_pins_only_its_segment() -> None:
     for _ in range(4 * SEGMENTS):
         placed = arena.put([b"q" * 1000])
         assert placed is not None
-        view, segment = placed
+        _view, segment = placed
         seen.add(segment)
         if segment != pinned[1]:
             arena.release(segment)

@@ -1,10 +1,10 @@
 """velox.routing.balance without shared memory: every decision against a plain in-process state.
 
-Strategies (smooth weighted round-robin's exact order and its 3:1 share, least_busy preferring
-the less loaded, consistent hashing's stability, balance, minimal movement and bounded load), priorities, fallbacks, panic mode,
-refusals (503 full, 429 rate-limited with the soonest Retry-After), the retry rules (attempts,
-elapsed time, commit point, 429 same-target rule, retry budget) and the classification table.
-Every test ends with no admission left unfinished.
+Strategies (smooth weighted round-robin's exact order and its 3:1 share, least_busy preferring the
+less loaded, consistent hashing's stability, balance, minimal movement and bounded load),
+priorities, fallbacks, panic mode, refusals (503 full, 429 rate-limited with the soonest
+Retry-After), the retry rules (attempts, elapsed time, commit point, 429 same-target rule, retry
+budget) and the classification table. Every test ends with no admission left unfinished.
 """
 
 from __future__ import annotations
@@ -14,10 +14,18 @@ from collections import Counter
 
 import pytest
 
+from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.core.errors import (
+    Overloaded,
+    RateLimited,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from velox.routing.balance import (
     BOUNDED_LOAD,
-    Attempt,
     EVENT_TABLE,
+    Attempt,
     Event,
     Plan,
     Router,
@@ -26,15 +34,7 @@ from velox.routing.balance import (
     target_seed,
 )
 from velox.routing.dispatch import _event_of
-from velox.core.errors import (
-    Overloaded,
-    RateLimited,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
 from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 NOW = 1_000_000
 
@@ -116,7 +116,10 @@ class FakeState:
         return not any(self.in_flight_)
 
 
-def tables(routes: list[RouteSpec], n: int = 4, retry: RetryPolicy = RetryPolicy()) -> Tables:
+DEFAULT_RETRY = RetryPolicy()  # frozen: one instance serves as every default
+
+
+def tables(routes: list[RouteSpec], n: int = 4, retry: RetryPolicy = DEFAULT_RETRY) -> Tables:
     ups = tuple(UpstreamSpec(name=f"u{i}", origin=f"https://u{i}.test") for i in range(n))
     return Tables(upstreams=ups, routes=tuple(routes), retry=retry)
 
@@ -129,7 +132,7 @@ def route(model: str, *targets: tuple[int, int, int], strategy: str = "weighted"
 
 
 def make(routes: list[RouteSpec], n: int = 4, max_in_flight: int = 0, seed: int = 1,
-         retry: RetryPolicy = RetryPolicy()) -> tuple[Router, FakeState]:
+         retry: RetryPolicy = DEFAULT_RETRY) -> tuple[Router, FakeState]:
     state = FakeState(n, max_in_flight)
     router = Router(tables(routes, n, retry), state, rng=random.Random(seed))
     return router, state
@@ -354,7 +357,7 @@ def test_all_full_is_503_overloaded_not_a_hang() -> None:
     assert answer.status == 503 and answer.code == "overloaded" and answer.retry_after_s == 1
     assert "'m'" in answer.message
     assert state.full == [1, 1, 0, 0]  # each full target counts the refusal once
-    for p, u in plans:
+    for _, u in plans:
         state.finish(u, 0, SUCCESS, NOW)
     assert state.idle()
 
@@ -362,7 +365,7 @@ def test_all_full_is_503_overloaded_not_a_hang() -> None:
 def test_full_and_rate_limited_together_is_503() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))], max_in_flight=1)
     state.rate_empty[1] = 30
-    plan, u = held(router)
+    _plan, u = held(router)
     assert u == 0
     answer = router.plan("m").first(NOW)  # type: ignore[union-attr]
     assert isinstance(answer, Overloaded)
@@ -459,7 +462,7 @@ def test_attempt_model_is_target_model_else_route_name() -> None:
 
 
 def test_bad_tables_are_refused_with_the_route_named() -> None:
-    with pytest.raises(ValueError, match="'m'.*fallback 'nope'"):
+    with pytest.raises(ValueError, match=r"'m'.*fallback 'nope'"):
         make([route("m", (0, 1, 0), fallbacks=("nope",))])
     with pytest.raises(ValueError, match="unknown upstream 'u9'"):
         make([route("m", (9, 1, 0))])

@@ -15,13 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from velox.config import settings as config
-from velox.core.types import Request, Route
 from velox.batching.batch import Batcher, apportion, apportion_usage, split
+from velox.config import settings as config
 from velox.config.settings import ConfigError
-from velox.core.fields import F
 from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
-
+from velox.core.fields import F
+from velox.core.types import Request, Route
 
 # --- apportion ------------------------------------------------------------------------------
 
@@ -45,7 +44,7 @@ def test_apportion_always_adds_up_and_stays_within_one_of_the_quota() -> None:
             shares = apportion(total, weights)
             assert sum(shares) == total
             whole = sum(weights)
-            for share, w in zip(shares, weights):
+            for share, w in zip(shares, weights, strict=False):
                 assert abs(share - total * w / whole) < 1
 
 
@@ -322,7 +321,7 @@ def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
         for r in more:
             h.batcher.offer(r)
         h.sent[-1].answer(503, b'{"error": {"message": "down"}}')
-        assert [r.conn.answers for r in more] == [[(503, b'{"error": {"message": "down"}}')]] * 3  # type: ignore  # noqa: E501
+        assert [r.conn.answers for r in more] == [[(503, b'{"error": {"message": "down"}}')]] * 3  # type: ignore
         h.sent[0].answer(200, _embeddings(h.sent[0].doc))
         assert len(h.done) == 7 and not h.batcher.groups
 

@@ -30,12 +30,12 @@ from velox.cache.store import (
     storable,
 )
 from velox.cache.wait import FOLLOWER_LAG_BYTES
+from velox.config.settings import Settings
 from velox.core.clock import now_ms
+from velox.core.fields import F
 from velox.core.types import Request, Route
 from velox.ingress.connection import WHOLE_BYTES
-from velox.config.settings import Settings
 from velox.relay.exchange import Exchange
-from velox.core.fields import F
 from velox.state.stats import SharedStats
 
 
@@ -353,7 +353,7 @@ def test_followers_in_the_same_batch_and_later_get_the_leaders_answer(harness: H
     late = make_request()
     assert harness.front.front([late]) == []  # follows too
     answer(exchange)
-    for request in requests[1:] + [late]:
+    for request in [*requests[1:], late]:
         assert request.conn.body == b'{"answer": 1}'  # type: ignore[attr-defined]
         assert request.conn.header(HEADER) == HIT  # type: ignore[attr-defined]
         assert request.exchange is None

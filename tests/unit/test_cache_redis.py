@@ -12,9 +12,9 @@ import pytest
 
 from tests.unit.test_cache import Harness, make_request
 from velox.cache import redis as cache_redis
+from velox.cache.redis import RedisTier, decode_value, encode_value, redis_key
 from velox.cache.store import HEADER, HIT, encode_entry
 from velox.core.clock import now_ms
-from velox.cache.redis import RedisTier, decode_value, encode_value, redis_key
 from velox.core.fields import F
 from velox.state.stats import SharedStats
 

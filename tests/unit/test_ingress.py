@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox_lab.pipeline import FakeTransport
+from velox.config.settings import load
 from velox.core.types import Request
 from velox.ingress.arena import Arena
-from velox.config.settings import load
-from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
 from velox.ingress.auth import Auth, caller_of
+from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
+from velox_lab.pipeline import FakeTransport
 
 
 class FakeRing:
@@ -88,7 +88,7 @@ def test_trailer_fields_are_dropped() -> None:
 
 
 def test_receive_deadline_runs_from_the_first_byte_to_the_end_of_the_message() -> None:
-    conn, transport, ring = make_conn()
+    conn, _transport, ring = make_conn()
     assert conn.receiving_since == 0.0
     before = time.monotonic()
     conn.data_received(b"P")
@@ -145,13 +145,13 @@ def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
 @pytest.mark.parametrize("parser", ["native", "httptools"])
 def test_the_callers_identity_is_the_key_that_was_checked(parser: str) -> None:
     # An Azure-style api-key before the checked Authorization named the cache partition.
-    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn, _, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
     conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: ka\r\n"
                        b"authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
     (request,) = ring.pushed
     assert caller_of(request) == hashlib.sha256(b"kb").digest()
     # Keyless: the credential the upstream gets (Authorization), whatever the order.
-    conn, transport, ring = make_conn(parser=parser)
+    conn, _transport, ring = make_conn(parser=parser)
     conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: x\r\n"
                        b"authorization: Bearer y\r\ncontent-length: 2\r\n\r\n{}")
     assert caller_of(ring.pushed[0]) == hashlib.sha256(b"y").digest()
@@ -380,7 +380,7 @@ def _dechunk(data: bytes) -> bytes:
 
 
 def test_a_client_that_takes_nothing_is_aborted_at_the_write_deadline() -> None:
-    conn, client, ring, answered = slow_conn()
+    conn, client, ring, _answered = slow_conn()
     conn.data_received(CHAT_REQUEST)
     (request,) = ring.pushed
     conn.respond(request, 200, [], b"x" * (4 << 20))
@@ -396,7 +396,7 @@ def test_a_queued_answer_does_not_pin_its_request_body_in_the_arena() -> None:
     """The body's arena segment goes back when the answer is queued, not when the client has
     taken it: one that never does would pin the segment for good."""
     arena = Arena(1 << 20)
-    conn, client, ring, answered = slow_conn(arena)
+    conn, _client, ring, _answered = slow_conn(arena)
     conn.data_received(CHAT_REQUEST)
     (request,) = ring.pushed
     assert request.arena_segment >= 0 and arena.live == 1

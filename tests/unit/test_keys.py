@@ -13,17 +13,17 @@ from typing import Any
 import orjson
 import pytest
 
-from velox_lab.pipeline import FakeTransport
-from velox.ingress.arena import Arena
-from velox.core.types import Request, Route
-from velox.config.settings import ConfigError, load
-from velox.core.errors import Unauthorized, to_response
-from velox.ingress.connection import ClientConnection, IngressState
 from velox.admission.keys import KeyStage, estimate
-from velox.core.fields import KF
-from velox.state.keys import SharedKeys, rpm_index, tpm_index
-from velox.ingress.auth import Auth, caller_of
+from velox.config.settings import ConfigError, load
 from velox.config.tables import KeySpec, describe
+from velox.core.errors import Unauthorized, to_response
+from velox.core.fields import KF
+from velox.core.types import Request, Route
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth, caller_of
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.state.keys import SharedKeys, rpm_index, tpm_index
+from velox_lab.pipeline import FakeTransport
 
 
 def sha(key: str) -> str:
@@ -114,7 +114,7 @@ def test_duplicate_names_and_hashes_are_refused(tmp_path: Path) -> None:
                                           r'\[\[key\]\] #1 \("a"\)'):
         load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("x")}"\n'
                             f'[[key]]\nname = "b"\nsha256 = "{sha("x").upper()}"\n')
-    with pytest.raises(ConfigError, match="top level: key: .*write \\[\\[key\\]\\]"):
+    with pytest.raises(ConfigError, match=r"top level: key: .*write \[\[key\]\]"):
         load_keys(tmp_path, f'[key]\nname = "a"\nsha256 = "{sha("x")}"\n')
 
 
@@ -246,7 +246,7 @@ def test_forwards_need_a_key_that_may_forward(tmp_path: Path) -> None:
 
 
 def test_images_and_audio_are_checked_by_model_and_reserve_one_token(tmp_path: Path) -> None:
-    stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
+    stage, _shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
                               'tpm = 1000\nmodels = ["m"]\n')
     other = Route.MODEL_OTHER
     named = make_request("k", "m", route=other, path=b"/v1/images/generations")

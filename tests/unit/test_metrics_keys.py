@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from velox.admin.metrics import VeloxCollector, make_registry
 from velox.config.settings import ConfigError, load
-from velox.state.stats import SharedStats
 from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.state.stats import SharedStats
 
 ROUTES = ("a", "*")
 

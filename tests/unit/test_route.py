@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from velox.core.types import Route
 from velox.config.settings import load
 from velox.core.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
+from velox.core.types import Route
 from velox.ingress.auth import Auth
 from velox.ingress.classify import classify, normal_target
 

@@ -13,8 +13,15 @@ import pytest
 
 from velox.config import settings as config
 from velox.config.settings import ConfigError, load
-from velox.config.tables import (CATCH_ALL, BreakerPolicy, RetryPolicy, TargetSpec, UpstreamSpec,
-                          azure_path, describe)
+from velox.config.tables import (
+    CATCH_ALL,
+    BreakerPolicy,
+    RetryPolicy,
+    TargetSpec,
+    UpstreamSpec,
+    azure_path,
+    describe,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_KEY = "sk-openai-SECRET-0123456789"

@@ -8,8 +8,8 @@ import base64
 import orjson
 import pytest
 
-from velox.relay import usage
 from velox.core.types import Request, Route
+from velox.relay import usage
 from velox_lab.mock import payloads
 
 
@@ -240,13 +240,13 @@ def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) 
 
 
 class _Counters:
-    """A token block of the shared counters, recording what is added (velox.state.stats.Counters)."""
+    """A token block of the shared counters, recording what is added (the native Counters)."""
 
     def __init__(self) -> None:
         self.added: dict[tuple[int, int], int] = {}
 
     def add_many(self, slot: int, *pairs: int) -> None:
-        for field, value in zip(pairs[::2], pairs[1::2]):
+        for field, value in zip(pairs[::2], pairs[1::2], strict=False):
             if value:
                 self.added[slot, field] = self.added.get((slot, field), 0) + value
 

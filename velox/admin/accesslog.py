@@ -86,7 +86,7 @@ class AccessLog:
         while not self._stop.wait(FLUSH_INTERVAL_S):
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001 - the log must never take the worker down
+            except Exception:
                 pass
 
     def flush(self) -> int:
@@ -127,7 +127,7 @@ class AccessLog:
         for item in items:
             try:
                 access_line(item, offset, self.slot, self._prefix, 0, self.key_names)
-            except Exception:  # noqa: BLE001 - reported, never raised into the flush
+            except Exception:
                 log.exception("access log: a line could not be formatted (more are not told)")
                 return
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from velox.config.settings import ConfigError, Settings, load
-from velox.system.ports import holders, in_use, process_name
 from velox.config.tables import UpstreamSpec
+from velox.system.ports import holders, in_use, process_name
 
 _PROBE_TIMEOUT_S = 2.0
 

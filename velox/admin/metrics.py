@@ -31,14 +31,14 @@ from velox import __version__
 from velox.config.settings import DEFAULT_METRICS_KEYS
 from velox.core.clock import now_ms
 from velox.core.fields import (
-    F,
-    H,
     OTHER_KEYS,
     RETRY_REASONS,
     ROUTE_NAMES,
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
+    F,
+    H,
 )
 from velox.state.stats import SharedStats
 
@@ -216,37 +216,37 @@ class VeloxCollector(Collector):
         yield from self._upstreams()
         for field, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["worker"])
-            for w, row in zip(workers, rows):
+            for w, row in zip(workers, rows, strict=False):
                 family.add_metric([w], row[field])
             yield family
         rejected = CounterMetricFamily(
             "velox_rejected_requests", "Requests the gateway refused before sending upstream.",
             labels=["reason", "worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             rejected.add_metric(["ring_full", w], row[F.REJECT_RING_FULL])
             rejected.add_metric(["rate_limited", w], row[F.REJECT_RATE_LIMITED])
         yield rejected
         mean = GaugeMetricFamily("velox_batch_size_mean",
                                  "Mean micro-batch size since start.", labels=["worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             mean.add_metric([w], row[F.BATCH_ITEMS] / row[F.BATCHES] if row[F.BATCHES] else 0.0)
         yield mean
         for field, name, doc in _GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["worker"])
-            for w, row in zip(serving, serving_rows):
+            for w, row in zip(serving, serving_rows, strict=False):
                 family.add_metric([w], row[field])
             yield family
         starts = CounterMetricFamily("velox_worker_restarts",
                                      "Times the worker in this slot was restarted.",
                                      labels=["worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             starts.add_metric([w], max(0, row[F.STARTS] - 1))
         yield starts
         age = GaugeMetricFamily("velox_worker_heartbeat_age_seconds",
                                 "Time since the worker's loop last ticked (-1: not started).",
                                 labels=["worker"])
         now = now_ms()
-        for w, row in zip(serving, serving_rows):
+        for w, row in zip(serving, serving_rows, strict=False):
             beat = row[F.HEARTBEAT_MS]
             age.add_metric([w], max(0, now - beat) / 1000 if beat else -1.0)
         yield age
@@ -324,7 +324,7 @@ class VeloxCollector(Collector):
             fields = ROUTE_STATUS_FIELD[route]
             for cls_index, cls in enumerate(STATUS_CLASSES):
                 field = fields[2 + cls_index]  # indexed by status // 100: 2xx is 2
-                for w, row in zip(workers, rows):
+                for w, row in zip(workers, rows, strict=False):
                     family.add_metric([route_name, cls, w], row[field])
         yield family
 
@@ -371,7 +371,7 @@ class VeloxCollector(Collector):
                                   value=m["errors"])
 
     def _cache(self) -> Iterator[Metric]:
-        """The response cache (velox.cache.front): outcomes summed over workers, the store's state."""
+        """The response cache (velox.cache): outcomes summed over workers, the store's state."""
         store = self.shared.cache
         yield GaugeMetricFamily("velox_cache_enabled", "1 if the response cache is on.",
                                 value=0 if store is None else 1)

@@ -119,7 +119,8 @@ class WorkerProfile:
 def compact(session: Session) -> dict[str, Any]:
     """The session as JSON, identical stacks summed, the thread frame made worker-neutral."""
     totals: dict[tuple[str, ...], float] = {}
-    for stack, elapsed in session.frame_records:
+    for frames, elapsed in session.frame_records:
+        stack = frames
         if stack:
             head = stack[0].split("\x00")
             if len(head) == 3 and head[1] == _THREAD_FILE:

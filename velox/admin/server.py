@@ -102,7 +102,8 @@ class AdminServer:
                                         self.profile_state, lambda: self.server.refused,
                                         settings.metrics_keys)
         self.registry = make_registry(self.collector)
-        self.cluster: Any = None  # velox.cluster.leases.Cluster with VELOX_REDIS_URL (see use_cluster)
+        # velox.cluster.leases.Cluster with VELOX_REDIS_URL (see use_cluster)
+        self.cluster: Any = None
 
     def use_cluster(self, cluster: Any) -> None:
         """Show the Redis refresher's state in /metrics (velox_redis_*) and /stats ("redis")."""

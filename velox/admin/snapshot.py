@@ -16,13 +16,13 @@ from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
 from velox.core.clock import now_ms
 from velox.core.fields import (
-    F,
-    H,
     RETRY_REASONS,
     ROUTE_NAMES,
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
+    F,
+    H,
 )
 from velox.state.stats import SharedStats
 
@@ -35,14 +35,14 @@ def latency(hist: Any, slot: int = -1) -> dict[str, Any]:
     out: dict[str, Any] = {"count": count,
                            "mean_us": round(hist.total_us(slot) / count) if count else 0}
     values = hist.percentiles([q for q, _ in QUANTILES], slot)
-    out.update({key: value for (_, key), value in zip(QUANTILES, values)})
+    out.update({key: value for (_, key), value in zip(QUANTILES, values, strict=False)})
     return out
 
 
 def worker_states(hub: ControlHub | None, slots: list[int],
                   timeout: float = STATE_TIMEOUT_S) -> dict[int, Any]:
     if hub is None:
-        return {slot: "unavailable" for slot in slots}
+        return dict.fromkeys(slots, "unavailable")
     answers = hub.call_each(slots, "state", timeout)
     out: dict[int, Any] = {}
     for slot, answer in answers.items():

@@ -290,7 +290,7 @@ class Server:
         try:
             try:
                 answer = self.slow(request)
-            except Exception:  # noqa: BLE001 - answer 500 and keep serving
+            except Exception:
                 log.exception("admin request %s %s failed", request.method, request.path)
                 answer = error(500, "internal error; see the gateway's log")
             conn.sock.settimeout(WRITE_TIMEOUT_S)

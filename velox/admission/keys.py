@@ -26,13 +26,13 @@ request that reached this stage carries OpenAI's x-ratelimit-limit/remaining-req
 headers (for the limits the key has), through `request.extra_headers`.
 
 The state is shared: `velox.state.keys.SharedKeys` holds one native `Limits` (created by the
-supervisor before the workers fork) with two entries per key: 2i is key i's request bucket and
-its gauge, 2i+1 its token bucket; buckets hold one minute's worth (burst = the limit). Each
-admitted keyed request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from every
-place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
-exchange ended, whatever way; ingress's connection_lost: the client left while the request
-waited without an exchange). A worker killed with requests in flight cannot release: the
-supervisor calls `SharedKeys.forget_slot` for its slot after reaping it.
+supervisor before the workers fork) with two entries per key: 2i is key i's request bucket and its
+gauge, 2i+1 its token bucket; buckets hold one minute's worth (burst = the limit). Each admitted
+keyed request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from
+every place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
+exchange ended, whatever way; ingress's connection_lost: the client left while the request waited
+without an exchange). A worker killed with requests in flight cannot release: the supervisor calls
+`SharedKeys.forget_slot` for its slot after reaping it.
 
 A reload keeps the keys' buckets and gauges when their names are unchanged (velox.state.keys).
 """
@@ -51,11 +51,10 @@ from velox.ingress.classify import is_model_list
 from velox.relay.usage import estimate
 from velox.state.keys import SharedKeys, rpm_index, tpm_index
 
-
 # --- per request ----------------------------------------------------------------------------
 
 
-def Ticket(key: _Key, reserved: int) -> Any:  # noqa: N802 - it stands for the type
+def Ticket(key: _Key, reserved: int) -> Any:
     """What one admitted keyed request holds: a place of its key's gauge and `reserved`
     tokens. `release()` gives the place back, once, whatever calls it first. `settle(used)`
     corrects the reservation once: tokens not used go back, over-use is charged (debt).
@@ -195,7 +194,8 @@ class KeyStage:
     def _refuse_forward(self, request: Request, key: _Key) -> None:
         self._headers(request, key)
         self.count[KF.REFUSED_FORWARD](self.slot, key.index, 1)
-        what = f"{request.method.decode('latin-1')} {request.path.split(b'?', 1)[0].decode('latin-1')}"
+        path = request.path.split(b"?", 1)[0]
+        what = f"{request.method.decode('latin-1')} {path.decode('latin-1')}"
         request.conn.respond_error(request, EndpointNotAllowed(
             f"The gateway key {key.name!r} may not use {what}: the gateway forwards this "
             "endpoint without reading a model from it, so the key's models and tpm cannot "

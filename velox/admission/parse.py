@@ -20,8 +20,8 @@ import re
 import orjson
 
 from velox import _native
-from velox.core.types import Request
 from velox.core.errors import BadRequest, MalformedJSON, MissingParameter
+from velox.core.types import Request
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError

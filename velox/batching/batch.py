@@ -62,12 +62,12 @@ from typing import Any
 
 import orjson
 
-from velox.core.types import Headers, Request, Route
+from velox.config.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 from velox.core.errors import UpstreamProtocolError
+from velox.core.fields import F
+from velox.core.types import Headers, Request, Route
 from velox.ingress.auth import caller_of
 from velox.ingress.headers import HOP_BY_HOP
-from velox.core.fields import F
-from velox.config.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 from velox.relay.usage import NOT_BOOKED, usage_of
 
 EMBEDDINGS = b"/v1/embeddings"
@@ -242,7 +242,7 @@ class Batcher:
                 request.path.split(b"?", 1)[0] != EMBEDDINGS:
             return False
         model = request.model
-        entry = self.routes[model] if model in self.routes else self.catch_all
+        entry = self.routes.get(model, self.catch_all)
         if entry is None:
             return False
         spec, shared = entry

@@ -86,7 +86,7 @@ from velox.cache.store import (
     storable,
     stored_headers,
 )
-from velox.cache.wait import FOLLOWER_LAG_BYTES, WaitList, Waiting, usage_filter
+from velox.cache.wait import FOLLOWER_LAG_BYTES, Waiting, WaitList, usage_filter
 from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import UpstreamProtocolError, to_response
@@ -325,7 +325,7 @@ class Flight:
                 waiting.end_stream()
             front.coalesced(len(followers))
         elif ok:
-            headers = self.headers + [(HEADER, HIT), (b"age", b"0")]
+            headers = [*self.headers, (HEADER, HIT), (b"age", b"0")]
             for waiting in followers:
                 request = waiting.request
                 request.exchange = None
@@ -357,7 +357,7 @@ class Flight:
     def _start(self, waiting: Waiting) -> None:
         waiting.started = True
         request = waiting.request
-        request.conn.start_stream(request, 200, self.headers + [(HEADER, HIT), (b"age", b"0")])
+        request.conn.start_stream(request, 200, [*self.headers, (HEADER, HIT), (b"age", b"0")])
 
 
 class RemoteWait(WaitList["CacheFront"]):

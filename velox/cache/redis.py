@@ -273,7 +273,7 @@ class RedisTier:
                 self.busy_since = time.monotonic() or 1e-9
                 try:
                     values = lookup_values(await pipe.execute(), len(writes), len(asking))
-                except Exception as exc:  # noqa: BLE001 - any failure: Redis is down for now
+                except Exception as exc:
                     self.busy_since = 0.0
                     self._went_down(exc)
                     self.counters.add(self.slot, F.CACHE_REDIS_DROPPED, len(writes))
@@ -288,7 +288,7 @@ class RedisTier:
                 self._came_back()
                 if writes:
                     self.counters.add(self.slot, F.CACHE_REDIS_STORES, len(writes))
-                for lookup, value in zip(asking, values):
+                for lookup, value in zip(asking, values, strict=False):
                     lookup.resolve(value)
         finally:
             self.task = None
@@ -320,5 +320,5 @@ class RedisTier:
 async def _close(client: Any) -> None:
     try:
         await client.aclose()
-    except Exception:  # noqa: BLE001 - closing a broken connection is best effort
+    except Exception:
         pass

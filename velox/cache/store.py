@@ -153,7 +153,8 @@ def decode_entry(value: bytes) -> tuple[bool, Headers, memoryview]:
     sse, size = _ENTRY.unpack_from(value)
     start = _ENTRY.size
     parts = value[start:start + size].split(b"\0") if size else []
-    return bool(sse), list(zip(parts[::2], parts[1::2])), memoryview(value)[start + size:]
+    fields = list(zip(parts[::2], parts[1::2], strict=False))  # NUL-separated name, value
+    return bool(sse), fields, memoryview(value)[start + size:]
 
 
 def storable(status: int, headers: Headers, body: bytes) -> bool:

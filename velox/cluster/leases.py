@@ -362,7 +362,7 @@ class Cluster:
                 if client is not None:
                     try:
                         await asyncio.wait_for(self._tick(client, now), TIMEOUT_S * 2)
-                    except Exception as exc:  # noqa: BLE001 - any failure means "unreachable"
+                    except Exception as exc:
                         self._went_down(exc)
                         await _close(client)
                         client = None
@@ -372,7 +372,7 @@ class Cluster:
             if client is not None:
                 try:
                     await asyncio.wait_for(self._leave(client), TIMEOUT_S * 2)
-                except Exception:  # noqa: BLE001 - leaving is best effort
+                except Exception:
                     pass
         finally:
             if client is not None:
@@ -538,7 +538,7 @@ def lease_replies(results: Any, chunks: list[list[int]]) -> tuple[int, list[tupl
         raise ReplyShapeError(f"{len(results) if isinstance(results, list) else 'no'} replies "
                               f"to {len(chunks)} script call(s)")
     hosts, out = 1, []
-    for result, wants in zip(results, chunks):
+    for result, wants in zip(results, chunks, strict=False):
         if not isinstance(result, list) or len(result) != 1 + 2 * len(wants) or \
                 not all(type(v) is int for v in result) or result[0] < 1:
             raise ReplyShapeError("a lease script call answered something else than "
@@ -570,5 +570,5 @@ def _describe(exc: BaseException) -> str:
 async def _close(client: Any) -> None:
     try:
         await client.aclose()
-    except Exception:  # noqa: BLE001 - the connection is being dropped anyway
+    except Exception:
         pass

@@ -24,8 +24,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from velox.config.tables import (DEFAULT_UPSTREAM, TableError, Tables, UpstreamSpec, load_file,
-                          single_upstream)
+from velox.config.tables import (
+    DEFAULT_UPSTREAM,
+    TableError,
+    Tables,
+    UpstreamSpec,
+    load_file,
+    single_upstream,
+)
 
 DEFAULT_PORT = 8080
 DEFAULT_RING_DEPTH = 16_384
@@ -240,7 +246,8 @@ FIELDS: tuple[Field, ...] = (
           str(DEFAULT_PARSE_OFF_LOOP_BYTES),
           "bodies this large are validated in a thread, off the event loop (0: never)"),
     Field("VELOX_RATE_LIMIT_RPM", "rate_limit_rpm", _int_in(0, MAX_RATE_LIMIT),
-          str(DEFAULT_RATE_LIMIT_RPM), "global requests per minute across all workers (0: no limit)"),
+          str(DEFAULT_RATE_LIMIT_RPM),
+          "global requests per minute across all workers (0: no limit)"),
     Field("VELOX_RATE_LIMIT_BURST", "rate_limit_burst", _int_in(1, MAX_RATE_LIMIT),
           str(DEFAULT_RATE_LIMIT_BURST), "token bucket capacity (requests admitted at once)"),
     Field("VELOX_UPSTREAM_ORIGIN", "upstream_origin", _origin, "https://api.openai.com",
@@ -403,8 +410,8 @@ class Settings:
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     # Derived from the environment but not a VELOX_* variable of its own.
     ssl_cert_file: str = ""
-    # Upstreams, routes and failover policies (velox.config.tables). None here means "synthesise them
-    # from the VELOX_UPSTREAM_* settings above", which __post_init__ does.
+    # Upstreams, routes and failover policies (velox.config.tables). None here means "synthesise
+    # them from the VELOX_UPSTREAM_* settings above", which __post_init__ does.
     tables: Tables | None = None
 
     def __post_init__(self) -> None:
@@ -667,5 +674,6 @@ def markdown_table() -> str:
     for f in FIELDS:
         default = "usable cores" if f.env in per_core else (f"`{f.default}`" if f.default else "—")
         rows.append(f"| `{f.env}` | {default} | {f.help} |")
-    rows.append("| `OPENAI_API_KEY` | — | upstream key used when `VELOX_UPSTREAM_API_KEY` is empty |")
+    rows.append("| `OPENAI_API_KEY` | — | upstream key used when `VELOX_UPSTREAM_API_KEY` is "
+                "empty |")
     return "\n".join(rows) + "\n"

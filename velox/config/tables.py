@@ -551,7 +551,7 @@ def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
         path.append(model)
         for nxt in by_model[model].fallbacks:
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = [*path[path.index(nxt):], nxt]
                 index = models.index(cycle[0]) + 1
                 _fail(source, _label("route", index, "model", cycle[0]), "fallbacks",
                       "fallback cycle: " + " -> ".join(_q(m) for m in cycle))

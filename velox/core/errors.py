@@ -1,12 +1,12 @@
 """The errors Velox produces itself, and the one function that turns them into responses.
 
-Every error the gateway answers on its own is a `VeloxError` subclass whose class attributes
-fix the HTTP status, the OpenAI error `type` and `code` (h2's `error_code` pattern), plus where
-it came from and whether a client may retry. `to_response` is the only producer of the OpenAI
-error shape `{"error": {"message", "type", "param", "code"}}`, so the SDK raises its matching
-exception class (BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError,
-RateLimitError, InternalServerError...) for each. Errors the upstream returns are not ours: they pass through
-with the upstream's own status and body.
+Every error the gateway answers on its own is a `VeloxError` subclass whose class attributes fix the
+HTTP status, the OpenAI error `type` and `code` (h2's `error_code` pattern), plus where it came from
+and whether a client may retry. `to_response` is the only producer of the OpenAI error shape
+`{"error": {"message", "type", "param", "code"}}`, so the SDK raises its matching exception class
+(BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError, RateLimitError,
+InternalServerError...) for each. Errors the upstream returns are not ours: they pass through with
+the upstream's own status and body.
 """
 
 from __future__ import annotations

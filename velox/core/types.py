@@ -53,7 +53,8 @@ class Responder(Protocol):
         queued, referenced, while the client is not taking writes)."""
 
     def end_stream(self) -> None:
-        """Terminate the streamed response (last chunk); the connection may serve the next request."""
+        """Terminate the streamed response (last chunk); the connection may serve the next
+        request."""
 
     def abort(self) -> None:
         """The response cannot be completed: close the connection so the client sees the failure."""
@@ -68,8 +69,8 @@ class Request:
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
         "caller",  # route.caller_of: digest of the presented credential, computed once
         "cache",  # cache: the request's velox.cache.front.Ticket on a cached route, else None
-        # keys stage (velox.admission.keys): the caller's [[key]] index (-1: none), what its admission
-        # holds (a keys.Ticket, released once when the request ends), and response headers
+        # keys stage (velox.admission.keys): the caller's [[key]] index (-1: none), what its
+        # admission holds (a keys.Ticket, released once when the request ends), and response headers
         # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
         "key", "ticket", "extra_headers",
         # the routes the caller's key may use (its `models`; None: any): dispatch takes no

@@ -84,7 +84,8 @@ class H1Connection(asyncio.BufferedProtocol):
         self.attempt = attempt
         attempt.conn = self
         attempt.stream_id = 0
-        parts: list[bytes | bytearray | memoryview] = [method, b" ", client.path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
+        parts: list[bytes | bytearray | memoryview] = [
+            method, b" ", client.path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
         for name, value in client.headers_out:
             parts += (name, b": ", value, b"\r\n")
         if body or method == b"POST":

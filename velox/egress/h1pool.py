@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.interfaces import Attempt
-from velox.egress.h1conn import H1Connection
-from velox.egress.pool import BasePool, EgressOptions, next_backoff
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
+from velox.egress.h1conn import H1Connection
+from velox.egress.interfaces import Attempt
+from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle, Front, Headers
@@ -149,7 +149,7 @@ class H1Pool(BasePool):
                     ssl=ctx, server_hostname=spec.host if ctx else None),
                 self.connect_timeout_s,
             )
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
             self.connecting -= 1
             self.total -= 1
             self.tally.connect_failures += 1

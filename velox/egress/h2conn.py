@@ -320,9 +320,8 @@ class H2Connection(asyncio.BufferedProtocol):
             self._goaway(event[1], event[2])
         elif kind == ev.SETTINGS:
             self.pool.on_capacity(self)
-        elif kind == ev.PING_ACK:
-            if event[1] == self.ping_payload:
-                self.ping_sent_at = 0.0
+        elif kind == ev.PING_ACK and event[1] == self.ping_payload:
+            self.ping_sent_at = 0.0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamUnavailable("the upstream connection was lost"))
@@ -346,7 +345,8 @@ class H2Connection(asyncio.BufferedProtocol):
             # the request can go to another connection.
             self.retire()
             if not self.pool.front.retry(attempt):
-                client.on_error(UpstreamUnavailable("no upstream connection could take the request"))
+                client.on_error(UpstreamUnavailable(
+                    "no upstream connection could take the request"))
             return
         self.streams[stream_id] = attempt
         self.active += 1

@@ -42,6 +42,6 @@ if _mismatch:  # pragma: no cover - a build from other sources
     raise ImportError(f"velox._native was built with different HTTP/2 constants: {_mismatch}")
 
 
-def NativeCodec(authority: bytes, scheme: bytes) -> codec.Codec:  # noqa: N802 - a constructor
+def NativeCodec(authority: bytes, scheme: bytes) -> codec.Codec:
     """A native codec for one connection (see `velox.egress.codec.Codec`)."""
     return _native.H2Client(authority, scheme, CodecError)

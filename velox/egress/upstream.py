@@ -19,11 +19,11 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.interfaces import MAX_ATTEMPTS, Attempt, Tally
+from velox.config.tables import UpstreamSpec
 from velox.egress.h1pool import H1Pool
 from velox.egress.h2pool import H2Pool
+from velox.egress.interfaces import MAX_ATTEMPTS, Attempt, Tally
 from velox.egress.pool import EgressOptions, ssl_context
-from velox.config.tables import UpstreamSpec
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Client, Pool

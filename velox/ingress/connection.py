@@ -77,9 +77,6 @@ import httptools
 import orjson
 
 from velox import _native
-from velox.ingress import h1write
-from velox.core.types import Request, Route
-from velox.ingress.arena import Arena
 from velox.core.errors import (
     BadHTTP,
     BadRequest,
@@ -91,13 +88,16 @@ from velox.core.errors import (
     RequestTimeout,
     ShuttingDown,
     UnsupportedTransferCoding,
-    VersionNotSupported,
     VeloxError,
+    VersionNotSupported,
     to_response,
 )
-from velox.ingress.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
+from velox.core.types import Request, Route
+from velox.ingress import h1write
+from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
 from velox.ingress.classify import classify, normal_target
+from velox.ingress.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
 from velox.ingress.headers import HOP_BY_HOP
 
 log = logging.getLogger("velox.ingress")
@@ -682,10 +682,9 @@ class ClientConnection(asyncio.Protocol):
         self.receiving_since = 0.0
         # A refused HEAD still gets no body. Until llhttp has matched a method it reports its
         # method 0 (DELETE), which is harmless here; an invalid method is no method at all.
-        if self._native:
-            method = self._method  # of the last head parsed (see expire_receive)
-        else:
-            method = self.parser.get_method() if method_known else b""
+        # The native path: the method of the last head parsed (see expire_receive).
+        method = self._method if self._native else \
+            self.parser.get_method() if method_known else b""
         request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
                           time.perf_counter_ns())
         if self.current is None:
@@ -978,8 +977,8 @@ _CHUNKED_CODING = b"chunked"
 def _check_transfer_coding(value: bytes) -> None:
     """Only `chunked` is understood; any other coding (gzip, deflate, identity...) gets 501
     (RFC 9112 §6.1) instead of being silently ignored."""
-    for coding in value.split(b","):
-        coding = coding.strip().lower()
+    for part in value.split(b","):
+        coding = part.strip().lower()
         if coding and coding != _CHUNKED_CODING:
             raise _Refuse(UnsupportedTransferCoding(
                 f"Transfer-Encoding {coding.decode('latin-1')!r} is not supported; "

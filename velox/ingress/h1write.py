@@ -94,8 +94,9 @@ server_timing = _native.h1_server_timing
 
 
 def use(native: bool) -> None:
-    """Switch the writer ingress uses (the Python one is for comparison and tests)."""
-    global response, head, chunks, server_timing
+    """Switch the writer ingress uses: VELOX_NATIVE=0 selects the Python one (the worker calls
+    this once; a worker is a process of its own, so module globals are the cheapest switch)."""
+    global response, head, chunks, server_timing  # noqa: PLW0603 - the switch is these globals
     if native:
         response, head, chunks = _native.h1_response, _native.h1_head, _native.h1_chunks
         server_timing = _native.h1_server_timing

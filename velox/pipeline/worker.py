@@ -5,10 +5,9 @@ schedules one `drain` (not one per request), which pops micro-batches of up to
 VELOX_BATCH_MAX with one `pop_batch` call each and runs the stages in order for the batch:
 parse (400s), gateway keys (velox.admission.keys: 403/429 per `[[key]]`), the response cache
 (velox.cache.front: hits answered, identical requests coalesced; only what goes upstream continues),
-one `acquire_up_to` on the shared token bucket for the whole batch (429s for the tail),
-embeddings batching (velox.batching.batch), routing, then the egress pool encodes every admitted request
-and writes each upstream
-connection's frames once. Answers come back through the relay. A body of
+one `acquire_up_to` on the shared token bucket for the whole batch (429s for the tail), embeddings
+batching (velox.batching.batch), routing, then the egress pool encodes every admitted request and
+writes each upstream connection's frames once. Answers come back through the relay. A body of
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
 
@@ -33,31 +32,30 @@ from urllib.parse import unquote
 
 import orjson
 
-from velox.core.types import Request, Route
-from velox.ingress import h1write
-from velox.ingress.arena import Arena
-from velox.batching.batch import Batcher
-from velox.cache.front import CacheFront
-from velox.config.settings import Settings
-from velox.routing.dispatch import Dispatch
-from velox.egress.interfaces import Tally
-from velox.egress.interfaces import Egress
-from velox.egress.pool import EgressOptions
-from velox.egress.upstream import Upstream
-from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
-from velox.core.clock import now_ms
-from velox.config.tables import CATCH_ALL, Tables
-from velox.ingress.connection import ClientConnection, IngressState
 from velox.admission.keys import KeyStage
 from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.admission.ratelimit import Limiter
-from velox.relay.exchange import Exchange
-from velox.ingress.ring import Ring
+from velox.batching.batch import Batcher
+from velox.cache.front import CacheFront
+from velox.config.settings import Settings
+from velox.config.tables import CATCH_ALL, Tables
+from velox.core.clock import now_ms
+from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
+from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
+from velox.core.types import Request, Route
+from velox.egress.interfaces import Egress, Tally
+from velox.egress.pool import EgressOptions
+from velox.egress.upstream import Upstream
+from velox.ingress import h1write
+from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
 from velox.ingress.classify import is_model_list
-from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.state.stats import SharedStats
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.ingress.ring import Ring
+from velox.relay.exchange import Exchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
+from velox.routing.dispatch import Dispatch
+from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.worker")
 
@@ -108,7 +106,8 @@ class Worker:
         self.drain_pending = False
         self.in_flight = 0
         self.keys: KeyStage | None = None  # made in build()
-        # Bodies from this size on are validated in a thread (see velox.admission.parse); 0 means never.
+        # Bodies from this size on are validated in a thread (see velox.admission.parse); 0 means
+        # never.
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
         self.scanner: ThreadPoolExecutor | None = None  # made at the first large body
         self.stopping: asyncio.Event | None = None
@@ -174,8 +173,8 @@ class Worker:
         # The [[key]] stage (velox.admission.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
-        # Token accounting (velox.relay.usage): every model call when VELOX_TOKEN_ACCOUNTING is on or
-        # an upstream has a tpm, else only keyed requests (a key's tpm is settled from usage);
+        # Token accounting (velox.relay.usage): every model call when VELOX_TOKEN_ACCOUNTING is on
+        # or an upstream has a tpm, else only keyed requests (a key's tpm is settled from usage);
         # None: no meter, nothing read.
         shared = self.shared
         set_default_output(settings.tokens_default_output)
@@ -468,8 +467,8 @@ class Worker:
             ticket = request.cache
             if ticket is not None and cache is not None and cache.follows(request):
                 continue  # an identical request of this batch is being sent: it waits for that
-            # Embeddings batching (velox.batching.batch): a taken request is answered by the batcher,
-            # which ends it through on_done exactly once, like an exchange. A request the
+            # Embeddings batching (velox.batching.batch): a taken request is answered by the
+            # batcher, which ends it through on_done exactly once, like an exchange. A request the
             # cache is recording (ticket) goes alone: its answer must pass its observer.
             if batcher is not None and ticket is None and batcher.offer(request):
                 self.in_flight += 1

@@ -13,8 +13,9 @@ OpenAI chat completions for upstreams that do not speak it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 from .base import Translator
 

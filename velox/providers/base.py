@@ -8,7 +8,7 @@ client's API. Untranslatable requests raise `Untranslatable` before anything is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from velox.core.errors import BadRequest

@@ -49,8 +49,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
                       "pip install 'velox[bedrock]'") from exc
 
 from velox.providers import oaishape as oa
-from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
-                                  UpstreamCall, Usage)
+from velox.providers.base import (
+    Answer,
+    Headers,
+    Stream,
+    Translator,
+    Untranslatable,
+    UpstreamCall,
+    Usage,
+)
 
 KIND = "bedrock"
 SIGNING_NAME = "bedrock"  # the service name SigV4 signs for (bedrock-runtime's signingName)

@@ -39,8 +39,15 @@ from urllib.parse import quote
 import orjson
 
 from velox.providers import oaishape as oa
-from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
-                                  UpstreamCall, Usage)
+from velox.providers.base import (
+    Answer,
+    Headers,
+    Stream,
+    Translator,
+    Untranslatable,
+    UpstreamCall,
+    Usage,
+)
 from velox.providers.sse import Splitter, fields
 
 KIND = "gemini"

@@ -27,7 +27,8 @@ runs: the request is forwarded as it is (`AnthropicTranslator.messages`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 

@@ -343,7 +343,7 @@ def embeddings_answer(vectors: list[list[float]], client_model: str, encoding_fo
     for index, vector in enumerate(vectors):
         value: Any = vector
         if encoding_format == "base64":
-            value = base64.b64encode(struct.pack("<%df" % len(vector), *vector)).decode()
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": index, "embedding": value})
     body = orjson.dumps({"object": "list", "data": data, "model": client_model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

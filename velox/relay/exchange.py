@@ -33,9 +33,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from velox import _native
-from velox.ingress import h1write
-from velox.core.types import Headers, Request
 from velox.core.errors import to_response
+from velox.core.types import Headers, Request
+from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class Exchange:
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
-        # failover (velox.routing.dispatch): the plan, its current attempt and what to tell the client
+        # failover (velox.routing.dispatch): the plan, its current attempt and what to tell the
+        # client
         "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
         "headers_base", "passthrough",
         "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
@@ -174,9 +175,8 @@ class Exchange:
             self.t_sent = attempt.t_sent
             self.t_headers = attempt.t_headers
         dispatch = self.dispatch
-        if dispatch is not None:
-            if dispatch.response(self, status, headers):
-                return False  # a failure sent again elsewhere: nothing of it reaches the client
+        if dispatch is not None and dispatch.response(self, status, headers):
+            return False  # a failure sent again elsewhere: nothing of it reaches the client
         request = self.request
         drop = _DROP if request.extra_headers is None else _DROP_KEYED
         # One native call: the filter, server-timing, the extra headers, the SSE test (the

@@ -171,7 +171,7 @@ _default_output = DEFAULT_OUTPUT
 
 def set_default_output(tokens: int) -> None:
     """VELOX_TOKENS_DEFAULT_OUTPUT, for every estimate of this process (the worker sets it)."""
-    global _default_output
+    global _default_output  # noqa: PLW0603 - one setting, read by every estimate of the process
     _default_output = tokens
 
 
@@ -491,10 +491,7 @@ def _split_events(block: bytes) -> list[bytes]:
         if i < 0 and j < 0:
             out.append(block[start:])
             break
-        if j >= 0 and (i < 0 or j <= i):
-            end = j + 4
-        else:
-            end = i + 2
+        end = j + 4 if j >= 0 and (i < 0 or j <= i) else i + 2
         out.append(block[start:end])
         start = end
     return out
@@ -546,9 +543,9 @@ class Meter(Protocol):
         ...
 
 
-# request.key of a call whose tokens are booked by others: a merged embeddings call, whose
-# members each book their own share under their own key (velox.batching.batch). Its meter still settles
-# the upstream's tpm for the whole call.
+# request.key of a call whose tokens are booked by others: a merged embeddings call, whose members
+# each book their own share under their own key (velox.batching.batch). Its meter still settles the
+# upstream's tpm for the whole call.
 NOT_BOOKED = -2
 # The token counts are blocks of 4096 fields (stats.TOKEN_BLOCK; stats is not imported here).
 _BLOCK_SHIFT = 12
@@ -742,12 +739,12 @@ _COUNTED: Any = object()
 
 class CountMeter:
     """The meter of the common case: a request that is not streamed, holds no key ticket, and
-    meets no upstream tpm, so only the token counters need its numbers (velox.pipeline.worker chooses
-    it). A plain answer's usage, read by the one native scan, is counted as soon as the body is
-    seen and `finish` has nothing left to do: ~3 us of Python less per request than a
-    TokenMeter (five hooks and a settlement that finds nothing to settle). Anything else (an
-    event stream answered all the same, a usage only Python can read, an answer cut short or
-    without usage) hands the request to a TokenMeter, which then does exactly what it would
+    meets no upstream tpm, so only the token counters need its numbers (velox.pipeline.worker
+    chooses it). A plain answer's usage, read by the one native scan, is counted as soon as the body
+    is seen and `finish` has nothing left to do: ~3 us of Python less per request than a TokenMeter
+    (five hooks and a settlement that finds nothing to settle). Anything else (an event stream
+    answered all the same, a usage only Python can read, an answer cut short or without usage) hands
+    the request to a TokenMeter, which then does exactly what it would
     have done from the start."""
 
     # input/output/exact/done as TokenMeter has them: the access log reads them from either.

@@ -59,9 +59,9 @@ capacity: 503 overloaded if any was at max_in_flight, else 429 with Retry-After 
 soonest rpm bucket.
 
 Tokens: a plan given the request's estimated tokens (`plan.tokens`) and a router given the
-upstreams' tpm buckets (`tpm`, velox.state.health.UpstreamTokens) reserves the estimate on a target's
-upstream before admitting it; a target whose bucket cannot cover it is refused like one whose
-rpm bucket is empty (the next candidate is tried; Retry-After from the bucket when none can).
+upstreams' tpm buckets (`tpm`, velox.state.health.UpstreamTokens) reserves the estimate on a
+target's upstream before admitting it; a target whose bucket cannot cover it is refused like one
+whose rpm bucket is empty (the next candidate is tried; Retry-After from the bucket when none can).
 The attempt holds the reservation (`attempt.tokens`) until the relay's meter settles it with the
 real usage; finish() gives back whatever is still held (an attempt that failed or was retried).
 """
@@ -70,16 +70,16 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from collections.abc import Callable
 from typing import Protocol
 
 from velox._native import Rendezvous, hash64
-from velox.core.errors import Overloaded, RateLimited, VeloxError
-from velox.core.clock import now_ms
-from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS
 from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
+from velox.core.clock import now_ms
+from velox.core.errors import Overloaded, RateLimited, VeloxError
+from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
 BACKOFF_MS = 100
@@ -193,10 +193,11 @@ EVENT_TABLE: dict[Event, tuple[int, bool]] = {
 # Upstream statuses that are retried (502/503/504, and 529 "overloaded" as some providers
 # send). Other 5xx count against the breaker but are not retried: the request may have run.
 RETRYABLE_STATUSES = frozenset({502, 503, 504, 529})
+_DEFAULT_POLICY = RetryPolicy()  # frozen: one instance serves every call
 
 
 def classify(event: Event, status: int = 0, retry_after_s: float | None = None,
-             policy: RetryPolicy = RetryPolicy()) -> Verdict:
+             policy: RetryPolicy = _DEFAULT_POLICY) -> Verdict:
     """What an attempt's end means for the breaker and for a retry (before the commit point).
 
     Statuses: below 400, and client errors other than 429, show a working upstream (a
@@ -692,7 +693,7 @@ class Plan:
         lists = (outcome.full, outcome.open, outcome.full, outcome.rate)  # 0: lost a race
         for picker in self.chain:
             for t in picker.targets:
-                if t in hard or tried and t in tried:
+                if t in hard or (tried and t in tried):
                     continue
                 reason = refused.get(t) if refused else None
                 if reason is None:

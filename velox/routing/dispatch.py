@@ -1,14 +1,14 @@
 """Dispatch: send each admitted request to the upstream its route picks, and to another one
 while nothing of the answer has reached the client.
 
-Per request the worker calls `send(exchange)`. The route is the request's model (`velox.config.tables`:
-its own route, else the catch-all `"*"`); a request without a model (GET /v1/files, POST /)
-uses the catch-all route, else the first route of the file. `velox.routing.balance` chooses the target
-(weights, least busy, affinity hash, priorities, breakers, in-flight caps, rpm buckets, panic),
-and this module turns its choice into an upstream request: the upstream's path (Azure
-deployment paths), its credential header, and the body with the target's model name when it
-differs from the public one (the bytes of the `model` value are replaced in place of the
-original, found by the native scanner; nothing else in the body is re-serialised).
+Per request the worker calls `send(exchange)`. The route is the request's model
+(`velox.config.tables`: its own route, else the catch-all `"*"`); a request without a model (GET
+/v1/files, POST /) uses the catch-all route, else the first route of the file.
+`velox.routing.balance` chooses the target (weights, least busy, affinity hash, priorities,
+breakers, in-flight caps, rpm buckets, panic), and this module turns its choice into an upstream
+request: the upstream's path (Azure deployment paths), its credential header, and the body with the
+target's model name when it differs from the public one (the bytes of the `model` value are replaced
+in place of the original, found by the native scanner; nothing else in the body is re-serialised).
 
 Failover. The relay asks `response` when response headers arrive and `error_failed` when
 an attempt fails, as long as no byte has been written to the client (the commit point; a plain
@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from velox import _native
-from velox.routing.balance import Attempt, Event, Plan, Router, classify
-from velox.core.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
-from velox.core.clock import now_ms
-from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
-from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
-from velox.state.stats import SharedStats
 from velox.config.tables import CATCH_ALL, Tables
+from velox.core.clock import now_ms
+from velox.core.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
+from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
+from velox.routing.balance import Attempt, Event, Plan, Router, classify
+from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
+from velox.state.stats import SharedStats
 
 if TYPE_CHECKING:
     from velox.core.types import Request

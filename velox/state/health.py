@@ -43,7 +43,7 @@ How the lead wires it (the API the worker and the egress pool use):
 
     health = SharedHealth.create(settings.tables)            # supervisor, before fork
     router = balance.Router(settings.tables, health)         # each worker, after fork
-    plan = router.plan(model, affinity_key)                  # per request; see velox.routing.balance
+    plan = router.plan(model, affinity_key)                  # per request (velox.routing.balance)
 
 `SharedHealth` implements `balance.LiveState` (all the balancer knows about it), plus
 `snapshot()` for /stats and /metrics. Times are CLOCK_MONOTONIC milliseconds (`now_ms()`).
@@ -51,13 +51,12 @@ How the lead wires it (the API the worker and the egress pool use):
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from velox import _native
 from velox._native import Health, Limits, RetryBudget
-from velox.core.clock import now_ms
 from velox.config.tables import TableError, Tables
+from velox.core.clock import now_ms
 
 # Why an upstream cannot take a request now (admit() returns the negative).
 REASON_OPEN = 1  # breaker open, or half-open with its probe slot taken

@@ -71,11 +71,12 @@ class SharedStats:
                                   for route in tables.routes for target in route.targets)
         self.targets = Counters(slots, max(1, len(self.target_names)))
         self.upstream_status = Counters(slots, len(tables.upstreams) * len(UPSTREAM_CLASSES))
-        # The [[key]] limits: kept across a reload that keeps the same key names (velox.admission.keys).
+        # The [[key]] limits: kept across a reload that keeps the same key names
+        # (velox.admission.keys).
         self.keys = SharedKeys(tables.keys, slots, keys)
         # Tokens by gateway key and route (velox.relay.usage.Ledger writes them): field =
         # ((key + 1) x routes + route) x 2 + kind (0 input, 1 output); key -1 is "no key".
-        self.key_names = ("-",) + tuple(k.name for k in tables.keys)
+        self.key_names = ("-", *tuple(k.name for k in tables.keys))
         self.route_models = tuple(r.model for r in tables.routes)
         # Counters hold at most TOKEN_BLOCK fields a row: field f is tokens[f // TOKEN_BLOCK].
         size = max(1, len(self.key_names) * len(self.route_models) * 2)

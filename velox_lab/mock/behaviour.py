@@ -86,7 +86,7 @@ _salt = b"%08x" % (os.getpid() & 0xFFFFFFFF)
 
 def reseed() -> None:
     """Make ids unique per process (call in a forked worker)."""
-    global _salt
+    global _salt  # noqa: PLW0603 - the per-process part of every id this module makes
     _salt = b"%08x" % (os.getpid() & 0xFFFFFFFF)
 
 
@@ -102,7 +102,7 @@ def _static(content_type: bytes, latency_ms: int, extra: tuple = ()) -> tuple:
                    (b"openai-organization", b"velox-mock"),
                    (b"openai-processing-ms", b"%d" % max(1, latency_ms)),
                    (b"x-ratelimit-limit-requests", b"%d" % RATE_LIMIT),
-                   (b"x-ratelimit-limit-tokens", b"30000000")) + extra
+                   (b"x-ratelimit-limit-tokens", b"30000000"), *extra)
         if len(_static_cache) < 1024:
             _static_cache[key] = headers
     return headers
@@ -116,7 +116,7 @@ _RATE_LIMITED = ((b"retry-after", b"1"), (b"x-ratelimit-reset-requests", b"1s"))
 def _ids() -> tuple[bytes, str, int]:
     n = next(_counter)
     request_id = b"req_%s%024x" % (_salt, n)
-    return request_id, "%s%x" % (_salt.decode(), n), n
+    return request_id, f"{_salt.decode()}{n:x}", n
 
 
 def error_plan(status: int, message: str | None = None, latency_ms: int = 0, *,

@@ -14,7 +14,7 @@ import asyncio
 from . import h2server as h2
 from .behaviour import Plan
 from .hpackenc import encode_response
-from .state import BYTES_RECEIVED, REFUSED, GOAWAYS_SENT, MockState
+from .state import BYTES_RECEIVED, GOAWAYS_SENT, REFUSED, MockState
 
 GOAWAY_GRACE = 0.1  # seconds a connection lingers after our GOAWAY for in-flight streams
 MAX_BODY = 64 << 20
@@ -190,7 +190,7 @@ class H2Protocol(asyncio.Protocol):
     def _headers(self, plan: Plan) -> bytes:
         dynamic = plan.dynamic
         if plan.content_length is not None:
-            dynamic = dynamic + [(b"content-length", b"%d" % plan.content_length)]
+            dynamic = [*dynamic, (b"content-length", b"%d" % plan.content_length)]
         return encode_response(plan.status, plan.static, dynamic)
 
     def _send_whole(self, sid: int, plan: Plan) -> bool:

@@ -5,12 +5,12 @@ resets, GOAWAY, "this stream's send buffer drained") and queues the bytes to sen
 (`data_to_send`). It does no I/O and knows nothing about asyncio, so the asyncio shell stays
 thin and the framing can be exercised directly.
 
-It is hand-written rather than built on the `h2` package because the mock shares two cores with
-the gateway and the load generator during benchmarks: a request costs a few microseconds here
-where the general-purpose `h2` state machine spends well over 100 µs. It implements what a server needs
-and nothing more: no server push, no priority scheduling, no dynamic-table HPACK encoding.
-Responses are encoded statelessly (static-table indexes and literals without indexing), which is
-legal whatever the peer's SETTINGS_HEADER_TABLE_SIZE and lets constant header sets be cached.
+It is hand-written rather than built on the `h2` package because the mock shares two cores with the
+gateway and the load generator during benchmarks: a request costs a few microseconds here where the
+general-purpose `h2` state machine spends well over 100 µs. It implements what a server needs and
+nothing more: no server push, no priority scheduling, no dynamic-table HPACK encoding. Responses are
+encoded statelessly (static-table indexes and literals without indexing), which is legal whatever
+the peer's SETTINGS_HEADER_TABLE_SIZE and lets constant header sets be cached.
 """
 
 from __future__ import annotations

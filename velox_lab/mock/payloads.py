@@ -45,9 +45,9 @@ def _text_tokens(value: Any) -> int:
         return len(value) // 4 + 1
     if isinstance(value, list):
         total = 0
-        for item in value:  # the common shape, a list of messages, without recursion
-            if isinstance(item, dict):
-                item = item.get("content") or item.get("text") or ""
+        for entry in value:  # the common shape, a list of messages, without recursion
+            item = (entry.get("content") or entry.get("text") or "") if isinstance(entry, dict) \
+                else entry
             total += len(item) // 4 + 1 if isinstance(item, str) else _text_tokens(item)
         return total
     if isinstance(value, dict):
@@ -196,7 +196,7 @@ def embeddings(req: dict, model: str, items: list[Any]) -> bytes:
     for index, item in enumerate(items):
         vector: Any = embedding_vector(item, dims)
         if as_base64:  # little-endian float32, as the SDK decodes it
-            vector = base64.b64encode(struct.pack("<%df" % dims, *vector)).decode()
+            vector = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
         data.append({"object": "embedding", "index": index, "embedding": vector})
     tokens = sum(_text_tokens(i) if not isinstance(i, list) else len(i) for i in items)
     return _dumps({"object": "list", "data": data, "model": model,

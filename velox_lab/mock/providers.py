@@ -86,7 +86,7 @@ def _field(obj: dict[str, Any], camel: str) -> Any:
 
 
 def _ids() -> str:
-    return "%012x" % next(_counter)
+    return f"{next(_counter):012x}"
 
 
 def _plan(status: int, headers: tuple, body: bytes | None = None,
@@ -341,8 +341,8 @@ def _bedrock_check(messages: Any) -> str | None:
             if "toolUse" in block:
                 used.add(block["toolUse"].get("toolUseId"))
             if "toolResult" in block and block["toolResult"].get("toolUseId") not in used:
-                return ("The toolResult blocks at messages.%d.content contain toolUseId that "
-                        "does not match a toolUse block." % i)
+                return (f"The toolResult blocks at messages.{i}.content contain toolUseId that "
+                        "does not match a toolUse block.")
             if "text" in block and not block["text"].strip():
                 return "The text field in the ContentBlock object is blank."
     return None
@@ -398,17 +398,16 @@ def _converse(req: dict[str, Any], model: str, stream: bool, chunks: int) -> Pla
             "contentBlockIndex": 0}))
         args = orjson.dumps(use["input"]).decode()
         cut = len(args) // 2  # the input arrives as JSON fragments, as Bedrock streams it
-        for piece in (args[:cut], args[cut:]):
-            frames.append(eventstream.event("contentBlockDelta", {
-                "delta": {"toolUse": {"input": piece}}, "contentBlockIndex": 0}))
+        frames.extend(eventstream.event("contentBlockDelta", {
+            "delta": {"toolUse": {"input": piece}}, "contentBlockIndex": 0})
+            for piece in (args[:cut], args[cut:]))
     else:
-        for block in blocks:
-            frames.append(eventstream.event("contentBlockDelta", {
-                "delta": {"text": block["text"]}, "contentBlockIndex": 0}))
+        frames.extend(eventstream.event("contentBlockDelta", {
+            "delta": {"text": block["text"]}, "contentBlockIndex": 0}) for block in blocks)
     if model.startswith("midstream-"):
         name = model[10:]
-        frames = frames[:3] + [eventstream.exception(name[:1].lower() + name[1:],
-                                                      f"Mock {name} mid-stream.")]
+        frames = [*frames[:3], eventstream.exception(name[:1].lower() + name[1:],
+                                                     f"Mock {name} mid-stream.")]
     else:
         frames.append(eventstream.event("contentBlockStop", {"contentBlockIndex": 0}))
         frames.append(eventstream.event("messageStop", {"stopReason": reason}))

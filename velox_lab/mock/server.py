@@ -193,7 +193,7 @@ def run(cfg: ServerConfig) -> int:
                 _run_loop(cfg, sock, ctx, counters, None)
             except SystemExit:
                 pass
-            except BaseException:  # noqa: BLE001 - a worker must never return into run()
+            except BaseException:
                 code = 1
             finally:
                 os._exit(code)

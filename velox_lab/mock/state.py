@@ -55,7 +55,8 @@ _KEY_HEADERS = {b"api-key": "api-key", b"x-api-key": "x-api-key",
 
 def auth_of(headers: list[tuple[bytes, bytes]]) -> dict:
     """How a request authenticated: `kind` ("authorization", "api-key" (Azure), "x-api-key"
-    (Anthropic), "x-goog-api-key" (Gemini), "sigv4" (Bedrock), "both" or None) and the fingerprint of the credential (the key header's value,
+    (Anthropic), "x-goog-api-key" (Gemini), "sigv4" (Bedrock), "both" or None) and the fingerprint
+    of the credential (the key header's value,
     else the bearer token)."""
     api_key = bearer = key_kind = None
     for name, value in headers:
