@@ -8,7 +8,9 @@ much later (a profile answers after its N seconds), and may answer other command
 
 `ControlHub` is used from the admin server's threads: `call` sends under a per-channel lock
 and waits for the reply with a timeout, while one reader thread per channel routes replies to
-their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
+their callers. A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger
+rows, velox.spend.feed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
+LedgerWriter.submit), or drops them when there is none. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
 
 Imports: stdlib and orjson only.
@@ -21,11 +23,13 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 _HEADER = struct.Struct(">I")
+LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.spend.feed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -77,9 +81,10 @@ class _Pending:
 class _Channel:
     """The supervisor's end of one worker's socketpair, with its reader thread."""
 
-    def __init__(self, slot: int, sock: socket.socket) -> None:
+    def __init__(self, slot: int, sock: socket.socket, hub: ControlHub | None = None) -> None:
         self.slot = slot
         self.sock = sock
+        self.hub = hub
         self.send_lock = threading.Lock()
         self.pending: dict[int, _Pending] = {}
         self.pending_lock = threading.Lock()
@@ -95,6 +100,11 @@ class _Channel:
                 if not data:
                     break
                 for message in reader.feed(data):
+                    if LEDGER_KEY in message:
+                        sink = self.hub.ledger_sink if self.hub is not None else None
+                        if sink is not None:
+                            sink(message[LEDGER_KEY])
+                        continue
                     with self.pending_lock:
                         waiter = self.pending.pop(message.get("id"), None)
                     if waiter is not None:  # else its caller gave up (timeout): drop it
@@ -127,6 +137,8 @@ class ControlHub:
         self._lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._ids = itertools.count(1)
+        # Where the workers' ledger rows go (LedgerWriter.submit); None: dropped.
+        self.ledger_sink: Callable[[list[Any]], object] | None = None
 
     @staticmethod
     def pair() -> tuple[socket.socket, socket.socket]:
@@ -135,7 +147,7 @@ class ControlHub:
 
     def attach(self, slot: int, sock: socket.socket) -> None:
         """The worker in `slot` now listens on the other end of `sock` (after each fork)."""
-        channel = _Channel(slot, sock)
+        channel = _Channel(slot, sock, self)
         with self._lock:
             old = self._channels.get(slot)
             self._channels[slot] = channel
