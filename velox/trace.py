@@ -59,6 +59,8 @@ DEFAULT_MAX_QUEUE = 2048
 CLOSE_TIMEOUT_S = 5.0
 # Where the processor's OTEL_BSP_* variables are read if set (they win over these defaults).
 _ENV_QUEUE = "OTEL_BSP_MAX_QUEUE_SIZE"
+_ENV_BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+DEFAULT_BATCH = 512
 SCOPE = "velox"
 # Provider names of the GenAI conventions, by upstream kind (velox.tables UPSTREAM_KINDS and
 # the provider translators' kinds).
@@ -195,8 +197,10 @@ class Tracer:
             exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + TRACES_PATH)
         self.max_queue = max_queue or int(os.environ.get(_ENV_QUEUE, DEFAULT_MAX_QUEUE))
         self.exporter = _Counting(exporter)
+        batch = min(self.max_queue, int(os.environ.get(_ENV_BATCH, DEFAULT_BATCH)))
         self.processor = BatchSpanProcessor(self.exporter,  # type: ignore[arg-type]
                                             max_queue_size=self.max_queue,
+                                            max_export_batch_size=batch,
                                             schedule_delay_millis=schedule_delay_ms)
         self.resource = Resource.create({"service.name": service_name,
                                          "service.version": __version__,
