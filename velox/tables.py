@@ -8,6 +8,9 @@ Without `VELOX_CONFIG` the tables are synthesised from the `VELOX_UPSTREAM_*` va
 upstream named `default` and one route `"*"` sending every model to it, which is exactly the
 single-upstream gateway Velox was before the tables existed.
 
+`[[price]]` tables (model glob, optional upstream, USD per million tokens) override the shipped
+price table entry by entry; velox.spend.prices turns usage into cost with them.
+
 Secrets never live in the file: an upstream names the environment variable holding its key
 (`api_key_env`), and the resolved key is kept out of `repr` and `--print-config`.
 

@@ -102,6 +102,7 @@ SHIP_ROWS = 4 * BATCH_ROWS
 REDIS_TIMEOUT_S = 1.0
 REDIS_BACKOFF_S = (1.0, 60.0)
 DEFAULT_STREAM_MAXLEN = 1_000_000
+_TELL_SKIPPED = 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -188,6 +189,7 @@ class Store:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        self.skipped = 0
         self._ids: dict[str, int] = dict((n, i) for i, n in conn.execute(
             "SELECT id, name FROM names"))
         self._names: dict[int, str] = {i: n for n, i in self._ids.items()}
@@ -241,7 +243,11 @@ class Store:
                 elif not (isinstance(value, int) or (value is None and at == _COST_AT)):
                     raise ValueError(f"{COLUMNS[at]} must be an integer")
         except (TypeError, ValueError) as exc:
-            log.warning("ledger: a row was skipped (%s)", exc)
+            self.skipped += 1
+            if self.skipped <= _TELL_SKIPPED:  # a buggy producer must not flood the log
+                log.warning("ledger: a row was skipped (%s)%s", exc,
+                            "; further ones are only counted" if self.skipped == _TELL_SKIPPED
+                            else "")
             return None
         return encoded
 
