@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import wait_for
 from velox.spend import ledger, report
 from velox.spend.ledger import EARLIER, LedgerWriter, Spent, Store, connect, make_row
 
@@ -29,13 +30,6 @@ def _rows(n: int, ts_ms: int = NOW_MS, key: str = "alice", team: str = "red",
                      cost_nanos=cost, latency_us=1500, request_id=f"{prefix}{i}", **kw)
             for i in range(n)]
 
-
-def _wait(predicate: Any, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
 
 
 def test_rows_names_view_and_daily_totals(tmp_path: Path) -> None:
@@ -147,7 +141,7 @@ def test_retention_purges_a_big_table_in_small_batches_while_rows_keep_arriving(
         return bool(s["purged"] == old_rows)
 
     try:
-        _wait(watch, what="the purge of the old rows")
+        wait_for(watch, timeout=60)  # the purge of the old rows
     finally:
         stop.set()
         thread.join()
@@ -177,8 +171,9 @@ def test_old_daily_totals_fold_into_one_row_and_keep_their_sum(tmp_path: Path) -
     store.conn.close()
     writer = LedgerWriter(path, retention_days=1, clock=lambda: NOW_MS / 1000)
     writer.start()
-    _wait(lambda: writer.stats()["purged"] == 8 and writer._next_purge > NOW_MS / 1000,
-          what="purge and fold")
+    # Purged, and the fold done (the next purge is then a minute away).
+    wait_for(lambda: writer.stats()["purged"] == 8 and writer._next_purge > NOW_MS / 1000,
+             timeout=60)
     writer.close()
     conn = connect(path, readonly=True)
     days = [d for (d,) in conn.execute("SELECT day FROM spend_daily ORDER BY day")]

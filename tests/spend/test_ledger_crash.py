@@ -11,16 +11,18 @@ batch is half there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import wait_for
 from velox.spend.ledger import Store, connect, make_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,13 +41,6 @@ def _rows_of(path: Path, run: str, slot: int) -> int:
     return _count(path, "SELECT COUNT(*) FROM requests WHERE request_id LIKE ?",
                   f"{run}-{slot}-%")
 
-
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Run:
@@ -71,10 +66,8 @@ class Run:
         self.proc.kill()  # SIGKILL by PID
         self.proc.wait(30)
         for pid in self.workers.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.workers.clear()
 
 
@@ -122,16 +115,15 @@ def test_sigkill_of_workers_and_of_the_writer_never_corrupts_the_ledger(
             _old_rows(path)
         run = Run(path, name, retention_days=7)
         runs.append(run)
-        _wait(lambda: _rows_of(path, name, 0) >= 2000 and _rows_of(path, name, 1) >= 2000,
-              f"rows of both workers of {name}")
+        wait_for(lambda n=name: _rows_of(path, n, 0) >= 2000 and _rows_of(path, n, 1) >= 2000,
+                 timeout=90)
         run.kill_worker(0)
         after = _rows_of(path, name, 1)
-        _wait(lambda: _rows_of(path, name, 1) >= after + 2000,
-              "the writer going on with the other worker's rows")
+        # The writer goes on with the other worker's rows.
+        wait_for(lambda n=name, a=after: _rows_of(path, n, 1) >= a + 2000, timeout=90)
         if purging:  # SIGKILL while old rows are being deleted, some gone, some not
-            _wait(lambda: 0 < _count(path, "SELECT COUNT(*) FROM requests WHERE "
-                                     "request_id LIKE 'old-%'") < OLD_ROWS,
-                  "the retention purge under way", timeout=120)
+            wait_for(lambda: 0 < _count(path, "SELECT COUNT(*) FROM requests WHERE "
+                                        "request_id LIKE 'old-%'") < OLD_ROWS, timeout=120)
         run.kill_all()
         done.append(name)
         _check(path, done)

@@ -6,37 +6,20 @@ the cursor.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
+from tests.e2e.conftest import wait_for
 from velox.launch import RedisProcess
 from velox.spend import report
 from velox.spend.ledger import STREAM, LedgerWriter, connect, make_row
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: run `make redis-server` (Debian's package)")
-    with RedisProcess(log_path=tmp_path / "redis.log") as server:
-        yield server
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _rows(n: int, key: str, prefix: str, cost: int | None = 2000) -> list[tuple[object, ...]]:
@@ -60,7 +43,7 @@ def test_two_hosts_in_one_stream_read_by_velox_spend_all_hosts(
     writers[0].submit(_rows(300, "alice", "a"))
     writers[1].submit(_rows(200, "bob", "b"))
     writers[1].submit(_rows(50, "carol", "c", cost=None))
-    _wait(lambda: _xlen(redis_server) == 550, "every row in the stream")
+    wait_for(lambda: _xlen(redis_server) == 550, timeout=60)
     for writer in writers:
         writer.close()
     conn = report.from_stream(redis_server.url, 0)
@@ -86,16 +69,16 @@ def test_redis_down_then_back_loses_no_row_and_never_stalls_the_writer(
     writer.start()
     try:
         writer.submit(_rows(100, "k", "before-"))
-        _wait(lambda: _xlen(redis_server) == 100, "the first rows in the stream")
+        wait_for(lambda: _xlen(redis_server) == 100, timeout=60)
         redis_server.kill()
         for i in range(20):  # rows keep coming while Redis is gone
             writer.submit(_rows(50, "k", f"down{i}-"))
-        _wait(lambda: writer.stats()["written"] == 1100, "the file to take every row")
-        _wait(lambda: writer.stats()["redis"]["errors"] >= 1, "the mirror to notice")
+        wait_for(lambda: writer.stats()["written"] == 1100, timeout=60)
+        wait_for(lambda: writer.stats()["redis"]["errors"] >= 1, timeout=60)
         assert writer.stats()["redis"]["up"] is False
         redis_server.start()  # back, and empty (no persistence): like a replaced node
-        _wait(lambda: _xlen(redis_server) == 1000, "the rows written while Redis was down",
-              timeout=120)
+        # The rows written while Redis was down arrive.
+        wait_for(lambda: _xlen(redis_server) == 1000, timeout=120)
         assert writer.stats()["redis"]["up"] is True
     finally:
         writer.close()
@@ -121,7 +104,7 @@ def test_the_stream_is_capped(tmp_path: Path, redis_server: RedisProcess) -> Non
     writer.start()
     for i in range(10):
         writer.submit(_rows(1000, "k", f"r{i}-"))
-    _wait(lambda: writer.stats()["redis"]["sent"] == 10_000, "every row sent")
+    wait_for(lambda: writer.stats()["redis"]["sent"] == 10_000, timeout=60)
     writer.close()
     # MAXLEN ~ trims whole macro nodes: about the cap, never the 10,000 sent.
     assert 1000 <= _xlen(redis_server) < 3000

@@ -8,10 +8,12 @@ much later (a profile answers after its N seconds), and may answer other command
 
 `ControlHub` is used from the admin server's threads: `call` sends under a per-channel lock
 and waits for the reply with a timeout, while one reader thread per channel routes replies to
-their callers. A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger
-rows, velox.spend.feed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
-LedgerWriter.submit), or drops them when there is none. A worker that exits fails its pending calls at once (EOF), and a slot's channel
+their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
+
+A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
+velox.spend.feed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
+LedgerWriter.submit), or drops them when there is none.
 
 Imports: stdlib and orjson only.
 """
@@ -19,6 +21,7 @@ Imports: stdlib and orjson only.
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import struct
 import threading
@@ -28,6 +31,7 @@ from typing import Any
 
 import orjson
 
+log = logging.getLogger("velox.admin")
 _HEADER = struct.Struct(">I")
 LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.spend.feed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
@@ -101,9 +105,7 @@ class _Channel:
                     break
                 for message in reader.feed(data):
                     if LEDGER_KEY in message:
-                        sink = self.hub.ledger_sink if self.hub is not None else None
-                        if sink is not None:
-                            sink(message[LEDGER_KEY])
+                        self._ledger(message[LEDGER_KEY])
                         continue
                     with self.pending_lock:
                         waiter = self.pending.pop(message.get("id"), None)
@@ -113,6 +115,15 @@ class _Channel:
         except (OSError, ControlError, orjson.JSONDecodeError):
             pass
         self.fail_pending()
+
+    def _ledger(self, rows: Any) -> None:
+        sink = self.hub.ledger_sink if self.hub is not None else None
+        if sink is None or not isinstance(rows, list):
+            return
+        try:
+            sink(rows)
+        except Exception:  # noqa: BLE001 - the channel must outlive a bad frame of rows
+            log.exception("control channel %d: ledger rows dropped", self.slot)
 
     def fail_pending(self) -> None:
         self.closed = True

@@ -114,7 +114,7 @@ def from_stream(redis_url: str, since_ms: int, stream: str = STREAM) -> sqlite3.
             stream, min=start, max="+", count=_STREAM_PAGE)
         if not entries:
             break
-        for entry_id, fields in entries:
+        for _entry_id, fields in entries:
             ident = (fields.get(b"host", b""), fields.get(b"row", b""))
             if ident in seen:
                 continue
