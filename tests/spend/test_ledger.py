@@ -255,3 +255,16 @@ def test_the_feed_ships_one_frame_per_flush_and_drops_counted_rows_when_full() -
         feed.add(row)
     assert feed.flush() == 0 and len(frames) == 1
     assert (feed.sent, feed.dropped) == (100, 30)
+
+
+def test_names_of_a_rolled_back_batch_are_forgotten(tmp_path: Path) -> None:
+    """A batch that fails rolls back the names it added; later rows must not point at them."""
+    store = Store(connect(tmp_path / "ledger.sqlite3"))
+
+    def fail() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    with pytest.raises(sqlite3.OperationalError):
+        store.append(_rows(1, key="ghost"), extra=fail)
+    store.append(_rows(1, key="ghost"))
+    assert store.conn.execute("SELECT key FROM ledger").fetchall() == [("ghost",)]

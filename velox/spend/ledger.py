@@ -190,9 +190,13 @@ class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.skipped = 0
-        self._ids: dict[str, int] = dict((n, i) for i, n in conn.execute(
-            "SELECT id, name FROM names"))
-        self._names: dict[int, str] = {i: n for n, i in self._ids.items()}
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._load_names()
+
+    def _load_names(self) -> None:
+        self._ids = {n: i for i, n in self.conn.execute("SELECT id, name FROM names")}
+        self._names = {i: n for n, i in self._ids.items()}
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -228,6 +232,7 @@ class Store:
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
+            self._load_names()  # names inserted by the batch are gone with it
             raise
         return len(good)
 
