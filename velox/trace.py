@@ -41,7 +41,6 @@ Imports: stdlib; opentelemetry (sdk, exporter-otlp-proto-http) when a Tracer is 
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import socket
@@ -54,13 +53,7 @@ from typing import Any, NamedTuple
 TRACES_PATH = "/v1/traces"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _LOW64 = (1 << 64) - 1
-# The SDK's default queue (OTEL_BSP_MAX_QUEUE_SIZE): 2,048 spans of ~2 KB.
-DEFAULT_MAX_QUEUE = 2048
 CLOSE_TIMEOUT_S = 5.0
-# Where the processor's OTEL_BSP_* variables are read if set (they win over these defaults).
-_ENV_QUEUE = "OTEL_BSP_MAX_QUEUE_SIZE"
-_ENV_BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
-DEFAULT_BATCH = 512
 SCOPE = "velox"
 # Provider names of the GenAI conventions, by upstream kind (velox.tables UPSTREAM_KINDS and
 # the provider translators' kinds).
@@ -182,7 +175,8 @@ class Tracer:
 
     def __init__(self, endpoint: str = "", sample: float = 1.0, capture_content: bool = False,
                  exporter: Any = None, max_queue: int | None = None,
-                 service_name: str = "velox", schedule_delay_ms: float | None = None) -> None:
+                 max_export_batch: int | None = None, service_name: str = "velox",
+                 schedule_delay_ms: float | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -195,12 +189,19 @@ class Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + TRACES_PATH)
-        self.max_queue = max_queue or int(os.environ.get(_ENV_QUEUE, DEFAULT_MAX_QUEUE))
         self.exporter = _Counting(exporter)
-        batch = min(self.max_queue, int(os.environ.get(_ENV_BATCH, DEFAULT_BATCH)))
+        # Unset sizes are the SDK's (its OTEL_BSP_* variables, else 2,048 and 512); the queue
+        # size is read back from the SDK so `record` can keep within it.
+        defaults: Any = BatchSpanProcessor  # its default-size helpers are untyped
+        if max_queue is None:
+            max_queue = int(defaults._default_max_queue_size())
+        if max_export_batch is None:
+            max_export_batch = int(defaults._default_max_export_batch_size())
+        self.max_queue = max_queue
         self.processor = BatchSpanProcessor(self.exporter,  # type: ignore[arg-type]
-                                            max_queue_size=self.max_queue,
-                                            max_export_batch_size=batch,
+                                            max_queue_size=max_queue,
+                                            max_export_batch_size=min(max_export_batch,
+                                                                      max_queue),
                                             schedule_delay_millis=schedule_delay_ms)
         self.resource = Resource.create({"service.name": service_name,
                                          "service.version": __version__,
