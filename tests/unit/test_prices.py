@@ -307,3 +307,18 @@ def test_velox_prices_prints_the_effective_table(tmp_path: Path) -> None:
     assert one.returncode == 0 and "claude-3-5-haiku*" in one.stdout
     none = _velox(["prices", "--model", "no-such-model"], {})
     assert none.returncode == 1 and "no entry prices 'no-such-model'" in none.stderr
+
+
+def test_an_anthropic_answer_is_priced_as_anthropic_bills_it() -> None:
+    """The anthropic translator's usage (cache reads and writes folded into input, as OpenAI
+    counts) priced by the shipped table gives Anthropic's own arithmetic: uncached input,
+    cache writes, cache reads and output each at their price."""
+    from velox.providers.anthropic import usage_of
+
+    usage = usage_of({"input_tokens": 1200, "cache_creation_input_tokens": 3000,
+                      "cache_read_input_tokens": 50_000, "output_tokens": 700})
+    assert (usage.input, usage.cached_input, usage.cache_write) == (54_200, 50_000, 3000)
+    cost = PriceTable().cost("anthropic", "claude-sonnet-4-5-20250929", usage)
+    anthropic_usd = (Fraction(1200 * 3) + Fraction(3000 * 375, 100) + Fraction(50_000 * 30, 100)
+                     + Fraction(700 * 15)) / 10**6
+    assert cost == anthropic_usd * 10**9 == 40_350_000
