@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,20 +15,12 @@ import orjson
 import pytest
 
 from velox import config
+from velox.providers.base import Usage  # the usage record the translators produce
 from velox.spend import prices
 from velox.spend.prices import PriceTable, cost_nanos, load_defaults
 from velox.tables import PriceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Usage:
-    input: int = 0
-    output: int = 0
-    cached_input: int = 0
-    cache_write: int = 0
-    reasoning: int = 0
 
 
 def _micro(usd: str) -> int:
