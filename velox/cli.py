@@ -1,5 +1,5 @@
-"""Command line: `velox` (serve), `velox demo`, `velox --print-config`, `velox key hash|new` and
-`velox bench report`.
+"""Command line: `velox` (serve), `velox demo`, `velox --print-config`, `velox key hash|new`,
+`velox prices`, `velox spend` (velox.spend.commands) and `velox bench report`.
 
 `velox key hash` reads a gateway key on stdin and prints its SHA-256 (the `sha256` of a
 `[[key]]` table); `velox key new` prints a fresh random key and its hash. Neither reads the
@@ -8,9 +8,9 @@ configuration.
 `velox bench report` runs the developer tool benches/report.py, which is not part of the
 package: it works from the repository root of a source checkout and says so elsewhere.
 
-Imports: config, tables, supervisor (lazily, so --print-config works without the native
-extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily,
-from a checkout).
+Imports: config, tables, spend.commands, supervisor (lazily, so --print-config works without
+the native extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report
+(lazily, from a checkout).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 
 from velox import __version__
 from velox.config import ConfigError, load
+from velox.spend import commands as spend_commands
 from velox.tables import describe
 
 
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     key = sub.add_parser("key", help="gateway keys: `velox key hash` (a key on stdin → its "
                          "sha256 for a [[key]] table), `velox key new` (a fresh key and its hash)")
     key.add_argument("action", choices=["hash", "new"])
+    spend_commands.add_parsers(sub)
     bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
     bench.add_argument("action", choices=["report"])
     bench.add_argument("options", nargs=argparse.REMAINDER)
@@ -76,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"velox: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.command in ("prices", "spend"):
+        run = spend_commands.prices_main if args.command == "prices" else spend_commands.spend_main
+        return run(args, settings)
     if args.print_config:
         for warning in settings.warnings:
             print(f"velox: warning: {warning}", file=sys.stderr)

@@ -201,6 +201,36 @@ def _redis_url(raw: str) -> str:
     return url
 
 
+def _ratio(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("a number from 0 to 1 (e.g. 0.01 for 1%)") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("a number from 0 to 1 (e.g. 0.01 for 1%)")
+    return value
+
+
+def _base_url(raw: str) -> str:
+    form = "an http(s) base URL like http://127.0.0.1:4318 (spans go to <base>/v1/traces)"
+    url = raw.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError(form)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(form) from None
+    return url
+
+
+def default_state_dir(env: Mapping[str, str]) -> str:
+    """Where durable state lives when VELOX_STATE_DIR is empty: the XDG state directory."""
+    base = env.get("XDG_STATE_HOME", "").strip() or os.path.join(
+        env.get("HOME", "").strip() or os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "velox")
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -333,6 +363,22 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_INGRESS_PARSER", "ingress_parser", _choice("native", "httptools"), "native",
           "request heads: native (one C call per head; httptools takes over a connection at "
           "anything unusual) or httptools alone"),
+    Field("VELOX_STATE_DIR", "state_dir", _text, "",
+          "directory of this host's durable state, the usage ledger (ledger.sqlite3; empty: "
+          "$XDG_STATE_HOME/velox, else ~/.local/state/velox; off: no ledger)"),
+    Field("VELOX_LEDGER_RETENTION_DAYS", "ledger_retention_days", _int_in(1, 36_500), "90",
+          "ledger rows older than this many days are deleted, in small batches (daily spend "
+          "totals are kept)"),
+    Field("VELOX_LEDGER_STREAM_MAXLEN", "ledger_stream_maxlen", _int_in(1_000, 1_000_000_000),
+          "1000000", "with VELOX_REDIS_URL, the ledger rows of every host also go to the Redis "
+          "Stream velox:ledger, capped at about this many entries"),
+    Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
+          "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
+          "<base>/v1/traces (empty: no tracing)"),
+    Field("VELOX_OTEL_SAMPLE", "otel_sample", _ratio, "1",
+          "share of requests traced, 0 to 1 (a client's sampled traceparent is followed)"),
+    Field("VELOX_OTEL_CAPTURE_CONTENT", "otel_capture_content", _bool, "0",
+          "record prompts and completions in spans (gen_ai.input/output.messages); off: never"),
 )
 
 
@@ -387,6 +433,12 @@ class Settings:
     cache_redis_timeout_ms: int = 5
     ingress_parser: str = "native"
     allow_open: bool = False
+    state_dir: str = ""
+    ledger_retention_days: int = 90
+    ledger_stream_maxlen: int = 1_000_000
+    otel_endpoint: str = ""
+    otel_sample: float = 1.0
+    otel_capture_content: bool = False
     # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
     # logged at start-up and on reload, printed by doctor.
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -502,6 +554,7 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     cores = usable_cores()
     values.setdefault("workers", cores)
     values.setdefault("egress_pool_connections", cores)
+    values.setdefault("state_dir", default_state_dir(env))
     if not values.get("upstream_api_key"):
         values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()

@@ -11,21 +11,29 @@ and waits for the reply with a timeout, while one reader thread per channel rout
 their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
 
+A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
+velox.spend.feed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
+LedgerWriter.submit), or drops them when there is none.
+
 Imports: stdlib and orjson only.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+log = logging.getLogger("velox.admin")
 _HEADER = struct.Struct(">I")
+LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.spend.feed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -77,9 +85,10 @@ class _Pending:
 class _Channel:
     """The supervisor's end of one worker's socketpair, with its reader thread."""
 
-    def __init__(self, slot: int, sock: socket.socket) -> None:
+    def __init__(self, slot: int, sock: socket.socket, hub: ControlHub | None = None) -> None:
         self.slot = slot
         self.sock = sock
+        self.hub = hub
         self.send_lock = threading.Lock()
         self.pending: dict[int, _Pending] = {}
         self.pending_lock = threading.Lock()
@@ -95,6 +104,9 @@ class _Channel:
                 if not data:
                     break
                 for message in reader.feed(data):
+                    if LEDGER_KEY in message:
+                        self._ledger(message[LEDGER_KEY])
+                        continue
                     with self.pending_lock:
                         waiter = self.pending.pop(message.get("id"), None)
                     if waiter is not None:  # else its caller gave up (timeout): drop it
@@ -103,6 +115,15 @@ class _Channel:
         except (OSError, ControlError, orjson.JSONDecodeError):
             pass
         self.fail_pending()
+
+    def _ledger(self, rows: Any) -> None:
+        sink = self.hub.ledger_sink if self.hub is not None else None
+        if sink is None or not isinstance(rows, list):
+            return
+        try:
+            sink(rows)
+        except Exception:  # noqa: BLE001 - the channel must outlive a bad frame of rows
+            log.exception("control channel %d: ledger rows dropped", self.slot)
 
     def fail_pending(self) -> None:
         self.closed = True
@@ -127,6 +148,8 @@ class ControlHub:
         self._lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._ids = itertools.count(1)
+        # Where the workers' ledger rows go (LedgerWriter.submit); None: dropped.
+        self.ledger_sink: Callable[[list[Any]], object] | None = None
 
     @staticmethod
     def pair() -> tuple[socket.socket, socket.socket]:
@@ -135,7 +158,7 @@ class ControlHub:
 
     def attach(self, slot: int, sock: socket.socket) -> None:
         """The worker in `slot` now listens on the other end of `sock` (after each fork)."""
-        channel = _Channel(slot, sock)
+        channel = _Channel(slot, sock, self)
         with self._lock:
             old = self._channels.get(slot)
             self._channels[slot] = channel

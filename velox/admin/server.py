@@ -12,6 +12,9 @@ Routes (GET; HEAD for the cheap ones):
   are ready).
 * `/metrics`: Prometheus text (`metrics.py`).
 * `/stats`: JSON (`snapshot.py`).
+* `/spend?since=7d&until=...&by=key`: spend and tokens over a period from this host's usage
+  ledger, the JSON of `velox spend --json` (velox.spend.report); 400 for a bad period or
+  grouping, 404 when the ledger is off.
 * `/debug/pprof/`: an index page linking the rest.
 * `/debug/pprof/profile?seconds=N&format=html|speedscope|text|svg&worker=K`: profile the
   workers' loops for N seconds (default 10, at most 60) and return the merged result. One at
@@ -36,7 +39,7 @@ start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the fi
 are forked.
 
 Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, admin.transport,
-config, stats, stdlib, prometheus_client, orjson.
+config, spend.report, stats, stdlib, prometheus_client, orjson.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from velox.admin.control import ControlError, ControlHub
 from velox.admin.metrics import VeloxCollector, make_registry
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
 from velox.config import is_loopback
+from velox.spend import report
 from velox.stats import F, SharedStats
 
 log = logging.getLogger("velox.admin")
@@ -159,6 +163,8 @@ class AdminServer:
             return self.metrics()
         if path == "/stats":
             return self.stats()
+        if path == "/spend":
+            return self.spend(query)
         if path in ("/debug/pprof", "/debug/pprof/"):
             return self.index()
         if path == "/debug/pprof/profile" and not head:
@@ -188,6 +194,20 @@ class AdminServer:
         doc = snapshot.build(self.shared, self.limiter, self.settings, self.hub,
                              self.started_at, runs, active, self.cluster)
         return Answer(200, _JSON, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    def spend(self, query: dict[str, list[str]]) -> Answer:
+        def one(name: str, default: str | None) -> str | None:
+            return query.get(name, [default])[-1]
+
+        try:
+            rows = report.local_totals(self.settings.state_dir, one("since", "7d") or "7d",
+                                       one("until", None), one("by", "key") or "key",
+                                       int(time.time() * 1000))
+        except report.BadQuery as exc:
+            return error(400, str(exc))
+        except report.NoLedger as exc:
+            return error(404, str(exc))
+        return Answer(200, _JSON, orjson.dumps(rows))
 
     def profile(self, query: dict[str, list[str]]) -> Answer:
         try:
@@ -286,6 +306,7 @@ The last profile again: {last}</p>
 noticeably fewer requests per second (the profiler's hook runs on every call).</p>
 <h2>Stats</h2>
 <p><a href="/stats">/stats</a> (JSON) · <a href="/metrics">/metrics</a> (Prometheus) ·
-<a href="/healthz">/healthz</a></p>
+<a href="/healthz">/healthz</a> · <a href="/spend?since=7d&amp;by=key">/spend</a> (usage
+ledger, JSON)</p>
 </body></html>
 """
