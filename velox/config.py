@@ -201,6 +201,21 @@ def _redis_url(raw: str) -> str:
     return url
 
 
+def _labelled_tokens(raw: str) -> tuple[tuple[str, str], ...]:
+    form = ("comma-separated label=token pairs (labels of letters, digits, '_', '.', '-'; "
+            "tokens printable ASCII without spaces or commas)")
+    out = []
+    for item in (i.strip() for i in raw.split(",") if i.strip()):
+        label, sep, token = item.partition("=")
+        if not sep or not label or not token or not all(
+                c.isalnum() or c in "_.-" for c in label):
+            raise ValueError(form)
+        out.append((label, _token(token)))
+    if len({label for label, _ in out}) != len(out):
+        raise ValueError(form + ", each label once")
+    return tuple(out)
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -286,6 +301,13 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
           "bearer token the admin server requires on every path but /healthz (empty: none; "
           "then it may only bind a loopback address)", secret=True),
+    Field("VELOX_ADMIN_TOKENS", "admin_tokens", _labelled_tokens, "",
+          "more admin tokens, one per person or tool, as label=token pairs: the key audit log "
+          "names who made each change by its label (VELOX_ADMIN_TOKEN's label is admin)",
+          secret=True),
+    Field("VELOX_STATE_DIR", "state_dir", _text, "velox-state",
+          "directory of the gateway's own state (run-time keys: keys.sqlite3), relative to "
+          "the working directory; made, mode 0700, by the first change"),
     Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
           "a worker whose loop is silent this long is killed and restarted (0: never)"),
     Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
@@ -369,6 +391,8 @@ class Settings:
     access_log: bool = True
     config_file: str = ""
     admin_token: str = ""
+    admin_tokens: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
+    state_dir: str = "velox-state"
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS
@@ -466,6 +490,8 @@ def redact_url(url: str) -> str:
 
 
 def _mask(value: object) -> str:
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # label=token pairs
+        return ",".join(f"{label}={_mask(token)}" for label, token in value)
     if isinstance(value, tuple):
         return ",".join(_mask(v) for v in value)
     text = str(value)
