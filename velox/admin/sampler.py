@@ -61,7 +61,7 @@ class Sampler:
         self.transitions: deque[dict[str, Any]] = deque(maxlen=TRANSITIONS_KEEP)
         self.lock = threading.Lock()
         self._prev: dict[str, Any] | None = None
-        self._states: dict[str, str] = {}
+        self._states: dict[str, tuple[str, int]] = {}  # state and open_count
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.cpu_s = 0.0  # this thread's CPU, for the console's cost figure
@@ -127,12 +127,21 @@ class Sampler:
             return sample
 
     def _note_transitions(self, t: float, health: dict[str, dict[str, Any]]) -> None:
+        """A state change since the last sample; an opening that came and went between two
+        samples (open_count moved, open_s is short) is kept too, as open and back."""
         for name, row in health.items():
+            state, opens = row["state"], row["open_count"]
             before = self._states.get(name)
-            if before is not None and before != row["state"]:
-                self.transitions.append({"t": t, "upstream": name, "from": before,
-                                         "to": row["state"]})
-            self._states[name] = row["state"]
+            if before is not None:
+                was, opened = before
+                steps = [was]
+                if opens > opened and was != "open":
+                    steps.append("open")
+                if steps[-1] != state:
+                    steps.append(state)
+                for a, b in zip(steps, steps[1:]):
+                    self.transitions.append({"t": t, "upstream": name, "from": a, "to": b})
+            self._states[name] = (state, opens)
 
     def _diff(self, prev: dict[str, Any], now: dict[str, Any],
               health: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -105,6 +105,7 @@ function chart(id, series, opts = {}) {
 
 const samples = [];
 let lastT = 0;
+window.veloxSamples = () => samples.length;  // what the browser tests wait on
 
 async function pollSeries() {
   const doc = await json("GET", `/ui/api/series?after=${lastT}`);
@@ -135,9 +136,10 @@ async function overview() {
     ...Array.from({ length: workers }, (_, i) => samples.map((s) => (s.workers[i] || {}).rps))]);
   const ms = (v) => v == null ? null : v / 1000;
   chart("chart-latency", [{ label: "p50 ms" }, { label: "p99 ms" }],
-        { values: (u, vals) => vals.map((v) => `${v} ms`) })
+        { values: (u, vals) => vals.map((v) => `${v} ms`), y: { range: (u, min, max) => [0, Math.max(1, max)] } })
     .setData([t, samples.map((s) => ms(s.total.p50_us)), samples.map((s) => ms(s.total.p99_us))]);
-  chart("chart-errors", [{ label: "5xx %" }], { values: (u, vals) => vals.map((v) => `${v} %`) })
+  chart("chart-errors", [{ label: "5xx %" }], { values: (u, vals) => vals.map((v) => `${v} %`),
+                                                y: { range: (u, min, max) => [0, Math.max(1, max)] } })
     .setData([t, samples.map((s) => s.total.error_rate * 100)]);
   chart("chart-tokens", [{ label: "tokens/min" }]).setData([t, samples.map((s) => s.total.tokens_per_min)]);
   const rows = (last ? last.workers : []).map((w, i) => el("tr", null,
@@ -188,11 +190,27 @@ async function upstreams() {
 
 // ---------------------------------------------------------------- Keys
 
-function use(limit, left) {
-  if (!limit) return "no limit";
-  if (left == null) return `limit ${fmt.int(limit)}`;
-  const used = Math.max(0, limit - left);
-  return [bar(used / limit, `${fmt.int(used)} of ${fmt.int(limit)}`), `${fmt.int(used)} / ${fmt.int(limit)}`];
+// Use against a limit: the rate over the last poll (requests or tokens per minute, from the
+// cumulative counts), as a bar of the limit. A bucket's level would read full under any load
+// its refill keeps up with.
+const lastCounts = new Map();
+
+function rates(k) {
+  const now = performance.now() / 1000;
+  const u = k.usage;
+  const prev = lastCounts.get(k.name);
+  lastCounts.set(k.name, { t: now, requests: u.requests, tokens: u.tokens_taken });
+  if (!prev || now - prev.t < 0.5) return { rpm: null, tpm: null };
+  const per = 60 / (now - prev.t);
+  return { rpm: Math.max(0, (u.requests - prev.requests) * per),
+           tpm: Math.max(0, (u.tokens_taken - prev.tokens) * per) };
+}
+
+function use(limit, rate, unit) {
+  if (rate == null) return limit ? `limit ${fmt.int(limit)} ${unit}` : "no limit";
+  if (!limit) return `${fmt.int(rate)} ${unit}, no limit`;
+  return [bar(rate / limit, `${fmt.int(rate)} of ${fmt.int(limit)} ${unit}`),
+          `${fmt.int(rate)} / ${fmt.int(limit)} ${unit}`];
 }
 
 async function keys() {
@@ -200,11 +218,12 @@ async function keys() {
   const rows = doc.keys.map((k) => {
     const u = k.usage;
     const runtime = k.source === "runtime";
+    const r = u ? rates(k) : { rpm: null, tpm: null };
     return el("tr", { "data-key": k.name },
       el("th", { scope: "row" }, k.name),
       el("td", null, runtime ? "run time" : "file (read-only)"),
-      el("td", null, u ? use(k.rpm, u.remaining_requests) : (k.rpm ? `${fmt.int(k.rpm)} rpm` : "no limit")),
-      el("td", null, u ? use(k.tpm, u.remaining_tokens) : (k.tpm ? `${fmt.int(k.tpm)} tpm` : "no limit")),
+      el("td", null, use(k.rpm, r.rpm, "req/min")),
+      el("td", null, use(k.tpm, r.tpm, "tok/min")),
       el("td", null, k.max_parallel ? `${u ? u.active : "–"} / ${k.max_parallel}` : (u ? `${u.active} / no limit` : "no limit")),
       el("td", null, k.models ? k.models.join(", ") : "all"),
       el("td", null, runtime ? fmt.when(k.expires_at) : "–"),
