@@ -31,7 +31,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from velox.admin.keystore import DEFAULT_OVERLAP_S, KeyError_, KeyStore
+from velox.admin.keystore import DEFAULT_OVERLAP_S, KeyError_, KeyRecord, KeyStore
 from velox.admin.transport import Answer, Request, error
 
 _JSON = "application/json"
@@ -40,7 +40,6 @@ _ROTATE = re.compile(r"/keys/([^/]+)/rotate")
 NOT_ENFORCED = ("run-time keys are stored and shared but not enforced by the workers yet: "
                 "requests presenting one are treated like requests of no [[key]]")
 
-# Methods each path takes (the rest gets 405 before the body is read).
 def methods(path: str) -> tuple[str, ...] | None:
     """The methods `path` takes, or None when it is no key API path."""
     if path == "/keys":
@@ -67,21 +66,21 @@ class KeyAPI:
             if path == "/keys":
                 if method == "POST":
                     record, secret = self.store.create(who, _body(request))
-                    return _ok(201, {**self._row(record.name), "key": secret})
+                    return _ok(201, {**self._runtime(record), "key": secret})
                 return _ok(200, {"keys": self.rows()})
             match = _ROTATE.fullmatch(path)
             if match:
                 body = _body(request, allow_empty=True)
-                if set(body) - {"overlap_s"}:
-                    raise KeyError_(f"unknown field(s) {', '.join(map(repr, set(body) - {'overlap_s'}))}"
-                                    "; accepted: overlap_s")
+                unknown = sorted(set(body) - {"overlap_s"})
+                if unknown:
+                    raise KeyError_(f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                                    "accepted: overlap_s")
                 record, secret = self.store.rotate(who, unquote(match[1]),
                                                    body.get("overlap_s", DEFAULT_OVERLAP_S))
-                return _ok(200, {**self._row(record.name), "key": secret})
+                return _ok(200, {**self._runtime(record), "key": secret})
             name = unquote(_ONE.fullmatch(path)[1])  # type: ignore[index]
             if method == "PATCH":
-                self.store.update(who, name, _body(request))
-                return _ok(200, self._row(name))
+                return _ok(200, self._runtime(self.store.update(who, name, _body(request))))
             if method == "DELETE":
                 self.store.revoke(who, name)
                 return Answer(204, _JSON, b"")
@@ -95,16 +94,15 @@ class KeyAPI:
     def rows(self) -> list[dict[str, Any]]:
         usage = self._usage()
         out = [{**self._config_row(row), "usage": _usage_of(row)} for row in usage.values()]
-        now = self.store.clock()
-        out += [{**r.public(now), "usage": None, "usage_note": NOT_ENFORCED}
-                for r in self.store.records()]
-        return out
+        return out + [self._runtime(r) for r in self.store.records()]
+
+    def _runtime(self, record: KeyRecord) -> dict[str, Any]:
+        return {**record.public(self.store.clock()), "usage": None, "usage_note": NOT_ENFORCED}
 
     def _row(self, name: str) -> dict[str, Any] | None:
         record = self.store.get(name)
         if record is not None:
-            return {**record.public(self.store.clock()), "usage": None,
-                    "usage_note": NOT_ENFORCED}
+            return self._runtime(record)
         row = self._usage().get(name)
         return None if row is None else {**self._config_row(row), "usage": _usage_of(row)}
 
