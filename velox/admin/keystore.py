@@ -76,7 +76,7 @@ change under running workers, within 1 s, without a reload.
   The limits of a run-time key are leased from Redis like a file key's
   (`key:<name>:rpm|tpm`, velox.cluster) once its bucket exists.
 
-Imports: stdlib, redis (only with VELOX_REDIS_URL).
+Imports: tables (the [[key]] bounds), stdlib, orjson, redis (only with VELOX_REDIS_URL).
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import re
 import secrets
 import sqlite3
 import threading
@@ -98,6 +97,8 @@ from typing import Any
 
 import orjson
 
+from velox.tables import _NAME, KEY_INTS
+
 log = logging.getLogger("velox.keystore")
 audit_log = logging.getLogger("velox.audit")
 
@@ -109,10 +110,9 @@ POLL_S = 1.0  # the watcher reads Redis's version at least this often
 REDIS_TIMEOUT_S = 2.0
 DEFAULT_OVERLAP_S = 60
 MAX_OVERLAP_S = 7 * 86400
-# Limits as the [[key]] tables bound them (tables.KEY_INTS).
-INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000), "max_parallel": (0, 1_000_000)}
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # as tables._NAME: a metrics label too
-TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Limits and names as the [[key]] tables bound them (a name is a metrics label too).
+INTS = KEY_INTS
+NAME = TEAM = _NAME
 CREATE_FIELDS = ("name", "models", "rpm", "tpm", "max_parallel", "budget_usd", "team",
                  "expires_at")
 PATCH_FIELDS = CREATE_FIELDS[1:]
