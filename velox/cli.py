@@ -11,7 +11,7 @@ VELOX_ADMIN_TOKEN, read from the environment and `.env` like the gateway's own s
 `velox bench report` runs the developer tool benches/report.py, which is not part of the
 package: it works from the repository root of a source checkout and says so elsewhere.
 
-Imports: config, tables, supervisor (lazily, so --print-config works without the native
+Imports: config, tables, admin.keystore (lazily, for `velox key`), supervisor (lazily, so --print-config works without the native
 extension), admin.doctor (lazily, for `velox doctor`), demo (lazily), benches.report (lazily,
 from a checkout).
 """
@@ -149,8 +149,9 @@ def _hash(argument: str | None) -> int:
     # The same stripping as the gateway applies to what a client presents (route.caller_of).
     key_bytes = text.strip()
     if not key_bytes:
-        print("velox key hash: no key (pass it, or on stdin: printf %s \"$KEY\" | velox key "
-              "hash)", file=sys.stderr)
+        where = "the argument is empty" if argument is not None else "no key on stdin"
+        print(f"velox key hash: {where} (try: velox key hash \"$KEY\", or printf %s \"$KEY\" "
+              "| velox key hash)", file=sys.stderr)
         return 2
     if len(key_bytes.split()) != 1:
         print("velox key hash: the input holds more than one word or line; pass one key",

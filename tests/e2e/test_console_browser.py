@@ -230,12 +230,19 @@ def test_overview_request_rate_moves_under_load(signed_in: Any, load: Any, shots
     wait(driver, lambda d: number(card(d, "Requests")) < 5, timeout=60)
     idle = number(card(driver, "Requests"))
     load()
-    rate = wait(driver, lambda d: number(card(d, "Requests")) >= 50 and card(d, "Requests"),
-                timeout=60)
-    assert rate.endswith("req/s") and number(rate) > idle
-    assert card(driver, "Error rate (5xx)") == "0 %"
-    assert card(driver, "Latency p50").endswith("ms") and number(card(driver, "Latency p50")) > 0
-    assert number(card(driver, "Tokens")) > 0 and card(driver, "Tokens").endswith("tok/min")
+
+    def busy(d: Any) -> dict[str, str] | None:
+        """The cards of one second under load (a loaded box can stall the load for a second,
+        so the cards are judged together, as one sample showed them)."""
+        shown = {name: card(d, name) for name in ("Requests", "Error rate (5xx)",
+                                                  "Latency p50", "Tokens")}
+        ok = (number(shown["Requests"]) >= 50 and shown["Error rate (5xx)"] == "0 %"
+              and number(shown["Latency p50"]) > 0 and number(shown["Tokens"]) > 0)
+        return shown if ok else None
+
+    shown = wait(driver, busy, timeout=90)
+    assert number(shown["Requests"]) > idle and shown["Requests"].endswith("req/s")
+    assert shown["Latency p50"].endswith("ms") and shown["Tokens"].endswith("tok/min")
     # Ten seconds of history under load for the picture.
     start = samples_shown(driver)
     wait(driver, lambda d: samples_shown(d) >= start + 10, timeout=60)
@@ -444,3 +451,48 @@ def test_revoking_in_the_console_refuses_the_next_sdk_call_within_1s(
 
     wait_for(refused, timeout=5)
     assert time.monotonic() - revoked_at <= 1.0
+
+
+def test_a_cross_site_form_post_from_the_browser_is_refused(
+        browser: Any, mocks: dict[str, MockUpstream], tmp_path: Path) -> None:
+    """Another site's page posts a form to an admin server bound WITHOUT a token (the case
+    where no credential stands in the way): the browser sends it with its own Origin and
+    Sec-Fetch-Site, and the admin server refuses it; nothing is created."""
+    import http.server
+    import threading
+
+    from selenium.webdriver.common.by import By
+
+    env = {"VELOX_UPSTREAM_ORIGIN": mocks["alpha"].origin,
+           "VELOX_UPSTREAM_CA_FILE": mocks["alpha"].ca_file or "", "VELOX_WORKERS": "1",
+           "VELOX_UPSTREAM_API_KEY": "sk-up-0123456789"}
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as open_gw:
+        page_html = (f'<!doctype html><form id="f" method="post" action="{open_gw.admin_url}/keys"'
+                     ' enctype="text/plain"><input name=\'{"name": "csrf", "x": "\' '
+                     'value=\'"}\'></form><script>document.getElementById("f").submit()'
+                     '</script>').encode()
+
+        class Evil(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page_html)))
+                self.end_headers()
+                self.wfile.write(page_html)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        evil = http.server.HTTPServer(("127.0.0.2", 0), Evil)  # another origin: 127.0.0.2
+        thread = threading.Thread(target=evil.serve_forever, daemon=True)
+        thread.start()
+        try:
+            browser.get(f"http://127.0.0.2:{evil.server_address[1]}/")
+            wait(browser, lambda d: "may not change anything" in d.find_element(
+                By.TAG_NAME, "body").text)
+        finally:
+            evil.shutdown()
+            evil.server_close()
+        with httpx.Client(base_url=open_gw.admin_url or "") as client:
+            assert client.get("/keys").json()["keys"] == []
+            assert client.get("/audit").json()["entries"] == []

@@ -645,7 +645,7 @@ class KeyStore:
             self._down(exc)
             return False
         if self.redis_down:
-            log.info("key store: Redis answers again")
+            log.info("key store: Redis answers again; changes are taken again")
         self.redis_down = ""
         remote = int(reply[0])
         upserts, gone = [], []
@@ -681,7 +681,7 @@ class KeyStore:
     def _down(self, exc: BaseException) -> None:
         why = f"{type(exc).__name__}: {exc}"
         if not self.redis_down:
-            log.warning("key store: Redis unreachable (%s); changes are refused, lookups use "
+            log.warning("key store: cannot reach Redis (%s); changes are refused, lookups use "
                         "this host's copy", why)
         self.redis_down = why
 

@@ -43,8 +43,9 @@ The socket is bound when the supervisor starts (before any fork, so a taken addr
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
 
-Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, admin.transport,
-config, stats, stdlib, prometheus_client, orjson.
+Imports: admin.console, admin.control, admin.keyapi, admin.keystore, admin.metrics,
+admin.profiling, admin.sampler, admin.snapshot, admin.transport, config, stats, stdlib,
+prometheus_client, orjson.
 """
 
 from __future__ import annotations
