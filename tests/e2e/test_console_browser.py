@@ -169,9 +169,13 @@ def signed_in(browser: Any, gw: GatewayProcess, shots: Path) -> Any:
 
 
 def wait(driver: Any, condition: Any, timeout: float = 30.0) -> Any:
+    """Until `condition(driver)` is truthy. The page re-renders every second: an element
+    replaced between finding and reading it is read again at the next try."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+    return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def save(driver: Any, where: Path, name: str) -> None:
@@ -191,9 +195,10 @@ def page(driver: Any, name: str) -> None:
 
 
 def card(driver: Any, label: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.CSS_SELECTOR, f'.card[data-metric="{label}"] .value').text
+    """A card's value as shown (read in the page: one step, never a replaced element)."""
+    return str(driver.execute_script(
+        "const c = document.querySelector(`.card[data-metric=\"${arguments[0]}\"] .value`);"
+        "return c ? c.innerText : ''", label))
 
 
 def number(text: str) -> float:
