@@ -223,7 +223,8 @@ async function keys() {
       el("th", { scope: "row" }, k.name),
       el("td", null, runtime ? "run time" : "file (read-only)"),
       el("td", null, use(k.rpm, r.rpm, "req/min")),
-      el("td", null, use(k.tpm, r.tpm, "tok/min")),
+      // Tokens are taken (counted) only from keys that have a tpm limit.
+      el("td", null, use(k.tpm, k.tpm ? r.tpm : null, "tok/min")),
       el("td", null, k.max_parallel ? `${u ? u.active : "–"} / ${k.max_parallel}` : (u ? `${u.active} / no limit` : "no limit")),
       el("td", null, k.models ? k.models.join(", ") : "all"),
       el("td", null, runtime ? fmt.when(k.expires_at) : "–"),
