@@ -968,10 +968,45 @@ static PyType_Spec Hist_spec = {
 
 /* ---------------------------------------------------------------- Health */
 
+/* Breaker transitions this process made, kept for the worker to log (Health.transitions):
+ * every transition is made by one CAS, so across processes each is kept exactly once. A
+ * worker drains them every tick (250 ms); 64 is far more than a breaker can make in that time
+ * (each opening lasts at least open_s >= 1 s), so the overflow count is a safety net. */
+#define HEALTH_PENDING 64
+
+typedef struct {
+    int64_t upstream;
+    int64_t tr;       /* VX_TR_* */
+    int64_t at_ms;    /* when */
+    int64_t open_ms;  /* OPENED / REOPENED: how long it stays open */
+} health_event;
+
 typedef struct {
     PyObject_HEAD
     vx_health *h; /* owned view of the shared mapping; NULL only while tp_new fails */
+    /* Per process (the object is copied at fork; the mapping is what is shared). */
+    int npending;
+    int64_t overflow;
+    health_event pending[HEALTH_PENDING];
 } HealthObject;
+
+/* Keep a transition this process made (the rare path: nothing happens for VX_TR_NONE). */
+static void health_note(HealthObject *self, int64_t i, int tr, int64_t now)
+{
+    if (tr == VX_TR_NONE)
+        return;
+    if (self->npending == HEALTH_PENDING) {
+        self->overflow++;
+        return;
+    }
+    int64_t open_ms = 0;
+    if (tr == VX_TR_OPENED || tr == VX_TR_REOPENED) {
+        vx_breaker_view v;
+        vx_breaker_read(self->h, i, now, &v);
+        open_ms = vx_breaker_open_ms(self->h, v.streak > 0 ? v.streak : 1);
+    }
+    self->pending[self->npending++] = (health_event){i, tr, now, open_ms};
+}
 
 /* A policy field from a keyword-or-positional argument, named in the error. */
 static PyObject *Health_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -1151,9 +1186,11 @@ static PyObject *Health_admit(HealthObject *self, PyObject *const *args, Py_ssiz
     if (check_nargs("admit", nargs, 2, 2) < 0 || health_index(self, args, &i) < 0 ||
         health_now(args, nargs, 1, &now) < 0)
         return NULL;
-    int64_t ticket = vx_breaker_enter(self->h, i, now);
+    int tr;
+    int64_t ticket = vx_breaker_enter(self->h, i, now, &tr);
     if (ticket < 0)
         return PyLong_FromLong(-1);
+    health_note(self, i, tr, now);
     if (!vx_inflight_acquire(self->h, i)) {
         vx_breaker_report(self->h, i, ticket, VX_OUTCOME_NEUTRAL, now); /* a probe slot back */
         return PyLong_FromLong(-2);
@@ -1164,7 +1201,8 @@ static PyObject *Health_admit(HealthObject *self, PyObject *const *args, Py_ssiz
 
 PyDoc_STRVAR(Health_finish_doc,
              "finish($self, upstream, ticket, outcome, now_ms, /)\n--\n\n"
-             "release() + report() + count the success or failure, in one call.");
+             "release() + report() + count the success or failure, in one call (the\n"
+             "transition it caused, if any, is kept for transitions()).");
 
 static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1175,7 +1213,7 @@ static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssi
         health_now(args, nargs, 3, &now) < 0)
         return NULL;
     vx_inflight_release(self->h, i);
-    vx_breaker_report(self->h, i, ticket, (int)outcome, now);
+    health_note(self, i, vx_breaker_report(self->h, i, ticket, (int)outcome, now), now);
     if (outcome == VX_OUTCOME_SUCCESS)
         vx_health_count(self->h, i, VX_UP_SUCCESSES, 1);
     else if (outcome == VX_OUTCOME_FAILURE)
@@ -1186,7 +1224,8 @@ static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssi
 PyDoc_STRVAR(Health_enter_doc,
              "enter($self, upstream, now_ms=None, /)\n--\n\n"
              "Pass the breaker: -1 refused, 0 admitted (closed), > 0 a probe ticket. Every\n"
-             "ticket >= 0 must go back through report().");
+             "ticket >= 0 must go back through report(). A call that turns the breaker\n"
+             "half-open keeps TR_HALF_OPENED for transitions(); so does admit().");
 
 static PyObject *Health_enter(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1194,14 +1233,17 @@ static PyObject *Health_enter(HealthObject *self, PyObject *const *args, Py_ssiz
     if (check_nargs("enter", nargs, 1, 2) < 0 || health_index(self, args, &i) < 0 ||
         health_now(args, nargs, 1, &now) < 0)
         return NULL;
-    return PyLong_FromLongLong(vx_breaker_enter(self->h, i, now));
+    int tr;
+    int64_t ticket = vx_breaker_enter(self->h, i, now, &tr);
+    health_note(self, i, tr, now);
+    return PyLong_FromLongLong(ticket);
 }
 
 PyDoc_STRVAR(Health_report_doc,
              "report($self, upstream, ticket, outcome, now_ms=None, /)\n--\n\n"
              "The outcome (OUTCOME_SUCCESS, _FAILURE, _NEUTRAL) of a request admitted with\n"
              "ticket; returns the transition it caused (TR_NONE, TR_OPENED, TR_REOPENED,\n"
-             "TR_CLOSED).");
+             "TR_CLOSED), which transitions() also lists.");
 
 static PyObject *Health_report(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1211,7 +1253,39 @@ static PyObject *Health_report(HealthObject *self, PyObject *const *args, Py_ssi
         arg_in_range(args[2], "outcome", 0, 2, &outcome) < 0 ||
         health_now(args, nargs, 3, &now) < 0)
         return NULL;
-    return PyLong_FromLong(vx_breaker_report(self->h, i, ticket, (int)outcome, now));
+    int tr = vx_breaker_report(self->h, i, ticket, (int)outcome, now);
+    health_note(self, i, tr, now);
+    return PyLong_FromLong(tr);
+}
+
+PyDoc_STRVAR(Health_transitions_doc,
+             "transitions($self, /)\n--\n\n"
+             "The breaker transitions this process made since the last call, oldest first, and\n"
+             "forgets them: ([(upstream, TR_*, at_ms, open_ms), ...], how many did not fit).\n"
+             "Each transition is made by one caller in one process, so across every process that\n"
+             "drains its own each is listed once. open_ms: how long an opening lasts (else 0).");
+
+static PyObject *Health_transitions(HealthObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *list = PyList_New(self->npending);
+    if (list == NULL)
+        return NULL;
+    for (int k = 0; k < self->npending; k++) {
+        const health_event *e = &self->pending[k];
+        PyObject *item = Py_BuildValue("(LLLL)", (long long)e->upstream, (long long)e->tr,
+                                       (long long)e->at_ms, (long long)e->open_ms);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    PyObject *result = Py_BuildValue("(NL)", list, (long long)self->overflow);
+    if (result != NULL) {
+        self->npending = 0;
+        self->overflow = 0;
+    }
+    return result;
 }
 
 PyDoc_STRVAR(Health_breaker_doc,
@@ -1329,6 +1403,7 @@ static PyMethodDef Health_methods[] = {
     {"enter", FASTCALL(Health_enter), METH_FASTCALL, Health_enter_doc},
     {"report", FASTCALL(Health_report), METH_FASTCALL, Health_report_doc},
     {"breaker", FASTCALL(Health_breaker), METH_FASTCALL, Health_breaker_doc},
+    {"transitions", (PyCFunction)Health_transitions, METH_NOARGS, Health_transitions_doc},
     {"acquire", (PyCFunction)Health_acquire, METH_O, Health_acquire_doc},
     {"release", (PyCFunction)Health_release, METH_O, Health_release_doc},
     {"in_flight", (PyCFunction)Health_in_flight, METH_O, Health_in_flight_doc},
@@ -3329,6 +3404,7 @@ static const struct {
     {"TR_OPENED", VX_TR_OPENED},
     {"TR_REOPENED", VX_TR_REOPENED},
     {"TR_CLOSED", VX_TR_CLOSED},
+    {"TR_HALF_OPENED", VX_TR_HALF_OPENED},
     {"UP_REQUESTS", VX_UP_REQUESTS},
     {"UP_SUCCESSES", VX_UP_SUCCESSES},
     {"UP_FAILURES", VX_UP_FAILURES},
@@ -3634,7 +3710,9 @@ static PyObject *native_h1_server_timing(PyObject *Py_UNUSED(module), PyObject *
 
 /* ---------------------------------------------------------------- HTTP/1.1 request heads */
 
-/* Fields on the C stack; a head with more falls back to httptools (the SDK sends 16). */
+/* Fields on the C stack; a head with more falls back to httptools, where ingress answers 431:
+ * this is ingress's cap on header fields (REQHEAD_FIELDS). The SDK sends 16; a 54 KB head of
+ * 5,500 tiny fields cost about 65 times a normal request before the cap. */
 #define RH_FIELDS 100
 /* An incomplete head this long falls back (see vx_reqhead.h: bounds rescanning). */
 #define RH_PARTIAL 4096
@@ -3681,8 +3759,8 @@ PyDoc_STRVAR(reqhead_doc,
              "(method, target, headers, content_length, authorization, expect_continue,\n"
              " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
              "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
-             "absent, authorization the last Authorization value (the same object as in headers)\n"
-             "or None, end the offset in buf just past the blank line.\n"
+             "absent, authorization the one Authorization value (the same object as in headers)\n"
+             "or None (a head with two is False), end the offset just past the blank line.\n"
              "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
              "headers' tuples whose name is not in `drop` (the upstream's share, route.Auth's\n"
              "client_headers done in the same pass), or None when a Connection header lists\n"
@@ -3807,9 +3885,101 @@ PyDoc_STRVAR(relay_head_doc,
              "relay_head(headers, drop, t_received, t_popped, t_parsed, t_admitted, t_sent,\n"
              "           t_headers, extra, /) -> (list, bool)\n\n"
              "A client's response headers (velox.relay): the (name, value) tuples of the list\n"
-             "`headers` whose name is not in the set `drop`, then server-timing (formatted as\n"
+             "`headers` whose name is not in the set `drop` nor named by a `connection` field\n"
+             "(other than a plain keep-alive or close), then server-timing (formatted as\n"
              "h1_server_timing does), then the tuples of the tuple `extra`; and whether the\n"
-             "first content-type of `headers` starts with text/event-stream.");
+             "first content-type of `headers` starts with text/event-stream. The Python twin\n"
+             "is velox.relay.answer_head.");
+
+/* A field named `connection` (names arrive lowercased, as velox.relay compares them). */
+static int rh_is_connection(PyObject *name)
+{
+    return PyBytes_GET_SIZE(name) == 10 && memcmp(PyBytes_AS_STRING(name), "connection", 10) == 0;
+}
+
+/* A `connection` field that names other fields (not a plain keep-alive or close). */
+static int rh_lists_fields(PyObject *value)
+{
+    return !rh_plain_connection(PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+}
+
+/* ASCII whitespace as bytes.strip() sees it. */
+static int rh_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* Add the names a Connection value lists to the set `names`, as velox.route.connection_tokens
+ * does: split at commas, ASCII whitespace stripped, ASCII-lowercased, empty ones skipped. */
+static int rh_connection_tokens(PyObject *names, const char *v, Py_ssize_t n)
+{
+    for (Py_ssize_t at = 0; at <= n;) {
+        Py_ssize_t end = at;
+        while (end < n && v[end] != ',')
+            end++;
+        Py_ssize_t a = at, b = end;
+        while (a < b && rh_space(v[a]))
+            a++;
+        while (b > a && rh_space(v[b - 1]))
+            b--;
+        if (b > a) {
+            PyObject *token = PyBytes_FromStringAndSize(NULL, b - a);
+            if (token == NULL)
+                return -1;
+            char *d = PyBytes_AS_STRING(token);
+            for (Py_ssize_t k = 0; k < b - a; k++)
+                d[k] = (char)(v[a + k] >= 'A' && v[a + k] <= 'Z' ? v[a + k] | 0x20 : v[a + k]);
+            int added = PySet_Add(names, token);
+            Py_DECREF(token);
+            if (added < 0)
+                return -1;
+        }
+        at = end + 1;
+    }
+    return 0;
+}
+
+/* The rare path of relay_head: the upstream sent a Connection field naming other fields. Drop
+ * those of the `*kept` fields in `out` (compacted in place; the freed slots are NULL). */
+static int rh_drop_listed(PyObject *headers, PyObject *out, Py_ssize_t *kept)
+{
+    PyObject *names = PySet_New(NULL);
+    if (names == NULL)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *field = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(field, 0), *value = PyTuple_GET_ITEM(field, 1);
+        if (rh_is_connection(name) && rh_lists_fields(value) &&
+            rh_connection_tokens(names, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)) < 0) {
+            Py_DECREF(names);
+            return -1;
+        }
+    }
+    Py_ssize_t w = 0;
+    for (Py_ssize_t r = 0; r < *kept; r++) {
+        PyObject *field = PyList_GET_ITEM(out, r);
+        int listed = PySet_Contains(names, PyTuple_GET_ITEM(field, 0));
+        if (listed < 0) { /* (bytes always hash) keep the rest as they are */
+            for (; r < *kept; r++, w++) {
+                PyObject *rest = PyList_GET_ITEM(out, r);
+                PyList_SET_ITEM(out, r, NULL);
+                PyList_SET_ITEM(out, w, rest);
+            }
+            *kept = w;
+            Py_DECREF(names);
+            return -1;
+        }
+        PyList_SET_ITEM(out, r, NULL);
+        if (listed)
+            Py_DECREF(field);
+        else
+            PyList_SET_ITEM(out, w++, field);
+    }
+    *kept = w;
+    Py_DECREF(names);
+    return 0;
+}
 
 static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const *args,
                                    Py_ssize_t nargs)
@@ -3840,7 +4010,7 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
     if (out == NULL)
         return NULL;
     Py_ssize_t kept = 0;
-    int is_sse = 0, typed = 0;
+    int is_sse = 0, typed = 0, listing = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *field = PyList_GET_ITEM(headers, i);
         if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
@@ -3857,6 +4027,8 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
             is_sse = PyBytes_GET_SIZE(value) >= (Py_ssize_t)(sizeof sse - 1) &&
                      memcmp(PyBytes_AS_STRING(value), sse, sizeof sse - 1) == 0;
         }
+        if (rh_is_connection(name))
+            listing |= rh_lists_fields(PyTuple_GET_ITEM(field, 1));
         int dropped = PySet_Contains(drop, name);
         if (dropped < 0)
             goto fail;
@@ -3865,6 +4037,8 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
             PyList_SET_ITEM(out, kept++, field);
         }
     }
+    if (listing && rh_drop_listed(headers, out, &kept) < 0)
+        goto fail;
     PyObject *timing = Py_BuildValue("(y#y#)", "server-timing", (Py_ssize_t)13, buf, (Py_ssize_t)tn);
     if (timing == NULL)
         goto fail;
@@ -4297,9 +4471,10 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 
 PyDoc_STRVAR(estimate_scan_doc,
              "estimate_scan(body, /) -> (int, int)\n--\n\n"
-             "A request body's estimated input tokens (bytes / 4 rounded up, each inline\n"
-             "base64 payload counted as 765) and its max_tokens / max_completion_tokens /\n"
-             "max_output_tokens (-1 when absent), in one pass (velox.usage.estimate).");
+             "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
+             "inline base64 image where the schema puts one counted as 765) and its top-level\n"
+             "max_tokens / max_completion_tokens / max_output_tokens (-1 when none), in one\n"
+             "pass (velox.usage.estimate; native/vx_books.h).");
 
 static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {

@@ -217,70 +217,327 @@ int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
     return 1;
 }
 
-/* ---- estimate ---- */
+/* ---- estimate ----
+ *
+ * One forward pass over the JSON text that knows only what the estimate needs: which container
+ * it is in (up to ROLE_DEPTH levels, by the role the schema gives it) and, in an object, the
+ * key of the value being read. Strings are skipped with memchr for their closing quote; any
+ * byte that fits nowhere is stepped over, so every input ends, and every read is checked. */
 
-static int py_space(unsigned char c)
-{
-    return c == ' ' || (c >= '\t' && c <= '\r'); /* \t \n \v \f \r */
-}
+enum {
+    R_NONE,   /* nothing the estimate reads is inside */
+    R_TOP,    /* the top-level object */
+    R_LIST,   /* top.messages / top.input (an array) */
+    R_ITEM,   /* an object of R_LIST */
+    R_PARTS,  /* R_ITEM.content (an array) */
+    R_PART,   /* an object of R_PARTS */
+    R_IMAGE,  /* R_PART.image_url (an object) */
+    R_SOURCE, /* R_PART.source (an object) */
+};
 
-static const unsigned char *find(const unsigned char *s, size_t n, const char *lit, size_t len)
-{
-    return memmem(s, n, lit, len);
-}
+/* What the value after a key (or an array element) is to the estimate. */
+enum {
+    V_NONE,
+    V_LIST,     /* R_TOP.messages / input: R_LIST when an array */
+    V_ITEM,     /* an element of R_LIST: R_ITEM when an object */
+    V_CONTENT,  /* R_ITEM.content: R_PARTS when an array */
+    V_PART,     /* an element of R_PARTS: R_PART when an object */
+    V_IMAGE,    /* R_PART.image_url: R_IMAGE when an object, a data URL when a string */
+    V_SOURCE,   /* R_PART.source: R_SOURCE when an object */
+    V_URL,      /* R_IMAGE.url: a data URL when a string */
+    V_DATA,     /* R_SOURCE.data: a payload when a string */
+    V_MAX,      /* R_TOP.max_tokens (V_MAX + 0), max_completion_tokens, max_output_tokens */
+};
 
-/* At s[i] (just past `"max_`): the rest of one of the three keys, then \s* : \s* digits. */
-static int64_t max_value(const unsigned char *s, size_t n, size_t i)
+#define ROLE_DEPTH 8 /* R_SOURCE sits at depth 6; deeper containers are all R_NONE */
+#define OUTPUT_CAP INT64_C(1000000000000000) /* 10^15: larger values count as this */
+
+static const char B64[] = ";base64,";
+#define B64_LEN (sizeof B64 - 1)
+
+static const char *const MAX_KEYS[3] = {"max_tokens", "max_completion_tokens",
+                                        "max_output_tokens"};
+
+/* Index of the closing quote of the string whose content starts at s[i], n if unclosed. */
+static size_t string_end(const unsigned char *s, size_t n, size_t i)
 {
-    static const char *const rests[] = {"completion_tokens\"", "output_tokens\"", "tokens\""};
-    for (size_t r = 0; r < 3; r++) {
-        size_t len = strlen(rests[r]);
-        if (n - i < len || memcmp(s + i, rests[r], len) != 0)
-            continue;
-        size_t j = i + len;
-        while (j < n && py_space(s[j]))
-            j++;
-        if (j >= n || s[j] != ':')
-            return -1;
-        j++;
-        while (j < n && py_space(s[j]))
-            j++;
-        int64_t v = 0;
-        size_t k = j;
-        while (k < n && k - j < 12 && s[k] >= '0' && s[k] <= '9')
-            v = v * 10 + (s[k++] - '0');
-        return k > j ? v : -1;
+    while (i < n) {
+        const unsigned char *q = memchr(s + i, '"', n - i);
+        if (q == NULL)
+            return n;
+        size_t at = (size_t)(q - s), k = at;
+        while (k > i && s[k - 1] == '\\')
+            k--;
+        if ((at - k) % 2 == 0) /* an even run of backslashes escapes nothing */
+            return at;
+        i = at + 1;
     }
-    return -1;
+    return n;
+}
+
+static int hex4(const unsigned char *s, size_t n, size_t i, unsigned *v)
+{
+    if (n - i < 4)
+        return 0;
+    unsigned x = 0;
+    for (size_t k = i; k < i + 4; k++) {
+        unsigned c = s[k], d;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+            d = (c | 0x20) - 'a' + 10;
+        else
+            return 0;
+        x = x * 16 + d;
+    }
+    *v = x;
+    return 1;
+}
+
+/* One decoded unit of the string content s[*i .. end): its UTF-8 byte count, and the byte
+ * itself when it is ASCII (else -1). A lone surrogate counts 3 bytes (Python's
+ * "surrogatepass"); a broken escape counts as its backslash alone. */
+static int next_unit(const unsigned char *s, size_t end, size_t *i, int *ascii)
+{
+    unsigned char c = s[*i];
+    if (c != '\\') {
+        (*i)++;
+        *ascii = c < 0x80 ? c : -1;
+        return 1;
+    }
+    if (end - *i < 2) {
+        (*i)++;
+        *ascii = '\\';
+        return 1;
+    }
+    unsigned char e = s[*i + 1];
+    static const char SIMPLE[] = "\"\\/bfnrt", VALUE[] = "\"\\/\b\f\n\r\t";
+    const char *at = e ? strchr(SIMPLE, e) : NULL;
+    if (at != NULL) {
+        *i += 2;
+        *ascii = (unsigned char)VALUE[at - SIMPLE];
+        return 1;
+    }
+    unsigned u, lo;
+    if (e != 'u' || !hex4(s, end, *i + 2, &u)) {
+        (*i)++;
+        *ascii = '\\';
+        return 1;
+    }
+    *i += 6;
+    *ascii = u < 0x80 ? (int)u : -1;
+    if (u < 0x80)
+        return 1;
+    if (u < 0x800)
+        return 2;
+    if (u >= 0xD800 && u <= 0xDBFF && end - *i >= 6 && s[*i] == '\\' && s[*i + 1] == 'u' &&
+        hex4(s, end, *i + 2, &lo) && lo >= 0xDC00 && lo <= 0xDFFF) {
+        *i += 6; /* a pair: one code point above U+FFFF */
+        return 4;
+    }
+    return 3;
+}
+
+/* The decoded string content s[a .. b) equals the ASCII literal lit. */
+static int key_is(const unsigned char *s, size_t a, size_t b, const char *lit)
+{
+    size_t i = a, k = 0, len = strlen(lit);
+    /* An escape only lengthens a spelling: as long as lit, it is lit or not; shorter, or
+     * longer without a backslash, it is not. */
+    if (b - a == len)
+        return memcmp(s + a, lit, len) == 0;
+    if (b - a < len || memchr(s + a, '\\', b - a) == NULL)
+        return 0;
+    while (i < b) {
+        int ascii;
+        next_unit(s, b, &i, &ascii);
+        if (k == len || ascii != (unsigned char)lit[k])
+            return 0;
+        k++;
+    }
+    return k == len;
+}
+
+/* Payload bytes of the string content s[a .. b): with `whole`, its decoded length; else the
+ * decoded bytes after its first ";base64," (-1 when it has none: then it is text). */
+static int64_t payload(const unsigned char *s, size_t a, size_t b, int whole)
+{
+    if (memchr(s + a, '\\', b - a) == NULL) { /* the usual case: no escapes, bytes as they are */
+        if (whole)
+            return (int64_t)(b - a);
+        const unsigned char *hit = memmem(s + a, b - a, B64, B64_LEN);
+        return hit == NULL ? -1 : (int64_t)(b - (size_t)(hit - s) - B64_LEN);
+    }
+    size_t i = a, matched = whole ? B64_LEN : 0;
+    int64_t after = 0;
+    while (i < b) {
+        int ascii;
+        int bytes = next_unit(s, b, &i, &ascii);
+        if (matched == B64_LEN)
+            after += bytes;
+        else if (ascii == (unsigned char)B64[matched])
+            matched++;
+        else
+            matched = ascii == ';'; /* ';' occurs only first in the pattern */
+    }
+    return matched == B64_LEN ? after : -1;
+}
+
+/* The value role of key s[a .. b) in a container of role `role`. */
+static int key_role(const unsigned char *s, size_t a, size_t b, int role)
+{
+    switch (role) {
+    case R_TOP:
+        if (key_is(s, a, b, "messages") || key_is(s, a, b, "input"))
+            return V_LIST;
+        for (int k = 0; k < 3; k++)
+            if (key_is(s, a, b, MAX_KEYS[k]))
+                return V_MAX + k;
+        return V_NONE;
+    case R_ITEM:
+        return key_is(s, a, b, "content") ? V_CONTENT : V_NONE;
+    case R_PART:
+        if (key_is(s, a, b, "image_url"))
+            return V_IMAGE;
+        return key_is(s, a, b, "source") ? V_SOURCE : V_NONE;
+    case R_IMAGE:
+        return key_is(s, a, b, "url") ? V_URL : V_NONE;
+    case R_SOURCE:
+        return key_is(s, a, b, "data") ? V_DATA : V_NONE;
+    default:
+        return V_NONE;
+    }
+}
+
+/* The role of a container opened by `open` ('{' or '[') where a value of role v was due. */
+static int container_role(int v, unsigned char open, size_t depth)
+{
+    if (open == '{') {
+        if (depth == 0)
+            return R_TOP;
+        return v == V_ITEM ? R_ITEM : v == V_PART ? R_PART : v == V_IMAGE ? R_IMAGE
+               : v == V_SOURCE ? R_SOURCE : R_NONE;
+    }
+    return v == V_LIST ? R_LIST : v == V_CONTENT ? R_PARTS : R_NONE;
+}
+
+/* A number value at s[*i]: a non-negative JSON integer (capped at OUTPUT_CAP; "-0" is 0),
+ * else -1; *i moves past the whole token. */
+static int64_t integer(const unsigned char *s, size_t n, size_t *i)
+{
+    size_t j = *i;
+    int negative = j < n && s[j] == '-';
+    if (negative)
+        j++;
+    int64_t v = 0;
+    size_t digits = j;
+    while (j < n && s[j] >= '0' && s[j] <= '9') {
+        v = v * 10 + (s[j] - '0');
+        if (v > OUTPUT_CAP)
+            v = OUTPUT_CAP;
+        j++;
+    }
+    int ok = j > digits && !(negative && v != 0);
+    while (j < n && (s[j] == '.' || s[j] == 'e' || s[j] == 'E' || s[j] == '+' || s[j] == '-' ||
+                     (s[j] >= '0' && s[j] <= '9'))) {
+        ok = 0; /* a fraction or an exponent: not an integer */
+        j++;
+    }
+    *i = j > *i ? j : *i + 1;
+    return ok ? v : -1;
+}
+
+/* The value role due for the elements of an array of role r. */
+static int element_role(int r)
+{
+    return r == R_LIST ? V_ITEM : r == R_PARTS ? V_PART : V_NONE;
 }
 
 void vx_books_estimate(const unsigned char *s, size_t n, int64_t *input, int64_t *output)
 {
-    static const char B64[] = ";base64,";
-    size_t inline_bytes = 0, payloads = 0, at = 0;
-    const unsigned char *hit;
-    while ((hit = find(s + at, n - at, B64, sizeof B64 - 1)) != NULL) {
-        size_t start = (size_t)(hit - s) + sizeof B64 - 1;
-        const unsigned char *quote = memchr(s + start, '"', n - start);
-        if (quote == NULL)
+    unsigned char role[ROLE_DEPTH], is_object[ROLE_DEPTH];
+    size_t depth = 0, inline_bytes = 0, payloads = 0, i = 0;
+    int due = V_NONE;  /* what the next value is (set by a key, an array, a comma) */
+    int want_key = 0;  /* in an object, before a key */
+    int64_t last[3] = {-2, -2, -2}; /* each max key's last value: -2 absent, -1 not an integer */
+    while (i < n) {
+        unsigned char c = s[i];
+        int tracked = depth > 0 && depth <= ROLE_DEPTH;
+        int here = tracked ? role[depth - 1] : R_NONE;
+        int in_object = tracked && is_object[depth - 1];
+        if (due >= V_MAX && (c == '{' || c == '[' || c == '"' || c == 't' || c == 'f' ||
+                             c == 'n'))
+            last[due - V_MAX] = -1; /* a max key whose value is no integer */
+        switch (c) {
+        case '{':
+        case '[': {
+            int r = container_role(due, c, depth);
+            if (depth < ROLE_DEPTH) {
+                role[depth] = (unsigned char)r;
+                is_object[depth] = c == '{';
+            }
+            depth++;
+            want_key = c == '{';
+            due = c == '[' ? element_role(r) : V_NONE;
+            i++;
             break;
-        size_t end = (size_t)(quote - s);
-        inline_bytes += end - start;
-        payloads++;
-        at = end;
+        }
+        case '}':
+        case ']':
+            if (depth > 0)
+                depth--;
+            due = V_NONE;
+            want_key = 0;
+            i++;
+            break;
+        case ',':
+            want_key = in_object;
+            due = in_object ? V_NONE : element_role(here);
+            i++;
+            break;
+        case '"': {
+            size_t end = string_end(s, n, i + 1); /* the closing quote, n if none */
+            if (want_key) {
+                due = key_role(s, i + 1, end, here);
+                want_key = 0;
+            } else {
+                if (end < n && (due == V_IMAGE || due == V_URL || due == V_DATA)) {
+                    int64_t bytes = payload(s, i + 1, end, due == V_DATA);
+                    if (bytes >= 0) {
+                        inline_bytes += (size_t)bytes;
+                        payloads++;
+                    }
+                }
+                due = V_NONE;
+            }
+            i = end < n ? end + 1 : n;
+            break;
+        }
+        case '-':
+        case '0': case '1': case '2': case '3': case '4':
+        case '5': case '6': case '7': case '8': case '9': {
+            int64_t v = integer(s, n, &i);
+            if (due >= V_MAX)
+                last[due - V_MAX] = v;
+            due = V_NONE;
+            break;
+        }
+        case 't':
+        case 'f':
+        case 'n':
+            due = V_NONE;
+            while (i < n && s[i] >= 'a' && s[i] <= 'z')
+                i++;
+            break;
+        default: /* whitespace, ':', and anything that is no JSON at all */
+            i++;
+        }
     }
-    size_t text = n - inline_bytes;
+    size_t text = n - (inline_bytes <= n ? inline_bytes : n);
     *input = (int64_t)((text + VX_BOOKS_BYTES_PER_TOKEN - 1) / VX_BOOKS_BYTES_PER_TOKEN) +
              (int64_t)payloads * VX_BOOKS_IMAGE_TOKENS;
     *output = -1;
-    at = 0;
-    while ((hit = find(s + at, n - at, "\"max_", 5)) != NULL) {
-        size_t i = (size_t)(hit - s) + 5;
-        int64_t v = max_value(s, n, i);
-        if (v >= 0) {
-            *output = v;
-            return;
-        }
-        at = (size_t)(hit - s) + 1;
-    }
+    for (int k = 0; k < 3; k++)
+        if (last[k] > *output)
+            *output = last[k];
 }

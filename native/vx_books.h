@@ -45,13 +45,21 @@ int vx_books_time(char *out, int64_t ms);
  * last one is not in that form (the caller reads it another way). */
 int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
 
-/* A request body's token estimate (velox.usage): *input = ceil(text bytes / 4) + 765 per
- * inline base64 payload, where a payload runs from each ";base64," to the next '"' (its
- * bytes are not text; one without a closing quote ends the search and counts as text), and
- * *output = the value of the first `"max_tokens"`, `"max_completion_tokens"` or
- * `"max_output_tokens"` key followed by whitespace, ':', whitespace and 1 to 12 digits (the
- * first 12 when longer), -1 when there is none. Whitespace is Python's bytes \s (space,
- * \t \n \r \f \v), as in the regular expression this replaces. */
+/* A request body's token estimate (velox.usage), read from where the schema puts things:
+ *   *input = ceil((n - payload bytes) / 4) + 765 per inline payload. A payload is a string at
+ *     top.messages[i].content[j].image_url.url or .image_url (chat's and the Responses API's
+ *     image parts; top.input[i] alike): its decoded bytes after its first ";base64," (one
+ *     without that marker is text), or at top.messages[i].content[j].source.data (a base64
+ *     image source: the whole decoded string). Keys are compared unescaped and every
+ *     occurrence counts (duplicate keys included); ";base64," anywhere else is text.
+ *   *output = the largest of max_tokens, max_completion_tokens and max_output_tokens of the
+ *     top-level object, each by its last occurrence and only when that is a non-negative
+ *     integer (capped at 10^15), -1 when none is; the same keys deeper (a tool's JSON schema)
+ *     count for nothing.
+ * "Decoded bytes" are the UTF-8 bytes of the string's value (a lone surrogate escape counts 3).
+ * Defined for JSON texts (the parse stage has validated the body); any other bytes are read
+ * safely and give some estimate. velox/usage.py's input_tokens and output_limit are the
+ * reference, kept equal by a differential test. */
 #define VX_BOOKS_BYTES_PER_TOKEN 4
 #define VX_BOOKS_IMAGE_TOKENS 765
 void vx_books_estimate(const unsigned char *s, size_t n, int64_t *input, int64_t *output);

@@ -138,10 +138,12 @@ int vx_breaker_peek(const vx_health *h, int64_t i, int64_t now_ms)
     }
 }
 
-int64_t vx_breaker_enter(vx_health *h, int64_t i, int64_t now_ms)
+int64_t vx_breaker_enter(vx_health *h, int64_t i, int64_t now_ms, int *tr)
 {
     vx_upstream *u = &h->up[i];
     int64_t now = clamp_now(now_ms);
+    if (tr != NULL)
+        *tr = VX_TR_NONE;
     /* Relaxed throughout: the word is the whole state (see vx_health.h). */
     uint64_t w = atomic_load_explicit(&u->word, memory_order_relaxed);
     for (;;) {
@@ -171,8 +173,11 @@ int64_t vx_breaker_enter(vx_health *h, int64_t i, int64_t now_ms)
             }
         }
         if (atomic_compare_exchange_weak_explicit(&u->word, &w, next, memory_order_relaxed,
-                                                  memory_order_relaxed))
+                                                  memory_order_relaxed)) {
+            if (tr != NULL && w_state(w) == VX_BREAKER_OPEN)
+                *tr = VX_TR_HALF_OPENED; /* only the CAS winner gets here */
             return ticket;
+        }
     }
 }
 

@@ -68,12 +68,14 @@ enum {
 
 enum { VX_OUTCOME_SUCCESS = 0, VX_OUTCOME_FAILURE = 1, VX_OUTCOME_NEUTRAL = 2 };
 
-/* What vx_breaker_report did. */
+/* What vx_breaker_report (and vx_breaker_enter, through its `tr`) did. Each transition is
+ * made by one CAS, so exactly one caller, in any process, is told of it. */
 enum {
-    VX_TR_NONE = 0,     /* no transition (counted, or ignored) */
-    VX_TR_OPENED = 1,   /* CLOSED -> OPEN: this caller is the one opener */
-    VX_TR_REOPENED = 2, /* HALF_OPEN -> OPEN */
-    VX_TR_CLOSED = 3,   /* HALF_OPEN -> CLOSED */
+    VX_TR_NONE = 0,       /* no transition (counted, or ignored) */
+    VX_TR_OPENED = 1,     /* CLOSED -> OPEN: this caller is the one opener */
+    VX_TR_REOPENED = 2,   /* HALF_OPEN -> OPEN */
+    VX_TR_CLOSED = 3,     /* HALF_OPEN -> CLOSED */
+    VX_TR_HALF_OPENED = 4 /* OPEN -> HALF_OPEN (vx_breaker_enter: this caller is its probe) */
 };
 
 /* Per-upstream counters (only grow). */
@@ -150,8 +152,9 @@ void vx_health_destroy(vx_health *h); /* NULL accepted; this process's view only
 int64_t vx_breaker_open_ms(const vx_health *h, int64_t streak);
 
 int vx_breaker_peek(const vx_health *h, int64_t i, int64_t now_ms);
-/* VX_TICKET_DENIED, VX_TICKET_CLOSED, or a probe ticket (> 0). */
-int64_t vx_breaker_enter(vx_health *h, int64_t i, int64_t now_ms);
+/* VX_TICKET_DENIED, VX_TICKET_CLOSED, or a probe ticket (> 0). *tr (unless tr is NULL) is
+ * set to VX_TR_HALF_OPENED when this call turned the breaker half-open, else VX_TR_NONE. */
+int64_t vx_breaker_enter(vx_health *h, int64_t i, int64_t now_ms, int *tr);
 /* One of VX_TR_*. `outcome` is VX_OUTCOME_*; anything else is treated as NEUTRAL. */
 int vx_breaker_report(vx_health *h, int64_t i, int64_t ticket, int outcome, int64_t now_ms);
 void vx_breaker_read(const vx_health *h, int64_t i, int64_t now_ms, vx_breaker_view *out);

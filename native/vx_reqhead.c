@@ -35,21 +35,24 @@ void vx_reqhead_lower(char *dst, const char *src, size_t n)
 }
 
 /* Byte classes: 1 tchar (RFC 9110 §5.6.2), 2 field-value byte (HTAB, SP, VCHAR, obs-text),
- * 4 target byte (visible ASCII 0x21-0x7E). Generated from those definitions; one load per byte
- * instead of a chain of comparisons: the SDK's 483-byte head took 998 ns of CPU with the
- * comparisons and 741 ns with the table (-O2, this 2-core host under load). */
+ * 4 target byte (visible ASCII 0x21-0x7E), 8 Host byte (uri-host [":" port] of RFC 3986:
+ * ALPHA DIGIT "-._~" sub-delims "%" "[]:"; the set Go's net/http checks a Host against).
+ * Generated from those definitions; one load per byte instead of a chain of comparisons: the
+ * SDK's 483-byte head took 998 ns of CPU with the comparisons and 741 ns with the table (-O2,
+ * this 2-core host under load). */
 #define C_TCHAR 1u
 #define C_VALUE 2u
 #define C_TARGET 4u
+#define C_HOST 8u
 static const unsigned char CLASS[256] = {
     0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    2, 7, 6, 7, 7, 7, 7, 7, 6, 6, 7, 7, 6, 7, 7, 6,
-    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6,
-    6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7,
-    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 7, 7,
-    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7,
-    7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 6, 7, 6, 7, 0,
+    2, 15, 6, 7, 15, 15, 15, 15, 14, 14, 15, 15, 14, 15, 15, 6,
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 14, 14, 6, 14, 6, 6,
+    6, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 14, 6, 14, 7, 15,
+    7, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+    15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 6, 7, 6, 15, 0,
     2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
     2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
     2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
@@ -75,6 +78,19 @@ static int ieq(const char *a, size_t alen, const char *b, size_t n)
 
 #define IEQ(a, alen, lit) ieq((a), (alen), (lit), sizeof(lit) - 1)
 
+/* A Host value of Host bytes only (RFC 9112 §3.2), once the trailing whitespace that field
+ * values keep here (see vx_reqhead.h) is set aside; empty is valid (a target URI without an
+ * authority). */
+static int valid_host(const char *v, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (CLASS[(unsigned char)v[i]] & C_HOST))
+        i++;
+    while (i < n && (v[i] == ' ' || v[i] == '\t'))
+        i++;
+    return i == n;
+}
+
 int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t max_fields,
                      size_t max_header_bytes, size_t max_partial, vx_reqhead *out)
 {
@@ -90,10 +106,14 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
         return p <= 7 ? more : VX_RH_FALLBACK; /* OPTIONS is the longest: 7 */
     if (buf[p] != ' ')
         return VX_RH_FALLBACK;
+    /* The length and the first byte first: one memcmp call, not two for POST (HEAD's too). */
     out->method = -1;
     for (int m = 0; m < VX_RH_METHODS; m++)
-        if (METHODS[m].len == p && memcmp(buf, METHODS[m].name, p) == 0)
+        if (METHODS[m].len == p && METHODS[m].name[0] == buf[0] &&
+            memcmp(buf, METHODS[m].name, p) == 0) {
             out->method = m;
+            break;
+        }
     if (out->method < 0)
         return VX_RH_FALLBACK;
     p++;
@@ -138,7 +158,7 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
     size_t header_bytes = out->target_len;
     size_t n = 0;
     int64_t content_length = -1;
-    int authorization = -1, expect = 0, connection = 0, close = 0, keep_alive = 0;
+    int authorization = -1, expect = 0, connection = 0, close = 0, keep_alive = 0, host = 0;
     for (;;) {
         if (p == len)
             return more;
@@ -182,6 +202,13 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
             return VX_RH_FALLBACK; /* httptools answers the 431 */
         const char *nm = buf + name, *v = buf + value;
         switch (name_len) {
+        case 4: /* one valid Host, or httptools' path answers the 400 (RFC 9112 §3.2) */
+            if (IEQ(nm, name_len, "host")) {
+                if (host || !valid_host(v, value_len))
+                    return VX_RH_FALLBACK;
+                host = 1;
+            }
+            break;
         case 14:
             if (IEQ(nm, name_len, "content-length")) {
                 if (content_length >= 0 || value_len == 0 || value_len > 18)
@@ -221,8 +248,11 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
             }
             break;
         case 13:
-            if (IEQ(nm, name_len, "authorization"))
+            if (IEQ(nm, name_len, "authorization")) {
+                if (authorization >= 0)
+                    return VX_RH_FALLBACK; /* ingress refuses two credentials (400) */
                 authorization = (int)n;
+            }
             break;
         case 6:
             if (IEQ(nm, name_len, "expect") && IEQ(v, value_len, "100-continue"))
@@ -237,6 +267,8 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
         fields[n].value_len = (uint32_t)value_len;
         n++;
     }
+    if (!host && !out->http10)
+        return VX_RH_FALLBACK; /* HTTP/1.1 requires Host; HTTP/1.0 may omit it */
     out->head_len = p;
     out->nfields = n;
     out->content_length = content_length;

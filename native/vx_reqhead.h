@@ -18,12 +18,20 @@
  *                   obs-text; leading OWS dropped, trailing OWS KEPT (as llhttp reports it)
  *   end           = CRLF
  *
- * and FALLBACK on: a leading empty line, any other method or version, obs-fold, bare CR or LF,
+ *   Host          exactly one field of Host bytes (uri-host [":" port], trailing OWS set
+ *                 aside) with HTTP/1.1; at most one with HTTP/1.0 (RFC 9112 §3.2)
+ *
+ * and FALLBACK on: a leading empty line, any other method or version (HTTP/0.9's version-less
+ * line, HTTP/2.0), any other target form (absolute-form included), obs-fold, bare CR or LF,
  * Transfer-Encoding, Upgrade, Proxy-Connection (llhttp reads it as Connection), Connection
- * other than one field with exactly "close" or "keep-alive" (any case), Content-Length other than 1 to 18 digits or given twice,
- * more than `max_fields` fields, a head whose ingress byte count (target + per field name +
- * value + 4, what velox/ingress.py's callbacks count) exceeds `max_header_bytes` (httptools
- * then answers the 431), and an incomplete head already `max_partial` bytes long.
+ * other than one field with exactly "close" or "keep-alive" (any case), Content-Length other
+ * than 1 to 18 digits or given twice, Authorization given twice, a missing, repeated or
+ * invalid Host, more than `max_fields` fields, a head whose ingress byte count (target + per
+ * field name + value + 4, what velox/ingress.py's callbacks count) exceeds `max_header_bytes`,
+ * and an incomplete head already `max_partial` bytes long. Ingress's httptools path then
+ * answers what needs an answer (400 for Host and for two Authorization fields, 431 for the
+ * limits, 505 for the versions, absolute-form served by its path), so the rules live in one
+ * place for the odd cases.
  *
  * keep_alive follows llhttp's should_keep_alive for what is accepted: HTTP/1.1 unless
  * "Connection: close", HTTP/1.0 only with "Connection: keep-alive".
@@ -66,7 +74,7 @@ typedef struct {
     int http10;            /* 1 for HTTP/1.0 */
     size_t nfields;
     int64_t content_length; /* -1 when absent */
-    int authorization;     /* index of the last Authorization field, -1 if none */
+    int authorization;     /* index of the one Authorization field, -1 if none */
     int expect_continue;   /* some Expect field is exactly "100-continue" (any case) */
     int keep_alive;
     size_t header_bytes;   /* ingress's count (see above) */

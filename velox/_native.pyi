@@ -187,6 +187,7 @@ TR_NONE: Final[int]  # 0
 TR_OPENED: Final[int]  # 1: closed -> open (this caller was the one opener)
 TR_REOPENED: Final[int]  # 2: half-open -> open
 TR_CLOSED: Final[int]  # 3: half-open -> closed
+TR_HALF_OPENED: Final[int]  # 4: open -> half-open (enter/admit: this caller is its probe)
 UP_REQUESTS: Final[int]  # 0
 UP_SUCCESSES: Final[int]  # 1
 UP_FAILURES: Final[int]  # 2
@@ -239,6 +240,10 @@ class Health:
     ) -> tuple[int, int, int, int, int, int, int, int]:
         """(state, count, probes, streak, stamp_ms, opened_at_ms, open_count,
         until_half_open_ms) from one read of the breaker word."""
+    def transitions(self) -> tuple[list[tuple[int, int, int, int]], int]:
+        """The breaker transitions this process made since the last call, and forgets them:
+        ([(upstream, TR_*, at_ms, open_ms), ...], how many did not fit). Each transition is
+        made by one caller in one process: draining every process lists it once."""
     def acquire(self, upstream: int, /) -> bool:
         """One in-flight place; False (and UP_FULL counted) when max_in_flight is reached."""
     def release(self, upstream: int, /) -> None: ...
@@ -539,7 +544,8 @@ def reqhead(buf: Buffer, start: int, max_header_bytes: int, /) -> tuple[
 ] | bool | None:
     """The head at buf[start:]: None (need more bytes), False (outside the subset: hand the
     bytes to httptools) or (method, target, headers with lower-case names, content_length or
-    -1, last authorization value or None, expect_continue, keep_alive, http10, end offset)."""
+    -1, the authorization value or None (a head with two: False), expect_continue, keep_alive,
+    http10, end offset)."""
 def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_received: int,
                t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
                extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:

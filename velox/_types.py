@@ -22,10 +22,13 @@ class Route(IntEnum):
     """What a request path is, as far as the gateway cares (decided by route.classify)."""
 
     MODEL_CALL = 1  # chat/completions, completions, embeddings, responses: JSON with a model
-    FORWARD = 2  # any other /v1/... path: forwarded unchecked
-    ROOT = 3  # POST /: the raw producer interface, sent to VELOX_UPSTREAM_REQUEST_PATH
-    HEALTH = 4  # GET /healthz
-    READY = 5  # GET /readyz
+    # images, audio, moderations: the model read (JSON, or a multipart form's field; it may
+    # be absent: the catch-all route) and checked; tokens only as their answers report them
+    MODEL_OTHER = 2
+    FORWARD = 3  # any other /v1/... path: forwarded without reading a model
+    ROOT = 4  # POST /: the raw producer interface, sent to VELOX_UPSTREAM_REQUEST_PATH
+    HEALTH = 5  # GET /healthz
+    READY = 6  # GET /readyz
 
 
 class Responder(Protocol):
@@ -71,6 +74,12 @@ class Request:
         # holds (a keys.Ticket, released once when the request ends), and response headers
         # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
         "key", "ticket", "extra_headers",
+        # the routes the caller's key may use (its `models`; None: any): dispatch takes no
+        # fallback outside them
+        "allowed",
+        # a multipart form's model value, [start, end) in body (parse.form_model), for the
+        # route's model rewrite; None for JSON bodies
+        "model_span",
         # the headers sent upstream apart from any credential, and the client's credential to
         # pass on (route.Auth.client_headers' pair), when ingress's native parser made them
         # while parsing the head; None: the worker makes them
@@ -111,4 +120,6 @@ class Request:
         self.key = -1
         self.ticket: Any = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None
+        self.allowed: frozenset[str] | None = None
+        self.model_span: tuple[int, int] | None = None
         self.upstream_headers: tuple[Headers, Headers] | None = None

@@ -43,7 +43,8 @@ max_in_flight reached, or its rpm bucket empty). Within a group:
 Retries (RetryPolicy): at most `attempts` tries in all; no new one once a failed one took longer
 than `max_elapsed_ms`, once a byte went to the client, or when the gateway's retry budget says
 no. The next target is chosen at the time of the retry (the state may have changed): untried
-targets of the route first (priorities as above), then its `fallbacks` routes in order; a
+targets of the route first (priorities as above), then its `fallbacks` routes in order (only
+those the caller's gateway key may use: a key's `models` hold for fallbacks too); a
 tried target again only when no other can take it. A 429 retries its own target only when its
 Retry-After is at most `same_target_retry_after_s` (after waiting it out). A retry to a target
 already tried waits a short jittered backoff (min(1 s, 100 ms x 2^(n-1)) x [0.5, 1]).
@@ -164,6 +165,7 @@ class Event(IntEnum):
     PROTOCOL_ERROR = 8  # the upstream sent something that is not valid HTTP
     CLIENT_GONE = 9  # our client disconnected
     GATEWAY_REFUSED = 10  # the gateway answered itself (its own 429 / 503)
+    LOST_AFTER_HEADERS = 11  # the connection was lost after the headers, before the commit point
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +178,12 @@ class Verdict:
 
 # Event -> (breaker outcome, retryable). Refused streams were never processed and say nothing
 # bad about the upstream (a graceful GOAWAY, or its stream limit): retryable, not a failure.
-# A break after headers or a protocol error may have been processed: a failure, not retried.
+# A stream the upstream broke after its headers, or a protocol error, says something about this
+# request (it ran, and may break again wherever it goes): a failure, not retried. A connection
+# lost while nothing had reached the client is retried whether or not the headers had come: an
+# upstream that died or was cut off says nothing about the request. It may have run, so its
+# tokens may be paid twice; the client still gets exactly one answer, and the alternative, a
+# 502, is what the OpenAI and Anthropic SDKs retry by default (the same cost, later, seen).
 EVENT_TABLE: dict[Event, tuple[int, bool]] = {
     Event.CONNECT_REFUSED: (FAILURE, True),
     Event.CONNECT_RESET: (FAILURE, True),
@@ -185,6 +192,7 @@ EVENT_TABLE: dict[Event, tuple[int, bool]] = {
     Event.REFUSED_STREAM: (NEUTRAL, True),
     Event.HEADERS_TIMEOUT: (FAILURE, True),
     Event.BROKEN_AFTER_HEADERS: (FAILURE, False),
+    Event.LOST_AFTER_HEADERS: (FAILURE, True),
     Event.PROTOCOL_ERROR: (FAILURE, False),
     Event.CLIENT_GONE: (NEUTRAL, False),
     Event.GATEWAY_REFUSED: (NEUTRAL, False),
@@ -438,7 +446,8 @@ class Outcome:
 class Router:
     """The routes of the tables, ready to pick; one per worker (after fork)."""
 
-    __slots__ = ("tables", "state", "chains", "catch_all", "rng", "retry_policy", "tpm")
+    __slots__ = ("tables", "state", "chains", "catch_all", "rng", "retry_policy", "tpm",
+                 "limited")
 
     def __init__(self, tables: Tables, state: LiveState, *, rng: random.Random | None = None,
                  hash_method: str = HASH_METHOD, tpm: TokenBuckets | None = None) -> None:
@@ -463,13 +472,33 @@ class Router:
             chains[route.model] = tuple(chain)
         self.chains = chains
         self.catch_all = chains.get("*")
+        # (route, a key's allow-list) -> that route's chain without the routes it may not use
+        self.limited: dict[tuple[str, frozenset[str]], tuple[Picker, ...]] = {}
 
-    def plan(self, model: str, key: bytes | None = None) -> Plan | None:
-        """The attempt plan of one request for `model`; None when no route serves it."""
+    def plan(self, model: str, key: bytes | None = None,
+             allowed: frozenset[str] | None = None) -> Plan | None:
+        """The attempt plan of one request for `model`; None when no route serves it.
+        `allowed`: the routes the caller's key may use (None: any); fallbacks to others are
+        left out of its plan (its own route was checked before it got here)."""
         chain = self.chains.get(model, self.catch_all)
         if chain is None:
             return None
+        if allowed is not None and len(chain) > 1:
+            chain = self._within(chain, allowed)
+            if not chain:
+                return None
         return Plan(self, chain, model, None if key is None else hash64(key))
+
+    def _within(self, chain: tuple[Picker, ...], allowed: frozenset[str]
+                ) -> tuple[Picker, ...]:
+        """chain without the routes outside `allowed`, made once per (chain, allow-list)."""
+        limited = self.limited.get((chain[0].route.model, allowed))
+        if limited is None:
+            limited = tuple(p for p in chain if p.route.model in allowed)
+            if len(self.limited) >= 4096:  # at most one per key and route; bounded anyway
+                self.limited.clear()
+            self.limited[(chain[0].route.model, allowed)] = limited
+        return limited
 
 
 class Attempt:

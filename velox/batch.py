@@ -261,8 +261,11 @@ class Batcher:
         if len(items) > spec.max_inputs:
             return False
         template = {k: v for k, v in doc.items() if k != "input"}
+        # Members share a call only under the same allow-list: the call's fallbacks are
+        # limited to it (balance.Router.plan).
         key = (request.path, kind, orjson.dumps(template, option=orjson.OPT_SORT_KEYS),
-               b"" if shared else caller_of(request), _forwarded(request.headers))
+               b"" if shared else caller_of(request), _forwarded(request.headers),
+               request.allowed)
         # The body may live in the arena, whose segment is reused once released: keep a copy
         # (a split retry sends it again) and release the segment now.
         request.body = bytes(request.body)
@@ -346,6 +349,7 @@ class Batcher:
         merged.affinity = first.affinity
         merged.caller = first.caller
         merged.key = NOT_BOOKED  # the members book their own shares (Member.answer)
+        merged.allowed = first.allowed
         merged.t_popped = merged.t_parsed = merged.t_admitted = now
         call.request = merged
         self.send(merged, call.done)

@@ -254,7 +254,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_MAX_BODY_BYTES", "max_body_bytes", _int_in(1, 1 << 31),
           str(DEFAULT_MAX_BODY_BYTES), "largest request body accepted (larger gets 413)"),
     Field("VELOX_MAX_HEADER_BYTES", "max_header_bytes", _int_in(1024, 1 << 24),
-          str(DEFAULT_MAX_HEADER_BYTES), "largest request line plus headers accepted (431)"),
+          str(DEFAULT_MAX_HEADER_BYTES),
+          "largest request line plus headers accepted (431; at most 100 header fields, "
+          "whatever their size)"),
     Field("VELOX_PARSE_OFF_LOOP_BYTES", "parse_off_loop_bytes", _int_in(0, 1 << 31),
           str(DEFAULT_PARSE_OFF_LOOP_BYTES),
           "bodies this large are validated in a thread, off the event loop (0: never)"),

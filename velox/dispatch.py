@@ -10,13 +10,17 @@ deployment paths), its credential header, and the body with the target's model n
 differs from the public one (the bytes of the `model` value are replaced in place of the
 original, found by the native scanner; nothing else in the body is re-serialised).
 
-Failover. The relay asks `response_failed` when response headers arrive and `error_failed` when
-an attempt fails, as long as no byte has been written to the client (the commit point): an
-upstream-caused failure that `balance.classify` calls retryable (connection refused or reset,
-TLS, connect timeout, 502/503/504/529, no headers within the request timeout, a 429 — which
-moves to another target and returns to its own only after a Retry-After of at most 2 s) is
-sent again, to the target the plan chooses then, within the retry policy's attempts, elapsed
-time and the gateway-wide retry budget. The abandoned attempt is cancelled (RST_STREAM), so it
+Failover. The relay asks `response` when response headers arrive and `error_failed` when
+an attempt fails, as long as no byte has been written to the client (the commit point; a plain
+answer is collected whole before it goes out, so its headers alone do not commit it): an
+upstream-caused failure that `balance.classify` calls retryable (connection refused, reset or
+lost, before or after the headers, TLS, connect timeout, 502/503/504/529, no headers within
+the request timeout, a 429 — which moves to another target and returns to its own only after
+a Retry-After of at most 2 s) is sent again, to the target the plan chooses then, within the
+retry policy's attempts, elapsed time and the gateway-wide retry budget. A request whose
+connection was lost may have run upstream: sending it again may pay for it twice, but its
+client gets one answer instead of a 502 that the OpenAI and Anthropic SDKs retry by default
+(see balance.EVENT_TABLE). The abandoned attempt is cancelled (RST_STREAM), so it
 holds nothing. Past the commit point nothing is retried; the relay ends a broken event stream
 with an error event instead.
 
@@ -28,7 +32,12 @@ Background probes. An upstream whose breaker is open gets no requests; once its 
 over, `probe` (called from the worker's tick) sends it the warm-up request as the breaker's
 probe, so it can close again without a client request being the test.
 
-Imports: balance, health (outcomes, clock), tables, errors, stats (field numbers),
+Breaker transitions are logged once each (`log_breakers`, from the same tick): the shared
+breaker moves by CAS, so exactly one worker makes each transition and keeps it (native
+Health.transitions); that worker logs it with the upstream, and for an opening the route and
+the failure that opened it, which it noted on its own failure paths (`_last_failure`).
+
+Imports: balance, health (outcomes, breaker transitions, clock), tables, errors, stats (field numbers),
 egress.interfaces (annotations), the native extension (scan_json), orjson and stdlib.
 """
 
@@ -43,7 +52,15 @@ import orjson
 from velox import _native
 from velox.balance import Attempt, Event, Plan, Router, classify
 from velox.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
-from velox.health import FAILURE, NEUTRAL, SUCCESS, now_ms
+from velox.health import (
+    FAILURE,
+    NEUTRAL,
+    SUCCESS,
+    TR_CLOSED,
+    TR_HALF_OPENED,
+    TR_OPENED,
+    now_ms,
+)
 from velox.stats import UPSTREAM_CLASS_OF, UPSTREAM_CLASSES, UPSTREAM_ERROR, SharedStats
 from velox.tables import CATCH_ALL, Tables
 
@@ -66,7 +83,7 @@ class Dispatch:
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
                  "loop", "forward_model", "hashed", "probes", "_status", "_targets",
-                 "_latency", "_retries", "_plain", "_extra", "_hash_all")
+                 "_latency", "_retries", "_plain", "_extra", "_hash_all", "_last_failure")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -93,6 +110,9 @@ class Dispatch:
                             for name in self.names)
         self._latency = stats.upstream_latency
         self._retries = stats.retries
+        # Upstream -> (route, what failed) of the last failure this worker saw: the reason a
+        # breaker opening this worker made is logged with (written on failure paths only).
+        self._last_failure: dict[int, tuple[str, str]] = {}
 
     # --- the first attempt --------------------------------------------------------------------
 
@@ -105,7 +125,7 @@ class Dispatch:
             model = self.forward_model
         elif model in self.hashed or (self._hash_all and self.router.chains.get(model) is None):
             key = affinity(request)
-        plan = self.router.plan(model, key)
+        plan = self.router.plan(model, key, request.allowed)
         if plan is None:
             exchange.refuse(ModelNotFound(
                 f"The model `{model}` does not exist or you do not have access to it.",
@@ -136,7 +156,7 @@ class Dispatch:
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
                                                         or exchange.passthrough)
         body = request.body if request.model is None or attempt.model == request.model \
-            else rewrite_model(request.body, attempt.model)
+            else rewrite_model(request.body, attempt.model, request.model_span)
         meter = exchange.meter
         # A stream whose usage the gateway asks for itself (velox.usage), where the upstream
         # accepts the option; the meter then strips what it brings.
@@ -164,6 +184,7 @@ class Dispatch:
         if status < 500 and status != 429:
             exchange.outcome = SUCCESS
             return False
+        self._last_failure[attempt.upstream] = (attempt.route.model, f"HTTP {status}")
         retry_after = _retry_after(headers) if status == 429 else None
         verdict = classify(Event.RESPONSE, status, retry_after, self.tables.retry)
         exchange.outcome = verdict.outcome
@@ -177,6 +198,7 @@ class Dispatch:
         if attempt is None:
             return False
         self._count_status(attempt.upstream, 0)
+        self._last_failure[attempt.upstream] = (attempt.route.model, str(exc))
         event, reason = _event_of(exc, exchange.status != 0)
         verdict = classify(event)
         exchange.outcome = verdict.outcome
@@ -219,6 +241,9 @@ class Dispatch:
         if attempt is None:
             return
         exchange.route_attempt = None
+        if broken:
+            self._last_failure[attempt.upstream] = (attempt.route.model,
+                                                    "the answer broke after it had started")
         outcome = FAILURE if broken else exchange.outcome
         exchange.plan.finish(attempt, outcome)
         t_sent, t_headers = exchange.t_sent, exchange.t_headers
@@ -247,12 +272,43 @@ class Dispatch:
             self.upstreams[u].submit(probe, 0)
             self.upstreams[u].flush()
 
-    def probe_done(self, probe: Probe, outcome: int) -> None:
+    def probe_done(self, probe: Probe, outcome: int, why: str) -> None:
         self.probes.discard(probe.u)
+        if outcome == FAILURE:  # logged as the breaker's re-opening (log_breakers)
+            self._last_failure[probe.u] = ("", why)
         self.stats.health.finish(probe.u, probe.ticket, outcome, now_ms())
-        if outcome != SUCCESS:
-            log.info("probe of upstream %s failed; its breaker stays open",
-                     self.tables.upstreams[probe.u].name)
+
+    # --- breaker transitions --------------------------------------------------------------------
+
+    def log_breakers(self) -> None:
+        """Log the breaker transitions this worker made since the last call (each transition
+        is made by one worker: the line is written once for the whole gateway)."""
+        events, lost = self.stats.health.transitions()
+        for u, transition, _at, open_ms in events:
+            name = self.tables.upstreams[u].name
+            if transition == TR_HALF_OPENED:
+                log.info("upstream %r: circuit breaker half-open: its open time is over, one "
+                         "probe at a time decides", name)
+            elif transition == TR_CLOSED:
+                log.info("upstream %r: circuit breaker closed: %d probe(s) succeeded; back in "
+                         "service", name, self.tables.breaker.successes)
+            else:
+                log.warning("upstream %r: circuit breaker %s; no requests for %g s", name,
+                            self._opening(u, transition), open_ms / 1000)
+        if lost:
+            log.warning("%d circuit breaker transition(s) were made too fast to be logged", lost)
+
+    def _opening(self, u: int, transition: int) -> str:
+        """Why u's breaker opened (TR_OPENED) or opened again (TR_REOPENED), in words."""
+        if transition == TR_OPENED:
+            what = f"opened after {self.tables.breaker.failures} failure(s) in a row"
+        else:
+            what = "opened again: its probe failed"
+        noted = self._last_failure.get(u)
+        if noted is None:
+            return what
+        route, why = noted
+        return f"{what} (the last: {why}; {f'route {route!r}' if route else 'background probe'})"
 
 
 class Probe:
@@ -274,13 +330,15 @@ class Probe:
         self.attempt: Any = None
         self.done = False
 
-    def _end(self, outcome: int) -> None:
+    def _end(self, status: int, why: str = "") -> None:
         if not self.done:
             self.done = True
-            self.dispatch.probe_done(self, outcome)
+            failed = status == 0 or status >= 500 or status == 429
+            self.dispatch.probe_done(self, FAILURE if failed else SUCCESS,
+                                     why or f"HTTP {status}")
 
     def on_response(self, status: int, headers: Headers, end_stream: bool) -> None:
-        self._end(FAILURE if status >= 500 or status == 429 else SUCCESS)
+        self._end(status)
         if not end_stream and self.attempt is not None:
             self.attempt.cancel()  # only the status matters
 
@@ -288,10 +346,10 @@ class Probe:
         pass
 
     def on_answer(self, status: int, headers: Headers, body: bytes) -> None:
-        self._end(FAILURE if status >= 500 or status == 429 else SUCCESS)
+        self._end(status)
 
     def on_error(self, exc: BaseException) -> None:
-        self._end(FAILURE)
+        self._end(0, str(exc) or type(exc).__name__)
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -313,8 +371,11 @@ def head_extra(upstream_name: bytes, attempts: int) -> tuple[tuple[bytes, bytes]
     return ((b"x-velox-upstream", upstream_name), (b"x-velox-attempts", b"%d" % attempts))
 
 
-def rewrite_model(body: Any, model: str) -> bytes:
-    """The body with its top-level `model` value replaced (the rest byte for byte)."""
+def rewrite_model(body: Any, model: str, span: tuple[int, int] | None = None) -> bytes:
+    """The body with its top-level `model` value replaced (the rest byte for byte); `span`:
+    a multipart form's model value (parse.form_model), replaced by the name as it is."""
+    if span is not None:
+        return b"".join((body[:span[0]], model.encode(), body[span[1]:]))
     error, _offset, start, end, *_ = _native.scan_json(body)
     if error or start < 0:
         return bytes(body)  # unreachable for a body the parse stage accepted
@@ -333,12 +394,12 @@ def _retry_after(headers: Headers) -> float | None:
 
 def _event_of(exc: BaseException, got_headers: bool) -> tuple[Event, int]:
     """What an egress failure was, for classify, and its retry reason."""
+    if isinstance(exc, UpstreamUnavailable):  # the connection was lost (the stream was not)
+        return (Event.LOST_AFTER_HEADERS if got_headers else Event.CONNECT_RESET), _R_CONNECT
     if got_headers:
         return Event.BROKEN_AFTER_HEADERS, _R_PROTOCOL
     if isinstance(exc, UpstreamTimeout):
         return Event.HEADERS_TIMEOUT, _R_TIMEOUT
-    if isinstance(exc, UpstreamUnavailable):
-        return Event.CONNECT_RESET, _R_CONNECT
     if isinstance(exc, VeloxError) and exc.source.value == "internal":
         return Event.GATEWAY_REFUSED, _R_REFUSED
     return Event.PROTOCOL_ERROR, _R_PROTOCOL

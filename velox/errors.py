@@ -137,6 +137,14 @@ class ModelNotAllowed(VeloxError):
     default_message = "This gateway key may not use the requested model."
 
 
+class EndpointNotAllowed(VeloxError):
+    status = 403  # the SDK raises PermissionDeniedError
+    type = "invalid_request_error"
+    code = "endpoint_not_allowed"
+    source = Source.DOWNSTREAM
+    default_message = "This gateway key may not use this endpoint."
+
+
 class RequestTimeout(VeloxError):
     status = 408
     type = "invalid_request_error"
@@ -204,6 +212,14 @@ class UnsupportedTransferCoding(VeloxError):
     code = "unsupported_transfer_coding"
     source = Source.DOWNSTREAM
     default_message = "Only the chunked transfer coding is supported."
+
+
+class VersionNotSupported(VeloxError):
+    status = 505
+    type = "invalid_request_error"
+    code = "http_version_not_supported"
+    source = Source.DOWNSTREAM
+    default_message = "This port serves HTTP/1.1 and HTTP/1.0 only."
 
 
 class InternalError(VeloxError):

@@ -69,6 +69,12 @@ SUCCESS = _native.OUTCOME_SUCCESS
 FAILURE = _native.OUTCOME_FAILURE
 NEUTRAL = _native.OUTCOME_NEUTRAL
 
+# Breaker transitions (SharedHealth.transitions).
+TR_OPENED = _native.TR_OPENED
+TR_REOPENED = _native.TR_REOPENED
+TR_HALF_OPENED = _native.TR_HALF_OPENED
+TR_CLOSED = _native.TR_CLOSED
+
 STATE_NAMES = {
     _native.BREAKER_CLOSED: "closed",
     _native.BREAKER_OPEN: "open",
@@ -248,6 +254,13 @@ class SharedHealth:
     def count_full(self, u: int) -> None:
         """Count a request u refused at max_in_flight (found by check(), on the slow path)."""
         self.native.count(u, _UP_FULL)
+
+    def transitions(self) -> tuple[list[tuple[int, int, int, int]], int]:
+        """The breaker transitions this process made since the last call, and forgets them:
+        ([(upstream, TR_*, at_ms, open_ms), ...], how many did not fit). Each transition is
+        made by exactly one caller, in one process (one CAS): what every worker drains and
+        logs is each transition once."""
+        return self.native.transitions()
 
     def needs_probe(self, now: int | None = None) -> list[int]:
         """Upstreams whose breaker is not closed and would admit a probe now: what a background

@@ -50,8 +50,17 @@ keep-alive timeout only closes connections that have nothing to send.
 
 Refused at header time, then closed: protocol upgrades (400 bad_http_request: httptools would
 otherwise complete the message first and the client got an empty reply), transfer codings other
-than chunked (501, RFC 9112 §6.1). Trailer fields of a chunked body are dropped, never
-forwarded as headers.
+than chunked (501, RFC 9112 §6.1), any Transfer-Encoding on HTTP/1.0 (400: faulty framing,
+§6.1), an HTTP/1.1 request without Host and any request with two Host fields or an invalid
+Host (400, §3.2), more than one Authorization field (400: the key check, the cache's
+partition and the upstream must all read the same credential), more than MAX_FIELDS header
+fields (431), and request lines of HTTP/0.9 (llhttp reads a line without a version as one) or
+HTTP/2.0 (505: llhttp parses both, and they would otherwise be answered as HTTP/1.1). An
+absolute-form target (`POST http://host/v1/...`, §3.2.2) is served as its path and query; its
+authority is checked like a Host and otherwise ignored, as Host is: Velox routes by path
+alone. Trailer fields of a chunked body are dropped, never forwarded as headers. The native
+parser accepts none of these heads (see native/vx_reqhead.h), so each rule is applied once, on
+the httptools path, for both settings.
 
 Imports: _types, errors, route, arena, h1write (the response bytes, native), _native (the
 request-head parser), config (for Settings), the ring interface, httptools and orjson.
@@ -61,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -74,6 +84,7 @@ from velox._types import Request, Route
 from velox.arena import Arena
 from velox.errors import (
     BadHTTP,
+    BadRequest,
     HeadersTooLarge,
     InternalError,
     NotReady,
@@ -82,11 +93,12 @@ from velox.errors import (
     RequestTimeout,
     ShuttingDown,
     UnsupportedTransferCoding,
+    VersionNotSupported,
     VeloxError,
     to_response,
 )
 from velox.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
-from velox.route import HOP_BY_HOP, Auth, classify
+from velox.route import HOP_BY_HOP, Auth, classify, normal_target
 
 log = logging.getLogger("velox.ingress")
 
@@ -95,7 +107,22 @@ _HEALTH_BODY = orjson.dumps({"status": "ok"})
 _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
-_WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding"})
+_WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding",
+                      b"host"})
+# Header fields per request, at most (431 beyond): the native parser's room for fields, so a
+# head it cannot hold is exactly one this refuses. 100 is 6x what the SDKs send; before the
+# cap a 54 KB head of 5,500 tiny fields cost about 65 times a normal request, and every field
+# was forwarded.
+MAX_FIELDS = _native.REQHEAD_FIELDS
+_TOO_MANY_FIELDS = (f"The request has more than {MAX_FIELDS} header fields; this gateway "
+                    f"accepts at most {MAX_FIELDS}.")
+# The bytes of uri-host [":" port] (RFC 3986: ALPHA DIGIT "-._~", sub-delims, "%" of
+# pct-encoded, "[]:" of IP literals and the port), checked as a set as Go's net/http does; the
+# native parser's C_HOST class is the same set.
+_HOST = re.compile(rb"[0-9A-Za-z!$%&'()*+,\-.:;=\[\]_~]*")
+# An absolute-form target: scheme http or https (any case), authority, the rest.
+_ABSOLUTE = re.compile(rb"(?i:https?)://([^/?]*)(.*)", re.S)
+_TWO_CREDENTIALS = "The request has more than one Authorization header; send exactly one."
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
@@ -200,10 +227,14 @@ class ClientConnection(asyncio.Protocol):
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
+        # httptools only: trailer fields seen, a Host seen; the last Host value found valid on
+        # this connection
+        "_trailers", "_host", "_valid_host",
         "_upstream",  # the native parser's upstream share of _headers (Request.upstream_headers)
         "receiving_since", "_in_body",
         # the native path: still on it, unparsed head bytes, body bytes still due, the last
-        # head's method and version, no request may follow (the last one closes)
+        # head's method and version (both paths set _http10), no request may follow (the last
+        # one closes)
         "_native", "_buf", "_body_left", "_method", "_http10", "_keep_alive", "_after_close",
         # the request being answered, and those waiting behind it
         "current", "_pending", "_chunked", "_streaming", "_stream_status", "_stream_bytes",
@@ -248,6 +279,7 @@ class ClientConnection(asyncio.Protocol):
         self._http10 = False
         self._keep_alive = True
         self._after_close = False
+        self._valid_host: bytes | None = None
         self._reset_message()
 
     # --- transport callbacks ------------------------------------------------------------
@@ -336,6 +368,8 @@ class ClientConnection(asyncio.Protocol):
         self._assembled: bytearray | None = None
         self._body_size = 0
         self._header_bytes = 0
+        self._trailers = 0
+        self._host = False
         self._content_length = -1
         self._authorization: bytes | None = None
         self._expect = False
@@ -363,32 +397,71 @@ class ClientConnection(asyncio.Protocol):
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self.state.max_header:
             raise _Refuse(HeadersTooLarge())
-        if self._in_body:
-            return  # a trailer field of a chunked body: counted against the limit, not kept
-        self._headers.append((name, value))
+        headers = self._headers
+        if self._in_body:  # a trailer field of a chunked body: counted against the limits, not kept
+            self._trailers += 1
+            if len(headers) + self._trailers > MAX_FIELDS:
+                raise _Refuse(HeadersTooLarge(_TOO_MANY_FIELDS))
+            return
+        # A length test per field (~0.3 us for the SDK's 16) measured cheaper than a counter,
+        # or than testing only at marks of the byte count.
+        if len(headers) == MAX_FIELDS:
+            raise _Refuse(HeadersTooLarge(_TOO_MANY_FIELDS))
+        headers.append((name, value))
         if name in _WATCHED:
             if name == b"content-length":
                 self._content_length = int(value)
             elif name == b"authorization":
+                if self._authorization is not None:
+                    # Which one counts would differ between hops (the key check read the
+                    # last, a cache or an upstream may read the first): neither is guessed.
+                    raise _Refuse(BadRequest(_TWO_CREDENTIALS, param="authorization"))
                 self._authorization = value
             elif name == b"transfer-encoding":
+                if self.parser.get_http_version() == "1.0":
+                    raise _Refuse(BadHTTP(
+                        "Transfer-Encoding is not defined for HTTP/1.0 (RFC 9112 §6.1); send "
+                        "the body with Content-Length, or use HTTP/1.1."))
                 _check_transfer_coding(value)
+            elif name == b"host":
+                if self._host:
+                    raise _Refuse(BadHTTP("The request has more than one Host header field."))
+                if value != self._valid_host:  # a client sends one Host on every request
+                    if _HOST.fullmatch(value.rstrip(b" \t")) is None:
+                        raise _Refuse(BadHTTP("The Host header field is not a host[:port]."))
+                    self._valid_host = value
+                self._host = True
             elif value.lower() == b"100-continue":
                 self._expect = True
 
     def on_headers_complete(self) -> None:
         self._in_body = True
-        if self.parser.should_upgrade():
+        parser = self.parser
+        if parser.should_upgrade():
             # Connection: Upgrade (h2c, websocket) or CONNECT. httptools would complete the
             # message and only then raise HttpParserUpgrade, too late to answer it.
             raise _Refuse(BadHTTP("Protocol upgrades are not supported by this gateway."))
-        self._head_complete(self.parser.get_method())
+        # ~0.3 us (a str.format in httptools); start_stream reads the flag it leaves, as on the
+        # native path, instead of asking again.
+        version = parser.get_http_version()
+        self._http10 = version == "1.0"
+        if version != "1.1" and version != "1.0":
+            raise _Refuse(VersionNotSupported(
+                f"HTTP/{version} requests are not served here; send HTTP/1.1."))
+        if not self._host and version == "1.1":
+            raise _Refuse(BadHTTP("An HTTP/1.1 request needs a Host header field."))
+        if self._url[:1] != b"/":
+            self._url = _origin_form(self._url)
+        self._head_complete(parser.get_method())
 
     def _head_complete(self, method: bytes) -> None:
         """The head is in (either parser): route, authenticate, check the declared length."""
         state = self.state
         try:
-            route = classify(method, self._url)
+            url = self._url
+            if b"%" in url:  # escaped unreserved characters are routed decoded (route.py)
+                url = self._url = normal_target(url)
+            route = classify(method, url)
             if route <= _ROOT:
                 self._caller = state.auth.check(self._authorization)
             self._route = route
@@ -666,10 +739,7 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
-        if self._native:
-            self._chunked = not self._http10
-        else:
-            self._chunked = self.parser.get_http_version() != "1.0"
+        self._chunked = not self._http10
         if not self._chunked:
             request.keep_alive = False
         extra = request.extra_headers
@@ -881,6 +951,21 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
             return True
         return False
+
+
+def _origin_form(target: bytes) -> bytes:
+    """An absolute-form target's path and query (`http://h:1/v1/x?q` -> `/v1/x?q`, `http://h`
+    -> `/`; RFC 9112 §3.2.2). Its authority must be a valid host[:port], without userinfo
+    (RFC 9110 §4.2.4) and not empty (§4.2.1). Any other target (`*`, another scheme) is
+    returned as it is, for routing to refuse."""
+    match = _ABSOLUTE.fullmatch(target)
+    if match is None:
+        return target
+    authority, rest = match.groups()
+    if not authority or _HOST.fullmatch(authority) is None:
+        raise _Refuse(BadHTTP(
+            f"The request target {target.decode('latin-1')!r} has no valid host[:port]."))
+    return rest if rest[:1] == b"/" else b"/" + rest
 
 
 def _small(pieces: list[bytes]) -> bool:

@@ -7,9 +7,14 @@ cost does not grow with the number of keys. A request of no `[[key]]` (VELOX_API
 client auth) passes untouched with `request.key = -1`. For a keyed request, in order:
 
   1. `models`: a model call naming a route the key may not use gets 403 model_not_allowed (the
-     SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`.
+     SDK raises PermissionDeniedError). The route is the model's own `[[route]]`, else `"*"`
+     (also for an images/audio call naming no model). A forwarded endpoint (no model read:
+     files, batches, fine-tuning, ...) gets 403 endpoint_not_allowed unless the key may
+     forward (`forward`, by default only a key without `models` and `tpm`); the gateway's own
+     GET /v1/models answer is no forward.
   2. `rpm`: one token of the key's request bucket.
-  3. `tpm` (model calls only): the request's estimated tokens (velox.usage.estimate when it
+  3. `tpm` (model calls; images and audio reserve 1, settled from the usage they report): the
+     request's estimated tokens (velox.usage.estimate when it
      exists; until then the interim estimate below), at least 1 (a key in debt is refused
      whatever the request) and at most the key's tpm (one large request can still pass a full
      bucket); the difference to the real usage is settled later
@@ -46,8 +51,8 @@ from typing import Any
 
 from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Counters, Limits
 from velox._types import Request, Route
-from velox.errors import ModelNotAllowed, RateLimited
-from velox.route import caller_of
+from velox.errors import EndpointNotAllowed, ModelNotAllowed, RateLimited
+from velox.route import caller_of, is_model_list
 from velox.tables import CATCH_ALL, MAX_KEYS, KeySpec, Tables
 
 try:  # K2's token estimator; the interim below stands in until it lands
@@ -65,9 +70,10 @@ class KF(IntEnum):
     REFUSED_TPM = 1
     REFUSED_PARALLEL = 2
     REFUSED_MODEL = 3
+    REFUSED_FORWARD = 4
 
 
-REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model")  # KF.REFUSED_* in order
+REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model", "forward")  # KF.REFUSED_* in order
 
 
 # --- the interim token estimate (INTERIM: replaced by velox.usage.estimate) -------------------
@@ -194,7 +200,7 @@ class _Key:
 
     __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
                  "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot",
-                 "limit_requests", "limit_tokens")
+                 "limit_requests", "limit_tokens", "forward")
 
     def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int) -> None:
         self.limits = limits
@@ -205,6 +211,7 @@ class _Key:
         self.tpm = spec.tpm
         self.max_parallel = spec.max_parallel
         self.allowed = frozenset(spec.models) if spec.models is not None else None
+        self.forward = spec.may_forward
         self.rpm_i = rpm_index(index)
         self.tpm_i = tpm_index(index)
         self.rpm_value = b"%d" % spec.rpm
@@ -245,6 +252,7 @@ class KeyStage:
         named = self.named_routes
         slot = self.slot
         model_call = Route.MODEL_CALL
+        forward = Route.FORWARD
         out: list[Request] = []
         for request in requests:
             caller = request.caller
@@ -253,22 +261,32 @@ class KeyStage:
                 out.append(request)
                 continue
             request.key = key.index
-            allowed = key.allowed
+            allowed = request.allowed = key.allowed
             model = request.model
-            if allowed is not None and model is not None and \
-                    (model if model in named else CATCH_ALL) not in allowed:
-                self._refuse_model(request, key, model)
+            route = request.route
+            if route is forward:
+                # Nothing of such a request can be checked against models or tpm: only keys
+                # that allow it explicitly (or have neither) reach it. The gateway's own
+                # answer to GET /v1/models is no forward.
+                if not key.forward and not is_model_list(request.method, request.path):
+                    self._refuse_forward(request, key)
+                    continue
+            elif allowed is not None and (model if model in named else CATCH_ALL) not in allowed:
+                # A model call; one without a model (an endpoint's default) takes "*".
+                self._refuse_model(request, key, model or "(the endpoint's default)")
                 continue
             reserved = 0
             tok_i = key.tok_i
             if tok_i >= 0:
-                if request.route is model_call:
+                if route is model_call:
                     # At least one token, so a key in debt is refused however small the
                     # request; at most the tpm, so a large one can still pass a full bucket.
                     reserved = estimate(request)
                     reserved = key.tpm if reserved > key.tpm else reserved if reserved > 0 else 1
-                else:
+                elif route is forward:
                     tok_i = -1  # forwarded calls (GET /v1/models, files...) carry no tokens
+                else:
+                    reserved = 1  # images, audio: settled from the usage they report
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
             code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
@@ -302,6 +320,15 @@ class KeyStage:
         self.count[KF.REFUSED_MODEL](self.slot, key.index, 1)
         request.conn.respond_error(request, ModelNotAllowed(
             f"The gateway key {key.name!r} may not use the model {model!r}.", param="model"))
+
+    def _refuse_forward(self, request: Request, key: _Key) -> None:
+        self._headers(request, key)
+        self.count[KF.REFUSED_FORWARD](self.slot, key.index, 1)
+        what = f"{request.method.decode('latin-1')} {request.path.split(b'?', 1)[0].decode('latin-1')}"
+        request.conn.respond_error(request, EndpointNotAllowed(
+            f"The gateway key {key.name!r} may not use {what}: the gateway forwards this "
+            "endpoint without reading a model from it, so the key's models and tpm cannot "
+            "hold there (its [[key]] table may allow it with forward = true)."))
 
     def _refuse_limit(self, request: Request, key: _Key, code: int) -> None:
         reason, wait = code & 3, code >> 2

@@ -27,8 +27,8 @@ for on the client's behalf is removed there), the whole body of a plain answer, 
 and before the route attempt is finished, that the request is over, whatever ended it.
 
 Imports: _types, errors, h1write (server-timing, native), the native extension (relay_head:
-the filtered head, server-timing and x-velox-* in one call), usage, dispatch and
-egress.interfaces (annotations only) and stdlib.
+the filtered head, server-timing and x-velox-* in one call), route (the Connection field's
+tokens), usage, dispatch and egress.interfaces (annotations only) and stdlib.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from velox import _native, h1write
 from velox._types import Headers, Request
 from velox.errors import to_response
+from velox.route import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
     from velox.dispatch import Dispatch
@@ -46,13 +47,13 @@ if TYPE_CHECKING:
     from velox.usage import Meter
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
-# plus content-length, which ingress writes from the bytes it actually sends. Fields an
-# HTTP/1.1 upstream names in its Connection header are removed by h1conn before they get here.
-# HTTP/2 (RFC 9113 §8.2.2) forbids connection-specific fields; with the framer such a response
-# is accepted and this filter strips them (the set below holds all of them), which costs nothing
-# extra; the h2/jh2 codecs validate headers themselves and treat it as a protocol error (502).
-# Connection has no meaning in HTTP/2, so the names an HTTP/2 Connection field lists are not
-# honoured, only the field itself is dropped.
+# plus content-length, which ingress writes from the bytes it actually sends. The fields an
+# upstream's Connection header names are hop-by-hop too and are dropped as well (answer_head),
+# whichever protocol brought them: HTTP/1.1 upstreams name their own there, and HTTP/2 ones
+# must not send the field at all (RFC 9113 §8.2.2). With the framer and native codecs such an
+# HTTP/2 response is accepted and stripped here (the check costs nothing on answers without a
+# Connection field); the h2/jh2 codecs validate headers themselves and treat it as a protocol
+# error (502).
 _DROP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
     b"te", b"trailer", b"content-length", b"proxy-authenticate", b"alt-svc",
@@ -155,6 +156,7 @@ class Exchange:
             self._start_streaming()
             self.on_data(body, True)
             return
+        self._begin()
         observer = self.observer
         if observer is not None:
             observer.data(body)
@@ -168,7 +170,9 @@ class Exchange:
 
     def _commit(self, status: int, headers: Headers) -> bool:
         """Response headers: False when dispatch sends the request again instead; else they
-        are the client's answer (filtered, with server-timing and x-velox-*)."""
+        are the head of the client's answer (filtered, with server-timing and x-velox-*).
+        Nothing reaches the client yet: a plain answer is collected first, and until it goes
+        out (`_begin`) a lost connection may still send the request elsewhere."""
         attempt = self.attempt
         if attempt is not None:
             self.t_sent = attempt.t_sent
@@ -178,40 +182,38 @@ class Exchange:
             if dispatch.response(self, status, headers):
                 return False  # a failure sent again elsewhere: nothing of it reaches the client
         request = self.request
-        self.on_release(request)  # committed to this answer: no retry can need the body
         drop = _DROP if request.extra_headers is None else _DROP_KEYED
-        if h1write.server_timing is _NATIVE_TIMING:
-            # One native call: the filter, server-timing, the extra headers, the SSE test.
-            out, sse = _relay_head(headers, drop, request.t_received, request.t_popped,
-                                   request.t_parsed, request.t_admitted, self.t_sent,
-                                   self.t_headers, self.extra)
-        else:  # the Python writer (h1write.use(False)): the same, step by step
-            out = [h for h in headers if h[0] not in drop]
-            out.append((b"server-timing", self._server_timing()))
-            out.extend(self.extra)
-            sse = False
-            for name, value in headers:
-                if name == b"content-type":
-                    sse = value.startswith(_EVENT_STREAM)
-                    break
+        # One native call: the filter, server-timing, the extra headers, the SSE test (the
+        # Python writer, h1write.use(False), takes its Python twin).
+        out, sse = (_relay_head if h1write.server_timing is _NATIVE_TIMING else answer_head)(
+            headers, drop, request.t_received, request.t_popped, request.t_parsed,
+            request.t_admitted, self.t_sent, self.t_headers, self.extra)
         if sse:
             self.sse = True
         self.status = status
         self.headers = out
+        return True
+
+    def _begin(self) -> None:
+        """The commit point: the answer starts going to the client. No retry can need the
+        request body any more, and the observer (and an event stream's meter) sees the head,
+        then the pieces collected so far."""
+        self.on_release(self.request)
         observer = self.observer
         if observer is not None:
-            observer.head(status, out)
+            observer.head(self.status, self.headers)
+            for chunk in self.chunks:
+                observer.data(chunk)
         if self.sse and self.meter is not None:  # a plain answer: nothing for the meter yet
-            self.meter.response(status, True)
-        return True
+            self.meter.response(self.status, True)
 
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
             return
-        observer = self.observer
-        if observer is not None:
-            observer.data(data)
         if self.streaming:
+            observer = self.observer
+            if observer is not None:
+                observer.data(data)
             if self.meter is not None:
                 data = self.meter.data(data)
             if data:
@@ -291,6 +293,7 @@ class Exchange:
     # --- internals ------------------------------------------------------------------------
 
     def _start_streaming(self) -> None:
+        self._begin()
         self.streaming = True
         self.started = True
         self.conn.start_stream(self.request, self.status, self.headers)
@@ -310,6 +313,7 @@ class Exchange:
                     self.conn.send_chunk(rest)
             self.conn.end_stream()
         else:
+            self._begin()
             chunks = self.chunks
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             if meter is not None:
@@ -335,11 +339,27 @@ class Exchange:
             observer.end(error)
         self.on_done(self, status)
 
-    def _server_timing(self) -> bytes:
-        r = self.request
-        # One native call (velox/h1write.py): integer microseconds shown as milliseconds.
-        return h1write.server_timing(r.t_received, r.t_popped, r.t_parsed, r.t_admitted,
-                                     self.t_sent, self.t_headers)
+
+def answer_head(headers: Headers, drop: frozenset[bytes], t_received: int, t_popped: int,
+                t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
+                extra: tuple[tuple[bytes, bytes], ...]) -> tuple[Headers, bool]:
+    """The client's answer head from the upstream's (the native relay_head, in Python: the
+    Python writer's path and the reference the native one is tested against): the fields not
+    in `drop` and not named by a Connection field, then server-timing, then `extra`; and
+    whether the first content-type is an event stream."""
+    listed: set[bytes] | None = None
+    sse: bool | None = None
+    for name, value in headers:
+        if name == b"connection":
+            if value.lower() not in PLAIN_CONNECTION:
+                listed = connection_tokens(value, listed)
+        elif name == b"content-type" and sse is None:
+            sse = value.startswith(_EVENT_STREAM)
+    out = [h for h in headers if h[0] not in drop and (listed is None or h[0] not in listed)]
+    out.append((b"server-timing", h1write.py_server_timing(
+        t_received, t_popped, t_parsed, t_admitted, t_sent, t_headers)))
+    out.extend(extra)
+    return out, bool(sse)
 
 
 class Observer(Protocol):

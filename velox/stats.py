@@ -100,7 +100,8 @@ class H(IntEnum):
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 # Label of each route in /metrics and /stats. Requests refused before routing (404, 405, bad
 # HTTP) are counted as FORWARD, since ingress gives them that route.
-ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.FORWARD: "forward", Route.ROOT: "root",
+ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.MODEL_OTHER: "model_other",
+               Route.FORWARD: "forward", Route.ROOT: "root",
                Route.HEALTH: "healthz", Route.READY: "readyz"}
 ROUTE_FIELDS = (max(Route) + 1) * len(STATUS_CLASSES)
 # ROUTE_STATUS_FIELD[route][status // 100]: one tuple index on the hot path, no arithmetic.

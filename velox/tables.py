@@ -197,6 +197,16 @@ class KeySpec:
     tpm: int = 0  # tokens per minute (estimated at admission, settled from usage); 0: none
     max_parallel: int = 0  # requests in flight at once, all workers; 0: no limit
     models: tuple[str, ...] | None = None  # route models it may use; None: all
+    # May it use the endpoints forwarded without a model read (files, batches, fine-tuning,
+    # stored responses...)? None: the default, no when `models` or `tpm` is set (they could
+    # not hold there), yes otherwise.
+    forward: bool | None = None
+
+    @property
+    def may_forward(self) -> bool:
+        if self.forward is not None:
+            return self.forward
+        return self.models is None and not self.tpm
 
     @property
     def digest(self) -> bytes:
@@ -305,7 +315,7 @@ BREAKER_INTS = {
 }
 BATCH_INTS = {"max_requests": (1, 4096), "max_inputs": (1, 1_000_000),
               "max_wait_ms": (0, 60_000)}
-KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models")
+KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models", "forward")
 # rpm/tpm stay inside the native Limits' bounds (10**9 per minute); 0 means no limit.
 KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
             "max_parallel": (0, 1_000_000)}
@@ -633,7 +643,8 @@ def _keys(source: str, tables: list[dict[str, Any]],
             _fail(source, where, "sha256", f"the same key as [[key]] #{earlier} "
                   f"({_q(keys[earlier - 1].name)}): each key may appear once")
         by_name[name], by_digest[digest] = index, index
-        keys.append(KeySpec(name, digest, models=allowed, **ints))
+        forward = _bool(source, where, table, "forward") if "forward" in table else None
+        keys.append(KeySpec(name, digest, models=allowed, forward=forward, **ints))
     return tuple(keys)
 
 
@@ -799,6 +810,7 @@ def describe(tables: Tables) -> str:
                   f"rpm = {key.rpm}", f"tpm = {key.tpm}", f"max_parallel = {key.max_parallel}"]
         if key.models is not None:
             lines.append(f"models = {_toml(list(key.models))}")
+        lines.append(f"forward = {_toml(key.may_forward)}")
     for title, policy in (("retry", tables.retry), ("breaker", tables.breaker)):
         lines += ["", f"[{title}]"]
         lines += [f"{f.name} = {getattr(policy, f.name)}" for f in dataclasses.fields(policy)]

@@ -5,11 +5,17 @@ gateway and nothing may be downloaded at run time, so the input is estimated fro
 bytes at `BYTES_PER_TOKEN` = 4 bytes per token (OpenAI's own rule of thumb for English text).
 The whole body is counted, JSON syntax included: reading the message texts alone would mean
 parsing the body a second time, and the overestimate is small (a short chat's envelope is
-about 60 bytes, 15 tokens) and corrected at settlement. Inline base64 payloads (`data:...;base64,`
-images and audio) are not text: their bytes are replaced by `IMAGE_TOKENS` each, so a 1 MB image
-does not reserve 250,000 tokens. The output is the body's `max_completion_tokens`, `max_tokens`
-or `max_output_tokens` when given, else VELOX_TOKENS_DEFAULT_OUTPUT (capped by the caller at the
-limit itself, so a small tpm does not refuse every first request); embeddings have no output.
+about 60 bytes, 15 tokens) and corrected at settlement. Inline images are not text: a base64
+payload where the schema puts an image (a content part's `image_url.url`, or the Responses API's
+`image_url` string, after its `;base64,`; a `source.data`) is replaced by `IMAGE_TOKENS`, so a
+1 MB image does not reserve 250,000 tokens. Only there: `;base64,` in a message's text is text
+(counting it as an image let 100 KB of text pass as 765 tokens). The output is the largest of
+the top-level `max_completion_tokens`, `max_tokens` and `max_output_tokens` when given, else
+VELOX_TOKENS_DEFAULT_OUTPUT (capped by the caller at the limit itself, so a small tpm does not
+refuse every first request); the same keys deeper in the body (a tool's JSON schema) are not
+the request's maximum; embeddings have no output. The native scan (`estimate_scan`,
+native/vx_books.c) reads both in one pass; `input_tokens` and `output_limit` below are its
+reference, written from the parsed document and kept equal by a differential test.
 
 The estimate is computed only where a tpm needs it (the keys stage, the balancer); what a request
 cut short is charged for its input is kept when the meter is made (body bytes / 4, the base64
@@ -41,6 +47,7 @@ Imports: the native extension (usage_scan, estimate_scan), _types (Request), std
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,9 +64,10 @@ BYTES_PER_TOKEN = 4
 IMAGE_TOKENS = 765
 DEFAULT_OUTPUT = 1024  # VELOX_TOKENS_DEFAULT_OUTPUT's default
 
-# max_completion_tokens, max_tokens, max_output_tokens: a key and a plain integer value.
-_OUTPUT = re.compile(rb'"max_(?:completion_|output_)?tokens"\s*:\s*(\d{1,12})')
-_BASE64 = b";base64,"
+_OUTPUT_KEYS = frozenset(("max_tokens", "max_completion_tokens", "max_output_tokens"))
+OUTPUT_CAP = 10**15  # a larger maximum counts as this (the callers cap at a limit anyway)
+_LISTS = frozenset(("messages", "input"))  # the arrays whose content parts hold images
+_BASE64 = ";base64,"
 _SMALL_BODY = 2048
 # The longest unfinished event a stream's meter holds back or copies (usage chunks are a few
 # hundred bytes; a longer event is passed through unread).
@@ -79,37 +87,80 @@ _EMBEDDINGS = b"/v1/embeddings"
 # --- estimate --------------------------------------------------------------------------------
 
 
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object as its (key, value) pairs, duplicates kept (json's object_pairs_hook)."""
+
+
+def _document(body: bytes | bytearray | memoryview) -> object:
+    """The body parsed with every object as its pairs; None when it is no JSON text (then
+    all of it is text and it has no maximum)."""
+    try:
+        return json.loads(bytes(body), object_pairs_hook=_Pairs)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError included
+        return None
+
+
+def _payload(value: object, whole: bool) -> int:
+    """Decoded UTF-8 bytes of an inline payload string (after its ";base64," unless `whole`),
+    -1 when it is not one."""
+    if type(value) is not str:
+        return -1
+    if not whole:
+        at = value.find(_BASE64)
+        if at < 0:
+            return -1
+        value = value[at + len(_BASE64):]
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def _payloads(doc: object) -> list[int]:
+    """The payloads where the schema puts images (see vx_books.h): top.messages/input[i]
+    .content[j] .image_url(.url) and .source.data, every occurrence."""
+    found: list[int] = []
+    if type(doc) is not _Pairs:
+        return found
+    for key, items in doc:
+        if key not in _LISTS or type(items) is not list:
+            continue
+        for item in items:
+            if type(item) is not _Pairs:
+                continue
+            for name, parts in item:
+                if name != "content" or type(parts) is not list:
+                    continue
+                for part in parts:
+                    if type(part) is not _Pairs:
+                        continue
+                    for field, value in part:
+                        if field == "image_url":
+                            if type(value) is _Pairs:
+                                found += [_payload(v, False) for k, v in value if k == "url"]
+                            else:
+                                found.append(_payload(value, False))
+                        elif field == "source" and type(value) is _Pairs:
+                            found += [_payload(v, True) for k, v in value if k == "data"]
+    return [n for n in found if n >= 0]
+
+
 def input_tokens(body: bytes | bytearray | memoryview) -> int:
-    """Estimated input tokens of a request body (see the module docstring)."""
-    data = bytes(body) if isinstance(body, memoryview) else body
-    size = len(data)
-    find = data.find
-    i = find(_BASE64)
-    if i < 0:  # the usual case: text only
-        return -(-size // BYTES_PER_TOKEN)
-    inline = 0
-    payloads = 0
-    while i >= 0:
-        start = i + len(_BASE64)
-        end = find(b'"', start)
-        if end < 0:
-            break
-        inline += end - start
-        payloads += 1
-        i = find(_BASE64, end)
-    return -(-(size - inline) // BYTES_PER_TOKEN) + payloads * IMAGE_TOKENS
+    """Estimated input tokens of a JSON request body (see the module docstring): the
+    reference of the native scan (estimate_scan), written from the parsed document."""
+    found = _payloads(_document(body))
+    return -(-(len(body) - sum(found)) // BYTES_PER_TOKEN) + len(found) * IMAGE_TOKENS
 
 
 def output_limit(body: bytes | bytearray | memoryview) -> int | None:
-    """The body's max_completion_tokens / max_tokens / max_output_tokens, None if absent.
-
-    Found by one regular-expression search (its literal prefix makes it a fast byte search): a
-    quoted key followed by `:` can only be an object key (inside a JSON string its quotes would
-    be escaped), and a value that is not a plain integer (null, a schema's {"type": ...}) does
-    not match."""
-    data = bytes(body) if isinstance(body, memoryview) else body
-    m = _OUTPUT.search(data)
-    return int(m.group(1)) if m is not None else None
+    """The request's output maximum: the largest of the top-level max_tokens,
+    max_completion_tokens and max_output_tokens that are non-negative integers (each key's
+    last occurrence, as JSON parsers keep it; capped at OUTPUT_CAP), None if none is. The
+    same keys deeper (a tool's JSON schema) are not the request's. Reference of the native
+    scan, like input_tokens."""
+    doc = _document(body)
+    if type(doc) is not _Pairs:
+        return None
+    last = {key: value for key, value in doc if key in _OUTPUT_KEYS}
+    limits = [min(v, OUTPUT_CAP) for v in last.values() if type(v) is int and v >= 0]
+    return max(limits) if limits else None
 
 
 def bare_path(path: bytes) -> bytes:
@@ -554,6 +605,9 @@ class TokenMeter:
 
     __slots__ = ("ledger", "request", "cap", "_estimate", "estimated_input", "ask", "strip",
                  "sse", "tail", "input", "output", "exact", "done")
+    # An answer without usage is charged its estimated input and what was relayed (below);
+    # ReportedMeter's endpoints are charged nothing they do not report.
+    charge_unreported = True
 
     def __init__(self, ledger: Ledger, request: Request, strip: bool = False,
                  cap: int = 0, estimated_input: int = -1) -> None:
@@ -640,7 +694,9 @@ class TokenMeter:
             self.input, self.output = sse.input, sse.output
             self.exact = True
         if not self.exact:
-            if exchange.t_headers and 200 <= exchange.status < 300:
+            if not self.charge_unreported:
+                self.input = self.output = 0
+            elif exchange.t_headers and 200 <= exchange.status < 300:
                 # Cut short, or an answer without usage: its input and what was relayed.
                 self.input = self.estimated_input
                 self.output = sse.relayed_output() if sse is not None else \
@@ -664,6 +720,22 @@ class TokenMeter:
             model = request.model
             ledger.count(request.key, ledger.forward if model is None else
                          ledger.routes.get(model, ledger.catch_all), self.input, self.output)
+
+
+class ReportedMeter(TokenMeter):
+    """The meter of the other model-bearing endpoints (images, audio, moderations: route
+    MODEL_OTHER). Their bodies are files, images or short texts, not tokens to estimate, and
+    their answers are often no JSON (audio) or carry no usage (DALL-E, whisper-1): only the
+    usage an answer reports is counted and settled (gpt-image-1, gpt-4o-transcribe report
+    theirs), anything else counts nothing. A tpm reserves 1 token for such a request, so a
+    key in debt is refused; what it then reports is charged (debt when over)."""
+
+    __slots__ = ()
+    charge_unreported = False
+
+    def __init__(self, ledger: Ledger, request: Request) -> None:
+        super().__init__(ledger, request, False, 0, 0)
+        self._estimate = 1
 
 
 # CountMeter's state once the answer's usage is counted (its `full` meter otherwise).

@@ -53,13 +53,13 @@ from velox.health import now_ms
 from velox.tables import CATCH_ALL, Tables, UpstreamSpec
 from velox.ingress import ClientConnection, IngressState
 from velox.keys import KeyStage
-from velox.parse import parse_model_call, scan_model_call
+from velox.parse import parse_model_call, parse_other, scan_model_call
 from velox.ratelimit import Limiter
 from velox.relay import Exchange
 from velox.ring import make_queue
-from velox.route import Auth
+from velox.route import Auth, is_model_list
 from velox.stats import F, H, ROUTE_STATUS_FIELD, SharedStats
-from velox.usage import CountMeter, Ledger, TokenMeter, set_default_output
+from velox.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 
 log = logging.getLogger("velox.worker")
 
@@ -74,6 +74,7 @@ _FD_WARN_EVERY_S = 10.0
 # Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
 # (EnumType.__getattr__ puts the class on the slow attribute path).
 _FORWARD = Route.FORWARD
+_MODEL_OTHER = Route.MODEL_OTHER
 # The per-request counters' fields as plain ints, by status // 100 for the class (anything
 # past 5xx counts as 5xx): an IntEnum member costs a class attribute lookup and a conversion
 # in every Counters.add, ~0.4 us a call against ~0.1 (benches/bench_books.py).
@@ -344,6 +345,7 @@ class Worker:
         if now >= self._next_probe:  # breakers past their open time get a background probe
             self._next_probe = now + self.probe_every_s
             self.dispatch.probe()
+        self.dispatch.log_breakers()
         self.loop.call_later(_TICK_S, self._tick)
 
     def _probe_fds(self, now: float) -> None:
@@ -410,12 +412,16 @@ class Worker:
             if request.model is None:
                 request.t_popped = now
                 bytes_in += len(request.body)
-                if request.route is not _FORWARD:
-                    if len(request.body) >= self.off_loop_min:
+                route = request.route
+                if route is not _FORWARD:
+                    if route is not _MODEL_OTHER and len(request.body) >= self.off_loop_min:
                         self._scan_off_loop(request)
                         continue
                     try:
-                        parse_model_call(request)
+                        if route is _MODEL_OTHER:
+                            parse_other(request)
+                        else:
+                            parse_model_call(request)
                     except VeloxError as exc:
                         request.conn.respond_error(request, exc)
                         continue
@@ -460,7 +466,7 @@ class Worker:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
             if models_body is not None and request.route is _FORWARD and \
-                    request.method == b"GET" and _is_models(request.path):
+                    is_model_list(request.method, request.path):
                 self._answer_models(request)
                 continue
             ticket = request.cache
@@ -507,10 +513,13 @@ class Worker:
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
+            if request.route is _MODEL_OTHER:  # images, audio: only what the answer reports
+                exchange.meter = ReportedMeter(ledger, request)
             # The common case (velox.usage.CountMeter): only the counters need the numbers.
-            exchange.meter = CountMeter(ledger, request) if not request.stream and \
-                request.ticket is None and ledger.tpm is None else \
-                TokenMeter.for_request(ledger, request)
+            elif not request.stream and request.ticket is None and ledger.tpm is None:
+                exchange.meter = CountMeter(ledger, request)
+            else:
+                exchange.meter = TokenMeter.for_request(ledger, request)
         return exchange
 
     def _send(self, request: Request, on_done: Any) -> Exchange:
@@ -649,11 +658,6 @@ def make_egress(settings: Settings, spec: UpstreamSpec, index: int,
 
 
 _JSON = ((b"content-type", b"application/json"),)
-
-
-def _is_models(path: bytes) -> bool:
-    bare = path.split(b"?", 1)[0]
-    return bare == b"/v1/models" or bare.startswith(b"/v1/models/")
 
 
 def _model_object(name: str) -> dict[str, Any]:

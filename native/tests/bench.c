@@ -116,7 +116,7 @@ static double health_request(vx_health *h)
     double t = now_ns();
     for (long i = 0; i < iters; i++) {
         ok += vx_breaker_peek(h, 0, i) == VX_PEEK_CLOSED;
-        int64_t ticket = vx_breaker_enter(h, 0, i);
+        int64_t ticket = vx_breaker_enter(h, 0, i, NULL);
         if (vx_inflight_acquire(h, 0)) {
             vx_inflight_release(h, 0);
             vx_breaker_report(h, 0, ticket, VX_OUTCOME_SUCCESS, i);

@@ -101,18 +101,56 @@ static void test_estimate(void)
     CHECK(in == 0 && out == -1);
     estimate("{\"max_tokens\": 32}", &in, &out); /* 17 bytes */
     CHECK(in == 5 && out == 32);
+    /* The largest of the three keys, each by its last occurrence. */
     estimate("{\"max_completion_tokens\":7,\"max_tokens\":9}", &in, &out);
-    CHECK(out == 7);
+    CHECK(out == 9);
     estimate("{\"max_tokens\":null,\"max_output_tokens\":3}", &in, &out);
     CHECK(out == 3);
-    estimate("{\"max_tokens\":1234567890123456}", &in, &out);
-    CHECK(out == INT64_C(123456789012));
+    estimate("{\"max_tokens\":5,\"max_tokens\":null}", &in, &out);
+    CHECK(out == -1);
+    estimate("{\"max_tokens\":1234567890123456789}", &in, &out);
+    CHECK(out == INT64_C(1000000000000000));
+    estimate("{\"max_tokens\":-0,\"max_output_tokens\":-3}", &in, &out);
+    CHECK(out == 0);
+    estimate("{\"max_tokens\":1e3,\"max_completion_tokens\":2.0}", &in, &out);
+    CHECK(out == -1);
     estimate("{\"max_", &in, &out);
     CHECK(out == -1);
-    estimate("\"x;base64,AAAAAAAA\"", &in, &out); /* 2 + 8 text bytes, one payload */
-    CHECK(in == 3 + 765 && out == -1);
-    estimate("\"x;base64,AAAAAAAA", &in, &out); /* unclosed: all text */
-    CHECK(in == 5);
+    /* A decoy inside a tool's schema is not the request's maximum; an escaped key is. */
+    estimate("{\"tools\":[{\"parameters\":{\"max_tokens\":1}}],\"max_tokens\":500}", &in, &out);
+    CHECK(out == 500);
+    estimate("{\"tools\":[{\"parameters\":{\"max_tokens\":1}}]}", &in, &out);
+    CHECK(out == -1);
+    estimate("{\"max_\\u0074okens\":44}", &in, &out);
+    CHECK(out == 44);
+    /* ";base64," in text is text; at an image part's url it is a payload. */
+    estimate("{\"messages\":[{\"content\":\";base64,AAAAAAAA\"}]}", &in, &out); /* 45 bytes */
+    CHECK(in == 12 && out == -1);
+    const char *chat = "{\"messages\":[{\"content\":[{\"image_url\":{\"url\":"
+                       "\"data:image/png;base64,AAAAAAAA\"}}]}]}"; /* 83 bytes, 8 inline */
+    estimate(chat, &in, &out);
+    CHECK(in == 19 + 765);
+    const char *responses = "{\"input\":[{\"content\":[{\"type\":\"input_image\",\"image_url\":"
+                            "\"data:x;base64,AAAA\"}]}]}"; /* 81 bytes, 4 inline */
+    estimate(responses, &in, &out);
+    CHECK(in == 20 + 765);
+    const char *source = "{\"messages\":[{\"content\":[{\"source\":{\"data\":\"AAAAAAAA\"}}]}]}";
+    estimate(source, &in, &out); /* 59 bytes, 8 inline */
+    CHECK(in == 13 + 765);
+    /* Escapes are decoded: "\/" is one byte of payload, the marker may be spelt escaped. */
+    estimate("{\"messages\":[{\"content\":[{\"image_url\":{\"url\":\"x\\u003bbase64,A\\/B\"}}]}]}",
+             &in, &out); /* 71 bytes, 3 inline */
+    CHECK(in == 17 + 765);
+    /* The same url outside an image part, or deeper, is text. */
+    estimate("{\"tools\":[{\"image_url\":{\"url\":\"x;base64,AAAAAAAA\"}}]}", &in, &out);
+    CHECK(in == 14);
+    /* Every prefix of a body, and hostile bytes, are read safely (the sanitizers watch). */
+    for (size_t n = 0; n <= strlen(chat); n++)
+        vx_books_estimate((const unsigned char *)chat, n, &in, &out);
+    estimate("]]]}}}\"\\\"\\", &in, &out);
+    CHECK(in == 3);
+    estimate("{\"messages\":[{\"content\":[{\"image_url\":\"x;base64,\\", &in, &out);
+    CHECK(out == -1);
 }
 
 int main(void)

@@ -102,7 +102,7 @@ static void test_breaker_steps(void)
     /* The fifth consecutive failure opens it. */
     for (int k = 0; k < 4; k++)
         CHECK(vx_breaker_report(h, 0, 0, VX_OUTCOME_FAILURE, t) == VX_TR_NONE);
-    CHECK(vx_breaker_enter(h, 0, t) == VX_TICKET_CLOSED);
+    CHECK(vx_breaker_enter(h, 0, t, NULL) == VX_TICKET_CLOSED);
     CHECK(vx_breaker_report(h, 0, 0, VX_OUTCOME_FAILURE, t) == VX_TR_OPENED);
     vx_breaker_read(h, 0, t + 1000, &v);
     CHECK(v.state == VX_BREAKER_OPEN && v.open_count == 1 && v.opened_at_ms == t);
@@ -111,36 +111,37 @@ static void test_breaker_steps(void)
     CHECK(vx_breaker_peek(h, 1, t) == VX_PEEK_CLOSED);
     /* Open: no traffic, late reports ignored. */
     CHECK(vx_breaker_peek(h, 0, t + 29999) == VX_PEEK_OPEN);
-    CHECK(vx_breaker_enter(h, 0, t + 29999) == VX_TICKET_DENIED);
+    CHECK(vx_breaker_enter(h, 0, t + 29999, NULL) == VX_TICKET_DENIED);
     CHECK(vx_breaker_report(h, 0, 0, VX_OUTCOME_SUCCESS, t + 5) == VX_TR_NONE);
     CHECK(vx_breaker_report(h, 0, 0, VX_OUTCOME_FAILURE, t + 5) == VX_TR_NONE);
     /* Due: the first caller becomes the one probe. */
     t += 30000;
     CHECK(vx_breaker_peek(h, 0, t) == VX_PEEK_PROBE);
-    int64_t ticket = vx_breaker_enter(h, 0, t);
-    CHECK(ticket == t + 1);
+    int tr = -1;
+    int64_t ticket = vx_breaker_enter(h, 0, t, &tr);
+    CHECK(ticket == t + 1 && tr == VX_TR_HALF_OPENED); /* this caller turned it half-open */
     CHECK(vx_breaker_peek(h, 0, t + 1) == VX_PEEK_PROBING);
-    CHECK(vx_breaker_enter(h, 0, t + 1) == VX_TICKET_DENIED);
+    CHECK(vx_breaker_enter(h, 0, t + 1, &tr) == VX_TICKET_DENIED && tr == VX_TR_NONE);
     /* A non-probe report in half-open is ignored; the probe's success counts. */
     CHECK(vx_breaker_report(h, 0, 0, VX_OUTCOME_FAILURE, t + 2) == VX_TR_NONE);
     CHECK(vx_breaker_report(h, 0, ticket, VX_OUTCOME_SUCCESS, t + 2) == VX_TR_NONE);
     vx_breaker_read(h, 0, t + 2, &v);
     CHECK(v.state == VX_BREAKER_HALF_OPEN && v.count == 1 && v.probes == 0);
     /* A neutral probe gives its slot back without counting. */
-    ticket = vx_breaker_enter(h, 0, t + 3);
-    CHECK(ticket == t + 1);
+    ticket = vx_breaker_enter(h, 0, t + 3, &tr);
+    CHECK(ticket == t + 1 && tr == VX_TR_NONE); /* half-open already: a probe, no transition */
     CHECK(vx_breaker_report(h, 0, ticket, VX_OUTCOME_NEUTRAL, t + 3) == VX_TR_NONE);
     vx_breaker_read(h, 0, t + 3, &v);
     CHECK(v.state == VX_BREAKER_HALF_OPEN && v.count == 1 && v.probes == 0);
     /* A probe failure re-opens with the doubled time. */
-    ticket = vx_breaker_enter(h, 0, t + 4);
+    ticket = vx_breaker_enter(h, 0, t + 4, NULL);
     CHECK(vx_breaker_report(h, 0, ticket, VX_OUTCOME_FAILURE, t + 4) == VX_TR_REOPENED);
     vx_breaker_read(h, 0, t + 4, &v);
     CHECK(v.state == VX_BREAKER_OPEN && v.streak == 2 && v.open_count == 2);
     CHECK(v.until_half_open_ms == 60000 && v.opened_at_ms == t + 4);
     /* Third opening: 120 s capped at 100 s. */
     t += 4 + 60000;
-    ticket = vx_breaker_enter(h, 0, t);
+    ticket = vx_breaker_enter(h, 0, t, NULL);
     CHECK(ticket == t + 1);
     CHECK(vx_breaker_report(h, 0, ticket, VX_OUTCOME_FAILURE, t) == VX_TR_REOPENED);
     vx_breaker_read(h, 0, t, &v);
@@ -148,23 +149,23 @@ static void test_breaker_steps(void)
     CHECK(vx_breaker_open_ms(h, 3) == 100000 && vx_breaker_open_ms(h, 255) == 100000);
     /* Lease: a probe never reported is presumed lost after probe_lease_ms. */
     t += 100000;
-    int64_t lost = vx_breaker_enter(h, 0, t);
+    int64_t lost = vx_breaker_enter(h, 0, t, NULL);
     CHECK(lost == t + 1);
-    CHECK(vx_breaker_enter(h, 0, t + 59999) == VX_TICKET_DENIED);
-    int64_t fresh = vx_breaker_enter(h, 0, t + 60000);
-    CHECK(fresh == t + 60000 + 1);
+    CHECK(vx_breaker_enter(h, 0, t + 59999, NULL) == VX_TICKET_DENIED);
+    int64_t fresh = vx_breaker_enter(h, 0, t + 60000, &tr);
+    CHECK(fresh == t + 60000 + 1 && tr == VX_TR_NONE); /* half-open it stays */
     /* The lost probe's late report belongs to a finished period: ignored. */
     CHECK(vx_breaker_report(h, 0, lost, VX_OUTCOME_FAILURE, t + 60001) == VX_TR_NONE);
     vx_breaker_read(h, 0, t + 60001, &v);
     CHECK(v.state == VX_BREAKER_HALF_OPEN);
     /* Two probe successes close it and reset the streak. */
     CHECK(vx_breaker_report(h, 0, fresh, VX_OUTCOME_SUCCESS, t + 60002) == VX_TR_NONE);
-    fresh = vx_breaker_enter(h, 0, t + 60003);
+    fresh = vx_breaker_enter(h, 0, t + 60003, NULL);
     CHECK(fresh > 0);
     CHECK(vx_breaker_report(h, 0, fresh, VX_OUTCOME_SUCCESS, t + 60003) == VX_TR_CLOSED);
     vx_breaker_read(h, 0, t + 60003, &v);
     CHECK(v.state == VX_BREAKER_CLOSED && v.streak == 0 && v.count == 0 && v.open_count == 3);
-    CHECK(vx_breaker_enter(h, 0, t + 60003) == VX_TICKET_CLOSED);
+    CHECK(vx_breaker_enter(h, 0, t + 60003, &tr) == VX_TICKET_CLOSED && tr == VX_TR_NONE);
     /* Next opening starts from open_ms again. */
     for (int k = 0; k < 5; k++)
         vx_breaker_report(h, 0, 0, VX_OUTCOME_FAILURE, t + 70000);
@@ -182,7 +183,7 @@ typedef struct {
     _Atomic int64_t *clock; /* shared fake clock, ms */
     int id;
     int64_t iters;
-    int64_t opened, reopened, closed, probes_granted;
+    int64_t opened, reopened, closed, half_opened, probes_granted;
 } hammer_arg;
 
 static uint64_t xorshift(uint64_t *s)
@@ -199,6 +200,7 @@ static void tally(hammer_arg *a, int tr)
     a->opened += tr == VX_TR_OPENED;
     a->reopened += tr == VX_TR_REOPENED;
     a->closed += tr == VX_TR_CLOSED;
+    a->half_opened += tr == VX_TR_HALF_OPENED;
 }
 
 /* Random traffic against one breaker with a clock every thread moves forward. */
@@ -209,7 +211,9 @@ static void *hammer_main(void *p)
     for (int64_t k = 0; k < a->iters; k++) {
         uint64_t r = xorshift(&rng);
         int64_t now = atomic_fetch_add_explicit(a->clock, (int64_t)(r % 3), memory_order_relaxed);
-        int64_t ticket = vx_breaker_enter(a->h, 0, now);
+        int tr;
+        int64_t ticket = vx_breaker_enter(a->h, 0, now, &tr);
+        tally(a, tr);
         if (ticket == VX_TICKET_DENIED)
             continue;
         if (ticket > 0)
@@ -237,12 +241,13 @@ static void test_breaker_threads(void)
         a[i] = (hammer_arg){.h = h, .clock = &clock, .id = i, .iters = 200000};
         pthread_create(&t[i], NULL, hammer_main, &a[i]);
     }
-    int64_t opened = 0, reopened = 0, closed = 0;
+    int64_t opened = 0, reopened = 0, closed = 0, half_opened = 0;
     for (int i = 0; i < THREADS; i++) {
         pthread_join(t[i], NULL);
         opened += a[i].opened;
         reopened += a[i].reopened;
         closed += a[i].closed;
+        half_opened += a[i].half_opened;
     }
     vx_breaker_view v;
     vx_breaker_read(h, 0, atomic_load(&clock), &v);
@@ -251,6 +256,9 @@ static void test_breaker_threads(void)
     /* ... and the cycle CLOSED -> OPEN (-> HALF_OPEN -> OPEN)* -> HALF_OPEN -> CLOSED lost no
      * step: each close ends one opening, and an unfinished cycle is the one in progress. */
     CHECK(opened == closed + (v.state != VX_BREAKER_CLOSED));
+    /* Each opening ended in exactly one half-open transition, told to one caller, except the
+     * one still open (a probe lease never runs out here: no half-open period restarts). */
+    CHECK(half_opened == opened + reopened - (v.state == VX_BREAKER_OPEN));
     CHECK(opened > 100 && closed > 100 && reopened > 100); /* the run did go round */
     printf("breaker threads: %" PRId64 " opened, %" PRId64 " re-opened, %" PRId64 " closed\n",
            opened, reopened, closed);
@@ -262,6 +270,7 @@ typedef struct {
     int64_t now;
     int mode; /* 0: report failures; 1: enter (count probes) */
     int64_t result;
+    int64_t half_opened; /* mode 1: entries told they turned it half-open */
     pthread_barrier_t *go;
 } race_arg;
 
@@ -270,10 +279,13 @@ static void *race_main(void *p)
     race_arg *a = p;
     pthread_barrier_wait(a->go);
     for (int k = 0; k < 1000; k++) {
-        if (a->mode == 0)
+        if (a->mode == 0) {
             a->result += vx_breaker_report(a->h, 0, 0, VX_OUTCOME_FAILURE, a->now) == VX_TR_OPENED;
-        else
-            a->result += vx_breaker_enter(a->h, 0, a->now) > 0;
+        } else {
+            int tr;
+            a->result += vx_breaker_enter(a->h, 0, a->now, &tr) > 0;
+            a->half_opened += tr == VX_TR_HALF_OPENED;
+        }
     }
     return NULL;
 }
@@ -299,13 +311,15 @@ static void test_one_opener(void)
                 a[i] = (race_arg){.h = h, .now = now, .mode = mode, .go = &go};
                 pthread_create(&t[i], NULL, race_main, &a[i]);
             }
-            int64_t total = 0;
+            int64_t total = 0, half_opened = 0;
             for (int i = 0; i < THREADS; i++) {
                 pthread_join(t[i], NULL);
                 total += a[i].result;
+                half_opened += a[i].half_opened;
             }
             pthread_barrier_destroy(&go);
             CHECK(total == (mode == 0 ? 1 : 3));
+            CHECK(half_opened == (mode == 0 ? 0 : 1)); /* one caller turned it half-open */
         }
         vx_breaker_view v;
         vx_breaker_read(h, 0, T0 + p.open_ms, &v);

@@ -132,11 +132,15 @@ def test_root_path_is_the_raw_producer_interface(gateway: GatewayProcess,
 
 def test_other_v1_paths_are_forwarded_unchecked(gateway: GatewayProcess,
                                                 upstream: MockUpstream) -> None:
+    response = raw(gateway).post("/v1/fine_tuning/jobs?dry=1", content=b"not even json",
+                                 headers={"content-type": "text/plain"})
+    # The mock does not serve fine-tuning: its own 404 comes back unchanged.
+    assert response.status_code == 404
+    assert last_upstream_request(upstream, "/v1/fine_tuning/jobs?dry=1")["body_length"] == 13
+    # Moderations name a model, so their body is read (and must be JSON or a form).
     response = raw(gateway).post("/v1/moderations?dry=1", content=b"not even json",
                                  headers={"content-type": "text/plain"})
-    # The mock does not serve moderations: its own 404 comes back unchanged.
-    assert response.status_code == 404
-    assert last_upstream_request(upstream, "/v1/moderations?dry=1")["body_length"] == 13
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_json")
 
 
 def test_useful_headers_pass_and_hop_by_hop_do_not(gateway: GatewayProcess) -> None:

@@ -160,7 +160,8 @@ def test_keep_alive_and_pipelining_answer_in_order(gateway: GatewayProcess) -> N
     two = b'{"model": "second", "messages": []}'
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s")
     with socket.create_connection((gateway.host, gateway.port), timeout=5) as sock:
-        sock.sendall(req % (len(one), one) + req % (len(two), two) + b"GET /healthz HTTP/1.1\r\n\r\n")
+        sock.sendall(req % (len(one), one) + req % (len(two), two)
+                     + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         data = b""
         deadline = time.monotonic() + 5
         while data.count(b"HTTP/1.1 200 OK") < 3 and time.monotonic() < deadline:

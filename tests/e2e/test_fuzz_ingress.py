@@ -1,14 +1,18 @@
 """Fuzzing the ingress of a real worker with hypothesis-generated HTTP/1.1 traffic.
 
-One gateway (one worker, the mock behind it) receives generated requests on fresh
-connections: methods, targets (good, unnormalised, garbage), headers (framing, upgrades,
-expectations, trailers), bodies sent with content-length, chunked in random chunk sizes, or
-mis-framed, several pipelined on one connection, and the bytes split at random points or sent
-one byte at a time. The invariant: each request gets exactly one well-formed HTTP/1.1 answer
-(h11 parses the response stream strictly) or the connection is closed before it, nothing
-arrives that no request asked for, and nothing hangs (VELOX_BODY_TIMEOUT_MS is short here, so
-a request left incomplete gets its 408 quickly). At the end the worker is the same process
-and /healthz answers.
+One gateway per ingress parser (VELOX_INGRESS_PARSER=native and httptools; one worker, the
+mock behind it) receives generated requests on fresh connections: methods, targets (good,
+unnormalised, absolute-form, garbage), versions (HTTP/0.9's version-less line and HTTP/2.0
+included), Host fields (one, none, two, invalid), headers (framing, upgrades, expectations,
+trailers, more than 100 fields), bodies sent with content-length, chunked in random chunk
+sizes, or mis-framed, several pipelined on one connection, and the bytes split at random
+points or sent one byte at a time. The invariants: each request gets exactly one well-formed
+HTTP/1.1 answer (h11 parses the response stream strictly) or the connection is closed before
+it, nothing arrives that no request asked for, nothing hangs (VELOX_BODY_TIMEOUT_MS is short
+here, so a request left incomplete gets its 408 quickly), and a request RFC 9112 says to refuse
+(no Host on HTTP/1.1, two Hosts or an invalid one, chunked HTTP/1.0, a version other than 1.0
+and 1.1) or with more than 100 header fields is never served. At the end the worker is the
+same process and /healthz answers.
 
 `make test` runs a bounded number of examples; VELOX_FUZZ_EXAMPLES=2000 runs more.
 """
@@ -37,12 +41,13 @@ BODY_TIMEOUT_MS = 300
 READ_DEADLINE_S = 5.0
 
 
-@pytest.fixture(scope="module")
-def fuzz_gateway(upstream: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
-                 ) -> Iterator[GatewayProcess]:
-    log = tmp_path_factory.mktemp("fuzz") / "velox.log"
+@pytest.fixture(scope="module", params=["native", "httptools"])
+def fuzz_gateway(request: pytest.FixtureRequest, upstream: MockUpstream,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    log = tmp_path_factory.mktemp(f"fuzz-{request.param}") / "velox.log"
     env = gateway_env(upstream, VELOX_WORKERS="1", VELOX_BODY_TIMEOUT_MS=str(BODY_TIMEOUT_MS),
-                      VELOX_MAX_BODY_BYTES="100000", VELOX_MAX_HEADER_BYTES="4096")
+                      VELOX_MAX_BODY_BYTES="100000", VELOX_MAX_HEADER_BYTES="4096",
+                      VELOX_INGRESS_PARSER=request.param)
     with GatewayProcess(env, log_path=log) as gw:
         yield gw
 
@@ -58,6 +63,8 @@ PATHS = st.sampled_from([
     b"/v1/models", b"/v1/models/gpt-4o", b"/v1/files", b"/", b"/healthz", b"/readyz", b"*",
     b"/v1/../x", b"/v1/%2e%2E/x", b"/v1//x", b"/v1/chat/completions/", b"/v1/chat/completions;x",
     b"/v1/a%2fb", b"/v1/a\\b", b"http://example.com/v1/models", b"/nowhere",
+    b"http://h/v1/chat/completions", b"HTTPS://h:443/v1/embeddings", b"http://u@h/v1/models",
+    b"http://h", b"http:///v1/models",
 ])
 QUERY = st.sampled_from([b"", b"?a=1", b"?x=/../y", b"?%zz", b"?"])
 TARGETS = st.one_of(
@@ -74,7 +81,7 @@ BODIES = JSON_BODIES | st.binary(max_size=300)
 HEADER_NAMES = st.sampled_from([
     b"content-type", b"authorization", b"accept", b"user-agent", b"x-custom", b"te",
     b"keep-alive", b"cookie", b"Content-Type", b"X-Forwarded-For", b"via", b"trailer",
-]) | TOKEN
+]) | TOKEN.filter(lambda name: name.lower() != b"host")  # Host fields come from HOSTS
 HEADER_VALUES = st.sampled_from([
     b"application/json", b"Bearer sk-x", b"*/*", b"trailers", b"close", b"", b"x" * 100,
 ]) | st.binary(max_size=40).filter(lambda b: not set(b) & set(b"\r\n\x00"))
@@ -86,22 +93,38 @@ SPECIAL = st.sampled_from([
     b"transfer-encoding: chunked, chunked", b"transfer-encoding: identity",
     b"content-length: 3\r\ncontent-length: 4", b"content-length: -1", b"content-length: abc",
     b"content-length: 99999999999999999999", b"host: a\r\nhost: b", b"x-long: " + b"y" * 5000,
+    b"\r\n".join(b"f%d: 1" % i for i in range(120)),  # more than 100 fields
+    b"\r\n".join(b"f%d: 1" % i for i in range(90)),
 ])
+# Host fields, and whether they make the request one to refuse (RFC 9112 §3.2).
+HOSTS = st.sampled_from([
+    ([b"host: x"], False), ([b"host: x"], False), ([b"Host: 127.0.0.1:8080"], False),
+    ([b"host: [::1]"], False), ([], None), ([b"host: x", b"host: x"], True),
+    ([b"host: a/b"], True), ([b"host: u@h"], True), ([b"host: a b"], True),
+])
+# (version, refused whatever else the request says): b"" is HTTP/0.9's version-less line.
+VERSIONS = st.sampled_from([(b"HTTP/1.1", False)] * 6 + [
+    (b"HTTP/1.0", False), (b"HTTP/2.0", True), (b"HTTP/1.x", True), (b"HTTP/0.9", True),
+    (b"", True)])
 FRAMINGS = st.sampled_from(["length", "length", "chunked", "chunked", "none", "short", "long"])
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool]:
-    """(raw bytes, methods of the requests the gateway will see in them, complete): one
-    request, mostly well framed."""
+def requests(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool, list[bool]]:
+    """(raw bytes, methods of the requests the gateway will see in them, complete, whether
+    each of them must be refused): one request, mostly well framed."""
     method = draw(METHODS)
     target = draw(TARGETS)
-    version = draw(st.sampled_from([b"HTTP/1.1"] * 6 + [b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.x"]))
-    headers = [b"host: x"] if draw(st.integers(0, 9)) else []
+    version, refuse = draw(VERSIONS)
+    headers, bad_host = draw(HOSTS)
+    headers = list(headers)
+    refuse = refuse or bad_host or (bad_host is None and version == b"HTTP/1.1")
     for name, value in draw(st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=4)):
         headers.append(name + b": " + value)
     if draw(st.integers(0, 3)) == 0:
-        headers.append(draw(SPECIAL))
+        special = draw(SPECIAL)
+        headers.append(special)
+        refuse = refuse or special.startswith(b"host:") or special.count(b"\r\n") >= 100
     body = draw(BODIES)
     framing = draw(FRAMINGS)
     complete = True
@@ -111,6 +134,7 @@ def requests(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool]:
         payload = body
     elif framing == "chunked":
         headers.append(b"transfer-encoding: chunked")
+        refuse = refuse or version == b"HTTP/1.0"  # faulty framing (RFC 9112 §6.1)
         payload, at = b"", 0
         for size in draw(st.lists(st.integers(1, 64), max_size=6)):
             piece = body[at:at + size]
@@ -131,23 +155,27 @@ def requests(draw: st.DrawFn) -> tuple[bytes, list[bytes], bool]:
             methods.append(b"GET")  # the gateway sees a second request (and refuses it)
     else:
         payload = b""
-    raw = b"%b %b %b\r\n%b\r\n\r\n%b" % (method, target, version, b"\r\n".join(headers), payload)
+    line = b" ".join(part for part in (method, target, version) if part)
+    raw = b"%b\r\n%b\r\n\r\n%b" % (line, b"\r\n".join(headers), payload)
     if not headers:
-        raw = b"%b %b %b\r\n\r\n%b" % (method, target, version, payload)
-    return raw, methods, complete
+        raw = b"%b\r\n\r\n%b" % (line, payload)
+    # The request that "long" framing's surplus body makes is not judged.
+    return raw, methods, complete, [refuse] + [False] * (len(methods) - 1)
 
 
 @st.composite
-def conversations(draw: st.DrawFn) -> tuple[list[tuple[bytes, bytes, bool]], list[bytes]]:
+def conversations(draw: st.DrawFn) -> tuple[list[tuple[bytes, list[bytes], bool, list[bool]]],
+                                            list[bytes]]:
     """Requests pipelined on one connection and the writes their bytes are split into."""
     if draw(st.integers(0, 19)) == 0:  # plain garbage
         garbage = draw(st.binary(min_size=1, max_size=200))
         # Empty lines between requests are ignored (RFC 9112 §2.2): no request, no answer.
-        reqs = [(garbage, [] if not garbage.strip(b"\r\n") else [b"GET"], True)]
+        methods = [] if not garbage.strip(b"\r\n") else [b"GET"]
+        reqs = [(garbage, methods, True, [False] * len(methods))]
     else:
         reqs = draw(st.lists(requests(), min_size=1, max_size=3))
         # An incomplete request holds the connection until its 408: nothing may follow it.
-        for i, (_, _, complete) in enumerate(reqs):
+        for i, (_, _, complete, _) in enumerate(reqs):
             if not complete:
                 reqs = reqs[:i + 1]
                 break
@@ -164,14 +192,16 @@ def conversations(draw: st.DrawFn) -> tuple[list[tuple[bytes, bytes, bool]], lis
 # --- the invariant --------------------------------------------------------------------------
 
 
-def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes]) -> tuple[int, bool]:
+def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes],
+         ) -> tuple[list[int], bool]:
     """Send the writes, then read until every request is answered or the connection closes.
-    Returns (final responses, closed). Fails on malformed responses, extra responses, or a
-    connection left open with requests unanswered after READ_DEADLINE_S."""
+    Returns (the final responses' statuses, closed). Fails on malformed responses, extra
+    responses, or a connection left open with requests unanswered after READ_DEADLINE_S."""
     client = h11.Connection(h11.CLIENT, max_incomplete_event_size=1 << 20)
     sock = socket.create_connection((gw.host, gw.port), timeout=READ_DEADLINE_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    answered, closed = 0, False
+    statuses: list[int] = []
+    closed = False
     try:
         try:
             for data in writes:
@@ -185,7 +215,7 @@ def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes]) -> tuple
             except (TimeoutError, ConnectionResetError):
                 extra = b""
             assert extra == b"", f"an answer nobody asked for: {extra!r}"
-            return 0, False
+            return [], False
         deadline = time.monotonic() + READ_DEADLINE_S
         _expect(client, methods, 0)
         while True:
@@ -199,8 +229,8 @@ def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes]) -> tuple
                 except ConnectionResetError:
                     data = b""
                 except TimeoutError:
-                    raise AssertionError(
-                        f"hung: {answered} of {len(methods)} answered, connection open") from None
+                    raise AssertionError(f"hung: {len(statuses)} of {len(methods)} answered, "
+                                         "connection open") from None
                 closed = not data
                 if closed and client.their_state is h11.SEND_RESPONSE \
                         and not client.trailing_data[0]:
@@ -212,11 +242,11 @@ def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes]) -> tuple
                 break
             if isinstance(event, h11.Response):
                 assert event.http_version == b"1.1"
-                assert answered < len(methods), "a response nobody asked for"
-                answered += 1
+                assert len(statuses) < len(methods), "a response nobody asked for"
+                statuses.append(event.status_code)
             elif isinstance(event, h11.EndOfMessage):
                 if client.our_state is h11.DONE and client.their_state is h11.DONE:
-                    if answered == len(methods):
+                    if len(statuses) == len(methods):
                         # Anything after the last answer would be unrequested: peek briefly.
                         extra = client.trailing_data[0]
                         sock.settimeout(0.05)
@@ -227,15 +257,15 @@ def talk(gw: GatewayProcess, methods: list[bytes], writes: list[bytes]) -> tuple
                         assert extra == b"", f"unrequested bytes after the last answer: {extra!r}"
                         break
                     client.start_next_cycle()
-                    _expect(client, methods, answered)
+                    _expect(client, methods, len(statuses))
                 # else the answer said connection: close (MUST_CLOSE): only EOF may follow
             elif isinstance(event, h11.InformationalResponse):
                 assert event.status_code == 100
     except h11.RemoteProtocolError as exc:
-        raise AssertionError(f"malformed response after {answered} answers: {exc}") from None
+        raise AssertionError(f"malformed response after {len(statuses)} answers: {exc}") from None
     finally:
         sock.close()
-    return answered, closed
+    return statuses, closed
 
 
 def _expect(client: h11.Connection, methods: list[bytes], index: int) -> None:
@@ -253,9 +283,76 @@ def _expect(client: h11.Connection, methods: list[bytes], index: int) -> None:
 def test_every_request_gets_one_answer_or_a_close(fuzz_gateway: GatewayProcess,
                                                   conversation: tuple) -> None:
     reqs, writes = conversation
-    methods = [method for _, request_methods, _ in reqs for method in request_methods]
-    answered, closed = talk(fuzz_gateway, methods, writes)
-    assert answered == len(methods) or closed
+    methods = [method for _, request_methods, _, _ in reqs for method in request_methods]
+    refuse = [flag for _, _, _, flags in reqs for flag in flags]
+    statuses, closed = talk(fuzz_gateway, methods, writes)
+    assert len(statuses) == len(methods) or closed
+    served = [status for status, must in zip(statuses, refuse) if must and status < 400]
+    assert not served, f"served what RFC 9112 or the field cap refuses: {statuses} {writes!r}"
+
+
+@st.composite
+def rfc_requests(draw: st.DrawFn) -> tuple[bytes, bytes, int]:
+    """(method, raw bytes, the status it must get): a request the mock serves, with its
+    version, Host fields, target form, framing and number of fields varied. The status follows
+    the order the gateway checks them in: fields as they arrive (two Hosts or an invalid one:
+    400; Transfer-Encoding on HTTP/1.0: 400; field 101: 431), then the head (a version other
+    than 1.0 and 1.1: 505; no Host on HTTP/1.1: 400; an absolute-form target without a valid
+    host[:port]: 400)."""
+    version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0",
+                                    b"HTTP/0.9", b""]))
+    hosts, host_error = draw(st.sampled_from([
+        ([b"Host: h"], False), ([b"host: 127.0.0.1:8080"], False), ([b"HOST: [::1]:1 "], False),
+        ([b"Host:"], False), ([], False), ([b"Host: h", b"host: h"], True),
+        ([b"host: a/b"], True), ([b"Host: u@h"], True)]))
+    origin, authority_error = draw(st.sampled_from([
+        (b"", False), (b"", False), (b"http://h", False), (b"HTTPS://api.example.com:443", False),
+        (b"http://[::1]:8080", False), (b"http://u@h", True), (b"http://", True)]))
+    chat = draw(st.booleans())
+    chunked = chat and draw(st.booleans())
+    if chat:
+        method, path = b"POST", b"/v1/chat/completions"
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+        framing = ([b"transfer-encoding: chunked"] if chunked
+                   else [b"content-length: %d" % len(body)])
+        payload = (b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)) if chunked else body
+        framing.append(b"content-type: application/json")
+    else:
+        method, path, framing, payload = b"GET", b"/v1/models", [], b""
+    extra = draw(st.one_of(st.integers(0, 3), st.integers(96, 100)))
+    fields = hosts + framing + [b"f%d: 1" % i for i in range(extra)]
+    if host_error:
+        status = 400
+    elif chunked and version == b"HTTP/1.0":
+        status = 400
+    elif len(fields) > 100:
+        status = 431
+    elif version not in (b"HTTP/1.1", b"HTTP/1.0"):
+        status = 505
+    elif not hosts and version == b"HTTP/1.1":
+        status = 400
+    elif authority_error:
+        status = 400
+    else:
+        status = 200
+    line = b" ".join(part for part in (method, origin + path, version) if part)
+    raw = b"%b\r\n%b\r\n%b" % (line, b"".join(f + b"\r\n" for f in fields), payload)
+    return method, raw, status
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(request=rfc_requests(), cuts=st.lists(st.integers(1, 4000), max_size=3))
+def test_rfc9112_variations_get_their_exact_answer(fuzz_gateway: GatewayProcess,
+                                                  request: tuple[bytes, bytes, int],
+                                                  cuts: list[int]) -> None:
+    method, raw, status = request
+    bounds = [0, *sorted({c for c in cuts if c < len(raw)}), len(raw)]
+    statuses, closed = talk(fuzz_gateway, [method],
+                            [raw[a:b] for a, b in zip(bounds, bounds[1:]) if b > a])
+    assert statuses == [status], raw
+    assert closed or status == 200, raw
 
 
 def test_the_worker_survived_the_fuzzing(fuzz_gateway: GatewayProcess) -> None:

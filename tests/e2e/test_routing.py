@@ -325,6 +325,99 @@ def test_sigkill_one_of_three_under_load(tmp_path: Path, fresh: dict, gateways: 
     fresh["c"] = start_mock("c", str(Path(victim.ca_file).parent), port=victim.port)
     wait_for(lambda: upstream_stats(gw, "c")["state"] == "closed", timeout=45)
     assert shares(fire(gw, 300, concurrency=16))["c"] > 0
+    # Every breaker transition is logged once for the whole gateway (two workers), by the
+    # worker that made it: opened once, as many half-open lines as openings (each ended in
+    # one), closed once; nothing about a and b. A worker logs on its next tick, so the last
+    # lines may lag the state a little.
+    kinds = wait_for(lambda: (k := breaker_lines(gw, "c"))["closed"] == 1
+                     and k["half-open"] == k["opened"] + k["opened again"] and k, timeout=10)
+    assert kinds["opened"] == 1, kinds
+    assert not breaker_lines(gw, "a") and not breaker_lines(gw, "b")
+    opened = next(line for line in gw.log().splitlines()
+                  if "upstream 'c': circuit breaker opened after" in line)
+    assert "WARNING" in opened and "route 'm'" in opened and "(the last: " in opened, opened
+
+
+def breaker_lines(gw: GatewayProcess, name: str) -> Counter[str]:
+    """The gateway's log lines about upstream `name`'s breaker, by transition."""
+    kinds: Counter[str] = Counter()
+    for line in gw.log().splitlines():
+        _, found, rest = line.partition(f"upstream {name!r}: circuit breaker ")
+        if found:
+            kinds["opened again" if rest.startswith("opened again") else rest.split()[0]
+                  .rstrip(":;")] += 1
+    return kinds
+
+
+async def _fire_mixed(base_url: str, total: int, concurrency: int,
+                      out: list[tuple[bool, int, str, str, bool]]) -> None:
+    """`total` chat calls over `concurrency` one-connection clients, every other one streamed;
+    each outcome goes to `out` as it ends: (streamed, status, x-velox-upstream,
+    x-velox-attempts, complete). Plain answers come in slow pieces (the mock's slow-body
+    fault) and streams' heads after 30 ms, so an upstream killed under this load holds both
+    kinds where a retry can still happen: plain answers between their head and their end,
+    streams before their head. A cut connection is an outcome (incomplete), not an error."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    queue = list(range(total))
+    slow_body = {"x-mock-fault": "slow-body", "x-mock-chunk-delay-ms": "10"}
+    late_head = {"x-mock-latency-ms": "30"}
+
+    async def one_worker() -> None:
+        async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30, headers={
+                "authorization": f"Bearer {CLIENT_KEY}"}) as client:
+            while queue:
+                streamed = queue.pop() % 2 == 1
+                status, upstream, attempts, complete = 0, "", "", False
+                try:
+                    async with client.stream(
+                            "POST", "/v1/chat/completions",
+                            json={**CHAT, "stream": True} if streamed else CHAT,
+                            headers=late_head if streamed else slow_body) as r:
+                        status = r.status_code
+                        upstream = r.headers.get("x-velox-upstream", "")
+                        attempts = r.headers.get("x-velox-attempts", "")
+                        text = (await r.aread()).decode()
+                    complete = ("data: [DONE]" in text if streamed
+                                else bool(json.loads(text).get("choices")))
+                except (httpx.TransportError, ValueError):
+                    pass
+                out.append((streamed, status, upstream, attempts, complete))
+
+    await asyncio.gather(*(one_worker() for _ in range(concurrency)))
+
+
+def test_sigkill_mid_answer_every_request_not_yet_committed_goes_elsewhere(
+        tmp_path: Path, fresh: dict, gateways: list) -> None:
+    # Requests in flight on a killed upstream are sent again as long as nothing of their
+    # answer reached the client: plain answers whose headers had come but not their whole
+    # body (they used to get 502 "the upstream connection was lost") and streams before
+    # their head. Streams c had begun to relay can only end with an error event.
+    gw = start(tmp_path, write_config(tmp_path, three_up(fresh)))
+    gateways.append(gw)
+    victim = fresh["c"]
+
+    async def scenario() -> list[tuple[bool, int, str, str, bool]]:
+        done: list[tuple[bool, int, str, str, bool]] = []
+        load = asyncio.create_task(_fire_mixed(gw.base_url, 2000, 64, done))
+        deadline = time.monotonic() + 60
+        while len(done) < 500 and not load.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert 500 <= len(done) < 1500, len(done)  # mid-load: 64 calls in flight
+        await asyncio.wait_for(load, 180)
+        return done
+
+    outcomes = asyncio.run(scenario())
+    assert len(outcomes) == 2000
+    assert Counter(o[1] for o in outcomes) == Counter({200: 2000})
+    plain = [o for o in outcomes if not o[0]]
+    streams = [o for o in outcomes if o[0]]
+    assert all(o[4] for o in plain), [o for o in plain if not o[4]]
+    cut = [o for o in streams if not o[4]]
+    assert all(o[2] == "c" for o in cut) and len(cut) <= 64, cut
+    # The kill did catch both kinds in flight on c: they were answered by another upstream.
+    assert any(o[3] != "1" and o[2] != "c" for o in plain)
+    assert any(o[3] != "1" and o[2] != "c" for o in streams)
 
 
 @pytest.mark.parametrize("how", ["503", "429", "timeout"])

@@ -108,3 +108,79 @@ def test_a_paused_client_resumes_the_attempt_it_has_now() -> None:
     exchange.client_writable()
     second.pump()
     assert server_b.window(sid) == 8 << 20
+
+
+class _RetryElsewhere:
+    """What velox.dispatch does for a retryable failure, reduced to one retry on `other`."""
+
+    def __init__(self, other: PoolPeer) -> None:
+        self.other = other
+        self.retried = 0
+
+    def response(self, exchange: Exchange, status: int, headers: object) -> bool:
+        return False  # a 200: the answer to relay
+
+    def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
+        if self.retried:
+            return False
+        self.retried += 1
+        exchange.reset_for_retry()
+        self.other.upstream.submit(exchange, number=1)
+        self.other.upstream.flush()
+        return True
+
+    def finish(self, exchange: Exchange, broken: bool) -> None:
+        pass
+
+
+class _Recorder:
+    """A relay.Observer (as the cache's) that writes down what it is shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, object]] = []
+
+    def head(self, status: int, headers: list) -> None:
+        self.seen.append(("head", status))
+
+    def data(self, data: bytes) -> None:
+        self.seen.append(("data", bytes(data)))
+
+    def end(self, error: BaseException | None) -> None:
+        self.seen.append(("end", error))
+
+    def client_gone(self, exchange: Exchange) -> bool:
+        return False
+
+
+def test_a_plain_answer_cut_after_its_headers_is_sent_again_before_anything_reaches_the_client(
+        ) -> None:
+    # The commit point is the first byte to the client, not the upstream's headers: a plain
+    # answer is collected whole, so one whose connection dies after the headers can still be
+    # answered by another upstream. Until then the request body is kept (a retry sends it) and
+    # an observer (the cache) sees nothing of the abandoned attempt.
+    first, second = PoolPeer(), PoolPeer()
+    server_a, server_b = first.connect(0), second.connect(0)
+    responder, done, released = FakeResponder(), [], []
+    request = Request(responder, b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
+                      [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0)
+    dispatch = _RetryElsewhere(second)
+    exchange = Exchange(request, request.path, [(b"content-type", b"application/json")],
+                        lambda exchange, status: done.append(status), released.append,
+                        dispatch)  # type: ignore[arg-type]
+    observer = exchange.observer = _Recorder()
+
+    first.upstream.submit(exchange)
+    first.pump()
+    server_a.respond(server_a.requests[0], body=b'{"half":', end=False)
+    first.pump()
+    assert exchange.status == 200 and not exchange.started
+    assert not released and not observer.seen  # nothing is committed yet
+
+    server_a.conn.connection_lost(ConnectionResetError())  # e.g. the upstream was SIGKILLed
+    assert dispatch.retried == 1 and not responder.errors and not done
+    second.pump()
+    server_b.respond(server_b.requests[0], body=b'{"ok":1}')
+    second.pump()
+    assert responder.answers == [(200, b'{"ok":1}')] and not responder.errors
+    assert done == [200] and released == [request]
+    assert observer.seen == [("head", 200), ("data", b'{"ok":1}'), ("end", None)]

@@ -162,6 +162,74 @@ def test_no_lost_transitions_across_processes() -> None:
     assert opened > 10 and closed > 10
 
 
+def test_transitions_are_kept_by_the_process_that_made_them() -> None:
+    h = health(failures=2, successes=2)
+    assert h.transitions() == ([], 0)
+    for k in range(2):  # the second failure in a row opens it
+        assert h.admit(0, T0 + k) == 0
+        h.finish(0, 0, FAILURE, T0 + k)
+    assert h.transitions() == ([(0, _native.TR_OPENED, T0 + 1, 30_000)], 0)
+    assert h.transitions() == ([], 0)  # drained
+    ticket = h.admit(0, T0 + 30_001)  # due: this admission turns it half-open
+    assert ticket > 0 and h.admit(0, T0 + 30_001) == -1
+    h.finish(0, ticket, FAILURE, T0 + 30_002)
+    assert h.transitions()[0] == [(0, _native.TR_HALF_OPENED, T0 + 30_001, 0),
+                                  (0, _native.TR_REOPENED, T0 + 30_002, 60_000)]
+    for k in range(2):  # two probe successes close it
+        ticket = h.enter(0, T0 + 90_002 + k)
+        assert h.report(0, ticket, SUCCESS, T0 + 90_002 + k) == (
+            _native.TR_CLOSED if k else _native.TR_NONE)
+    assert [e[1] for e in h.transitions()[0]] == [_native.TR_HALF_OPENED, _native.TR_CLOSED]
+    for k in range(30):  # 90 transitions, more than it keeps between two drains
+        t = T0 + 10**6 * (k + 1)
+        h.report(0, 0, FAILURE, t)
+        assert h.report(0, 0, FAILURE, t) == _native.TR_OPENED
+        for n in range(2):
+            assert h.report(0, h.enter(0, t + 30_000 + n), SUCCESS, t + 30_000 + n) == (
+                _native.TR_CLOSED if n else _native.TR_NONE)
+    events, lost = h.transitions()
+    assert len(events) == 64 and lost == 90 - 64  # the overflow is counted, not kept
+    assert events[:3] == [(0, _native.TR_OPENED, T0 + 10**6, 30_000),
+                          (0, _native.TR_HALF_OPENED, T0 + 10**6 + 30_000, 0),
+                          (0, _native.TR_CLOSED, T0 + 10**6 + 30_001, 0)]
+    assert h.transitions() == ([], 0)
+
+
+
+def _hammer_transitions(h: Health, seed: int, steps: int) -> dict[int, int]:
+    """Random traffic; the transitions this process was told of, drained as a worker does."""
+    rng = random.Random(seed)
+    seen: dict[int, int] = {}
+    t = T0
+    for step in range(steps):
+        t += rng.randrange(3)
+        ticket = h.admit(0, t)
+        if ticket >= 0:
+            h.finish(0, ticket, FAILURE if rng.random() < 0.6 else SUCCESS, t)
+        if step % 8 == 0 or step == steps - 1:
+            events, lost = h.transitions()
+            assert not lost
+            for event in events:
+                seen[event[1]] = seen.get(event[1], 0) + 1
+    return seen
+
+
+def test_each_transition_is_kept_once_across_processes() -> None:
+    h = health(failures=3, successes=2, open_ms=20, max_open_ms=80, probes=1,
+               probe_lease_ms=10**6)
+    results = run_children(_hammer_transitions, [(h, seed, 20_000) for seed in range(4)])
+    total = {tr: sum(r.get(tr, 0) for r in results) for tr in (
+        _native.TR_OPENED, _native.TR_REOPENED, _native.TR_HALF_OPENED, _native.TR_CLOSED)}
+    state, *_, opens, _until = h.breaker(0, T0)
+    openings = total[_native.TR_OPENED] + total[_native.TR_REOPENED]
+    assert opens == openings and total[_native.TR_CLOSED] > 10
+    # Each opening ended in one half-open transition except one still open; each close
+    # ended a cycle that began with one first opening.
+    assert total[_native.TR_HALF_OPENED] == openings - (state == _native.BREAKER_OPEN)
+    assert total[_native.TR_OPENED] == total[_native.TR_CLOSED] + (
+        state != _native.BREAKER_CLOSED)
+
+
 @pytest.mark.parametrize(
     ("field", "bad"),
     [("failures", 0), ("successes", 256), ("open_ms", 0), ("probes", 64), ("probe_lease_ms", -1)],

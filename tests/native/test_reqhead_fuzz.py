@@ -6,8 +6,11 @@
    Whenever the native parser accepts a head, httptools accepts it too and reports the same
    method, target, header fields (names lower-cased), Content-Length, keep-alive, version, no
    upgrade, and the body starts where the native parser says the head ends. The native parser
-   never accepts what httptools rejects. Every proper prefix of an accepted head is "need
-   more", and a head found at an offset of a buffer parses the same.
+   never accepts what httptools rejects, nor what ingress's httptools path refuses at header
+   time (a missing, repeated or invalid Host, more than MAX_FIELDS fields, another target
+   form); generated heads usually carry one valid Host and oddly none, two or an invalid one.
+   Every proper prefix of an accepted head is "need more", and a head found at an offset of a
+   buffer parses the same.
 2. Ingress against ingress: the same traffic (pipelined requests, bodies, chunked ones that
    send the connection over to httptools mid-way, garbage) fed in random pieces to two
    ClientConnections, one on VELOX_INGRESS_PARSER=native and one on httptools: the Requests
@@ -30,7 +33,7 @@ from benches.bench_ingress import REQUESTS
 from velox import _native
 from velox._types import Request
 from velox.config import load
-from velox.ingress import ClientConnection, IngressState
+from velox.ingress import _HOST, MAX_FIELDS, ClientConnection, IngressState
 from velox.route import Auth
 
 EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
@@ -57,11 +60,27 @@ TARGETS = (
         b"/v1/chat/completions?a=1#f", b"/\"<>{}|^`~",
     ]) | st.text(alphabet=[chr(c) for c in range(0x21, 0x7f)], max_size=20).map(
         lambda t: b"/" + t.encode()),
-    st.sampled_from([b"*", b"http://example.com/v1/models", b"a:443"])
+    st.sampled_from([b"*", b"http://example.com/v1/models", b"a:443",  # absolute-form ...
+                     b"HTTPS://h:443/v1/chat/completions?a=1", b"http://h", b"http://h?x",
+                     b"http://u@h/v1/models", b"http:///v1/models", b"http://h%/v1/models",
+                     b"ftp://h/v1/models", b"http://h/v1/../x"])
     | st.binary(min_size=1, max_size=20))
+# b"": an HTTP/0.9 request line, which has no version (see heads).
 VERSIONS = (st.sampled_from([b"HTTP/1.1"] * 4 + [b"HTTP/1.0"]),
             st.sampled_from([b"HTTP/2.0", b"HTTP/1.2", b"http/1.1", b"HTTP/1.1 ", b"HTTP/1.",
-                             b"HTTP/0.9"]))
+                             b"HTTP/0.9", b""]))
+_HOST_BYTES = "ABCXYZabcxyz0189-._~!$&'()*+,;=%[]:"
+# Host fields (RFC 9112 §3.2): usually one valid one; oddly none, two, or an invalid value.
+HOSTS = (
+    st.sampled_from([b"127.0.0.1:8080", b"localhost", b"api.openai.com", b"[::1]:8080", b"",
+                     b"h ", b"h\t"]).map(lambda v: [b"Host: " + v])
+    | st.text(alphabet=_HOST_BYTES, max_size=12).map(lambda v: [b"host: " + v.encode()]),
+    st.just([])
+    | st.sampled_from([[b"Host: a", b"Host: a"], [b"host: a", b"HOST: b"]])
+    | st.sampled_from([[b"Host: a/b"], [b"Host: u@h"], [b"Host: a b"], [b"Host: \xc3\xa9"],
+                       [b"Host: a\"b"], [b"Host: a#"], [b" Host: a"], [b"Host : a"]])
+    | st.binary(min_size=1, max_size=8).filter(
+        lambda b: not set(b) & set(b"\r\n")).map(lambda v: [b"Host: " + v]))
 NAMES = (
     st.sampled_from([
         b"Host", b"content-type", b"Authorization", b"authorization", b"Content-Length",
@@ -100,13 +119,21 @@ def heads(draw: st.DrawFn, odd: int = 12, mutate: int | None = None) -> bytes:
     def rarely() -> bool:
         return bool(odd) and draw(st.integers(1, 3 * odd)) == 1
 
-    line = b"%b %b %b" % (part(METHODS), part(TARGETS), part(VERSIONS))
+    line = b" ".join(p for p in (part(METHODS), part(TARGETS), part(VERSIONS)) if p)
     if rarely():
         line = line.replace(b" ", b"  ", 1)
     out = [b"\r\n"] if rarely() else []
     out += [line, part(EOLS)]
+    fields = []
     for _ in range(draw(st.integers(0, 8))):
-        out += [part(NAMES), part(SEPARATORS), part(VALUES), part(TRAILING), part(EOLS)]
+        fields.append(b"".join([part(NAMES), part(SEPARATORS), part(VALUES), part(TRAILING),
+                                part(EOLS)]))
+    for host in part(HOSTS):
+        fields.insert(draw(st.integers(0, len(fields))), host + b"\r\n")
+    out += fields
+    if odd and draw(st.integers(1, odd)) == 1:  # near the cap on the number of fields
+        many = draw(st.integers(MAX_FIELDS - len(fields) - 3, MAX_FIELDS - len(fields) + 1))
+        out += [b"f%d: 1\r\n" % i for i in range(many)]
     if draw(st.integers(0, 5)) == 0:
         out += [b"x-long: ", b"y" * draw(st.integers(0, 1100)), b"\r\n"]
     out.append(b"\r\n")
@@ -192,11 +219,18 @@ def check_head(raw: bytes) -> bool:
     lengths = [int(v) for n, v in headers if n == b"content-length"]
     assert length == (lengths[0] if lengths else -1) and len(lengths) <= 1
     auths = [v for n, v in headers if n == b"authorization"]
-    assert authorization == (auths[-1] if auths else None)
-    assert authorization is None or authorization is auths[-1]
+    assert len(auths) <= 1  # two are left to httptools' path, which refuses them
+    assert authorization == (auths[0] if auths else None)
+    assert authorization is None or authorization is auths[0]
     assert expect == any(n == b"expect" and v.lower() == b"100-continue" for n, v in headers)
     count = len(target) + sum(len(n) + len(v) + 4 for n, v in headers)
     assert count <= MAX_HEADER
+    # Nothing ingress's httptools path refuses at header time (RFC 9112 §3.2: one Host, none
+    # only with HTTP/1.0; at most MAX_FIELDS fields; origin-form) is accepted natively.
+    hosts = [v for n, v in headers if n == b"host"]
+    assert len(hosts) == 1 or (http10 and not hosts), raw
+    assert all(_HOST.fullmatch(v.rstrip(b" \t")) for v in hosts), raw
+    assert len(headers) <= MAX_FIELDS and target.startswith(b"/")
     # Every proper prefix needs more; the same head at an offset parses the same.
     for cut in range(end):
         assert _native.reqhead(raw[:cut], 0, MAX_HEADER) is None, (raw, cut)

@@ -27,7 +27,14 @@ from velox.balance import (
     classify,
     target_seed,
 )
-from velox.errors import Overloaded, RateLimited
+from velox.dispatch import _event_of
+from velox.errors import (
+    Overloaded,
+    RateLimited,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
 from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
@@ -392,6 +399,23 @@ def test_no_panic_while_a_fallback_is_available() -> None:
     assert state.panics == [0, 0, 0, 0]
 
 
+def test_a_keys_plan_leaves_out_the_fallbacks_it_may_not_use() -> None:
+    router, state = make([route("m", (0, 1, 0), fallbacks=("f", "g")), route("f", (2, 1, 0)),
+                          route("g", (3, 1, 0))])
+    state.rate_empty = {0: 7}  # m's own upstream has spent its rpm
+    only_m = router.plan("m", None, frozenset({"m"}))
+    assert only_m is not None and [p.route.model for p in only_m.chain] == ["m"]
+    refused = only_m.first(NOW)
+    assert isinstance(refused, RateLimited) and refused.retry_after_s == 7
+    with_g = router.plan("m", None, frozenset({"m", "g"}))
+    assert with_g is not None
+    attempt = with_g.first(NOW)
+    assert not isinstance(attempt, Exception) and attempt.upstream == 3  # f skipped
+    # Without an allow-list the whole chain; the limited chains are made once.
+    assert pick(router) == 2
+    assert router.plan("m", None, frozenset({"m"})).chain is only_m.chain  # type: ignore
+
+
 def test_open_and_full_is_not_panic_but_503() -> None:
     router, state = make([route("m", (0, 1, 0), (1, 1, 0))], max_in_flight=1)
     state.open = {0: NOW - 500}
@@ -598,6 +622,7 @@ P = RetryPolicy(same_target_retry_after_s=2)
         (Event.REFUSED_STREAM, 0, None, Verdict(NEUTRAL, True, True)),
         (Event.HEADERS_TIMEOUT, 0, None, Verdict(FAILURE, True, True)),
         (Event.BROKEN_AFTER_HEADERS, 0, None, Verdict(FAILURE, False, False)),
+        (Event.LOST_AFTER_HEADERS, 0, None, Verdict(FAILURE, True, True)),
         (Event.PROTOCOL_ERROR, 0, None, Verdict(FAILURE, False, False)),
         (Event.CLIENT_GONE, 0, None, Verdict(NEUTRAL, False, False)),
         (Event.GATEWAY_REFUSED, 0, None, Verdict(NEUTRAL, False, False)),
@@ -610,3 +635,16 @@ def test_classification_table(event: Event, status: int, retry_after: float | No
 
 def test_every_event_is_classified() -> None:
     assert set(EVENT_TABLE) == set(Event) - {Event.RESPONSE}
+
+
+@pytest.mark.parametrize("exc, got_headers, event", [
+    (UpstreamUnavailable("the upstream connection was lost"), False, Event.CONNECT_RESET),
+    # Lost after the headers but before anything reached the client: retried all the same.
+    (UpstreamUnavailable("the upstream connection was lost"), True, Event.LOST_AFTER_HEADERS),
+    (UpstreamProtocolError("the upstream reset the stream"), True, Event.BROKEN_AFTER_HEADERS),
+    (UpstreamTimeout(), True, Event.BROKEN_AFTER_HEADERS),
+    (UpstreamTimeout(), False, Event.HEADERS_TIMEOUT),
+    (UpstreamProtocolError(), False, Event.PROTOCOL_ERROR),
+])
+def test_what_an_egress_failure_was(exc: Exception, got_headers: bool, event: Event) -> None:
+    assert _event_of(exc, got_headers)[0] is event

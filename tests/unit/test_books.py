@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -22,6 +23,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
@@ -256,23 +259,123 @@ def test_usage_of_gives_what_it_gave(body: bytes) -> None:
 # --- the estimate --------------------------------------------------------------------------
 
 ESTIMATE_BODIES = [
-    CHAT_BODY, b"", b"{}", b'{"max_tokens":12}', b'{"max_tokens" :\t 12 ,"x":1}',
+    CHAT_BODY, b"{}", b"[]", b"3", b'{"max_tokens":12}', b'{"max_tokens" :\t 12 ,"x":1}',
     b'{"max_completion_tokens":7,"max_tokens":9}', b'{"max_output_tokens":5}',
     b'{"max_tokens":null,"max_completion_tokens":3}', b'{"max_tokens":"12"}',
-    b'{"max_tokens":1234567890123456}', b'{"max_tokens":', b'{"max_',
+    b'{"max_tokens":1234567890123456789}', b'{"max_tokens":-0,"max_output_tokens":-7}',
+    b'{"max_tokens":5,"max_tokens":null}', b'{"max_tokens":1e3,"max_output_tokens":2.0}',
+    b'{"max_\\u0074okens":3}', b'{"a":{"max_tokens":4}}', b'[{"max_tokens":4}]',
     b'{"a":"data:image/png;base64,' + b"A" * 5000 + b'","b":"x;base64,QQ=="}',
-    b'{"a":"data:image/png;base64,AAAA',  # no closing quote
-    b'{"max_tokens\\":3}', b'{"max_tokens"\x0b:\x0c4}', b'"max_foo":1,"max_tokens":2',
-    b";base64,;base64,\"", b'{"input":"' + b"x" * 3001 + b'"}',
+    b'{"input":"' + b"x" * 3001 + b'"}',
+    # The finding: ";base64," opening a text made 100 kB count as one image.
+    orjson.dumps({"model": "m", "messages": [{"role": "user",
+                                              "content": ";base64," + "x" * 100_000}]}),
+    orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": ";base64," + "x" * 3000},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 4000}}]}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "max_tokens": 1,
+            "image_url": {"url": "data:x;base64," + "B" * 900}}}}]}),
 ]
+# Not JSON at all (the parse stage refuses these first): read safely, all text, no maximum.
+NOT_JSON = [b"", b'{"max_tokens":', b'{"max_', b'{"a":"data:image/png;base64,AAAA',
+            b'{"max_tokens\\":3}', b'"max_foo":1,"max_tokens":2', b';base64,;base64,"',
+            b']]}}"\\"\\', b'{"messages":[{"content":[{"image_url":"x;base64,\\']
 
 
-@pytest.mark.parametrize("body", ESTIMATE_BODIES)
+@pytest.mark.parametrize("body", ESTIMATE_BODIES + NOT_JSON)
 def test_estimate_scan_is_input_tokens_and_output_limit(body: bytes) -> None:
     limit = output_limit(body)
     expected = (input_tokens(body), -1 if limit is None else limit)
     assert estimate_scan(body) == expected
     assert estimate_scan(memoryview(body)) == expected
+
+
+def test_inline_images_count_only_where_the_schema_puts_them() -> None:
+    text = ESTIMATE_BODIES[-2]
+    assert estimate_scan(text) == (-(-len(text) // 4), -1)  # was 765 tokens
+    mixed = ESTIMATE_BODIES[-1]
+    # Only the image part's payload is an image; the tool schema's decoy is text, and so is
+    # its max_tokens.
+    assert estimate_scan(mixed) == (-(-(len(mixed) - 4000) // 4) + 765, -1)
+
+
+# --- hostile JSON: the differential --------------------------------------------------------
+
+class _Obj(list):  # type: ignore[type-arg]
+    """A JSON object as pairs, so generated documents can repeat a key."""
+
+
+_KEYS = ["messages", "input", "content", "image_url", "url", "source", "data", "type", "text",
+         "max_tokens", "max_completion_tokens", "max_output_tokens", "model", "tools", "x"]
+_PIECES = [";base64,", "data:image/png;base64,", "AAAA", "\\", '"', "/", "é", "\u2028",
+           "\U0001F600", "max_tokens", ";", "base64", ","]
+_STRINGS = st.lists(st.sampled_from(_PIECES) | st.text(max_size=6), max_size=6).map("".join)
+_NUMBERS = st.integers(-5, 10**6) | st.integers(-10**20, 10**20) | st.sampled_from(
+    [0.0, 1.5, 1e3, -0.0])
+_LEAVES = _NUMBERS | _STRINGS | st.sampled_from([None, True, False])
+
+
+def _values(depth: int) -> st.SearchStrategy[Any]:
+    if depth == 0:
+        return _LEAVES
+    inner = _values(depth - 1)
+    return _LEAVES | st.lists(inner, max_size=3) | st.lists(
+        st.tuples(st.sampled_from(_KEYS), inner), max_size=4).map(_Obj)
+
+
+@st.composite
+def hostile_bodies(draw: st.DrawFn) -> bytes:
+    """JSON texts shaped like chat and Responses requests, with images, decoys, repeated and
+    escaped keys, escaped payload bytes and odd numbers at every level the scan reads."""
+    value = _values(2)
+    marked = st.tuples(_STRINGS, _STRINGS).map(";base64,".join) | _STRINGS
+    image = marked | st.lists(st.tuples(st.sampled_from(["url", "detail", "url"]),
+                                        marked | value), max_size=3).map(_Obj)
+    source = st.lists(st.tuples(st.sampled_from(["data", "type", "data"]), _STRINGS | value),
+                      max_size=3).map(_Obj)
+    noise = st.tuples(st.sampled_from(_KEYS), value)
+    part = st.lists(st.one_of(st.tuples(st.just("image_url"), image),
+                              st.tuples(st.just("source"), source), noise),
+                    min_size=1, max_size=4).map(_Obj)
+    item = st.lists(st.tuples(st.just("content"), st.lists(part, min_size=1, max_size=3))
+                    | noise, min_size=1, max_size=3).map(_Obj)
+    lists = st.tuples(st.sampled_from(["messages", "input"]),
+                      st.lists(item, min_size=1, max_size=3))
+    maxima = st.tuples(st.sampled_from(_KEYS[9:12]), _NUMBERS | _LEAVES)
+    top = draw(st.lists(lists, min_size=1, max_size=2)) + draw(st.lists(noise, max_size=4)) \
+        + draw(st.lists(maxima, max_size=3))
+    top = draw(st.permutations(top))
+    escape = draw(st.booleans())  # \uXXXX for every non-ASCII character, \/ for slashes
+    spell = draw(st.integers(0, 3))  # keys spelt with an escaped letter now and then
+
+    def dump(v: Any) -> str:
+        if isinstance(v, _Obj):
+            return "{" + ",".join(key(k) + " \t" * (spell == 3) + ":" + dump(x)
+                                  for k, x in v) + "}"
+        if isinstance(v, list):
+            return "[" + ", ".join(dump(x) for x in v) + "]"
+        if isinstance(v, str):
+            out = json.dumps(v, ensure_ascii=escape)
+            return out.replace("/", "\\/") if escape else out
+        return json.dumps(v)
+
+    def key(k: str) -> str:
+        if spell == 1 and len(k) > 3:
+            return '"' + k[:2] + "\\u%04x" % ord(k[2]) + k[3:] + '"'
+        return json.dumps(k)
+
+    body = dump(_Obj(top)).encode()
+    orjson.loads(body)  # a valid JSON text, as the parse stage hands it on
+    return body
+
+
+@settings(max_examples=int(os.environ.get("VELOX_FUZZ_EXAMPLES", "200")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(body=hostile_bodies())
+def test_estimate_scan_equals_its_reference_on_hostile_bodies(body: bytes) -> None:
+    limit = output_limit(body)
+    assert estimate_scan(body) == (input_tokens(body), -1 if limit is None else limit), body
 
 
 def test_estimate_adds_the_default_output_capped_and_skips_embeddings() -> None:

@@ -4,10 +4,12 @@ gateways in tests/e2e/test_hardening_ingress.py; these pin down the logic byte b
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +18,7 @@ from velox._types import Request
 from velox.arena import Arena
 from velox.config import load
 from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
-from velox.route import Auth
+from velox.route import Auth, caller_of
 
 
 class FakeRing:
@@ -28,12 +30,12 @@ class FakeRing:
         return True
 
 
-def make_conn(max_body: int = 16 * 1024 * 1024) -> tuple[ClientConnection, FakeTransport,
-                                                          FakeRing]:
+def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
+              **env: str) -> tuple[ClientConnection, FakeTransport, FakeRing]:
     ring = FakeRing()
     state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
-                         Auth(load({}, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None)
+                         Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
+                         lambda request, status, size: None, parser)
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -48,7 +50,8 @@ def status_of(transport: FakeTransport) -> tuple[int, dict]:
 
 def test_a_declared_length_allocates_nothing_until_bytes_arrive() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 16000000\r\n\r\n{")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                       b"content-length: 16000000\r\n\r\n{")
     assert conn._assembled is not None
     assert sys.getsizeof(conn._assembled) < 4096  # was a zero-filled 16 MB bytearray
     assert not ring.pushed and not transport.chunks
@@ -63,7 +66,8 @@ def test_a_large_body_is_assembled_exactly_however_it_is_split(pattern: bytes, s
     # Past the 64 KiB threshold the body goes to the growing buffer, not the chunk list.
     body = (pattern * (size // len(pattern) + 1))[:size]
     conn, _, ring = make_conn()
-    data = b"POST /v1/files HTTP/1.1\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    data = b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%b" % (
+        len(body), body)
     at = 0
     for cut in cuts:
         conn.data_received(data[at:at + cut])
@@ -75,10 +79,11 @@ def test_a_large_body_is_assembled_exactly_however_it_is_split(pattern: bytes, s
 
 def test_trailer_fields_are_dropped() -> None:
     conn, _, ring = make_conn()
-    conn.data_received(b"POST /v1/files HTTP/1.1\r\ntransfer-encoding: chunked\r\nx-a: 1\r\n\r\n"
+    conn.data_received(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+                       b"x-a: 1\r\n\r\n"
                        b"2\r\n{}\r\n0\r\nx-trailer: smuggled\r\nauthorization: Bearer x\r\n\r\n")
     (request,) = ring.pushed
-    assert [name for name, _ in request.headers] == [b"transfer-encoding", b"x-a"]
+    assert [name for name, _ in request.headers] == [b"host", b"transfer-encoding", b"x-a"]
     assert bytes(request.body) == b"{}"
 
 
@@ -89,7 +94,7 @@ def test_receive_deadline_runs_from_the_first_byte_to_the_end_of_the_message() -
     conn.data_received(b"P")
     started = conn.receiving_since
     assert started >= before
-    conn.data_received(b"OST /v1/files HTTP/1.1\r\ncontent-length: 3\r\n\r\n{}")
+    conn.data_received(b"OST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\n{}")
     assert conn.receiving_since == started  # more bytes do not refresh it
     conn.data_received(b" ")
     assert conn.receiving_since == 0.0 and len(ring.pushed) == 1
@@ -97,7 +102,7 @@ def test_receive_deadline_runs_from_the_first_byte_to_the_end_of_the_message() -
 
 def test_an_expired_request_gets_408_and_the_connection_closes() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"POST /v1/files HTTP/1.1\r\ncontent-length: 100\r\n\r\n{")
+    conn.data_received(b"POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
     conn.expire_receive()
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (408, "request_timeout")
@@ -107,8 +112,8 @@ def test_an_expired_request_gets_408_and_the_connection_closes() -> None:
 
 def test_transfer_codings_other_than_chunked_are_501() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"POST /v1/files HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
-                       b"2\r\n{}\r\n0\r\n\r\n")
+    conn.data_received(b"POST /v1/files HTTP/1.1\r\nhost: x\r\n"
+                       b"transfer-encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (501, "unsupported_transfer_coding")
     assert transport.closed and not ring.pushed
@@ -116,10 +121,40 @@ def test_transfer_codings_other_than_chunked_are_501() -> None:
 
 def test_upgrades_are_400_before_the_request_is_dispatched() -> None:
     conn, transport, ring = make_conn()
-    conn.data_received(b"GET /v1/models HTTP/1.1\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
+    conn.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\n"
+                       b"upgrade: h2c\r\n\r\n")
     status, body = status_of(transport)
     assert (status, body["error"]["code"]) == (400, "bad_http_request")
     assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
+    # The key check read the last one while the cache's partition read the first: a request
+    # naming two credentials is refused, whatever the parser.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                       b"authorization: Bearer ka\r\nAuthorization: Bearer kb\r\n"
+                       b"content-length: 2\r\n\r\n{}")
+    status, body = status_of(transport)
+    assert (status, body["error"]["type"], body["error"]["param"]) == \
+        (400, "invalid_request_error", "authorization")
+    assert transport.closed and not ring.pushed
+
+
+@pytest.mark.parametrize("parser", ["native", "httptools"])
+def test_the_callers_identity_is_the_key_that_was_checked(parser: str) -> None:
+    # An Azure-style api-key before the checked Authorization named the cache partition.
+    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: ka\r\n"
+                       b"authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
+    (request,) = ring.pushed
+    assert caller_of(request) == hashlib.sha256(b"kb").digest()
+    # Keyless: the credential the upstream gets (Authorization), whatever the order.
+    conn, transport, ring = make_conn(parser=parser)
+    conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: x\r\n"
+                       b"authorization: Bearer y\r\ncontent-length: 2\r\n\r\n{}")
+    assert caller_of(ring.pushed[0]) == hashlib.sha256(b"y").digest()
 
 
 def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Request]:

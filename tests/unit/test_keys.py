@@ -149,9 +149,11 @@ def test_auth_accepts_keys_and_api_keys_and_never_forwards_them(tmp_path: Path) 
             auth.check(bad)
     assert len(auth._valid) == 3
     plain_only = Auth(load_keys(tmp_path, "", VELOX_API_KEYS="plain"))
-    assert plain_only.check(b"Bearer plain") is None
-    assert plain_only.check(b"Bearer plain") is None  # from _valid now
-    assert plain_only._valid == {b"Bearer plain": None}
+    # VELOX_API_KEYS alone: the digest of the key checked too (the caller's identity is the
+    # credential the check read, never another header of the request).
+    assert plain_only.check(b"Bearer plain") == hashlib.sha256(b"plain").digest()
+    assert plain_only.check(b"Bearer plain") == hashlib.sha256(b"plain").digest()  # _valid
+    assert plain_only._valid == {b"Bearer plain": hashlib.sha256(b"plain").digest()}
     # Keys only (no VELOX_API_KEYS): the client's credential is still never passed upstream.
     only_keys = Auth(load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("vx-k")}"\n'))
     headers, passthrough = only_keys.client_headers([(b"authorization", b"Bearer vx-k"),
@@ -175,12 +177,12 @@ class FakeConn:
         self.answers.append((error.status, headers, orjson.loads(error.body)))
 
 
-def make_request(key: str | None, model: str = "m", body: bytes = b"{}",
-                 route: Route = Route.MODEL_CALL) -> Request:
+def make_request(key: str | None, model: str | None = "m", body: bytes = b"{}",
+                 route: Route = Route.MODEL_CALL, method: bytes = b"POST",
+                 path: bytes = b"/v1/chat/completions") -> Request:
     headers = [(b"authorization", b"Bearer " + key.encode())] if key else []
-    request = Request(FakeConn(), b"POST", b"/v1/chat/completions", route, headers, body, True,
-                      0)
-    request.model = model if route is Route.MODEL_CALL else None
+    request = Request(FakeConn(), method, path, route, headers, body, True, 0)
+    request.model = model if route is not Route.FORWARD else None
     return request
 
 
@@ -207,7 +209,8 @@ def test_forbidden_model_is_403_and_takes_nothing(tmp_path: Path) -> None:
     stage, shared = stage_for(
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 5\nmodels = ["m"]\n')
     ok, bad, unknown = make_request("k"), make_request("k", "other"), make_request("k", "gpt-x")
-    forward = make_request("k", route=Route.FORWARD)  # GET /v1/models etc.: no model to check
+    # The gateway's own model list: no model to check, and no forward.
+    forward = make_request("k", route=Route.FORWARD, method=b"GET", path=b"/v1/models")
     assert stage.admit([ok, bad, unknown, forward]) == [ok, forward]
     for refused in (bad, unknown):  # "gpt-x" is served by no named route, hence by "*"
         status, headers, body = answer(refused)
@@ -217,6 +220,39 @@ def test_forbidden_model_is_403_and_takes_nothing(tmp_path: Path) -> None:
         assert headers[b"x-ratelimit-limit-requests"] == b"5"
     assert shared.limits.level(rpm_index(0)) == 3  # only the two admitted took a request
     assert shared.counters[KF.REFUSED_MODEL].totals()[0] == 2
+
+
+def test_forwards_need_a_key_that_may_forward(tmp_path: Path) -> None:
+    stage, shared = stage_for(tmp_path, "".join(
+        f'[[key]]\nname = "{name}"\nsha256 = "{sha(name)}"\n{extra}\n' for name, extra in (
+            ("models", 'models = ["m"]'), ("tpm", "tpm = 100"), ("plain", "rpm = 5"),
+            ("allowed", 'models = ["m"]\nforward = true'), ("closed", "forward = false"))))
+    files = {name: make_request(name, route=Route.FORWARD, path=b"/v1/files?purpose=batch")
+             for name in ("models", "tpm", "plain", "allowed", "closed")}
+    admitted = stage.admit(list(files.values()))
+    assert admitted == [files["plain"], files["allowed"]]
+    for name in ("models", "tpm", "closed"):
+        status, _, body = answer(files[name])
+        assert (status, body["error"]["code"]) == (403, "endpoint_not_allowed")
+        assert f"'{name}'" in body["error"]["message"] and "POST /v1/files" in \
+            body["error"]["message"] and "forward = true" in body["error"]["message"]
+    assert shared.counters[KF.REFUSED_FORWARD].totals()[:5] == [1, 1, 0, 0, 1]
+    assert [k["refused"]["forward"] for k in shared.snapshot()] == [1, 1, 0, 0, 1]
+    # Admitted forwards are counted among the key's requests.
+    assert shared.snapshot()[2]["requests"] == 1 and shared.snapshot()[3]["requests"] == 1
+
+
+def test_images_and_audio_are_checked_by_model_and_reserve_one_token(tmp_path: Path) -> None:
+    stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
+                              'tpm = 1000\nmodels = ["m"]\n')
+    other = Route.MODEL_OTHER
+    named = make_request("k", "m", route=other, path=b"/v1/images/generations")
+    denied = make_request("k", "other", route=other, path=b"/v1/audio/speech")
+    default = make_request("k", None, route=other, path=b"/v1/moderations")  # takes "*"
+    assert stage.admit([named, denied, default]) == [named]
+    assert named.ticket.reserved == 1
+    assert [answer(r)[2]["error"]["code"] for r in (denied, default)] == \
+        ["model_not_allowed"] * 2
 
 
 def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
@@ -353,7 +389,7 @@ def test_ingress_appends_extra_headers_to_every_answer() -> None:
         if kind == "respond":
             conn.respond(request, 200, [(b"content-type", b"application/json")], b"{}")
         else:
-            conn.parser.feed_data(b"GET / HTTP/1.1\r\n\r\n")  # sets the HTTP version
+            conn.parser.feed_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # the HTTP version
             conn.current = request
             conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
         head = b"".join(transport.chunks).partition(b"\r\n\r\n")[0]

@@ -1,4 +1,5 @@
-"""The two parse paths (orjson on the loop, the native scanner off it) decide alike."""
+"""The two parse paths (orjson on the loop, the native scanner off it) decide alike; the other
+model-bearing endpoints' model is read from JSON or a multipart form, or refused when unclear."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velox._types import Request, Route
-from velox.errors import VeloxError
-from velox.parse import parse_model_call, scan_model_call
+from velox.dispatch import rewrite_model
+from velox.errors import BadRequest, VeloxError
+from velox.parse import parse_model_call, parse_other, scan_model_call
 
 
 def on_loop(body: bytes) -> tuple[str, bool] | tuple[str, str]:
@@ -66,3 +68,57 @@ def test_both_paths_agree_on_generated_bodies(doc: dict, cut: int) -> None:
     assert off_loop(body) == on_loop(body)
     if cut and len(body) > cut:  # truncated documents are refused alike
         assert off_loop(body[:-cut]) == on_loop(body[:-cut])
+
+
+# --- the other model-bearing endpoints ---------------------------------------------------------
+
+FORM = (b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"model\"\r\n"
+        b"Content-Type: audio/wav\r\n\r\nRIFF name=model \r\n--XyZ\r\n"
+        b"Content-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--XyZ--\r\n")
+MULTIPART = b"multipart/form-data; boundary=XyZ"
+
+
+def _other(body: bytes, content_type: bytes | None = b"application/json") -> Request:
+    headers = [(b"content-type", content_type)] if content_type else []
+    request = Request(None, b"POST", b"/v1/audio/transcriptions",  # type: ignore[arg-type]
+                      Route.MODEL_OTHER, headers, body, True, 0)
+    parse_other(request)
+    return request
+
+
+def test_a_forms_model_field_is_read_with_its_span() -> None:
+    request = _other(FORM, MULTIPART)
+    assert request.model == "whisper-1" and request.model_span is not None
+    start, end = request.model_span
+    assert FORM[start:end] == b"whisper-1"
+    assert rewrite_model(FORM, "large-v3", request.model_span) == FORM.replace(
+        b"whisper-1", b"large-v3")
+    quoted = _other(FORM.replace(b"boundary", b"b"), b'multipart/form-data; boundary="XyZ"')
+    assert quoted.model == "whisper-1"
+    # No model field (the endpoint's default): None, the catch-all route decides.
+    plain = FORM.replace(b'name="model"', b'name="prompt"')
+    assert _other(plain, MULTIPART).model is None
+
+
+@pytest.mark.parametrize("form", [
+    FORM.replace(b'name="file"; filename="model"', b'name="model"'),  # two model fields
+    FORM.replace(b'name="model"', b"name*=UTF-8''model"),
+    FORM.replace(b'name="model"', b'name="Model"'),
+    FORM.replace(b'name="model"', b'name="mod%65l"'),
+    FORM.replace(b"--XyZ--\r\n", b""),  # never closed
+    FORM.replace(b"whisper-1", b""),
+    FORM.replace(b'name="model"\r\n', b'name="model"\n'),  # unread: refused, not guessed
+])
+def test_a_form_read_two_ways_is_400(form: bytes) -> None:
+    with pytest.raises(BadRequest):
+        _other(form, MULTIPART)
+    with pytest.raises(BadRequest):
+        _other(FORM, b"multipart/form-data")  # no boundary
+
+
+def test_json_endpoints_may_leave_the_model_out() -> None:
+    assert _other(b'{"prompt": "a cat"}').model is None
+    assert _other(b'{"prompt": "a cat", "model": "dall-e-3"}', None).model == "dall-e-3"
+    for bad in (b'{"model": 3}', b'{"model": ""}', b"[1]", b"{"):
+        with pytest.raises(BadRequest):
+            _other(bad)

@@ -5,7 +5,7 @@ import pytest
 from velox._types import Route
 from velox.config import load
 from velox.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
-from velox.route import Auth, classify
+from velox.route import Auth, classify, normal_target
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,12 @@ from velox.route import Auth, classify
         (b"GET", b"/v1/models", Route.FORWARD),
         (b"GET", b"/v1/models/gpt-4o", Route.FORWARD),
         (b"DELETE", b"/v1/files/file-1", Route.FORWARD),
-        (b"POST", b"/v1/audio/speech", Route.FORWARD),
+        (b"POST", b"/v1/audio/speech", Route.MODEL_OTHER),
+        (b"POST", b"/v1/audio/transcriptions", Route.MODEL_OTHER),
+        (b"POST", b"/v1/images/generations?x=1", Route.MODEL_OTHER),
+        (b"POST", b"/v1/moderations", Route.MODEL_OTHER),
+        (b"POST", b"/v1/batches", Route.FORWARD),
+        (b"POST", b"/v1/files", Route.FORWARD),
         (b"POST", b"/", Route.ROOT),
         (b"GET", b"/healthz", Route.HEALTH),
         (b"HEAD", b"/readyz", Route.READY),
@@ -37,6 +42,7 @@ def test_classify(method: bytes, path: bytes, route: Route) -> None:
         (b"POST", b"/v1/models", b"GET"),
         (b"GET", b"/", b"POST"),
         (b"POST", b"/healthz", b"GET, HEAD"),
+        (b"GET", b"/v1/images/generations", b"POST"),
     ],
 )
 def test_wrong_method_on_known_route_is_405_with_allow(method: bytes, path: bytes,
@@ -50,6 +56,38 @@ def test_wrong_method_on_known_route_is_405_with_allow(method: bytes, path: byte
 def test_unknown_route_is_404(path: bytes) -> None:
     with pytest.raises(NotFound):
         classify(b"GET", path)
+
+
+@pytest.mark.parametrize("path", [b"/v1/deployments/gpt-4o/chat/completions",
+                                  b"/v1/deployments/x/embeddings?api-version=1",
+                                  b"/v1/deployments"])
+def test_azure_deployment_paths_are_404(path: bytes) -> None:
+    # An Azure upstream would take the deployment from the client's path, not the route.
+    with pytest.raises(NotFound, match="deployment"):
+        classify(b"POST", path)
+    assert classify(b"GET", b"/v1/deploymentsx") is Route.FORWARD
+
+
+@pytest.mark.parametrize(("target", "normal"), [
+    (b"/v1/chat/c%6Fmpletions", b"/v1/chat/completions"),
+    (b"/v1/%63hat/%43OMPLETIONS", b"/v1/chat/COMPLETIONS"),  # decoded, then it is unknown
+    (b"/v1/emb%65ddings?q=%2e%2F", b"/v1/embeddings?q=%2e%2F"),  # the query is left alone
+    (b"/v1/models/ft%3Agpt-4o%20x", b"/v1/models/ft%3Agpt-4o%20x"),  # reserved: kept as sent
+    (b"/v1/files/%C3%A9", b"/v1/files/%C3%A9"),
+    (b"/v1/models/a%2Db%5F%7e", b"/v1/models/a-b_~"),
+])
+def test_escaped_unreserved_characters_are_decoded_once(target: bytes, normal: bytes) -> None:
+    assert normal_target(target) == normal
+    assert normal_target(normal) == normal  # once: the result is stable
+
+
+@pytest.mark.parametrize("target", [
+    b"/v1/chat/completions%00", b"/v1/a%252e", b"/v1/chat/completions%3Bx", b"/v1/x%3fy",
+    b"/v1/x%23y", b"/v1/x%7F", b"/v1/x%", b"/v1/x%4", b"/v1/x%zz", b"/v1/a%2e", b"/v1/a%2F",
+])
+def test_escapes_that_could_become_structure_are_refused(target: bytes) -> None:
+    with pytest.raises(InvalidPath):
+        normal_target(target)
 
 
 @pytest.mark.parametrize("path", [

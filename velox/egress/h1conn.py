@@ -34,16 +34,6 @@ log = logging.getLogger("velox.egress")
 _READ_BUFFER = 64 * 1024
 
 
-def _drop_connection_options(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Remove the fields a Connection header names: they describe this hop only (RFC 9110
-    section 7.6.1) and must not reach the client. The relay drops the fixed hop-by-hop set."""
-    named: set[bytes] = set()
-    for name, value in headers:
-        if name == b"connection":
-            named.update(token.strip().lower() for token in value.split(b","))
-    return [h for h in headers if h[0] not in named]
-
-
 class H1Connection(asyncio.BufferedProtocol):
     __slots__ = (
         "read_buffer",
@@ -130,11 +120,9 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.status < 200:
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
+        # Hop-by-hop fields, those the Connection field names included, are the relay's to
+        # drop (velox.relay.answer_head), as for HTTP/2 answers.
         headers = self.headers
-        for name, value in headers:
-            if name == b"connection":
-                headers = _drop_connection_options(headers)
-                break
         attempt = self.attempt
         if attempt is not None:
             attempt.t_headers = time.perf_counter_ns()

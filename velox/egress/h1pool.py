@@ -6,6 +6,11 @@ warm connections, opens one more per waiting attempt up to `MAX_H1_CONNECTIONS`,
 those above the pool size after `_H1_IDLE_S` unused. HTTP/1.1 cannot cancel one request: a
 cancelled attempt closes its connection.
 
+A warm connection that cannot be opened, or that closes before answering its warm-up, is
+opened again after an exponential backoff (50 ms doubling to 5 s, jittered, as the HTTP/2
+pool's), reset once a connection answers; the pool logs the upstream going down and coming
+back, once each (BasePool.went_down, came_up).
+
 Imports: egress.pool, egress.h1conn, egress.attempt, egress.interfaces (annotations), errors,
 stdlib.
 """
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from velox.egress.attempt import Attempt
 from velox.egress.h1conn import H1Connection
-from velox.egress.pool import _BACKOFF_MIN_S, BasePool, EgressOptions
+from velox.egress.pool import BasePool, EgressOptions, next_backoff
 from velox.errors import UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
@@ -44,6 +49,7 @@ class H1Pool(BasePool):
         self.idle_conns: list[H1Connection] = []  # most recently used last
         self.total = 0  # open or opening
         self.connecting = 0
+        self.backoff = 0.0  # seconds before the next warm connection is opened again
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -94,8 +100,12 @@ class H1Pool(BasePool):
 
     # --- connection events ---------------------------------------------------------------------
 
-    def on_idle(self, conn: H1Connection) -> None:
+    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+        """`conn` can take a request: after a response (answered), or freshly opened."""
         conn.warm = True
+        if answered:
+            self.backoff = 0.0
+            self.came_up()
         attempt = self._next_waiting()
         if attempt is not None:
             conn.send(attempt)
@@ -117,8 +127,12 @@ class H1Pool(BasePool):
             self.idle_conns.remove(conn)
         except ValueError:
             pass
-        if not self.closing and self.total < self.size:
-            self._spawn(warm=True)
+        if self.closing or self.total >= self.size:
+            return
+        if conn.warm:
+            self._spawn(warm=True)  # a working connection ended (keep-alive over, cancelled)
+        else:  # it never answered: the upstream takes connections but does not serve
+            self._reopen()
 
     # --- connecting ----------------------------------------------------------------------------
 
@@ -142,14 +156,13 @@ class H1Pool(BasePool):
             self.connecting -= 1
             self.total -= 1
             self.tally.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority,
-                        self.connect_error(exc))
+            self.went_down(f"upstream connect to {self.authority} failed: "
+                           f"{self.connect_error(exc)}")
             if self.total == 0:
                 self._fail_waiting(UpstreamUnavailable(
                     f"the upstream {self.authority} is unreachable"))
             if warm and not self.closing:
-                await asyncio.sleep(_BACKOFF_MIN_S * random.uniform(1, 4))
-                self._spawn(warm=True)
+                self._reopen()
             return
         self.connecting -= 1
         if self.closing:
@@ -161,7 +174,19 @@ class H1Pool(BasePool):
         if warm and not conn.warm:
             conn.send(self.warmup_attempt(_Warmup(self, conn)))
         else:
-            self.on_idle(conn)
+            self.on_idle(conn, answered=False)
+
+    def _reopen(self) -> None:
+        """Open a warm connection in place of one that failed, after the backoff (which the
+        failure doubles). It is not counted in `total` while it waits, so requests queued
+        meanwhile are still failed at once when nothing else is open ("unreachable")."""
+        self.backoff = next_backoff(self.backoff)
+        self._run(self._open_later(self.backoff * random.uniform(0.5, 1.0)))
+
+    async def _open_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not self.closing:
+            self._spawn(warm=True)
 
     def sweep(self, now: float) -> None:
         super().sweep(now)
@@ -202,6 +227,6 @@ class _Warmup:
     def on_error(self, exc: BaseException) -> None:
         if isinstance(exc, UpstreamTimeout):  # no answer within the connect timeout
             self.pool.warmup_expired(f"upstream {self.pool.authority}")
-            self.conn.close()  # on_closed opens the replacement
-        else:
-            log.warning("upstream warm-up failed: %s", exc)
+            self.conn.close()  # on_closed opens the replacement, after the backoff
+        else:  # the connection closed or broke: on_closed opens the replacement
+            self.pool.went_down(f"upstream {self.pool.authority}: warm-up failed: {exc}")

@@ -551,5 +551,5 @@ class _Warmup:
             conn.pool.warmup_expired(f"upstream connection {conn.index}")
             # Closed as never ready: the pool reconnects with backoff.
             conn._fail(UpstreamTimeout("the upstream did not answer the warm-up request"))
-        else:
-            log.warning("upstream connection %d: warm-up failed: %s", conn.index, exc)
+        else:  # the connection was lost or refused the stream: on_closed reconnects
+            conn.pool.went_down(f"upstream connection {conn.index}: warm-up failed: {exc}")

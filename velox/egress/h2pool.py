@@ -5,8 +5,10 @@ each server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Eve
 warmed with a GET of the spec's warm-up path before it takes traffic; a connection that is lost
 or told GOAWAY is replaced with exponential backoff. Requests the upstream has provably not
 processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec)
-go back to the `Upstream` (`front.retry`), which sends them again; requests that may have been
-processed are failed with 502, never replayed.
+go back to the `Upstream` (`front.retry`), which sends them again on this upstream; requests
+that may have been processed are failed here (UpstreamUnavailable when the connection is lost),
+and velox.dispatch decides whether to send them to another target before anything reached the
+client.
 
 Liveness: the warm-up must be answered within the connect timeout (its attempt's deadline),
 else the connection is closed and reopened with backoff; each sweep tick, a connection with
@@ -171,6 +173,7 @@ class H2Pool(BasePool):
 
     def on_ready(self, conn: H2Connection) -> None:
         self.backoff[conn.index] = 0.0
+        self.came_up()
         if not self.ready_once and all(c is not None and c.state >= State.READY
                                        for c in self.conns):
             self.ready_once = True
@@ -234,8 +237,8 @@ class H2Pool(BasePool):
                 conn.close()
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             self.tally.connect_failures += 1
-            log.warning("upstream connect to %s failed: %s", self.authority,
-                        self.connect_error(exc))
+            self.went_down(f"upstream connect to {self.authority} failed: "
+                           f"{self.connect_error(exc)}")
             self.backoff[index] = next_backoff(self.backoff[index])
             self._fail_waiting_if_unreachable()
             self.loop.call_soon(self._spawn, index)

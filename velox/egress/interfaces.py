@@ -203,6 +203,9 @@ class H2Owner(Protocol):
     def warmup_expired(self, what: str) -> None:
         """Count and log a warm-up left unanswered (`what` names the connection)."""
 
+    def went_down(self, what: str) -> None:
+        """A new connection failed (`what` says how): logged once while the upstream is down."""
+
     def mark_dirty(self, conn: H2Connection) -> None:
         """Flush this connection's frames once, after the current batch."""
 
@@ -231,8 +234,8 @@ class H1Owner(Protocol):
     @property
     def tally(self) -> Tally: ...
 
-    def on_idle(self, conn: H1Connection) -> None:
-        """The connection finished a response and can be reused."""
+    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+        """The connection finished a response (answered) and can be reused."""
 
     def on_closed(self, conn: H1Connection) -> None: ...
 

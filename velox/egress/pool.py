@@ -7,6 +7,11 @@ upstream's `request_timeout_ms`: 504), and once streaming no gap over
 VELOX_STREAM_IDLE_TIMEOUT_MS. The sweep walks the attempts the pool's connections carry and the
 queue a few times per shortest timeout; there is no per-request registry to keep up to date.
 
+Reachability, for the operator: an upstream that cannot be connected to, or whose new
+connections never answer their warm-up, is logged once when it goes down (`went_down`) and
+once when a connection answers again (`came_up`), however many reconnects fail in between
+(each at debug level); both pools reconnect with the same exponential backoff (`next_backoff`).
+
 Imports: egress.attempt, egress.interfaces (annotations), errors, config, tables, stdlib.
 """
 
@@ -113,6 +118,7 @@ class BasePool:
         self.ready_once = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.timer: asyncio.TimerHandle | None = None
+        self.down_since = 0.0  # monotonic time it was found down; 0.0: up (or not yet known)
 
     # --- the queue ------------------------------------------------------------------------------
 
@@ -171,9 +177,32 @@ class BasePool:
 
     def warmup_expired(self, what: str) -> None:
         self.tally.warmup_timeout()
-        log.warning("%s did not answer the warm-up request GET %s within %d ms (%s); "
-                    "reconnecting", what, self.warmup_path.decode(), self.spec.connect_timeout_ms,
-                    self.connect_timeout_name)
+        self.went_down(f"{what} did not answer the warm-up request GET "
+                       f"{self.warmup_path.decode()} within {self.spec.connect_timeout_ms} ms "
+                       f"({self.connect_timeout_name})")
+
+    # --- reachability ---------------------------------------------------------------------------
+
+    def went_down(self, what: str) -> None:
+        """A connect or a new connection's warm-up failed (`what` says how): logged when the
+        upstream goes down, not for each of the attempts that keep failing after it (a dead
+        upstream would otherwise log several lines a second per worker for as long as it
+        stays dead)."""
+        if self.closing:
+            return  # our own shutdown closed it
+        if self.down_since:
+            log.debug("%s (upstream %r still down)", what, self.spec.name)
+            return
+        self.down_since = time.monotonic()
+        log.warning("%s; upstream %r is down: reconnecting with backoff up to %g s (logged "
+                    "again when it answers)", what, self.spec.name, _BACKOFF_MAX_S)
+
+    def came_up(self) -> None:
+        """A new connection answered (its warm-up, or a request): the upstream is up."""
+        if self.down_since:
+            log.info("upstream %r (%s) answers again after %.1f s down", self.spec.name,
+                     self.authority, time.monotonic() - self.down_since)
+            self.down_since = 0.0
 
     # --- deadlines ------------------------------------------------------------------------------
 

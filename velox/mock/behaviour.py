@@ -14,10 +14,16 @@ Azure OpenAI paths are answered too: POST `/openai/deployments/{d}/chat/completi
 or unknown version). The body's `model` is optional there; the answer names the body's model, or
 the deployment when the body has none.
 
+Gemini (`/v1beta/models/...`) and Bedrock (`/model/...`) calls are answered by
+`mock.providers` in those providers' shapes (its docstring tells how).
+
+The Anthropic Messages API (POST `/v1/messages`, `/v1/messages/count_tokens`) is answered by
+mock.anthropic_api, in Anthropic's shapes.
+
 Latency: the response headers wait `latency_ms` plus, for embeddings, `latency_per_input_us`
 per input item (a batch of 100 inputs costs more than one, as with a real embedding model).
 
-Imports: mock.payloads, stdlib, orjson.
+Imports: mock.payloads, mock.anthropic_api, mock.providers, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -174,9 +180,14 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
                                   + ", ".join(sorted(FAULTS)), code="mock_control")
     head = method == b"HEAD"  # answered like GET, minus the body (length still announced)
     path, _, query = target.partition(b"?")
-    if path[:8] == b"/openai/":
+    if method == b"POST" and path.startswith(_PROVIDER_PREFIXES):
+        plan = _provider(path, query, headers, body, chunks, status) or _not_found(
+            method, path, latency_ms)
+    elif path[:8] == b"/openai/":
         plan = _azure(b"GET" if head else method, path, query, headers, body, latency_ms,
                       chunks, status)
+    elif path[:12] == b"/v1/messages":
+        plan = anthropic_api.plan(method, path, headers, body, latency_ms, chunks, status)
     else:
         plan = _route(b"GET" if head else method, path, body, latency_ms, chunks, status)
     if head and plan.body is not None:
@@ -196,6 +207,19 @@ def plan_request(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
                 plan.parts = _split(whole, 4)
             plan.body = None
     return plan
+
+
+# Gemini's /v1beta/models/... and Bedrock's /model/...: answered in those providers' shapes.
+_PROVIDER_PREFIXES = (b"/v1beta/", b"/model/", b"/v1/models/")
+
+
+def _provider(path: bytes, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes,
+              chunks: int, status: int) -> Plan | None:
+    from . import providers  # it builds on Plan: imported once this module is complete
+
+    if path[:7] == b"/model/":
+        return providers.bedrock(path, headers, body, chunks, status)
+    return providers.gemini(path, query, headers, body, chunks, status)
 
 
 def _route(method: bytes, path: bytes, body: bytes, latency_ms: int, chunks: int,
@@ -346,3 +370,7 @@ _POST_ROUTES = {
     b"/v1/responses": _responses,
     b"/v1/embeddings": _embeddings,
 }
+
+
+# The Anthropic Messages API (its own module; imported last: it uses Plan and _ids from here).
+from . import anthropic_api  # noqa: E402

@@ -10,10 +10,11 @@ outside the API routes are kept per process.
 Each `/_mock/requests` entry says which mock answered (`instance`, from `--name`) and what it
 received: `path` (the request target as received, query included, as it always was) and
 `query` (the part after '?', "" without one), the body's `model`, the Azure
-`deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "both" | None,
-`key_sha256`: `fingerprint(credential)`}, `inputs` (an embeddings call's input items, 0 for
-other calls), plus the raw `headers` as before (tests of the
-gateway's header forwarding compare them; the mock only ever sees test keys).
+`deployment` from the path, `auth` = {`kind`: "authorization" | "api-key" | "x-api-key" |
+"x-goog-api-key" | "sigv4" (the access key id is fingerprinted) | "both" | None, `key_sha256`:
+`fingerprint(credential)`}, `inputs` (an embeddings call's input
+items, 0 for other calls), plus the raw `headers` as before (tests of the gateway's header
+forwarding compare them; the mock only ever sees test keys).
 
 Imports: mock (fingerprint), mock.behaviour, stdlib, orjson.
 """
@@ -39,7 +40,7 @@ FIELDS = ("requests", "h2_streams", "h1_requests", "connections", "open_connecti
  REFUSED, BYTES_RECEIVED, GOAWAYS_SENT, FAULTS) = range(len(FIELDS))
 # Paths with a shared counter slot; others are counted per process.
 ROUTE_PATHS = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings",
-               b"/v1/responses", b"/v1/models")
+               b"/v1/responses", b"/v1/models", b"/v1/messages")
 _ROUTE_SLOT = {path: len(FIELDS) + i for i, path in enumerate(ROUTE_PATHS)}
 ROW = len(FIELDS) + len(ROUTE_PATHS)
 LOG_SIZE = 1000
@@ -49,20 +50,29 @@ R_TIME, R_PROTO, R_METHOD, R_TARGET, R_HEADERS, R_LEN, R_SHA, R_STREAM, R_CANCEL
     R_STATUS, R_FAULT, R_ID, R_MODEL, R_DEPLOYMENT, R_INPUTS = range(15)
 
 
+# Azure's, Anthropic's, Gemini's key headers.
+_KEY_HEADERS = {b"api-key": "api-key", b"x-api-key": "x-api-key",
+                b"x-goog-api-key": "x-goog-api-key"}
+
+
 def auth_of(headers: list[tuple[bytes, bytes]]) -> dict:
-    """How a request authenticated: `kind` ("authorization", "api-key", "both" or None) and
-    the fingerprint of the credential (the api-key value, else the bearer token)."""
-    api_key = bearer = None
+    """How a request authenticated: `kind` ("authorization", "api-key" (Azure), "x-api-key"
+    (Anthropic), "x-goog-api-key" (Gemini), "sigv4" (Bedrock), "both" or None) and the fingerprint of the credential (the key header's value,
+    else the bearer token)."""
+    api_key = bearer = key_kind = None
     for name, value in headers:
-        if name == b"api-key":
-            api_key = value.strip()
+        if name in _KEY_HEADERS:
+            api_key, key_kind = value.strip(), _KEY_HEADERS[name]
         elif name == b"authorization":
             scheme, _, token = value.strip().partition(b" ")
+            if scheme == b"AWS4-HMAC-SHA256":  # SigV4 (Bedrock): the access key id signed
+                key_id = token.partition(b"Credential=")[2].partition(b"/")[0]
+                return {"kind": "sigv4", "key_sha256": fingerprint(key_id)}
             bearer = token.strip() if scheme.lower() == b"bearer" else value.strip()
     if api_key is None and bearer is None:
         return {"kind": None, "key_sha256": None}
     kind = "both" if api_key is not None and bearer is not None else (
-        "api-key" if api_key is not None else "authorization")
+        key_kind if api_key is not None else "authorization")
     return {"kind": kind, "key_sha256": fingerprint(api_key if api_key is not None else bearer)}
 
 
