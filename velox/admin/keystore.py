@@ -71,8 +71,8 @@ change under running workers, within 1 s, without a reload.
   would hold ~3 M keys); the configured cap becomes a setting defaulting to 1,000,000.
 * Lookup cost: the request path stays one dict lookup of the 32-byte digest (ingress has
   hashed the credential already). Measured (`benches/bench_console.py::test_key_lookup`,
-  1,024 different present keys in turn): 22 ns at 10 keys, 28 ns at 10,000, 34 ns at
-  100,000; an absent key 26-29 ns. 12 ns more at 100,000 keys, far inside the 0.2 us
+  1,024 different present keys in turn): 21 ns at 10 keys, 30 ns at 10,000, 33 ns at
+  100,000; an absent key 28-31 ns. 12 ns more at 100,000 keys, far inside the 0.2 us
   allowed.
 * With several hosts, each supervisor's watcher applies Redis's changes and feeds its own
   workers the same way: Redis -> watcher (<= 1 s by polling, ms by pub/sub) -> control frame.
