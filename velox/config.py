@@ -231,6 +231,21 @@ def default_state_dir(env: Mapping[str, str]) -> str:
     return os.path.join(base, "velox")
 
 
+def _labelled_tokens(raw: str) -> tuple[tuple[str, str], ...]:
+    form = ("comma-separated label=token pairs (labels of letters, digits, '_', '.', '-'; "
+            "tokens printable ASCII without spaces or commas)")
+    out = []
+    for item in (i.strip() for i in raw.split(",") if i.strip()):
+        label, sep, token = item.partition("=")
+        if not sep or not label or not token or not all(
+                c.isalnum() or c in "_.-" for c in label):
+            raise ValueError(form)
+        out.append((label, _token(token)))
+    if len({label for label, _ in out}) != len(out):
+        raise ValueError(form + ", each label once")
+    return tuple(out)
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -318,6 +333,10 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
           "bearer token the admin server requires on every path but /healthz (empty: none; "
           "then it may only bind a loopback address)", secret=True),
+    Field("VELOX_ADMIN_TOKENS", "admin_tokens", _labelled_tokens, "",
+          "more admin tokens, one per person or tool, as label=token pairs: the key audit log "
+          "names who made each change by its label (VELOX_ADMIN_TOKEN's label is admin)",
+          secret=True),
     Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
           "a worker whose loop is silent this long is killed and restarted (0: never)"),
     Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
@@ -364,8 +383,9 @@ FIELDS: tuple[Field, ...] = (
           "request heads: native (one C call per head; httptools takes over a connection at "
           "anything unusual) or httptools alone"),
     Field("VELOX_STATE_DIR", "state_dir", _text, "",
-          "directory of this host's durable state, the usage ledger (ledger.sqlite3; empty: "
-          "$XDG_STATE_HOME/velox, else ~/.local/state/velox; off: no ledger)"),
+          "directory of this host's durable state: the usage ledger (ledger.sqlite3) and "
+          "run-time keys (keys.sqlite3), made mode 0700 by the first write (empty: "
+          "$XDG_STATE_HOME/velox, else ~/.local/state/velox; off: nothing kept across restarts)"),
     Field("VELOX_LEDGER_RETENTION_DAYS", "ledger_retention_days", _int_in(1, 36_500), "90",
           "ledger rows older than this many days are deleted, in small batches (daily spend "
           "totals are kept)"),
@@ -417,6 +437,7 @@ class Settings:
     access_log: bool = True
     config_file: str = ""
     admin_token: str = ""
+    admin_tokens: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS
@@ -520,6 +541,8 @@ def redact_url(url: str) -> str:
 
 
 def _mask(value: object) -> str:
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # label=token pairs
+        return ",".join(f"{label}={_mask(token)}" for label, token in value)
     if isinstance(value, tuple):
         return ",".join(_mask(v) for v in value)
     text = str(value)

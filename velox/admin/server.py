@@ -20,12 +20,20 @@ Routes (GET; HEAD for the cheap ones):
   workers' loops for N seconds (default 10, at most 60) and return the merged result. One at
   a time (409 otherwise); bad parameters get 400 with a JSON error.
 * `/debug/pprof/last?format=...`: the last profile again, in any format, without waiting.
+* `/keys`, `/keys/{name}`, `/keys/{name}/rotate`, `/audit`: run-time gateway keys
+  (`keyapi.py`, kept by `keystore.py`); JSON in and out, POST/PATCH/DELETE.
+* `/ui`: the operator's console (`console.py`), and `/ui/api/...`, the numbers it polls.
 
 Protection (it can profile the workers and reads every counter):
 
-* VELOX_ADMIN_TOKEN: when set, every path but /healthz needs `Authorization: Bearer <token>`
-  (the scheme in any case, the token compared in constant time); anything else gets 401.
-  /healthz stays open for probes.
+* VELOX_ADMIN_TOKEN (and VELOX_ADMIN_TOKENS, labelled): when set, every path but /healthz
+  and the console's static files needs `Authorization: Bearer <token>` (the scheme in any
+  case, every token compared in constant time); anything else gets 401. /healthz stays open
+  for probes. The token's label is who the key audit log names ("admin" for
+  VELOX_ADMIN_TOKEN, "local" when no token is set).
+* Changing requests (the key API) must be JSON and same-origin (`console.csrf_problem`), and
+  without a token the key API and the console's data only answer a loopback Host header
+  (403 otherwise).
 * Without a token only a loopback address may be bound: VELOX_ADMIN_ADDR=0.0.0.0:6060 and no
   token stops start-up with a message saying how to fix it (`bind_problem`).
 * A request head must arrive whole within `READ_TIMEOUT_S` (an idle connection is closed
@@ -38,8 +46,9 @@ The socket is bound when the supervisor starts (before any fork, so a taken addr
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
 
-Imports: admin.control, admin.metrics, admin.profiling, admin.snapshot, admin.transport,
-config, spend.report, stats, stdlib, prometheus_client, orjson.
+Imports: admin.console, admin.control, admin.keyapi, admin.keystore, admin.metrics,
+admin.profiling, admin.sampler, admin.snapshot, admin.transport, config, spend.report, stats,
+stdlib, prometheus_client, orjson.
 """
 
 from __future__ import annotations
@@ -54,9 +63,12 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from velox.admin import profiling, snapshot
+from velox.admin import keyapi, profiling, snapshot
+from velox.admin.console import API_HEADERS, Console, csrf_problem, loopback_host
 from velox.admin.control import ControlError, ControlHub
+from velox.admin.keystore import KeyStore
 from velox.admin.metrics import VeloxCollector, make_registry
+from velox.admin.sampler import Sampler
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
 from velox.config import is_loopback
 from velox.spend import report
@@ -75,7 +87,7 @@ __all__ = ["MAX_CONNECTIONS", "READ_TIMEOUT_S", "AdminServer", "bind_problem", "
 def bind_problem(settings: Any) -> str | None:
     """Why VELOX_ADMIN_ADDR may not be bound as configured (None: it may)."""
     endpoint = settings.admin_endpoint
-    if endpoint is None or settings.admin_token:
+    if endpoint is None or settings.admin_token or settings.admin_tokens:
         return None
     host = endpoint[0]
     if is_loopback(host):
@@ -100,7 +112,7 @@ class AdminServer:
         problem = bind_problem(settings)
         if problem is not None:
             raise SystemExit(f"velox: {problem}")
-        self.token = settings.admin_token.encode() if settings.admin_token else b""
+        self.tokens = [(label, token.encode()) for label, token in admin_tokens(settings)]
         self.server = Server(_listen(settings.admin_addr, endpoint), self.quick, self.slow,
                              _busy)
         self.collector = VeloxCollector(shared, limiter, settings.ring_depth, self.started_at,
@@ -108,6 +120,13 @@ class AdminServer:
                                         settings.metrics_keys)
         self.registry = make_registry(self.collector)
         self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL (see use_cluster)
+        tables = settings.tables
+        self.keys = KeyStore(settings.state_dir, settings.redis_url,
+                             config_names=[k.name for k in tables.keys],
+                             routes=[r.model for r in tables.routes])
+        self.key_api = keyapi.KeyAPI(self.keys, shared.keys)
+        self.sampler = Sampler(shared)
+        self.console = Console(self.sampler)
 
     def use_cluster(self, cluster: Any) -> None:
         """Show the Redis refresher's state in /metrics (velox_redis_*) and /stats ("redis")."""
@@ -120,45 +139,82 @@ class AdminServer:
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
     def start(self) -> None:
-        log.info("admin on http://%s (/metrics, /stats, /healthz, /debug/pprof/)", self.address)
+        log.info("admin on http://%s (/metrics, /stats, /healthz, /debug/pprof/, /keys, the "
+                 "console at /ui)", self.address)
+        self.keys.start()
+        self.sampler.start()
         self.server.start()
 
     def stop(self) -> None:
         self.server.stop()
+        self.sampler.stop()
+        self.keys.stop()
         self.hub.close()
 
     def use(self, shared: SharedStats) -> None:
         """After a reload: read the new configuration's shared state (its upstreams)."""
         self.shared = shared
         self.collector.shared = shared
+        self.sampler.use(shared)
+        self.key_api.shared_keys = shared.keys
+        self.keys.config_names = frozenset(k.name for k in shared.tables.keys)
+        self.keys.routes = tuple(r.model for r in shared.tables.routes)
 
     def close_in_child(self) -> None:
         """In a forked worker: close the inherited admin socket and control channels."""
         self.server.close_in_child()
         self.hub.close_in_child()
 
-    def authorized(self, path: str, header: str | None) -> bool:
-        if not self.token or path == "/healthz":
-            return True
+    def who(self, header: str | None) -> str | None:
+        """The label of the token `header` presents (None: no valid token)."""
+        if not self.tokens:
+            return "local"
         scheme, _, token = (header or "").strip().partition(" ")
         if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110 11.1)
-            return False
-        return hmac.compare_digest(token.strip().encode("latin-1", "replace"), self.token)
+            return None
+        presented = token.strip().encode("latin-1", "replace")
+        found = None
+        for label, expected in self.tokens:  # every one compared: no early exit to time
+            if hmac.compare_digest(presented, expected) and found is None:
+                found = label
+        return found
+
+    def authorized(self, path: str, header: str | None) -> bool:
+        return path == "/healthz" or self.who(header) is not None
 
     def quick(self, request: Request) -> Answer | None:
-        """What the head reader answers itself, at any load: /healthz, 401, 405."""
-        get = request.method in ("GET", "HEAD")
-        if get and request.path == "/healthz":
+        """What the head reader answers itself, at any load: /healthz, the console's files,
+        401, 403 and 405."""
+        path, method = request.path, request.method
+        get = method in ("GET", "HEAD")
+        if get and path == "/healthz":
             return self.healthz()
-        if not self.authorized(request.path, request.authorization):
+        if get and (path == "/ui" or path.startswith("/ui/")) and \
+                not path.startswith("/ui/api/"):
+            return self.console.static(path) or error(404, f"no console file {path}")
+        if not self.authorized(path, request.authorization):
             return _UNAUTHORIZED
-        if not get:
-            return _NOT_GET
+        allowed = keyapi.methods(path) or ("GET", "HEAD")
+        if method not in allowed:
+            return error(405, f"{path} answers {', '.join(allowed)}")._replace(
+                headers=(("Allow", ", ".join(allowed)),))
+        guarded = keyapi.methods(path) is not None or path.startswith("/ui/api/")
+        if guarded and not self.tokens and not loopback_host(request):
+            return error(403, "without VELOX_ADMIN_TOKEN the admin server only answers "
+                              "requests addressed to a loopback name (Host header)")
+        problem = csrf_problem(request)
+        if problem is not None:
+            return error(403, problem)
         return None
 
     def slow(self, request: Request) -> Answer:
-        """An authenticated GET or HEAD, on a serving thread."""
+        """An authenticated request, on a serving thread."""
         path, query, head = request.path, request.query, request.method == "HEAD"
+        if keyapi.methods(path) is not None:
+            answer = self.key_api.handle(request, self.who(request.authorization) or "?")
+            return answer._replace(headers=answer.headers + API_HEADERS)
+        if path.startswith("/ui/api/"):
+            return self.console.api(request, self.shared)
         if path == "/metrics":
             return self.metrics()
         if path == "/stats":
@@ -259,8 +315,12 @@ class AdminServer:
 
 _UNAUTHORIZED = error(401, "the admin server needs Authorization: Bearer <VELOX_ADMIN_TOKEN>"
                       )._replace(headers=(("WWW-Authenticate", 'Bearer realm="velox-admin"'),))
-_NOT_GET = error(405, "the admin server only answers GET")._replace(
-    headers=(("Allow", "GET, HEAD"),))
+
+
+def admin_tokens(settings: Any) -> list[tuple[str, str]]:
+    """(label, token) of every admin token: VELOX_ADMIN_TOKEN is "admin"."""
+    out = [("admin", settings.admin_token)] if settings.admin_token else []
+    return out + list(settings.admin_tokens)
 
 
 def _busy() -> Answer:
