@@ -358,7 +358,7 @@ async function spend() {
   }
   const doc = await res.json();
   if (!res.ok) throw new Error(doc.error ? doc.error.message : `HTTP ${res.status}`);
-  const rows = doc.rows || doc.spend || [];
+  const rows = Array.isArray(doc) ? doc : [];
   $("spend-state").textContent = rows.length ? "Last 7 days, by key." : "No spend in the last 7 days.";
   const cols = rows.length ? Object.keys(rows[0]) : [];
   table($("spend-table"), cols.map((c) => [c]), rows.map((r) => el("tr", null, cols.map((c) => el("td", null, r[c])))));
