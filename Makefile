@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck lint demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-cache bench-batching bench-soak bench-report redis-server bench-cluster \
+	bench-routing bench-cache bench-batching bench-soak bench-report redis-server chromium bench-cluster \
 	bench-native clean
 
 all: build
@@ -55,7 +55,14 @@ redis-server:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
 
-test: build typecheck lint test-native redis-server test-py
+# The console's browser tests drive Debian's headless chromium through its chromedriver
+# (Selenium, from the dev extra): installed when missing, nothing downloaded at run time.
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
+test: build typecheck lint test-native redis-server chromium test-py
 
 demo: build
 	$(PY) -m velox demo

@@ -3,9 +3,10 @@
 `GatewayProcess` starts `python -m velox` with the given VELOX_* settings, waits until
 `/readyz` answers 200, and stops it by its PID. Its stdout and stderr go to a file so a test
 can read the log afterwards (for instance to prove a key never appears in it). Unless the
-caller sets VELOX_ADMIN_ADDR, the admin server gets a free port of its own, so gateways
-started side by side never collide. With VELOX_ADMIN_TOKEN in its settings, `admin_headers`
-and `admin_get` carry the token.
+caller sets VELOX_ADMIN_ADDR (VELOX_STATE_DIR), the admin server gets a free port (the
+gateway a fresh state directory) of its own, so gateways started side by side never
+collide. With VELOX_ADMIN_TOKEN in its settings, `admin_headers` and `admin_get` carry the
+token.
 
 `start` only counts an answer as its own gateway's: the port must be free before it starts
 (another gateway there would answer /readyz while this one refuses to start), and where /proc
@@ -67,6 +68,9 @@ class GatewayProcess:
         base.pop("OPENAI_API_KEY", None)
         self.env = {**base, **env, "VELOX_HOST": host, "VELOX_PORT": str(self.port)}
         self.env.setdefault("VELOX_ADMIN_ADDR", f"{host}:{free_port(host)}")
+        # Its own state directory (run-time keys): gateways started side by side, or one
+        # after another in the same working directory, never share keys by accident.
+        self.env.setdefault("VELOX_STATE_DIR", tempfile.mkdtemp(prefix="velox-state-"))
         self.log_path = Path(log_path) if log_path else Path(
             tempfile.mkstemp(prefix="velox-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None

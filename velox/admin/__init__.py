@@ -7,6 +7,8 @@ Supervisor side (one admin address for the whole gateway, served from its own OS
 * `snapshot`: the JSON of `GET /stats`.
 * `profiling` and `flamegraph`: `GET /debug/pprof/profile`, merging and rendering sessions.
 * `control`: the supervisor's end of the control channel to each worker.
+* `keystore` and `keyapi`: gateway keys made at run time (SQLite, Redis) and `/keys`.
+* `console` and `sampler`: the operator's console at `/ui` and the samples it shows.
 
 Worker side (small and cheap to import, loaded by every worker):
 

@@ -10,20 +10,28 @@ much later (a profile answers after its N seconds), and may answer other command
 and waits for the reply with a timeout, while one reader thread per channel routes replies to
 their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
+
+A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
+velox.admin.ledgerfeed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
+LedgerWriter.submit), or drops them when there is none.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+log = logging.getLogger("velox.admin")
 _HEADER = struct.Struct(">I")
+LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.admin.ledgerfeed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -75,9 +83,10 @@ class _Pending:
 class _Channel:
     """The supervisor's end of one worker's socketpair, with its reader thread."""
 
-    def __init__(self, slot: int, sock: socket.socket) -> None:
+    def __init__(self, slot: int, sock: socket.socket, hub: ControlHub | None = None) -> None:
         self.slot = slot
         self.sock = sock
+        self.hub = hub
         self.send_lock = threading.Lock()
         self.pending: dict[int, _Pending] = {}
         self.pending_lock = threading.Lock()
@@ -93,6 +102,9 @@ class _Channel:
                 if not data:
                     break
                 for message in reader.feed(data):
+                    if LEDGER_KEY in message:
+                        self._ledger(message[LEDGER_KEY])
+                        continue
                     with self.pending_lock:
                         waiter = self.pending.pop(message.get("id"), None)
                     if waiter is not None:  # else its caller gave up (timeout): drop it
@@ -101,6 +113,15 @@ class _Channel:
         except (OSError, ControlError, orjson.JSONDecodeError):
             pass
         self.fail_pending()
+
+    def _ledger(self, rows: Any) -> None:
+        sink = self.hub.ledger_sink if self.hub is not None else None
+        if sink is None or not isinstance(rows, list):
+            return
+        try:
+            sink(rows)
+        except Exception:
+            log.exception("control channel %d: ledger rows dropped", self.slot)
 
     def fail_pending(self) -> None:
         self.closed = True
@@ -125,6 +146,8 @@ class ControlHub:
         self._lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._ids = itertools.count(1)
+        # Where the workers' ledger rows go (LedgerWriter.submit); None: dropped.
+        self.ledger_sink: Callable[[list[Any]], object] | None = None
 
     @staticmethod
     def pair() -> tuple[socket.socket, socket.socket]:
@@ -133,7 +156,7 @@ class ControlHub:
 
     def attach(self, slot: int, sock: socket.socket) -> None:
         """The worker in `slot` now listens on the other end of `sock` (after each fork)."""
-        channel = _Channel(slot, sock)
+        channel = _Channel(slot, sock, self)
         with self._lock:
             old = self._channels.get(slot)
             self._channels[slot] = channel

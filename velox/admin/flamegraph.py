@@ -34,6 +34,8 @@ def module_of(frame: Any) -> str:
     path = path.replace("\\", "/")
     if "site-packages/" in path:
         path = path.rsplit("site-packages/", 1)[1]
+    elif "/velox/" in path:  # a checkout (editable install): its directory is no module name
+        path = "velox/" + path.rsplit("/velox/", 1)[1]
     return path[:-3] if path.endswith(".py") else path
 
 

@@ -12,18 +12,29 @@ Routes (GET; HEAD for the cheap ones):
   are ready).
 * `/metrics`: Prometheus text (`metrics.py`).
 * `/stats`: JSON (`snapshot.py`).
+* `/spend?since=7d&until=...&by=key`: spend and tokens over a period from this host's usage
+  ledger, the JSON of `velox spend --json` (velox.spend.report); 400 for a bad period or
+  grouping, 404 when the ledger is off.
 * `/debug/pprof/`: an index page linking the rest.
 * `/debug/pprof/profile?seconds=N&format=html|speedscope|text|svg&worker=K`: profile the
   workers' loops for N seconds (default 10, at most 60) and return the merged result. One at
   a time (409 otherwise); bad parameters get 400 with a JSON error; without pyinstrument (an
   extra: `velox[profile]`), 501 saying how to install it.
 * `/debug/pprof/last?format=...`: the last profile again, in any format, without waiting.
+* `/keys`, `/keys/{name}`, `/keys/{name}/rotate`, `/audit`: run-time gateway keys
+  (`keyapi.py`, kept by `keystore.py`); JSON in and out, POST/PATCH/DELETE.
+* `/ui`: the operator's console (`console.py`), and `/ui/api/...`, the numbers it polls.
 
 Protection (it can profile the workers and reads every counter):
 
-* VELOX_ADMIN_TOKEN: when set, every path but /healthz needs `Authorization: Bearer <token>`
-  (the scheme in any case, the token compared in constant time); anything else gets 401.
-  /healthz stays open for probes.
+* VELOX_ADMIN_TOKEN (and VELOX_ADMIN_TOKENS, labelled): when set, every path but /healthz
+  and the console's static files needs `Authorization: Bearer <token>` (the scheme in any
+  case, every token compared in constant time); anything else gets 401. /healthz stays open
+  for probes. The token's label is who the key audit log names ("admin" for
+  VELOX_ADMIN_TOKEN, "local" when no token is set).
+* Changing requests (the key API) must be JSON and same-origin (`console.csrf_problem`), and
+  without a token the key API and the console's data only answer a loopback Host header
+  (403 otherwise).
 * Without a token only a loopback address may be bound: VELOX_ADMIN_ADDR=0.0.0.0:6060 and no
   token stops start-up with a message saying how to fix it (`bind_problem`).
 * A request head must arrive whole within `READ_TIMEOUT_S` (an idle connection is closed
@@ -49,12 +60,16 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from velox.admin import profiling, snapshot
+from velox.admin import keyapi, profiling, snapshot
+from velox.admin.console import API_HEADERS, Console, csrf_problem, loopback_host
 from velox.admin.control import ControlError, ControlHub
+from velox.admin.keystore import KeyStore
 from velox.admin.metrics import VeloxCollector, make_registry
+from velox.admin.sampler import Sampler
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
 from velox.config.settings import is_loopback
 from velox.core.fields import F
+from velox.spend import report
 from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.admin")
@@ -70,7 +85,7 @@ __all__ = ["MAX_CONNECTIONS", "READ_TIMEOUT_S", "AdminServer", "bind_problem", "
 def bind_problem(settings: Any) -> str | None:
     """Why VELOX_ADMIN_ADDR may not be bound as configured (None: it may)."""
     endpoint = settings.admin_endpoint
-    if endpoint is None or settings.admin_token:
+    if endpoint is None or settings.admin_token or settings.admin_tokens:
         return None
     host = endpoint[0]
     if is_loopback(host):
@@ -95,7 +110,7 @@ class AdminServer:
         problem = bind_problem(settings)
         if problem is not None:
             raise SystemExit(f"velox: {problem}")
-        self.token = settings.admin_token.encode() if settings.admin_token else b""
+        self.tokens = [(label, token.encode()) for label, token in admin_tokens(settings)]
         self.server = Server(_listen(settings.admin_addr, endpoint), self.quick, self.slow,
                              _busy)
         self.collector = VeloxCollector(shared, limiter, settings.ring_depth, self.started_at,
@@ -104,6 +119,13 @@ class AdminServer:
         self.registry = make_registry(self.collector)
         # velox.cluster.leases.Cluster with VELOX_REDIS_URL (see use_cluster)
         self.cluster: Any = None
+        tables = settings.tables
+        self.keys = KeyStore(settings.state_dir, settings.redis_url,
+                             config_names=[k.name for k in tables.keys],
+                             routes=[r.model for r in tables.routes])
+        self.key_api = keyapi.KeyAPI(self.keys, shared.keys)
+        self.sampler = Sampler(shared)
+        self.console = Console(self.sampler)
 
     def use_cluster(self, cluster: Any) -> None:
         """Show the Redis refresher's state in /metrics (velox_redis_*) and /stats ("redis")."""
@@ -116,49 +138,88 @@ class AdminServer:
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
     def start(self) -> None:
-        log.info("admin on http://%s (/metrics, /stats, /healthz, /debug/pprof/)", self.address)
+        log.info("admin on http://%s (/metrics, /stats, /healthz, /debug/pprof/, /keys, the "
+                 "console at /ui)", self.address)
+        self.keys.start()
+        self.sampler.start()
         self.server.start()
 
     def stop(self) -> None:
         self.server.stop()
+        self.sampler.stop()
+        self.keys.stop()
         self.hub.close()
 
     def use(self, shared: SharedStats) -> None:
         """After a reload: read the new configuration's shared state (its upstreams)."""
         self.shared = shared
         self.collector.shared = shared
+        self.sampler.use(shared)
+        self.key_api.shared_keys = shared.keys
+        self.keys.config_names = frozenset(k.name for k in shared.tables.keys)
+        self.keys.routes = tuple(r.model for r in shared.tables.routes)
 
     def close_in_child(self) -> None:
         """In a forked worker: close the inherited admin socket and control channels."""
         self.server.close_in_child()
         self.hub.close_in_child()
 
-    def authorized(self, path: str, header: str | None) -> bool:
-        if not self.token or path == "/healthz":
-            return True
+    def who(self, header: str | None) -> str | None:
+        """The label of the token `header` presents (None: no valid token)."""
+        if not self.tokens:
+            return "local"
         scheme, _, token = (header or "").strip().partition(" ")
         if scheme.lower() != "bearer":  # auth schemes are case-insensitive (RFC 9110 11.1)
-            return False
-        return hmac.compare_digest(token.strip().encode("latin-1", "replace"), self.token)
+            return None
+        presented = token.strip().encode("latin-1", "replace")
+        found = None
+        for label, expected in self.tokens:  # every one compared: no early exit to time
+            if hmac.compare_digest(presented, expected) and found is None:
+                found = label
+        return found
+
+    def authorized(self, path: str, header: str | None) -> bool:
+        return path == "/healthz" or self.who(header) is not None
 
     def quick(self, request: Request) -> Answer | None:
-        """What the head reader answers itself, at any load: /healthz, 401, 405."""
-        get = request.method in ("GET", "HEAD")
-        if get and request.path == "/healthz":
+        """What the head reader answers itself, at any load: /healthz, the console's files,
+        401, 403 and 405."""
+        path, method = request.path, request.method
+        get = method in ("GET", "HEAD")
+        if get and path == "/healthz":
             return self.healthz()
-        if not self.authorized(request.path, request.authorization):
+        if get and (path == "/ui" or path.startswith("/ui/")) and \
+                not path.startswith("/ui/api/"):
+            return self.console.static(path) or error(404, f"no console file {path}")
+        if not self.authorized(path, request.authorization):
             return _UNAUTHORIZED
-        if not get:
-            return _NOT_GET
+        allowed = keyapi.methods(path) or ("GET", "HEAD")
+        if method not in allowed:
+            return error(405, f"{path} answers {', '.join(allowed)}")._replace(
+                headers=(("Allow", ", ".join(allowed)),))
+        guarded = keyapi.methods(path) is not None or path.startswith("/ui/api/")
+        if guarded and not self.tokens and not loopback_host(request):
+            return error(403, "without VELOX_ADMIN_TOKEN the admin server only answers "
+                              "requests addressed to a loopback name (Host header)")
+        problem = csrf_problem(request)
+        if problem is not None:
+            return error(403, problem)
         return None
 
     def slow(self, request: Request) -> Answer:
-        """An authenticated GET or HEAD, on a serving thread."""
+        """An authenticated request, on a serving thread."""
         path, query, head = request.path, request.query, request.method == "HEAD"
+        if keyapi.methods(path) is not None:
+            answer = self.key_api.handle(request, self.who(request.authorization) or "?")
+            return answer._replace(headers=answer.headers + API_HEADERS)
+        if path.startswith("/ui/api/"):
+            return self.console.api(request, self.shared)
         if path == "/metrics":
             return self.metrics()
         if path == "/stats":
             return self.stats()
+        if path == "/spend":
+            return self.spend(query)
         if path in ("/debug/pprof", "/debug/pprof/"):
             return self.index()
         if path == "/debug/pprof/profile" and not head:
@@ -188,6 +249,20 @@ class AdminServer:
         doc = snapshot.build(self.shared, self.limiter, self.settings, self.hub,
                              self.started_at, runs, active, self.cluster)
         return Answer(200, _JSON, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+    def spend(self, query: dict[str, list[str]]) -> Answer:
+        def one(name: str, default: str | None) -> str | None:
+            return query.get(name, [default])[-1]
+
+        try:
+            rows = report.local_totals(self.settings.state_dir, one("since", "7d") or "7d",
+                                       one("until", None), one("by", "key") or "key",
+                                       int(time.time() * 1000))
+        except report.BadQuery as exc:
+            return error(400, str(exc))
+        except report.NoLedger as exc:
+            return error(404, str(exc))
+        return Answer(200, _JSON, orjson.dumps(rows))
 
     def profile(self, query: dict[str, list[str]]) -> Answer:
         if not profiling.available():
@@ -241,8 +316,12 @@ class AdminServer:
 
 _UNAUTHORIZED = error(401, "the admin server needs Authorization: Bearer <VELOX_ADMIN_TOKEN>"
                       )._replace(headers=(("WWW-Authenticate", 'Bearer realm="velox-admin"'),))
-_NOT_GET = error(405, "the admin server only answers GET")._replace(
-    headers=(("Allow", "GET, HEAD"),))
+
+
+def admin_tokens(settings: Any) -> list[tuple[str, str]]:
+    """(label, token) of every admin token: VELOX_ADMIN_TOKEN is "admin"."""
+    out = [("admin", settings.admin_token)] if settings.admin_token else []
+    return out + list(settings.admin_tokens)
 
 
 def _busy() -> Answer:
@@ -288,6 +367,7 @@ The last profile again: {last}</p>
 noticeably fewer requests per second (the profiler's hook runs on every call).</p>
 <h2>Stats</h2>
 <p><a href="/stats">/stats</a> (JSON) · <a href="/metrics">/metrics</a> (Prometheus) ·
-<a href="/healthz">/healthz</a></p>
+<a href="/healthz">/healthz</a> · <a href="/spend?since=7d&amp;by=key">/spend</a> (usage
+ledger, JSON)</p>
 </body></html>
 """

@@ -17,12 +17,17 @@ selector: waiting costs a descriptor and a buffer, never a thread.
   missing or wrong token and 405 are answered at once, whatever the load. Only an
   authenticated request takes one of the `MAX_SERVING` serving places and a thread (`slow`);
   with none left it gets 503 and the connection is closed.
-* No request body is read (the admin server answers GET and HEAD): a request announcing one
-  is answered, then its connection closed. Heads larger than `MAX_HEAD_BYTES` get 431.
+* Bodies (the key API's JSON) are read only for requests `quick` passed (authenticated), with
+  a Content-Length of at most `MAX_BODY_BYTES`, within the head's deadline. A larger one, or a
+  chunked one, is answered 400 at once without being read; so is any body `quick` answers
+  itself (401, 405). Such a connection is then DRAINED until the client stops sending (or
+  the deadline): closed at once with unread bytes, the kernel would reset it and the client
+  could lose the answer. Heads larger than `MAX_HEAD_BYTES` get 431.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import selectors
@@ -48,6 +53,8 @@ MAX_PENDING = 256
 # A whole request head must arrive within this long (and an idle keep-alive connection is
 # closed after it): 10 s outlasts any scrape interval's gap between a client's requests.
 READ_TIMEOUT_S = 10.0
+# The key API's bodies are a few hundred bytes; 64 KiB leaves room for a long models list.
+MAX_BODY_BYTES = 64 * 1024
 # A serving thread gives a client that does not read its answer this long per send.
 WRITE_TIMEOUT_S = 10.0
 # Heads are a request line and a few headers; 16 KiB leaves room for long tokens and cookies.
@@ -70,15 +77,21 @@ class Request:
     query: dict[str, list[str]]
     authorization: str | None  # None when absent
     keep_alive: bool
+    # Other headers by lower-case name (the last value of each), and the body once read.
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    body: bytes = b""
+    body_length: int = 0  # Content-Length; -1: chunked (refused)
 
 
 class _Conn:
-    __slots__ = ("sock", "buf", "deadline")
+    __slots__ = ("sock", "buf", "deadline", "request", "draining")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.deadline = 0.0
+        self.request: Request | None = None  # authenticated, waiting for its body
+        self.draining = False  # answered and shut for writing: what arrives is discarded
 
 
 def parse_head(head: bytes) -> Request | None:
@@ -98,12 +111,19 @@ def parse_head(head: bytes) -> Request | None:
     if len(auth) > 1:  # which one would count? none: refused as malformed
         return None
     connection = ",".join(fields.get("connection", [])).lower()
-    body = "transfer-encoding" in fields or any(v != "0" for v in fields.get("content-length", []))
-    keep_alive = parts[2] == b"HTTP/1.1" and "close" not in connection and not body
+    lengths = set(fields.get("content-length", []))
+    if "transfer-encoding" in fields:
+        length = -1
+    elif len(lengths) > 1 or any(not v.isdigit() for v in lengths):
+        return None  # which length would count? none (RFC 9112 6.3)
+    else:
+        length = int(lengths.pop()) if lengths else 0
+    keep_alive = parts[2] == b"HTTP/1.1" and "close" not in connection
     url = urlsplit(parts[1].decode("latin-1"))
     return Request(parts[0].decode("latin-1"), url.path,
                    parse_qs(url.query, keep_blank_values=True), auth[0] if auth else None,
-                   keep_alive)
+                   keep_alive, {name: values[-1] for name, values in fields.items()},
+                   body_length=length)
 
 
 def encode(answer: Answer, head_only: bool, keep_alive: bool) -> bytes:
@@ -195,14 +215,18 @@ class Server:
 
     def _wait(self, conn: _Conn) -> None:
         """Wait for the connection's next head, READ_TIMEOUT_S at most."""
+        self._watch(conn)
+        if conn.buf:  # a pipelined request came with the last one
+            self._next_head(conn)
+
+    def _watch(self, conn: _Conn) -> None:
+        """Read the connection in the selector until READ_TIMEOUT_S from now."""
         if len(self._pending) >= MAX_PENDING:
             self.refused += 1
             self._close(next(iter(self._pending.values())))
         conn.deadline = time.monotonic() + READ_TIMEOUT_S
         self._pending[conn.sock.fileno()] = conn
         self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-        if conn.buf:  # a pipelined request came with the last one
-            self._next_head(conn)
 
     def _unwatch(self, conn: _Conn) -> None:
         if self._pending.pop(conn.sock.fileno(), None) is not None:
@@ -222,8 +246,13 @@ class Server:
         if not data:
             self._close(conn)
             return
+        if conn.draining:
+            return
         conn.buf += data
-        self._next_head(conn)
+        if conn.request is not None:
+            self._body(conn)
+        else:
+            self._next_head(conn)
 
     def _next_head(self, conn: _Conn) -> None:
         end = conn.buf.find(b"\r\n\r\n")
@@ -238,15 +267,55 @@ class Server:
         if request is None:
             self._answer_now(conn, error(400, "not an HTTP/1.1 request head"), False)
             return
+        if request.body_length < 0 or request.body_length > MAX_BODY_BYTES:
+            what = ("a chunked body (send Content-Length)" if request.body_length < 0 else
+                    f"a body of {request.body_length:,} bytes (at most {MAX_BODY_BYTES:,})")
+            self._refuse_body(conn, error(400, f"the admin server does not take {what}"))
+            return
         answer = self.quick(request)
         if answer is not None:
-            self._answer_now(conn, answer, request.keep_alive, request.method == "HEAD")
-        elif not self.slots.acquire(blocking=False):
+            if request.body_length:
+                self._refuse_body(conn, answer)
+            else:
+                self._answer_now(conn, answer, request.keep_alive, request.method == "HEAD")
+        elif request.body_length:
+            conn.request = request
+            self._watch(conn)
+            self._body(conn)
+        else:
+            self._dispatch(conn, request)
+
+    def _body(self, conn: _Conn) -> None:
+        request = conn.request
+        assert request is not None
+        if len(conn.buf) < request.body_length:
+            return
+        self._unwatch(conn)
+        body = bytes(conn.buf[:request.body_length])
+        del conn.buf[:request.body_length]
+        conn.request = None
+        self._dispatch(conn, dataclasses.replace(request, body=body))
+
+    def _dispatch(self, conn: _Conn, request: Request) -> None:
+        if not self.slots.acquire(blocking=False):
             self.refused += 1
             self._answer_now(conn, self.busy(), False)
         else:
             threading.Thread(target=self._serve, args=(conn, request), daemon=True,
                              name="velox-admin-request").start()
+
+    def _refuse_body(self, conn: _Conn, answer: Answer) -> None:
+        """Answer without reading the body, then discard what the client still sends until
+        it stops or the deadline passes (see the module docstring)."""
+        try:
+            conn.sock.send(encode(answer, False, False))
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.sock.close()
+            return
+        conn.buf.clear()
+        conn.draining = True
+        self._watch(conn)
 
     def _answer_now(self, conn: _Conn, answer: Answer, keep_alive: bool,
                     head_only: bool = False) -> None:

@@ -205,6 +205,51 @@ def _redis_url(raw: str) -> str:
     return url
 
 
+def _ratio(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("a number from 0 to 1 (e.g. 0.01 for 1%)") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("a number from 0 to 1 (e.g. 0.01 for 1%)")
+    return value
+
+
+def _base_url(raw: str) -> str:
+    form = "an http(s) base URL like http://127.0.0.1:4318 (spans go to <base>/v1/traces)"
+    url = raw.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError(form)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(form) from None
+    return url
+
+
+def default_state_dir(env: Mapping[str, str]) -> str:
+    """Where durable state lives when VELOX_STATE_DIR is empty: the XDG state directory."""
+    base = env.get("XDG_STATE_HOME", "").strip() or os.path.join(
+        env.get("HOME", "").strip() or os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "velox")
+
+
+def _labelled_tokens(raw: str) -> tuple[tuple[str, str], ...]:
+    form = ("comma-separated label=token pairs (labels of letters, digits, '_', '.', '-'; "
+            "tokens printable ASCII without spaces or commas)")
+    out = []
+    for item in (i.strip() for i in raw.split(",") if i.strip()):
+        label, sep, token = item.partition("=")
+        if not sep or not label or not token or not all(
+                c.isalnum() or c in "_.-" for c in label):
+            raise ValueError(form)
+        out.append((label, _token(token)))
+    if len({label for label, _ in out}) != len(out):
+        raise ValueError(form + ", each label once")
+    return tuple(out)
+
+
 def _token(raw: str) -> str:
     token = raw.strip()
     if token and not all(0x21 <= ord(c) <= 0x7E for c in token):
@@ -290,6 +335,10 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_ADMIN_TOKEN", "admin_token", _token, "",
           "bearer token the admin server requires on every path but /healthz (empty: none; "
           "then it may only bind a loopback address)", secret=True),
+    Field("VELOX_ADMIN_TOKENS", "admin_tokens", _labelled_tokens, "",
+          "more admin tokens, one per person or tool, as label=token pairs: the key audit log "
+          "names who made each change by its label (VELOX_ADMIN_TOKEN's label is admin)",
+          secret=True),
     Field("VELOX_WORKER_HANG_S", "worker_hang_s", _int_in(0, 3600), str(DEFAULT_WORKER_HANG_S),
           "a worker whose loop is silent this long is killed and restarted (0: never)"),
     Field("VELOX_BODY_TIMEOUT_MS", "body_timeout_ms", _int_in(100, 86_400_000),
@@ -335,6 +384,23 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_NATIVE", "native", _bool, "1",
           "the native C paths (0: their Python reference twins: httptools alone for request "
           "heads, the Python response writer, the Python HTTP/2 framer; for differential tests)"),
+    Field("VELOX_STATE_DIR", "state_dir", _text, "",
+          "directory of this host's durable state: the usage ledger (ledger.sqlite3) and "
+          "run-time keys (keys.sqlite3), made mode 0700 by the first write (empty: "
+          "$XDG_STATE_HOME/velox, else ~/.local/state/velox; off: nothing kept across restarts)"),
+    Field("VELOX_LEDGER_RETENTION_DAYS", "ledger_retention_days", _int_in(1, 36_500), "90",
+          "ledger rows older than this many days are deleted, in small batches (daily spend "
+          "totals are kept)"),
+    Field("VELOX_LEDGER_STREAM_MAXLEN", "ledger_stream_maxlen", _int_in(1_000, 1_000_000_000),
+          "1000000", "with VELOX_REDIS_URL, the ledger rows of every host also go to the Redis "
+          "Stream velox:ledger, capped at about this many entries"),
+    Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
+          "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
+          "<base>/v1/traces (empty: no tracing)"),
+    Field("VELOX_OTEL_SAMPLE", "otel_sample", _ratio, "1",
+          "share of requests traced, 0 to 1 (a client's sampled traceparent is followed)"),
+    Field("VELOX_OTEL_CAPTURE_CONTENT", "otel_capture_content", _bool, "0",
+          "record prompts and completions in spans (gen_ai.input/output.messages); off: never"),
 )
 
 # Settings an earlier version had, with what became of them: set in the environment, each gets
@@ -389,6 +455,7 @@ class Settings:
     access_log: bool = True
     config_file: str = ""
     admin_token: str = ""
+    admin_tokens: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     worker_hang_s: int = DEFAULT_WORKER_HANG_S
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS
@@ -405,6 +472,12 @@ class Settings:
     cache_redis_timeout_ms: int = 5
     native: bool = True
     allow_open: bool = False
+    state_dir: str = ""
+    ledger_retention_days: int = 90
+    ledger_stream_maxlen: int = 1_000_000
+    otel_endpoint: str = ""
+    otel_sample: float = 1.0
+    otel_capture_content: bool = False
     # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
     # logged at start-up and on reload, printed by doctor.
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -486,6 +559,8 @@ def redact_url(url: str) -> str:
 
 
 def _mask(value: object) -> str:
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):  # label=token pairs
+        return ",".join(f"{label}={_mask(token)}" for label, token in value)
     if isinstance(value, tuple):
         return ",".join(_mask(v) for v in value)
     text = str(value)
@@ -525,6 +600,7 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     cores = usable_cores()
     values.setdefault("workers", cores)
     values.setdefault("egress_pool_connections", cores)
+    values.setdefault("state_dir", default_state_dir(env))
     if not values.get("upstream_api_key"):
         values["upstream_api_key"] = env.get("OPENAI_API_KEY", "").strip()
     values["ssl_cert_file"] = env.get("SSL_CERT_FILE", "").strip()

@@ -8,6 +8,9 @@ Without `VELOX_CONFIG` the tables are synthesised from the `VELOX_UPSTREAM_*` va
 upstream named `default` and one route `"*"` sending every model to it, which is exactly the
 single-upstream gateway Velox was before the tables existed.
 
+`[[price]]` tables (model glob, optional upstream, USD per million tokens) override the shipped
+price table entry by entry; velox.spend.prices turns usage into cost with them.
+
 Secrets never live in the file: an upstream names the environment variable holding its key
 (`api_key_env`), and the resolved key is kept out of `repr` and `--print-config`.
 
@@ -32,11 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
@@ -213,6 +218,29 @@ class KeySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PriceSpec:
+    """What a model costs (`[[price]]`; velox.spend.prices turns usage into money with it).
+
+    Token prices are integers of micro-USD per million tokens, which is pico-USD per token, so
+    a request's cost is an exact integer sum (a float would drift over millions of requests);
+    the file writes USD per million tokens with at most 6 decimal places. `None` means "priced
+    like its parent": cached input and cache writes as input, reasoning as output (a provider
+    that bills a part apart gets its own price). Per-image and per-request prices are nano-USD.
+    """
+
+    model: str  # a glob over the upstream's model name (fnmatch: *, ?, [...])
+    upstream: str = ""  # only for this [[upstream]]; "" for every upstream
+    input: int = 0
+    output: int = 0
+    cached_input: int | None = None
+    cache_write: int | None = None
+    reasoning: int | None = None
+    image: int = 0  # nano-USD per image
+    request: int = 0  # nano-USD per request
+    source: str = ""  # the file this entry came from
+
+
+@dataclass(frozen=True, slots=True)
 class Tables:
     upstreams: tuple[UpstreamSpec, ...]
     routes: tuple[RouteSpec, ...]
@@ -220,6 +248,7 @@ class Tables:
     breaker: BreakerPolicy = BreakerPolicy()
     source: str = ""  # the VELOX_CONFIG file they came from; "" when synthesised
     keys: tuple[KeySpec, ...] = ()  # `[[key]]` gateway keys, in file order (index = position)
+    prices: tuple[PriceSpec, ...] = ()  # `[[price]]` entries, overriding the shipped table
 
     def upstream(self, name: str) -> UpstreamSpec:
         for spec in self.upstreams:
@@ -288,7 +317,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 
 # --- the VELOX_CONFIG file -------------------------------------------------------------------
 
-TOP_KEYS = ("upstream", "route", "retry", "breaker", "key")
+TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage")
@@ -317,6 +346,12 @@ KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models", "forward")
 # rpm/tpm stay inside the native Limits' bounds (10**9 per minute); 0 means no limit.
 KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
             "max_parallel": (0, 1_000_000)}
+# [[price]]: USD per million tokens (micro-USD integers inside) and USD per image / request
+# (nano-USD). At most $1M per million tokens or per call: a bigger number is a typo.
+PRICE_TOKEN_KEYS = ("input", "output", "cached_input", "cache_write", "reasoning")
+PRICE_FLAT_KEYS = ("image", "request")
+PRICE_KEYS = ("model", "upstream", *PRICE_TOKEN_KEYS, *PRICE_FLAT_KEYS)
+PRICE_MAX_USD = 1_000_000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # also a metrics label value
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What provider keys start with (OpenAI, Anthropic, Groq, xAI, Google, Hugging Face, ...).
@@ -406,8 +441,9 @@ def parse(data: Mapping[str, Any], source: str, env: Mapping[str, str],
         _fail(source, "[breaker]", "max_open_s",
               f"must be >= open_s ({breaker.open_s}), got {breaker.max_open_s}")
     keys = _keys(source, _array_of_tables(source, data, "key"), routes)
+    prices = parse_prices(source, _array_of_tables(source, data, "price"), names)
     return Tables(upstreams=tuple(upstreams), routes=tuple(routes), retry=retry,
-                  breaker=breaker, source=source, keys=keys)
+                  breaker=breaker, source=source, keys=keys, prices=prices)
 
 
 # --- one table at a time ---------------------------------------------------------------------
@@ -644,6 +680,63 @@ def _keys(source: str, tables: list[dict[str, Any]],
         forward = _bool(source, where, table, "forward") if "forward" in table else None
         keys.append(KeySpec(name, digest, models=allowed, forward=forward, **ints))
     return tuple(keys)
+
+
+def parse_prices(source: str, tables: list[dict[str, Any]],
+                 upstreams: list[str] | None) -> tuple[PriceSpec, ...]:
+    """`[[price]]` tables: a model glob, an optional upstream naming an [[upstream]] (any name
+    when `upstreams` is None: the shipped table), at least one price, each a number >= 0 with
+    at most 6 decimal places per million tokens (9 for image / request), one entry per
+    (model, upstream)."""
+    prices: list[PriceSpec] = []
+    seen: dict[tuple[str, str], int] = {}
+    for index, table in enumerate(tables, 1):
+        where = _label("price", index, "model", table.get("model"))
+        _unknown_keys(source, where, table, PRICE_KEYS)
+        model = _str(source, where, table, "model", required=True)
+        upstream = _str(source, where, table, "upstream")
+        if upstreams is not None and "upstream" in table and upstream not in upstreams:
+            _fail(source, where, "upstream", f"{_q(upstream)} names no [[upstream]]"
+                  + _suggest(upstream, upstreams) + "; defined: "
+                  + ", ".join(_q(n) for n in upstreams))
+        if not any(k in table for k in (*PRICE_TOKEN_KEYS, *PRICE_FLAT_KEYS)):
+            _fail(source, where, "input", "a [[price]] needs at least one price: input, "
+                  "output (USD per million tokens), cached_input, cache_write, reasoning, "
+                  "image or request (USD each)")
+        tokens = {k: _money(source, where, table, k, 6) for k in PRICE_TOKEN_KEYS}
+        flat = {k: _money(source, where, table, k, 9) or 0 for k in PRICE_FLAT_KEYS}
+        if (model, upstream) in seen:
+            _fail(source, where, "model", f"[[price]] #{seen[model, upstream]} prices "
+                  f"{_q(model)}" + (f" on {_q(upstream)}" if upstream else "") + " already")
+        seen[model, upstream] = index
+        prices.append(PriceSpec(model, upstream, input=tokens["input"] or 0,
+                                output=tokens["output"] or 0,
+                                cached_input=tokens["cached_input"],
+                                cache_write=tokens["cache_write"],
+                                reasoning=tokens["reasoning"], source=source, **flat))
+    return tuple(prices)
+
+
+def _money(source: str, where: str, table: Mapping[str, Any], key: str,
+           decimals: int) -> int | None:
+    """A USD amount as an integer of 10**-decimals USD (None when absent). Floats are read
+    through their shortest repr, so 0.15 is exactly 150000 micro-USD, never 149999."""
+    value = table.get(key)
+    if value is None:
+        return None
+    unit = "USD per million tokens" if decimals == 6 else "USD"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(source, where, key, f"must be a number of {unit} (e.g. 2.5), got {_kind(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(source, where, key, f"must be a finite number of {unit}, got {value}")
+    if value < 0:
+        _fail(source, where, key, f"must be >= 0 ({unit}), got {value}")
+    if value > PRICE_MAX_USD:
+        _fail(source, where, key, f"must be at most {PRICE_MAX_USD:,} {unit}, got {value}")
+    scaled = Decimal(repr(value)) * 10**decimals
+    if scaled != scaled.to_integral_value():
+        _fail(source, where, key, f"at most {decimals} decimal places ({unit}), got {value}")
+    return int(scaled)
 
 
 # --- checks and messages ---------------------------------------------------------------------

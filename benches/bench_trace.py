@@ -1,0 +1,133 @@
+"""What tracing costs per request (velox/spend/trace.py), sampled and unsampled.
+
+Groups:
+
+* trace-request: per request, on the recording thread: `Tracer.start` (the sampling decision
+  and ids) + `Tracer.record` of a settled request, against building the record alone
+  (`record-only`, what the pipeline pays anyway), three ways: unsampled (VELOX_OTEL_SAMPLE=0:
+  start and an early return), sampled with one attempt (two ReadableSpans built and queued),
+  sampled with three attempts (four spans). Interleaved round by round, timed with the
+  thread's CPU clock; `extra_info` has what each adds to `record-only`, in us per request.
+* trace-export: the batch processor's thread encoding those spans to OTLP protobuf (the
+  official encoder; the bytes are discarded instead of sent), per request of two spans. It
+  runs off the loop, but in the same process, so it is CPU the worker's process pays.
+
+Run: `.venv/bin/pytest --benchmark benches/bench_trace.py`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from velox.spend.trace import Attempt, RequestRecord, RequestTrace, Tracer
+
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+BATCH = 64
+
+
+class Encoding:
+    """An exporter that encodes like the OTLP/HTTP one and sends nothing."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        encode_spans(spans).SerializePartialToString()
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def _record(tracer: Tracer, attempts: int, parent: bytes | None,
+            rt: RequestTrace | None = None) -> RequestRecord:
+    rt = rt or tracer.start(parent)
+    t0 = time.perf_counter_ns()
+    tries = [Attempt(rt.new_span_id(), "openai", "openai", "api.openai.com", 443, "gpt-4o",
+                     t0 + 1000, t0 + 900_000, status=200 if n == attempts - 1 else 503,
+                     response_model="gpt-4o-2024-08-06", finish_reasons=("stop",),
+                     input_tokens=120, output_tokens=40) for n in range(attempts)]
+    return RequestRecord(rt, "chat", "POST", "/v1/chat/completions", "gpt-4o", 200, t0,
+                         t0 + 1_000_000, queued_ns=t0 + 5000, parsed_ns=t0 + 9000,
+                         limits_ns=t0 + 12_000, key="team-a", route="gpt-4o",
+                         response_model="gpt-4o-2024-08-06", finish_reasons=("stop",),
+                         input_tokens=120, output_tokens=40, cost_nanos=700_000,
+                         attempts=tries)
+
+
+VARIANTS = ("record-only", "unsampled", "sampled-1-attempt", "sampled-3-attempts")
+# record-only: the record with a trace made once, no Tracer.start and no Tracer.record.
+_FIXED = RequestTrace(1, 2, 0, False)
+ROUNDS = 200
+
+
+def _variant(variant: str) -> tuple[Tracer, int, bytes | None, bool]:
+    # No export during the rounds (one batch as big as the queue): the export thread's
+    # encoding is measured apart, and would otherwise take the GIL in the middle of these.
+    tracer = Tracer(exporter=Encoding(), sample=0.0 if variant == "unsampled" else 1.0,
+                    max_queue=1 << 20, max_export_batch=1 << 20,
+                    schedule_delay_ms=3_600_000)
+    attempts = 3 if variant.endswith("3-attempts") else 1
+    parent = None if variant in ("unsampled", "record-only") else TRACEPARENT
+    return tracer, attempts, parent, variant != "record-only"
+
+
+def test_trace_request_paired(benchmark: Any) -> None:
+    """The variants interleaved round by round, each timed with the thread's own CPU clock
+    (a busy machine moves them alike). `record-only` builds the record with a fixed trace,
+    neither starting nor recording one: what the pipeline pays anyway; the others' difference
+    to it is what tracing adds (Tracer.start included)."""
+    setups = {v: _variant(v) for v in VARIANTS}
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+
+    def one_round() -> None:
+        for variant, (tracer, attempts, parent, record) in setups.items():
+            t0 = time.thread_time_ns()
+            for _ in range(BATCH):
+                if record:
+                    tracer.record(_record(tracer, attempts, parent))
+                else:
+                    _record(tracer, attempts, parent, _FIXED)
+            samples[variant].append((time.thread_time_ns() - t0) / BATCH / 1000)
+
+    benchmark.group = "trace-request: start + record, per request"
+    benchmark.pedantic(one_round, rounds=ROUNDS, warmup_rounds=5)
+    base = statistics.median(samples["record-only"])
+    info: dict[str, float] = {"record_only_us": round(base, 2)}
+    for variant in VARIANTS[1:]:
+        info[f"{variant}_adds_us"] = round(statistics.median(samples[variant]) - base, 2)
+    benchmark.extra_info.update(info)
+    for tracer, *_ in setups.values():
+        tracer.processor.on_end = lambda span: None  # type: ignore[method-assign]
+        tracer.close(timeout_s=1)
+
+
+def test_trace_export_encoding(benchmark: Any) -> None:
+    """The export thread's OTLP encoding of one request's two spans (thread CPU clock)."""
+    tracer = Tracer(exporter=Encoding(), max_queue=1 << 16, schedule_delay_ms=3_600_000)
+    spans: list[Any] = []
+    tracer.processor.on_end = spans.append  # type: ignore[method-assign]
+    for _ in range(BATCH):
+        tracer.record(_record(tracer, 1, TRACEPARENT))
+    exporter = Encoding()
+    samples: list[float] = []
+
+    def run() -> None:
+        t0 = time.thread_time_ns()
+        exporter.export(spans)
+        samples.append((time.thread_time_ns() - t0) / BATCH / 1000)
+
+    benchmark.group = "trace-export: OTLP encoding, per request of 2 spans"
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=5)
+    benchmark.extra_info["cpu_us_per_request"] = round(statistics.median(samples), 2)
+    tracer.close(timeout_s=1)

@@ -1,0 +1,362 @@
+"""velox/spend/trace.py against a real OTLP/HTTP receiver: an HTTP server in the test decoding the
+protobuf (opentelemetry-proto) that the official exporter sends, fed synthetic records of
+settled requests. Also: traceparent parsing and propagation, sampling, content capture only
+when asked, and collectors that are dead or silent (spans dropped and counted, no call
+blocked, memory bounded).
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from velox.spend import trace
+from velox.spend.trace import (
+    Attempt,
+    RequestRecord,
+    Tracer,
+    format_traceparent,
+    is_sampled,
+    parse_traceparent,
+)
+
+CLIENT_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+CLIENT_SPAN = 0x00F067AA0BA902B7
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind)
+
+
+class Receiver:
+    """An OTLP/HTTP traces endpoint on 127.0.0.1 keeping every span it was sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.requests = 0
+        self.cond = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                encoding = self.headers.get("Content-Encoding", "")
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                assert self.path == "/v1/traces", self.path
+                assert self.headers["Content-Type"] == "application/x-protobuf"
+                outer.take(ExportTraceServiceRequest.FromString(body))
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def take(self, request: ExportTraceServiceRequest) -> None:
+        found = []
+        for rs in request.resource_spans:
+            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    found.append({
+                        "name": s.name, "kind": s.kind, "trace_id": s.trace_id.hex(),
+                        "span_id": s.span_id.hex(), "parent": s.parent_span_id.hex(),
+                        "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
+                        "attrs": {a.key: _value(a.value) for a in s.attributes},
+                        "events": [(e.name, e.time_unix_nano,
+                                    {a.key: _value(a.value) for a in e.attributes})
+                                   for e in s.events],
+                        "status": s.status.code, "resource": resource,
+                        "scope": ss.scope.name})
+        with self.cond:
+            self.requests += 1
+            self.spans.extend(found)
+            self.cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.spans) >= count, timeout):
+                raise AssertionError(f"the receiver got {len(self.spans)} spans, not {count}")
+            return list(self.spans)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def tracers() -> Iterator[list[Tracer]]:
+    made: list[Tracer] = []
+    yield made
+    for t in made:
+        t.close(timeout_s=5)
+
+
+def _tracer(tracers: list[Tracer], endpoint: str, **kw: Any) -> Tracer:
+    kw.setdefault("schedule_delay_ms", 20)
+    t = Tracer(endpoint, **kw)
+    tracers.append(t)
+    return t
+
+
+def _record(t: Tracer, traceparent: bytes | None = TRACEPARENT, attempts: int = 3,
+            **kw: Any) -> RequestRecord:
+    """A chat request tried `attempts` times: connect error, then 503s, then a 200."""
+    rt = t.start(traceparent)
+    t0 = time.perf_counter_ns()
+    tries = []
+    for n in range(attempts):
+        last = n == attempts - 1
+        status = 200 if last else (0 if n == 0 else 503)
+        tries.append(Attempt(
+            rt.new_span_id(), f"up{n}", "openai" if n % 2 == 0 else "anthropic",
+            f"upstream{n}.example", 443, f"model-{n}", t0 + 1_000_000 * (n + 1),
+            t0 + 1_000_000 * (n + 2), status=status, error="connect" if status == 0 else "",
+            response_model="gpt-4o-2024-08-06" if last else "",
+            finish_reasons=("stop",) if last else (), input_tokens=12 if last else None,
+            output_tokens=5 if last else None))
+    fields: dict[str, Any] = {
+        "operation": "chat", "method": "POST", "path": "/v1/chat/completions", "model": "gpt-4o",
+        "status": 200, "start_ns": t0, "end_ns": t0 + 1_000_000 * (attempts + 3),
+        "queued_ns": t0 + 10_000, "parsed_ns": t0 + 20_000, "limits_ns": t0 + 30_000,
+        "cache_ns": t0 + 40_000, "cache_hit": False, "key": "alice", "route": "gpt-4o",
+        "response_model": "gpt-4o-2024-08-06", "finish_reasons": ("stop",), "input_tokens": 12,
+        "output_tokens": 5, "cost_nanos": 80_000, "attempts": tries}
+    fields.update(kw)
+    return RequestRecord(rt, **fields)
+
+
+def test_one_server_span_and_a_client_span_per_attempt_with_genai_attributes(
+        receiver: Receiver, tracers: list[Tracer]) -> None:
+    t = _tracer(tracers, receiver.endpoint)
+    rec = _record(t)
+    before = time.time_ns()
+    assert t.record(rec) == 4
+    spans = receiver.wait_for(4)
+    server = next(s for s in spans if s["kind"] == 2)  # SPAN_KIND_SERVER
+    clients = sorted((s for s in spans if s["kind"] == 3), key=lambda s: s["start"])
+    assert len(clients) == 3
+    trace_hex = f"{CLIENT_TRACE:032x}"
+    assert server["name"] == "POST /v1/chat/completions"
+    assert server["trace_id"] == trace_hex and server["parent"] == f"{CLIENT_SPAN:016x}"
+    assert server["span_id"] == f"{rec.trace.span_id:016x}"
+    assert server["attrs"] == {
+        "http.request.method": "POST", "url.path": "/v1/chat/completions",
+        "http.response.status_code": 200, "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "gpt-4o", "velox.attempts": 3,
+        "gen_ai.provider.name": "openai", "gen_ai.system": "openai",
+        "gen_ai.response.model": "gpt-4o-2024-08-06",
+        "gen_ai.response.finish_reasons": ["stop"], "gen_ai.usage.input_tokens": 12,
+        "gen_ai.usage.output_tokens": 5, "velox.key": "alice", "velox.route": "gpt-4o",
+        "velox.cost_usd": 8e-05, "velox.cache.hit": False}
+    assert [e[0] for e in server["events"]] == ["velox.queued", "velox.parsed",
+                                                "velox.limits", "velox.cache"]
+    # Monotonic times became wall-clock times, in order and around now.
+    times = [server["start"], *(e[1] for e in server["events"]), server["end"]]
+    assert times == sorted(times)
+    assert before - 60 * 10**9 < server["start"] < time.time_ns()
+    assert server["resource"]["service.name"] == "velox" and server["scope"] == "velox"
+    for n, span in enumerate(clients):
+        attempt = rec.attempts[n]
+        assert span["trace_id"] == trace_hex and span["parent"] == server["span_id"]
+        assert span["span_id"] == f"{attempt.span_id:016x}"
+        assert span["name"] == f"chat model-{n}"
+        provider = "openai" if n % 2 == 0 else "anthropic"
+        assert span["attrs"]["gen_ai.provider.name"] == provider
+        assert span["attrs"]["gen_ai.system"] == provider
+        assert span["attrs"]["gen_ai.request.model"] == f"model-{n}"
+        assert span["attrs"]["server.address"] == f"upstream{n}.example"
+        assert span["attrs"]["server.port"] == 443
+    assert clients[0]["attrs"]["error.type"] == "connect" and clients[0]["status"] == 2
+    assert clients[1]["attrs"]["error.type"] == "503"
+    assert clients[1]["attrs"]["http.response.status_code"] == 503
+    assert "error.type" not in clients[2]["attrs"] and clients[2]["status"] == 0
+    assert clients[2]["attrs"]["gen_ai.usage.output_tokens"] == 5
+    assert clients[2]["attrs"]["gen_ai.response.finish_reasons"] == ["stop"]
+    deadline = time.monotonic() + 60  # the exporter counts once the receiver has answered
+    while t.stats()["exported"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.stats() == {"submitted": 4, "exported": 4, "failed": 0, "dropped": 0,
+                         "pending": 0}
+
+
+def test_traceparent_in_same_trace_out_to_the_upstream(
+        receiver: Receiver, tracers: list[Tracer]) -> None:
+    t = _tracer(tracers, receiver.endpoint)
+    rec = _record(t, attempts=1)
+    header = rec.trace.traceparent(rec.attempts[0].span_id)
+    assert header == format_traceparent(CLIENT_TRACE, rec.attempts[0].span_id, True)
+    sent = parse_traceparent(header)
+    assert sent is not None and sent.trace_id == CLIENT_TRACE and sent.sampled
+    t.record(rec)
+    client = next(s for s in receiver.wait_for(2) if s["kind"] == 3)
+    assert client["span_id"] == f"{sent.span_id:016x}"
+    # Without a traceparent the request starts its own trace, and sends it upstream.
+    own = t.start(None)
+    assert own.parent_span_id == 0 and own.trace_id != CLIENT_TRACE
+    assert parse_traceparent(own.traceparent(7)) == (own.trace_id, 7, own.sampled)
+
+
+def test_unsampled_requests_export_nothing(receiver: Receiver, tracers: list[Tracer]) -> None:
+    t = _tracer(tracers, receiver.endpoint, sample=0.0)
+    assert t.record(_record(t, traceparent=None)) == 0  # ratio 0: never sampled
+    unsampled_parent = TRACEPARENT[:-2] + b"00"
+    assert t.record(_record(t, traceparent=unsampled_parent)) == 0  # the client's decision
+    # A sampled parent is followed even at ratio 0; its spans are the only ones to arrive.
+    assert t.record(_record(t, attempts=1)) == 2
+    spans = receiver.wait_for(2)
+    t.close()
+    assert len(receiver.spans) == 2 and {s["trace_id"] for s in spans} == {f"{CLIENT_TRACE:032x}"}
+
+
+def test_the_sampling_ratio(tracers: list[Tracer]) -> None:
+    assert is_sampled(0x1234 << 64 | (1 << 62) - 1, 0.25)
+    assert not is_sampled((1 << 62), 0.25)
+    assert is_sampled((1 << 64) - 1, 1.0) and not is_sampled(0, 0.0)
+    t = _tracer(tracers, "http://127.0.0.1:9", sample=0.01)
+    sampled = sum(t.start(None).sampled for _ in range(20_000))
+    assert 100 <= sampled <= 320  # 200 expected; +-7 standard deviations
+
+
+def test_contents_only_when_a_setting_asks(receiver: Receiver, tracers: list[Tracer]) -> None:
+    secret_in, secret_out = '[{"role":"user","parts":[{"content":"my ssn"}]}]', '"reply"'
+    quiet = _tracer(tracers, receiver.endpoint)
+    quiet.record(_record(quiet, attempts=1, input_messages=secret_in,
+                         output_messages=secret_out))
+    server = next(s for s in receiver.wait_for(2) if s["kind"] == 2)
+    assert not any(k.startswith(("gen_ai.input", "gen_ai.output"))
+                   for k in server["attrs"])
+    loud = _tracer(tracers, receiver.endpoint, capture_content=True)
+    loud.record(_record(loud, attempts=1, input_messages=secret_in,
+                        output_messages=secret_out))
+    server = [s for s in receiver.wait_for(4) if s["kind"] == 2][-1]
+    assert server["attrs"]["gen_ai.input.messages"] == secret_in
+    assert server["attrs"]["gen_ai.output.messages"] == secret_out
+
+
+def _silent_collector() -> tuple[socket.socket, threading.Event, list[socket.socket],
+                                 threading.Thread]:
+    """A port that accepts connections and never answers (a hung collector). Stop it by
+    closing the listener, joining the thread, then closing what it held."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            held.append(conn)
+            accepted.set()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return sock, accepted, held, thread
+
+
+def _closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return int(port)
+
+
+def _in_thread(work: Callable[[], None], what: str, timeout: float = 120.0) -> None:
+    """Run `work` and fail (rather than hang the suite) if it never returns."""
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{what} blocked"
+
+
+@pytest.mark.parametrize("collector", ["dead", "silent"])
+def test_an_unreachable_collector_drops_counted_spans_and_blocks_nothing(
+        collector: str, tracers: list[Tracer]) -> None:
+    held: list[socket.socket] = []
+    if collector == "silent":
+        listener, accepted, held, acceptor = _silent_collector()
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    else:
+        endpoint = f"http://127.0.0.1:{_closed_port()}"
+    exporter = OTLPSpanExporter(endpoint=endpoint + trace.TRACES_PATH, timeout=3)
+    t = Tracer(exporter=exporter, max_queue=64, schedule_delay_ms=10)
+    if collector == "silent":
+        t.record(_record(t, attempts=1))
+        assert accepted.wait(60), "the exporter never reached the silent collector"
+    requests = 2000
+
+    def record_many() -> None:
+        for _ in range(requests):
+            t.record(_record(t, attempts=1))
+
+    _in_thread(record_many, "recording")
+    stats = t.stats()
+    sent = 2 * (requests + (collector == "silent"))
+    assert stats["submitted"] + stats["dropped"] == sent
+    assert stats["pending"] <= 64 and stats["dropped"] >= sent - 64 - 2 * 64
+    assert stats["exported"] == 0
+    _in_thread(lambda: t.close(timeout_s=2), "closing", timeout=60)
+    if collector == "silent":
+        listener.shutdown(socket.SHUT_RDWR)  # its accept() fails: the thread returns
+        acceptor.join(10)
+        assert not acceptor.is_alive()
+        listener.close()
+    for conn in held:
+        conn.close()
+
+
+def test_traceparent_parsing() -> None:
+    assert parse_traceparent(TRACEPARENT) == (CLIENT_TRACE, CLIENT_SPAN, True)
+    assert parse_traceparent(TRACEPARENT.decode().upper()) == (CLIENT_TRACE, CLIENT_SPAN, True)
+    assert parse_traceparent(TRACEPARENT[:-2] + b"00") == (CLIENT_TRACE, CLIENT_SPAN, False)
+    # A later version may add fields after a dash; it is read for the four it shares.
+    assert parse_traceparent(b"01" + TRACEPARENT[2:] + b"-what-ever") is not None
+    for bad in (b"", None, b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+                b"00-4bf92f3577b34da6a3ce929d0e0e4736-" + b"0" * 16 + b"-01",
+                b"ff" + TRACEPARENT[2:], TRACEPARENT + b"-extra", TRACEPARENT[:-1],
+                b"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", b"garbage"):
+        assert parse_traceparent(bad) is None, bad

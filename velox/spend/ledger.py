@@ -1,0 +1,582 @@
+"""The usage ledger: one row per settled request, in one SQLite file per host.
+
+A row (`COLUMNS`, a plain tuple: it is built on the hot path and shipped as JSON) holds the
+time, the gateway key and its team, the route, upstream, model and API (chat, messages,
+embeddings, ...), the status, the input / output / cached / cache-write / reasoning tokens,
+the cost in nano-USD (None: the model has no price, velox.spend.prices), the latency in
+microseconds and the request id.
+
+Who writes: the supervisor, one `LedgerWriter` thread per host, fed by the workers over their
+control channels (velox.admin.ledgerfeed builds the frames in a worker; control.py hands them to
+`LedgerWriter.submit`). Why not a writer thread in each worker:
+
+* One writer per file. SQLite (WAL or not) lets one connection write at a time; N workers
+  writing one file would queue on its write lock and sleep in its busy handler, and each
+  would run the checkpoints and the retention purge, or need an election to decide who does.
+  One writer also makes "one file per host" true by construction.
+* The workers' CPU is what serves requests. A worker only appends a tuple (~0.1 us) and,
+  every `feed.FLUSH_S`, encodes its rows in one orjson call and writes one frame to the
+  socket it already has (never blocking: a full socket drops rows, counted). The inserts,
+  index updates, checkpoints, purges and the Redis mirror cost the supervisor's thread.
+* SIGKILL. A worker killed loses only the rows it had not yet flushed (at most one
+  `feed.FLUSH_S` of its requests); frames already written are in the socket and the
+  supervisor still reads them. The supervisor killed loses the rows queued in its writer
+  (at most `INTERVAL_S` plus what the sockets held). Neither corrupts the file: every batch is
+  one transaction in WAL mode, which a killed process leaves either committed or absent
+  (synchronous=NORMAL: committed batches survive any process crash; an OS crash or power loss
+  may lose the last ones, never the file). The same holds for a writer killed mid-purge.
+
+Memory is bounded everywhere: the writer's queue holds at most `QUEUE_MAX` rows (more are
+dropped and counted, `stats()["dropped"]`), a batch is at most `BATCH_ROWS` rows, and the
+retention purge deletes at most `purge_rows` rows per transaction, adapting that number so one
+batch takes about `PURGE_BUDGET_S` (a purge of millions of rows is thousands of short
+transactions with inserts between them: it never stalls the writer, nor grows its memory).
+
+Storage: repeated names (keys, teams, routes, upstreams, models, APIs) are stored once in
+`names` and referenced by id, which keeps rows small (`benches/bench_ledger.py` measures the
+file size per million rows); the `ledger` view joins them back for people and exports.
+`spend_daily` keeps the spend per UTC day, key and team, updated in the same transaction as
+the rows, and kept after the rows are purged (days older than `DAILY_KEEP_DAYS` are folded
+into one "earlier" row per key and team): budgets resume from it after a restart (`spent`).
+
+With VELOX_REDIS_URL the writer also ships the rows to a Redis Stream (`STREAM`, capped with
+XADD MAXLEN ~), so one reader sees every host: after each batch it sends the rows past a cursor
+kept in the file (at-least-once: a crash between XADD and the cursor's update re-sends up to one
+batch; `host` and `row` identify an entry). Redis down: rows stay in the file and are sent
+when it is back (if still retained); the writer retries with a backoff and never waits on
+Redis for longer than its socket timeout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("velox.ledger")
+
+COLUMNS = ("ts_ms", "key", "team", "route", "upstream", "model", "api", "status",
+           "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens",
+           "reasoning_tokens", "cost_nanos", "latency_us", "request_id")
+NAMED = ("key", "team", "route", "upstream", "model", "api")  # stored as ids into `names`
+_NAMED_AT = tuple(COLUMNS.index(c) for c in NAMED)
+_KEY_AT, _TEAM_AT = COLUMNS.index("key"), COLUMNS.index("team")
+_IN_AT, _OUT_AT = COLUMNS.index("input_tokens"), COLUMNS.index("output_tokens")
+_COST_AT = COLUMNS.index("cost_nanos")
+Row = Sequence[Any]  # a tuple in COLUMNS order (a list once it has crossed a socket)
+
+FILE_NAME = "ledger.sqlite3"
+STREAM = "velox:ledger"
+# A batch is one transaction: 4,096 rows take ~10 ms to insert on this machine
+# (benches/bench_ledger.py), short enough that a reader never waits long for the WAL.
+BATCH_ROWS = 4096
+# The writer wakes at least this often; a row waits at most this long before it is committed
+# (the supervisor's share of what a SIGKILL can lose).
+INTERVAL_S = 0.25
+# 262,144 queued rows (~60 MB of tuples) is over ten seconds of the gateway's top rate: a
+# writer that far behind is stuck, and dropping (counted) beats growing without bound.
+QUEUE_MAX = 262_144
+# Retention: a purge batch aims at this much time; its row count halves when a batch took
+# longer and doubles (up to PURGE_ROWS_MAX) when it took under a quarter of it.
+PURGE_BUDGET_S = 0.02
+PURGE_ROWS_START = 2000
+PURGE_ROWS_MAX = 50_000
+PURGE_EVERY_S = 60.0
+# spend_daily rows older than this are folded into one row per key and team ("earlier"), so
+# "total" budgets keep their sum while the table stays small (keys x teams x 400 rows).
+DAILY_KEEP_DAYS = 400
+EARLIER = "0000-00-00"
+# Redis mirror: rows sent per writer pass, and the backoff after a failure (doubling).
+SHIP_ROWS = 4 * BATCH_ROWS
+REDIS_TIMEOUT_S = 1.0
+REDIS_BACKOFF_S = (1.0, 60.0)
+DEFAULT_STREAM_MAXLEN = 1_000_000
+_TELL_SKIPPED = 10
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS requests (
+    id INTEGER PRIMARY KEY,
+    ts_ms INTEGER NOT NULL,
+    key_id INTEGER NOT NULL, team_id INTEGER NOT NULL, route_id INTEGER NOT NULL,
+    upstream_id INTEGER NOT NULL, model_id INTEGER NOT NULL, api_id INTEGER NOT NULL,
+    status INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL, cache_write_tokens INTEGER NOT NULL,
+    reasoning_tokens INTEGER NOT NULL,
+    cost_nanos INTEGER,
+    latency_us INTEGER NOT NULL,
+    request_id TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts_ms);
+CREATE TABLE IF NOT EXISTS spend_daily (
+    day TEXT NOT NULL, key_id INTEGER NOT NULL, team_id INTEGER NOT NULL,
+    requests INTEGER NOT NULL, unpriced INTEGER NOT NULL, cost_nanos INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    PRIMARY KEY (day, key_id, team_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE VIEW IF NOT EXISTS ledger AS
+    SELECT r.id, r.ts_ms, k.name AS key, t.name AS team, ro.name AS route,
+           u.name AS upstream, m.name AS model, a.name AS api, r.status,
+           r.input_tokens, r.output_tokens, r.cached_tokens, r.cache_write_tokens,
+           r.reasoning_tokens, r.cost_nanos, r.latency_us, r.request_id
+    FROM requests r JOIN names k ON k.id = r.key_id JOIN names t ON t.id = r.team_id
+    JOIN names ro ON ro.id = r.route_id JOIN names u ON u.id = r.upstream_id
+    JOIN names m ON m.id = r.model_id JOIN names a ON a.id = r.api_id;
+"""
+_INSERT = ("INSERT INTO requests (ts_ms, key_id, team_id, route_id, upstream_id, model_id, "
+           "api_id, status, input_tokens, output_tokens, cached_tokens, cache_write_tokens, "
+           "reasoning_tokens, cost_nanos, latency_us, request_id) "
+           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+_SUM_DAILY = (
+    " ON CONFLICT (day, key_id, team_id) DO UPDATE SET requests = requests + "
+    "excluded.requests, unpriced = unpriced + excluded.unpriced, cost_nanos = cost_nanos + "
+    "excluded.cost_nanos, input_tokens = input_tokens + excluded.input_tokens, "
+    "output_tokens = output_tokens + excluded.output_tokens")
+_ADD_DAILY = "INSERT INTO spend_daily VALUES (?,?,?,?,?,?,?,?)" + _SUM_DAILY
+
+
+def make_row(*, ts_ms: int, key: str = "", team: str = "", route: str = "",
+             upstream: str = "", model: str = "", api: str = "chat", status: int = 200,
+             input_tokens: int = 0, output_tokens: int = 0, cached_tokens: int = 0,
+             cache_write_tokens: int = 0, reasoning_tokens: int = 0,
+             cost_nanos: int | None = None, latency_us: int = 0,
+             request_id: str = "") -> tuple[Any, ...]:
+    """A row in COLUMNS order, by name (the hot path may build the tuple directly)."""
+    return (ts_ms, key, team, route, upstream, model, api, status, input_tokens,
+            output_tokens, cached_tokens, cache_write_tokens, reasoning_tokens, cost_nanos,
+            latency_us, request_id)
+
+
+def ledger_path(state_dir: str | Path) -> Path:
+    return Path(state_dir) / FILE_NAME
+
+
+def utc_day(ts_ms: int) -> str:
+    return dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC).strftime("%Y-%m-%d")
+
+
+def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
+    """A connection in WAL mode (the writer's), or a read-only one (reports, /spend)."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=5.0,
+                               check_same_thread=False)
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    # The WAL is truncated back to 64 MiB after a checkpoint, not left at its peak size.
+    conn.execute("PRAGMA journal_size_limit = 67108864")
+    conn.executescript(_SCHEMA)
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', '1')")
+    return conn
+
+
+class Store:
+    """The ledger file through one connection: writes (the writer thread's) and queries."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.skipped = 0
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._load_names()
+
+    def _load_names(self) -> None:
+        self._ids = {n: i for i, n in self.conn.execute("SELECT id, name FROM names")}
+        self._names = {i: n for n, i in self._ids.items()}
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def _id(self, name: object) -> int:
+        text = "" if name is None else str(name)
+        found = self._ids.get(text)
+        if found is None:
+            found = self.conn.execute("INSERT INTO names (name) VALUES (?) ON CONFLICT (name) "
+                                      "DO UPDATE SET name = name RETURNING id",
+                                      (text,)).fetchone()[0]
+            self._ids[text] = found
+            self._names[found] = text
+        return found
+
+    def _encoded(self, row: Row) -> tuple[Any, ...]:
+        values = list(row)
+        for at in _NAMED_AT:
+            values[at] = self._id(values[at])
+        return tuple(values)
+
+    def append(self, rows: Sequence[Row], extra: Callable[[], None] | None = None) -> int:
+        """Insert `rows` and their daily totals in one transaction (plus `extra`, run inside
+        it); return how many were written. A row that does not fit the schema is skipped
+        and logged, never allowed to fail its whole batch."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            good = [r for r in (self._checked(row) for row in rows) if r is not None]
+            conn.executemany(_INSERT, good)
+            conn.executemany(_ADD_DAILY, _daily(good))
+            if extra is not None:
+                extra()
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            self._load_names()  # names inserted by the batch are gone with it
+            raise
+        return len(good)
+
+    def _checked(self, row: Row) -> tuple[Any, ...] | None:
+        try:
+            if len(row) != len(COLUMNS):
+                raise ValueError(f"{len(row)} fields, not {len(COLUMNS)}")
+            encoded = self._encoded(row)
+            for at, value in enumerate(encoded):
+                if at == len(COLUMNS) - 1:
+                    if not isinstance(value, str):
+                        raise ValueError("request_id must be a string")
+                elif not (isinstance(value, int) or (value is None and at == _COST_AT)):
+                    raise ValueError(f"{COLUMNS[at]} must be an integer")
+        except (TypeError, ValueError) as exc:
+            self.skipped += 1
+            if self.skipped <= _TELL_SKIPPED:  # a buggy producer must not flood the log
+                log.warning("ledger: a row was skipped (%s)%s", exc,
+                            "; further ones are only counted" if self.skipped == _TELL_SKIPPED
+                            else "")
+            return None
+        return encoded
+
+    def purge(self, before_ms: int, limit: int) -> int:
+        """Delete at most `limit` rows older than `before_ms` (one transaction)."""
+        cur = self.conn.execute("DELETE FROM requests WHERE id IN (SELECT id FROM requests "
+                                "WHERE ts_ms < ? ORDER BY ts_ms LIMIT ?)", (before_ms, limit))
+        return cur.rowcount
+
+    def fold_daily(self, before_day: str) -> None:
+        """Fold spend_daily rows before `before_day` into the "earlier" row of their key and
+        team (one transaction)."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "INSERT INTO spend_daily SELECT ?, key_id, team_id, SUM(requests), "
+                "SUM(unpriced), SUM(cost_nanos), SUM(input_tokens), SUM(output_tokens) FROM "
+                "spend_daily WHERE day < ? AND day != ? GROUP BY key_id, team_id" + _SUM_DAILY,
+                (EARLIER, before_day, EARLIER))
+            conn.execute("DELETE FROM spend_daily WHERE day < ? AND day != ?",
+                         (before_day, EARLIER))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def get_meta(self, name: str, default: str = "") -> str:
+        found = self.conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return default if found is None else str(found[0])
+
+    def set_meta(self, name: str, value: str) -> None:
+        self.conn.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+                          "value = excluded.value", (name, value))
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def name(self, name_id: int) -> str:
+        found = self._names.get(name_id)
+        if found is None:  # written by another connection since this one loaded the names
+            self._names.update((i, n) for i, n in self.conn.execute(
+                "SELECT id, name FROM names WHERE id >= ?", (name_id,)))
+            found = self._names.get(name_id, "")
+        return found
+
+    def rows_after(self, row_id: int, limit: int) -> list[tuple[Any, ...]]:
+        """(id, *row) for rows with id > `row_id`, names decoded (for the Redis mirror)."""
+        out = []
+        for raw in self.conn.execute("SELECT * FROM requests WHERE id > ? ORDER BY id LIMIT ?",
+                                     (row_id, limit)):
+            values = list(raw)
+            for at in _NAMED_AT:
+                values[at + 1] = self.name(values[at + 1])
+            out.append(tuple(values))
+        return out
+
+    def spent(self, by: str = "key", since_day: str = EARLIER) -> dict[str, Spent]:
+        """The durable totals per key (or team) from `since_day` on (UTC, inclusive; the
+        default covers everything ever written): what a budget resumes from."""
+        column = {"key": "key_id", "team": "team_id"}[by]
+        out = {}
+        for name_id, requests, unpriced, cost in self.conn.execute(
+                f"SELECT {column}, SUM(requests), SUM(unpriced), SUM(cost_nanos) FROM "
+                f"spend_daily WHERE day >= ? GROUP BY {column}", (since_day,)):
+            out[self.name(name_id)] = Spent(requests, unpriced, cost)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    requests: int
+    unpriced: int  # requests whose model had no price (cost unknown, not in cost_nanos)
+    cost_nanos: int
+
+
+def _daily(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The batch's spend per (UTC day, key, team), for the upsert into spend_daily."""
+    sums: dict[tuple[str, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    day_of: dict[int, str] = {}
+    for row in rows:
+        ts_day = row[0] // 86_400_000
+        day = day_of.get(ts_day)
+        if day is None:
+            day = day_of[ts_day] = utc_day(row[0])
+        acc = sums[day, row[_KEY_AT], row[_TEAM_AT]]
+        acc[0] += 1
+        cost = row[_COST_AT]
+        if cost is None:
+            acc[1] += 1
+        else:
+            acc[2] += cost
+        acc[3] += row[_IN_AT]
+        acc[4] += row[_OUT_AT]
+    return [(*k, *v) for k, v in sums.items()]
+
+
+def period_start(period: str, now_ms: int) -> str:
+    """The first UTC day of the budget period containing `now_ms`: `day`, `week` (ISO,
+    Monday), `month`, or `total` (everything: EARLIER)."""
+    today = dt.datetime.fromtimestamp(now_ms / 1000, dt.UTC).date()
+    if period == "day":
+        start = today
+    elif period == "week":
+        start = today - dt.timedelta(days=today.weekday())
+    elif period == "month":
+        start = today.replace(day=1)
+    elif period == "total":
+        return EARLIER
+    else:
+        raise ValueError(f"unknown budget period {period!r}: day, week, month or total")
+    return start.isoformat()
+
+
+class LedgerWriter:
+    """The writer thread: a bounded queue drained in batches, one transaction per batch,
+    retention purged in small time-bounded batches, rows mirrored to Redis when asked."""
+
+    def __init__(self, path: str | Path, retention_days: int = 90, *, redis_url: str = "",
+                 stream: str = STREAM, stream_maxlen: int = DEFAULT_STREAM_MAXLEN,
+                 host: str = "", interval_s: float = INTERVAL_S, batch_rows: int = BATCH_ROWS,
+                 queue_max: int = QUEUE_MAX, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.retention_ms = retention_days * 86_400_000
+        self.interval_s = interval_s
+        self.batch_rows = batch_rows
+        self.queue_max = queue_max
+        self.clock = clock
+        self.host = host or socket.gethostname()
+        self.mirror = (StreamMirror(redis_url, stream, stream_maxlen, self.host)
+                       if redis_url else None)
+        self.store: Store | None = None
+        self._queue: list[Row] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.purge_rows = PURGE_ROWS_START
+        self._next_purge = 0.0
+        self.counts = {"written": 0, "dropped": 0, "skipped": 0, "failed": 0, "batches": 0,
+                       "purged": 0, "purge_batches": 0, "purge_max_s": 0.0}
+
+    def open(self) -> None:
+        """Create the directory, the file and its schema now, so a bad VELOX_STATE_DIR
+        fails start-up rather than a thread later."""
+        self.store = Store(connect(self.path))
+
+    def start(self) -> None:
+        if self.store is None:
+            self.open()
+        self._thread = threading.Thread(target=self._run, name="velox-ledger", daemon=True)
+        self._thread.start()
+
+    def submit(self, rows: Sequence[Row]) -> int:
+        """Queue rows for the next batch (any thread); return how many were accepted. Past
+        `queue_max` queued rows the rest are dropped and counted."""
+        with self._lock:
+            room = self.queue_max - len(self._queue)
+            taken = rows if len(rows) <= room else rows[:max(room, 0)]
+            self._queue.extend(taken)
+            self.counts["dropped"] += len(rows) - len(taken)
+            ready = len(self._queue) >= self.batch_rows
+        if ready:
+            self._wake.set()
+        return len(taken)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued and stop (the supervisor calls this after its workers)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.store is not None and (self._thread is None or not self._thread.is_alive()):
+            self.store.conn.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            queued = len(self._queue)
+        out: dict[str, Any] = {**self.counts, "queued": queued, "path": str(self.path)}
+        if self.mirror is not None:
+            out["redis"] = self.mirror.stats()
+        return out
+
+    # --- the thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self._guarded(self._drain)
+            self._guarded(self._housekeep)
+        self._guarded(self._drain)
+        if self.mirror is not None:
+            self._guarded(self._ship)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:
+            log.exception("ledger writer: %s failed", step.__name__.strip("_"))
+
+    def _drain(self) -> None:
+        with self._lock:
+            rows, self._queue = self._queue, []
+        store = self.store
+        assert store is not None
+        for start in range(0, len(rows), self.batch_rows):
+            batch = rows[start:start + self.batch_rows]
+            try:
+                written = store.append(batch)
+            except sqlite3.Error:
+                self.counts["failed"] += len(batch)
+                raise
+            self.counts["written"] += written
+            self.counts["skipped"] += len(batch) - written
+            self.counts["batches"] += 1
+            if self.mirror is not None:
+                self._ship()
+
+    def _housekeep(self) -> None:
+        now = self.clock()
+        if now >= self._next_purge:
+            more = self.purge_step(now)
+            self._next_purge = now if more else now + PURGE_EVERY_S
+        if self.mirror is not None:
+            self._ship()
+
+    def purge_step(self, now: float) -> bool:
+        """One purge batch (and the daily fold once a run is over); True while more rows are
+        due, so the next pass comes back after the queued rows are written."""
+        store = self.store
+        assert store is not None
+        before = int(now * 1000) - self.retention_ms
+        started = time.perf_counter()
+        store.conn.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = store.purge(before, self.purge_rows)
+            store.conn.execute("COMMIT")
+        except BaseException:
+            store.conn.execute("ROLLBACK")
+            raise
+        took = time.perf_counter() - started
+        self.counts["purged"] += deleted
+        self.counts["purge_batches"] += deleted > 0
+        self.counts["purge_max_s"] = max(self.counts["purge_max_s"], took)
+        if took > PURGE_BUDGET_S:
+            self.purge_rows = max(self.purge_rows // 2, 100)
+        elif took < PURGE_BUDGET_S / 4:
+            self.purge_rows = min(self.purge_rows * 2, PURGE_ROWS_MAX)
+        if deleted == 0:
+            keep_from = utc_day(int(now * 1000) - DAILY_KEEP_DAYS * 86_400_000)
+            store.fold_daily(keep_from)
+            return False
+        return True
+
+    def _ship(self) -> None:
+        mirror, store = self.mirror, self.store
+        assert mirror is not None and store is not None
+        mirror.ship(store, self.clock())
+
+
+class StreamMirror:
+    """Rows past a cursor (kept in the ledger's meta table) to a capped Redis Stream."""
+
+    def __init__(self, url: str, stream: str, maxlen: int, host: str) -> None:
+        self.url = url
+        self.stream = stream
+        self.maxlen = maxlen
+        self.host = host
+        self.client: Any = None
+        self.sent = 0
+        self.errors = 0
+        self.retry_at = 0.0
+        self.backoff = REDIS_BACKOFF_S[0]
+        self.down_since: float | None = None
+
+    def stats(self) -> dict[str, Any]:
+        return {"sent": self.sent, "errors": self.errors, "up": self.down_since is None}
+
+    def ship(self, store: Store, now: float) -> None:
+        if now < self.retry_at:
+            return
+        cursor_name = f"stream_cursor:{self.stream}"
+        cursor = int(store.get_meta(cursor_name, "0"))
+        rows = store.rows_after(cursor, SHIP_ROWS)
+        if not rows:
+            return
+        try:
+            self._send(rows)
+        except Exception as exc:
+            self._failed(now, exc)
+            return
+        store.set_meta(cursor_name, str(rows[-1][0]))
+        self.sent += len(rows)
+        if self.down_since is not None:
+            log.info("ledger: Redis Stream %s reachable again; rows are being sent",
+                     self.stream)
+        self.down_since, self.backoff = None, REDIS_BACKOFF_S[0]
+
+    def _send(self, rows: list[tuple[Any, ...]]) -> None:
+        if self.client is None:
+            import redis
+
+            self.client = redis.Redis.from_url(self.url, socket_timeout=REDIS_TIMEOUT_S,
+                                               socket_connect_timeout=REDIS_TIMEOUT_S)
+        pipe = self.client.pipeline(transaction=False)
+        for row in rows:
+            fields = {"host": self.host, "row": row[0]}
+            fields.update((c, v) for c, v in zip(COLUMNS, row[1:], strict=True)
+                          if v is not None)
+            pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+        pipe.execute()
+
+    def _failed(self, now: float, exc: Exception) -> None:
+        self.errors += 1
+        if self.down_since is None:
+            self.down_since = now
+            log.warning("ledger: cannot send rows to the Redis Stream %s (%s); they stay in "
+                        "the ledger file and are sent when Redis answers again", self.stream,
+                        type(exc).__name__)
+        self.retry_at = now + self.backoff
+        self.backoff = min(self.backoff * 2, REDIS_BACKOFF_S[1])
+        self.client = None  # a fresh connection next time
+
+
+def state_file(state_dir: str) -> Path | None:
+    """The ledger file for VELOX_STATE_DIR, or None when the ledger is off."""
+    if not state_dir or state_dir == "off":
+        return None
+    return ledger_path(os.path.expanduser(state_dir))
