@@ -31,11 +31,11 @@ import httpx
 import psutil
 import pytest
 
-from velox_lab.closedloop import ClosedLoop, chat_request
 from velox.admin.sampler import Sampler
 from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.fields import H
 from velox.state.stats import SharedStats
+from velox_lab.closedloop import ClosedLoop, chat_request
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
 
