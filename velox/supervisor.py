@@ -78,7 +78,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING
 
 from velox.admission.ratelimit import Limiter
@@ -87,6 +86,7 @@ from velox.cache.store import enabled as cache_enabled
 from velox.config.settings import Settings, relayed_keys, unprotected
 from velox.core.fields import F
 from velox.state.stats import SharedStats
+from velox.system.fork import fork_child
 from velox.system.ports import listeners
 from velox.system.topology import oversubscribed, pin, plan
 
@@ -502,32 +502,26 @@ class Supervisor:
         self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
         self.silent.discard(slot)
         control = self.admin.hub.pair() if self.admin is not None else None
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                signal.set_wakeup_fd(-1)
-                os.close(self._wake[0])
-                os.close(self._wake[1])
-                if self.admin is not None and control is not None:
-                    self.admin.close_in_child()
-                    control[0].close()
-                for other in self.listeners:  # the other slots' sockets are not this one's
-                    if other is not sock:
-                        other.close()
-                keep = {0, 1, 2, sock.fileno()}
-                close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                code = run_worker(settings, slot, sock, shared, self.limiter,
-                                  self.placement[slot % len(self.placement)],
-                                  control[1] if control else None, defer)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                logging.shutdown()
-                os._exit(code)
+
+        def prepare() -> None:  # in the child: keep only what the worker needs
+            signal.set_wakeup_fd(-1)
+            os.close(self._wake[0])
+            os.close(self._wake[1])
+            if self.admin is not None and control is not None:
+                self.admin.close_in_child()
+                control[0].close()
+            for other in self.listeners:  # the other slots' sockets are not this one's
+                if other is not sock:
+                    other.close()
+            keep = {0, 1, 2, sock.fileno()}
+            close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
+
+        def body() -> int:
+            return run_worker(settings, slot, sock, shared, self.limiter,
+                              self.placement[slot % len(self.placement)],
+                              control[1] if control else None, defer)
+
+        pid = fork_child(prepare, body)
         self.children[pid] = slot
         self.shared_of[pid] = shared
         if self.admin is not None and control is not None:
