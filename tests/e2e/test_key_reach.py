@@ -163,9 +163,9 @@ def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
         refused = ask(CHEAP_KEY)
         assert refused.status_code == 429, (refused.status_code, refused.headers)
         assert refused.json()["error"]["type"] == "rate_limit_error"
-    with pytest.raises(openai.RateLimitError):
-        openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
-                      max_retries=0).chat.completions.create(**body)
+    with openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
+                       max_retries=0) as sdk, pytest.raises(openai.RateLimitError):
+        sdk.chat.completions.create(**body)
     assert [r["model"] for r in mock.requests() if r["method"] == "POST"] == ["cheap"]
     # A key that may use every route still falls back.
     served = ask(ANY_KEY)
