@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: all install build test test-native test-py typecheck demo bench bench-deps bench-litellm bench-e2e \
+.PHONY: all install build test test-native test-py typecheck lint demo bench bench-deps bench-litellm bench-e2e \
 	bench-routing bench-cache bench-batching bench-soak bench-report redis-server chromium bench-cluster \
 	bench-native clean
 
@@ -41,6 +41,13 @@ test-py: build
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# ruff over every Python file ([tool.ruff] in pyproject.toml), then the import contract
+# ([tool.importlinter]): the layers of velox/, no cycles, and the lab (velox_lab/) kept out of
+# the product.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/lint-imports
+
 # The several-hosts mode (VELOX_REDIS_URL) is tested and demonstrated against a real Redis:
 # Debian's redis-server, installed when missing (the tests start their own on a free port).
 redis-server:
@@ -55,7 +62,7 @@ chromium:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
 
-test: build typecheck test-native redis-server chromium test-py
+test: build typecheck lint test-native redis-server chromium test-py
 
 demo: build
 	$(PY) -m velox demo

@@ -1,6 +1,6 @@
 """What seeing inside costs: the access log per request, and a running profile's throughput cost.
 
-* `test_access_log_cost`: one worker's whole path without sockets (benches/_pipeline.py), 64
+* `test_access_log_cost`: one worker's whole path without sockets (velox_lab/pipeline.py), 64
   requests per round, CPU time per request with the access log off, with only its hot-path
   enqueue, and on. "On" also formats and writes the round's lines (to /dev/null) on the same
   thread, so it includes the logging thread's work, not only the enqueue.
@@ -27,11 +27,11 @@ import httpx
 import orjson
 import psutil
 
-from benches._closedloop import ClosedLoop, chat_request
-from benches._pipeline import Pipeline
 from velox.admin.accesslog import AccessLog
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.closedloop import ClosedLoop, chat_request
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
+from velox_lab.pipeline import Pipeline
 
 CLIENTS = 64
 
@@ -57,7 +57,7 @@ def _round(access_log: str) -> Callable[[], None]:
     return round_
 
 
-def test_access_log_cost(benchmark) -> None:  # noqa: ANN001
+def test_access_log_cost(benchmark) -> None:
     """CPU time (process_time: every thread, immune to other processes' load) per request."""
     variants = ("off", "enqueue", "on")
     rounds = {v: _round(v) for v in variants}
@@ -136,7 +136,7 @@ def _run(gw: GatewayProcess, request: bytes, seconds: float,
     return (done - done_before) / (t1 - t0), cpu / max(1, load.completed) * 1e6
 
 
-def test_profile_throughput_cost(benchmark) -> None:  # noqa: ANN001
+def test_profile_throughput_cost(benchmark) -> None:
     body = orjson.dumps({"model": "gpt-4o-mini",
                          "messages": [{"role": "user", "content": "hello"}]})
     request = chat_request(body)

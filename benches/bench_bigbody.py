@@ -31,9 +31,9 @@ import time
 
 import orjson
 
-from benches._closedloop import ClosedLoop
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.closedloop import ClosedLoop
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 # 16 MiB of message text, the largest body VELOX_MAX_BODY_BYTES accepts by default.
 _TEXT = "All work and no play makes a long prompt. " * (16 * 1024 * 1024 // 43 - 4)
@@ -117,7 +117,7 @@ def _run(gw: GatewayProcess, path: str | None, status: int) -> dict[str, float]:
             "uploads": uploader.uploads if uploader else 0}
 
 
-def test_large_uploads_do_not_stall_the_loop(benchmark) -> None:  # noqa: ANN001
+def test_large_uploads_do_not_stall_the_loop(benchmark) -> None:
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     with MockUpstream(tls=True, certdir=tempfile.mkdtemp()) as mock:
         base = {"VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",

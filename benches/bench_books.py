@@ -7,7 +7,7 @@ Groups:
   line's dict through orjson with the Python attribute walk), the usage of an answer
   (`usage_scan` against the regular expression), the token estimate (`estimate_scan` against
   input_tokens + output_limit), and Counters.add with an IntEnum field against a plain int.
-* books-pipeline: one worker's whole request path without sockets (benches/_pipeline.py, 64
+* books-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, the OpenAI SDK's request), four ways: no access log and no token accounting, the
   access log alone (formatted and written to /dev/null at the end of each round, on the
   worker's thread, so its cost is in the thread's clock), token accounting alone
@@ -30,11 +30,12 @@ from typing import Any
 import orjson
 import pytest
 
-from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import access_line, estimate_scan, usage_scan
 from velox.admin.accesslog import AccessLog
-from velox.stats import F, SharedStats
-from velox.usage import input_tokens, output_limit
+from velox.core.fields import F
+from velox.relay.usage import input_tokens, output_limit
+from velox.state.stats import SharedStats
+from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 BATCH = 64
 ROUNDS = 300

@@ -19,9 +19,9 @@ import time
 
 import orjson
 
-from benches._closedloop import chat_request
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.closedloop import chat_request
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 ROUNDS = 40
 BACKGROUND = 32
@@ -62,7 +62,7 @@ def _cancel_once(gw: GatewayProcess, mock: MockUpstream, tag: str) -> float:
     raise AssertionError("the upstream never saw the cancel")
 
 
-def test_client_disconnect_cancel_latency(benchmark) -> None:  # noqa: ANN001
+def test_client_disconnect_cancel_latency(benchmark) -> None:
     results: dict[str, list[float]] = {"idle": [], "busy": []}
     with MockUpstream(tls=True, certdir=tempfile.mkdtemp()) as mock:
         env = {"VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",

@@ -21,8 +21,9 @@ import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 
-from velox.egress.codec import DATA, Codec, make_codec
+from velox.egress.codec import DATA, Codec
 from velox.egress.framer import Framer
+from velox_lab.codecs import make_codec
 
 IN_FLIGHT = 64
 AUTHORITY = b"api.openai.com"

@@ -31,12 +31,13 @@ import httpx
 import psutil
 import pytest
 
-from benches._closedloop import ClosedLoop, chat_request
 from velox.admin.sampler import Sampler
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
-from velox.stats import H, SharedStats
-from velox.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.core.fields import H
+from velox.state.stats import SharedStats
+from velox_lab.closedloop import ClosedLoop, chat_request
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 POLLS = 300
 TOKEN = "bench-console-token-0123456789"

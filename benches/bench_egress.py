@@ -1,4 +1,4 @@
-"""The egress client head to head: Velox's upstream pool, per codec, vs httpx.AsyncClient(http2=True).
+"""The egress client head to head: Velox's upstream pool, per codec, vs httpx's HTTP/2 client.
 
 Every contender sends the same POST /v1/chat/completions (about 400 bytes) to the bundled mock
 upstream over TLS, keeping 64 requests in flight, inside a uvloop event loop, and reads each
@@ -11,11 +11,11 @@ whole response. One timed call sends `REQUESTS` requests; the figures per reques
 * `mock_cpu_us_per_request`: the mock's share, for scale.
 
 Contenders: `httpx` (a Task per request and httpx's pool, the generic way), then
-`velox.egress.upstream.Upstream` built from `velox.config.load(...)` with VELOX_EGRESS = h2, jh2,
-framer (HTTP/2, the default pool of 2 connections) and http1 (HTTP/1.1 keep-alive over TLS).
-The upstream is driven the way the worker drives it, through minimal stand-ins for the relay's
-exchanges (egress `Client`s). Each pool benchmark records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx`
-(> 1: the pool is cheaper).
+`velox.egress.upstream.Upstream` built from `velox.config.settings.load(...)` over HTTP/2 (the
+default pool of 2 connections) with the codecs h2, jh2 and framer (velox_lab.codecs), and with
+VELOX_EGRESS=http1 (HTTP/1.1 keep-alive over TLS). The upstream is driven the way the worker drives
+it, through minimal stand-ins for the relay's exchanges (egress `Client`s). Each pool benchmark
+records `ratio_vs_httpx` (wall) and `cpu_ratio_vs_httpx` (> 1: the pool is cheaper).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_egress.py` (the whole file, httpx runs first).
 """
@@ -23,6 +23,7 @@ Run: `.venv/bin/pytest --benchmark benches/bench_egress.py` (the whole file, htt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 import time
@@ -33,10 +34,11 @@ import pytest
 import uvloop
 
 from benches.e2e.machine import tree_cpu
-from velox.config import load
+from velox.config.settings import load
 from velox.egress.interfaces import AttemptHandle
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
+from velox_lab.codecs import factory
 
 IN_FLIGHT = 64
 REQUESTS = {"httpx": 400}
@@ -159,11 +161,15 @@ def test_egress(benchmark: Any, mock_upstream: Any, who: str) -> None:
         make = lambda: _httpx_round(client, url, total)  # noqa: E731
         closer = client.aclose
     else:
-        settings = load({"VELOX_UPSTREAM_ORIGIN": mock_upstream.origin, "VELOX_EGRESS": who,
+        settings = load({"VELOX_UPSTREAM_ORIGIN": mock_upstream.origin,
+                         "VELOX_EGRESS": "http1" if who == "http1" else "auto",
                          "VELOX_UPSTREAM_CA_FILE": mock_upstream.ca_file,
                          "VELOX_UPSTREAM_API_KEY": "sk-bench-not-a-secret"}, dotenv=None)
         assert settings.tables is not None
-        pool = Upstream(settings.tables.upstreams[0], EgressOptions.from_settings(settings), loop)
+        options = EgressOptions.from_settings(settings)
+        if who != "http1":
+            options = dataclasses.replace(options, codec=factory(who))
+        pool = Upstream(settings.tables.upstreams[0], options, loop)
         pool.start()
 
         async def ready() -> None:

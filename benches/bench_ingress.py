@@ -30,7 +30,7 @@ Contenders, each parsing one request per call of the inner loop:
 no-header-cb) / fields is what one header's Python callback costs.
 
 `test_pipeline_cpu_per_request` measures the whole socket-free worker path
-(benches/_pipeline.py: 64 clients sending the SDK's request, native codec) on both parsers,
+(velox_lab/pipeline.py: 64 clients sending the SDK's request, native codec) on both parsers,
 in interleaved blocks on the thread CPU clock, and records the per-request CPU of each and the
 difference (issue 12's parser decision).
 
@@ -47,12 +47,13 @@ import h11
 import httptools
 import pytest
 
-from benches._pipeline import FakeTransport, Pipeline
 from benches.e2e import workload
 from velox import _native
-from velox.config import load
-from velox.ingress import ClientConnection, IngressState
-from velox.route import Auth
+from velox.config.settings import load
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth
+from velox.ingress.connection import ClientConnection, IngressState
+from velox_lab.pipeline import FakeTransport, Pipeline
 
 BODY = workload.body()
 REQUESTS = {
@@ -87,9 +88,9 @@ class _Ring:
 
 
 def _ingress(parser: str = "httptools") -> Callable[[bytes], None]:
-    state = IngressState(None, _Ring(), lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, _Ring(), lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 16 << 20, 64 << 10, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
     feed, finish = conn.data_received, conn._finish
@@ -238,7 +239,7 @@ def test_pipeline_cpu_per_request(benchmark: Any) -> None:
     import statistics
     import time
 
-    pipes = {parser: Pipeline(clients=64, codec="native", VELOX_INGRESS_PARSER=parser)
+    pipes = {parser: Pipeline(clients=64, codec="native", ingress_native=parser == "native")
              for parser in ("native", "httptools")}
     for pipe in pipes.values():
         for _ in range(50):
@@ -263,7 +264,7 @@ def test_pipeline_cpu_per_request(benchmark: Any) -> None:
         benchmark.extra_info[f"{parser}_us_per_request_median"] = round(statistics.median(us), 2)
         benchmark.extra_info[f"{parser}_us_per_request_min"] = round(min(us), 2)
     # Paired by block: each block of one parser against the other's block next to it.
-    saved = [h - n for h, n in zip(blocks["httptools"], blocks["native"])]
+    saved = [h - n for h, n in zip(blocks["httptools"], blocks["native"], strict=False)]
     benchmark.extra_info["native_saves_us_median"] = round(statistics.median(saved), 2)
     for pipe in pipes.values():
         assert pipe.responses_written() > 0

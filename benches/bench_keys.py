@@ -2,11 +2,12 @@
 
 Groups:
 
-* keys-stage: the stage alone (velox.keys.KeyStage.admit on a batch of 64 requests, then each
-  ticket released), for a key with rpm, tpm and max_parallel (every check runs, nothing is
-  refused), for a key without limits (the lookup, the gauge and the ticket), and for requests
+* keys-stage: the stage alone (velox.admission.keys.KeyStage.admit on a batch of 64 requests,
+  then each ticket released), for a key with rpm, tpm and max_parallel (every check runs,
+  nothing is refused), for a key without limits (the lookup,
+                                                 the gauge and the ticket), and for requests
   of no key (the lookup only). Per request.
-* keys-pipeline: one worker's whole request path without sockets (benches/_pipeline.py,
+* keys-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py,
   64 clients, the OpenAI SDK's request), with the same tables file four ways: no client
   auth, the client's key in VELOX_API_KEYS, and the client's key as a `[[key]]` with rpm and
   max_parallel, then also tpm (limits high enough that nothing is refused). The variants are
@@ -28,13 +29,14 @@ from typing import Any
 
 import pytest
 
-from benches._pipeline import CHAT_BODY, Pipeline
-from velox._types import Request, Route
-from velox.config import load
-from velox.keys import KeyStage, SharedKeys
+from velox.admission.keys import KeyStage
+from velox.config.settings import load
+from velox.core.types import Request, Route
+from velox.state.keys import SharedKeys
+from velox_lab.pipeline import CHAT_BODY, Pipeline
 
 BATCH = 64
-CLIENT_KEY = b"sk-client-0123456789abcdef"  # what benches._pipeline's requests present
+CLIENT_KEY = b"sk-client-0123456789abcdef"  # what velox_lab.pipeline's requests present
 ROUNDS = 300
 
 TABLES = """
@@ -156,7 +158,7 @@ def test_keys_pipeline_paired(benchmark: Any, tmp_path: Path) -> None:
         benchmark.pedantic(run, rounds=1, iterations=1)
     finally:
         gc.unfreeze()
-    for name, pipeline in pipelines.items():
+    for pipeline in pipelines.values():
         assert pipeline.worker.in_flight == 0
         keys = pipeline.worker.shared.keys
         if keys.keys:  # every request of the keyed variants was admitted and released

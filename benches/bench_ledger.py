@@ -1,4 +1,4 @@
-"""What the usage ledger costs and sustains (velox/spend/ledger.py, velox/spend/feed.py).
+"""What the usage ledger costs and sustains (velox/spend/ledger.py, velox/admin/ledgerfeed.py).
 
 Groups:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from velox.admin.control import FrameReader
-from velox.spend.feed import LedgerFeed
+from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import LedgerWriter, make_row
 
 ROWS = 1_000_000

@@ -1,7 +1,7 @@
 """What one `/metrics` scrape costs the supervisor with many gateway keys.
 
 The scrape runs in the supervisor's admin thread, the process whose Redis refresher thread
-leases tokens for every host (velox.cluster): a scrape holding the GIL for a third of a
+leases tokens for every host (velox.cluster.leases): a scrape holding the GIL for a third of a
 second delays the leases by as much. Here: 2,048 `[[key]]` tables (rpm, tpm, max_parallel),
 three routes, every key having admitted and been refused requests and used tokens on every
 route (the worst case: every per-key series has a value). The collector is the one the admin
@@ -25,10 +25,11 @@ import pytest
 KEYS, ROUTES = 2048, ("gpt-4o", "gpt-4o-mini", "*")
 
 
-def collector(max_keys: int):  # noqa: ANN201 - the collector and its registry
+def collector(max_keys: int):
     from velox.admin.metrics import VeloxCollector, make_registry
-    from velox.stats import TOKEN_BLOCK, SharedStats
-    from velox.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+    from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+    from velox.core.fields import TOKEN_BLOCK
+    from velox.state.stats import SharedStats
 
     keys = tuple(KeySpec(f"team-{i:04d}", hashlib.sha256(b"%d" % i).hexdigest(), rpm=600,
                          tpm=60_000, max_parallel=8) for i in range(KEYS))
@@ -48,10 +49,10 @@ def collector(max_keys: int):  # noqa: ANN201 - the collector and its registry
 
 
 @pytest.mark.parametrize("which", ["all", "default"])
-def test_scrape_cost(benchmark, which: str) -> None:  # noqa: ANN001
+def test_scrape_cost(benchmark, which: str) -> None:
     from prometheus_client import generate_latest
 
-    from velox.config import Settings
+    from velox.config.settings import Settings
 
     max_keys = 4096 if which == "all" else Settings().metrics_keys
     registry = collector(max_keys)

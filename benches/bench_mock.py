@@ -1,6 +1,6 @@
 """CPU cost of the bundled mock upstream per request.
 
-Run: `pytest --benchmark benches/bench_mock.py -s` (or `python -m velox.mock.selfbench`).
+Run: `pytest --benchmark benches/bench_mock.py -s` (or `python -m velox_lab.mock.selfbench`).
 
 The figure that matters is `mock_cpu_us_per_request` in extra_info (also printed): the mock's
 own utime+stime divided by requests, with 64 requests in flight. pytest-benchmark's wall time is
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from velox.mock.selfbench import measure
+from velox_lab.mock.selfbench import measure
 
 REQUESTS = 30000
 

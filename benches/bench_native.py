@@ -254,7 +254,8 @@ def test_bucket_native_in_coroutine(benchmark: Any) -> None:
         benchmark(lambda: loop.run_until_complete(many()))
     finally:
         loop.close()
-    record(benchmark, "native_acquire_coro", N, "acquire() in a coroutine, same harness as aiolimiter")
+    record(benchmark, "native_acquire_coro", N,
+           "acquire() in a coroutine, same harness as aiolimiter")
     ratios(benchmark, "native_acquire_coro", ["aiolimiter"])
     assert bucket.available() > 0  # never ran dry: the fast path was measured
 

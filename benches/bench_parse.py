@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 import pytest
 
-from velox.arena import Arena
-from velox.config import DEFAULT_ARENA_BYTES
+from velox.config.settings import DEFAULT_ARENA_BYTES
+from velox.ingress.arena import Arena
 
 ARENA_BYTES = 1 << 20
 CHUNK = 16 * 1024

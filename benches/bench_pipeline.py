@@ -5,7 +5,9 @@ Each round: 64 clients each send an OpenAI SDK-shaped chat request (HTTP/1.1, 15
 parses the bodies from the arena, takes tokens, routes, encodes HTTP/2 frames and writes them
 once; canned upstream answers come back through the codec and the relay writes each client
 its response. The kernel's share (loopback sockets, TLS) is what this leaves out; the
-end-to-end benchmark measures the whole. Variants flip one architecture switch at a time.
+end-to-end benchmark measures the whole. Variants change one thing at a time: VELOX_NATIVE=0 (every
+Python twin), VELOX_BATCH_MAX=1, and the upstream connection's codec (the h2 and jh2 libraries,
+the baselines the native codec is measured against; velox_lab.codecs).
 
 Run: `pytest --benchmark benches/bench_pipeline.py`.
 """
@@ -16,21 +18,21 @@ import gc
 
 import pytest
 
-from benches._pipeline import Pipeline
+from velox_lab.pipeline import Pipeline
 
 CLIENTS = 64
-VARIANTS = {
-    "default (ring, arena, batch 64, framer)": {},
-    "VELOX_QUEUE=asyncio": {"VELOX_QUEUE": "asyncio"},
-    "VELOX_ARENA=0": {"VELOX_ARENA": "0"},
-    "VELOX_BATCH_MAX=1": {"VELOX_BATCH_MAX": "1"},
-    "VELOX_EGRESS=jh2": {"VELOX_EGRESS": "jh2"},
-    "VELOX_EGRESS=h2": {"VELOX_EGRESS": "h2"},
+# name: (codec, settings)
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "default (native, batch 64)": ("native", {}),
+    "VELOX_NATIVE=0": ("framer", {}),
+    "VELOX_BATCH_MAX=1": ("native", {"VELOX_BATCH_MAX": "1"}),
+    "codec jh2": ("jh2", {}),
+    "codec h2": ("h2", {}),
 }
 
 
-def _ready(**env: str) -> Pipeline:
-    pipeline = Pipeline(clients=CLIENTS, codec=env.pop("VELOX_EGRESS", "framer"), **env)
+def _ready(codec: str = "native", **env: str) -> Pipeline:
+    pipeline = Pipeline(clients=CLIENTS, codec=codec, **env)
     for _ in range(50):
         pipeline.round()
     # As in a worker: start-up objects are frozen out of the collector's sight.
@@ -46,8 +48,9 @@ def _per_request(benchmark: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_pipeline_round(benchmark, variant: str) -> None:  # noqa: ANN001
-    pipeline = _ready(**VARIANTS[variant])
+def test_pipeline_round(benchmark, variant: str) -> None:
+    codec, env = VARIANTS[variant]
+    pipeline = _ready(codec, **env)
     benchmark.group = "pipeline: one worker, 64 requests per round, no sockets"
     benchmark.pedantic(pipeline.round, rounds=300, iterations=1, warmup_rounds=10)
     _per_request(benchmark)
@@ -55,8 +58,9 @@ def test_pipeline_round(benchmark, variant: str) -> None:  # noqa: ANN001
     gc.unfreeze()
 
 
-@pytest.mark.parametrize("phase", ["client request -> upstream frames", "upstream answer -> client"])
-def test_pipeline_phase(benchmark, phase: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("phase", ["client request -> upstream frames",
+                                   "upstream answer -> client"])
+def test_pipeline_phase(benchmark, phase: str) -> None:
     pipeline = _ready()
     benchmark.group = "pipeline phases (default configuration), 64 requests per round"
     if phase.startswith("client"):

@@ -18,9 +18,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from velox.mock import eventstream
 from velox.providers.bedrock import BedrockTranslator
 from velox.providers.gemini import GeminiTranslator
+from velox_lab.mock import eventstream
 
 EVENTS = 64
 REQUEST = {
@@ -45,12 +45,12 @@ BEDROCK_ANSWER = orjson.dumps({
     "stopReason": "end_turn", "usage": {"inputTokens": 60, "outputTokens": 20,
                                         "totalTokens": 80}, "metrics": {"latencyMs": 300}})
 GEMINI_EVENTS = [b"data: " + orjson.dumps({"candidates": [{"content": {"parts": [
-    {"text": " word%d" % i}], "role": "model"}, "index": 0, **(
+    {"text": f" word{i}"}], "role": "model"}, "index": 0, **(
         {"finishReason": "STOP"} if i == EVENTS - 1 else {})}],
     "usageMetadata": {"promptTokenCount": 60, "candidatesTokenCount": i + 1}}) + b"\r\n\r\n"
     for i in range(EVENTS)]
 BEDROCK_EVENTS = ([eventstream.event("messageStart", {"role": "assistant"})]
-                  + [eventstream.event("contentBlockDelta", {"delta": {"text": " word%d" % i},
+                  + [eventstream.event("contentBlockDelta", {"delta": {"text": f" word{i}"},
                                                              "contentBlockIndex": 0})
                      for i in range(EVENTS - 3)]
                   + [eventstream.event("contentBlockStop", {"contentBlockIndex": 0}),
@@ -63,7 +63,7 @@ GEMINI = GeminiTranslator("AIza-bench")
 BEDROCK = BedrockTranslator("us-east-1", "AKIAIOSFODNN7EXAMPLE", "secret")
 KINDS = {"gemini": (GEMINI, "gemini-2.5-flash", GEMINI_ANSWER, GEMINI_EVENTS),
          "bedrock": (BEDROCK, "anthropic.claude-3-5-haiku-20241022-v1:0", BEDROCK_ANSWER,
-                     BEDROCK_EVENTS + [BEDROCK_TAIL])}
+                     [*BEDROCK_EVENTS, BEDROCK_TAIL])}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -97,7 +97,7 @@ def test_orjson_roundtrip(benchmark):
 @pytest.mark.parametrize("kind", KINDS)
 def test_stream(benchmark, kind):
     translator, _, _, events = KINDS[kind]
-    benchmark.group = "providers-gb: stream of %d events" % EVENTS
+    benchmark.group = f"providers-gb: stream of {EVENTS} events"
 
     def run() -> bytes:
         stream = translator.chat_stream("alias", True)

@@ -1,4 +1,4 @@
-"""What tracing costs per request (velox/trace.py), sampled and unsampled.
+"""What tracing costs per request (velox/spend/trace.py), sampled and unsampled.
 
 Groups:
 
@@ -25,7 +25,7 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from velox.trace import Attempt, RequestRecord, RequestTrace, Tracer
+from velox.spend.trace import Attempt, RequestRecord, RequestTrace, Tracer
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 BATCH = 64

@@ -25,8 +25,6 @@ worker instead of once per gateway), each at repeat ratios of 50% and 80%.
 Run: `.venv/bin/python -m benches.cache_sim [--requests 200000] [--repeat 0.5 ...]
 [--capacity-mib 16 ...] [--seed 1]`. Writes benches/results/cache_sim.json and prints one
 markdown table per workload.
-
-Imports: stdlib, velox._native.
 """
 
 from __future__ import annotations
@@ -94,7 +92,8 @@ def workload(requests: int, repeat: float, seed: int) -> tuple[list[int], list[i
     return stream, sizes
 
 
-def run_lru(stream: list[int], sizes: list[int], workers: int, cap: int, seed: int) -> dict[str, Any]:
+def run_lru(stream: list[int], sizes: list[int], workers: int, cap: int, seed: int) -> dict[str,
+                                                                                            Any]:
     caches = [LRU(cap) for _ in range(workers)]
     spread = random.Random(seed ^ 0x5EED)
     for p in stream:

@@ -10,8 +10,6 @@ write elsewhere (the hook writes nothing when no benchmark ran).
 The session holds the shared benchmark lock (see benches/e2e/machine.py) while it measures.
 pytest loads this file on plain `pytest` runs too (benches/ is a test path), so it imports
 nothing heavy and does nothing unless --benchmark is given.
-
-Imports: benches.e2e.machine (stdlib only), velox.mock (lazily, in the fixture).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ _CSV = ("group", "name", *_STATS, "measured_at", "extra_info")
 @pytest.fixture(scope="session")
 def mock_upstream() -> Iterator[Any]:
     """The bundled mock upstream over HTTP/2 + TLS (ALPN also offers HTTP/1.1), one process."""
-    from velox.mock import MockUpstream
+    from velox_lab.mock import MockUpstream
 
     with MockUpstream(tls=True) as mock:
         yield mock
@@ -89,10 +87,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for row in rows:
         row["measured_at"] = machine["date"]
         merged[row["fullname"]] = row
-    history = previous.get("history", []) + [{
-        "date": machine["date"], "selection": selection, "benchmarks": len(rows),
-        "exitstatus": int(exitstatus), "git_commit": machine["git_commit"],
-        "loadavg": machine["loadavg"]}]
+    run = {"date": machine["date"], "selection": selection, "benchmarks": len(rows),
+           "exitstatus": int(exitstatus), "git_commit": machine["git_commit"],
+           "loadavg": machine["loadavg"]}
+    history = [*previous.get("history", []), run]
     doc = {"kind": "velox-micro", "machine": machine, "history": history[-20:],
            "benchmarks": sorted(merged.values(), key=lambda b: b["fullname"])}
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -101,4 +99,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         writer.writerow(_CSV)
         for row in doc["benchmarks"]:
             writer.writerow([row["group"], row["name"], *(row["stats"][k] for k in _STATS),
-                             row.get("measured_at"), json.dumps(row["extra_info"], sort_keys=True, default=str)])
+                             row.get("measured_at"), json.dumps(row["extra_info"], sort_keys=True,
+                                                                default=str)])

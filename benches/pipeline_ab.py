@@ -25,7 +25,17 @@ from typing import Any
 
 
 def _ours(name: str) -> bool:
-    return name.split(".")[0] in ("velox", "benches")
+    return name.split(".")[0] in ("velox", "velox_lab", "benches")
+
+
+def _harness(root: str) -> Any:
+    """The tree's socket-free pipeline module: velox_lab.pipeline, or benches._pipeline in a
+    tree from before the lab had its own package."""
+    if (Path(root) / "velox_lab" / "pipeline.py").is_file():
+        from velox_lab import pipeline
+    else:
+        from benches import _pipeline as pipeline  # type: ignore[no-redef]
+    return pipeline
 
 
 def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
@@ -35,11 +45,10 @@ def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
     root = str(Path(root).resolve())
     sys.path.insert(0, root)
     try:
-        from benches import _pipeline
-
-        if not str(Path(_pipeline.__file__).resolve()).startswith(root):
-            raise SystemExit(f"{root}: imported {_pipeline.__file__} instead")
-        pipeline = _pipeline.Pipeline(clients=clients, codec=codec)
+        harness = _harness(root)
+        if not str(Path(harness.__file__).resolve()).startswith(root):
+            raise SystemExit(f"{root}: imported {harness.__file__} instead")
+        pipeline = harness.Pipeline(clients=clients, codec=codec)
         for _ in range(50):
             pipeline.round()
     finally:

@@ -1,16 +1,14 @@
 """`python -m benches.report` (`make bench-report`): turn the saved benchmark results into plots,
-an HTML page and README tables. A developer tool, so it lives here and not in the velox package;
-`velox bench report` run from the repository root is the same command.
+an HTML page and README tables. A developer tool, so it lives here and not in the velox package.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
-e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with
-nginx in front of the TLS mock, with and before the native path),
-soak.json (`make bench-soak`), routing.json (`make bench-routing`), cache.json (`make
-bench-cache`), batching.json (`make bench-batching`), cluster.json (`make bench-cluster`) and
-balance.json
-(`pytest --benchmark benches/bench_balance.py`) when present, and writes into the same directory: one PNG per
-plot, report.html (every table and plot, with the machine facts), and the README's performance
-sections, replaced between their markers:
+e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with nginx in
+front of the TLS mock, with and before the native path), soak.json (`make bench-soak`), routing.json
+(`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
+cluster.json (`make bench-cluster`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
+when present, and writes into the same directory: one PNG per plot, report.html (every table and
+plot, with the machine facts), and the README's performance sections, replaced between their
+markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:native:start --> ... <!-- bench:native:end -->
@@ -24,8 +22,6 @@ Every number comes from the saved files; nothing is typed in here. The plots are
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
 does); without it the tables are still written. Run it from the repository root (the default
 --results and --readme paths are relative to it).
-
-Imports: stdlib; benches.e2e.plots lazily.
 """
 
 from __future__ import annotations
@@ -60,7 +56,7 @@ def _ordered(d: dict[str, Any]) -> list[str]:
 
 
 def _keys(d: dict[Any, Any]) -> list[Any]:
-    return sorted(d, key=lambda k: float(k))
+    return sorted(d, key=float)
 
 
 def machine_line(doc: dict[str, Any]) -> str:
@@ -68,7 +64,8 @@ def machine_line(doc: dict[str, Any]) -> str:
     pk = m.get("packages", {})
     return (f"{m['cpu_model']}, {m['cores']} cores, {m['memory_mib'] // 1024} GiB, {m['os']}, "
             f"kernel {m['kernel']}, Python {m['python']} (uvloop {pk.get('uvloop', '?')}, orjson "
-            f"{pk.get('orjson', '?')}); commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''}, "
+            f"{pk.get('orjson', '?')}); commit {m['git_commit']}"
+            f"{' + local changes' if m['git_dirty'] else ''}, "
             f"{m['date'][:16].replace('T', ' ')} UTC, load average {m['loadavg'][0]:.2f}")
 
 
@@ -84,7 +81,8 @@ def table_fixed(s: dict[str, Any]) -> Table:
             r, o = s["fixed"][target][conns], s["overhead"].get(target, {}).get(conns, {})
             rows.append([target, str(conns), _n(r["rps"]), *(_n(r[p]) for p in PCTS),
                          _n(o.get("p50")), _n(o.get("p99")),
-                         _n(o.get("throughput_ratio"), 3) if o else "1", _n(r.get("cpu_us_per_request"), 1),
+                         _n(o.get("throughput_ratio"),
+                            3) if o else "1", _n(r.get("cpu_us_per_request"), 1),
                          _n(r["errors"] + r["non_2xx"])])
     return head, rows
 
@@ -167,9 +165,11 @@ def table_resources(doc: dict[str, Any]) -> Table:
     mem = s["memory"]
     rows.append(["Velox RSS per worker: start → end of the run (MiB)",
                  f"{mem.get('rss_mib_start')} → {mem.get('rss_mib_end')}"])
-    rows.append(["Velox largest worker RSS in any run", f"{_n(mem.get('max_worker_rss_mib'), 1)} MiB"])
+    rows.append(["Velox largest worker RSS in any run",
+                 f"{_n(mem.get('max_worker_rss_mib'), 1)} MiB"])
     if "litellm_rss_mib" in mem:
-        rows.append(["LiteLLM proxy RSS (1 worker, process tree)", f"{_n(mem['litellm_rss_mib'], 1)} MiB"])
+        rows.append(["LiteLLM proxy RSS (1 worker, process tree)",
+                     f"{_n(mem['litellm_rss_mib'], 1)} MiB"])
     for section, ld in s.get("load", {}).items():
         rows.append([f"other people's load during '{section}' runs (cores)",
                      f"median {_n(ld['median'], 2)}, max {_n(ld['max'], 2)}; {ld['repeated']} of "
@@ -400,12 +400,14 @@ def table_bigbody(doc: dict[str, Any]) -> Table | None:
         return None
     rows = []
     for variant, label in (("off-loop_quiet", "no uploads"),
-                           ("off-loop_uploads", "16 MiB chat uploads, scanned off the loop (default)"),
+                           ("off-loop_uploads",
+                            "16 MiB chat uploads, scanned off the loop (default)"),
                            ("on-loop_uploads", "16 MiB chat uploads, orjson on the loop"),
                            ("no_parse_uploads", "16 MiB uploads to a path that is not parsed")):
         rows.append([label, *(_n(info.get(f"{variant}_{k}")) for k in
                               ("p50_us", "p99_us", "p999_us", "max_us", "uploads"))])
-    return ["one worker, /healthz probes", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "uploads"], rows
+    return ["one worker, /healthz probes", "p50 µs", "p99 µs", "p99.9 µs", "max µs",
+            "uploads"], rows
 
 
 def table_cancel(doc: dict[str, Any]) -> Table | None:
@@ -541,7 +543,8 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
             out.append(("cache", "A workload with repeats (the seed's cache test)",
                         table_cache_repeat(s), None))
         if s.get("lookup"):
-            out.append(("cache", f"What one lookup costs in a worker ({_n(s['lookup']['value_bytes'])}"
+            out.append(("cache",
+                        f"What one lookup costs in a worker ({_n(s['lookup']['value_bytes'])}"
                         "-byte answer, in-process, best of 5)", table_cache_lookup(s), None))
     if batching:
         st = batching["setup"]
@@ -598,7 +601,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
 
 
 def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str]) -> str:
-    lines = ["<!-- Generated by `velox bench report` from benches/results/; do not edit. -->"]
+    lines = ["<!-- Generated by `python -m benches.report` from benches/results/; do not edit. -->"]
     doc = docs.get(marker)
     if doc and marker == "cluster":
         m = doc.get("machine", {})

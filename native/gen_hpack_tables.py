@@ -15,7 +15,8 @@ from hpack.table import HeaderTable
 
 
 def c_string(b: bytes) -> str:
-    return '"' + "".join(chr(c) if 32 <= c < 127 and c not in (34, 92) else f"\\x{c:02x}" for c in b) + '"'
+    return '"' + "".join(chr(c) if 32 <= c < 127 and c not in (34, 92) else f"\\x{c:02x}"
+                         for c in b) + '"'
 
 
 def fnv1a(b: bytes) -> int:
@@ -47,8 +48,8 @@ def main() -> None:
     w("")
     w("/* Index i (1-based) is entry i - 1. */")
     w("static const vx_hpack_static_entry vx_hpack_static[VX_HPACK_STATIC_COUNT] = {")
-    for name, value in static:
-        name, value = bytes(name), bytes(value)
+    for raw_name, raw_value in static:
+        name, value = bytes(raw_name), bytes(raw_value)
         w(f"    {{{c_string(name)}, {c_string(value)}, {len(name)}, {len(value)}}},")
     w("};")
     w("")
@@ -56,8 +57,8 @@ def main() -> None:
     size = 256
     slots = [0] * size
     seen = set()
-    for i, (name, _) in enumerate(static, 1):
-        name = bytes(name)
+    for i, (raw_name, _) in enumerate(static, 1):
+        name = bytes(raw_name)
         if name in seen:
             continue
         seen.add(name)

@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from typing import Protocol
+
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+# Clients the tests' helpers make (tests/e2e/conftest.py: client_for, raw) are closed when the
+# test ends: their pooled keep-alive connections would otherwise be closed by the garbage
+# collector, in whatever test runs then, with a ResourceWarning (an error: pyproject.toml's
+# filterwarnings).
+OPEN_CLIENTS: list[Closable] = []
+
+
+def closed_after_the_test(client: Closable) -> Closable:
+    OPEN_CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_the_tests_clients() -> Iterator[None]:
+    yield
+    while OPEN_CLIENTS:
+        OPEN_CLIENTS.pop().close()
+    # What the test left unclosed is found now, so the ResourceWarning (an error: pyproject's
+    # filterwarnings) names this test rather than whichever test the collector ran in next.
+    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,4 @@
 """`python -m velox` is the `velox` command.
-
-Imports: cli.
 """
 
 import sys

@@ -1,9 +1,9 @@
 """Private native core of Velox (C extension `velox._native`).
 
-Do not import this module directly: the public faces are velox.ring, velox.ratelimit,
-velox.stats and velox.health. Errors: ValueError for bad values (integers too large for int64
-included, never OverflowError), TypeError for wrong types, IndexError for slot/field out of
-range.
+Do not import this module directly: the public faces are velox.ingress.ring,
+velox.admission.ratelimit, velox.state.stats and velox.state.health. Errors: ValueError for bad
+values (integers too large for int64 included, never OverflowError), TypeError for wrong types,
+IndexError for slot/field out of range.
 """
 
 from collections.abc import Sequence
@@ -172,7 +172,7 @@ def scan_json(buf: Buffer, /) -> tuple[int, int, int, int, int, int, int]:
     do not modify the buffer meanwhile (a bytearray cannot be resized during the scan).
     """
 
-# Shared per-upstream health (vx_health). The public face is velox.health.
+# Shared per-upstream health (vx_health). The public face is velox.state.health.
 BREAKER_CLOSED: Final[int]  # 0
 BREAKER_OPEN: Final[int]  # 1
 BREAKER_HALF_OPEN: Final[int]  # 2
@@ -310,7 +310,7 @@ class SharedCache:
     first carries a 72-byte header), so `stats()["bytes"]` counts values plus that overhead.
     Keys are exactly 32 bytes (any bytes-like object; ValueError for another length). Values
     are any bytes-like object. Times are CLOCK_MONOTONIC milliseconds supplied by the caller
-    (velox.health.now_ms()), in [0, 2**50]; ttl_ms and hold_ms in [1, 2**50]. Process- and
+    (velox.state.health.now_ms()), in [0, 2**50]; ttl_ms and hold_ms in [1, 2**50]. Process- and
     thread-safe under one robust process-shared lock: a process killed while holding it costs
     the others one wipe of the cache (counted in stats()["recoveries"]), never a hang. Values
     of 64 KiB or more are copied with the GIL released. OSError only if the lock is unusable.
@@ -318,7 +318,8 @@ class SharedCache:
 
     def __init__(self, capacity_bytes: int) -> None:
         """capacity_bytes in [65536, 2**40]; otherwise ValueError."""
-    def get(self, key: Buffer, now_ms: int, max_age_ms: int | None = -1) -> tuple[bytes, int] | None:
+    def get(self, key: Buffer, now_ms: int,
+            max_age_ms: int | None = -1) -> tuple[bytes, int] | None:
         """(value, age_ms) of a fresh entry, which becomes the most recently used; else None.
 
         An entry past its own TTL (now_ms >= stored + ttl_ms) is removed and None returned;
@@ -463,8 +464,8 @@ class Limits:
         full gauge."""
     def ticket(self, key: object, rpm_i: int, tok_i: int, slot: int, reserved: int, /
                ) -> KeyTicket:
-        """The ticket of a request admit() admitted (velox.keys): release() leaves gauge rpm_i
-        for slot, settle(used) corrects bucket tok_i's reservation (tok_i < 0: settled)."""
+        """The ticket of a request admit() admitted (velox.admission.keys): release() leaves gauge
+        rpm_i for slot, settle(used) corrects bucket tok_i's reservation (tok_i < 0: settled)."""
     # Test hook, not API.
     def _hammer(self, i: int, duration_us: int, n: int, /) -> int:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
@@ -517,7 +518,7 @@ class H2Client:
     def next_stream_id(self) -> int: ...
     @property
     def stream_state_count(self) -> int: ...
-# HTTP/1.1 response writer (native/vx_http1.c); the face is velox.h1write.
+# HTTP/1.1 response writer (native/vx_http1.c); the face is velox.ingress.h1write.
 H1_LENGTH: Final[int]  # write content-length
 H1_CHUNKED: Final[int]  # write transfer-encoding: chunked
 H1_CLOSE: Final[int]  # write connection: close
@@ -535,7 +536,8 @@ def h1_chunks(data: Buffer | Sequence[Buffer], last: bool = False, /) -> bytes:
 def h1_server_timing(t_received: int, t_popped: int, t_parsed: int, t_admitted: int,
                      t_sent: int, t_headers: int, /) -> bytes:
     """server-timing value: ring, parse, ratelimit, upstream as milliseconds (3 decimals)."""
-# HTTP/1.1 request-head parser (native/vx_reqhead.c); used by velox.ingress's native path.
+# HTTP/1.1 request-head parser (native/vx_reqhead.c); used by velox.ingress.connection's native
+# path.
 REQHEAD_PARTIAL: Final[int]  # an incomplete head this long falls back to httptools
 REQHEAD_FIELDS: Final[int]  # a head with more fields falls back to httptools
 
@@ -550,7 +552,7 @@ def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_r
                t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
                extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:
     """headers without the names in drop, then server-timing, then extra; and whether the
-    first content-type is text/event-stream (velox.relay's answer head)."""
+    first content-type is text/event-stream (velox.relay.exchange's answer head)."""
 
 @final
 class KeyTicket:
@@ -585,4 +587,4 @@ def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""
 def estimate_scan(body: Buffer, /) -> tuple[int, int]:
-    """(estimated input tokens, max_*tokens or -1) of a request body (velox.usage)."""
+    """(estimated input tokens, max_*tokens or -1) of a request body (velox.relay.usage)."""

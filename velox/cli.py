@@ -1,5 +1,5 @@
 """Command line: `velox` (serve), `velox demo`, `velox --print-config`, `velox key ...`,
-`velox prices`, `velox spend` (velox.spend.commands) and `velox bench report`.
+`velox prices`, `velox spend` (velox.spend.commands).
 
 `velox key hash [KEY]` prints the SHA-256 of a gateway key (the `sha256` of a `[[key]]`
 table), read from its argument or, without one, from stdin (an argument lands in the shell's
@@ -8,12 +8,10 @@ Neither reads the configuration. `velox key create|list|revoke|rotate` manage ru
 through the admin API of a running gateway (`velox.admin.keyapi`), at VELOX_ADMIN_ADDR with
 VELOX_ADMIN_TOKEN, read from the environment and `.env` like the gateway's own settings.
 
-`velox bench report` runs the developer tool benches/report.py, which is not part of the
-package: it works from the repository root of a source checkout and says so elsewhere.
-
-Imports: config, tables, spend.commands, admin.keystore (lazily, for `velox key`), supervisor
-(lazily, so --print-config works without the native extension), admin.doctor (lazily, for
-`velox doctor`), demo (lazily), benches.report (lazily, from a checkout).
+`velox demo` runs the lab (velox_lab: the mock upstream and the launcher), which is not part
+of the gateway and comes with the development install; without it the command says how to
+get it. The supervisor and the doctor are imported when their command runs, so
+`--print-config` works without the native extension.
 """
 
 from __future__ import annotations
@@ -25,9 +23,22 @@ import sys
 from typing import Any
 
 from velox import __version__
-from velox.config import ConfigError, load
+from velox.config.settings import ConfigError, load
+from velox.config.tables import describe
 from velox.spend import commands as spend_commands
-from velox.tables import describe
+
+LAB_MISSING = ("velox demo runs the lab (the mock upstream and the gateway launcher), which "
+               "comes with the development install: from a checkout of the repository, "
+               "pip install -e '.[dev]'")
+
+
+def _demo() -> int:
+    try:
+        from velox_lab.demo import main as demo
+    except ImportError as exc:
+        print(f"{LAB_MISSING} (missing: {exc.name or exc})", file=sys.stderr)
+        return 2
+    return demo()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,34 +57,19 @@ def _parser() -> argparse.ArgumentParser:
                    "upstream (DNS, TLS, h2, key); exit 1 if a check fails")
     _key_parser(sub)
     spend_commands.add_parsers(sub)
-    bench = sub.add_parser("bench", help="benchmark tools: `velox bench report [--help]`")
-    bench.add_argument("action", choices=["report"])
-    bench.add_argument("options", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from velox.demo import main as demo
-
-        return demo()
+        return _demo()
     if args.command == "doctor":
         from velox.admin.doctor import main as doctor
 
         return doctor()
     if args.command == "key":
         return _key(args)
-    if args.command == "bench":
-        try:
-            from benches.report import main as report
-        except ImportError as exc:
-            print(f"velox bench report: the report generator is benches/report.py in the source "
-                  f"checkout, not part of the installed package ({exc}); run it from the "
-                  f"repository root: python -m benches.report (or make bench-report)",
-                  file=sys.stderr)
-            return 2
-        return report(args.options)
     try:
         settings = load()
     except ConfigError as exc:
@@ -86,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         for warning in settings.warnings:
             print(f"velox: warning: {warning}", file=sys.stderr)
         for name, value in settings.redacted().items():
+            shown: object = value
             if isinstance(value, tuple):
-                value = ",".join(value)
+                shown = ",".join(value)
             elif isinstance(value, bool):
-                value = int(value)
-            print(f"{name}={value}")
+                shown = int(value)
+            print(f"{name}={shown}")
         print()
         print(describe(settings.tables), end="")  # upstreams and routes, keys masked
         return 0
@@ -238,10 +235,9 @@ def _admin_call(method: str, path: str, body: Any) -> tuple[int, Any]:
 
 def _print_keys(keys: list[dict[str, Any]]) -> None:
     rows = [("NAME", "SOURCE", "RPM", "TPM", "PARALLEL", "MODELS", "EXPIRES")]
-    for k in keys:
-        rows.append((k["name"], k["source"], str(k["rpm"] or "-"), str(k["tpm"] or "-"),
-                     str(k["max_parallel"] or "-"), ",".join(k["models"]) if k["models"] else "all",
-                     k.get("expires_at") or "-"))
+    rows += [(k["name"], k["source"], str(k["rpm"] or "-"), str(k["tpm"] or "-"),
+              str(k["max_parallel"] or "-"), ",".join(k["models"]) if k["models"] else "all",
+              k.get("expires_at") or "-") for k in keys]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

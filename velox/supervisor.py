@@ -5,7 +5,7 @@ token bucket and the stats region (shared mappings, so every worker enforces one
 and writes one set of counters), and the port. Each worker accepts on its own SO_REUSEPORT
 socket, so the kernel spreads new connections evenly over the workers (with one shared
 listening socket, whichever worker wakes first accepts a whole burst and the others idle).
-Those sockets, one per logical worker slot, are made here (velox.ports: start-up is refused,
+Those sockets, one per logical worker slot, are made here (velox.system.ports: start-up is refused,
 naming the port, when anything else already listens on the address, since SO_REUSEPORT would
 let it share the connections) and held for the supervisor's whole life: a worker inherits its
 slot's socket, and a restarted worker finds the connections queued while its slot was empty.
@@ -62,12 +62,9 @@ own threads; each worker gets a control socketpair, made right before its fork.
 
 With VELOX_REDIS_URL the rate limits are shared with the other hosts: the global Limiter, each
 [[key]]'s and each [[upstream]]'s rpm and tpm buckets are LEASED buckets, and the host's Redis
-refresher (velox.cluster, one thread with its own asyncio loop) runs here too, started before
+refresher (velox.cluster.leases, one thread with its own asyncio loop) runs here too, started before
 the first fork and stopped after the last worker, when it hands the tokens this host still
 holds back to Redis.
-
-Imports: worker, ratelimit, cache (its store), ports, stats, topology, config, admin.server, cluster and keys (lazily),
-health (lazily), stdlib, uvloop.
 """
 
 from __future__ import annotations
@@ -81,20 +78,21 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING
 
-from velox.cache import create_store
-from velox.cache import enabled as cache_enabled
-from velox.config import Settings, relayed_keys, unprotected
-from velox.ports import listeners
-from velox.ratelimit import Limiter
-from velox.stats import F, SharedStats
-from velox.topology import oversubscribed, pin, plan
+from velox.admission.ratelimit import Limiter
+from velox.cache.store import create_store
+from velox.cache.store import enabled as cache_enabled
+from velox.config.settings import Settings, relayed_keys, unprotected
+from velox.core.fields import F
+from velox.state.stats import SharedStats
+from velox.system.fork import fork_child
+from velox.system.ports import listeners
+from velox.system.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
     from velox.admin.server import AdminServer
-    from velox.cluster import Cluster
+    from velox.cluster.leases import Cluster
 
 log = logging.getLogger("velox.supervisor")
 
@@ -139,19 +137,20 @@ class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         # One listening socket per logical worker slot, held here for the supervisor's life
-        # (velox.ports): refused at once, naming the port, if anything else listens there.
+        # (velox.system.ports): refused at once, naming the port, if anything else listens there.
         self.listeners = listeners(settings.host, settings.port, settings.workers)
         self.port = self.listeners[0].getsockname()[1]
         self.shared = SharedStats(settings.workers, settings.tables)
         self.limiter = Limiter.create(settings.rate_limit_rpm, settings.rate_limit_burst,
                                       shared=bool(settings.redis_url))
-        # The response cache's one store (velox.cache), shared by every worker like the bucket.
+        # The response cache's one store (velox.cache.front), shared by every worker like the
+        # bucket.
         self.shared.cache = create_store(settings)
-        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other
-        # hosts (velox.cluster). Started before the first fork, stopped after the last worker.
+        # VELOX_REDIS_URL: the host's lease refresher; every limit is shared with the other hosts
+        # (velox.cluster.leases). Started before the first fork, stopped after the last worker.
         self.cluster: Cluster | None = None
         if settings.redis_url:
-            from velox.cluster import Cluster
+            from velox.cluster.leases import Cluster
 
             self.cluster = Cluster(settings.redis_url)
             if self.limiter.limits is not None:
@@ -171,8 +170,8 @@ class Supervisor:
         self.children: dict[int, int] = {}  # pid → physical slot
         self.shared_of: dict[int, SharedStats] = {}  # pid → the shared state it runs with
         # The configuration and shared state each physical slot's worker runs with.
-        self.generation: dict[int, tuple[Settings, SharedStats]] = {
-            slot: (settings, self.shared) for slot in range(settings.workers)}
+        self.generation: dict[int, tuple[Settings, SharedStats]] = dict.fromkeys(
+            range(settings.workers), (settings, self.shared))
         self.slot_of = list(range(settings.workers))  # logical slot → its physical slot now
         self.retiring: dict[int, float] = {}  # pid of a replaced worker → when to SIGKILL it
         self.reload: _Reload | None = None
@@ -202,12 +201,12 @@ class Supervisor:
         cluster = self.cluster
         if cluster is None:
             return
-        from velox.keys import rpm_index, tpm_index
+        from velox.state.keys import rpm_index, tpm_index
 
         keys = shared.keys
         cluster.remove("key:")
         for i, spec in enumerate(keys.keys):
-            # The buckets' burst is one minute's worth, as on one host (velox.keys).
+            # The buckets' burst is one minute's worth, as on one host (velox.admission.keys).
             if spec.rpm:
                 cluster.add(f"key:{spec.name}:rpm", keys.limits, rpm_index(i), spec.rpm,
                             spec.rpm)
@@ -216,7 +215,7 @@ class Supervisor:
                             spec.tpm, self._typical_reservation())
 
     def _typical_reservation(self) -> int:
-        """What a tpm bucket keeps in hand from its first lease (velox.cluster): an SDK
+        """What a tpm bucket keeps in hand from its first lease (velox.cluster.leases): an SDK
         request without max_tokens reserves its prompt plus VELOX_TOKENS_DEFAULT_OUTPUT; the
         1,024 covers a prompt of about 4 KB."""
         return self.settings.tokens_default_output + 1024
@@ -224,17 +223,17 @@ class Supervisor:
     def _share_upstreams(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[upstream]]'s rpm and tpm bucket is shared with the other
         hosts, in Redis as `upstream:<name>:rpm|tpm` (so hosts must give an upstream the same
-        name). The buckets are the new configuration's (velox.health: a reload makes them
+        name). The buckets are the new configuration's (velox.state.health: a reload makes them
         afresh); the old workers of a reload keep what their buckets hold until they drain."""
         cluster = self.cluster
         if cluster is None:
             return
-        from velox.health import rpm_burst
+        from velox.state.health import rpm_burst
 
         health = shared.health
         cluster.remove("upstream:")
         for u, spec in enumerate(shared.tables.upstreams):
-            # The same bursts as on one host (velox.health): 10 s of rpm, a minute of tpm.
+            # The same bursts as on one host (velox.state.health): 10 s of rpm, a minute of tpm.
             if spec.rpm:
                 cluster.add(f"upstream:{spec.name}:rpm", health.rpm, u, spec.rpm,
                             rpm_burst(spec.rpm))
@@ -325,7 +324,7 @@ class Supervisor:
                             "when this reload ends")
             self.reload_queued = True
             return
-        from velox.config import ConfigError, load
+        from velox.config.settings import ConfigError, load
 
         try:
             settings = load()
@@ -503,32 +502,26 @@ class Supervisor:
         self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
         self.silent.discard(slot)
         control = self.admin.hub.pair() if self.admin is not None else None
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                signal.set_wakeup_fd(-1)
-                os.close(self._wake[0])
-                os.close(self._wake[1])
-                if self.admin is not None and control is not None:
-                    self.admin.close_in_child()
-                    control[0].close()
-                for other in self.listeners:  # the other slots' sockets are not this one's
-                    if other is not sock:
-                        other.close()
-                keep = {0, 1, 2, sock.fileno()}
-                close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                code = run_worker(settings, slot, sock, shared, self.limiter,
-                                  self.placement[slot % len(self.placement)],
-                                  control[1] if control else None, defer)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                logging.shutdown()
-                os._exit(code)
+
+        def prepare() -> None:  # in the child: keep only what the worker needs
+            signal.set_wakeup_fd(-1)
+            os.close(self._wake[0])
+            os.close(self._wake[1])
+            if self.admin is not None and control is not None:
+                self.admin.close_in_child()
+                control[0].close()
+            for other in self.listeners:  # the other slots' sockets are not this one's
+                if other is not sock:
+                    other.close()
+            keep = {0, 1, 2, sock.fileno()}
+            close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
+
+        def body() -> int:
+            return run_worker(settings, slot, sock, shared, self.limiter,
+                              self.placement[slot % len(self.placement)],
+                              control[1] if control else None, defer)
+
+        pid = fork_child(prepare, body)
         self.children[pid] = slot
         self.shared_of[pid] = shared
         if self.admin is not None and control is not None:
@@ -622,7 +615,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
                limiter: Limiter, placement: tuple[int, int],
                control: socket.socket | None = None, defer: bool = False) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
-    from velox.worker import Worker
+    from velox.pipeline.worker import Worker
 
     _die_with_parent()
     core, node = placement

@@ -1,9 +1,6 @@
 """Command line: `python -m benches.e2e {run,routing,cache,batching,soak,cluster,install-litellm,
 lock-litellm}` (run from the repository root with the project's venv; the Makefile targets do
 exactly that).
-
-Imports: bench, sections, summary, results, soak, routing, cache, batching, cluster, litellm, wrk,
-stdlib.
 """
 
 from __future__ import annotations
@@ -15,13 +12,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from benches.e2e import (batching, cache, cluster, litellm, results, routing, sections, soak,
-                         summary, wrk)
+from benches.e2e import (
+    batching,
+    cache,
+    cluster,
+    litellm,
+    results,
+    routing,
+    sections,
+    soak,
+    summary,
+    wrk,
+)
 from benches.e2e import bench as bench_mod
 from benches.e2e.bench import Bench, Plan
 
-QUICK = dict(rounds=1, duration_s=2, warmup_s=1, concurrencies=(1, 64), rates=(1000,),
-             stream_conns=(1,), many_streams=64, arch=("default", "egress=http1"))
+QUICK = {"rounds": 1, "duration_s": 2, "warmup_s": 1, "concurrencies": (1, 64), "rates": (1000,),
+             "stream_conns": (1,), "many_streams": 64, "arch": ("default", "egress=http1")}
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -168,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--name", default="batching", help="results file name (without extension)")
     s = sub.add_parser("soak", help="about a million requests through Velox, RSS sampled")
     s.add_argument("--requests", type=int, default=1_000_000)
-    cl = sub.add_parser("cluster", help="three hosts sharing one Redis, 3x a 600 rpm limit for 60 s "
+    cl = sub.add_parser("cluster",
+                        help="three hosts sharing one Redis, 3x a 600 rpm limit for 60 s "
                                         "with Redis killed for 20 s (~3 minutes)")
     cl.add_argument("--quick", action="store_true", help="20 s with an 8 s outage")
     cl.add_argument("--name", default="cluster", help="results file name (without extension)")

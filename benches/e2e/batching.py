@@ -12,14 +12,12 @@ connections, for `duration_s`, against each gateway in turn, in an order rotated
 to round.
 
 Per run: wrk's requests/s and latency percentiles (µs), its errors, the upstream calls the mock
-received and the client requests the gateway answered in the run (from the mock's and the
-gateway's counters, read before and after), and the gateway's `batches.embeddings` figures.
+received and the client requests the gateway answered in the run (from the mock's and the gateway's
+counters, read before and after), and the gateway's `batches.embeddings` figures.
 `upstream_calls_per_request` = mock calls / gateway answers (the calls of the few requests wrk
-abandons when its run ends are counted, their answers not: hence 1.01 without batching). Every loop is bounded: wrk by its
-duration (and a subprocess timeout), the rounds by their count. Results go to
+abandons when its run ends are counted, their answers not: hence 1.01 without batching). Every loop
+is bounded: wrk by its duration (and a subprocess timeout), the rounds by their count. Results go to
 benches/results/batching.json; `python -m benches.report` turns them into the README table.
-
-Imports: machine, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from benches.e2e.machine import bench_lock, facts, wait_quiet
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 CONCURRENCIES = (1, 64, 256)
 MODES = ("off", "on", "on-wait5")
@@ -68,7 +66,7 @@ def _wrk(port: int, conns: int, duration_s: int, body_file: str) -> dict[str, An
     argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration_s}s", "--timeout=10s",
             "-s", str(SCRIPT), f"http://127.0.0.1:{port}/"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True,
-                          timeout=duration_s + 60)
+                          timeout=duration_s + 60, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("WRK_JSON "):
             out = json.loads(line[len("WRK_JSON "):])

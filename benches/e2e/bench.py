@@ -1,7 +1,8 @@
 """The measuring harness: the running services, and one measured run with its accounting.
 
-`Bench` starts every service once (the mocks, Velox, nginx in front of each mock, LiteLLM), then each `run_*` call
-measures one load-generator run against one target and appends a record to `self.runs`:
+`Bench` starts every service once (the mocks, Velox, nginx in front of each mock, LiteLLM), then
+each `run_*` call measures one load-generator run against one target and appends a record to
+`self.runs`:
 
 * the generator's figures (requests/s, latency percentiles, errors, stalls);
 * CPU seconds of the target's process tree, of its upstream (the mock) and of the generator,
@@ -11,8 +12,6 @@ measures one load-generator run against one target and appends a record to `self
 
 Between runs the harness waits for the target and its upstream to go idle, so a slow target
 still working off a backlog (LiteLLM after a burst) cannot steal CPU from the next run.
-
-Imports: machine, targets, wrk, litellm, workload, stdlib.
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ class Bench:
         for name in reversed(list(self.services)):
             try:
                 self.stop_service(name)
-            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+            except Exception as exc:
                 print(f"warning: stopping {name}: {exc}", file=sys.stderr)
 
     def port(self, target: str) -> int:
@@ -206,8 +205,9 @@ class Bench:
                      "--stagger-s", str(stagger)]
 
         def call() -> Record:
-            proc = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).parents[2],
-                                  timeout=plan.duration_s + plan.warmup_s + 180)
+            proc = subprocess.run(argv, capture_output=True, text=True,
+                                  cwd=Path(__file__).parents[2],
+                                  timeout=plan.duration_s + plan.warmup_s + 180, check=False)
             if proc.returncode != 0:
                 raise RuntimeError(f"loadgen failed: {proc.stderr.strip()[-800:]}")
             return {"generator": "loadgen", **json.loads(proc.stdout.strip().splitlines()[-1])}

@@ -23,9 +23,6 @@ saves against a proxied miss, and what a workload with repeats gains.
 
 Results go to benches/results/cache.json (and .csv); `python -m benches.report` turns them into
 the README's cache tables.
-
-Imports: bench, machine, results, targets, workload, wrk, velox (the native store, cache, the
-launcher, the mock), stdlib, httpx.
 """
 
 from __future__ import annotations
@@ -45,11 +42,12 @@ import httpx
 from benches.e2e import results, workload, wrk
 from benches.e2e.bench import FOREIGN_LIMIT, Bench, Plan
 from benches.e2e.machine import bench_lock, wait_quiet
-from benches.e2e.targets import Mock, Velox
+from benches.e2e.targets import Mock
 
 CONNS = (1, 64)
 CONFIGS = (("direct", "direct", None), ("velox-nocache", "miss", None),
-           ("velox-cache", "hit", None), ("velox-cache", "miss-stored", {"Cache-Control": "no-cache"}))
+           ("velox-cache", "hit", None), ("velox-cache", "miss-stored",
+                                          {"Cache-Control": "no-cache"}))
 REQUESTS = 2000
 CLIENTS = 16
 REPEAT_RATIO = 0.8
@@ -169,8 +167,8 @@ def repeat(bench: Bench, mock: Mock) -> dict[str, Any]:
 def lookup_cost(iterations: int = 200_000) -> dict[str, Any]:
     """ns per hit lookup of one ~1.3 KB stored answer: the shared store against a dict LRU."""
     from velox._native import SharedCache
-    from velox.cache import cache_key, encode_entry
-    from velox.health import now_ms
+    from velox.cache.store import cache_key, encode_entry
+    from velox.core.clock import now_ms
 
     value = encode_entry(False, [(b"content-type", b"application/json")], b"x" * 1300)
     key = cache_key(workload.PATH.encode(), workload.MODEL, b"", False, workload.body())

@@ -24,8 +24,6 @@ Redis commands per second against requests per second.
 Results: `run()` returns a dict (per-second admitted per host and in total, statuses, the
 bounds, the commands); `main` writes benches/results/cluster.json, which
 `python -m benches.report` turns into the README's figure (cluster.png) and table.
-
-Imports: wrk, machine, velox.cluster, velox.launch, velox.mock, stdlib, openai.
 """
 
 from __future__ import annotations
@@ -42,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from velox import cluster as vcluster
-from velox.launch import GatewayProcess, RedisProcess, free_port
-from velox.mock import MockUpstream
+from velox.cluster import leases as vcluster
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MODEL = "gpt-4o-mini"
 CLIENT_KEY = "sk-velox-cluster-bench-key"  # the [[key]] of keyed runs (its SHA-256 in the file)
@@ -96,7 +94,7 @@ class Cluster:
         def start(gw: GatewayProcess) -> None:
             try:
                 gw.start(timeout=60)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=start, args=(gw,)) for gw in self.gateways]
@@ -250,7 +248,7 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
     for task in tasks:
         try:
             await asyncio.wait_for(task, timeout=15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             task.cancel()
     for client in clients:
         await client.close()
@@ -261,21 +259,21 @@ async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:
 
 def summarize(plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
     """Per-second admitted counts, statuses and the bounds they are held to."""
-    seconds = int(math.ceil(max(plan.duration_s, raw["last_send_s"] + 1e-9)))
+    seconds = math.ceil(max(plan.duration_s, raw["last_send_s"] + 1e-9))
     per_host = [[0] * seconds for _ in range(plan.hosts)]
     statuses: dict[str, int] = {}
     for sent, host, status in raw["records"]:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
         if status == 200:
             per_host[host][min(seconds - 1, int(sent))] += 1
-    total = [sum(col) for col in zip(*per_host)]
+    total = [sum(col) for col in zip(*per_host, strict=False)]
     rate_s = plan.rpm / 60
     hosts = plan.hosts if plan.redis else 1
     stated = vcluster.bound(plan.rpm, plan.burst, hosts) if plan.redis else 0
     admitted = sum(total)
     outage_s = (plan.outage[1] - plan.outage[0]) if plan.outage and plan.redis else 0.0
     # One burst, the refill over the run, and what the hosts may hold. With an outage: the
-    # restarted Redis (no persistence) makes its buckets empty (velox.cluster.LEASE_LUA), and
+    # restarted Redis (no persistence) makes its buckets empty (velox.cluster.leases.LEASE_LUA), and
     # a host may still refill its share for up to a second after another is back on Redis.
     # Tokens keep refilling while requests wait in a busy gateway's queues: the bound runs to
     # the last admitted answer (a busy client may also send late).
@@ -384,7 +382,7 @@ def commands_at_rate(c: Cluster, plan: Plan) -> dict[str, Any]:
     after = [c.metrics(i) for i in range(plan.hosts)]
     requests = sum(float(r.get("requests", 0)) for r in results)
     commands = sum(a.get("velox_redis_commands", 0) - b.get("velox_redis_commands", 0)
-                   for a, b in zip(after, before))
+                   for a, b in zip(after, before, strict=False))
     return {"seconds": round(seconds, 2), "requests": requests,
             "requests_per_s": round(requests / seconds, 1),
             "commands": commands, "commands_per_s": round(commands / seconds, 2),
@@ -412,7 +410,8 @@ def main(out: Path, name: str = "cluster", quick: bool = False) -> dict[str, Any
     doc = {**parts,
            "machine": {"cores": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
                        "foreign_cores_before_each_run": foreign},
-           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens (velox.cluster.bound)"}
+           "bound_formula": "hosts x ceil(rpm/60 x 1 s / hosts) tokens "
+                            "(velox.cluster.leases.bound)"}
     for part in ("shared", "keyed", "single_host_no_redis"):
         doc[part].pop("logs", None)
     out.mkdir(parents=True, exist_ok=True)

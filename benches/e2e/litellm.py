@@ -10,8 +10,6 @@ The proxy runs with one worker, no database, a master key (the benchmark's clien
 LiteLLM requires to start) and a scrubbed environment (no
 inherited credentials, HOME in a scratch directory), pointed at the mock upstream as an
 OpenAI-compatible provider.
-
-Imports: workload, stdlib.
 """
 
 from __future__ import annotations
@@ -76,7 +74,8 @@ def lock(version: str = VERSION) -> None:
     items = json.loads(report.read_text())["install"]
     lines = [
         f"# LiteLLM proxy {version} and every dependency, exact versions and the sha256 of the",
-        "# files pip picked (CPython 3.11, x86_64 Linux). Installed with --no-deps --require-hashes.",
+        "# files pip picked (CPython 3.11, x86_64 Linux). Installed with --no-deps "
+        "--require-hashes.",
         "# Regenerate: `python -m benches.e2e lock-litellm` (never 1.82.7, 1.82.8 or any 1.107.x).",
         "",
     ]

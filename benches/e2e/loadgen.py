@@ -14,8 +14,6 @@
   from the actual send is reported too, as `service`.
 
 Raw asyncio protocols with httptools on uvloop: no client library, no Task per request.
-
-Imports: workload, stdlib, httptools, uvloop.
 """
 
 from __future__ import annotations
@@ -263,7 +261,7 @@ class Generator:
         self._check_done()
         try:
             await asyncio.wait_for(asyncio.shield(self.done), self.args.grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         unfinished = sum(1 for c in self.conns if c.busy and not c.lost) + len(self.backlog)
         cpu1 = os.times()

@@ -7,8 +7,6 @@
   benchmark) is computed. Other people share this machine; a run disturbed by them is visible.
 * `bench_lock()`: the exclusive flock every timed section runs under, so two people measuring on
   the same machine take turns instead of disturbing each other.
-
-Imports: stdlib only (benches/conftest.py uses it too, on every `pytest --benchmark`).
 """
 
 from __future__ import annotations
@@ -99,7 +97,8 @@ def _mem_total_mib() -> int:
 
 def _git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5,
+                             check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -117,7 +116,7 @@ def tool_version(argv: list[str]) -> str:
     if shutil.which(argv[0]) is None:
         return ""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     text = (out.stdout + out.stderr).strip()
@@ -127,7 +126,7 @@ def tool_version(argv: list[str]) -> str:
 def facts(extra_packages: Iterable[str] = ()) -> dict[str, object]:
     packages = {name: _version(name) for name in (*PACKAGES, *extra_packages)}
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_model": _cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
@@ -161,7 +160,8 @@ def children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                kids += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+                children = Path(f"/proc/{pid}/task/{task}/children").read_text()
+                kids += [int(x) for x in children.split()]
     return kids
 
 

@@ -15,8 +15,6 @@ most RATE x DURATION_S requests, each with a 30 s timeout, and the process waits
 for the last answers. Prints one JSON line: per request (send time from START_AT, status),
 the tokens the admitted answers used, the longest send-to-answer time of an admitted request,
 and the errors without an answer by kind.
-
-Imports: stdlib, openai.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 `draw(results_dir, e2e, micro, soak)` writes whichever plots its inputs allow and returns their
 file names; `python -m benches.report` embeds them in report.html and the README.
-
-Imports: stdlib, matplotlib (Agg backend, no display needed).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 COLORS = {"direct": "#555555", "velox": "#d62728", "nginx": "#2ca02c", "nginx-tls": "#98df8a",
           "litellm": "#1f77b4"}
@@ -46,7 +44,7 @@ def latency_percentiles(out: Path, s: dict[str, Any]) -> str:
 
     conns = sorted({int(c) for t in s["fixed"].values() for c in t})
     fig, axes = plt.subplots(1, len(conns), figsize=(4 * len(conns), 3.6), squeeze=False)
-    for ax, c in zip(axes[0], conns):
+    for ax, c in zip(axes[0], conns, strict=False):
         for t in _targets(s["fixed"]):
             row = s["fixed"][t].get(str(c)) or s["fixed"][t].get(c)
             if row:
@@ -82,7 +80,7 @@ def overhead(out: Path, s: dict[str, Any]) -> str:
     fig, axes = plt.subplots(1, len(conns), figsize=(4 * len(conns), 3.6), squeeze=False)
     targets = _targets(over)
     width = 0.8 / max(1, len(targets))
-    for ax, c in zip(axes[0], conns):
+    for ax, c in zip(axes[0], conns, strict=False):
         for i, t in enumerate(targets):
             row = over[t].get(str(c)) or over[t].get(c) or {}
             ax.bar([j + i * width for j in range(len(PCTS))], [row.get(p) or 0 for p in PCTS],
@@ -117,7 +115,7 @@ def rate(out: Path, s: dict[str, Any]) -> str:
 def streaming(out: Path, s: dict[str, Any]) -> str:
     scens = sorted(s["stream"], key=lambda k: (k.startswith("many"), int(k.split("=")[1])))
     fig, axes = plt.subplots(1, len(scens), figsize=(4 * len(scens), 3.6), squeeze=False)
-    for ax, scen in zip(axes[0], scens):
+    for ax, scen in zip(axes[0], scens, strict=False):
         rows = s["stream"][scen]
         ts = _targets(rows)
         ax.bar(range(len(ts)), [rows[t]["ttfb_p50"] or 0 for t in ts],
@@ -221,7 +219,7 @@ def cluster_plot(out: Path, doc: dict[str, Any]) -> str | None:
     if not runs:
         return None
     fig, axes = plt.subplots(len(runs), 1, figsize=(8, 4 * len(runs)), squeeze=False)
-    for (part, run), ax in zip(runs, axes[:, 0]):
+    for (part, run), ax in zip(runs, axes[:, 0], strict=False):
         _cluster_panel(ax, run, "VELOX_RATE_LIMIT_RPM" if part == "shared" else "one [[key]]")
     return _save(fig, out / "cluster.png")
 
@@ -248,5 +246,5 @@ def _cluster_panel(ax: Any, shared: dict[str, Any], what: str) -> None:
     ax.set_title(f"{plan['hosts']} Velox hosts, one Redis, {what} (burst {plan['burst']}), "
                  f"load {plan['factor']:g}x the limit", fontsize=10)
     ax.set_xlim(0, len(xs))
-    ax.set_ylim(0, max(max(per["total"]), limit) * 1.3)
+    ax.set_ylim(0, max(*per["total"], limit) * 1.3)
     ax.legend(fontsize=7, loc="upper right", ncol=3)

@@ -15,8 +15,6 @@ ways while wrk runs:
 
 Prints both tables as Markdown and writes them as JSON to --out (default
 benches/results/profile.json). Every process is started here and stopped by its PID.
-
-Imports: wrk, workload, machine, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -35,8 +33,8 @@ from pathlib import Path
 
 from benches.e2e import workload, wrk
 from benches.e2e.machine import bench_lock, children, facts
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile.json"
 
@@ -81,7 +79,7 @@ def pyspy_stages(pid: int, seconds: float, raw: Path | None = None) -> dict[str,
     with tempfile.NamedTemporaryFile(suffix=".txt") as fh:
         proc = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250",
                                "-f", "raw", "-o", fh.name, "--nonblocking"],
-                              capture_output=True, text=True, timeout=seconds + 60)
+                              capture_output=True, text=True, timeout=seconds + 60, check=False)
         text = Path(fh.name).read_text()
         if raw is not None:
             raw.write_text(text)
@@ -111,12 +109,12 @@ def perf_dsos(pid: int, seconds: float) -> dict[str, object]:
         data = Path(tmp) / "perf.data"
         rec = subprocess.run([perf, "record", "-F", "999", "-p", str(pid), "-o", str(data), "--",
                               "sleep", str(seconds)], capture_output=True, text=True,
-                             timeout=seconds + 60)
+                             timeout=seconds + 60, check=False)
         if rec.returncode != 0 or not data.exists():
             return {"error": f"perf record: {rec.stderr.strip()[-300:]}"}
         rep = subprocess.run([perf, "report", "-i", str(data), "--sort", "dso", "--stdio",
                               "--percent-limit", "0.5"], capture_output=True, text=True,
-                             timeout=120)
+                             timeout=120, check=False)
     shares: dict[str, float] = {}
     for line in rep.stdout.splitlines():
         parts = line.split()

@@ -1,7 +1,5 @@
 """Writing results: one JSON document (machine facts, plan, summary, every raw run) and a CSV
 with one row per run, side by side in benches/results/.
-
-Imports: machine, litellm, stdlib.
 """
 
 from __future__ import annotations

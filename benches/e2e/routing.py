@@ -6,12 +6,12 @@ and Velox configured through a VELOX_CONFIG file, both gateways with the same nu
 and otherwise the harness's defaults (`VELOX_RATE_LIMIT_RPM=0`):
 
 * spread: wrk at 64 connections against `velox-1` (one `[[upstream]]`, one route to it) and
-  `velox-3` (three `[[upstream]]`s, one weighted route, weights 2:1:1), and `velox-env` (no
-  file: VELOX_UPSTREAM_* naming mock a, the set-up of the main end-to-end run, to show the file
-  itself costs nothing), all running at once, in an order rotated from round to round. Per run: requests/s, latency percentiles, the
-  gateway's CPU per request (its whole process tree, /proc) and the mocks' CPU apart. The
-  issue's targets: `velox-3`'s throughput within 5% of `velox-1`'s, and its CPU per request
-  within 3 us of it; both are reported as measured, misses included.
+  `velox-3` (three `[[upstream]]`s, one weighted route, weights 2:1:1), and `velox-env` (no file:
+  VELOX_UPSTREAM_* naming mock a, the set-up of the main end-to-end run, to show the file itself
+  costs nothing), all running at once, in an order rotated from round to round. Per run: requests/s,
+  latency percentiles, the gateway's CPU per request (its whole process tree, /proc) and the mocks'
+  CPU apart. The issue's targets: `velox-3`'s throughput within 5% of `velox-1`'s, and its CPU per
+  request within 3 us of it; both are reported as measured, misses included.
 * failover: wrk at 64 connections against `velox-3` with all three mocks up, with mock `b`
   answering every request 503 (`POST /_mock/behaviour?status=503`), and with mock `b` killed
   (SIGKILL). Each run has a fresh gateway (so a breaker opened in one run cannot help the
@@ -28,8 +28,6 @@ repeat once if disturbed) and run each round under the shared benchmark lock. wr
 2 cores with the gateway and the mocks, as in every end-to-end run. Results go to
 benches/results/routing.json (and .csv); `python -m benches.report` turns them into the README's
 routing tables.
-
-Imports: bench, machine, results, targets, workload, wrk, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ from benches.e2e.bench import FOREIGN_LIMIT, Bench, Plan
 from benches.e2e.machine import bench_lock, children, wait_quiet
 from benches.e2e.targets import Service
 from benches.e2e.workload import API_KEY, MODEL
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 NAMES = ("a", "b", "c")
 WEIGHTS = {"a": 2, "b": 1, "c": 1}
@@ -342,7 +340,8 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
     bench.notes.append(
         "velox-1 and velox-3 read a VELOX_CONFIG file; velox-1 routes to mock a only, velox-3 "
         "to mocks a, b and c with weights 2:1:1; velox-env has no file (VELOX_UPSTREAM_* naming "
-        "mock a). Every gateway has the same number of workers. Each [[upstream]] has the default pool "
+        "mock a). Every gateway has the same number of workers. Each [[upstream]] has the default "
+        "pool "
         "(VELOX_EGRESS_POOL_CONNECTIONS connections per worker), so velox-3 holds three times "
         "the upstream connections. The mocks' CPU is charged to the upstream, not the gateway; "
         "with three mocks the upstream side can use more of the 2 cores than with one.")
@@ -351,7 +350,8 @@ def run(plan: Plan, logdir: Path, outdir: Path = results.RESULTS, name: str = "r
                  f"cores: the three mocks ({plan.mock_workers} process each, HTTP/2 + TLS) and wrk "
                  "(1 thread). Everything talks over 127.0.0.1.")
     doc = results.document("velox-routing", plan, bench.runs, summ, bench.notes, {
-        "placement": placement, "loadavg_start": load_start, "seconds": round(time.monotonic() - t0, 1),
+        "placement": placement, "loadavg_start": load_start,
+        "seconds": round(time.monotonic() - t0, 1),
         "weights": WEIGHTS, "failed_upstream": FAILED, "conns": CONNS,
         "foreign_limit": FOREIGN_LIMIT})
     results.write(name, doc, bench.runs, outdir)

@@ -12,8 +12,6 @@ starts only once the machine is quiet; a block stays well under five minutes.
 * stream:  streamed responses at a few connection counts (time to first byte, total time),
            then `many_streams` long streams at once, counting stalls;
 * arch:    Velox restarted with one VELOX_* switch changed at a time, at 64 connections.
-
-Imports: bench, machine, stdlib.
 """
 
 from __future__ import annotations
@@ -28,14 +26,9 @@ from benches.e2e.machine import bench_lock, rss_kib, wait_quiet
 # name: HTTP/1.1 egress without TLS, the configuration comparable with nginx's upstream side).
 ARCH: dict[str, dict[str, str]] = {
     "default": {},
-    "queue=asyncio": {"VELOX_QUEUE": "asyncio"},
-    "arena=0": {"VELOX_ARENA": "0"},
     "batch_max=1": {"VELOX_BATCH_MAX": "1"},
     "batch_max=8": {"VELOX_BATCH_MAX": "8"},
-    "egress=jh2": {"VELOX_EGRESS": "jh2"},
-    "egress=h2": {"VELOX_EGRESS": "h2"},
     "egress=http1": {"VELOX_EGRESS": "http1"},
-    "egress=httpx": {"VELOX_EGRESS": "httpx"},
     "egress=http1 cleartext": {"VELOX_EGRESS": "http1", "_upstream": "mock"},
     # nginx runs with `access_log off`; Velox logs every request by default (a thread formats
     # the lines). This row is Velox on the same terms.

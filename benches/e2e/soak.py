@@ -6,8 +6,6 @@ been served. After every block the RSS of each worker is read. "Flat" is judged 
 half of the run, after allocator pools and caches have filled: the growth of the largest worker
 between the first and last sample of that half, and the slope of a least-squares line through
 it, in MiB per 100,000 requests. Each block runs under the shared benchmark lock.
-
-Imports: bench, machine, results, summary, stdlib.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ def _slope(xs: list[float], ys: list[float]) -> float:
         return 0.0
     mx, my = sum(xs) / n, sum(ys) / n
     den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / den if den else 0.0
 
 
 def analyse(samples: list[dict[str, Any]]) -> dict[str, Any]:

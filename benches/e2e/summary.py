@@ -5,8 +5,6 @@ percentile minus direct's percentile from the same round (the two were measured 
 at most), then the median of those differences; throughput ratios likewise. The goals of the
 gateway and benchmark issues are evaluated here from the same medians, so the report only
 renders what this module computed.
-
-Imports: stdlib only (the report generator imports it too).
 """
 
 from __future__ import annotations
@@ -109,7 +107,7 @@ def streams(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
             row[f"total_{p}"] = _med(_lat(r, "latency_us").get(p) for r in rs)
             row[f"max_gap_{p}"] = _med(_lat(r, "max_gap_us").get(p) for r in rs)
         out[scen][target] = row
-    for scen, rows in out.items():
+    for rows in out.values():
         base = rows.get("direct")
         if base:
             for target, row in rows.items():
@@ -134,8 +132,8 @@ def arch(runs: list[Run]) -> list[dict[str, Any]]:
                                "rounds": len(rs),
                                "cpu_us_per_request": _med(r.get("cpu_us_per_request") for r in rs),
                                "errors": sum(r.get("errors_total", 0) for r in rs),
-                               "max_worker_rss_mib": _mib(max((max(r["rss_kib"] or [0]) for r in rs),
-                                                              default=0))}
+                               "max_worker_rss_mib": _mib(max(
+                                   (max(r["rss_kib"] or [0]) for r in rs), default=0))}
         for p in PCTS:
             row[p] = _med(_lat(r).get(p) for r in rs)
         rows.append(row)
@@ -230,22 +228,24 @@ def goals(s: dict[str, Any], soak: dict[str, Any] | None) -> list[dict[str, Any]
 
     out = [
         _goal("issue 4", "added p50 latency at 1 connection <= 2x nginx's", v50,
-              None if n50 is None else round(2 * n50, 1), cmp(v50, None if n50 is None else 2 * n50),
+              None if n50 is None else round(2 * n50, 1),
+              cmp(v50, None if n50 is None else 2 * n50),
               "us", f"nginx adds {n50} us"),
         _goal("issue 4", "added p99 latency at 1 connection <= nginx's + 100 us", v99,
               None if n99 is None else round(n99 + 100, 1),
               cmp(v99, None if n99 is None else n99 + 100), "us", f"nginx adds {n99} us"),
         _goal("issue 4", "requests/s at 64 connections >= 60% of nginx's", v64,
-              None if n64 is None else round(0.6 * n64), cmp(v64, None if n64 is None else 0.6 * n64,
-                                                             le=False), "req/s",
+              None if n64 is None else round(0.6 * n64),
+              cmp(v64, None if n64 is None else 0.6 * n64, le=False), "req/s",
               f"nginx {n64} req/s"),
         _goal("issue 4", "requests/s at 64 connections >= 200x LiteLLM's", v64,
-              None if l64 is None else round(200 * l64), cmp(v64, None if l64 is None else 200 * l64,
-                                                             le=False), "req/s",
+              None if l64 is None else round(200 * l64),
+              cmp(v64, None if l64 is None else 200 * l64, le=False), "req/s",
               f"LiteLLM {l64} req/s"),
         _goal("issue 4", f"streaming adds <= 0.3 ms to time to first byte (p50), {many_n} "
               "concurrent streams", vs.get("added_ttfb_p50"), 300.0,
-              cmp(vs.get("added_ttfb_p50"), 300.0), "us", f"p99 adds {vs.get('added_ttfb_p99')} us"),
+              cmp(vs.get("added_ttfb_p50"), 300.0), "us",
+              f"p99 adds {vs.get('added_ttfb_p99')} us"),
         _goal("issue 4", "no stream stalls with many concurrent streams", vs.get("stalled"), 0,
               None if vs.get("stalled") is None else vs["stalled"] == 0, "streams",
               f"{vs.get('streams')} streams"),

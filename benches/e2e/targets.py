@@ -3,8 +3,6 @@
 Every service is a child process started here and stopped by its PID (never by name), listens
 on 127.0.0.1 only, and reports the PIDs whose CPU and memory are charged to it: `roots` (the
 process trees summed for CPU per request) and `workers` (the processes whose RSS is sampled).
-
-Imports: machine, workload, litellm, velox.launch, velox.mock, stdlib.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from pathlib import Path
 
 from benches.e2e import litellm, workload
 from benches.e2e.machine import children
-from velox.launch import GatewayProcess, free_port, http_get
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port, http_get
+from velox_lab.mock import MockUpstream
 
 NGINX_TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 
@@ -147,7 +145,8 @@ class Nginx(Service):
     def _proxy_tls(self) -> str:
         if not self.tls:
             return ""
-        lines = ("proxy_ssl_verify on;", f"proxy_ssl_trusted_certificate {self.upstream.mock.ca_file};",
+        lines = ("proxy_ssl_verify on;",
+                 f"proxy_ssl_trusted_certificate {self.upstream.mock.ca_file};",
                  "proxy_ssl_name localhost;", "proxy_ssl_server_name on;",
                  "proxy_ssl_session_reuse on;")
         return "\n".join("            " + line for line in lines)

@@ -5,8 +5,6 @@ project's goals), POSTed to /v1/chat/completions, streamed or not. Long-lived st
 "many concurrent streams" run) are asked of the mock with its per-request control headers; the
 LiteLLM target cannot forward those, so its config maps the model name `STREAM_SLOW_MODEL` to
 the same headers (see litellm.py).
-
-Imports: stdlib only.
 """
 
 from __future__ import annotations

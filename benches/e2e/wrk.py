@@ -4,8 +4,6 @@ wrk is the closed-loop generator for the non-streaming runs: C keep-alive connec
 sending its next request when the previous answer is in. It is written in C, so at these rates
 it is not the bottleneck; `ceiling.py` measures how far it goes on this machine. Latencies are
 microseconds from wrk's own histogram.
-
-Imports: workload, stdlib.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ def run(port: int, conns: int, duration_s: int, threads: int = 1, timeout_s: int
         argv = ["wrk", f"-t{min(threads, conns)}", f"-c{conns}", f"-d{duration_s}s",
                 f"--timeout={timeout_s}s", "-s", str(SCRIPT), f"http://{host}:{port}/"]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=duration_s + timeout_s + 30)
+                              timeout=duration_s + timeout_s + 30, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith(_MARK):
             out = json.loads(line[len(_MARK):])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from velox.launch import RedisProcess
+from velox_lab.launch import RedisProcess
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The response cache's Redis tier (velox.cache_redis): two real Velox hosts (separate
+"""The response cache's Redis tier (velox.cache.redis): two real Velox hosts (separate
 processes, two workers each, two ports) sharing one real redis-server and VELOX_CACHE=1, the
 bundled mock upstream over HTTP/2 + TLS, the official openai SDK.
 
@@ -13,8 +13,8 @@ import json
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,12 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
 from tests.e2e.test_cache import calls, send_raw, start
 from tests.e2e.test_cache import stats as cache_stats
-from velox.launch import GatewayProcess, RedisProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, RedisProcess
+from velox_lab.mock import MockUpstream
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_an_answer_from_one_host_is_a_hit_on_the_other(
     assert chat(ca, "shared across hosts")[1]["x-velox-cache"] == "hit"
     assert cache_stats(a)["redis_hits"] == 0
     assert calls(upstream) == 1
-    status, metrics = b.admin_get("/metrics")
+    _status, metrics = b.admin_get("/metrics")
     assert b"velox_cache_redis_hits_total 1.0" in metrics
     # Streamed answers are shared too: stored whole on A, replayed as an event stream on B,
     # which the SDK reads chunk by chunk.
@@ -152,7 +153,7 @@ def test_redis_killed_then_restarted(
     doc = cache_stats(b)
     assert doc["redis_errors"] >= 1 and doc["redis_hits"] == 0
     assert doc["misses"] == 4 and doc["hits"] == 4
-    status, metrics = b.admin_get("/metrics")
+    _status, metrics = b.admin_get("/metrics")
     assert b"velox_cache_redis_errors_total" in metrics
     # Logged once per outage per worker, not once per request.
     assert b.log().count("cache's Redis at") <= 2
@@ -208,6 +209,7 @@ def test_a_keyed_client_leaving_while_its_request_waits_for_redis(
                    VELOX_CACHE_REDIS_TIMEOUT_MS="8000")
         client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=PAR_KEY, max_retries=0,
                                timeout=20)
+        closed_after_the_test(client)
         chat(client, "warm up")  # the worker's Redis connection is open now
         answered = json.loads(gw.admin_get("/stats")[1])["requests"]["total"]
         os.kill(redis.pid, signal.SIGSTOP)
@@ -337,12 +339,12 @@ def test_a_server_answering_ok_to_everything_counts_as_redis_down(
                    VELOX_CACHE_REDIS_TIMEOUT_MS="500", VELOX_SHUTDOWN_GRACE_S="2")
         client = client_for(gw)
         for i in range(40):  # distinct prompts: each a local miss that asks Redis
-            answer, headers = chat(client, f"wrong redis {i % 20}")
+            answer, _headers = chat(client, f"wrong redis {i % 20}")
             assert answer.choices[0].message.content
         assert fake.commands > 0  # the gateway did talk to it
         doc = cache_stats(gw)
         assert doc["redis_errors"] >= 1 and doc["redis_hits"] == 0, doc
-        status, body = gw.admin_get("/stats")
+        _status, body = gw.admin_get("/stats")
         assert json.loads(body)["redis"]["up"] == 0
         gw.stop()
         log = gw.log()

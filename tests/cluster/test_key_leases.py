@@ -24,7 +24,7 @@ import pytest
 
 from benches.e2e import cluster as harness
 from benches.e2e import paced
-from velox import cluster
+from velox.cluster import leases as cluster
 
 RPM, TPM = 600, 60_000
 RATE = RPM / 60

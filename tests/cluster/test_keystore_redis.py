@@ -17,7 +17,7 @@ import redis
 
 from velox.admin import keystore
 from velox.admin.keystore import KeyError_, KeyStore, sha256_hex
-from velox.launch import RedisProcess
+from velox_lab.launch import RedisProcess
 
 BOUND_S = 2.0
 

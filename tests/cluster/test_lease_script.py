@@ -1,4 +1,4 @@
-"""The lease script (velox.cluster.LEASE_LUA) run by a real Redis: the shared bucket's rules.
+"""The lease script (velox.cluster.leases.LEASE_LUA) run by a real Redis: the shared bucket's rules.
 
 Each test talks to its own redis-server through redis-py (sync client), exactly the way the
 refresher does (EVALSHA of the same script), without any Velox process.
@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from velox import cluster
-from velox.launch import RedisProcess
+from velox.cluster import leases as cluster
+from velox_lab.launch import RedisProcess
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_after_a_data_loss_new_buckets_start_empty(client: redis.Redis,
     fresh = redis.Redis.from_url(redis_server.url)
     # A host that never called (a new deployment) would get a full bucket; one that called
     # before sees the state gone: its buckets start empty and only refill.
-    hosts, granted, wait = lease(fresh, "a", ("k", 600, 10, 10), called_before=True)
+    _hosts, granted, wait = lease(fresh, "a", ("k", 600, 10, 10), called_before=True)
     assert granted <= 1 and wait > 0
     assert lease(fresh, "b", ("j", 600, 10, 10))[1] <= 1  # also for the hosts after it
     assert fresh.pttl(cluster.LOST_KEY) > (cluster.LOST_S - 5) * 1000

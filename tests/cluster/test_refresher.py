@@ -1,4 +1,5 @@
-"""velox.cluster.Cluster (the host's refresher) against a real Redis: leases, hosts, fallback.
+"""The host's refresher (velox.cluster.leases.Cluster) against a real Redis: leases, hosts,
+fallback.
 
 Each "host" is a Cluster in this process with its own local buckets; the local buckets are
 native `Limits` entries, as in the gateway.
@@ -13,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from velox import cluster
-from velox.launch import RedisProcess
+from velox.cluster import leases as cluster
+from velox_lab.launch import RedisProcess
 
 from .limits import local_limits
 
@@ -141,7 +142,7 @@ def test_a_stopping_host_returns_its_tokens_and_leaves(
 
 
 def test_unreachable_at_start_means_the_share_at_once(tmp_path: Any) -> None:
-    from velox.launch import free_port
+    from velox_lab.launch import free_port
 
     c = cluster.Cluster(f"redis://127.0.0.1:{free_port()}/0", host_id="lonely")
     limits = local_limits(1)

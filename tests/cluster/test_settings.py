@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from velox import config
+from velox.config import settings as config
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://cache.internal:6380",

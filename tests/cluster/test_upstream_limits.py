@@ -6,7 +6,7 @@ file naming the same upstream `limited` (rpm = 120: a burst of 20, 2 tokens a se
 the bundled mock (HTTP/2 + TLS), one real redis-server on a free port. The official SDK sends
 open-loop at 7.5 times that rate, spread over the hosts, for 6 s. What reached the upstream is
 the mock's own count of chat calls. With Redis the hosts together stay within
-    burst + rpm/60 x T + hosts x lease cap      (velox.cluster.bound: 3 x 1 here)
+    burst + rpm/60 x T + hosts x lease cap      (velox.cluster.leases.bound: 3 x 1 here)
 and every other request is answered 429 by the gateway; without Redis (the control) each host
 admits from its own bucket: more than the hosts' three bursts, above that bound.
 """
@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from tests.e2e.test_routing import start_mock, upstream_table
-from velox import cluster
-from velox.health import rpm_burst
-from velox.launch import GatewayProcess, RedisProcess, free_port
-from velox.mock import MockUpstream
+from velox.cluster import leases as cluster
+from velox.state.health import rpm_burst
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
+from velox_lab.mock import MockUpstream
 
 RPM, HOSTS = 120, 3
 BURST = rpm_burst(RPM)
@@ -66,7 +66,7 @@ def start_hosts(tmp_path: Path, mock: MockUpstream, redis: RedisProcess | None) 
 
 
 def redis_hosts(gw: GatewayProcess) -> float:
-    status, body = gw.admin_get("/metrics", timeout=2.0)
+    _status, body = gw.admin_get("/metrics", timeout=2.0)
     for line in body.decode().splitlines():
         if line.startswith("velox_redis_hosts "):
             return float(line.split()[1])

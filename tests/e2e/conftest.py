@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from tests.conftest import closed_after_the_test
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
 CLIENT_KEY = "sk-client-key-abcdef"
@@ -75,8 +76,11 @@ def gateway(upstream: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
 
 
 def client_for(gw: GatewayProcess, **kw: object) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
-                         timeout=kw.pop("timeout", 20), **kw)  # type: ignore[arg-type]
+    """An SDK client of the gateway, closed when the test ends (tests/conftest.py)."""
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
+                           timeout=kw.pop("timeout", 20), **kw)  # type: ignore[arg-type]
+    closed_after_the_test(client)
+    return client
 
 
 def async_client_for(gw: GatewayProcess, **kw: object) -> openai.AsyncOpenAI:
@@ -85,7 +89,10 @@ def async_client_for(gw: GatewayProcess, **kw: object) -> openai.AsyncOpenAI:
 
 
 def raw(gw: GatewayProcess) -> httpx.Client:
-    return httpx.Client(base_url=gw.base_url, timeout=20)
+    """A plain HTTP client of the gateway, closed when the test ends (tests/conftest.py)."""
+    client = httpx.Client(base_url=gw.base_url, timeout=20)
+    closed_after_the_test(client)
+    return client
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> Any:

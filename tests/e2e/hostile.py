@@ -1,6 +1,6 @@
 """A scriptable hostile upstream for fault tests: HTTP/2 over TLS or h2c, or HTTP/1.1.
 
-Unlike the bundled mock (velox.mock), which behaves like a well-mannered provider, this server
+Unlike the bundled mock (velox_lab.mock), which behaves like a well-mannered provider, this server
 misbehaves on purpose, in ways a test chooses. It runs an asyncio server on a daemon thread of
 the test process (`with HostileUpstream(...) as up:`), listens on 127.0.0.1 only, and has the
 `origin` and `ca_file` attributes `tests/e2e/conftest.gateway_env` expects of an upstream.
@@ -34,8 +34,6 @@ Counters (read from the test thread; plain ints and lists, updated on the server
 `connections`, `requests` (paths of non-warm-up requests, in arrival order), `warmups`,
 `pings` (PING frames received, not ACKs), `streams_finished`, `resets_received`;
 `send_windows()`.
-
-Imports: h2, trustme (through velox.mock.certs), velox.mock.certs, stdlib.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from velox.mock.certs import ensure_certs
+from velox_lab.mock.certs import ensure_certs
 
 CONTINUATION_LIMIT = 20_000
 _FRAME = 16_384
@@ -144,9 +142,9 @@ class _H2Server(asyncio.Protocol):
             elif isinstance(event, h2.events.DataReceived):
                 self.conn.acknowledge_received_data(event.flow_controlled_length,
                                                     event.stream_id)
-            elif isinstance(event, h2.events.SettingsAcknowledged):
-                if self.script.silent_after_handshake:
-                    self.silent = True
+            elif isinstance(event, h2.events.SettingsAcknowledged) and \
+                    self.script.silent_after_handshake:
+                self.silent = True
         self.flush()
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
@@ -384,13 +382,20 @@ class HostileUpstream:
         if loop is None:
             return
 
+        async def stop_after_the_closes() -> None:
+            # The transports just aborted (and any closing already) finish on the loop's next
+            # passes (connection_lost, TLS teardown): stop only then, so none outlives the loop.
+            for _ in range(5):
+                await asyncio.sleep(0)
+            loop.stop()
+
         def shutdown() -> None:
             if self._server is not None:
                 self._server.close()
             for proto in list(self.live):
                 if proto.transport is not None:
                     proto.transport.abort()
-            loop.stop()
+            loop.create_task(stop_after_the_closes())
 
         loop.call_soon_threadsafe(shutdown)
         if self._thread is not None:

@@ -24,9 +24,10 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benches._closedloop import ClosedLoop, chat_request
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from tests.conftest import closed_after_the_test
+from velox_lab.closedloop import ClosedLoop, chat_request
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, gateway_env, wait_for
 
@@ -104,6 +105,7 @@ def test_admin_under_load(start_gateway: GatewayFactory) -> None:
     load = ClosedLoop("127.0.0.1", gw.port, chat_request(BODY, f"Bearer {CLIENT_KEY}"),
                       concurrency=32, max_requests=300_000, max_seconds=20).start()
     client = httpx.Client(base_url=admin, timeout=30)
+    closed_after_the_test(client)
     try:
         wait_for(lambda: load.completed > 500)
         html: dict[str, httpx.Response] = {}
@@ -252,6 +254,20 @@ def test_admin_address_in_use_stops_startup(upstream: MockUpstream, tmp_path: Pa
     assert f"cannot listen on {addr} (VELOX_ADMIN_ADDR)" in gw.log()
 
 
+def test_profile_without_pyinstrument_says_how_to_install_it(
+        start_gateway: GatewayFactory, tmp_path: Path) -> None:
+    # pyinstrument is an extra: a gateway that cannot import it serves, and its profile path
+    # answers 501 naming the extra instead of failing in the workers.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['pyinstrument'] = None  # as if not installed\n")
+    gw = start_gateway(PYTHONPATH=str(tmp_path))
+    status, body = gw.admin_get("/debug/pprof/profile?seconds=0.1")
+    assert status == 501, body
+    assert "pip install 'velox[profile]'" in orjson.loads(body)["error"]["message"]
+    status, _ = gw.admin_get("/stats")
+    assert status == 200
+
+
 def test_admin_off_still_serves(start_gateway: GatewayFactory) -> None:
     gw = start_gateway(VELOX_ADMIN_ADDR="off")
     assert gw.admin_url is None
@@ -262,7 +278,8 @@ def test_admin_off_still_serves(start_gateway: GatewayFactory) -> None:
 
 def run_doctor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "velox", "doctor"], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent,
+                          check=False)
 
 
 def test_doctor_passes_against_the_mock_and_fails_against_a_closed_port(

@@ -22,8 +22,8 @@ import httpx
 import orjson
 import pytest
 
-from velox.launch import GatewayProcess, RedisProcess, raw_request
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, RedisProcess, raw_request
+from velox_lab.mock import MockUpstream
 
 from .conftest import gateway_env, wait_for
 
@@ -289,8 +289,9 @@ def velox_cli(gw: GatewayProcess, *args: str, stdin: str | None = None,
               ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VELOX_")}
     env.update(VELOX_ADMIN_ADDR=gw.env["VELOX_ADMIN_ADDR"], VELOX_ADMIN_TOKEN=TOKEN)
-    return subprocess.run([sys.executable, "-m", "velox", "key", *args], env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60, cwd=gw.env["VELOX_STATE_DIR"])
+    return subprocess.run([sys.executable, "-m", "velox", "key", *args], check=False, env=env,
+                          input=stdin, capture_output=True, text=True, timeout=60,
+                          cwd=gw.env["VELOX_STATE_DIR"])
 
 
 def test_the_key_commands_talk_to_the_api(gw: GatewayProcess) -> None:

@@ -8,8 +8,8 @@ import hashlib
 import orjson
 import pytest
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import UPSTREAM_KEY, async_client_for, client_for, raw
 
@@ -111,7 +111,8 @@ def test_completions_embeddings_models_responses(gateway: GatewayProcess) -> Non
 
 def test_body_is_forwarded_byte_for_byte(gateway: GatewayProcess, upstream: MockUpstream) -> None:
     # Odd spacing, key order and unicode escapes would not survive a re-serialisation.
-    body = b'{ "messages": [{"role":"user","content":"caf\\u00e9 \xe2\x98\x95"}] ,"model":"gpt-4o" }'
+    body = (b'{ "messages": [{"role":"user","content":"caf\\u00e9 \xe2\x98\x95"}] ,'
+            b'"model":"gpt-4o" }')
     response = raw(gateway).post("/v1/chat/completions", content=body,
                                  headers={"content-type": "application/json"})
     assert response.status_code == 200

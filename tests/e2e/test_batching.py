@@ -26,20 +26,23 @@ import hashlib
 import json
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, wait_for
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
-from velox.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
-from velox.mock.state import fingerprint
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
+from velox_lab.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
+from velox_lab.mock.state import fingerprint
+
+T = TypeVar("T")
 
 UP_KEY = "sk-upstream-batching-0123456789"
 EMBED = "/v1/embeddings"
@@ -126,12 +129,31 @@ batch = {batch}
     return path
 
 
+# The SDK clients made inside the running loop: `run` closes them before the loop ends (left
+# to the garbage collector, their close would be scheduled on a closed loop).
+_open: list[openai.AsyncOpenAI] = []
+
+
 def client(gw: GatewayProcess, key: str = CLIENT_KEY, options: dict[str, str] | None = None,
            **headers: str) -> openai.AsyncOpenAI:
     """An SDK client; options: the SDK's own (organization, project), which it sends as the
     OpenAI-Organization / OpenAI-Project headers."""
-    return openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
-                              timeout=30, default_headers=headers or None, **(options or {}))
+    c = openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
+                           timeout=30, default_headers=headers or None, **(options or {}))
+    _open.append(c)
+    return c
+
+
+def arun(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(main), closing every client made meanwhile inside the loop."""
+    async def closing() -> T:
+        try:
+            return await main
+        finally:
+            while _open:
+                await _open.pop().close()
+
+    return asyncio.run(closing())
 
 
 def stats(gw: GatewayProcess) -> dict:
@@ -206,7 +228,7 @@ def test_256_concurrent_single_inputs_take_a_tenth_of_the_calls(
                                     user="load") for t in texts]
         return await asyncio.wait_for(asyncio.gather(*jobs), timeout=120)
 
-    answers = asyncio.run(run())
+    answers = arun(run())
     seen = calls(fresh)
     assert sum(r["inputs"] for r in seen) == 256 and all(r["status"] == 200 for r in seen)
     assert len(seen) <= 256 // 10, [r["inputs"] for r in seen]
@@ -249,7 +271,7 @@ def test_multi_input_members_keep_their_order_and_get_their_share(
             for items in inputs])
         return await first, raws
 
-    _, raws = asyncio.run(run())
+    _, raws = arun(run())
     seen = calls(fresh)
     assert [r["inputs"] for r in seen] == [1, sum(map(len, inputs))]  # blocker, then ONE call
     shares = []
@@ -278,7 +300,7 @@ def test_one_bad_input_fails_only_its_own_request(gateway: GatewayProcess,
             return_exceptions=True)
         return await first, results
 
-    _, results = asyncio.run(run())
+    _, results = arun(run())
     for text, result in zip(texts, results, strict=True):
         if text:
             assert vector(result.data[0]) == embedding_vector(text, EMBEDDING_DIMENSIONS)
@@ -307,7 +329,7 @@ def test_any_other_failure_reaches_every_member_as_it_would_alone(
             for i in range(4)], return_exceptions=True)
         return await first, results
 
-    _, results = asyncio.run(run())
+    _, results = arun(run())
     assert all(isinstance(r, openai.AuthenticationError) for r in results), results
     assert {r.body["code"] for r in results} == {"invalid_api_key"}  # the upstream's body
     seen = calls(fresh)
@@ -323,6 +345,7 @@ def test_a_lone_request_leaves_at_once(gateway: GatewayProcess, fresh: MockUpstr
     before = batch_stats(gateway)
     c = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0,
                       timeout=30)
+    closed_after_the_test(c)
     raw = c.embeddings.with_raw_response.create(model="emb4", input="all alone", user="lone",
                                                 encoding_format="float")
     answer = raw.parse()
@@ -347,14 +370,14 @@ def test_different_parameters_and_callers_are_never_merged(
     async def run() -> list[Any]:
         c = client(gateway, **{"x-mock-latency-ms": "800"})
         jobs = []
-        for i, params in enumerate(variants):  # two of each, all at once
-            params = {"user": "params", **params}
+        for i, variant in enumerate(variants):  # two of each, all at once
+            params = {"user": "params", **variant}
             jobs += [c.embeddings.with_raw_response.create(model="emb-short",
                                                            input=f"v{i}-{j}", **params)
                      for j in range(2)]
         return await asyncio.gather(*jobs)
 
-    raws = asyncio.run(run())
+    raws = arun(run())
     # Members of one call share its upstream x-request-id: requests with different
     # parameters must never share one (two of the same kind may).
     by_call: dict[str, set[int]] = {}
@@ -368,7 +391,7 @@ def test_different_parameters_and_callers_are_never_merged(
         got: Any = raw.parse().data[0].embedding
         dims = params.get("dimensions", EMBEDDING_DIMENSIONS)
         if params["encoding_format"] == "base64":  # asked for explicitly: the SDK keeps it
-            got = list(struct.unpack("<%df" % dims, base64.b64decode(got)))
+            got = list(struct.unpack(f"<{dims}f", base64.b64decode(got)))
         assert len(got) == dims
         assert got == pytest.approx(embedding_vector(f"v{n // 2}-{n % 2}", dims), abs=1e-6)
 
@@ -391,7 +414,7 @@ def test_passthrough_credentials_merge_only_the_same_caller(
             for i in range(2) for key in keys]
         return list(await asyncio.gather(*jobs, *blockers))[:4]
 
-    raws = asyncio.run(run())
+    raws = arun(run())
     # Members of one call share its upstream x-request-id: never two callers in one call.
     callers: dict[str, set[str]] = {}
     for n, raw in enumerate(raws):
@@ -415,9 +438,9 @@ def test_passthrough_credentials_merge_only_the_same_caller(
             for key in ("sk-caller-a", "sk-caller-b", "sk-caller-c")]
         return await asyncio.gather(*jobs, first)
 
-    answers = asyncio.run(shared())
+    answers = arun(shared())
     assert [r["inputs"] for r in calls(fresh)] == [1, 3]  # different callers, one call
-    for key, answer in zip(("sk-caller-a", "sk-caller-b", "sk-caller-c"), answers):
+    for key, answer in zip(("sk-caller-a", "sk-caller-b", "sk-caller-c"), answers, strict=False):
         assert vector(answer.data[0]) == embedding_vector(key, EMBEDDING_DIMENSIONS)
 
 
@@ -454,7 +477,7 @@ def test_a_member_that_disconnects_does_not_break_the_others(
         await first
         return results
 
-    results = asyncio.run(run())
+    results = arun(run())
     for i, answer in enumerate(results):
         assert vector(answer.data[0]) == embedding_vector(f"stays {i}", EMBEDDING_DIMENSIONS)
     seen = calls(fresh)
@@ -536,7 +559,7 @@ def test_a_keyed_member_leaving_while_it_waits_and_while_its_batch_is_in_flight(
             return answers
 
         before = stats(gw)["requests"]["total"]
-        answers = asyncio.run(run())
+        answers = arun(run())
         texts = ["blocker", "stays 0", "blocker", "stays 1", "stays 2"]
         for text, answer in zip(texts, answers, strict=True):
             assert vector(answer.data[0]) == embedding_vector(text, EMBEDDING_DIMENSIONS)
@@ -600,7 +623,7 @@ def test_members_with_different_organization_or_project_are_never_merged(
                     for i in range(REQUESTS) for v in values]
             return await asyncio.gather(*jobs)
 
-        raws = asyncio.run(run())
+        raws = arun(run())
         assert all(len(raw.parse().data) in (1, SPREAD) for raw in raws)
         carried: dict[str | None, int] = {}
         for call in calls(busy):
@@ -628,7 +651,7 @@ def test_each_member_books_its_own_tokens_and_has_its_own_access_log_line(
         done = await asyncio.gather(*(j for team in TEAMS for j in jobs[team]))
         return {"team-a": list(done[:REQUESTS]), "team-b": list(done[REQUESTS:])}
 
-    raws = asyncio.run(run())
+    raws = arun(run())
     merged = [raw for team in TEAMS for raw in raws[team] if "x-velox-batch" in raw.headers]
     assert merged, "nothing was batched"
     # Both keys' requests shared calls (the route sends the gateway's own key upstream).

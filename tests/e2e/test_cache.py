@@ -21,10 +21,11 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, UPSTREAM_KEY, client_for, wait_for
 from tests.e2e.test_hardening_ingress import read_response
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "Tell me about caches."}]
 CHAT = {"model": "gpt-4o-mini", "messages": MESSAGES}
@@ -130,7 +131,7 @@ def test_repeated_chat_is_answered_from_the_cache(
     assert doc["hits"] == 10 and doc["misses"] == 3 and doc["entries"] == 3
     assert doc["hit_rate"] == round(10 / 13, 4) and doc["bytes"] > 0
     assert doc["latency_hit"]["count"] == 10
-    status, metrics = gw.admin_get("/metrics")
+    _status, metrics = gw.admin_get("/metrics")
     assert b"velox_cache_hits_total 10.0" in metrics
     assert b"velox_cache_entries 3.0" in metrics
 
@@ -165,7 +166,9 @@ def test_two_gateway_keys_never_share_an_entry(
         upstream: MockUpstream, gateways: list[GatewayProcess], tmp_path: Path) -> None:
     gw = start(gateways, upstream, tmp_path, VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678")
     a = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-a-1234", max_retries=0)
+    closed_after_the_test(a)
     b = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-b-5678", max_retries=0)
+    closed_after_the_test(b)
     answer_a, ha = chat(a)
     answer_b, hb = chat(b)
     assert ha["x-velox-cache"] == "miss" and hb["x-velox-cache"] == "miss"

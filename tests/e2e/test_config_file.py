@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, client_for, gateway_env
 
@@ -221,5 +221,5 @@ def test_a_misspelt_variable_is_warned_about_with_the_setting_meant(
     assert "VELOX_NOTHING_LIKE_IT is not a Velox setting and is ignored; see .env.example" in log
     assert UPSTREAM_KEY not in log
     local = {"VELOX_WORKER": "1", "VELOX_UPSTREAM_ORIGIN": f"http://127.0.0.1:{free_port()}"}
-    code, out, _ = run_velox(["doctor"], local, tmp_path)
+    _code, out, _ = run_velox(["doctor"], local, tmp_path)
     assert "WARN  config            VELOX_WORKER is not a Velox setting" in out

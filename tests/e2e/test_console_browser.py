@@ -32,8 +32,8 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, wait_for
 
@@ -76,7 +76,7 @@ probe_interval_s = 1
 # Load from its own process: a bounded closed loop (at most 120 s or 500,000 requests).
 LOAD = """
 import sys
-from benches._closedloop import ClosedLoop, chat_request
+from velox_lab.closedloop import ClosedLoop, chat_request
 body = b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}'
 loop = ClosedLoop("127.0.0.1", int(sys.argv[1]), chat_request(body, "Bearer " + sys.argv[2]),
                   concurrency=8, max_requests=500_000, max_seconds=120).start()
@@ -315,7 +315,8 @@ def close_secret(driver: Any) -> None:
 
 
 def row_button(driver: Any, name: str, action: str) -> Any:
-    return driver.find_element("css selector", f'tr[data-key="{name}"] button[data-action="{action}"]')
+    return driver.find_element("css selector",
+                               f'tr[data-key="{name}"] button[data-action="{action}"]')
 
 
 def test_create_rotate_and_revoke_a_key_in_the_console(
@@ -362,7 +363,8 @@ def test_spend_page_shows_the_ledgers_totals(signed_in: Any, shots: Path) -> Non
     # the page reads /spend's list and says so.
     driver = signed_in
     page(driver, "spend")
-    wait(driver, lambda d: "No spend in the last 7 days" in d.find_element("id", "spend-state").text)
+    wait(driver,
+         lambda d: "No spend in the last 7 days" in d.find_element("id", "spend-state").text)
     save(driver, shots, "spend")
 
 
@@ -480,7 +482,7 @@ def test_a_cross_site_form_post_from_the_browser_is_refused(
                      '</script>').encode()
 
         class Evil(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/html")
                 self.send_header("Content-Length", str(len(page_html)))

@@ -10,8 +10,9 @@ import httpx
 import openai
 import pytest
 
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from tests.conftest import closed_after_the_test
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 from .conftest import CLIENT_KEY, UPSTREAM_KEY, GatewayFactory, client_for, raw
 
@@ -173,8 +174,8 @@ def test_keep_alive_and_pipelining_answer_in_order(gateway: GatewayProcess) -> N
 def test_upstream_errors_pass_through_with_the_sdk_exception(gateway: GatewayProcess,
                                                             upstream: MockUpstream) -> None:
     client = client_for(gateway)
-    direct = httpx.Client(base_url=upstream.origin,
-                          verify=ssl.create_default_context(cafile=upstream.ca_file))
+    direct = closed_after_the_test(httpx.Client(
+        base_url=upstream.origin, verify=ssl.create_default_context(cafile=upstream.ca_file)))
     for status, exc in ((429, openai.RateLimitError), (500, openai.InternalServerError),
                         (400, openai.BadRequestError), (404, openai.NotFoundError)):
         with pytest.raises(exc) as err:

@@ -66,7 +66,8 @@ def hostile_h2c() -> Iterator[HostileUpstream]:
 
 
 def _one_connection(**extra: str) -> dict[str, str]:
-    env = {"VELOX_WORKERS": "1", "VELOX_EGRESS_POOL_CONNECTIONS": "1", "VELOX_UPSTREAM_PROTOCOL": "h2",
+    env = {"VELOX_WORKERS": "1", "VELOX_EGRESS_POOL_CONNECTIONS": "1",
+           "VELOX_UPSTREAM_PROTOCOL": "h2",
            "VELOX_REQUEST_TIMEOUT_MS": "10000"}
     env.update(extra)
     return env
@@ -126,7 +127,7 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
 
 
 def _readyz(gw) -> int:  # type: ignore[no-untyped-def]
-    from velox.launch import http_get
+    from velox_lab.launch import http_get
     try:
         return http_get("127.0.0.1", gw.port, "/readyz", timeout=1.0)[0]
     except OSError:
@@ -140,13 +141,15 @@ def test_withheld_warmup_times_out_and_reconnects(protocol: str, tmp_path,  # ty
     certdir = str(tmp_path / "certs") if protocol == "h2" else None
     with HostileUpstream(certdir=certdir, script=Script(warmup="withhold",
                                                         protocol=protocol)) as up:
+        # 1.5 s: a loop starved on a loaded machine must not see the TCP connect itself time
+        # out first (with 400 ms it did, at a load average of 30), which is another message.
         gw = start_gateway(mock=up, wait_ready=False, VELOX_WORKERS="1",
-                           VELOX_EGRESS_POOL_CONNECTIONS="1", VELOX_CONNECT_TIMEOUT_MS="400")
-        _wait_for(lambda: up.warmups >= 3, 20, f"3 warm-up attempts (saw {up.warmups})")
+                           VELOX_EGRESS_POOL_CONNECTIONS="1", VELOX_CONNECT_TIMEOUT_MS="1500")
+        _wait_for(lambda: up.warmups >= 3, 60, f"3 warm-up attempts (saw {up.warmups})")
         assert up.connections >= 3  # each attempt on a fresh connection
         # Logged once, when the upstream goes down, not at each of the attempts.
         assert gw.log().count("did not answer the warm-up request") == 1, gw.log()
-        assert ("within 400 ms (VELOX_CONNECT_TIMEOUT_MS); upstream 'default' is down: "
+        assert ("within 1500 ms (VELOX_CONNECT_TIMEOUT_MS); upstream 'default' is down: "
                 "reconnecting") in gw.log()
         assert _readyz(gw) == 503
         up.script.warmup = "answer"  # the upstream recovers: the next attempt must succeed
@@ -256,27 +259,22 @@ def test_consecutive_request_timeouts_retire_the_connection(start_gateway: Gatew
 # --- finding 13: connection-specific response headers ----------------------------------------
 
 
-@pytest.mark.parametrize("codec", ["framer", "h2", "jh2", "native"])
-def test_http2_response_with_connection_specific_fields(codec: str,
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_http2_response_with_connection_specific_fields(native: str,
                                                         start_gateway: GatewayFactory) -> None:
-    # RFC 9113 section 8.2.2. With the framer and native codecs the relay strips the fields,
-    # and those the Connection field names (x-hop) as on HTTP/1.1, natively and in Python
-    # alike; h2/jh2 validate inbound headers and make it a protocol error: 502.
+    # RFC 9113 section 8.2.2. The relay strips the fields, and those the Connection field
+    # names (x-hop) as on HTTP/1.1, natively and on the Python twins (VELOX_NATIVE=0) alike.
     with HostileUpstream() as up:
         gw = start_gateway(mock=up, VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
-                           VELOX_UPSTREAM_PROTOCOL="h2", VELOX_EGRESS=codec)
+                           VELOX_UPSTREAM_PROTOCOL="h2", VELOX_NATIVE=native)
         r = _post(gw, hostile="conn-headers", timeout=10)
-        if codec in ("framer", "native"):
-            assert r.status_code == 200, r.text
-            assert r.headers.get("x-kept") == "yes"
-            assert "x-hop" not in r.headers  # named in the upstream's Connection field
-            for name in ("connection", "keep-alive", "transfer-encoding", "upgrade"):
-                assert name not in r.headers or (name == "connection"
-                                                 and r.headers[name] == "keep-alive"), name
-            assert up.connections == 1
-        else:
-            assert r.status_code == 502, (r.status_code, r.headers, r.text)
-            assert r.json()["error"]["type"] == "server_error"
+        assert r.status_code == 200, r.text
+        assert r.headers.get("x-kept") == "yes"
+        assert "x-hop" not in r.headers  # named in the upstream's Connection field
+        for name in ("connection", "keep-alive", "transfer-encoding", "upgrade"):
+            assert name not in r.headers or (name == "connection"
+                                             and r.headers[name] == "keep-alive"), name
+        assert up.connections == 1
         assert _post(gw, timeout=10).status_code == 200
 
 

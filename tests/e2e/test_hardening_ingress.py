@@ -20,8 +20,8 @@ import orjson
 import psutil
 import pytest
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import GatewayFactory, client_for, wait_for
 

@@ -1,6 +1,7 @@
 """RFC 9112 request rules at a real gateway, on both ingress parsers.
 
-Every case runs against a gateway on VELOX_INGRESS_PARSER=native and one on httptools, with
+Every case runs against a gateway on the native head parser and one on httptools alone
+(VELOX_NATIVE=0, with every other Python twin), with
 the same expectations (the two paths answer identically):
 
 * Host (§3.2): an HTTP/1.1 request without Host, and any request with two Host fields or an
@@ -26,8 +27,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 from .conftest import gateway_env
 from .test_hardening_ingress import connect, error_code, is_closed, read_response
@@ -40,7 +41,8 @@ _cases = itertools.count()
 def gw(request: pytest.FixtureRequest, upstream: MockUpstream,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp(f"rfc9112-{request.param}") / "velox.log"
-    env = gateway_env(upstream, VELOX_WORKERS="1", VELOX_INGRESS_PARSER=request.param)
+    env = gateway_env(upstream, VELOX_WORKERS="1",
+                      VELOX_NATIVE="1" if request.param == "native" else "0")
     with GatewayProcess(env, log_path=log) as gateway:
         yield gateway
 

@@ -24,10 +24,11 @@ import openai
 import orjson
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import GatewayFactory
 from tests.e2e.test_hardening_ingress import exchange
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "What is reachable?"}]}
 
@@ -82,7 +83,7 @@ def chat_calls(mock: MockUpstream) -> int:
 def test_two_authorization_fields_are_refused_on_both_parsers(
         mock: MockUpstream, start: Callable[..., GatewayProcess], parser: str) -> None:
     gw = start(VELOX_API_KEYS="sk-tenant-a-1234,sk-tenant-b-5678",
-               VELOX_INGRESS_PARSER=parser)
+               VELOX_NATIVE="1" if parser == "native" else "0")
     body = orjson.dumps(CHAT)
     status, _, answer = exchange(gw, (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -95,6 +96,7 @@ def test_two_authorization_fields_are_refused_on_both_parsers(
     # One Authorization is served as before.
     client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key="sk-tenant-b-5678",
                            max_retries=0)
+    closed_after_the_test(client)
     assert client.chat.completions.create(**CHAT).choices
 
 
@@ -161,9 +163,9 @@ def test_a_key_is_never_served_by_a_fallback_route_it_may_not_use(
         refused = ask(CHEAP_KEY)
         assert refused.status_code == 429, (refused.status_code, refused.headers)
         assert refused.json()["error"]["type"] == "rate_limit_error"
-    with pytest.raises(openai.RateLimitError):
-        openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
-                      max_retries=0).chat.completions.create(**body)
+    with openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CHEAP_KEY,
+                       max_retries=0) as sdk, pytest.raises(openai.RateLimitError):
+        sdk.chat.completions.create(**body)
     assert [r["model"] for r in mock.requests() if r["method"] == "POST"] == ["cheap"]
     # A key that may use every route still falls back.
     served = ask(ANY_KEY)
@@ -325,6 +327,7 @@ def test_a_key_with_models_reaches_only_what_can_be_checked(
         mock: MockUpstream, reach: GatewayProcess) -> None:
     models = openai.OpenAI(base_url=reach.base_url + "/v1", api_key=KEYS["models"],
                            max_retries=0)
+    closed_after_the_test(models)
     # Forwards (no model read): refused, through the SDK's own exception.
     with pytest.raises(openai.PermissionDeniedError, match="forward = true"):
         models.files.list()

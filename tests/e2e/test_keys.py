@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import UPSTREAM_KEY, wait_for
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream, fingerprint
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream, fingerprint
 
 KEYS = {  # name -> the key clients present
     "open": "vx-open-0123456789",
@@ -124,8 +124,10 @@ def gw(mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory
 
 
 def sdk(gw: GatewayProcess, key: str, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
-                         timeout=kw.pop("timeout", 20), **kw)
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=key, max_retries=0,
+                           timeout=kw.pop("timeout", 20), **kw)
+    closed_after_the_test(client)
+    return client
 
 
 def post(gw: GatewayProcess, key: str, headers: dict[str, str] | None = None,
@@ -257,7 +259,7 @@ def hold(fn: Callable[[], Any], n: int = 2) -> tuple[list[threading.Thread], lis
     def run() -> None:
         try:
             results.append(fn())
-        except Exception as exc:  # noqa: BLE001 - a disconnect is an expected ending here
+        except Exception as exc:
             results.append(exc)
 
     threads = [threading.Thread(target=run) for _ in range(n)]
@@ -390,7 +392,7 @@ def velox(*args: str, stdin: str = "", env: dict[str, str] | None = None
           ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VELOX_")}
     return subprocess.run([sys.executable, "-m", "velox", *args], input=stdin, text=True,
-                          capture_output=True, timeout=60, env={**base, **(env or {})})
+                          capture_output=True, timeout=60, env={**base, **(env or {})}, check=False)
 
 
 def test_velox_key_hash_and_new() -> None:

@@ -19,9 +19,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import UPSTREAM_KEY
-from velox.launch import GatewayProcess, RedisProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MAX = 4096
 
@@ -67,6 +68,7 @@ def test_the_documented_maximum_of_keys_starts_and_serves(
             for i in (0, MAX // 2, MAX - 1):  # the first, a middle and the last key
                 client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=secret(i),
                                        max_retries=2, timeout=30)
+                closed_after_the_test(client)
                 answer = client.chat.completions.create(
                     model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
                 assert answer.choices[0].message.content

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from velox.launch import free_port
+from velox_lab.launch import free_port
 
 UPSTREAM_KEY = "sk-operator-0123456789abcdef"
 LISTENING = "velox.supervisor: listening on"

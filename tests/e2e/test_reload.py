@@ -25,10 +25,11 @@ import openai
 import orjson
 import pytest
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import KEYS, start_mock, upstream_table
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 ROUTE_TO = """
@@ -88,6 +89,7 @@ def worker_pids(gw: GatewayProcess) -> set[int]:
 
 def upstream_of(gw: GatewayProcess) -> str:
     client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    closed_after_the_test(client)
     raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
     return raw.headers["x-velox-upstream"]
 

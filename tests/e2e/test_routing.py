@@ -23,8 +23,8 @@ import openai
 import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, client_for, wait_for
-from velox.launch import GatewayProcess, free_port
-from velox.mock import MockUpstream
+from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.mock import MockUpstream
 
 KEYS = {"KEY_A": "sk-a-0123456789", "KEY_B": "sk-b-0123456789", "KEY_C": "sk-c-0123456789",
         "KEY_AZ": "az-0123456789"}

@@ -23,10 +23,10 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import CLIENT_KEY, wait_for
-from tests.e2e.test_hardening_ingress import metric
 from tests.e2e.test_cache import gateways, mock, start, stats, upstream, waiting  # noqa: F401
-from velox.launch import GatewayProcess
-from velox.mock import MockUpstream
+from tests.e2e.test_hardening_ingress import metric
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
 
 # An embeddings answer of about 6.5 MB (450 vectors of 1536 numbers), as in the report.
 LARGE = {"model": "text-embedding-3-small", "input": [f"item {i}" for i in range(450)],

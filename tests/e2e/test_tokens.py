@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import time
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +21,34 @@ import httpx
 import openai
 import orjson
 
+from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, GatewayFactory, client_for, wait_for
 from tests.e2e.test_routing import (  # noqa: F401  (fixtures: certdir, mocks, fresh, gateways)
-    admin_stats, certdir, chat_calls, fresh, gateways, mocks, start, upstream_stats,
-    upstream_table, write_config)
-from velox import usage
-from velox.mock import MockUpstream
+    admin_stats,
+    certdir,
+    chat_calls,
+    fresh,
+    gateways,
+    mocks,
+    start,
+    upstream_stats,
+    upstream_table,
+    write_config,
+)
+from velox.relay import usage
+from velox_lab.mock import MockUpstream
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 MESSAGES = [{"role": "user", "content": "Count the tokens of this sentence, please. " * 5}]
 
 
 def direct_client(mock: MockUpstream) -> openai.OpenAI:
-    return openai.OpenAI(base_url=mock.origin + "/v1", api_key="sk-direct", max_retries=0,
-                         http_client=httpx.Client(verify=mock.ca_file, timeout=20))
+    client = openai.OpenAI(base_url=mock.origin + "/v1", api_key="sk-direct", max_retries=0,
+                           http_client=httpx.Client(
+                               verify=ssl.create_default_context(cafile=mock.ca_file),
+                               timeout=20))
+    closed_after_the_test(client)
+    return client
 
 
 def normal(chunk: Any) -> dict[str, Any]:
@@ -161,7 +174,7 @@ def test_settlement_is_exact_for_every_shape(start_gateway: GatewayFactory) -> N
 
 def payloads_completion_usage(prompt: str) -> bytes:
     """The usage chunk the mock sends for a default completions stream that asks for it."""
-    from velox.mock import payloads
+    from velox_lab.mock import payloads
 
     events = payloads.completion_stream({"prompt": prompt, "stream_options": {
         "include_usage": True}}, "gpt-4o", "x", 1, 8)
@@ -368,6 +381,7 @@ def test_key_stream_settles_and_strips(tmp_path: Path, fresh: dict, gateways: li
     gw = start(tmp_path, write_config(tmp_path, one_up_with_key(fresh, 100_000)))
     gateways.append(gw)
     client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=KEY, max_retries=0, timeout=20)
+    closed_after_the_test(client)
     chunks = list(client.chat.completions.create(model="m", messages=MESSAGES,  # type: ignore
                                                  stream=True, max_tokens=50))
     assert all(c.usage is None and "usage" not in c.model_fields_set for c in chunks)

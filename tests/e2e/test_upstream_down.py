@@ -9,6 +9,7 @@ a warning per attempt.
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 import struct
@@ -109,7 +110,7 @@ def test_a_dead_http1_upstream_is_retried_with_growing_backoff_and_logged_once_p
         seen = up.accepts[:attempts]
         assert seen[-1] - seen[0] >= 3.0, seen
         if workers == 1:  # one worker's waits, in order: they grow
-            gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+            gaps = [b - a for a, b in itertools.pairwise(seen)]
             assert gaps[-1] > 2 * max(gaps[:3]), gaps
         log = gw.log()
         down = _lines(log, "is down: reconnecting with backoff up to 5 s")

@@ -17,10 +17,14 @@ from h2.events import DataReceived, Event
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import Frame
 
-from velox.egress.codec import DATA, Codec, make_codec
+from velox.egress.codec import DATA, Codec
 from velox.egress.framer import Framer
+from velox_lab.codecs import make_codec
 
-CODECS = ("framer", "jh2", "h2", "native")
+# The native codec and its Python twin (VELOX_NATIVE=0). The h2 library is the peer here, and
+# the reference the fuzz compares with (test_codec_fuzz.py); its client codec and jh2's are
+# measured in benches/bench_codec.py.
+CODECS = ("native", "framer")
 # The codecs with the framer's policy: stream-level violations reset only the stream (the
 # native codec is a port of the framer, so it behaves the same everywhere).
 FRAMER_LIKE = ("framer", "native")

@@ -19,15 +19,14 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection as H2Server
 from h2.events import Event, RequestReceived
 
-from velox.egress.attempt import Tally
-from velox.egress.codec import make_codec
+from velox.config.tables import UpstreamSpec
 from velox.egress.h2conn import H2Connection, State
 from velox.egress.h2pool import H2Pool
-from velox.egress.interfaces import AttemptHandle
+from velox.egress.interfaces import AttemptHandle, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
-from velox.stats import SharedStats
-from velox.tables import UpstreamSpec
+from velox.state.stats import SharedStats
+from velox_lab.codecs import factory, make_codec
 
 from ._codec_peer import raw_frame
 
@@ -206,7 +205,7 @@ class PoolPeer:
         spec = UpstreamSpec(name="test", origin=f"https://{AUTHORITY}", protocol=protocol,
                             connections=connections, request_timeout_ms=REQUEST_TIMEOUT_MS,
                             api_key="sk-test")
-        options = EgressOptions(codec=codec, stream_idle_timeout_s=IDLE_TIMEOUT_S,
+        options = EgressOptions(codec=factory(codec), stream_idle_timeout_s=IDLE_TIMEOUT_S,
                                 queue_limit=64)
         self.codec = codec
         self.upstream = Upstream(spec, options, self.loop, self.tally)  # type: ignore[arg-type]

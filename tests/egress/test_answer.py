@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import FakeTransport, Pipeline
-from velox import _native, h1write
-from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError, make_codec
-from velox.relay import _DROP, _DROP_KEYED, Exchange, answer_head
+from velox import _native
+from velox.egress.codec import ANSWER, DATA, RESPONSE, CodecError
+from velox.egress.framer import Framer
+from velox.relay.exchange import _DROP, _DROP_KEYED, Exchange, answer_head
+from velox_lab.pipeline import FakeTransport, Pipeline
 
 AUTHORITY = b"api.example.com"
 _SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
@@ -100,13 +102,14 @@ def test_an_answer_credits_the_connection_like_an_acknowledged_data_frame() -> N
         by_hand(plain, wire)
     out = merged.data_to_send()
     assert out == plain.data_to_send()
-    window_updates = [m.start() for m in re.finditer(re.escape(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00"),
-                                                     out)]
+    connection_update = re.escape(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00")
+    window_updates = [m.start() for m in re.finditer(connection_update, out)]
     assert window_updates, "no connection WINDOW_UPDATE: the answers were not credited"
     assert merged.stream_state_count == 0
 
 
-def test_the_pipeline_answers_the_same_with_the_framer_and_the_native_codec() -> None:
+def test_the_pipeline_answers_the_same_natively_and_on_the_python_twins() -> None:
+    # "framer": VELOX_NATIVE=0, so the framer, httptools alone and the Python writer.
     written = {}
     for codec in ("framer", "native"):
         pipeline = Pipeline(clients=2, codec=codec)
@@ -158,7 +161,7 @@ def test_a_retried_answer_reaches_neither_the_client_nor_the_observer() -> None:
                         _Retrying())  # type: ignore[arg-type]
 
     class Observer:
-        seen: list[str] = []
+        seen: ClassVar[list[str]] = []
 
         def head(self, *a: object) -> None:
             self.seen.append("head")
@@ -194,7 +197,7 @@ _field = st.one_of(st.tuples(_names, _values), st.tuples(st.just(b"connection"),
        st.sampled_from([(), ((b"x-velox-upstream", b"u"), (b"x-velox-attempts", b"2"))]))
 def test_relay_head_matches_its_python_twin(hdrs: list, keyed: bool, stamps: list[int],
                                             extra: tuple) -> None:
-    # The native filter against velox.relay.answer_head (the Python writer's path), field
+    # The native filter against velox.relay.exchange.answer_head (the Python writer's path), field
     # for field, the fields a Connection field names included (dropped by both).
     drop = _DROP_KEYED if keyed else _DROP
     out, sse = _native.relay_head(hdrs, drop, *stamps, extra)
@@ -228,7 +231,7 @@ def test_relay_head_refuses_what_is_not_a_header_list(bad: object) -> None:
 
 
 def test_codecs_without_receive_answers_keep_the_two_events() -> None:
-    assert not hasattr(make_codec("framer", AUTHORITY, b"https"), "receive_answers")
+    assert not hasattr(Framer(AUTHORITY, b"https"), "receive_answers")
 
 
 def _rss() -> int:

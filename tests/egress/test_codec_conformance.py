@@ -1,8 +1,8 @@
 """Every egress HTTP/2 codec against a real HTTP/2 server (python-hyper `h2`, in memory).
 
-Each test runs for all codecs ("framer", "jh2", "h2", "native"); the HPACK-heavy ones also for the framer on
-its pure-Python decoder fallback. What a test asserts is observable protocol behaviour: what the
-server receives, which events the codec emits, and which frames it writes.
+Each test runs for the native codec and its Python twin, the framer; the HPACK-heavy ones also
+for the framer on its pure-Python decoder fallback. What a test asserts is observable protocol
+behaviour: what the server receives, which events the codec emits, and which frames it writes.
 """
 
 from __future__ import annotations
@@ -11,16 +11,6 @@ import hashlib
 import random
 
 import pytest
-from ._codec_peer import (
-    AUTHORITY,
-    CODECS,
-    DECODER_VARIANTS,
-    Peer,
-    cycling_splitter,
-    new_codec,
-    parse_frames,
-    server_settings,
-)
 from h2.events import (
     DataReceived,
     PingAckReceived,
@@ -49,15 +39,26 @@ from velox.egress.codec import (
     DATA_PER_CALL,
     GOAWAY,
     LOCAL_CONNECTION_WINDOW,
-    PING_ACK,
     LOCAL_INITIAL_WINDOW_SIZE,
     LOCAL_MAX_HEADER_LIST_SIZE,
+    PING_ACK,
     REFUSED_STREAM,
     RESET,
     RESPONSE,
     SETTINGS,
     TRAILERS,
     CodecError,
+)
+
+from ._codec_peer import (
+    AUTHORITY,
+    CODECS,
+    DECODER_VARIANTS,
+    Peer,
+    cycling_splitter,
+    new_codec,
+    parse_frames,
+    server_settings,
 )
 
 MiB = 1024 * 1024
@@ -479,7 +480,7 @@ def test_every_static_table_name_round_trips(codec: str) -> None:
 def test_hpack_dynamic_table_across_many_responses(codec: str) -> None:
     peer = ready(codec)
     rng = random.Random(3)
-    for i in range(300):
+    for _ in range(300):
         sid = peer.codec.send_request(b"GET", b"/", [], None)
         peer.up()
         headers = [
@@ -494,16 +495,7 @@ def test_hpack_dynamic_table_across_many_responses(codec: str) -> None:
     assert peer.server.encoder.header_table.dynamic_entries  # the table really was used
 
 
-JH2_TABLE_SIZE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="jh2 5.0.15 signals a table size of 4096 before 0 after the peer lowers "
-    "HEADER_TABLE_SIZE to 0, which a strict decoder rejects (RFC 7541 section 4.2)",
-)
-
-
-@pytest.mark.parametrize(
-    "codec", ["framer", pytest.param("jh2", marks=JH2_TABLE_SIZE_BUG), "h2", "native"]
-)
+@each_codec
 def test_requests_survive_a_smaller_server_header_table(codec: str) -> None:
     peer = ready(codec)
     peer.server.update_settings({SettingCodes.HEADER_TABLE_SIZE: 0})

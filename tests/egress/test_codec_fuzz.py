@@ -24,7 +24,6 @@ import os
 from collections.abc import Callable, Iterable
 
 import pytest
-from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.exceptions import H2Error
 from h2.settings import SettingCodes
@@ -69,7 +68,8 @@ actions = st.one_of(
     st.tuples(st.just("reset"), stream, st.sampled_from([0, 2, 7, 8])),
     st.tuples(st.just("ping"), st.binary(min_size=8, max_size=8)),
     st.tuples(st.just("settings"),
-              st.sampled_from([SettingCodes.MAX_CONCURRENT_STREAMS, SettingCodes.INITIAL_WINDOW_SIZE,
+              st.sampled_from([SettingCodes.MAX_CONCURRENT_STREAMS,
+                               SettingCodes.INITIAL_WINDOW_SIZE,
                                SettingCodes.MAX_FRAME_SIZE, SettingCodes.HEADER_TABLE_SIZE]),
               st.integers(16384, 70000)),
     st.tuples(st.just("table_size"), st.sampled_from([0, 64, 256, 4096])),
@@ -244,8 +244,8 @@ mutations = st.lists(
 
 def mutate(wire: bytes, edits: list[tuple]) -> bytes:
     data = bytearray(wire)
-    for kind, at, arg in edits:
-        at %= len(data) + 1
+    for kind, offset, arg in edits:
+        at = offset % (len(data) + 1)
         if kind == "flip" and at < len(data):
             data[at] ^= arg
         elif kind == "insert":

@@ -9,16 +9,6 @@ from __future__ import annotations
 import struct
 
 import pytest
-from ._codec_peer import (
-    CODECS,
-    DECODER_VARIANTS,
-    FRAMER_LIKE,
-    Peer,
-    cycling_splitter,
-    new_codec,
-    parse_frames,
-    raw_frame,
-)
 from h2.settings import SettingCodes
 from hpack import Encoder
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, RstStreamFrame
@@ -38,6 +28,17 @@ from velox.egress.codec import (
     RESPONSE,
     STREAM_CLOSED,
     CodecError,
+)
+
+from ._codec_peer import (
+    CODECS,
+    DECODER_VARIANTS,
+    FRAMER_LIKE,
+    Peer,
+    cycling_splitter,
+    new_codec,
+    parse_frames,
+    raw_frame,
 )
 
 STATUS_200 = b"\x88"  # HPACK: static index 8

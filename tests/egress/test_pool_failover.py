@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from h2.events import StreamReset
 
-from velox._types import Request, Route
-from velox.relay import Exchange
+from velox.core.types import Request, Route
+from velox.relay.exchange import Exchange
 
 from ._codec_peer import raw_frame
 from ._pool_peer import PoolPeer
@@ -111,7 +111,7 @@ def test_a_paused_client_resumes_the_attempt_it_has_now() -> None:
 
 
 class _RetryElsewhere:
-    """What velox.dispatch does for a retryable failure, reduced to one retry on `other`."""
+    """What velox.routing.dispatch does for a retryable failure, reduced to one retry on `other`."""
 
     def __init__(self, other: PoolPeer) -> None:
         self.other = other

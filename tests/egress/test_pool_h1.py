@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
+from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
+from velox.core.fields import F
 from velox.egress.h1conn import H1Connection
 from velox.egress.h1pool import H1Pool, _Warmup
-from velox.errors import UpstreamTimeout, UpstreamUnavailable
-from velox.stats import F
 
 from ._pool_peer import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
 
@@ -76,7 +76,7 @@ def test_connection_loss_mid_response_is_502_and_the_pool_refills() -> None:
 
 def test_deadline_sweep_closes_a_silent_connection() -> None:
     peer, pool = _pool()
-    conn, transport = _connection(pool)
+    _conn, transport = _connection(pool)
     client = peer.submit()
     queued = peer.submit(FakeClient())  # no idle connection left: it waits
     assert len(pool.waiting) == 1
@@ -87,7 +87,7 @@ def test_deadline_sweep_closes_a_silent_connection() -> None:
 
 def test_a_complete_response_frees_the_connection_for_the_next_request() -> None:
     peer, pool = _pool()
-    conn, transport = _connection(pool)
+    conn, _transport = _connection(pool)
     first, second = peer.submit(), peer.submit()
     assert len(pool.waiting) == 1
     conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")

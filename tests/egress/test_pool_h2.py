@@ -13,19 +13,24 @@ import pytest
 from h2.errors import ErrorCodes
 from h2.events import PingReceived, StreamReset, WindowUpdated
 
+from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from velox.core.fields import F
 from velox.egress.h2conn import State
-from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
-from velox.stats import F
 
 from ._codec_peer import CODECS
-from ._pool_peer import CONNECT_TIMEOUT_S, IDLE_TIMEOUT_S, PING_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, PoolPeer
+from ._pool_peer import (
+    CONNECT_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    PING_TIMEOUT_S,
+    REQUEST_TIMEOUT_MS,
+    FakeClient,
+    PoolPeer,
+)
 
 MIB = 1024 * 1024
 
 
-# framer only: the h2/jh2 state machines close the whole connection on a received GOAWAY, so
-# with them the processed streams end with a 502 instead of completing (a library limitation).
-@pytest.mark.parametrize("codec", ["framer", "native"])
+@pytest.mark.parametrize("codec", CODECS)
 def test_goaway_retries_the_streams_above_last_stream_id_and_completes_the_rest(
         codec: str) -> None:
     peer = PoolPeer(codec, connections=2)
@@ -249,7 +254,7 @@ def _paused_streams(peer: PoolPeer, n: int, size: int) -> list[FakeClient]:
     return clients
 
 
-@pytest.mark.parametrize("codec", ["framer", "h2", "native"])
+@pytest.mark.parametrize("codec", CODECS)
 def test_credit_is_withheld_while_the_client_is_paused_and_returned_when_it_reads(
         codec: str) -> None:
     peer = PoolPeer(codec)
@@ -294,7 +299,7 @@ ENDINGS = {"client leaves": _end_by_client_leaving, "upstream resets": _end_by_u
 
 
 @pytest.mark.parametrize("ending", list(ENDINGS))
-@pytest.mark.parametrize("codec", ["framer", "h2", "native"])
+@pytest.mark.parametrize("codec", CODECS)
 def test_withheld_credit_returns_to_the_connection_however_the_stream_ends(
         codec: str, ending: str) -> None:
     """Five paused streams hold 35 of the 64 MiB connection window; whatever ends them, the
@@ -324,7 +329,7 @@ def test_withheld_credit_returns_to_the_connection_however_the_stream_ends(
     assert after.status == 200 and after.ended and after.received == MIB
 
 
-@pytest.mark.parametrize("codec", ["framer", "native"])
+@pytest.mark.parametrize("codec", CODECS)
 def test_a_retired_connections_streams_keep_their_deadlines(codec: str) -> None:
     # A connection told GOAWAY leaves the pool's list while its processed streams finish; they
     # must still time out if the upstream never answers them (found with a silent upstream:

@@ -10,8 +10,9 @@ import anthropic
 import httpx2
 import pytest
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.anthropic_api import fill
+from tests.conftest import closed_after_the_test
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.anthropic_api import fill
 
 KEY = "sk-ant-mock-0123456789"
 HI = [{"role": "user", "content": "Say hello"}]
@@ -32,8 +33,10 @@ def mock(tmp_path_factory):
 
 
 def _http(mock: MockUpstream, versions: list[str]) -> httpx2.Client:
-    return httpx2.Client(http2=True, verify=ssl.create_default_context(cafile=mock.ca_file),
-                         event_hooks={"response": [lambda r: versions.append(r.http_version)]})
+    client = httpx2.Client(http2=True, verify=ssl.create_default_context(cafile=mock.ca_file),
+                           event_hooks={"response": [lambda r: versions.append(r.http_version)]})
+    closed_after_the_test(client)
+    return client
 
 
 @pytest.fixture
@@ -43,6 +46,7 @@ def sdk(mock):
     versions: list[str] = []
     client = anthropic.Anthropic(base_url=mock.origin, api_key=KEY,
                                  http_client=_http(mock, versions), max_retries=0, timeout=10)
+    closed_after_the_test(client)
     yield client, versions
     client.close()
 
@@ -69,6 +73,7 @@ def test_claude_code_shape_x_api_key(mock):
                                  default_headers={"x-api-key": KEY,
                                                   "Authorization": anthropic.Omit()},
                                  http_client=_http(mock, []), max_retries=0, timeout=10)
+    closed_after_the_test(client)
     with client:
         assert client.messages.create(model="claude-x", max_tokens=50, messages=HI).content
     [entry] = mock.requests()
@@ -158,7 +163,8 @@ def test_prompt_cache_written_then_read(sdk):
                                    messages=HI)
     second = client.messages.create(model="claude-cache", max_tokens=50, system=system,
                                     messages=HI)
-    assert first.usage.cache_creation_input_tokens > 700 and first.usage.cache_read_input_tokens == 0
+    assert first.usage.cache_creation_input_tokens > 700
+    assert first.usage.cache_read_input_tokens == 0
     assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
     assert second.usage.cache_creation_input_tokens == 0
     assert second.usage.input_tokens == first.usage.input_tokens

@@ -12,8 +12,9 @@ import httpx2
 import openai
 import pytest
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.payloads import embedding_vector
+from tests.conftest import closed_after_the_test
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.payloads import embedding_vector
 
 API_VERSION = "2024-10-21"
 AZURE_KEY = "azure-mock-key-0123456789abcdef"
@@ -29,7 +30,9 @@ def mock(tmp_path_factory):
 
 
 def http_client(mock: MockUpstream) -> httpx2.Client:
-    return httpx2.Client(http2=True, verify=ssl.create_default_context(cafile=mock.ca_file))
+    client = httpx2.Client(http2=True, verify=ssl.create_default_context(cafile=mock.ca_file))
+    closed_after_the_test(client)
+    return client
 
 
 @pytest.fixture
@@ -69,10 +72,10 @@ def test_azure_sdk_chat_streaming_and_embeddings(azure, mock):
 
 
 def test_azure_without_api_key_is_401_with_azure_body(mock):
-    client = openai.AzureOpenAI(azure_endpoint=mock.origin, api_version=API_VERSION,
-                                azure_ad_token="not-a-key", http_client=http_client(mock),
-                                max_retries=0, timeout=10)
-    with pytest.raises(openai.AuthenticationError) as err:
+    with openai.AzureOpenAI(azure_endpoint=mock.origin, api_version=API_VERSION,
+                            azure_ad_token="not-a-key", http_client=http_client(mock),
+                            max_retries=0, timeout=10) as client, \
+            pytest.raises(openai.AuthenticationError) as err:
         client.chat.completions.create(model="gpt4o-prod", messages=MESSAGES)
     assert err.value.status_code == 401
     assert err.value.body == {"code": "401", "message": (
@@ -106,7 +109,7 @@ def test_azure_needs_api_version_and_a_known_path(mock):
                               json={"model": "d2", "input": "hi"},
                               headers={"api-key": AZURE_KEY})
         assert responses.status_code == 200 and responses.json()["model"] == "d2"
-    entry = [e for e in mock.requests(10) if e["query"] == "x=1&api-version=" + API_VERSION][0]
+    entry = next(e for e in mock.requests(10) if e["query"] == "x=1&api-version=" + API_VERSION)
     assert (entry["model"], entry["deployment"]) == (None, "d1")
 
 

@@ -10,8 +10,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EventStreamError
 
-from velox.mock import fingerprint
-
+from tests.conftest import closed_after_the_test
+from velox_lab.mock import fingerprint
 
 USER = [{"role": "user", "content": [{"text": "Say hello"}]}]
 TOOLS = {"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json": {
@@ -24,10 +24,12 @@ def mock(logged_mock):
 
 
 def make_client(mock, **credentials):
-    return boto3.client("bedrock-runtime", region_name="us-east-1", endpoint_url=mock.origin,
-                        verify=mock.ca_file,
-                        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
-                        **credentials)
+    client = boto3.client("bedrock-runtime", region_name="us-east-1", endpoint_url=mock.origin,
+                          verify=mock.ca_file,
+                          config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+                          **credentials)
+    closed_after_the_test(client)
+    return client
 
 
 @pytest.fixture
@@ -124,6 +126,7 @@ def test_mid_stream_exception(client):
     with pytest.raises(EventStreamError) as info:
         for event in stream:
             seen.append(event)
+    stream.close()  # the connection the broken stream was read from
     assert info.value.response["Error"]["Code"] == "throttlingException"
     assert any("contentBlockDelta" in e for e in seen)
 
@@ -135,6 +138,7 @@ def test_unsigned_request_refused(mock):
                              endpoint_url=mock.origin, verify=mock.ca_file,
                              config=Config(signature_version=UNSIGNED,
                                            retries={"max_attempts": 1}))
+    closed_after_the_test(anonymous)
     with pytest.raises(ClientError) as info:
         anonymous.converse(modelId="m", messages=USER)
     assert info.value.response["Error"]["Code"] == "MissingAuthenticationTokenException"

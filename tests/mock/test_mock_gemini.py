@@ -3,12 +3,19 @@ if the SDK cannot read the mock, the mock is wrong."""
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 from google import genai
 from google.genai import errors, types
 
-from velox.mock import fingerprint
+from tests.conftest import closed_after_the_test
+from velox_lab.mock import fingerprint
 
+
+def trusting(mock) -> ssl.SSLContext:
+    """The mock's CA as a context: the SDK's httpx deprecates verify=<path>."""
+    return ssl.create_default_context(cafile=mock.ca_file)
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +26,10 @@ def mock(logged_mock):
 @pytest.fixture
 def client(mock):
     mock.reset()
-    return genai.Client(api_key="AIza-test", http_options=types.HttpOptions(
-        base_url=mock.origin, api_version="v1beta", client_args={"verify": mock.ca_file}))
+    client = genai.Client(api_key="AIza-test", http_options=types.HttpOptions(
+          base_url=mock.origin, api_version="v1beta", client_args={"verify": trusting(mock)}))
+    closed_after_the_test(client)
+    return client
 
 
 WEATHER = types.Tool(function_declarations=[types.FunctionDeclaration(
@@ -123,8 +132,9 @@ def test_error_by_status_header_and_missing_key(client, mock):
                 headers={"x-mock-status": "503"})))
     assert info.value.status == "UNAVAILABLE"
     keyless = genai.Client(api_key="placeholder", http_options=types.HttpOptions(
-        base_url=mock.origin, client_args={"verify": mock.ca_file},
+        base_url=mock.origin, client_args={"verify": trusting(mock)},
         headers={"x-goog-api-key": ""}))
+    closed_after_the_test(keyless)
     with pytest.raises(errors.ClientError) as info:
         keyless.models.generate_content(model="gemini-2.5-flash", contents="x")
     assert info.value.code == 403 and info.value.status == "PERMISSION_DENIED"

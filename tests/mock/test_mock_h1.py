@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -45,8 +45,8 @@ def read_response(sock: socket.socket, buf: bytes = b"") -> tuple[bytes, bytes, 
         assert chunk, "connection closed early"
         buf += chunk
     head, _, buf = buf.partition(b"\r\n\r\n")
-    length = int([line.split(b":")[1] for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:")][0])
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:")))
     while len(buf) < length:
         buf += sock.recv(65536)
     return head, buf[:length], buf[length:]

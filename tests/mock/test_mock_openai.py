@@ -9,7 +9,8 @@ import httpx2
 import openai
 import pytest
 
-from velox.mock import MockUpstream
+from tests.conftest import closed_after_the_test
+from velox_lab.mock import MockUpstream
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
 
@@ -29,8 +30,10 @@ def sdk(mock):
     versions: list[str] = []
     http = httpx2.Client(http2=True, verify=ssl.create_default_context(cafile=mock.ca_file),
                          event_hooks={"response": [lambda r: versions.append(r.http_version)]})
+    closed_after_the_test(http)
     client = openai.OpenAI(base_url=mock.origin + "/v1", api_key="sk-test", http_client=http,
                            max_retries=0, timeout=10)
+    closed_after_the_test(client)
     yield client, versions
     client.close()
 
@@ -76,7 +79,7 @@ def test_embeddings_base64_default_and_float(sdk):
     flt = client.embeddings.create(model="text-embedding-3-small", input=["x", "y"],
                                    encoding_format="float")
     assert [len(d.embedding) for d in b64.data] == [8, 8]
-    for a, b in zip(b64.data, flt.data):
+    for a, b in zip(b64.data, flt.data, strict=False):
         assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
     assert b64.data[0].embedding != b64.data[1].embedding
 

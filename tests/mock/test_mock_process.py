@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import velox.mock
-from velox.mock import MockUpstream
+import velox_lab.mock
+from velox_lab.mock import MockUpstream
 
-ROOT = str(Path(velox.mock.__file__).resolve().parents[2])
+ROOT = str(Path(velox_lab.mock.__file__).resolve().parents[2])
 
 
 def children_of(pid: int) -> list[int]:
@@ -33,7 +33,7 @@ def children_of(pid: int) -> list[int]:
 
 def spawn(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.Popen([sys.executable, "-m", "velox.mock", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "velox_lab.mock", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -12,9 +12,9 @@ import h2.events
 import hpack
 import pytest
 
-from velox.mock import hpackenc
-from velox.mock import h2server as h2s
-from velox.mock.behaviour import Defaults, plan_request
+from velox_lab.mock import h2server as h2s
+from velox_lab.mock import hpackenc
+from velox_lab.mock.behaviour import Defaults, plan_request
 
 CHAT = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode()
 
@@ -91,7 +91,7 @@ def test_embeddings_base64_matches_floats():
         {"model": "m", "input": ["a", "b"], "encoding_format": "float"}).encode()).body)
     b64 = json.loads(plan(b"/v1/embeddings", json.dumps(
         {"model": "m", "input": ["a", "b"], "encoding_format": "base64"}).encode()).body)
-    for f, b in zip(floats["data"], b64["data"]):
+    for f, b in zip(floats["data"], b64["data"], strict=False):
         decoded = struct.unpack("<8f", base64.b64decode(b["embedding"]))
         assert decoded == pytest.approx(f["embedding"], abs=1e-6)
     assert plan(b"/v1/embeddings", b'{"model": "m", "input": []}').status == 400
@@ -178,7 +178,7 @@ def test_framer_connection_errors_send_goaway(payload, code):
 
 
 def test_framer_refuses_excess_and_goes_away_after_n():
-    srv, rec, cli = served(*[lambda c, s=s: c.send_headers(s, headers(), end_stream=True)
+    _srv, rec, _cli = served(*[lambda c, s=s: c.send_headers(s, headers(), end_stream=True)
                              for s in (1, 3, 5)], max_concurrent_streams=2)
     assert [c[0] for c in rec.calls] == ["on_request", "on_request", "on_reset"]
     srv2, rec2, _ = served(*[lambda c, s=s: c.send_headers(s, headers(), end_stream=True)
@@ -255,8 +255,8 @@ def test_per_input_latency_is_base_plus_inputs():
 
 
 def test_auth_of_reports_kind_and_fingerprint_never_the_key():
-    from velox.mock import fingerprint
-    from velox.mock.state import auth_of
+    from velox_lab.mock import fingerprint
+    from velox_lab.mock.state import auth_of
 
     assert auth_of([]) == {"kind": None, "key_sha256": None}
     bearer = auth_of([(b"authorization", b"Bearer sk-secret")])

@@ -272,7 +272,7 @@ def test_exact_across_forked_processes() -> None:
     pipes = [ctx.Pipe(duplex=False) for _ in bodies]
     procs = [
         ctx.Process(target=body, args=(bucket, HAMMER_US, send))
-        for body, (_, send) in zip(bodies, pipes)
+        for body, (_, send) in zip(bodies, pipes, strict=False)
     ]
     try:
         for p in procs:

@@ -1,9 +1,9 @@
-"""velox._native.Health / RetryBudget / hash64 / Rendezvous, and velox.health.SharedHealth.
+"""velox._native.Health / RetryBudget / hash64 / Rendezvous, and velox.state.health.SharedHealth.
 
 The breaker's state machine through the binding with an explicit clock; forked processes
 hammering one shared state (exactly one opener per opening, the in-flight cap and the retry
 budget exact across processes, evidence from one process protecting the others); the
-SharedHealth built from tables driving velox.balance end to end (failures through retry()
+SharedHealth built from tables driving velox.routing.balance end to end (failures through retry()
 open a breaker for every worker, panic, rpm refusals); bad arguments named in ValueErrors.
 """
 
@@ -19,11 +19,7 @@ import pytest
 
 from velox import _native
 from velox._native import Health, Rendezvous, RetryBudget, hash64
-from velox.balance import Event, Router, classify
-from velox.errors import RateLimited
-from velox.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
-from velox.health import SharedHealth, now_ms
-from velox.tables import (
+from velox.config.tables import (
     BreakerPolicy,
     RetryPolicy,
     RouteSpec,
@@ -31,6 +27,18 @@ from velox.tables import (
     Tables,
     TargetSpec,
     UpstreamSpec,
+)
+from velox.core.clock import now_ms
+from velox.core.errors import RateLimited
+from velox.routing.balance import Event, Router, classify
+from velox.state.health import (
+    FAILURE,
+    NEUTRAL,
+    REASON_FULL,
+    REASON_OPEN,
+    REASON_RATE,
+    SUCCESS,
+    SharedHealth,
 )
 
 T0 = 10**9  # an explicit clock well clear of the real one
@@ -80,7 +88,7 @@ def test_breaker_cycle_with_explicit_clock() -> None:
         assert h.report(0, 0, FAILURE, T0) == _native.TR_NONE
     assert h.peek(0, T0) == _native.PEEK_CLOSED and h.check(0, T0) == 0
     assert h.report(0, 0, FAILURE, T0) == _native.TR_OPENED
-    state, count, probes, streak, stamp, opened_at, opens, until = h.breaker(0, T0 + 10_000)
+    state, _count, _probes, streak, _stamp, opened_at, opens, until = h.breaker(0, T0 + 10_000)
     assert (state, streak, opened_at, opens, until) == (_native.BREAKER_OPEN, 1, T0, 1, 20_000)
     assert h.enter(0, T0 + 29_999) == -1 and h.check(0, T0 + 29_999) == REASON_OPEN
     assert h.check(1, T0) == 0  # the other upstream is untouched

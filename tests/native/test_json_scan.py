@@ -79,7 +79,7 @@ def same_json(a: object, b: object) -> bool:
             assert isinstance(y, list)
             if len(x) != len(y):
                 return False
-            stack.extend(zip(x, y))
+            stack.extend(zip(x, y, strict=False))
         elif isinstance(x, dict):
             assert isinstance(y, dict)
             if x.keys() != y.keys():
@@ -101,7 +101,8 @@ def assert_agrees(data: bytes) -> tuple[int, ...]:
         assert 0 <= off <= len(data)
         assert (m_start, m_end, m_kind, s_kind, top) == (0, 0, 0, 0, 0)
         return result
-    assert err == JSON_OK, f"scan_json refused (error {err} at {off}) what orjson accepts: {data[:200]!r}"
+    assert err == JSON_OK, \
+        f"scan_json refused (error {err} at {off}) what orjson accepts: {data[:200]!r}"
     assert off == 0
     assert top == kind_of(doc)
     model = doc.get("model", MISSING) if isinstance(doc, dict) else MISSING
@@ -215,7 +216,8 @@ def test_truncated_bodies_are_refused() -> None:
 
 # ---------------------------------------------------------------- generated documents
 
-KEYS = st.sampled_from(["model", "stream", "messages", "role", "content", "Model", "", "mod\u00e9l"])
+KEYS = st.sampled_from(["model", "stream", "messages", "role", "content", "Model", "",
+                        "mod\u00e9l"])
 SCALARS = (
     st.none()
     | st.booleans()
@@ -251,7 +253,7 @@ def render_string(rnd: random.Random, s: str) -> str:
             out.append(rnd.choice(["\\u%04x", "\\u%04X"]) % cp)
         else:
             cp -= 0x10000
-            out.append("\\u%04x\\u%04X" % (0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF)))
+            out.append(f"\\u{0xD800 + (cp >> 10):04x}\\u{0xDC00 + (cp & 0x3FF):04X}")
     out.append('"')
     return "".join(out)
 
@@ -351,7 +353,7 @@ def test_tricky_unicode_agrees(text: str) -> None:
     raw = text.encode("utf-8", "surrogatepass")
     assert_agrees(b'"' + raw + b'"')
     assert_agrees(b'{"model":"' + raw + b'"}')
-    escaped = "".join("\\u%04x" % ord(c) if ord(c) < 0x10000 else c for c in text)
+    escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else c for c in text)
     assert_agrees(('["' + escaped + '"]').encode("utf-8", "surrogatepass"))
 
 
@@ -360,7 +362,8 @@ def numbers(draw: st.DrawFn) -> bytes:
     """Numbers near the overflow boundary, written many equivalent ways, plus arbitrary
     mantissa/exponent combinations."""
     if draw(st.booleans()):
-        magnitude = OVERFLOW + draw(st.integers(-3, 3)) * draw(st.sampled_from([1, 10**250, 2**970]))
+        magnitude = OVERFLOW + draw(st.integers(-3, 3)) * draw(st.sampled_from([1, 10**250,
+                                                                                2**970]))
         digits = str(magnitude)
         point = draw(st.integers(0, len(digits)))  # decimal point position
         lead = draw(st.integers(0, 3))  # extra leading zeros after "0."
@@ -399,7 +402,8 @@ def big_body(size: int) -> bytes:
     takes tens of milliseconds, not two)."""
     text = "Voilà un texte — 長い文章です — naïve café ".encode()
     content = text * (size // len(text))
-    return b'{"model":"gpt-4o","messages":[{"role":"user","content":"' + content + b'"}],"stream":true}'
+    return (b'{"model":"gpt-4o","messages":[{"role":"user","content":"' + content
+            + b'"}],"stream":true}')
 
 
 def progress_during(

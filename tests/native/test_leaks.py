@@ -20,8 +20,8 @@ from velox._native import (
     Health,
     Histogram,
     Limits,
-    RetryBudget,
     Rendezvous,
+    RetryBudget,
     Ring,
     SharedCache,
     TokenBucket,
@@ -145,8 +145,8 @@ def test_create_destroy_unmaps_shared_memory() -> None:
 
 
 def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
-    # The per-request calls of the routing layer (velox.health, velox.balance): tuples of
-    # upstream indices and key bytes go in, ints and tuples come out, a million times.
+    # The per-request calls of the routing layer (velox.state.health, velox.routing.balance): tuples
+    # of upstream indices and key bytes go in, ints and tuples come out, a million times.
     health = Health([0, 4, 0], failures=5, successes=2, open_ms=1000, max_open_ms=8000,
                     probes=1, probe_lease_ms=2000)
     budget = RetryBudget(20, 10, 10)
@@ -227,7 +227,7 @@ def test_cache_entry_points_keep_refcounts_and_memory_flat() -> None:
             c.put(keys[0], small, 1, 10)
             c.get(keys[0], 1)
 def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
-    # The per-request calls of the keys stage (velox.keys): take / admit / enter / leave /
+    # The per-request calls of the keys stage (velox.admission.keys): take / admit / enter / leave /
     # refund / charge / level, a million times, plus errors with a big argument.
     lim = Limits(3, slots=4)
     lim.configure(0, 10**9, 10**9)
@@ -279,8 +279,8 @@ def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
 def test_h2_codec_entry_points_keep_refcounts_and_rss_flat() -> None:
     # The native HTTP/2 codec's per-request calls, 50k requests on one connection: arguments
     # must not gain references, events must be freed with their lists, and nothing may grow.
-    from velox.egress.codec import CodecError
     from velox._native import H2Client
+    from velox.egress.codec import CodecError
 
     codec = H2Client(b"api.example.com", b"https", CodecError)
     codec.initiate()
@@ -346,7 +346,7 @@ def type_error(fn: Callable[..., object], *args: object) -> None:
 
 
 def test_http1_writer_keeps_refcounts_and_rss_flat() -> None:
-    # The per-response calls of ingress (velox.h1write): header tuples and bodies go in, one
+    # The per-response calls of ingress (velox.ingress.h1write): header tuples and bodies go in, one
     # bytes object comes out; the error paths release what they took too.
     from velox._native import (
         H1_CLOSE,

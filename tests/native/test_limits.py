@@ -280,7 +280,8 @@ def test_exact_across_forked_processes() -> None:
     lim, t_start, t_created = fresh()
     pipes = [ctx.Pipe(duplex=False) for _ in range(3)]
     bodies = [_hammer_native, _hammer_python, _hammer_native]
-    procs = [ctx.Process(target=b, args=(lim, send)) for b, (_, send) in zip(bodies, pipes)]
+    procs = [ctx.Process(target=b, args=(lim, send)) for b, (_, send) in zip(bodies, pipes,
+                                                                             strict=False)]
     try:
         for p in procs:
             p.start()

@@ -12,12 +12,13 @@ import sys
 import psutil
 import pytest
 
-from benches._pipeline import CLIENT_REQUEST
 from velox import _native
-from velox._types import Route
-from velox.config import load
-from velox.ingress import ClientConnection, IngressState
-from velox.route import Auth
+from velox.config.settings import load
+from velox.core.types import Route
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth
+from velox.ingress.connection import ClientConnection, IngressState
+from velox_lab.pipeline import CLIENT_REQUEST
 
 from .test_reqhead_fuzz import _Ring, _seen, _Transport, make, run_both
 
@@ -167,17 +168,17 @@ def test_bytes_after_a_closing_request_are_refused_as_httptools_does() -> None:
 
 
 def test_the_switch_selects_the_parser() -> None:
-    settings = load({"VELOX_INGRESS_PARSER": "httptools"}, dotenv=None)
-    assert settings.ingress_parser == "httptools"
-    assert load({}, dotenv=None).ingress_parser == "native"
-    state = IngressState(None, _Ring(), lambda: None, None,  # type: ignore[arg-type]
+    settings = load({"VELOX_NATIVE": "0"}, dotenv=None)
+    assert not settings.native
+    assert load({}, dotenv=None).native
+    state = IngressState(None, _Ring(), lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(settings), 1 << 20, 1 << 16, lambda: True,
-                         lambda request, status, size: None, settings.ingress_parser)
+                         lambda request, status, size: None, settings.native)
     conn = ClientConnection(state)
     conn.connection_made(_Transport())  # type: ignore[arg-type]
     assert not conn._native
-    with pytest.raises(Exception, match="VELOX_INGRESS_PARSER"):
-        load({"VELOX_INGRESS_PARSER": "h11"}, dotenv=None)
+    with pytest.raises(Exception, match="VELOX_NATIVE"):
+        load({"VELOX_NATIVE": "h11"}, dotenv=None)
 
 
 # --- RFC 9112 rules and the cap on header fields, on both paths ------------------------------

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -31,10 +32,11 @@ from hypothesis import strategies as st
 
 from benches.bench_ingress import REQUESTS
 from velox import _native
-from velox._types import Request
-from velox.config import load
-from velox.ingress import _HOST, MAX_FIELDS, ClientConnection, IngressState
-from velox.route import Auth
+from velox.config.settings import load
+from velox.core.types import Request
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth
+from velox.ingress.connection import _HOST, MAX_FIELDS, ClientConnection, IngressState
 
 EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
 MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads
@@ -346,9 +348,9 @@ def answer(request: Request, n: int) -> None:
 def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport, _Ring]:
     ring = _Ring(answer)
     auth = Auth(load({"VELOX_API_KEYS": "sk-x"}, dotenv=None))
-    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          auth, MAX_BODY, MAX_HEADER, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     transport = _Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -384,7 +386,7 @@ def conversations(draw: st.DrawFn) -> tuple[bytes, list[bytes]]:
     data = b"".join(parts)
     cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(data) - 1)), max_size=8))))
     bounds = [0, *cuts, len(data)]
-    return data, [data[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    return data, [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def run_both(writes: list[bytes], expire: bool = False, hold: bool = False) -> None:

@@ -85,7 +85,8 @@ def test_none_is_stored_but_indistinguishable_from_empty() -> None:
     assert len(ring) == 0
 
 
-@pytest.mark.parametrize("bad", [0, 1, 3, 6, 12, 1000, -1, -2, -16, 2**31, 2**64, 2**100, -(2**100)])
+@pytest.mark.parametrize("bad", [0, 1, 3, 6, 12, 1000, -1, -2, -16, 2**31, 2**64, 2**100,
+                                 -(2**100)])
 def test_bad_capacity_is_value_error_naming_value(bad: int) -> None:
     with pytest.raises(ValueError) as info:
         Ring(bad)

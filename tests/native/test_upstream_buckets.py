@@ -1,12 +1,12 @@
-"""The upstreams' rpm buckets as entries of one native Limits (velox.health.SharedHealth.rpm),
+"""The upstreams' rpm buckets as entries of one native Limits (velox.state.health.SharedHealth.rpm),
 and what the Redis refresher needs of them and of the tpm buckets: socket-free.
 
 Checked here: one Limits for all upstreams with the same bursts as before (10 s of rpm), only
 upstreams with an rpm configured; a bucket shared by forked workers; a LEASED bucket (what
-velox.cluster makes of it) admitting exactly what was given, then refusing with Retry-After 1;
-the tpm refusal counted by the bucket for the refresher; and the supervisor registering every
-upstream's rpm and tpm bucket under `upstream:<name>:rpm|tpm` with the right indexes (a
-Cluster never started: no Redis, no socket).
+velox.cluster.leases makes of it) admitting exactly what was given, then refusing with Retry-After
+1; the tpm refusal counted by the bucket for the refresher; and the supervisor registering every
+upstream's rpm and tpm bucket under `upstream:<name>:rpm|tpm` with the right indexes (a Cluster
+never started: no Redis, no socket).
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tests.native.test_health import run_children
-from velox import cluster
-from velox.balance import Router
-from velox.errors import RateLimited
-from velox.health import REASON_RATE, SUCCESS, SharedHealth, UpstreamTokens, now_ms, rpm_burst
-from velox.stats import SharedStats
+from velox.cluster import leases as cluster
+from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.core.clock import now_ms
+from velox.core.errors import RateLimited
+from velox.routing.balance import Router
+from velox.state.health import REASON_RATE, SUCCESS, SharedHealth, UpstreamTokens, rpm_burst
+from velox.state.stats import SharedStats
 from velox.supervisor import Supervisor
-from velox.tables import RetryPolicy, RouteSpec, Tables, TargetSpec, UpstreamSpec
 
 
 def tables(*rates: tuple[int, int]) -> Tables:
@@ -98,7 +99,7 @@ def test_a_refused_tpm_reservation_is_noted_for_the_next_lease() -> None:
     assert tokens.limits.take(1, 6000) == 0
     tokens.limits.pop_largest(1)
     assert tokens.reserve(1, 500) == (0, 1_000_000)  # a lease's wait
-    # The bucket itself counts the demand the refresher leases for (velox.cluster).
+    # The bucket itself counts the demand the refresher leases for (velox.cluster.leases).
     assert tokens.limits.refused(1) == 500 and tokens.limits.pop_largest(1) == 500
     tokens.limits.give(1, 500)
     assert tokens.reserve(1, 500) == (500, 0)

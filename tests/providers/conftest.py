@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from velox.mock import MockUpstream
+from velox_lab.mock import MockUpstream
 
 
 @pytest.fixture(scope="module")

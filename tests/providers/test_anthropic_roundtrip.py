@@ -14,10 +14,11 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from velox.mock import MockUpstream, fingerprint
-from velox.mock.anthropic_api import fill
+from tests.conftest import closed_after_the_test
 from velox.providers import KINDS
 from velox.providers.base import Untranslatable
+from velox_lab.mock import MockUpstream, fingerprint
+from velox_lab.mock.anthropic_api import fill
 
 KEY = "sk-ant-roundtrip-0123"
 HI = [{"role": "user", "content": "Say hello"}]
@@ -40,6 +41,9 @@ class Translating(httpx2.BaseTransport):
         self.sent: list[dict] = []  # the Messages bodies that went upstream
         self.chunks: list[bytes] = []  # every translated piece of the last stream
 
+    def close(self) -> None:  # the SDK client's close() ends here: the mock's connection too
+        self.upstream.close()
+
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         body = orjson.loads(request.read())
         stream = bool(body.get("stream"))
@@ -47,7 +51,7 @@ class Translating(httpx2.BaseTransport):
         try:
             call = self.translator.chat(body, self.model, stream, headers)
         except Untranslatable as exc:
-            from velox.errors import to_response
+            from velox.core.errors import to_response
 
             refused = to_response(exc)
             return httpx2.Response(refused.status, headers=list(refused.headers),
@@ -71,9 +75,6 @@ class Translating(httpx2.BaseTransport):
         return httpx2.Response(200, headers={"content-type": "text/event-stream"},
                                content=b"".join(self.chunks))
 
-    def close(self) -> None:
-        self.upstream.close()
-
 
 @pytest.fixture
 def rig(mock):
@@ -81,6 +82,7 @@ def rig(mock):
     transport = Translating(mock)
     client = openai.OpenAI(api_key="sk-velox-client", base_url="http://velox.invalid/v1",
                            http_client=httpx2.Client(transport=transport), max_retries=0)
+    closed_after_the_test(client)
     yield client, transport
     client.close()
     transport.close()
@@ -225,6 +227,7 @@ def test_errors_raise_the_openai_sdk_classes(mock, status, error):
     transport = Translating(mock, model=f"claude-error-{status}")
     client = openai.OpenAI(api_key="k", base_url="http://velox.invalid/v1", max_retries=0,
                            http_client=httpx2.Client(transport=transport))
+    closed_after_the_test(client)
     with client, pytest.raises(error) as caught:
         client.chat.completions.create(model="m", messages=HI)
     expected = 503 if status == 529 else status
@@ -244,6 +247,7 @@ def test_mid_stream_error_ends_without_done(mock):
     transport = Translating(mock, model="claude-stream-error")
     client = openai.OpenAI(api_key="k", base_url="http://velox.invalid/v1", max_retries=0,
                            http_client=httpx2.Client(transport=transport))
+    closed_after_the_test(client)
     seen = []
     with client, pytest.raises(openai.APIError) as caught:
         for chunk in client.chat.completions.create(model="m", messages=HI, stream=True):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox.errors import to_response
+from velox.core.errors import to_response
 from velox.providers.anthropic import FINISH, AnthropicTranslator
 from velox.providers.base import Untranslatable
 
@@ -304,7 +304,7 @@ def _translate(pieces: list[bytes], include_usage: bool = True) -> tuple[bytes, 
 def _cuts(data: bytes) -> st.SearchStrategy[list[bytes]]:
     def split(points: list[int]) -> list[bytes]:
         points = sorted(set(points))
-        return [data[a:b] for a, b in zip([0, *points], [*points, len(data)])]
+        return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=False)]
     return st.lists(st.integers(1, len(data) - 1), max_size=40).map(split)
 
 

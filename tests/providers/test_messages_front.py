@@ -14,12 +14,13 @@ import httpx2
 import orjson
 import pytest
 
-from velox import usage as velox_usage
-from velox.errors import VeloxError, to_response
-from velox.mock import MockUpstream
-from velox.mock.anthropic_api import fill
+from tests.conftest import closed_after_the_test
+from velox.core.errors import VeloxError, to_response
 from velox.providers import KINDS, messages
 from velox.providers.base import Usage
+from velox.relay import usage as velox_usage
+from velox_lab.mock import MockUpstream
+from velox_lab.mock.anthropic_api import fill
 
 HI = [{"role": "user", "content": "Say hello"}]
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
@@ -39,6 +40,9 @@ class Front(httpx2.BaseTransport):
         self.origin = mock.origin
         self.chat: list[dict] = []  # the chat requests made
         self.usage: Usage | None = None
+
+    def close(self) -> None:  # the SDK client's close() ends here: the mock's connection too
+        self.http.close()
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         raw = request.read()
@@ -97,13 +101,12 @@ class Front(httpx2.BaseTransport):
         return httpx2.Response(status, headers=[(k.decode(), v.decode()) for k, v in headers],
                                content=body)
 
-    def close(self) -> None:
-        self.http.close()
-
 
 def _client(front: Front) -> anthropic.Anthropic:
-    return anthropic.Anthropic(api_key="sk-velox-key", base_url="http://velox.invalid",
-                               http_client=httpx2.Client(transport=front), max_retries=0)
+    client = anthropic.Anthropic(api_key="sk-velox-key", base_url="http://velox.invalid",
+                                 http_client=httpx2.Client(transport=front), max_retries=0)
+    closed_after_the_test(client)
+    return client
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Processes for the ledger's crash tests, as the gateway will run them: a supervisor-like
 process owning the LedgerWriter and the control channels (admin/control.py's ControlHub with
-its ledger sink), and worker processes feeding rows over their channel (velox.spend.feed) from
+its ledger sink), and worker processes feeding rows over their channel (velox.admin.ledgerfeed) from
 an asyncio loop.
 
     python -m tests.spend._procs supervisor PATH RUN WORKERS RETENTION_DAYS
@@ -23,13 +23,17 @@ import threading
 import time
 
 from velox.admin.control import ControlHub
-from velox.spend.feed import LedgerFeed
+from velox.admin.ledgerfeed import LedgerFeed
+from velox.spend import ledger
 from velox.spend.ledger import LedgerWriter, make_row
 
 ROWS_PER_TICK = 20
 
 
-def supervisor(path: str, run: str, workers: int, retention_days: int) -> None:
+def supervisor(path: str, run: str, workers: int, retention_days: int,
+               purge_rows_max: int | None = None) -> None:
+    if purge_rows_max is not None:  # a purge slow enough for a test to catch it midway
+        ledger.PURGE_ROWS_MAX = ledger.PURGE_ROWS_START = purge_rows_max
     writer = LedgerWriter(path, retention_days=retention_days, interval_s=0.05)
     writer.start()
     hub = ControlHub()
@@ -83,6 +87,7 @@ def worker(fd: int, run: str, slot: str) -> None:
 if __name__ == "__main__":
     role, *args = sys.argv[1:]
     if role == "supervisor":
-        supervisor(args[0], args[1], int(args[2]), int(args[3]))
+        supervisor(args[0], args[1], int(args[2]), int(args[3]),
+                   int(args[4]) if len(args) > 4 else None)
     else:
         worker(int(args[0]), args[1], args[2])

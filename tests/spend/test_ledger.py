@@ -240,7 +240,7 @@ def test_local_totals_of_a_missing_or_disabled_ledger(tmp_path: Path) -> None:
 
 def test_the_feed_ships_one_frame_per_flush_and_drops_counted_rows_when_full() -> None:
     from velox.admin.control import FrameReader
-    from velox.spend.feed import LedgerFeed
+    from velox.admin.ledgerfeed import LedgerFeed
 
     frames: list[bytes] = []
     backlog = [0]

@@ -1,4 +1,4 @@
-"""velox/trace.py against a real OTLP/HTTP receiver: an HTTP server in the test decoding the
+"""velox/spend/trace.py against a real OTLP/HTTP receiver: an HTTP server in the test decoding the
 protobuf (opentelemetry-proto) that the official exporter sends, fed synthetic records of
 settled requests. Also: traceparent parsing and propagation, sampling, content capture only
 when asked, and collectors that are dead or silent (spans dropped and counted, no call
@@ -24,9 +24,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from velox import trace
-from velox.trace import (Attempt, RequestRecord, Tracer, format_traceparent, is_sampled,
-                         parse_traceparent)
+from velox.spend import trace
+from velox.spend.trace import (
+    Attempt,
+    RequestRecord,
+    Tracer,
+    format_traceparent,
+    is_sampled,
+    parse_traceparent,
+)
 
 CLIENT_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 CLIENT_SPAN = 0x00F067AA0BA902B7
@@ -50,7 +56,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 encoding = self.headers.get("Content-Encoding", "")
                 if encoding == "gzip":
@@ -148,13 +154,13 @@ def _record(t: Tracer, traceparent: bytes | None = TRACEPARENT, attempts: int = 
             response_model="gpt-4o-2024-08-06" if last else "",
             finish_reasons=("stop",) if last else (), input_tokens=12 if last else None,
             output_tokens=5 if last else None))
-    fields: dict[str, Any] = dict(
-        operation="chat", method="POST", path="/v1/chat/completions", model="gpt-4o",
-        status=200, start_ns=t0, end_ns=t0 + 1_000_000 * (attempts + 3),
-        queued_ns=t0 + 10_000, parsed_ns=t0 + 20_000, limits_ns=t0 + 30_000,
-        cache_ns=t0 + 40_000, cache_hit=False, key="alice", route="gpt-4o",
-        response_model="gpt-4o-2024-08-06", finish_reasons=("stop",), input_tokens=12,
-        output_tokens=5, cost_nanos=80_000, attempts=tries)
+    fields: dict[str, Any] = {
+        "operation": "chat", "method": "POST", "path": "/v1/chat/completions", "model": "gpt-4o",
+        "status": 200, "start_ns": t0, "end_ns": t0 + 1_000_000 * (attempts + 3),
+        "queued_ns": t0 + 10_000, "parsed_ns": t0 + 20_000, "limits_ns": t0 + 30_000,
+        "cache_ns": t0 + 40_000, "cache_hit": False, "key": "alice", "route": "gpt-4o",
+        "response_model": "gpt-4o-2024-08-06", "finish_reasons": ("stop",), "input_tokens": 12,
+        "output_tokens": 5, "cost_nanos": 80_000, "attempts": tries}
     fields.update(kw)
     return RequestRecord(rt, **fields)
 
@@ -257,7 +263,7 @@ def test_contents_only_when_a_setting_asks(receiver: Receiver, tracers: list[Tra
     quiet.record(_record(quiet, attempts=1, input_messages=secret_in,
                          output_messages=secret_out))
     server = next(s for s in receiver.wait_for(2) if s["kind"] == 2)
-    assert not any(k.startswith("gen_ai.input") or k.startswith("gen_ai.output")
+    assert not any(k.startswith(("gen_ai.input", "gen_ai.output"))
                    for k in server["attrs"])
     loud = _tracer(tracers, receiver.endpoint, capture_content=True)
     loud.record(_record(loud, attempts=1, input_messages=secret_in,
@@ -267,8 +273,10 @@ def test_contents_only_when_a_setting_asks(receiver: Receiver, tracers: list[Tra
     assert server["attrs"]["gen_ai.output.messages"] == secret_out
 
 
-def _silent_collector() -> tuple[socket.socket, threading.Event, list[socket.socket]]:
-    """A port that accepts connections and never answers (a hung collector)."""
+def _silent_collector() -> tuple[socket.socket, threading.Event, list[socket.socket],
+                                 threading.Thread]:
+    """A port that accepts connections and never answers (a hung collector). Stop it by
+    closing the listener, joining the thread, then closing what it held."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
@@ -284,8 +292,9 @@ def _silent_collector() -> tuple[socket.socket, threading.Event, list[socket.soc
             held.append(conn)
             accepted.set()
 
-    threading.Thread(target=accept, daemon=True).start()
-    return sock, accepted, held
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return sock, accepted, held, thread
 
 
 def _closed_port() -> int:
@@ -309,7 +318,7 @@ def test_an_unreachable_collector_drops_counted_spans_and_blocks_nothing(
         collector: str, tracers: list[Tracer]) -> None:
     held: list[socket.socket] = []
     if collector == "silent":
-        listener, accepted, held = _silent_collector()
+        listener, accepted, held, acceptor = _silent_collector()
         endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
     else:
         endpoint = f"http://127.0.0.1:{_closed_port()}"
@@ -331,10 +340,13 @@ def test_an_unreachable_collector_drops_counted_spans_and_blocks_nothing(
     assert stats["pending"] <= 64 and stats["dropped"] >= sent - 64 - 2 * 64
     assert stats["exported"] == 0
     _in_thread(lambda: t.close(timeout_s=2), "closing", timeout=60)
+    if collector == "silent":
+        listener.shutdown(socket.SHUT_RDWR)  # its accept() fails: the thread returns
+        acceptor.join(10)
+        assert not acceptor.is_alive()
+        listener.close()
     for conn in held:
         conn.close()
-    if collector == "silent":
-        listener.close()
 
 
 def test_traceparent_parsing() -> None:

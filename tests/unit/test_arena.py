@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from velox.arena import SEGMENTS, Arena
+from velox.ingress.arena import SEGMENTS, Arena
 
 
 def test_body_is_copied_contiguously_and_readable_in_place() -> None:
@@ -37,7 +37,7 @@ def test_a_live_body_pins_only_its_segment() -> None:
     for _ in range(4 * SEGMENTS):
         placed = arena.put([b"q" * 1000])
         assert placed is not None
-        view, segment = placed
+        _view, segment = placed
         seen.add(segment)
         if segment != pinned[1]:
             arena.release(segment)

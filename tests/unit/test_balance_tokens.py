@@ -1,6 +1,6 @@
-"""The balancer's per-upstream tpm (velox.balance with a plain-Python token bucket): a target
-whose bucket cannot cover the estimate is skipped, the attempt holds its reservation, a failed
-or retried attempt gives it back, and when no target can take the tokens the 429 carries the
+"""The balancer's per-upstream tpm (velox.routing.balance with a plain-Python token bucket): a
+target whose bucket cannot cover the estimate is skipped, the attempt holds its reservation, a
+failed or retried attempt gives it back, and when no target can take the tokens the 429 carries the
 bucket's wait."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 from tests.unit.test_balance import FakeState, route, tables
-from velox.balance import Event, Router, classify
-from velox.errors import RateLimited
-from velox.health import NEUTRAL, SUCCESS
+from velox.core.errors import RateLimited
+from velox.routing.balance import Event, Router, classify
+from velox.state.health import NEUTRAL, SUCCESS
 
 
 class FakeTokens:

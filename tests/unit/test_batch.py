@@ -15,13 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from velox import config
-from velox._types import Request, Route
-from velox.batch import Batcher, apportion, apportion_usage, split
-from velox.config import ConfigError
-from velox.stats import F
-from velox.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
-
+from velox.batching.batch import Batcher, apportion, apportion_usage, split
+from velox.config import settings as config
+from velox.config.settings import ConfigError
+from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.core.fields import F
+from velox.core.types import Request, Route
 
 # --- apportion ------------------------------------------------------------------------------
 
@@ -45,7 +44,7 @@ def test_apportion_always_adds_up_and_stays_within_one_of_the_quota() -> None:
             shares = apportion(total, weights)
             assert sum(shares) == total
             whole = sum(weights)
-            for share, w in zip(shares, weights):
+            for share, w in zip(shares, weights, strict=False):
                 assert abs(share - total * w / whole) < 1
 
 
@@ -322,7 +321,7 @@ def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
         for r in more:
             h.batcher.offer(r)
         h.sent[-1].answer(503, b'{"error": {"message": "down"}}')
-        assert [r.conn.answers for r in more] == [[(503, b'{"error": {"message": "down"}}')]] * 3  # type: ignore  # noqa: E501
+        assert [r.conn.answers for r in more] == [[(503, b'{"error": {"message": "down"}}')]] * 3  # type: ignore
         h.sent[0].answer(200, _embeddings(h.sent[0].doc))
         assert len(h.done) == 7 and not h.batcher.groups
 
@@ -388,7 +387,7 @@ def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_on
 
 
 def test_print_config_shows_the_batch_of_a_route(tmp_path: Path) -> None:
-    from velox.tables import describe
+    from velox.config.tables import describe
 
     text = describe(_load(tmp_path, "batch = { max_requests = 8 }").tables)
     assert "batch = { max_requests = 8, max_inputs = 2048, max_wait_ms = 20 }" in text

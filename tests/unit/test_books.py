@@ -26,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
-from velox._types import Request, Route
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
-from velox.usage import estimate, input_tokens, output_limit, usage_of
+from velox.core.types import Request, Route
+from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
+from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 # --- the access log ------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ def test_a_line_that_cannot_be_made_is_told_once_and_the_others_are_written(
     try:
         log = AccessLog(0, fd=fd)
         with caplog.at_level("ERROR", logger="velox.accesslog"):
-            for round_ in range(2):
+            for _ in range(2):
                 for n in range(3):
                     log.append((time.perf_counter_ns(), _request(b"/v1/x", "m", -1),
                                 bad if n == 1 else None, 200, n))
@@ -362,7 +362,7 @@ def hostile_bodies(draw: st.DrawFn) -> bytes:
 
     def key(k: str) -> str:
         if spell == 1 and len(k) > 3:
-            return '"' + k[:2] + "\\u%04x" % ord(k[2]) + k[3:] + '"'
+            return '"' + k[:2] + f"\\u{ord(k[2]):04x}" + k[3:] + '"'
         return json.dumps(k)
 
     body = dump(_Obj(top)).encode()

@@ -1,4 +1,4 @@
-"""The cache's Redis tier without sockets (velox.cache_redis): lookups gathered into one call,
+"""The cache's Redis tier without sockets (velox.cache.redis): lookups gathered into one call,
 the timeout, a failure marking Redis down, a late reply, ages and max-age, the value format,
 against a fake redis.asyncio client. Real processes and a real redis-server are exercised in
 tests/cluster/test_cache_redis.py."""
@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from tests.unit.test_cache import Harness, make_request
-from velox import cache_redis
-from velox.cache import HEADER, HIT, encode_entry
-from velox.cache_redis import RedisTier, decode_value, encode_value, redis_key
-from velox.stats import F, SharedStats
+from velox.cache import redis as cache_redis
+from velox.cache.redis import RedisTier, decode_value, encode_value, redis_key
+from velox.cache.store import HEADER, HIT, encode_entry
+from velox.core.clock import now_ms
+from velox.core.fields import F
+from velox.state.stats import SharedStats
 
 ENTRY = encode_entry(False, [(b"content-type", b"application/json")], b'{"answer": 1}')
 
@@ -137,7 +139,7 @@ def test_a_slow_redis_times_out_and_a_late_reply_only_fills_the_local_store(rig:
     # While the call is out past the timeout, new lookups skip Redis at once.
     assert rig.h.front.front([make_request(body=b'{"model": "m", "x": 1}')]) != []
     rig.run(0.2)
-    assert rig.h.store.get(key, cache_redis.now_ms()) is not None
+    assert rig.h.store.get(key, now_ms()) is not None
     assert request.conn.header(HEADER) is None  # answered once only: by the miss path
 
 
@@ -185,7 +187,7 @@ def test_a_client_leaving_a_redis_lookup_is_released_and_never_answered(rig: Rig
     alone.exchange.client_gone()  # type: ignore[union-attr]
     rig.run(0.05)
     assert rig.resumed == [staying] and alone.conn.status == 0  # type: ignore[attr-defined]
-    assert key not in rig.tier.lookups and rig.h.store.get(key, cache_redis.now_ms())
+    assert key not in rig.tier.lookups and rig.h.store.get(key, now_ms())
 
 
 def test_a_call_may_take_as_long_as_a_lookup_may_wait() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from velox import errors
+from velox.core import errors
 
 
 @pytest.mark.parametrize(

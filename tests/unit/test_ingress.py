@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benches._pipeline import FakeTransport
-from velox._types import Request
-from velox.arena import Arena
-from velox.config import load
-from velox.ingress import WHOLE_BYTES, ClientConnection, IngressState
-from velox.route import Auth, caller_of
+from velox.config.settings import load
+from velox.core.types import Request
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth, caller_of
+from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
+from velox_lab.pipeline import FakeTransport
 
 
 class FakeRing:
@@ -33,9 +33,9 @@ class FakeRing:
 def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
               **env: str) -> tuple[ClientConnection, FakeTransport, FakeRing]:
     ring = FakeRing()
-    state = IngressState(None, ring, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None, parser)
+                         lambda request, status, size: None, parser == "native")
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -88,7 +88,7 @@ def test_trailer_fields_are_dropped() -> None:
 
 
 def test_receive_deadline_runs_from_the_first_byte_to_the_end_of_the_message() -> None:
-    conn, transport, ring = make_conn()
+    conn, _transport, ring = make_conn()
     assert conn.receiving_since == 0.0
     before = time.monotonic()
     conn.data_received(b"P")
@@ -145,13 +145,13 @@ def test_two_authorization_fields_are_400_on_both_parsers(parser: str) -> None:
 @pytest.mark.parametrize("parser", ["native", "httptools"])
 def test_the_callers_identity_is_the_key_that_was_checked(parser: str) -> None:
     # An Azure-style api-key before the checked Authorization named the cache partition.
-    conn, transport, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
+    conn, _, ring = make_conn(parser=parser, VELOX_API_KEYS="ka,kb")
     conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: ka\r\n"
                        b"authorization: Bearer kb\r\ncontent-length: 2\r\n\r\n{}")
     (request,) = ring.pushed
     assert caller_of(request) == hashlib.sha256(b"kb").digest()
     # Keyless: the credential the upstream gets (Authorization), whatever the order.
-    conn, transport, ring = make_conn(parser=parser)
+    conn, _transport, ring = make_conn(parser=parser)
     conn.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\napi-key: x\r\n"
                        b"authorization: Bearer y\r\ncontent-length: 2\r\n\r\n{}")
     assert caller_of(ring.pushed[0]) == hashlib.sha256(b"y").digest()
@@ -170,8 +170,8 @@ def _streaming_conn(loop: object) -> tuple[ClientConnection, FakeTransport, Requ
 def test_a_streams_chunks_of_one_loop_pass_go_out_in_one_write() -> None:
     import asyncio
 
-    from velox import h1write
-    from velox.h1write import H1_CHUNKED, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_CHUNKED, STATUS_LINES
 
     loop = asyncio.new_event_loop()
     try:
@@ -262,6 +262,7 @@ class SlowClient(FakeTransport):
 def slow_conn(arena: Arena | None = None,
               ) -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
     ring = FakeRing()
+    arena = Arena(0) if arena is None else arena  # an empty arena: every body its own buffer
     answered: list[tuple[int, int]] = []
     state = IngressState(None, ring, lambda: None, arena,  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
@@ -279,8 +280,8 @@ def test_a_large_answer_is_written_as_the_client_takes_it_from_the_body_itself()
     import gc
     import weakref
 
-    from velox import h1write
-    from velox.h1write import H1_LENGTH, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_LENGTH, STATUS_LINES
 
     conn, client, ring, answered = slow_conn()
     conn.data_received(CHAT_REQUEST + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -330,8 +331,8 @@ def test_a_paused_client_gets_no_further_pipelined_answers_until_it_reads() -> N
 def test_a_stream_to_a_paused_client_is_queued_in_order_and_ended_once_written() -> None:
     import asyncio
 
-    from velox import h1write
-    from velox.h1write import H1_CHUNKED, STATUS_LINES
+    from velox.ingress import h1write
+    from velox.ingress.h1write import H1_CHUNKED, STATUS_LINES
 
     loop = asyncio.new_event_loop()
     try:
@@ -379,7 +380,7 @@ def _dechunk(data: bytes) -> bytes:
 
 
 def test_a_client_that_takes_nothing_is_aborted_at_the_write_deadline() -> None:
-    conn, client, ring, answered = slow_conn()
+    conn, client, ring, _answered = slow_conn()
     conn.data_received(CHAT_REQUEST)
     (request,) = ring.pushed
     conn.respond(request, 200, [], b"x" * (4 << 20))
@@ -395,7 +396,7 @@ def test_a_queued_answer_does_not_pin_its_request_body_in_the_arena() -> None:
     """The body's arena segment goes back when the answer is queued, not when the client has
     taken it: one that never does would pin the segment for good."""
     arena = Arena(1 << 20)
-    conn, client, ring, answered = slow_conn(arena)
+    conn, _client, ring, _answered = slow_conn(arena)
     conn.data_received(CHAT_REQUEST)
     (request,) = ring.pushed
     assert request.arena_segment >= 0 and arena.live == 1

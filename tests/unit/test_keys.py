@@ -13,14 +13,17 @@ from typing import Any
 import orjson
 import pytest
 
-from benches._pipeline import FakeTransport
-from velox._types import Request, Route
-from velox.config import ConfigError, load
-from velox.errors import Unauthorized, to_response
-from velox.ingress import ClientConnection, IngressState
-from velox.keys import KF, KeyStage, SharedKeys, estimate, rpm_index, tpm_index
-from velox.route import Auth, caller_of
-from velox.tables import KeySpec, describe
+from velox.admission.keys import KeyStage, estimate
+from velox.config.settings import ConfigError, load
+from velox.config.tables import KeySpec, describe
+from velox.core.errors import Unauthorized, to_response
+from velox.core.fields import KF
+from velox.core.types import Request, Route
+from velox.ingress.arena import Arena
+from velox.ingress.auth import Auth, caller_of
+from velox.ingress.connection import ClientConnection, IngressState
+from velox.state.keys import SharedKeys, rpm_index, tpm_index
+from velox_lab.pipeline import FakeTransport
 
 
 def sha(key: str) -> str:
@@ -111,7 +114,7 @@ def test_duplicate_names_and_hashes_are_refused(tmp_path: Path) -> None:
                                           r'\[\[key\]\] #1 \("a"\)'):
         load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("x")}"\n'
                             f'[[key]]\nname = "b"\nsha256 = "{sha("x").upper()}"\n')
-    with pytest.raises(ConfigError, match="top level: key: .*write \\[\\[key\\]\\]"):
+    with pytest.raises(ConfigError, match=r"top level: key: .*write \[\[key\]\]"):
         load_keys(tmp_path, f'[key]\nname = "a"\nsha256 = "{sha("x")}"\n')
 
 
@@ -243,7 +246,7 @@ def test_forwards_need_a_key_that_may_forward(tmp_path: Path) -> None:
 
 
 def test_images_and_audio_are_checked_by_model_and_reserve_one_token(tmp_path: Path) -> None:
-    stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
+    stage, _shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
                               'tpm = 1000\nmodels = ["m"]\n')
     other = Route.MODEL_OTHER
     named = make_request("k", "m", route=other, path=b"/v1/images/generations")
@@ -276,7 +279,7 @@ def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
 def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
     stage, shared = stage_for(
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 10\ntpm = 1000\n')
-    big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.usage.estimate)
+    big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.relay.usage.estimate)
     first, second = make_request("k", body=big), make_request("k", body=big)
     assert stage.admit([first, second]) == [first]
     assert first.ticket.reserved == estimate(first) == -(-len(big) // 4) + 900
@@ -376,7 +379,7 @@ def test_a_reload_with_the_same_key_names_keeps_the_buckets(tmp_path: Path) -> N
 
 
 def test_ingress_appends_extra_headers_to_every_answer() -> None:
-    state = IngressState(None, None, lambda: None, None,  # type: ignore[arg-type]
+    state = IngressState(None, None, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
                          lambda request, status, size: None)
     for kind in ("respond", "stream"):

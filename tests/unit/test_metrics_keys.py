@@ -12,9 +12,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from velox.admin.metrics import VeloxCollector, make_registry
-from velox.config import ConfigError, load
-from velox.stats import SharedStats
-from velox.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.config.settings import ConfigError, load
+from velox.config.tables import KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.state.stats import SharedStats
 
 ROUTES = ("a", "*")
 

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from velox import config
 from velox.admin import server as admin_server
 from velox.admin import transport
 from velox.admin.server import AdminServer, bind_problem, is_loopback
-from velox.launch import raw_request
-from velox.ratelimit import Limiter
-from velox.stats import SharedStats
-from velox.topology import oversubscribed, plan
+from velox.admission.ratelimit import Limiter
+from velox.config import settings as config
+from velox.state.stats import SharedStats
+from velox.system.topology import oversubscribed, plan
+from velox_lab.launch import raw_request
 
 NODES = {0: [0, 1], 1: [2, 3]}
 
@@ -60,7 +60,7 @@ def test_admin_token_setting_is_secret_and_header_safe() -> None:
     settings = _settings(VELOX_ADMIN_TOKEN="  abcdefghijkl  ")
     assert settings.admin_token == "abcdefghijkl"
     assert "abcdefghijkl" not in str(settings.redacted())
-    with pytest.raises(config.ConfigError, match="VELOX_ADMIN_TOKEN=.*printable ASCII"):
+    with pytest.raises(config.ConfigError, match=r"VELOX_ADMIN_TOKEN=.*printable ASCII"):
         _settings(VELOX_ADMIN_TOKEN="two words")
     assert _settings().worker_hang_s == 10
     with pytest.raises(config.ConfigError, match="VELOX_WORKER_HANG_S"):

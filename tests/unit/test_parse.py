@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox._types import Request, Route
-from velox.dispatch import rewrite_model
-from velox.errors import BadRequest, VeloxError
-from velox.parse import parse_model_call, parse_other, scan_model_call
+from velox.admission.parse import parse_model_call, parse_other, scan_model_call
+from velox.core.errors import BadRequest, VeloxError
+from velox.core.types import Request, Route
+from velox.routing.dispatch import rewrite_model
 
 
 def on_loop(body: bytes) -> tuple[str, bool] | tuple[str, str]:
@@ -52,7 +52,8 @@ def test_both_paths_agree(body: bytes) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                   max_size=4),

@@ -1,4 +1,4 @@
-"""The worker's whole request path without sockets (benches/_pipeline.py): it answers
+"""The worker's whole request path without sockets (velox_lab/pipeline.py): it answers
 correctly, and it leaves nothing behind, not even for the cycle collector."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 
 import orjson
 
-from benches._pipeline import REPLY_BODY, FakeTransport, Pipeline
+from velox_lab.pipeline import REPLY_BODY, FakeTransport, Pipeline
 
 
 def test_each_client_gets_the_upstream_answer() -> None:

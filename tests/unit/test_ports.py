@@ -1,4 +1,4 @@
-"""velox.ports on real sockets of this process: the gateway's sockets share a port the kernel
+"""velox.system.ports on real sockets of this process: the gateway's sockets share a port the kernel
 picked, a second set is refused naming it, and /proc tells who listens where."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from velox import ports
+from velox.system import ports
 
 
 def test_listeners_share_one_port_and_a_second_set_is_refused() -> None:

@@ -1,5 +1,5 @@
-"""The shape checks of Redis replies (velox.cache_redis.lookup_values,
-velox.cluster.lease_replies): a reply that is not what its command answers is an error like a
+"""The shape checks of Redis replies (velox.cache.redis.lookup_values,
+velox.cluster.leases.lease_replies): a reply that is not what its command answers is an error like a
 lost connection, never a crash further on. Socket-free; the real-socket test is
 tests/cluster/test_cache_redis.py's server answering +OK to everything."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from velox.cache_redis import lookup_values
-from velox.cluster import ReplyShapeError, lease_replies
+from velox.cache.redis import lookup_values
+from velox.cluster.leases import ReplyShapeError, lease_replies
 
 
 def test_lookup_values_accepts_what_set_and_mget_answer() -> None:

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from velox import config, supervisor
-from velox.config import Settings
-from velox.stats import F
+from velox import supervisor
+from velox.config import settings as config
+from velox.config.settings import Settings
+from velox.core.fields import F
 from velox.supervisor import Supervisor
 
 

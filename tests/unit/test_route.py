@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from velox._types import Route
-from velox.config import load
-from velox.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
-from velox.route import Auth, classify, normal_target
+from velox.config.settings import load
+from velox.core.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
+from velox.core.types import Route
+from velox.ingress.auth import Auth
+from velox.ingress.classify import classify, normal_target
 
 
 @pytest.mark.parametrize(
@@ -162,8 +163,8 @@ def test_client_key_passes_through_when_gateway_has_none() -> None:
 def test_caller_of_is_the_digest_of_the_presented_credential():
     import hashlib
 
-    from velox._types import Request
-    from velox.route import caller_of
+    from velox.core.types import Request
+    from velox.ingress.auth import caller_of
 
     def req(headers):
         return Request(None, b"POST", b"/v1/embeddings", Route.MODEL_CALL, headers, b"", True, 0)

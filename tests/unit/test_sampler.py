@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from velox.admin.sampler import Sampler, window_quantiles
-from velox.stats import F, H, SharedStats
+from velox.core.fields import F, H
+from velox.state.stats import SharedStats
 
 
 class Clock:

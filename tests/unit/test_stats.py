@@ -5,8 +5,9 @@ Socket-free: the shared mappings are real (native Counters/Histogram), nothing i
 
 from __future__ import annotations
 
-from velox.stats import F, H, SharedStats
-from velox.tables import UpstreamSpec, parse
+from velox.config.tables import UpstreamSpec, parse
+from velox.core.fields import F, H
+from velox.state.stats import SharedStats
 
 TEMPLATE = UpstreamSpec("default", "https://api.openai.com")
 

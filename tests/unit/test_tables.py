@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from velox import config
-from velox.config import ConfigError, load
-from velox.tables import (CATCH_ALL, BreakerPolicy, RetryPolicy, TargetSpec, UpstreamSpec,
-                          azure_path, describe)
+from velox.config import settings as config
+from velox.config.settings import ConfigError, load
+from velox.config.tables import (
+    CATCH_ALL,
+    BreakerPolicy,
+    RetryPolicy,
+    TargetSpec,
+    UpstreamSpec,
+    azure_path,
+    describe,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_KEY = "sk-openai-SECRET-0123456789"
@@ -419,7 +426,7 @@ def test_example_file_and_readme_section_agree_and_parse(tmp_path: Path) -> None
 
 
 def test_azure_path_cache_stays_bounded_and_correct() -> None:
-    from velox import tables
+    from velox.config import tables
 
     for n in range(tables._AZURE_PATHS_MAX + 50):
         got = azure_path(b"/v1/embeddings?n=%d" % n, "e", "1")

@@ -1,4 +1,4 @@
-"""velox.usage without sockets: the estimate, reading usage, the SSE usage stripping at every
+"""velox.relay.usage without sockets: the estimate, reading usage, the SSE usage stripping at every
 DATA frame boundary, and the body rewrite that asks for the usage chunk."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import base64
 import orjson
 import pytest
 
-from velox import usage
-from velox._types import Request, Route
-from velox.mock import payloads
+from velox.core.types import Request, Route
+from velox.relay import usage
+from velox_lab.mock import payloads
 
 
 def _request(path: bytes, body: bytes) -> Request:
@@ -240,13 +240,13 @@ def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) 
 
 
 class _Counters:
-    """A token block of the shared counters, recording what is added (velox.stats.Counters)."""
+    """A token block of the shared counters, recording what is added (the native Counters)."""
 
     def __init__(self) -> None:
         self.added: dict[tuple[int, int], int] = {}
 
     def add_many(self, slot: int, *pairs: int) -> None:
-        for field, value in zip(pairs[::2], pairs[1::2]):
+        for field, value in zip(pairs[::2], pairs[1::2], strict=False):
             if value:
                 self.added[slot, field] = self.added.get((slot, field), 0) + value
 

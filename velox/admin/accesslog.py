@@ -12,7 +12,7 @@ GIL ~4x less long per flush.
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
 "bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
 the caller's `[[key]]` (null for none), never the key itself. `usage` is `{"input", "output",
-"exact"}` for a model call whose tokens were accounted (velox.usage; exact false: estimated,
+"exact"}` for a model call whose tokens were accounted (velox.relay.usage; exact false: estimated,
 the answer carried no usage), else null. `path` has its query string removed:
 the gateway forwards arbitrary /v1/... URLs and cannot know which query parameters carry
 credentials or personal data (some clients put keys there), so none are logged. Request
@@ -25,8 +25,6 @@ Writes hold whole lines and at most PIPE_BUF bytes, so lines from several worker
 stdout pipe never interleave mid-line. If stdout blocks, the deque keeps the newest
 `QUEUE_MAX` lines and drops the oldest; `F.ACCESS_LOG_LINES` counts what was written, so
 `requests - lines` is what was dropped.
-
-Imports: the native extension (the line's formatter), stats (field numbers), stdlib.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from collections import deque
 from typing import Any
 
 from velox._native import access_line, access_lines
-from velox.stats import F
+from velox.core.fields import F
 
 log = logging.getLogger("velox.accesslog")
 
@@ -88,7 +86,7 @@ class AccessLog:
         while not self._stop.wait(FLUSH_INTERVAL_S):
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001 - the log must never take the worker down
+            except Exception:
                 pass
 
     def flush(self) -> int:
@@ -129,7 +127,7 @@ class AccessLog:
         for item in items:
             try:
                 access_line(item, offset, self.slot, self._prefix, 0, self.key_names)
-            except Exception:  # noqa: BLE001 - reported, never raised into the flush
+            except Exception:
                 log.exception("access log: a line could not be formatted (more are not told)")
                 return
 

@@ -12,8 +12,6 @@ Commands (see control.py for the framing):
   worker that cannot answer quickly is busy, which the supervisor reports as such.
 * `profile {seconds}`: start pyinstrument on this (the loop's) thread; after `seconds`
   (`loop.call_later`) stop it and answer with the compacted session.
-
-Imports: admin.accesslog, admin.control, stdlib; admin.profiling when a profile starts.
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ class Agent:
                 self.reply(msg_id, os.getpid())
             else:
                 raise ControlError(f"unknown command {cmd!r}")
-        except Exception as exc:  # noqa: BLE001 - an admin command must not hurt the worker
+        except Exception as exc:
             self.reply(msg_id, error=str(exc) or type(exc).__name__)
 
     def reply(self, msg_id: Any, result: Any = None, error: str | None = None) -> None:
@@ -124,7 +122,7 @@ class Agent:
             return
         try:
             result = profile.stop()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.reply(msg_id, error=f"profiling failed: {exc}")
             return
         self.reply(msg_id, result)
@@ -141,7 +139,7 @@ class _ControlProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             messages = self.reader.feed(data)
-        except Exception:  # noqa: BLE001 - a corrupt frame: the stream cannot resync
+        except Exception:
             log.warning("control channel: unreadable frame; closing it")
             self.agent.transport.close()  # type: ignore[union-attr]
             return

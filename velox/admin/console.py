@@ -24,8 +24,6 @@ Charts: uPlot 1.6.32 (MIT, 51 KB minified, 22 KB gzipped), drawing on canvas. Th
 numbers (a few hundred bytes a second) and draws them itself; server-rendered SVG would have
 the admin server build and send every chart again at each poll (tens of KB a second per
 page, and the supervisor's CPU), which is what the console must not cost.
-
-Imports: admin.sampler, admin.snapshot, admin.transport, stdlib, orjson.
 """
 
 from __future__ import annotations

@@ -12,10 +12,8 @@ their callers. A worker that exits fails its pending calls at once (EOF), and a 
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
 
 A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
-velox.spend.feed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
+velox.admin.ledgerfeed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
 LedgerWriter.submit), or drops them when there is none.
-
-Imports: stdlib and orjson only.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import orjson
 
 log = logging.getLogger("velox.admin")
 _HEADER = struct.Struct(">I")
-LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.spend.feed)
+LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.admin.ledgerfeed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -122,7 +120,7 @@ class _Channel:
             return
         try:
             sink(rows)
-        except Exception:  # noqa: BLE001 - the channel must outlive a bad frame of rows
+        except Exception:
             log.exception("control channel %d: ledger rows dropped", self.slot)
 
     def fail_pending(self) -> None:

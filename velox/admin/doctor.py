@@ -21,9 +21,6 @@ upstream's failure skips only its own later checks.
 
 The exit status is 1 if any check failed, else 0. The warm-up request goes over HTTP/2 with the
 gateway's own codec when h2 was negotiated, so it exercises the same framing the egress uses.
-
-Imports: config, ports, tables (specs), egress.codec, egress.pool (the TLS context), admin.server
-(lazily, for the admin bind rule), stdlib.
 """
 
 from __future__ import annotations
@@ -39,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from velox.config import ConfigError, Settings, load
-from velox.ports import holders, in_use, process_name
-from velox.tables import UpstreamSpec
+from velox.config.settings import ConfigError, Settings, load
+from velox.config.tables import UpstreamSpec
+from velox.system.ports import holders, in_use, process_name
 
 _PROBE_TIMEOUT_S = 2.0
 
@@ -274,10 +271,10 @@ class _Upstream:
 
     def _get_h2(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
         from velox.egress import codec as ev
+        from velox.egress.framer import Framer
 
         assert self.sock is not None
-        codec = ev.make_codec("framer", self.spec.authority.encode(),
-                              self.spec.scheme.encode())
+        codec = Framer(self.spec.authority.encode(), self.spec.scheme.encode())
         codec.initiate()
         stream_id = codec.send_request(b"GET", path, headers, None)
         self.sock.sendall(codec.data_to_send())

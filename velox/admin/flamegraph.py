@@ -9,8 +9,6 @@ narrower than `MIN_WIDTH_PX` are left out with their callees, as flamegraph tool
 
 Only the frame tree's public attributes are used (`time`, `children`, `function`,
 `class_name`, `file_path_short`, `line_no`, `is_synthetic`).
-
-Imports: stdlib only (the frame tree is passed in).
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ def module_of(frame: Any) -> str:
 
 def colour(module: str) -> str:
     h = zlib.crc32(module.encode())
-    if module.startswith("velox/") or module.startswith("velox."):
+    if module.startswith(("velox/", "velox.")):
         hue, sat, light = (h % 50), 70 + h % 20, 55 + (h >> 8) % 12  # reds to yellows
     elif module == "<built-in>":
         hue, sat, light = 95, 25, 62  # grey-green
@@ -139,7 +137,8 @@ def _document(width: int, height: int, title: str, subtitle: str, body: list[str
     x = _PAD_PX
     for module, share in legend:
         label = f"{module} {share * 100:.0f}%"
-        head.append(f'<rect x="{x}" y="41" width="10" height="10" fill={quoteattr(colour(module))}/>'
+        fill = quoteattr(colour(module))
+        head.append(f'<rect x="{x}" y="41" width="10" height="10" fill={fill}/>'
                     f'<text x="{x + 14}" y="50">{escape(label)}</text>')
         x += 22 + int(len(label) * _CHAR_PX)
         if x > width - 150:

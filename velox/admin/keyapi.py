@@ -19,8 +19,6 @@ carries a hash.
 Usage: the `[[key]]` tables' buckets and gauges are in shared memory (`SharedKeys.snapshot`,
 as /stats shows them). Run-time keys are not enforced by the workers yet, so they have none:
 their `usage` is null and says so.
-
-Imports: admin.keystore, admin.transport, stdlib, orjson.
 """
 
 from __future__ import annotations

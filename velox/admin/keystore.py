@@ -77,9 +77,7 @@ change under running workers, within 1 s, without a reload.
 * With several hosts, each supervisor's watcher applies Redis's changes and feeds its own
   workers the same way: Redis -> watcher (<= 1 s by polling, ms by pub/sub) -> control frame.
   The limits of a run-time key are leased from Redis like a file key's
-  (`key:<name>:rpm|tpm`, velox.cluster) once its bucket exists.
-
-Imports: tables (the [[key]] bounds), stdlib, orjson, redis (only with VELOX_REDIS_URL).
+  (`key:<name>:rpm|tpm`, velox.cluster.leases) once its bucket exists.
 """
 
 from __future__ import annotations
@@ -100,7 +98,7 @@ from typing import Any
 
 import orjson
 
-from velox.tables import _NAME, KEY_INTS
+from velox.config.tables import _NAME, KEY_INTS
 
 log = logging.getLogger("velox.keystore")
 audit_log = logging.getLogger("velox.audit")
@@ -172,7 +170,7 @@ return 1
 """
 
 
-class KeyError_(ValueError):  # noqa: N801 - not the builtin KeyError
+class KeyError_(ValueError):
     """A refused change: `status` is the HTTP status the admin API answers with."""
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -405,7 +403,7 @@ class _Local:
             self.db = None
 
 
-class _transaction:  # noqa: N801 - a context manager used like a keyword
+class _transaction:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
 
@@ -480,7 +478,7 @@ class KeyStore:
             try:
                 entries = self.redis.xrevrange(R_AUDIT, count=limit)
                 return [orjson.loads(fields[b"e"]) for _, fields in entries]
-            except Exception as exc:  # noqa: BLE001 - redis-py raises several kinds
+            except Exception as exc:
                 self._down(exc)
         with self.lock:
             return self.local.audit(limit)
@@ -586,7 +584,7 @@ class KeyStore:
                 keys=[R_DOCS, R_VERSION, R_LOG, R_AUDIT, R_CHANNEL],
                 args=[op, name, record.doc() if record else b"",
                       current.version if current else "", entry, AUDIT_MAX])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._down(exc)
             raise KeyError_(f"Redis (VELOX_REDIS_URL) is unreachable, and it holds the keys of "
                             f"every host: nothing was changed; try again when it answers "
@@ -630,7 +628,7 @@ class KeyStore:
         for listener in self.listeners:
             try:
                 listener(version, upserts, gone)
-            except Exception:  # noqa: BLE001 - a listener must not stop the store
+            except Exception:
                 log.exception("key store listener failed")
 
     def _unindex(self, record: KeyRecord) -> None:
@@ -647,7 +645,7 @@ class KeyStore:
             if int(reply[0]) == 0 and self.version > 0:
                 self._reseed()
                 return True
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._down(exc)
             return False
         if self.redis_down:
@@ -717,19 +715,19 @@ class KeyStore:
                 message = pubsub.get_message(timeout=POLL_S)
                 if message is None or int(message["data"]) > self.version:
                     self.sync()
-            except Exception as exc:  # noqa: BLE001 - reconnect after a pause
+            except Exception as exc:
                 self._down(exc)
                 if pubsub is not None:
                     try:
                         pubsub.close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         pass
                 pubsub = None
                 self._stop.wait(POLL_S)
         if pubsub is not None:
             try:
                 pubsub.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 

@@ -10,8 +10,6 @@ small fixed set of cumulative `le` bounds that stay the same across scrapes, so 
 buckets are summed into `LE_BOUNDS_S`. A native bucket is counted under the first bound that
 holds its whole range (at most 1/64 of the value wide), so a `le` count can lag by at most
 the one native bucket straddling the bound.
-
-Imports: config (a default), stats, stdlib, prometheus_client.
 """
 
 from __future__ import annotations
@@ -30,18 +28,19 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velox import __version__
-from velox.config import DEFAULT_METRICS_KEYS
-from velox.stats import (
+from velox.config.settings import DEFAULT_METRICS_KEYS
+from velox.core.clock import now_ms
+from velox.core.fields import (
     OTHER_KEYS,
-    F,
-    H,
     RETRY_REASONS,
     ROUTE_NAMES,
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
-    SharedStats,
+    F,
+    H,
 )
+from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
 
@@ -135,7 +134,7 @@ class VeloxCollector(Collector):
         self.started_at = started_at  # time.time() when the supervisor started
         self.profile_runs = profile_runs
         self.admin_refused = admin_refused
-        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL
+        self.cluster: Any = None  # velox.cluster.leases.Cluster with VELOX_REDIS_URL
 
     def _upstreams(self) -> Iterator[Metric]:
         """Per upstream: attempts by outcome class, breaker state, in flight; retries by reason."""
@@ -176,7 +175,7 @@ class VeloxCollector(Collector):
         yield tokens
 
     def _embeddings_batches(self) -> Iterator[Metric]:
-        """velox_embeddings_batch_*: embeddings batching (velox.batch), all workers."""
+        """velox_embeddings_batch_*: embeddings batching (velox.batching.batch), all workers."""
         totals = self.shared.counters.totals()
         yield CounterMetricFamily(
             "velox_embeddings_batch_calls",
@@ -217,39 +216,39 @@ class VeloxCollector(Collector):
         yield from self._upstreams()
         for field, name, doc in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=["worker"])
-            for w, row in zip(workers, rows):
+            for w, row in zip(workers, rows, strict=False):
                 family.add_metric([w], row[field])
             yield family
         rejected = CounterMetricFamily(
             "velox_rejected_requests", "Requests the gateway refused before sending upstream.",
             labels=["reason", "worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             rejected.add_metric(["ring_full", w], row[F.REJECT_RING_FULL])
             rejected.add_metric(["rate_limited", w], row[F.REJECT_RATE_LIMITED])
         yield rejected
         mean = GaugeMetricFamily("velox_batch_size_mean",
                                  "Mean micro-batch size since start.", labels=["worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             mean.add_metric([w], row[F.BATCH_ITEMS] / row[F.BATCHES] if row[F.BATCHES] else 0.0)
         yield mean
         for field, name, doc in _GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["worker"])
-            for w, row in zip(serving, serving_rows):
+            for w, row in zip(serving, serving_rows, strict=False):
                 family.add_metric([w], row[field])
             yield family
         starts = CounterMetricFamily("velox_worker_restarts",
                                      "Times the worker in this slot was restarted.",
                                      labels=["worker"])
-        for w, row in zip(workers, rows):
+        for w, row in zip(workers, rows, strict=False):
             starts.add_metric([w], max(0, row[F.STARTS] - 1))
         yield starts
         age = GaugeMetricFamily("velox_worker_heartbeat_age_seconds",
                                 "Time since the worker's loop last ticked (-1: not started).",
                                 labels=["worker"])
-        now_ms = time.monotonic() * 1000
-        for w, row in zip(serving, serving_rows):
+        now = now_ms()
+        for w, row in zip(serving, serving_rows, strict=False):
             beat = row[F.HEARTBEAT_MS]
-            age.add_metric([w], max(0.0, now_ms - beat) / 1000 if beat else -1.0)
+            age.add_metric([w], max(0, now - beat) / 1000 if beat else -1.0)
         yield age
         yield GaugeMetricFamily("velox_ring_capacity", "Capacity of each worker's ring.",
                                 value=self.ring_capacity)
@@ -325,7 +324,7 @@ class VeloxCollector(Collector):
             fields = ROUTE_STATUS_FIELD[route]
             for cls_index, cls in enumerate(STATUS_CLASSES):
                 field = fields[2 + cls_index]  # indexed by status // 100: 2xx is 2
-                for w, row in zip(workers, rows):
+                for w, row in zip(workers, rows, strict=False):
                     family.add_metric([route_name, cls, w], row[field])
         yield family
 
@@ -347,7 +346,7 @@ class VeloxCollector(Collector):
                                 value=limiter.burst)
 
     def _redis(self) -> Iterator[Metric]:
-        """VELOX_REDIS_URL: the host's lease refresher (velox.cluster)."""
+        """VELOX_REDIS_URL: the host's lease refresher (velox.cluster.leases)."""
         cluster = self.cluster
         if cluster is None:
             return

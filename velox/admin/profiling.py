@@ -11,8 +11,6 @@ and the thread's frame is renamed so that the sessions of several workers merge 
 Supervisor side: `parse_params` validates the query, `merge` joins the workers' sessions with
 `Session.combine`, and `render` produces html (pyinstrument's page), speedscope JSON, text or
 an SVG flamegraph (`flamegraph.py`).
-
-Imports: flamegraph, stdlib; pyinstrument (only when a profile is taken or rendered).
 """
 
 from __future__ import annotations
@@ -24,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyinstrument.session import Session
 
+# pyinstrument is an extra (`velox[profile]`, in the dev extra too): serving does not need it.
+MISSING = ("profiling needs pyinstrument, which is not installed: pip install 'velox[profile]' "
+           "and restart the gateway")
 DEFAULT_SECONDS = 10.0
 MAX_SECONDS = 60.0
 # pyinstrument's hook runs on every call and return whatever the interval; that, not the
@@ -41,6 +42,15 @@ FORMATS = {
 # cheap stages (the rate limiter's one call per batch is ~0.1%), and those are worth seeing.
 TEXT_THRESHOLD = 0.0002
 _THREAD_FILE = "<thread>"
+
+
+def available() -> bool:
+    """pyinstrument can be imported (by this process, and so by the workers it forks)."""
+    try:
+        import pyinstrument  # noqa: F401 - imported only to know it is there
+    except ImportError:
+        return False
+    return True
 
 
 class BadParams(ValueError):
@@ -109,7 +119,8 @@ class WorkerProfile:
 def compact(session: Session) -> dict[str, Any]:
     """The session as JSON, identical stacks summed, the thread frame made worker-neutral."""
     totals: dict[tuple[str, ...], float] = {}
-    for stack, elapsed in session.frame_records:
+    for frames, elapsed in session.frame_records:
+        stack = frames
         if stack:
             head = stack[0].split("\x00")
             if len(head) == 3 and head[1] == _THREAD_FILE:

@@ -14,18 +14,17 @@ So an open console page costs the gateway a poll of already-made numbers: `/ui/a
 returns the samples after a given time (a page asks for what it lacks), `/ui/api/upstreams`
 the upstreams' live state. Workers are shown by logical slot (a reload's new worker of slot i
 runs in physical slot i or i + workers: both are worker i).
-
-Imports: stats, health (lazily), stdlib.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
 from typing import Any
 
-from velox.stats import F, H, UPSTREAM_CLASSES
+from velox.core.fields import UPSTREAM_CLASSES, F, H
 
 INTERVAL_S = 1.0
 KEEP = 900  # 15 minutes of 1 s samples
@@ -86,7 +85,7 @@ class Sampler:
             start = time.thread_time()
             try:
                 self.take()
-            except Exception:  # noqa: BLE001 - a missed sample, never a dead thread
+            except Exception:
                 import logging
 
                 logging.getLogger("velox.admin").exception("console sampler failed")
@@ -139,7 +138,7 @@ class Sampler:
                     steps.append("open")
                 if steps[-1] != state:
                     steps.append(state)
-                for a, b in zip(steps, steps[1:]):
+                for a, b in itertools.pairwise(steps):
                     self.transitions.append({"t": t, "upstream": name, "from": a, "to": b})
             self._states[name] = (state, opens)
 

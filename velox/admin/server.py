@@ -18,7 +18,8 @@ Routes (GET; HEAD for the cheap ones):
 * `/debug/pprof/`: an index page linking the rest.
 * `/debug/pprof/profile?seconds=N&format=html|speedscope|text|svg&worker=K`: profile the
   workers' loops for N seconds (default 10, at most 60) and return the merged result. One at
-  a time (409 otherwise); bad parameters get 400 with a JSON error.
+  a time (409 otherwise); bad parameters get 400 with a JSON error; without pyinstrument (an
+  extra: `velox[profile]`), 501 saying how to install it.
 * `/debug/pprof/last?format=...`: the last profile again, in any format, without waiting.
 * `/keys`, `/keys/{name}`, `/keys/{name}/rotate`, `/audit`: run-time gateway keys
   (`keyapi.py`, kept by `keystore.py`); JSON in and out, POST/PATCH/DELETE.
@@ -45,10 +46,6 @@ Protection (it can profile the workers and reads every counter):
 The socket is bound when the supervisor starts (before any fork, so a taken address fails
 start-up with a message naming VELOX_ADMIN_ADDR); the thread starts after the first workers
 are forked.
-
-Imports: admin.console, admin.control, admin.keyapi, admin.keystore, admin.metrics,
-admin.profiling, admin.sampler, admin.snapshot, admin.transport, config, spend.report, stats,
-stdlib, prometheus_client, orjson.
 """
 
 from __future__ import annotations
@@ -70,9 +67,10 @@ from velox.admin.keystore import KeyStore
 from velox.admin.metrics import VeloxCollector, make_registry
 from velox.admin.sampler import Sampler
 from velox.admin.transport import MAX_SERVING, READ_TIMEOUT_S, Answer, Request, Server, error
-from velox.config import is_loopback
+from velox.config.settings import is_loopback
+from velox.core.fields import F
 from velox.spend import report
-from velox.stats import F, SharedStats
+from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.admin")
 
@@ -119,7 +117,8 @@ class AdminServer:
                                         self.profile_state, lambda: self.server.refused,
                                         settings.metrics_keys)
         self.registry = make_registry(self.collector)
-        self.cluster: Any = None  # velox.cluster.Cluster with VELOX_REDIS_URL (see use_cluster)
+        # velox.cluster.leases.Cluster with VELOX_REDIS_URL (see use_cluster)
+        self.cluster: Any = None
         tables = settings.tables
         self.keys = KeyStore(settings.state_dir, settings.redis_url,
                              config_names=[k.name for k in tables.keys],
@@ -266,6 +265,8 @@ class AdminServer:
         return Answer(200, _JSON, orjson.dumps(rows))
 
     def profile(self, query: dict[str, list[str]]) -> Answer:
+        if not profiling.available():
+            return error(501, profiling.MISSING)
         try:
             params = profiling.parse_params(query, self.shared.slots)
         except profiling.BadParams as exc:

@@ -5,8 +5,6 @@ token bucket), like /metrics. `state` (the worker's upstream pool per connection
 connections, what it holds in flight) can only come from the worker, over the control channel;
 all workers are asked at once and given `STATE_TIMEOUT_S` together. A worker whose loop is too
 busy to answer in that time is reported as `"busy"` instead of holding the response up.
-
-Imports: admin.control, stats, stdlib.
 """
 
 from __future__ import annotations
@@ -16,16 +14,17 @@ from typing import Any
 
 from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
-from velox.stats import (
-    F,
-    H,
+from velox.core.clock import now_ms
+from velox.core.fields import (
     RETRY_REASONS,
     ROUTE_NAMES,
     ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
-    SharedStats,
+    F,
+    H,
 )
+from velox.state.stats import SharedStats
 
 STATE_TIMEOUT_S = 0.25
 QUANTILES = ((0.5, "p50_us"), (0.9, "p90_us"), (0.99, "p99_us"), (0.999, "p999_us"))
@@ -36,14 +35,14 @@ def latency(hist: Any, slot: int = -1) -> dict[str, Any]:
     out: dict[str, Any] = {"count": count,
                            "mean_us": round(hist.total_us(slot) / count) if count else 0}
     values = hist.percentiles([q for q, _ in QUANTILES], slot)
-    out.update({key: value for (_, key), value in zip(QUANTILES, values)})
+    out.update({key: value for (_, key), value in zip(QUANTILES, values, strict=False)})
     return out
 
 
 def worker_states(hub: ControlHub | None, slots: list[int],
                   timeout: float = STATE_TIMEOUT_S) -> dict[int, Any]:
     if hub is None:
-        return {slot: "unavailable" for slot in slots}
+        return dict.fromkeys(slots, "unavailable")
     answers = hub.call_each(slots, "state", timeout)
     out: dict[int, Any] = {}
     for slot, answer in answers.items():
@@ -73,7 +72,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
     limited = bool(getattr(limiter, "enabled", bucket is not None))  # shared (Redis) mode too
-    now_ms = time.monotonic() * 1000  # the clock the workers' heartbeats use
+    now = now_ms()  # the clock the workers' heartbeats use
     workers = []
     for slot in serving:
         row = rows[slot]
@@ -84,7 +83,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "numa_node": row[F.NUMA_NODE],
             "ready": bool(row[F.READY]),
             "restarts": max(0, row[F.STARTS] - 1),
-            "heartbeat_age_ms": round(now_ms - row[F.HEARTBEAT_MS]) if row[F.HEARTBEAT_MS]
+            "heartbeat_age_ms": now - row[F.HEARTBEAT_MS] if row[F.HEARTBEAT_MS]
             else None,
             "hang_kills": row[F.HANG_KILLS],
             "requests": row[F.REQUESTS],
@@ -154,13 +153,13 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "keys": shared.keys.snapshot(),
         "tokens": [{"key": key, "route": route, "input": inp, "output": out}
                    for key, route, inp, out in shared.token_rows()],
-        # VELOX_REDIS_URL: the refresher's state (velox.cluster.Cluster.metrics); else None.
+        # VELOX_REDIS_URL: the refresher's state (velox.cluster.leases.Cluster.metrics); else None.
         "redis": cluster.metrics() if cluster is not None else None,
     }
 
 
 def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
-    """The response cache (velox.cache): outcomes from the counters, the store's own state.
+    """The response cache (velox.cache.front): outcomes from the counters, the store's own state.
     hit_rate: the share of cacheable requests answered without an upstream call of their own
     (hits and coalesced over hits, coalesced and misses; bypasses are not lookups)."""
     hits, misses = totals[F.CACHE_HITS], totals[F.CACHE_MISSES]
@@ -183,7 +182,7 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
         "evictions": store.get("evictions", 0),
         "expired": store.get("expired", 0),
         "latency_hit": latency(shared.histograms[H.CACHE_HIT]),
-        # The Redis tier (velox.cache_redis; zeros without VELOX_REDIS_URL): redis_hits are
+        # The Redis tier (velox.cache.redis; zeros without VELOX_REDIS_URL): redis_hits are
         # also in hits; redis_errors: requests that went on without Redis's answer.
         "redis_hits": totals[F.CACHE_REDIS_HITS],
         "redis_misses": totals[F.CACHE_REDIS_MISSES],
@@ -194,7 +193,7 @@ def cache_doc(shared: SharedStats, totals: list[int]) -> dict[str, Any]:
 
 
 def embeddings_batches(totals: list[int]) -> dict[str, Any]:
-    """Embeddings batching (velox.batch), all workers: upstream calls of batching routes
+    """Embeddings batching (velox.batching.batch), all workers: upstream calls of batching routes
     (a lone request is a batch of one), members per call, why merged calls left, and members
     sent again alone after a 400."""
     calls = totals[F.EMB_BATCHES]

@@ -23,8 +23,6 @@ selector: waiting costs a descriptor and a buffer, never a thread.
   itself (401, 405). Such a connection is then DRAINED until the client stops sending (or
   the deadline): closed at once with unread bytes, the kernel would reset it and the client
   could lose the answer. Heads larger than `MAX_HEAD_BYTES` get 431.
-
-Imports: stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -361,7 +359,7 @@ class Server:
         try:
             try:
                 answer = self.slow(request)
-            except Exception:  # noqa: BLE001 - answer 500 and keep serving
+            except Exception:
                 log.exception("admin request %s %s failed", request.method, request.path)
                 answer = error(500, "internal error; see the gateway's log")
             conn.sock.settimeout(WRITE_TIMEOUT_S)

@@ -2,27 +2,23 @@
 
 Contract: a codec owns no socket and no timer. Requests go in (`send_request`), bytes come out
 (`data_to_send`); bytes go in (`receive_data`), events come out. That keeps every implementation
-swappable (`VELOX_EGRESS=framer|jh2|h2|native`) and lets the benchmark drive them head-to-head without I/O.
+swappable (the native codec, or its Python twin the framer with VELOX_NATIVE=0; the pool is
+handed the choice as a factory, egress.pool.EgressOptions) and lets the benchmarks drive them
+head-to-head without I/O.
 
 Events are plain tuples whose first item is the kind, because building a tuple is the cheapest
 allocation Python has and the pool dispatches on `event[0]` anyway.
 
-This module imports only the standard library at import time; `make_codec` imports the chosen
-implementation lazily so that the implementations can depend on this module and never the reverse.
-
-Imports: stdlib; egress.framer, egress.h2lib and egress.nativecodec lazily (the implementations it
-builds).
+The implementations depend on this module, never the reverse.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Protocol
 
 __all__ = [
     "ANSWER",
-    "CODEC_NAMES",
     "DATA",
     "GOAWAY",
     "PING_ACK",
@@ -32,7 +28,6 @@ __all__ = [
     "TRAILERS",
     "Codec",
     "CodecError",
-    "make_codec",
 ]
 
 # --- Event kinds -------------------------------------------------------------------------------
@@ -168,9 +163,6 @@ SENSITIVE_HEADERS = frozenset(
     {b"authorization", b"proxy-authorization", b"api-key", b"x-api-key", b"cookie"}
 )
 
-CODEC_NAMES = ("framer", "jh2", "h2", "native")
-
-
 class CodecError(Exception):
     """A connection-level HTTP/2 error: the connection is unusable and must be closed.
 
@@ -221,8 +213,8 @@ class Codec(Protocol):
         :param path: the request target, e.g. ``b"/v1/chat/completions"``.
         :param headers: regular header fields as ``(name, value)`` tuples: lowercase, no
             pseudo-headers, no hop-by-hop fields, no ``host``. The codec prepends ``:method``,
-            ``:scheme``, ``:authority`` and ``:path`` (scheme and authority come from
-            `make_codec`).
+            ``:scheme``, ``:authority`` and ``:path`` (scheme and authority are given to
+            the codec's constructor).
         :param body: the request body, or ``None``/empty for none (END_STREAM then rides on
             HEADERS). As much as the peer's windows allow is framed at once, END_STREAM on the
             last DATA frame; the rest is sent from `receive_data` as WINDOW_UPDATEs arrive. A
@@ -313,35 +305,3 @@ class Codec(Protocol):
         """The id the next `send_request` will use, so the pool can retire the connection before
         ids run out at `MAX_STREAM_ID`."""
         ...
-
-
-def make_codec(name: str, authority: bytes, scheme: bytes) -> Codec:
-    """Build the codec called ``name`` (one of `CODEC_NAMES`) for one connection.
-
-    :param authority: the ``:authority`` of every request, e.g. ``b"api.openai.com"``.
-    :param scheme: ``b"https"`` or ``b"http"``.
-    :raises ValueError: for an unknown name.
-    :raises ImportError: if the library behind ``name`` is not installed.
-    """
-    if name == "framer":
-        from .framer import Framer
-
-        return Framer(authority, scheme)
-    if name == "native":
-        from .nativecodec import NativeCodec
-
-        return NativeCodec(authority, scheme)
-    if name in ("jh2", "h2"):
-        try:
-            library = importlib.import_module(name)
-        except ImportError as exc:
-            msg = (
-                f"the {name!r} HTTP/2 codec needs the {name!r} package, which is not installed; "
-                f"install it or choose another codec (VELOX_EGRESS={'|'.join(CODEC_NAMES)})"
-            )
-            raise ImportError(msg) from exc
-        from .h2lib import H2LibCodec
-
-        return H2LibCodec(library, authority, scheme)
-    msg = f"unknown HTTP/2 codec {name!r}; valid names: {', '.join(CODEC_NAMES)}"
-    raise ValueError(msg)

@@ -1,16 +1,13 @@
 """A hand-written HTTP/2 client codec (RFC 9113) implementing `velox.egress.codec.Codec`.
 
 It was Velox's default egress codec and is now the fallback and the reference of the default,
-`native` (the same state machine in C, nativecodec.py): it does only what a client of an HTTP API needs, with the
-per-frame work reduced to a struct unpack, a table dispatch and one slice, and it writes every
-outgoing frame straight into one bytearray. Response header blocks are HPACK-decoded with jh2's
-compiled decoder when it is installed, else with the pure-Python `hpack` decoder. Requests are
-HPACK-encoded statelessly (static table and literals only; see hpack_static.py), so the peer's decoder table never holds
-anything of ours and we need no encoder state at all. See CODECS.md for what is deliberately left
-out.
-
-Imports: the standard library, `velox.egress.codec`, `velox.egress.hpack_static`, and
-`jh2._hazmat` or `hpack`. Nothing else.
+`native` (the same state machine in C, nativecodec.py): it does only what a client of an HTTP API
+needs, with the per-frame work reduced to a struct unpack, a table dispatch and one slice, and it
+writes every outgoing frame straight into one bytearray. Response header blocks are HPACK-decoded
+with jh2's compiled decoder when it is installed, else with the pure-Python `hpack` decoder.
+Requests are HPACK-encoded statelessly (static table and literals only; see hpack_static.py), so the
+peer's decoder table never holds anything of ours and we need no encoder state at all. See CODECS.md
+for what is deliberately left out.
 """
 
 from __future__ import annotations
@@ -19,17 +16,43 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .hpack_static import (
-    FIELD_CACHE, encode_new_field, hpack_field, make_decoder, make_python_decoder,
-)
 from .codec import (
-    CANCEL, COMPRESSION_ERROR, CONNECTION_WINDOW_UPDATE_THRESHOLD, DATA, DATA_PER_CALL,
-    DEFAULT_MAX_CONCURRENT_STREAMS, ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR,
-    GOAWAY, LOCAL_CONNECTION_WINDOW, LOCAL_INITIAL_WINDOW_SIZE, LOCAL_MAX_FRAME_SIZE,
-    LOCAL_MAX_HEADER_LIST_SIZE, MAX_CONCURRENT_STREAMS_CAP, MAX_STREAM_ID, MAX_WINDOW, NO_ERROR,
-    PING_ACK, PROTOCOL_ERROR, REFUSED_STREAM, RESET, RESPONSE, SETTINGS, STREAM_CLOSED,
-    STREAM_WINDOW_UPDATE_THRESHOLD, TRAILERS, CodecError,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONNECTION_WINDOW_UPDATE_THRESHOLD,
+    DATA,
+    DATA_PER_CALL,
+    DEFAULT_MAX_CONCURRENT_STREAMS,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    LOCAL_CONNECTION_WINDOW,
+    LOCAL_INITIAL_WINDOW_SIZE,
+    LOCAL_MAX_FRAME_SIZE,
+    LOCAL_MAX_HEADER_LIST_SIZE,
+    MAX_CONCURRENT_STREAMS_CAP,
+    MAX_STREAM_ID,
+    MAX_WINDOW,
+    NO_ERROR,
+    PING_ACK,
+    PROTOCOL_ERROR,
+    REFUSED_STREAM,
+    RESET,
+    RESPONSE,
+    SETTINGS,
+    STREAM_CLOSED,
+    STREAM_WINDOW_UPDATE_THRESHOLD,
+    TRAILERS,
+    CodecError,
 )  # fmt: skip
+from .hpack_static import (
+    FIELD_CACHE,
+    encode_new_field,
+    hpack_field,
+    make_decoder,
+    make_python_decoder,
+)
 
 __all__ = ["Framer"]
 
@@ -159,7 +182,8 @@ class Framer:
         self._conn_recv_window = LOCAL_CONNECTION_WINDOW
 
     def send_request(
-        self, method: bytes, path: bytes, headers: _Fields, body: bytes | bytearray | memoryview | None
+        self, method: bytes, path: bytes, headers: _Fields,
+        body: bytes | bytearray | memoryview | None,
     ) -> int:
         if self._refusal is not None:
             raise CodecError(REFUSED_STREAM, self._refusal)
@@ -342,7 +366,8 @@ class Framer:
             out += chunk
             ftype, first_flags = _CONTINUATION, 0
 
-    def _write_data(self, sid: int, stream: _Stream, body: bytes | bytearray | memoryview, off: int) -> int:
+    def _write_data(self, sid: int, stream: _Stream, body: bytes | bytearray | memoryview,
+                    off: int) -> int:
         """Frame as much of body[off:] as the windows allow; return the new offset."""
         total = len(body)
         n = min(total - off, self._conn_send_window, stream.send_window)

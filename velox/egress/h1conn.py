@@ -6,9 +6,6 @@ HTTP/2 path does. Backpressure: when the client stops reading, we stop reading t
 socket (the attempt is marked as withholding) until it reads again, or the attempt ends, which
 `_release` (the one exit of an attempt) turns back on. A large request body is written a slice
 per loop pass, as on HTTP/2, since TLS encrypts inside transport.write.
-
-Imports: egress.h2conn (WRITE_SLICE), egress.attempt, egress.interfaces (annotations),
-errors, stdlib, httptools.
 """
 
 from __future__ import annotations
@@ -16,22 +13,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httptools
 
-from velox.egress.attempt import Attempt
+from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
 from velox.egress.h2conn import WRITE_SLICE
-from velox.errors import UpstreamProtocolError, UpstreamUnavailable
+from velox.egress.interfaces import Attempt
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import H1Owner
+    from velox.egress.interfaces import Front, Tally
 
 log = logging.getLogger("velox.egress")
 
 
 # Reads land in a buffer of ours (see READ_BUFFER in h2conn for why).
 _READ_BUFFER = 64 * 1024
+
+
+class H1Owner(Protocol):
+    """What an HTTP/1.1 connection needs of its pool (h1pool.H1Pool)."""
+
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
+
+    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+        """The connection finished a response (answered) and can be reused."""
+
+    def on_closed(self, conn: H1Connection) -> None: ...
 
 
 class H1Connection(asyncio.BufferedProtocol):
@@ -69,7 +84,8 @@ class H1Connection(asyncio.BufferedProtocol):
         self.attempt = attempt
         attempt.conn = self
         attempt.stream_id = 0
-        parts: list[bytes | bytearray | memoryview] = [method, b" ", client.path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
+        parts: list[bytes | bytearray | memoryview] = [
+            method, b" ", client.path, b" HTTP/1.1\r\nhost: ", self.authority, b"\r\n"]
         for name, value in client.headers_out:
             parts += (name, b": ", value, b"\r\n")
         if body or method == b"POST":
@@ -121,7 +137,7 @@ class H1Connection(asyncio.BufferedProtocol):
             return  # interim response (100 Continue): the real one follows
         self.keep_alive = self.parser.should_keep_alive()
         # Hop-by-hop fields, those the Connection field names included, are the relay's to
-        # drop (velox.relay.answer_head), as for HTTP/2 answers.
+        # drop (velox.relay.exchange.answer_head), as for HTTP/2 answers.
         headers = self.headers
         attempt = self.attempt
         if attempt is not None:

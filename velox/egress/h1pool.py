@@ -10,9 +10,6 @@ A warm connection that cannot be opened, or that closes before answering its war
 opened again after an exponential backoff (50 ms doubling to 5 s, jittered, as the HTTP/2
 pool's), reset once a connection answers; the pool logs the upstream going down and coming
 back, once each (BasePool.went_down, came_up).
-
-Imports: egress.pool, egress.h1conn, egress.attempt, egress.interfaces (annotations), errors,
-stdlib.
 """
 
 from __future__ import annotations
@@ -25,10 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import Attempt
+from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
 from velox.egress.h1conn import H1Connection
+from velox.egress.interfaces import Attempt
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
-from velox.errors import UpstreamTimeout, UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import AttemptHandle, Front, Headers
@@ -152,7 +149,7 @@ class H1Pool(BasePool):
                     ssl=ctx, server_hostname=spec.host if ctx else None),
                 self.connect_timeout_s,
             )
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
             self.connecting -= 1
             self.total -= 1
             self.tally.connect_failures += 1

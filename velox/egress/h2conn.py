@@ -19,8 +19,6 @@ connection CLOSED.
 Every way a stream ends goes through `_release` (end of response, trailers, reset, GOAWAY,
 cancel, deadline, connection loss), which is the one place that gives back the flow-control
 credit its attempt withholds for a client that stopped reading.
-
-Imports: egress.codec, egress.attempt, egress.interfaces (annotations), errors, stdlib.
 """
 
 from __future__ import annotations
@@ -29,16 +27,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.egress import codec as ev
-from velox.egress.attempt import Attempt
-from velox.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
+from velox.egress.interfaces import Attempt
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import AttemptHandle, H2Owner, Headers
+    from velox.egress.interfaces import AttemptHandle, Client, Front, Headers, Tally
 
 log = logging.getLogger("velox.egress")
 
@@ -114,6 +112,52 @@ def next_state(state: State, event: Input) -> State:
         return TRANSITIONS[(state, event)]
     except KeyError:
         raise ConnectionStateError(f"{event.name} is not allowed in state {state.name}") from None
+
+
+class H2Owner(Protocol):
+    """What an HTTP/2 connection needs of its pool (h2pool.H2Pool)."""
+
+    @property
+    def front(self) -> Front: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def tally(self) -> Tally: ...
+
+    @property
+    def waiting(self) -> Sized: ...
+
+    @property
+    def warmup_path(self) -> bytes: ...
+
+    @property
+    def warmup_headers(self) -> Headers: ...
+
+    def warmup_attempt(self, client: Client) -> Attempt:
+        """The attempt for a new connection's warm-up request (its deadline: connect timeout)."""
+
+    def warmup_expired(self, what: str) -> None:
+        """Count and log a warm-up left unanswered (`what` names the connection)."""
+
+    def went_down(self, what: str) -> None:
+        """A new connection failed (`what` says how): logged once while the upstream is down."""
+
+    def mark_dirty(self, conn: H2Connection) -> None:
+        """Flush this connection's frames once, after the current batch."""
+
+    def on_connected(self, conn: H2Connection) -> None: ...
+
+    def on_ready(self, conn: H2Connection) -> None: ...
+
+    def on_capacity(self, conn: H2Connection) -> None:
+        """The connection can take more streams: give it queued attempts."""
+
+    def on_draining(self, conn: H2Connection) -> None:
+        """The connection takes no new streams: start its replacement."""
+
+    def on_closed(self, conn: H2Connection, was_ready: bool) -> None: ...
 
 
 class H2Connection(asyncio.BufferedProtocol):
@@ -276,9 +320,8 @@ class H2Connection(asyncio.BufferedProtocol):
             self._goaway(event[1], event[2])
         elif kind == ev.SETTINGS:
             self.pool.on_capacity(self)
-        elif kind == ev.PING_ACK:
-            if event[1] == self.ping_payload:
-                self.ping_sent_at = 0.0
+        elif kind == ev.PING_ACK and event[1] == self.ping_payload:
+            self.ping_sent_at = 0.0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(UpstreamUnavailable("the upstream connection was lost"))
@@ -302,7 +345,8 @@ class H2Connection(asyncio.BufferedProtocol):
             # the request can go to another connection.
             self.retire()
             if not self.pool.front.retry(attempt):
-                client.on_error(UpstreamUnavailable("no upstream connection could take the request"))
+                client.on_error(UpstreamUnavailable(
+                    "no upstream connection could take the request"))
             return
         self.streams[stream_id] = attempt
         self.active += 1

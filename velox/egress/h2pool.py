@@ -1,13 +1,13 @@
 """The HTTP/2 pool of one upstream: pre-warmed multiplexed connections, round-robin, queueing.
 
-It keeps `spec.connections` connections and spreads attempts over them round-robin, respecting
-each server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Every connection is
-warmed with a GET of the spec's warm-up path before it takes traffic; a connection that is lost
-or told GOAWAY is replaced with exponential backoff. Requests the upstream has provably not
-processed (above a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec)
-go back to the `Upstream` (`front.retry`), which sends them again on this upstream; requests
-that may have been processed are failed here (UpstreamUnavailable when the connection is lost),
-and velox.dispatch decides whether to send them to another target before anything reached the
+It keeps `spec.connections` connections and spreads attempts over them round-robin, respecting each
+server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Every connection is warmed
+with a GET of the spec's warm-up path before it takes traffic; a connection that is lost or told
+GOAWAY is replaced with exponential backoff. Requests the upstream has provably not processed (above
+a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec) go back to the
+`Upstream` (`front.retry`), which sends them again on this upstream; requests that may have been
+processed are failed here (UpstreamUnavailable when the connection is lost), and
+velox.routing.dispatch decides whether to send them to another target before anything reached the
 client.
 
 Liveness: the warm-up must be answered within the connect timeout (its attempt's deadline),
@@ -16,9 +16,6 @@ streams open and no frame for a tick, or idle for VELOX_UPSTREAM_PING_INTERVAL_M
 PING (`H2Connection.check_liveness`) and replaced when it goes unanswered for
 VELOX_UPSTREAM_PING_TIMEOUT_MS; a connection on which `TIMEOUTS_TO_RETIRE` requests in a row
 get no response headers in time is retired (`request_timed_out`).
-
-Imports: egress.pool, egress.h2conn, egress.codec, egress.attempt, egress.interfaces
-(annotations), errors, stdlib.
 """
 
 from __future__ import annotations
@@ -31,11 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import Attempt
-from velox.egress.codec import make_codec
+from velox.core.errors import UpstreamUnavailable
 from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
+from velox.egress.interfaces import Attempt
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
-from velox.errors import UpstreamUnavailable
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Carrier, Front
@@ -223,7 +219,7 @@ class H2Pool(BasePool):
             delay = self.backoff[index]
             if delay:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            codec = make_codec(self.options.codec, self.authority.encode(), spec.scheme.encode())
+            codec = self.options.codec(self.authority.encode(), spec.scheme.encode())
             ctx = self.front.tls(self._alpn()) if spec.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
@@ -235,7 +231,7 @@ class H2Pool(BasePool):
                 raise OSError(f"{self.authority} did not negotiate h2 via ALPN")
             if self.closing:
                 conn.close()
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
             self.tally.connect_failures += 1
             self.went_down(f"upstream connect to {self.authority} failed: "
                            f"{self.connect_error(exc)}")

@@ -6,8 +6,6 @@ Request headers are a few hundred bytes on a connection that then carries kiloby
 compression would buy little, and statelessness means encoded fields can be cached and shared
 by every connection. Responses are decoded by jh2's compiled decoder when it is installed, else
 by the pure-Python `hpack` one.
-
-Imports: the standard library, `velox.egress.codec`, and `jh2._hazmat` or `hpack` (lazily).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ STATIC_TABLE: tuple[tuple[bytes, bytes], ...] = (
     (b":status", b"200"), (b":status", b"204"), (b":status", b"206"), (b":status", b"304"),
     (b":status", b"400"), (b":status", b"404"), (b":status", b"500"),
     (b"accept-charset", b""), (b"accept-encoding", b"gzip, deflate"),
-) + tuple((name, b"") for name in (
+    *((name, b"") for name in (
     b"accept-language accept-ranges accept access-control-allow-origin age allow authorization "
     b"cache-control content-disposition content-encoding content-language content-length "
     b"content-location content-range content-type cookie date etag expect expires from host "
@@ -32,7 +30,8 @@ STATIC_TABLE: tuple[tuple[bytes, bytes], ...] = (
     b"location max-forwards proxy-authenticate proxy-authorization range referer refresh "
     b"retry-after server set-cookie strict-transport-security transfer-encoding user-agent vary "
     b"via www-authenticate"
-).split())  # fmt: skip
+).split()),
+)  # fmt: skip
 STATIC_NAME: dict[bytes, int] = {}
 STATIC_EXACT: dict[tuple[bytes, bytes], int] = {}
 for _index, (_name, _value) in enumerate(STATIC_TABLE, 1):

@@ -8,8 +8,6 @@ upstream read and returns the event tuples built there.
 
 This module only checks that the C core was built with the same constants as codec.py and hands
 it `CodecError`, which it raises as ``CodecError(code, message, events)``.
-
-Imports: `velox.egress.codec` and `velox._native`.
 """
 
 from __future__ import annotations
@@ -44,6 +42,6 @@ if _mismatch:  # pragma: no cover - a build from other sources
     raise ImportError(f"velox._native was built with different HTTP/2 constants: {_mismatch}")
 
 
-def NativeCodec(authority: bytes, scheme: bytes) -> codec.Codec:  # noqa: N802 - a constructor
-    """A native codec for one connection (see `velox.egress.codec.make_codec`)."""
+def NativeCodec(authority: bytes, scheme: bytes) -> codec.Codec:
+    """A native codec for one connection (see `velox.egress.codec.Codec`)."""
     return _native.H2Client(authority, scheme, CodecError)

@@ -11,8 +11,6 @@ Reachability, for the operator: an upstream that cannot be connected to, or whos
 connections never answer their warm-up, is logged once when it goes down (`went_down`) and
 once when a connection answers again (`came_up`), however many reconnects fail in between
 (each at debug level); both pools reconnect with the same exponential backoff (`next_backoff`).
-
-Imports: egress.attempt, egress.interfaces (annotations), errors, config, tables, stdlib.
 """
 
 from __future__ import annotations
@@ -22,14 +20,17 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from velox.config import Settings
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt
-from velox.errors import Overloaded, UpstreamTimeout, VeloxError
-from velox.tables import DEFAULT_UPSTREAM
+from velox.config.settings import Settings
+from velox.config.tables import DEFAULT_UPSTREAM
+from velox.core.errors import Overloaded, UpstreamTimeout, VeloxError
+from velox.egress.codec import Codec
+from velox.egress.framer import Framer
+from velox.egress.interfaces import MAX_ATTEMPTS, Attempt
+from velox.egress.nativecodec import NativeCodec
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Carrier, Client, Front
@@ -38,14 +39,16 @@ log = logging.getLogger("velox.egress")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 5.0
-_CODECS = ("framer", "jh2", "h2", "native")
+# Builds the HTTP/2 codec of one connection from its :authority and :scheme.
+CodecFactory = Callable[[bytes, bytes], Codec]
 
 
 @dataclass(frozen=True, slots=True)
 class EgressOptions:
     """Worker-wide egress settings; everything per upstream is in its UpstreamSpec."""
 
-    codec: str = "native"  # VELOX_EGRESS when it names an HTTP/2 codec
+    # The native codec, or with VELOX_NATIVE=0 its Python twin, the framer (it was ported from).
+    codec: CodecFactory = NativeCodec
     stream_idle_timeout_s: float = 60.0
     ssl_cert_file: str = ""  # SSL_CERT_FILE: trusted for every upstream
     queue_limit: int = 16_384  # attempts an upstream queues before refusing (VELOX_RING_DEPTH)
@@ -63,7 +66,7 @@ class EgressOptions:
     @classmethod
     def from_settings(cls, settings: Settings) -> EgressOptions:
         return cls(
-            codec=settings.egress if settings.egress in _CODECS else "native",
+            codec=NativeCodec if settings.native else Framer,
             stream_idle_timeout_s=settings.stream_idle_timeout_ms / 1000,
             ssl_cert_file=settings.ssl_cert_file,
             queue_limit=settings.ring_depth,

@@ -9,9 +9,6 @@ today that is `settings.tables.upstreams[0]`.
 The front makes the first `Attempt` of every client request and every further one: requests the
 upstream provably did not process come back through `retry`, which sends them again on this
 upstream's current pool. That is also where sending them to another upstream would go.
-
-Imports: egress.attempt, egress.h2pool, egress.h1pool, egress.pool, egress.interfaces
-(annotations), tables, stdlib.
 """
 
 from __future__ import annotations
@@ -22,11 +19,11 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
-from velox.egress.attempt import MAX_ATTEMPTS, Attempt, Tally
+from velox.config.tables import UpstreamSpec
 from velox.egress.h1pool import H1Pool
 from velox.egress.h2pool import H2Pool
+from velox.egress.interfaces import MAX_ATTEMPTS, Attempt, Tally
 from velox.egress.pool import EgressOptions, ssl_context
-from velox.tables import UpstreamSpec
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Client, Pool

@@ -9,15 +9,13 @@ factory imports its module on first use, so a kind nobody configured costs nothi
 
 `messages` is the other direction: the Anthropic Messages API in front, translated to and from
 OpenAI chat completions for upstreams that do not speak it.
-
-Imports: providers.base, velox.errors (through the modules), stdlib, orjson. Nothing else from
-velox: the egress edge imports this package, not the other way round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
 from .base import Translator
 

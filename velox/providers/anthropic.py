@@ -22,22 +22,32 @@ on its assistant message to continue a tool conversation with thinking), `finish
 `FINISH`, usage with the cached and reasoning parts (Anthropic's `input_tokens` excludes cache
 reads and writes; OpenAI's `prompt_tokens` includes them). Errors keep the provider's message
 with the status the OpenAI SDK maps to the same class (`ERROR_STATUS`; 529 overloaded -> 503).
-
-Imports: velox.errors (via providers.chat), providers.base, providers.chat, providers.sse,
-stdlib, orjson.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
 from . import sse
 from .base import Answer, Headers, Untranslatable, UpstreamCall, Usage
-from .chat import (DONE as END, JSON_HEADERS, Chunks, ProviderError, b64_text, completion,
-                   data_url, error_answer, error_event, header, loads_object, refuse)
+from .chat import DONE as END
+from .chat import (
+    JSON_HEADERS,
+    Chunks,
+    ProviderError,
+    b64_text,
+    completion,
+    data_url,
+    error_answer,
+    error_event,
+    header,
+    loads_object,
+    refuse,
+)
 
 KIND = "anthropic"
 DEFAULT_VERSION = "2023-06-01"
@@ -107,7 +117,7 @@ def _image_block(part: dict[str, Any], param: str) -> dict[str, Any]:
         if inline[0] not in IMAGE_TYPES:
             raise _refuse(param, f"an image of type {inline[0]!r} (jpeg, png, gif, webp are)")
         source = {"type": "base64", "media_type": inline[0], "data": inline[1]}
-    elif url.startswith("https://") or url.startswith("http://"):
+    elif url.startswith(("https://", "http://")):
         source = {"type": "url", "url": url}
     else:
         raise _refuse(param, "an image URL that is neither data: nor http(s):")
@@ -174,9 +184,10 @@ def _tool_use(call: Any, param: str) -> dict[str, Any]:
 
 def _assistant(message: dict[str, Any], param: str) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
-    for block in message.get("thinking_blocks") or ():  # given back from an earlier answer
-        if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
-            blocks.append({k: v for k, v in block.items() if k != "index"})
+    blocks.extend(  # thinking given back from an earlier answer
+        {k: v for k, v in block.items() if k != "index"}
+        for block in message.get("thinking_blocks") or ()
+        if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"))
     if message.get("content") is not None:
         blocks += _text_parts(message["content"], param + ".content")
     for k, call in enumerate(message.get("tool_calls") or ()):

@@ -4,16 +4,14 @@ A translator is made once per upstream target (its settings: API version, defaul
 credentials) and turns one client request in the client's API into the upstream's call, and the
 upstream's answer (whole, or as a stream fed in whatever pieces reads deliver) back into the
 client's API. Untranslatable requests raise `Untranslatable` before anything is sent.
-
-Imports: errors, stdlib.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from velox.errors import BadRequest
+from velox.core.errors import BadRequest
 
 Headers = list[tuple[bytes, bytes]]
 

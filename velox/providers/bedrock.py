@@ -28,9 +28,6 @@ Embeddings: Cohere Embed through InvokeModel (`POST /model/{modelId}/invoke`), b
 a list of texts (up to 96) in one call as OpenAI's `input` does; Titan takes one text per call,
 which would turn one client request into N upstream calls. Token usage comes from the
 `x-amzn-bedrock-input-token-count` header InvokeModel answers with.
-
-Imports: providers.base, providers.oaishape, stdlib, orjson, botocore (auth, awsrequest,
-credentials, eventstream).
 """
 
 from __future__ import annotations
@@ -52,8 +49,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
                       "pip install 'velox[bedrock]'") from exc
 
 from velox.providers import oaishape as oa
-from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
-                                  UpstreamCall, Usage)
+from velox.providers.base import (
+    Answer,
+    Headers,
+    Stream,
+    Translator,
+    Untranslatable,
+    UpstreamCall,
+    Usage,
+)
 
 KIND = "bedrock"
 SIGNING_NAME = "bedrock"  # the service name SigV4 signs for (bedrock-runtime's signingName)

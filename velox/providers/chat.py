@@ -2,12 +2,10 @@
 
 Every non-OpenAI kind answers OpenAI clients with the same few shapes: a `chat.completion`, a
 stream of `chat.completion.chunk` events ending with `data: [DONE]`, the usage object with its
-cached and reasoning parts, and the OpenAI error shape (made by `velox.errors.to_response`, the
+cached and reasoning parts, and the OpenAI error shape (made by `velox.core.errors.to_response`, the
 one error mapping, from a `ProviderError` that carries the status the client's SDK maps to the
 right exception class). `Chunks` writes the chunk events of one answer from a prefix encoded once,
 so a text delta costs one `orjson.dumps` of the delta and two concatenations.
-
-Imports: velox.errors, providers.base, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from velox.errors import Source, VeloxError, to_response
+from velox.core.errors import Source, VeloxError, to_response
 
 from .base import Answer, Headers, Untranslatable, Usage
 

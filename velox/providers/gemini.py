@@ -28,8 +28,6 @@ Answers: text (thought parts left out), function calls as tool_calls (arguments 
 string OpenAI clients expect), finishReason -> finish_reason, usageMetadata -> usage (thoughts
 are reasoning tokens, part of completion_tokens as OpenAI counts them). Errors come in Google's
 shape `{"error": {"code", "message", "status"}}`; `status` picks the OpenAI status.
-
-Imports: providers.base, providers.oaishape, providers.sse, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -41,8 +39,15 @@ from urllib.parse import quote
 import orjson
 
 from velox.providers import oaishape as oa
-from velox.providers.base import (Answer, Headers, Stream, Translator, Untranslatable,
-                                  UpstreamCall, Usage)
+from velox.providers.base import (
+    Answer,
+    Headers,
+    Stream,
+    Translator,
+    Untranslatable,
+    UpstreamCall,
+    Usage,
+)
 from velox.providers.sse import Splitter, fields
 
 KIND = "gemini"

@@ -19,21 +19,20 @@ runs: the request is forwarded as it is (`AnthropicTranslator.messages`).
   `content_block_delta` (`text_delta`, `thinking_delta`, `input_json_delta`),
   `content_block_stop`, then `message_delta` (stop_reason, usage) and `message_stop`.
 * `error_to_messages(status, body)`: any OpenAI-shaped error (the upstream's, or one Velox made
-  with velox.errors) in Anthropic's shape and statuses, so the Anthropic SDK raises its own
+  with velox.core.errors) in Anthropic's shape and statuses, so the Anthropic SDK raises its own
   classes (503 -> 529 overloaded_error).
 * `count_tokens_answer(tokens)`: `count_tokens` answered from the gateway's own estimate (the
-  caller passes velox.usage's), marked with `x-velox-token-count: estimate`.
-
-Imports: velox.errors, providers.base, providers.chat, providers.sse, stdlib, orjson.
+  caller passes velox.relay.usage's), marked with `x-velox-token-count: estimate`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
-from velox.errors import MissingParameter
+from velox.core.errors import MissingParameter
 
 from . import sse
 from .base import Answer, Headers, Untranslatable, Usage

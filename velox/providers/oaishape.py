@@ -4,8 +4,6 @@ Every non-OpenAI translator reads the same OpenAI chat.completions request and w
 OpenAI answer shapes; this module holds those halves once, so a provider module only maps its
 own fields. Reading refuses, with `Untranslatable` (a 400 naming the field and the upstream
 kind), whatever the provider cannot express, before anything is sent.
-
-Imports: providers.base, errors, stdlib, orjson.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from velox.errors import VeloxError, to_response
+from velox.core.errors import VeloxError, to_response
 from velox.providers.base import Answer, Headers, Untranslatable, Usage
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
@@ -345,7 +343,7 @@ def embeddings_answer(vectors: list[list[float]], client_model: str, encoding_fo
     for index, vector in enumerate(vectors):
         value: Any = vector
         if encoding_format == "base64":
-            value = base64.b64encode(struct.pack("<%df" % len(vector), *vector)).decode()
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": index, "embedding": value})
     body = orjson.dumps({"object": "list", "data": data, "model": client_model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

@@ -5,9 +5,7 @@ bytes as they are, never calling `chat`. The methods exist so that every kind ca
 same way where a request was parsed anyway (a retry that crosses kinds, the Messages API in
 front): `chat` serialises the body it is given, answers are handed back untouched (no parse, no
 copy) and a stream's bytes pass through `feed` as they came. Usage is read by the gateway's own
-meter on this path (velox.usage), so `Stream.usage` stays None.
-
-Imports: providers.base, stdlib, orjson.
+meter on this path (velox.relay.usage), so `Stream.usage` stays None.
 """
 
 from __future__ import annotations

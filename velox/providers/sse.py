@@ -10,8 +10,6 @@ split across two reads is whole again once both pieces are in the buffer.
 Line ends: LF (what OpenAI, Anthropic and Google send), CRLF and lone CR (what the SSE grammar also
 allows) are all read; a CR at the very end of a read is held back, since the next read may begin
 with its LF.
-
-Imports: stdlib only.
 """
 
 from __future__ import annotations

@@ -4,6 +4,4 @@ Modules: `prices` (the price table and exact cost), `ledger` (the SQLite ledger,
 thread and its Redis Stream mirror), `feed` (the worker's side: rows shipped to the
 supervisor's writer), `report` (totals over a period for `velox spend` and /spend), `text`
 (aligned text tables for the command line).
-
-Imports: nothing (the modules import what they need).
 """

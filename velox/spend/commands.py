@@ -9,9 +9,6 @@ shipped one with VELOX_CONFIG's [[price]] entries over it), most specific first,
 the Redis Stream every host writes (VELOX_REDIS_URL). JSON is the list the admin server's
 /spend answers: objects with the grouping field, requests, input_tokens, output_tokens,
 cost_usd (null: unknown) and unpriced_requests.
-
-Imports: spend.prices, spend.report, spend.text, config (Settings, for typing only), stdlib,
-orjson.
 """
 
 from __future__ import annotations
@@ -24,12 +21,21 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from velox.spend.prices import COLUMNS, PriceTable, describe
-from velox.spend.report import (GROUPS, BadQuery, NoLedger, check_group, format_totals,
-                                from_stream, local_totals, parse_time, totals)
+from velox.spend.report import (
+    GROUPS,
+    BadQuery,
+    NoLedger,
+    check_group,
+    format_totals,
+    from_stream,
+    local_totals,
+    parse_time,
+    totals,
+)
 from velox.spend.text import aligned
 
 if TYPE_CHECKING:
-    from velox.config import Settings
+    from velox.config.settings import Settings
 
 
 def add_parsers(sub: Any) -> None:

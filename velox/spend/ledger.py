@@ -7,7 +7,7 @@ the cost in nano-USD (None: the model has no price, velox.spend.prices), the lat
 microseconds and the request id.
 
 Who writes: the supervisor, one `LedgerWriter` thread per host, fed by the workers over their
-control channels (velox.spend.feed builds the frames in a worker; control.py hands them to
+control channels (velox.admin.ledgerfeed builds the frames in a worker; control.py hands them to
 `LedgerWriter.submit`). Why not a writer thread in each worker:
 
 * One writer per file. SQLite (WAL or not) lets one connection write at a time; N workers
@@ -45,8 +45,6 @@ kept in the file (at-least-once: a crash between XADD and the cursor's update re
 batch; `host` and `row` identify an entry). Redis down: rows stay in the file and are sent
 when it is back (if still retained); the writer retries with a backoff and never waits on
 Redis for longer than its socket timeout.
-
-Imports: stdlib, redis (the Stream mirror, only with a Redis URL).
 """
 
 from __future__ import annotations
@@ -450,7 +448,7 @@ class LedgerWriter:
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
             step()
-        except Exception:  # noqa: BLE001 - the writer must outlive a bad batch or a full disk
+        except Exception:
             log.exception("ledger writer: %s failed", step.__name__.strip("_"))
 
     def _drain(self) -> None:
@@ -541,7 +539,7 @@ class StreamMirror:
             return
         try:
             self._send(rows)
-        except Exception as exc:  # noqa: BLE001 - redis-py raises many kinds; all mean "later"
+        except Exception as exc:
             self._failed(now, exc)
             return
         store.set_meta(cursor_name, str(rows[-1][0]))

@@ -2,7 +2,8 @@
 
 The table is the shipped `prices.toml` (list prices, dated by its `taken` key) with the
 VELOX_CONFIG file's `[[price]]` entries laid over it: an entry with the same `model` and
-`upstream` replaces the shipped one, any other is added (velox.tables parses and checks both).
+`upstream` replaces the shipped one, any other is added (velox.config.tables parses and
+checks both).
 
 Which entry prices a model: the most specific one that matches it,
 
@@ -21,8 +22,6 @@ part is billed at its own price when the entry has one, else at its parent's.
 A model no entry matches has cost `None` (unknown), never 0: the ledger stores it as NULL and
 reports count it apart. It is logged once per model (at most `_TOLD_MAX` models, then once
 more to say that further ones are not logged).
-
-Imports: tables (PriceSpec, the [[price]] parser), stdlib.
 """
 
 from __future__ import annotations
@@ -35,7 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from velox.tables import PRICE_FLAT_KEYS, PRICE_TOKEN_KEYS, PriceSpec, TableError, parse_prices
+from velox.config.tables import (
+    PRICE_FLAT_KEYS,
+    PRICE_TOKEN_KEYS,
+    PriceSpec,
+    TableError,
+    parse_prices,
+)
 
 log = logging.getLogger("velox.spend")
 

@@ -12,8 +12,6 @@ now unless `--until` says otherwise.
 The local file holds this host's rows. With VELOX_REDIS_URL, `from_stream` reads the Redis
 Stream every host writes into an in-memory SQLite file of the same schema, so the same query
 answers for all hosts (as far back as the stream's cap keeps).
-
-Imports: spend.ledger, spend.text, stdlib, redis (from_stream only).
 """
 
 from __future__ import annotations

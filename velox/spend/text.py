@@ -1,6 +1,4 @@
 """Aligned text tables for the command line (`velox prices`, `velox spend`).
-
-Imports: stdlib only.
 """
 
 from __future__ import annotations

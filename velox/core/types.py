@@ -1,0 +1,124 @@
+"""The values that travel between the stages of a worker, and the interfaces that join them.
+
+A `Request` is built by ingress when a complete HTTP/1.1 request has arrived, travels through
+the ring to the worker, and carries its own reply handle (`Responder`, implemented by the
+client connection) so that no stage downstream of ingress ever imports ingress. Egress reports
+what the upstream does through an `egress.interfaces.Client` (implemented by the relay), so
+egress never imports the relay either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any, Protocol
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Route(IntEnum):
+    """What a request path is, as far as the gateway cares (decided by route.classify)."""
+
+    MODEL_CALL = 1  # chat/completions, completions, embeddings, responses: JSON with a model
+    # images, audio, moderations: the model read (JSON, or a multipart form's field; it may
+    # be absent: the catch-all route) and checked; tokens only as their answers report them
+    MODEL_OTHER = 2
+    FORWARD = 3  # any other /v1/... path: forwarded without reading a model
+    ROOT = 4  # POST /: the raw producer interface, sent to VELOX_UPSTREAM_REQUEST_PATH
+    HEALTH = 5  # GET /healthz
+    READY = 6  # GET /readyz
+
+
+class Responder(Protocol):
+    """The client side of one request: how the stages answer it."""
+
+    closed: bool
+    write_paused: bool  # the client is not reading: its transport paused our writes
+    queued: int  # bytes of answer waiting for the client to take them (ingress's send queue)
+
+    def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
+                body: bytes | memoryview) -> None:
+        """Send a complete response (status line, headers, content-length, body); a large body
+        is written from itself as the client takes it (kept referenced until then)."""
+
+    def respond_error(self, request: Request, exc: BaseException) -> None:
+        """Send the OpenAI-shaped error for `exc` (see errors.to_response)."""
+
+    def start_stream(self, request: Request, status: int,
+                     headers: Sequence[tuple[bytes, bytes]]) -> None:
+        """Send the response head of a streamed (chunked) response."""
+
+    def send_chunk(self, data: bytes) -> None:
+        """Send one chunk of a streamed response (written at the end of this loop pass, or
+        queued, referenced, while the client is not taking writes)."""
+
+    def end_stream(self) -> None:
+        """Terminate the streamed response (last chunk); the connection may serve the next
+        request."""
+
+    def abort(self) -> None:
+        """The response cannot be completed: close the connection so the client sees the failure."""
+
+
+class Request:
+    """One client request, from ingress to the end of its response."""
+
+    __slots__ = (
+        "conn", "method", "path", "route", "headers", "body", "keep_alive",
+        "t_received", "t_popped", "t_parsed", "t_admitted",
+        "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
+        "caller",  # route.caller_of: digest of the presented credential, computed once
+        "cache",  # cache: the request's velox.cache.front.Ticket on a cached route, else None
+        # keys stage (velox.admission.keys): the caller's [[key]] index (-1: none), what its
+        # admission holds (a keys.Ticket, released once when the request ends), and response headers
+        # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
+        "key", "ticket", "extra_headers",
+        # the routes the caller's key may use (its `models`; None: any): dispatch takes no
+        # fallback outside them
+        "allowed",
+        # a multipart form's model value, [start, end) in body (parse.form_model), for the
+        # route's model rewrite; None for JSON bodies
+        "model_span",
+        # the headers sent upstream apart from any credential, and the client's credential to
+        # pass on (route.Auth.client_headers' pair), when ingress's native parser made them
+        # while parsing the head; None: the worker makes them
+        "upstream_headers",
+    )
+
+    def __init__(
+        self,
+        conn: Responder,
+        method: bytes,
+        path: bytes,
+        route: Route,
+        headers: Headers,
+        body: bytes | bytearray | memoryview,
+        keep_alive: bool,
+        t_received: int,
+        arena_segment: int = -1,
+    ) -> None:
+        self.conn = conn
+        self.method = method
+        self.path = path
+        self.route = route
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.t_received = t_received  # perf_counter_ns() when the last byte arrived
+        self.t_popped = 0
+        self.t_parsed = 0
+        self.t_admitted = 0
+        self.model: str | None = None
+        self.stream = False
+        self.upstream_path = path
+        self.affinity: str | None = None  # the body's prompt_cache_key, else its user
+        self.exchange: object | None = None
+        self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
+        self.caller: bytes | None = None  # None until route.caller_of computes it
+        self.cache: Any = None  # velox.cache.front.Ticket (set by the cache stage)
+        self.key = -1
+        self.ticket: Any = None
+        self.extra_headers: list[tuple[bytes, bytes]] | None = None
+        self.allowed: frozenset[str] | None = None
+        self.model_span: tuple[int, int] | None = None
+        self.upstream_headers: tuple[Headers, Headers] | None = None

@@ -1,0 +1,1 @@
+"""The pipeline: one worker process running the stages in order (`worker.Worker`)."""

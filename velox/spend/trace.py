@@ -1,0 +1,412 @@
+"""OpenTelemetry traces of requests, with the GenAI semantic conventions.
+
+Off unless VELOX_OTEL_ENDPOINT names a collector (OTLP/HTTP; spans go to `<base>/v1/traces`),
+and then a worker pays on its loop only for what a sampled request needs:
+
+* At admission, `Tracer.start(traceparent)` decides whether the request is sampled: a client's
+  `traceparent` (W3C Trace Context) is followed (its trace id kept, its sampled flag obeyed:
+  the SDK's ParentBased sampler), else a new trace id is sampled with probability
+  VELOX_OTEL_SAMPLE by the SDK's TraceIdRatioBased rule (the id's low 64 bits below
+  ratio * 2**64), so every component using the same ratio keeps the same traces.
+* Each upstream attempt takes a span id up front (`RequestTrace.new_span_id`) and sends
+  `RequestTrace.traceparent(span_id)` upstream, so the provider's side joins the trace.
+* When the request is settled, the pipeline hands `Tracer.record` a plain `RequestRecord`
+  (timestamps of queueing, parsing, limits and the cache; one `Attempt` per upstream try,
+  retries and fallbacks included). Only a sampled record is turned into spans: one SERVER span
+  for the request with an event per stage, one CLIENT span per attempt, named and attributed
+  as the GenAI conventions say (`gen_ai.operation.name`, `gen_ai.provider.name` and the older
+  `gen_ai.system`, `gen_ai.request.model`, `gen_ai.response.model`,
+  `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
+  `server.address` / `server.port`, `error.type`, HTTP status codes).
+
+Spans are built as the SDK's own `ReadableSpan` with the ids chosen during the request (an
+SDK `Tracer` would pick its own ids, and a span built after the fact must carry the ids sent
+upstream), and handed to the SDK's `BatchSpanProcessor`, whose thread batches them to the
+official OTLP/HTTP exporter; the SDK's `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` settings
+(schedule delay, queue size, timeout, headers) apply as usual.
+
+A dead or silent collector costs no request anything: `record` only appends to the processor's
+queue. At most `max_queue` spans wait (sent or not); past that `record` drops the request's
+spans and counts them (`stats()["dropped"]`), and spans whose export failed are counted too
+(`failed`). Memory stays bounded; `close` waits at most its timeout.
+
+Prompts and completions (`gen_ai.input.messages`, `gen_ai.output.messages`) are recorded only
+with VELOX_OTEL_CAPTURE_CONTENT=1; otherwise a record's contents are never read.
+
+The SDK is an optional extra (`pip install 'velox[otel]'`); it is imported when a Tracer is
+made, never by a gateway without VELOX_OTEL_ENDPOINT.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+TRACES_PATH = "/v1/traces"
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_LOW64 = (1 << 64) - 1
+CLOSE_TIMEOUT_S = 5.0
+SCOPE = "velox"
+# Provider names of the GenAI conventions, by upstream kind (velox.config.tables UPSTREAM_KINDS and
+# the provider translators' kinds).
+PROVIDERS = {"openai": "openai", "azure": "azure.ai.openai", "anthropic": "anthropic",
+             "gemini": "gcp.gemini", "bedrock": "aws.bedrock"}
+
+
+class TraceParent(NamedTuple):
+    trace_id: int
+    span_id: int
+    sampled: bool
+
+
+def parse_traceparent(value: bytes | str | None) -> TraceParent | None:
+    """A W3C `traceparent` header, or None when absent or invalid (then a new trace starts).
+
+    Version 00 exactly as the spec says; a higher version is read for its first four fields
+    (the spec's forward compatibility); all-zero ids and version ff are invalid."""
+    if not value:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip().lower()
+    match = _TRACEPARENT.match(text)
+    if match is None:
+        return None
+    version, trace_hex, span_hex, flags = match.groups()
+    if version == "ff" or (version == "00" and len(text) != 55):
+        return None
+    if version != "00" and len(text) > 55 and text[55] != "-":
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not trace_id or not span_id:
+        return None
+    return TraceParent(trace_id, span_id, bool(int(flags, 16) & 1))
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> bytes:
+    return b"00-%032x-%016x-%s" % (trace_id, span_id, b"01" if sampled else b"00")
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """A request's place in its trace, decided at admission (`Tracer.start`)."""
+
+    trace_id: int
+    span_id: int  # the request's SERVER span
+    parent_span_id: int  # the client's span (0: none, the request starts the trace)
+    sampled: bool
+
+    def new_span_id(self) -> int:
+        """An id for one upstream attempt's CLIENT span (choose it before sending)."""
+        return random.getrandbits(64) or 1
+
+    def traceparent(self, attempt_span_id: int) -> bytes:
+        """The `traceparent` to send upstream for the attempt with this span id."""
+        return format_traceparent(self.trace_id, attempt_span_id, self.sampled)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One try of one upstream (times: time.perf_counter_ns)."""
+
+    span_id: int
+    upstream: str  # the [[upstream]] name
+    kind: str  # its kind: openai, azure, anthropic, ...
+    address: str  # host
+    port: int
+    model: str  # the model sent upstream
+    start_ns: int
+    end_ns: int
+    status: int = 0  # the upstream's HTTP status; 0: none (connect error, timeout)
+    error: str = ""  # error.type when it failed: "timeout", "connect", "500", ...
+    response_model: str = ""
+    finish_reasons: Sequence[str] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """A settled request as the pipeline saw it (times: time.perf_counter_ns; 0: did not
+    happen). The tracer reads it after the answer went out."""
+
+    trace: RequestTrace
+    operation: str  # gen_ai.operation.name: chat, embeddings, text_completion, ...
+    method: str
+    path: str  # without the query string
+    model: str  # the model the client named
+    status: int
+    start_ns: int  # the request's first byte
+    end_ns: int  # the answer's last byte
+    queued_ns: int = 0
+    parsed_ns: int = 0
+    limits_ns: int = 0
+    cache_ns: int = 0
+    cache_hit: bool | None = None
+    key: str = ""
+    route: str = ""
+    response_model: str = ""
+    finish_reasons: Sequence[str] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_nanos: int | None = None
+    error: str = ""  # error.type of the answer when it failed
+    attempts: list[Attempt] = field(default_factory=list)
+    # Read only with VELOX_OTEL_CAPTURE_CONTENT=1: the request's messages and the answer's,
+    # as the JSON the conventions describe.
+    input_messages: str | None = None
+    output_messages: str | None = None
+
+
+def is_sampled(trace_id: int, ratio: float) -> bool:
+    """TraceIdRatioBased's rule, so Velox keeps the traces other samplers keep."""
+    return (trace_id & _LOW64) < round(ratio * (_LOW64 + 1))
+
+
+class Tracer:
+    """One per worker: the sampling decision, and records turned into exported spans."""
+
+    def __init__(self, endpoint: str = "", sample: float = 1.0, capture_content: bool = False,
+                 exporter: Any = None, max_queue: int | None = None,
+                 max_export_batch: int | None = None, service_name: str = "velox",
+                 schedule_delay_ms: float | None = None) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        from velox import __version__
+
+        self.sample = sample
+        self.capture_content = capture_content
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + TRACES_PATH)
+        self.exporter = _Counting(exporter)
+        # Unset sizes are the SDK's (its OTEL_BSP_* variables, else 2,048 and 512); the queue
+        # size is read back from the SDK so `record` can keep within it.
+        defaults: Any = BatchSpanProcessor  # its default-size helpers are untyped
+        if max_queue is None:
+            max_queue = int(defaults._default_max_queue_size())
+        if max_export_batch is None:
+            max_export_batch = int(defaults._default_max_export_batch_size())
+        self.max_queue = max_queue
+        self.processor = BatchSpanProcessor(self.exporter,  # type: ignore[arg-type]
+                                            max_queue_size=max_queue,
+                                            max_export_batch_size=min(max_export_batch,
+                                                                      max_queue),
+                                            schedule_delay_millis=schedule_delay_ms)
+        self.resource = Resource.create({"service.name": service_name,
+                                         "service.version": __version__,
+                                         "host.name": socket.gethostname()})
+        self.scope = InstrumentationScope(SCOPE, __version__)
+        self.submitted = 0
+        self.dropped = 0
+        self._sdk = _sdk_names()
+
+    # --- on the request path ---------------------------------------------------------------
+
+    def start(self, traceparent: bytes | str | None = None) -> RequestTrace:
+        """The request's trace: the client's, or a new one sampled at VELOX_OTEL_SAMPLE."""
+        parent = parse_traceparent(traceparent)
+        span_id = random.getrandbits(64) or 1
+        if parent is not None:
+            return RequestTrace(parent.trace_id, span_id, parent.span_id, parent.sampled)
+        trace_id = random.getrandbits(128) or 1
+        return RequestTrace(trace_id, span_id, 0, is_sampled(trace_id, self.sample))
+
+    def record(self, rec: RequestRecord) -> int:
+        """Export a settled request's spans if it is sampled; return how many were queued
+        (0 when unsampled, or dropped because `max_queue` spans already wait)."""
+        if not rec.trace.sampled:
+            return 0
+        count = 1 + len(rec.attempts)
+        if self.submitted - self.exporter.done + count > self.max_queue:
+            self.dropped += count
+            return 0
+        offset = time.time_ns() - time.perf_counter_ns()
+        spans = [self._server_span(rec, offset)]
+        spans += [self._client_span(rec, a, offset) for a in rec.attempts]
+        on_end = self.processor.on_end
+        for span in spans:
+            on_end(span)
+        self.submitted += count
+        return count
+
+    # --- spans -----------------------------------------------------------------------------
+
+    def _server_span(self, rec: RequestRecord, offset: int) -> Any:
+        sdk = self._sdk
+        trace = rec.trace
+        attrs: dict[str, Any] = {
+            "http.request.method": rec.method, "url.path": rec.path,
+            "http.response.status_code": rec.status,
+            "gen_ai.operation.name": rec.operation, "gen_ai.request.model": rec.model,
+            "velox.attempts": len(rec.attempts),
+        }
+        if rec.attempts:
+            provider = PROVIDERS.get(rec.attempts[-1].kind, rec.attempts[-1].kind)
+            attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
+        _usage_attrs(attrs, rec.response_model, rec.finish_reasons, rec.input_tokens,
+                     rec.output_tokens)
+        attrs.update((name, value) for name, value in (("velox.key", rec.key),
+                                                       ("velox.route", rec.route)) if value)
+        if rec.cost_nanos is not None:
+            attrs["velox.cost_usd"] = rec.cost_nanos / 1e9
+        if rec.cache_hit is not None:
+            attrs["velox.cache.hit"] = rec.cache_hit
+        if self.capture_content:
+            if rec.input_messages is not None:
+                attrs["gen_ai.input.messages"] = rec.input_messages
+            if rec.output_messages is not None:
+                attrs["gen_ai.output.messages"] = rec.output_messages
+        error = rec.error or (str(rec.status) if rec.status >= 500 else "")
+        if error:
+            attrs["error.type"] = error
+        events = [sdk.Event(name, {}, when + offset) for name, when in (
+            ("velox.queued", rec.queued_ns), ("velox.parsed", rec.parsed_ns),
+            ("velox.limits", rec.limits_ns)) if when]
+        if rec.cache_ns:
+            events.append(sdk.Event("velox.cache", {"velox.cache.hit": bool(rec.cache_hit)},
+                                    rec.cache_ns + offset))
+        parent = (sdk.SpanContext(trace.trace_id, trace.parent_span_id, is_remote=True,
+                                  trace_flags=sdk.SAMPLED) if trace.parent_span_id else None)
+        # HTTP server conventions: only 5xx is an error of the server span.
+        status = sdk.Status(sdk.ERROR) if rec.status >= 500 or rec.error else sdk.UNSET_STATUS
+        return sdk.ReadableSpan(
+            f"{rec.method} {rec.path}", context=self._context(trace.span_id, trace),
+            parent=parent, resource=self.resource, attributes=attrs, events=events,
+            kind=sdk.SERVER, status=status, start_time=rec.start_ns + offset,
+            end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
+
+    def _client_span(self, rec: RequestRecord, attempt: Attempt, offset: int) -> Any:
+        sdk = self._sdk
+        provider = PROVIDERS.get(attempt.kind, attempt.kind)
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": rec.operation, "gen_ai.provider.name": provider,
+            "gen_ai.system": provider, "gen_ai.request.model": attempt.model,
+            "server.address": attempt.address, "server.port": attempt.port,
+            "velox.upstream": attempt.upstream,
+        }
+        if attempt.status:
+            attrs["http.response.status_code"] = attempt.status
+        _usage_attrs(attrs, attempt.response_model, attempt.finish_reasons,
+                     attempt.input_tokens, attempt.output_tokens)
+        error = attempt.error or (str(attempt.status) if attempt.status >= 400 else "")
+        if error:
+            attrs["error.type"] = error
+        parent = sdk.SpanContext(rec.trace.trace_id, rec.trace.span_id, is_remote=False,
+                                 trace_flags=sdk.SAMPLED)
+        return sdk.ReadableSpan(
+            f"{rec.operation} {attempt.model}", context=self._context(attempt.span_id, rec.trace),
+            parent=parent, resource=self.resource, attributes=attrs, kind=sdk.CLIENT,
+            status=sdk.Status(sdk.ERROR) if error else sdk.UNSET_STATUS,
+            start_time=attempt.start_ns + offset, end_time=attempt.end_ns + offset,
+            instrumentation_scope=self.scope)
+
+    def _context(self, span_id: int, trace: RequestTrace) -> Any:
+        return self._sdk.SpanContext(trace.trace_id, span_id, is_remote=False,
+                                     trace_flags=self._sdk.SAMPLED)
+
+    # --- the rest --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Spans queued, exported, failed to export, dropped (the queue was full), pending."""
+        done = self.exporter.done
+        return {"submitted": self.submitted, "exported": self.exporter.exported,
+                "failed": self.exporter.failed, "dropped": self.dropped,
+                "pending": self.submitted - done}
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Export what waits, for at most `timeout_s`; past that, abandon it (a dead
+        collector must not hold a worker's exit)."""
+        closer = threading.Thread(target=self.processor.shutdown, name="velox-otel-close",
+                                  daemon=True)
+        closer.start()
+        closer.join(timeout_s)
+        if closer.is_alive():
+            self.exporter.shutdown()  # stops the exporter's retries; the thread is a daemon
+
+
+def _usage_attrs(attrs: dict[str, Any], response_model: str, finish: Sequence[str],
+                 tokens_in: int | None, tokens_out: int | None) -> None:
+    if response_model:
+        attrs["gen_ai.response.model"] = response_model
+    if finish:
+        attrs["gen_ai.response.finish_reasons"] = list(finish)
+    if tokens_in is not None:
+        attrs["gen_ai.usage.input_tokens"] = tokens_in
+    if tokens_out is not None:
+        attrs["gen_ai.usage.output_tokens"] = tokens_out
+
+
+class _Counting:
+    """The real exporter, counting what it exported and what failed (done = both)."""
+
+    def __init__(self, inner: Any) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.inner = inner
+        self.success = SpanExportResult.SUCCESS
+        self.exported = 0
+        self.failed = 0
+
+    @property
+    def done(self) -> int:
+        return self.exported + self.failed
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            self.failed += len(spans)
+            raise
+        if result == self.success:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+class _SdkNames:
+    """The SDK classes and constants the span builders use, imported once."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+        from opentelemetry.trace.status import Status, StatusCode
+
+        self.Event, self.ReadableSpan, self.SpanContext = Event, ReadableSpan, SpanContext
+        self.Status = Status
+        self.SERVER, self.CLIENT = SpanKind.SERVER, SpanKind.CLIENT
+        self.SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+        self.ERROR = StatusCode.ERROR
+        self.UNSET_STATUS = Status(StatusCode.UNSET)
+
+
+_SDK: _SdkNames | None = None
+
+
+def _sdk_names() -> _SdkNames:
+    global _SDK  # noqa: PLW0603 - imported once, on the first sampled span
+    if _SDK is None:
+        _SDK = _SdkNames()
+    return _SDK
+
+
+def from_settings(settings: Any) -> Tracer | None:
+    """The worker's tracer, or None when VELOX_OTEL_ENDPOINT is empty (no tracing)."""
+    if not settings.otel_endpoint:
+        return None
+    return Tracer(settings.otel_endpoint, settings.otel_sample, settings.otel_capture_content)
