@@ -459,6 +459,11 @@ class KeyStore:
         with self.lock:
             return sorted(self.by_name.values(), key=lambda r: r.name)
 
+    def snapshot(self) -> tuple[int, list[KeyRecord]]:
+        """(version, every record) at one instant."""
+        with self.lock:
+            return self.version, list(self.by_name.values())
+
     def lookup(self, digest_hex: str) -> KeyRecord | None:
         """The key a credential's SHA-256 belongs to now (see the module docstring)."""
         now = self.clock()

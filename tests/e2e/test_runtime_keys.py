@@ -1,0 +1,167 @@
+"""Run-time keys enforced by the workers of real gateways (2 workers each), the OpenAI SDK as
+the client: a key made through POST /keys works on the next requests, a revoked one is refused
+with AuthenticationError while its stream in flight finishes, a PATCHed rpm holds, a rotated
+key's old secret works during the overlap only, a restart keeps them, and two hosts sharing a
+real redis-server enforce each other's changes.
+
+Every "within" is measured from the admin API's answer to the first request that shows the
+change, polled on fresh connections (the kernel spreads them over both workers).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from velox_lab.launch import GatewayProcess, RedisProcess
+from velox_lab.mock import MockUpstream
+
+from .conftest import gateway_env
+
+TOKEN = "rt-admin-SECRET-0123456789"
+MESSAGES = [{"role": "user", "content": "hi"}]
+FRESH = 8  # fresh connections per check: both workers answer some of them
+
+
+def admin(gw: GatewayProcess) -> httpx.Client:
+    return httpx.Client(base_url=gw.admin_url or "", timeout=20,
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def call(gw: GatewayProcess, secret: str, **kw: object) -> object:
+    """One chat call from the SDK on its own new connection."""
+    with httpx.Client() as http, openai.OpenAI(base_url=gw.base_url + "/v1", api_key=secret,
+                                               max_retries=0, timeout=20,
+                                               http_client=http) as client:
+        return client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES,  # type: ignore[arg-type]
+                                              **kw)  # type: ignore[call-overload]
+
+
+def outcome(gw: GatewayProcess, secret: str) -> str:
+    try:
+        call(gw, secret)
+    except openai.AuthenticationError:
+        return "401"
+    except openai.RateLimitError:
+        return "429"
+    return "200"
+
+
+def until_all(gw: GatewayProcess, secret: str, want: str, bound_s: float,
+              give_up_s: float = 20) -> float:
+    """Seconds from now until FRESH calls in a row answer `want` (fails after give_up_s).
+    The bound is checked on the first such call: the later ones show it held on both
+    workers."""
+    start = time.monotonic()
+    while outcome(gw, secret) != want:
+        assert time.monotonic() - start < give_up_s, f"never {want}"
+    took = time.monotonic() - start
+    for _ in range(FRESH):
+        assert outcome(gw, secret) == want
+    assert took <= bound_s, f"{want} after {took:.2f}s (bound {bound_s}s)"
+    return took
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
+       ) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("rt-keys")
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp / "state"))
+    with GatewayProcess(env, log_path=tmp / "velox.log") as gateway:
+        yield gateway
+
+
+def test_a_created_key_works_at_once_and_a_revoked_one_gets_401_while_its_stream_finishes(
+        gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        made = api.post("/keys", json={"name": "rt-life"})
+        assert made.status_code == 201, made.text
+        until_all(gw, made.json()["key"], "200", 1.0)
+        # A stream of 20 chunks 100 ms apart, in flight while the key is revoked.
+        with httpx.Client() as http, openai.OpenAI(
+                base_url=gw.base_url + "/v1", api_key=made.json()["key"], max_retries=0,
+                timeout=30, http_client=http) as client:
+            stream = client.chat.completions.create(
+                model="gpt-4o-mini", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+                extra_headers={"x-mock-chunks": "20", "x-mock-chunk-delay-ms": "100"})
+            chunks = iter(stream)
+            first = next(chunks)
+            assert api.delete("/keys/rt-life").status_code == 204
+            until_all(gw, made.json()["key"], "401", 1.0)
+            rest = list(chunks)
+        assert first.choices is not None and len(rest) >= 19  # the whole stream came
+
+
+def test_a_patched_rpm_is_enforced(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-rpm"}).json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        assert api.patch("/keys/rt-rpm", json={"rpm": 3}).status_code == 200
+        # 3 a minute from a full bucket of 3, shared by both workers: the 4th call is refused.
+        start = time.monotonic()
+        answers = [outcome(gw, secret) for _ in range(4 + FRESH)]
+        assert "429" in answers and time.monotonic() - start < 20
+        assert answers.count("200") <= 3 + FRESH  # limits apply from the change on
+        usage = api.get("/keys/rt-rpm").json()["usage"]
+        assert usage["remaining_requests"] == 0 and usage["refused"]["rpm"] >= 1
+        assert api.patch("/keys/rt-rpm", json={"rpm": 0}).status_code == 200
+        until_all(gw, secret, "200", 1.0)
+
+
+def test_a_rotated_keys_old_secret_works_until_the_overlap_ends(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        old = api.post("/keys", json={"name": "rt-rotate"}).json()["key"]
+        until_all(gw, old, "200", 1.0)
+        new = api.post("/keys/rt-rotate/rotate", json={"overlap_s": 3}).json()["key"]
+        until_all(gw, new, "200", 1.0)
+        assert outcome(gw, old) == "200"  # during the overlap
+        ends = time.monotonic() + 3
+        until_all(gw, old, "401", ends - time.monotonic() + 1.0)
+        assert outcome(gw, new) == "200"
+        # Without an overlap the old secret stops at once.
+        newer = api.post("/keys/rt-rotate/rotate", json={"overlap_s": 0}).json()["key"]
+        until_all(gw, new, "401", 1.0)
+        assert outcome(gw, newer) == "200"
+
+
+def test_an_expired_key_is_refused(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        made = api.post("/keys", json={"name": "rt-expiry", "expires_at": time.time() + 3})
+        secret = made.json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        until_all(gw, secret, "401", 5.0)
+
+
+def test_a_restart_keeps_the_keys_enforced(upstream: MockUpstream, tmp_path: Path) -> None:
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"))
+    with GatewayProcess(env, log_path=tmp_path / "one.log") as first, admin(first) as api:
+        kept = api.post("/keys", json={"name": "kept", "rpm": 1000}).json()["key"]
+        gone = api.post("/keys", json={"name": "gone"}).json()["key"]
+        assert api.delete("/keys/gone").status_code == 204
+    with GatewayProcess(env, log_path=tmp_path / "two.log") as second:
+        for _ in range(FRESH):  # from the first request: the workers inherit them at fork
+            assert outcome(second, kept) == "200"
+            assert outcome(second, gone) == "401"
+
+
+def test_two_hosts_sharing_redis_enforce_each_others_changes(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: run `make redis-server`")
+    with RedisProcess(log_path=tmp_path / "redis.log") as redis:
+        env = {"VELOX_REDIS_URL": redis.url, "VELOX_ADMIN_TOKEN": TOKEN}
+        with GatewayProcess(gateway_env(upstream, **env), log_path=tmp_path / "a.log") as a, \
+                GatewayProcess(gateway_env(upstream, **env), log_path=tmp_path / "b.log") as b, \
+                admin(a) as on_a, admin(b) as on_b:
+            secret = on_a.post("/keys", json={"name": "both", "rpm": 600}).json()["key"]
+            until_all(b, secret, "200", 2.0)
+            assert outcome(a, secret) == "200"
+            assert on_b.delete("/keys/both").status_code == 204
+            until_all(a, secret, "401", 2.0)
+            assert outcome(b, secret) == "401"
