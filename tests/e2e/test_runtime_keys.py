@@ -10,19 +10,22 @@ change, polled on fresh connections (the kernel spreads them over both workers).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from velox_lab.launch import GatewayProcess, RedisProcess
 from velox_lab.mock import MockUpstream
 
-from .conftest import gateway_env
+from .conftest import gateway_env, wait_for
 
 TOKEN = "rt-admin-SECRET-0123456789"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -165,3 +168,46 @@ def test_two_hosts_sharing_redis_enforce_each_others_changes(
             assert on_b.delete("/keys/both").status_code == 204
             until_all(a, secret, "401", 2.0)
             assert outcome(b, secret) == "401"
+
+
+def workers(gw: GatewayProcess) -> list[dict[str, object]]:
+    status, body = gw.admin_get("/stats")
+    assert status == 200, body
+    return orjson.loads(body)["workers"]  # type: ignore[no-any-return]
+
+
+def test_a_killed_workers_replacement_enforces_the_keys_from_its_start(
+        gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        kept = api.post("/keys", json={"name": "rt-kill-kept"}).json()["key"]
+        revoked = api.post("/keys", json={"name": "rt-kill-revoked"}).json()["key"]
+        until_all(gw, kept, "200", 1.0)
+        assert api.delete("/keys/rt-kill-revoked").status_code == 204
+        until_all(gw, revoked, "401", 1.0)
+        victim = int(workers(gw)[0]["pid"])  # type: ignore[call-overload]
+        os.kill(victim, signal.SIGKILL)
+        # Made while the worker is down or starting: its replacement gets it too.
+        late = api.post("/keys", json={"name": "rt-kill-late"}).json()["key"]
+        wait_for(lambda: (w := workers(gw)[0])["pid"] != victim and w["ready"], timeout=30)
+        for _ in range(FRESH):
+            assert outcome(gw, kept) == "200"
+            assert outcome(gw, late) == "200"
+            assert outcome(gw, revoked) == "401"
+
+
+def test_a_reload_keeps_the_keys_and_their_limits_enforced(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"))
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw, admin(gw) as api:
+        limited = api.post("/keys", json={"name": "rt-hup", "rpm": 2}).json()["key"]
+        other = api.post("/keys", json={"name": "rt-hup-other"}).json()["key"]
+        until_all(gw, other, "200", 1.0)
+        before = {w["pid"] for w in workers(gw)}
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "reload done" in gw.log(), timeout=60)
+        assert not before & {w["pid"] for w in workers(gw)}
+        # The new workers enforce the keys, with their limits: 2 a minute.
+        answers = [outcome(gw, limited) for _ in range(3)]
+        assert answers.count("429") >= 1 and "401" not in answers
+        assert api.delete("/keys/rt-hup-other").status_code == 204
+        until_all(gw, other, "401", 1.0)
