@@ -177,3 +177,57 @@ def test_keys_pipeline_paired(benchmark: Any, tmp_path: Path) -> None:
     print()
     for name, value in per_request_us.items():
         print(f"  {name:34s} {value:7.2f} us/request CPU  ({value - base:+.2f})")
+
+
+TEN = 10
+
+
+@pytest.mark.parametrize("source", ["[[key]] tables", "run-time keys"])
+def test_keys_stage_ten_keys(benchmark: Any, tmp_path: Path, source: str) -> None:
+    """The stage (lookup, checks, ticket) at 10 keys with rpm, tpm and max_parallel, the
+    client's key the 10th: from the file's tables, or made at run time (the same _Key, put
+    in by_digest by KeyStage.use_runtime, as a worker applies a control frame). Run on the
+    commit before run-time keys too (its `[[key]] tables` row is the before)."""
+    digest = hashlib.sha256(CLIENT_KEY).hexdigest()
+    others = [hashlib.sha256(b"other-%d" % i).hexdigest() for i in range(TEN - 1)]
+    limits = "rpm = 1000000000\ntpm = 1000000000\nmax_parallel = 1000000\n"
+    if source == "run-time keys":
+        if not hasattr(KeyStage, "use_runtime"):
+            pytest.skip("no run-time keys on this commit")
+        from velox.admission.runtime import spec_of
+
+        settings = load({"VELOX_CONFIG": _config(tmp_path, TABLES),
+                         "VELOX_UPSTREAM_ORIGIN": "https://upstream.invalid"}, dotenv=None)
+        shared = SharedKeys(settings.tables.keys, slots=2)
+        stage = KeyStage(settings.tables, shared, 0)
+        live = {}
+        for i, sha in enumerate([*others, digest]):
+            index = shared.claim(f"rt{i}")
+            assert index is not None
+            shared.set_limits(index, 10**9, 10**9)
+            row = {"name": f"rt{i}", "sha256": sha, "rpm": 10**9, "tpm": 10**9,
+                   "max_parallel": 10**6, "models": ["gpt-4o-mini"]}
+            live[bytes.fromhex(sha)] = stage.runtime_key(index, spec_of(row))
+        stage.use_runtime(live)
+    else:
+        text = TABLES + "".join(
+            f'\n[[key]]\nname = "k{i}"\nsha256 = "{sha}"\n{limits}models = ["gpt-4o-mini"]\n'
+            for i, sha in enumerate([*others, digest]))
+        settings = load({"VELOX_CONFIG": _config(tmp_path, text),
+                         "VELOX_UPSTREAM_ORIGIN": "https://upstream.invalid"}, dotenv=None)
+        stage = KeyStage(settings.tables, SharedKeys(settings.tables.keys, slots=2), 0)
+
+    def setup() -> tuple[tuple[list[Request]], dict[str, Any]]:
+        return (_batch(CLIENT_KEY),), {}
+
+    def run(batch: list[Request]) -> None:
+        for request in stage.admit(batch):
+            ticket = request.ticket
+            assert ticket is not None
+            ticket.settle(10)
+            ticket.release()
+
+    benchmark.group = "keys-stage at 10 keys: admit a batch of 64 and release, per request"
+    benchmark.pedantic(run, setup=setup, rounds=2000, warmup_rounds=50)
+    per_request_us = benchmark.stats.stats.median / BATCH * 1e6
+    benchmark.extra_info.update({"keys": TEN, "per_request_us": round(per_request_us, 3)})

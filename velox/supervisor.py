@@ -78,7 +78,7 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from velox.admission.ratelimit import Limiter
 from velox.cache.store import create_store
@@ -91,8 +91,10 @@ from velox.system.ports import listeners
 from velox.system.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
+    from velox.admin.keyfeed import KeyFeed
     from velox.admin.server import AdminServer
     from velox.cluster.leases import Cluster
+    from velox.state.keys import SharedKeys
 
 log = logging.getLogger("velox.supervisor")
 
@@ -186,6 +188,7 @@ class Supervisor:
         self.stopping = False
         self.kill_deadline = 0.0
         self.admin: AdminServer | None = None
+        self.key_feed: KeyFeed | None = None
         endpoint = settings.admin_endpoint
         if endpoint is not None:
             from velox.admin.server import AdminServer
@@ -194,6 +197,13 @@ class Supervisor:
             self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
             if self.cluster is not None:
                 self.admin.use_cluster(self.cluster)
+            # Run-time keys: claimed in the key table before the first fork, then fed to the
+            # workers as they change (velox.admin.keyfeed).
+            from velox.admin.keyfeed import KeyFeed
+
+            self.key_feed = KeyFeed(self.admin.keys, self.admin.hub, self._key_tables,
+                                    self.cluster, self._typical_reservation())
+            self.key_feed.adopt(self.shared.keys)
 
     def _share_keys(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[key]]'s rpm and tpm bucket is shared with the other hosts,
@@ -213,6 +223,11 @@ class Supervisor:
             if spec.tpm:
                 cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
                             spec.tpm, self._typical_reservation())
+
+    def _key_tables(self) -> tuple[SharedKeys, dict[int, SharedKeys]]:
+        """For the key feed's thread: the current key table, and each worker slot's."""
+        generation = dict(self.generation)
+        return self.shared.keys, {slot: shared.keys for slot, (_, shared) in generation.items()}
 
     def _typical_reservation(self) -> int:
         """What a tpm bucket keeps in hand from its first lease (velox.cluster.leases): an SDK
@@ -264,6 +279,8 @@ class Supervisor:
         self._say_if_unprotected()
         if self.admin is not None:
             self.admin.start()
+        if self.key_feed is not None:
+            self.key_feed.start()
         while True:
             select.select([rfd], [], [], 0.2)
             try:
@@ -289,6 +306,8 @@ class Supervisor:
                 self._respawn_due()
                 self._reload_step()
                 self._kill_overdue_retirees()
+        if self.key_feed is not None:
+            self.key_feed.stop()
         if self.admin is not None:
             self.admin.stop()
         if self.cluster is not None:  # the workers are gone: hand back what this host holds
@@ -349,6 +368,8 @@ class Supervisor:
             log.error("SIGHUP: configuration refused, the running one stays: %s", exc)
             return
         self._share_keys(shared)  # the reloaded keys' buckets, leased again (VELOX_REDIS_URL)
+        if self.key_feed is not None:  # and the run-time keys', in the new table
+            self.key_feed.adopt(shared.keys)
         self._share_upstreams(shared)  # and the reloaded upstreams' rpm and tpm buckets
         tables = settings.tables
         assert tables is not None
@@ -517,9 +538,10 @@ class Supervisor:
             close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
 
         def body() -> int:
+            keys = self.key_feed.initial(shared.keys) if self.key_feed else None
             return run_worker(settings, slot, sock, shared, self.limiter,
                               self.placement[slot % len(self.placement)],
-                              control[1] if control else None, defer)
+                              control[1] if control else None, defer, keys)
 
         pid = fork_child(prepare, body)
         self.children[pid] = slot
@@ -527,6 +549,8 @@ class Supervisor:
         if self.admin is not None and control is not None:
             control[1].close()
             self.admin.hub.attach(slot, control[0])
+            if self.key_feed is not None:
+                self.key_feed.joined(slot)
         return pid
 
     def _reap(self) -> None:
@@ -613,7 +637,8 @@ def _signal(pid: int, sig: int) -> None:
 
 def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: SharedStats,
                limiter: Limiter, placement: tuple[int, int],
-               control: socket.socket | None = None, defer: bool = False) -> int:
+               control: socket.socket | None = None, defer: bool = False,
+               keys: dict[str, Any] | None = None) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.pipeline.worker import Worker
 
@@ -634,6 +659,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
     asyncio.set_event_loop(loop)
     worker = Worker(settings, slot, shared, limiter, sock, defer_accept=defer)
     worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
+    worker.keys_frame = keys  # the run-time keys at fork (velox.admin.keyfeed)
     try:
         loop.run_until_complete(worker.serve())
     finally:

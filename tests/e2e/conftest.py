@@ -6,6 +6,8 @@ stopped by PID at the end of the test (or module) that started them.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import closed_after_the_test
-from velox_lab.launch import GatewayProcess, free_port
+from velox_lab.launch import GatewayProcess, RedisProcess, free_port
 from velox_lab.mock import MockUpstream
 
 UPSTREAM_KEY = "sk-upstream-SECRET-0123456789"
@@ -104,3 +106,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 
             return value
         time.sleep(step)
     raise AssertionError("condition not met in time")
+
+
+@contextlib.contextmanager
+def two_hosts(mock: MockUpstream, tmp_path: Path, admin_token: str,
+              ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
+    """Two gateways (hosts) sharing a real redis-server through VELOX_REDIS_URL."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: run `make redis-server`")
+    with RedisProcess(log_path=tmp_path / "redis.log") as redis:
+        env = {"VELOX_REDIS_URL": redis.url, "VELOX_ADMIN_TOKEN": admin_token}
+        with GatewayProcess(gateway_env(mock, **env), log_path=tmp_path / "a.log") as a, \
+                GatewayProcess(gateway_env(mock, **env), log_path=tmp_path / "b.log") as b:
+            yield a, b

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,10 +21,10 @@ import httpx
 import orjson
 import pytest
 
-from velox_lab.launch import GatewayProcess, RedisProcess, raw_request
+from velox_lab.launch import GatewayProcess, raw_request
 from velox_lab.mock import MockUpstream
 
-from .conftest import gateway_env, wait_for
+from .conftest import gateway_env, two_hosts, wait_for
 
 TOKEN = "adm-token-SECRET-0123456789"
 ALICE = "alice-token-SECRET-987654321"
@@ -113,7 +112,10 @@ def test_key_lifecycle_and_the_audit_names_the_tokens_label(gw: GatewayProcess) 
         listed = {k["name"]: k for k in client.get("/keys").json()["keys"]}
         assert listed["from-file"]["source"] == "config" and listed["from-file"]["read_only"]
         assert listed["from-file"]["usage"]["remaining_requests"] is not None  # live, shared memory
-        assert listed["team-a"]["source"] == "runtime" and listed["team-a"]["usage"] is None
+        assert listed["team-a"]["source"] == "runtime"
+        # Its usage is live once the supervisor has given it its place in the key table.
+        wait_for(lambda: client.get("/keys/team-a").json()["usage"] is not None, timeout=10)
+        assert client.get("/keys/team-a").json()["usage"]["remaining_requests"] == 600
         assert "key" not in listed["team-a"]
         one = client.get("/keys/team-a").json()
         assert one["rpm"] == 600 and "key" not in one
@@ -268,21 +270,15 @@ def _port(gw: GatewayProcess) -> int:
 
 def test_two_gateways_sharing_redis_see_each_others_keys(
         upstream: MockUpstream, tmp_path: Path) -> None:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: run `make redis-server`")
-    with RedisProcess(log_path=tmp_path / "redis.log") as redis:
-        env = {"VELOX_REDIS_URL": redis.url, "VELOX_ADMIN_TOKEN": TOKEN}
-        with GatewayProcess(gateway_env(upstream, **env), log_path=tmp_path / "a.log") as a, \
-                GatewayProcess(gateway_env(upstream, **env), log_path=tmp_path / "b.log") as b, \
-                admin(a) as on_a, admin(b) as on_b:
-            assert on_a.post("/keys", json={"name": "shared", "rpm": 60}).status_code == 201
-            wait_for(lambda: on_b.get("/keys/shared").status_code == 200)
-            assert on_b.get("/keys/shared").json()["rpm"] == 60
-            assert on_b.delete("/keys/shared").status_code == 204
-            wait_for(lambda: on_a.get("/keys/shared").status_code == 404)
-            assert on_a.post("/keys", json={"name": "shared"}).status_code == 201  # free again
-            assert [e["action"] for e in on_b.get("/audit").json()["entries"]] == [
-                "create", "revoke", "create"]
+    with two_hosts(upstream, tmp_path, TOKEN) as (a, b), admin(a) as on_a, admin(b) as on_b:
+        assert on_a.post("/keys", json={"name": "shared", "rpm": 60}).status_code == 201
+        wait_for(lambda: on_b.get("/keys/shared").status_code == 200)
+        assert on_b.get("/keys/shared").json()["rpm"] == 60
+        assert on_b.delete("/keys/shared").status_code == 204
+        wait_for(lambda: on_a.get("/keys/shared").status_code == 404)
+        assert on_a.post("/keys", json={"name": "shared"}).status_code == 201  # free again
+        assert [e["action"] for e in on_b.get("/audit").json()["entries"]] == [
+            "create", "revoke", "create"]
 
 
 def velox_cli(gw: GatewayProcess, *args: str, stdin: str | None = None,

@@ -8,11 +8,13 @@ Supervisor side (one admin address for the whole gateway, served from its own OS
 * `profiling` and `flamegraph`: `GET /debug/pprof/profile`, merging and rendering sessions.
 * `control`: the supervisor's end of the control channel to each worker.
 * `keystore` and `keyapi`: gateway keys made at run time (SQLite, Redis) and `/keys`.
+* `keyfeed`: run-time keys' places in the shared key table, and their changes sent to the
+  workers as control frames.
 * `console` and `sampler`: the operator's console at `/ui` and the samples it shows.
 
 Worker side (small and cheap to import, loaded by every worker):
 
-* `agent`: the worker's end of the control channel (state, profile).
+* `agent`: the worker's end of the control channel (state, profile, keys).
 * `accesslog`: the access log, queued on the hot path and written by a thread.
 
 And `doctor`, the `velox doctor` command.

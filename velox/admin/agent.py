@@ -10,6 +10,8 @@ Commands (see control.py for the framing):
 * `state`: this worker's upstream pool per connection (`Pool.describe()`), in-flight
   requests, ring depth, client connections. Answered at once, from the loop thread, so a
   worker that cannot answer quickly is busy, which the supervisor reports as such.
+* `keys {version, full, keys, gone}`: the run-time keys changed (velox.admin.keyfeed); applied
+  at once in this callback (velox.admission.runtime); answered with the version applied.
 * `profile {seconds}`: start pyinstrument on this (the loop's) thread; after `seconds`
   (`loop.call_later`) stop it and answer with the compacted session.
 """
@@ -57,6 +59,7 @@ class Agent:
             self.profile = None
         if self.transport is not None:
             self.transport.close()
+        self.worker.runtime_keys.close()
         self.worker.log_access = None
         if self.access_log is not None:
             self.access_log.close()
@@ -67,7 +70,9 @@ class Agent:
         msg_id = message.get("id")
         cmd = message.get("cmd")
         try:
-            if cmd == "state":
+            if cmd == "keys":
+                self.reply(msg_id, self.worker.runtime_keys.apply(message))
+            elif cmd == "state":
                 self.reply(msg_id, self.state())
             elif cmd == "profile":
                 self.start_profile(msg_id, float(message.get("seconds", 10)))

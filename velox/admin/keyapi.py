@@ -16,9 +16,9 @@ object or larger than the transport takes) gets 400 with a message naming the fi
 changes nothing. No answer but the creation's and the rotation's carries a secret, and none
 carries a hash.
 
-Usage: the `[[key]]` tables' buckets and gauges are in shared memory (`SharedKeys.snapshot`,
-as /stats shows them). Run-time keys are not enforced by the workers yet, so they have none:
-their `usage` is null and says so.
+Usage: every key's buckets and gauges are in shared memory (`SharedKeys`, as /stats shows
+the file's keys); a run-time key's are those of the index it was given in the key table
+(velox.admin.keyfeed), null until it has one.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from velox.admin.transport import Answer, Request, error
 _JSON = "application/json"
 _ONE = re.compile(r"/keys/([^/]+)")
 _ROTATE = re.compile(r"/keys/([^/]+)/rotate")
-NOT_ENFORCED = ("run-time keys are stored and shared but not enforced by the workers yet: "
-                "requests presenting one are treated like requests of no [[key]]")
 
 def methods(path: str) -> tuple[str, ...] | None:
     """The methods `path` takes, or None when it is no key API path."""
@@ -95,7 +93,11 @@ class KeyAPI:
         return out + [self._runtime(r) for r in self.store.records()]
 
     def _runtime(self, record: KeyRecord) -> dict[str, Any]:
-        return {**record.public(self.store.clock()), "usage": None, "usage_note": NOT_ENFORCED}
+        shared = self.shared_keys
+        index = shared.runtime.get(record.name)
+        usage = None if index is None else \
+            _usage_of(shared.usage(index, record.rpm, record.tpm))
+        return {**record.public(self.store.clock()), "usage": usage}
 
     def _row(self, name: str) -> dict[str, Any] | None:
         record = self.store.get(name)

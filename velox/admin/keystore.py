@@ -36,48 +36,32 @@ entries), and each line is also logged by `velox.audit`.
 
 `lookup(digest)` answers which run-time key a presented credential's SHA-256 belongs to: its
 current hash, or its previous one until the overlap ends; an expired key answers None. It is
-the store-level rule the workers will apply; they do not call it (below).
+the store-level rule; the workers apply the same one to the rows they are sent.
 
-Step 2: keys in the workers' request path (not built yet; this is the design)
----------------------------------------------------------------------------
-Today the workers know only the `[[key]]` tables: `velox.keys.KeyStage` holds a dict from
-digest to key, and the keys' buckets and gauges are entries of ONE native `Limits` made before
-fork, sized by the file's keys (at most 4,096, `tables.MAX_KEYS`). Run-time keys need both to
-change under running workers, within 1 s, without a reload.
-
-* Getting a change to the workers: the supervisor's store calls its listeners
-  (`on_change(fn)`) after every change it applies, its own or another host's. The listener
-  sends the changed records (names, hashes, limits: no secrets exist to send) to every
-  worker over the existing control channel (`control.py`, one socketpair per worker, read
-  between the loop's callbacks by `agent.py`): one frame `{"cmd": "keys", "version": v,
-  "records": [...], "gone": [...]}` per change, each worker applies it to its KeyStage's dict
-  in one callback (a request sees the old or the new key set, never half of one) and answers
-  with the version, which the supervisor records per slot (/stats shows a worker that lags).
-  A control frame is delivered in well under a millisecond on an idle loop and within one
-  loop turn on a busy one, so the 1 s bound holds with a wide margin. A worker that starts
-  (or restarts) gets the whole set at fork time: it inherits the supervisor's records, and
-  the first `keys` frame after its start carries the version it must catch up from (the
-  supervisor sends the full set when the worker's version is older than its last full
-  snapshot). Shared memory was considered instead (a table the workers would read on every
-  request): it would need a lock-free hash table in C, growth by remapping in every process,
-  and an epoch scheme for readers, to save the one control frame per change; the frame wins.
-* A key table that grows: the buckets and gauges stay in native `Limits`, but in SEGMENTS of
-  4,096 keys (8,192 entries), each its own shared mapping made by the supervisor on a memfd.
-  A segment made after the workers forked is handed to them with the `keys` frame
-  (SCM_RIGHTS over the same AF_UNIX socketpair; `Limits` needs a constructor from a
-  descriptor) and a key is (segment, index). A revoked key's entries are reused only after
-  every worker has acknowledged the version that removed it (its in-flight requests still
-  release into them). Limit: memory only, about 0.3 KiB of shared memory per key (1 GiB
-  would hold ~3 M keys); the configured cap becomes a setting defaulting to 1,000,000.
+Keys in the workers' request path
+---------------------------------
+* Getting a change to the workers: the store calls its listeners (`on_change(fn)`) after every
+  change it applies, its own or another host's; `velox.admin.keyfeed` sends the changed rows
+  (names, hashes, limits, table indexes: no secrets exist to send) to every worker over the
+  control channel (`control.py`), and each worker swaps its set in one loop callback
+  (velox.admission.runtime): a request sees the old or the new key set, never half of one. A
+  worker that starts inherits the set at fork and is sent the whole set once its channel is
+  attached. Shared memory read on every request was the other way (a generation counter, or
+  a table the workers would search): it costs every request for changes that come a few
+  times a minute; a frame costs nothing until a change and is read within one loop turn.
+* The key table: a run-time key's buckets and gauge are entries of the same native `Limits`
+  as a file key's, at an index the supervisor claims (`SharedKeys.claim`, the one function
+  that knows the table's size: today `tables.MAX_KEYS` keys for file and run-time keys
+  together, made at start). A revoked key's index is reused last (oldest first), so its
+  requests in flight have released their places long before.
 * Lookup cost: the request path stays one dict lookup of the 32-byte digest (ingress has
-  hashed the credential already). Measured (`benches/bench_console.py::test_key_lookup`,
-  1,024 different present keys in turn): 21 ns at 10 keys, 30 ns at 10,000, 33 ns at
-  100,000; an absent key 28-31 ns. 12 ns more at 100,000 keys, far inside the 0.2 us
-  allowed.
+  hashed the credential already); run-time keys are entries of the same dict.
+  `benches/bench_keys.py::test_keys_stage_ten_keys` measures the stage at 10 keys from the
+  file and at run time.
 * With several hosts, each supervisor's watcher applies Redis's changes and feeds its own
   workers the same way: Redis -> watcher (<= 1 s by polling, ms by pub/sub) -> control frame.
   The limits of a run-time key are leased from Redis like a file key's
-  (`key:<name>:rpm|tpm`, velox.cluster.leases) once its bucket exists.
+  (`key:<name>:rpm|tpm`, velox.cluster.leases).
 """
 
 from __future__ import annotations
@@ -458,6 +442,11 @@ class KeyStore:
     def records(self) -> list[KeyRecord]:
         with self.lock:
             return sorted(self.by_name.values(), key=lambda r: r.name)
+
+    def snapshot(self) -> tuple[int, list[KeyRecord]]:
+        """(version, every record) at one instant."""
+        with self.lock:
+            return self.version, list(self.by_name.values())
 
     def lookup(self, digest_hex: str) -> KeyRecord | None:
         """The key a credential's SHA-256 belongs to now (see the module docstring)."""

@@ -35,6 +35,12 @@ without an exchange). A worker killed with requests in flight cannot release: th
 `SharedKeys.forget_slot` for its slot after reaping it.
 
 A reload keeps the keys' buckets and gauges when their names are unchanged (velox.state.keys).
+
+Run-time keys (made through the admin API) join `by_digest` through `use_runtime`
+(velox.admission.runtime applies the supervisor's frames): the same _Key, with an index the
+supervisor claimed in the shared table, so the lookup and the limits are the file keys' own.
+Their tokens are booked under no key (`request.key = -1`): the per-key token books are sized
+by the file's keys at start.
 """
 
 from __future__ import annotations
@@ -68,14 +74,16 @@ def Ticket(key: _Key, reserved: int) -> Any:
 class _Key:
     """One key as the stage uses it (per worker)."""
 
-    __slots__ = ("index", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i", "tpm_i",
-                 "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits", "slot",
-                 "limit_requests", "limit_tokens", "forward")
+    __slots__ = ("index", "book", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i",
+                 "tpm_i", "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits",
+                 "slot", "limit_requests", "limit_tokens", "forward")
 
-    def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int) -> None:
+    def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int,
+                 book: int | None = None) -> None:
         self.limits = limits
         self.slot = slot
         self.index = index
+        self.book = index if book is None else book  # request.key: the token books' row
         self.name = spec.name
         self.rpm = spec.rpm
         self.tpm = spec.tpm
@@ -103,16 +111,26 @@ _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "keys", "limits", "slot", "named_routes", "count")
+    __slots__ = ("by_digest", "file_digest", "keys", "limits", "slot", "named_routes", "count")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
         self.keys = tuple(_Key(i, spec, shared.limits, slot)
                           for i, spec in enumerate(tables.keys))
-        self.by_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
+        self.file_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
+        self.by_digest = self.file_digest
         self.limits = shared.limits
         self.slot = slot
         self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
         self.count = tuple(c.add for c in shared.counters)
+
+    def runtime_key(self, index: int, spec: KeySpec) -> _Key:
+        """A run-time key at table `index` (velox.state.keys.SharedKeys.claim)."""
+        return _Key(index, spec, self.limits, self.slot, book=-1)
+
+    def use_runtime(self, keys: dict[bytes, _Key]) -> None:
+        """The run-time keys now valid, by digest, replacing the last set in one assignment:
+        a batch sees the old set or the new one, never half of one."""
+        self.by_digest = {**keys, **self.file_digest} if keys else self.file_digest
 
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
@@ -130,7 +148,7 @@ class KeyStage:
             if key is None:
                 out.append(request)
                 continue
-            request.key = key.index
+            request.key = key.book
             allowed = request.allowed = key.allowed
             model = request.model
             route = request.route

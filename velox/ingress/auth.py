@@ -24,12 +24,16 @@ class Auth:
     SHA-256 of what was presented: one set lookup, whatever the number of keys); both kinds
     may be combined. With either, the client's own credential never goes upstream."""
 
-    __slots__ = ("_client_keys", "_key_digests", "_digests", "_valid", "_upstream_value")
+    __slots__ = ("_client_keys", "_file_digests", "_key_digests", "_required", "_digests",
+                 "_valid", "_upstream_value")
 
     def __init__(self, settings: Settings) -> None:
         self._client_keys = tuple(k.encode() for k in settings.api_keys)
         tables = settings.tables
-        self._key_digests = frozenset(k.digest for k in tables.keys) if tables else frozenset()
+        self._file_digests = frozenset(k.digest for k in tables.keys) if tables else frozenset()
+        # With the run-time keys' (use_runtime): one set whatever their source.
+        self._key_digests = self._file_digests
+        self._required = bool(self._client_keys or self._key_digests)
         # Presented [[key]] → its digest, for keys already seen valid: a dict lookup instead of
         # a SHA-256 per request. Bounded (cleared when full); unknown keys are never kept.
         self._digests: dict[bytes, bytes] = {}
@@ -42,7 +46,17 @@ class Auth:
 
     @property
     def required(self) -> bool:
-        return bool(self._client_keys or self._key_digests)
+        return self._required
+
+    def use_runtime(self, digests: frozenset[bytes]) -> None:
+        """The run-time keys' digests now valid (velox.admission.runtime), replacing the last
+        set. From the first call on a key is required, even when the set is empty: revoking
+        a gateway's last run-time key must refuse its next request, not open the gateway.
+        The caches of accepted credentials are dropped, so a revoked key fails at once."""
+        self._key_digests = self._file_digests | digests
+        self._required = True
+        self._valid.clear()
+        self._digests.clear()
 
     def check(self, authorization: bytes | None) -> bytes | None:
         """Raise Unauthorized unless the client presented one of VELOX_API_KEYS or a `[[key]]`
@@ -50,7 +64,7 @@ class Auth:
         None when no key is required: the caller's identity (its `[[key]]`, its cache
         partition, who may share a batch) is then the credential that was checked, never
         another header of the request (an api-key beside it, say)."""
-        if not self._client_keys and not self._key_digests:
+        if not self._required:
             return None
         if authorization is None:
             raise Unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
@@ -98,7 +112,7 @@ class Auth:
 
     def passthrough_of(self, authorization: bytes | None) -> Headers:
         """client_headers' second item, from the client's (last) Authorization value."""
-        if authorization is None or self._client_keys or self._key_digests:
+        if authorization is None or self._required:
             return []
         return [(b"authorization", authorization)]
 
@@ -122,7 +136,7 @@ class Auth:
                 out.append(header)
         if listed:
             out = [h for h in out if h[0] not in listed]
-        if client_auth is not None and not self._client_keys and not self._key_digests:
+        if client_auth is not None and not self._required:
             return out, [client_auth]
         return out, []
 

@@ -35,6 +35,7 @@ import orjson
 from velox.admission.keys import KeyStage
 from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.admission.ratelimit import Limiter
+from velox.admission.runtime import RuntimeKeys
 from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
 from velox.config.settings import Settings
@@ -106,6 +107,7 @@ class Worker:
         self.drain_pending = False
         self.in_flight = 0
         self.keys: KeyStage | None = None  # made in build()
+        self.keys_frame: dict[str, Any] | None = None  # run-time keys at fork (supervisor)
         # Bodies from this size on are validated in a thread (see velox.admission.parse); 0 means
         # never.
         self.off_loop_min = settings.parse_off_loop_bytes or 1 << 62
@@ -179,17 +181,29 @@ class Worker:
         shared = self.shared
         set_default_output(settings.tokens_default_output)
         self.meter_all = settings.token_accounting or shared.health.tpm is not None
-        self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
-                             settings.tokens_default_output) \
-            if self.meter_all or any(k.tpm for k in self.tables.keys) else None
+        self.ledger: Ledger | None = None
+        if self.meter_all or any(k.tpm for k in self.tables.keys):
+            self.want_ledger()
         self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
                                self._flush_upstreams, loop, self.counters, self.slot,
                                self.book_tokens) \
             if Batcher.wanted(self.tables) else None
+        # Run-time keys (velox.admission.runtime): the set inherited at fork, then control frames.
+        self.runtime_keys = RuntimeKeys(self)
+        if self.keys_frame is not None:
+            self.runtime_keys.apply(self.keys_frame)
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self.on_response, settings.native,
         )
+
+    def want_ledger(self) -> None:
+        """Meter token usage from now on (made at build, or by the first run-time key with a
+        tpm)."""
+        if self.ledger is None:
+            shared = self.shared
+            self.ledger = Ledger(shared.tokens, self.slot, shared.route_models,
+                                 shared.health.tpm, self.settings.tokens_default_output)
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()

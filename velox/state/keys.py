@@ -6,10 +6,17 @@ stage (velox.admission.keys) and read by /stats and /metrics. Key i owns two ent
 buckets hold one minute's worth (burst = the limit). A reload keeps the buckets and gauges
 when the list of key names is unchanged (the same `Limits`, reconfigured: levels kept, capped
 at the new limits); otherwise the new configuration's keys start afresh.
+
+Run-time keys (velox.admin.keystore) take the entries the file's keys leave free: the table is
+made for `MAX_KEYS` keys whatever the file holds (8,192 entries, about 1 MiB of shared memory
+with 64 worker slots), and `claim(name, rpm, tpm)` is the one place a run-time key gets its
+index. Freed indexes are reused oldest first, so a revoked key's in-flight requests have long
+released their places before another key inherits them.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +38,7 @@ def tpm_index(key: int) -> int:
 class SharedKeys:
     """The keys' buckets, gauges and counters, in shared memory; made by the supervisor."""
 
-    __slots__ = ("keys", "slots", "limits", "counters")
+    __slots__ = ("keys", "slots", "limits", "counters", "runtime", "free")
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
@@ -46,14 +53,40 @@ class SharedKeys:
             self.limits = previous.limits
             self.counters = previous.counters
         else:
-            self.limits = Limits(max(1, 2 * len(keys)), slots=slots)
-            self.counters = tuple(Counters(slots, max(1, len(keys))) for _ in KF)
+            # Sized for MAX_KEYS whatever the file holds: run-time keys take the rest.
+            self.limits = Limits(2 * MAX_KEYS, slots=slots)
+            self.counters = tuple(Counters(slots, MAX_KEYS) for _ in KF)
+        # Run-time keys' indexes (claim): kept by a reload that keeps the table.
+        self.runtime: dict[str, int] = dict(previous.runtime) if same and previous else {}
+        taken = set(self.runtime.values())
+        self.free = deque(i for i in range(len(self.keys), MAX_KEYS) if i not in taken)
         for i, key in enumerate(self.keys):
-            # One minute's worth: a key may spend its whole minute at once, then the rate.
-            if key.rpm:
-                self.limits.configure(rpm_index(i), key.rpm, key.rpm)
-            if key.tpm:
-                self.limits.configure(tpm_index(i), key.tpm, key.tpm)
+            self.set_limits(i, key.rpm, key.tpm)
+
+    def set_limits(self, index: int, rpm: int, tpm: int) -> None:
+        """Key `index`'s buckets (0: none). One minute's worth: a key may spend its whole
+        minute at once, then the rate."""
+        if rpm:
+            self.limits.configure(rpm_index(index), rpm, rpm)
+        if tpm:
+            self.limits.configure(tpm_index(index), tpm, tpm)
+
+    def claim(self, name: str) -> int | None:
+        """The table index of run-time key `name` (taken on its first claim; its buckets are
+        set by `set_limits`); None when every index is taken. The only use run-time keys make
+        of the table's size."""
+        index = self.runtime.get(name)
+        if index is None:
+            if not self.free:
+                return None
+            index = self.runtime[name] = self.free.popleft()
+        return index
+
+    def unclaim(self, name: str) -> None:
+        """Run-time key `name` was revoked: its index goes to the back of the free queue."""
+        index = self.runtime.pop(name, None)
+        if index is not None:
+            self.free.append(index)
 
     def forget_slot(self, slot: int) -> int:
         """A worker of `slot` died: give back the places it held (see Limits.forget_slot)."""
@@ -78,20 +111,30 @@ class SharedKeys:
             "keys": len(rest),
             "requests": sum(limits.entered(rpm_index(i)) for i in rest),
             "active": sum(limits.active(rpm_index(i)) for i in rest),
-            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:])
+            "refused": {reason: sum(totals[KF.REFUSED_RPM + n][own:len(self.keys)])
                         for n, reason in enumerate(REFUSAL_REASONS)},
         }
         return rows, other
 
     def _row(self, i: int, totals: list[list[int]]) -> dict[str, Any]:
-        key, limits = self.keys[i], self.limits
+        key = self.keys[i]
         return {
             "name": key.name,
             "rpm": key.rpm, "tpm": key.tpm, "max_parallel": key.max_parallel,
             "models": list(key.models) if key.models is not None else None,
-            "remaining_requests": limits.level(rpm_index(i)) if key.rpm else None,
-            "remaining_tokens": limits.level(tpm_index(i)) if key.tpm else None,
-            "tokens_taken": limits.taken(tpm_index(i)) if key.tpm else 0,
+            **self.usage(i, key.rpm, key.tpm, totals),
+        }
+
+    def usage(self, i: int, rpm: int, tpm: int,
+              totals: list[list[int]] | None = None) -> dict[str, Any]:
+        """Key `i`'s live use: what its buckets have left, in flight, counts."""
+        if totals is None:
+            totals = [c.totals() for c in self.counters]
+        limits = self.limits
+        return {
+            "remaining_requests": limits.level(rpm_index(i)) if rpm else None,
+            "remaining_tokens": limits.level(tpm_index(i)) if tpm else None,
+            "tokens_taken": limits.taken(tpm_index(i)) if tpm else 0,
             "active": limits.active(rpm_index(i)),
             "requests": limits.entered(rpm_index(i)),
             "refused": {reason: totals[KF.REFUSED_RPM + n][i]

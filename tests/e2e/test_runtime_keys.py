@@ -1,0 +1,213 @@
+"""Run-time keys enforced by the workers of real gateways (2 workers each), the OpenAI SDK as
+the client: a key made through POST /keys works on the next requests, a revoked one is refused
+with AuthenticationError while its stream in flight finishes, a PATCHed rpm holds, a rotated
+key's old secret works during the overlap only, a restart keeps them, and two hosts sharing a
+real redis-server enforce each other's changes.
+
+Every "within" is measured from the admin API's answer to the first request that shows the
+change, polled on fresh connections (the kernel spreads them over both workers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
+
+from .conftest import gateway_env, two_hosts, wait_for
+
+TOKEN = "rt-admin-SECRET-0123456789"
+MESSAGES = [{"role": "user", "content": "hi"}]
+FRESH = 8  # fresh connections per check: both workers answer some of them
+
+
+def admin(gw: GatewayProcess) -> httpx.Client:
+    return httpx.Client(base_url=gw.admin_url or "", timeout=20,
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def call(gw: GatewayProcess, secret: str, **kw: object) -> object:
+    """One chat call from the SDK on its own new connection."""
+    with httpx.Client() as http, openai.OpenAI(base_url=gw.base_url + "/v1", api_key=secret,
+                                               max_retries=0, timeout=20,
+                                               http_client=http) as client:
+        return client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES,  # type: ignore[arg-type]
+                                              **kw)  # type: ignore[call-overload]
+
+
+def outcome(gw: GatewayProcess, secret: str) -> str:
+    try:
+        call(gw, secret)
+    except openai.AuthenticationError:
+        return "401"
+    except openai.RateLimitError:
+        return "429"
+    return "200"
+
+
+def until_all(gw: GatewayProcess, secret: str, want: str, bound_s: float,
+              give_up_s: float = 20) -> float:
+    """Seconds from now to the start of the first call that answers `want`, then FRESH calls
+    in a row answering it (fails after give_up_s). Measured to the call's start, not its
+    end: how long the SDK call itself takes on a loaded host is not the gateway's delay."""
+    start = time.monotonic()
+    while True:
+        sent = time.monotonic()
+        if outcome(gw, secret) == want:
+            break
+        assert sent - start < give_up_s, f"never {want}"
+    took = sent - start
+    for _ in range(FRESH):
+        assert outcome(gw, secret) == want
+    assert took <= bound_s, f"{want} after {took:.2f}s (bound {bound_s}s)"
+    return took
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: MockUpstream, tmp_path_factory: pytest.TempPathFactory,
+       ) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("rt-keys")
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp / "state"))
+    with GatewayProcess(env, log_path=tmp / "velox.log") as gateway:
+        yield gateway
+
+
+def test_a_created_key_works_at_once_and_a_revoked_one_gets_401_while_its_stream_finishes(
+        gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        made = api.post("/keys", json={"name": "rt-life"})
+        assert made.status_code == 201, made.text
+        until_all(gw, made.json()["key"], "200", 1.0)
+        # A stream of 20 chunks 100 ms apart, in flight while the key is revoked.
+        with httpx.Client() as http, openai.OpenAI(
+                base_url=gw.base_url + "/v1", api_key=made.json()["key"], max_retries=0,
+                timeout=30, http_client=http) as client:
+            stream = client.chat.completions.create(
+                model="gpt-4o-mini", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+                extra_headers={"x-mock-chunks": "20", "x-mock-chunk-delay-ms": "100"})
+            chunks = iter(stream)
+            first = next(chunks)
+            assert api.delete("/keys/rt-life").status_code == 204
+            until_all(gw, made.json()["key"], "401", 1.0)
+            rest = list(chunks)
+        assert first.choices is not None and len(rest) >= 19  # the whole stream came
+
+
+def test_a_patched_rpm_is_enforced(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-rpm"}).json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        assert api.patch("/keys/rt-rpm", json={"rpm": 3}).status_code == 200
+        # 3 a minute from a full bucket of 3, shared by both workers: the 4th call is refused.
+        start = time.monotonic()
+        answers = [outcome(gw, secret) for _ in range(4 + FRESH)]
+        assert "429" in answers and time.monotonic() - start < 20
+        assert answers.count("200") <= 3 + FRESH  # limits apply from the change on
+        usage = api.get("/keys/rt-rpm").json()["usage"]
+        assert usage["remaining_requests"] == 0 and usage["refused"]["rpm"] >= 1
+        assert api.patch("/keys/rt-rpm", json={"rpm": 0}).status_code == 200
+        until_all(gw, secret, "200", 1.0)
+
+
+def test_a_rotated_keys_old_secret_works_until_the_overlap_ends(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        first = api.post("/keys", json={"name": "rt-rotate"}).json()["key"]
+        until_all(gw, first, "200", 1.0)
+        second = api.post("/keys/rt-rotate/rotate", json={"overlap_s": 600}).json()["key"]
+        until_all(gw, second, "200", 1.0)
+        for _ in range(FRESH):  # during the overlap, on both workers
+            assert outcome(gw, first) == "200"
+        # A 2 s overlap for the second secret; the first is no longer the previous one.
+        third = api.post("/keys/rt-rotate/rotate", json={"overlap_s": 2}).json()["key"]
+        ends = time.monotonic() + 2  # at the latest: the rotation was made before its answer
+        until_all(gw, first, "401", 1.0)
+        until_all(gw, second, "401", max(0.0, ends - time.monotonic()) + 1.0)
+        assert outcome(gw, third) == "200"
+        # Without an overlap the previous secret stops at once.
+        fourth = api.post("/keys/rt-rotate/rotate", json={"overlap_s": 0}).json()["key"]
+        until_all(gw, third, "401", 1.0)
+        assert outcome(gw, fourth) == "200"
+
+
+def test_an_expired_key_is_refused(gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        made = api.post("/keys", json={"name": "rt-expiry", "expires_at": time.time() + 3})
+        secret = made.json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        until_all(gw, secret, "401", 5.0)
+
+
+def test_a_restart_keeps_the_keys_enforced(upstream: MockUpstream, tmp_path: Path) -> None:
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"))
+    with GatewayProcess(env, log_path=tmp_path / "one.log") as first, admin(first) as api:
+        kept = api.post("/keys", json={"name": "kept", "rpm": 1000}).json()["key"]
+        gone = api.post("/keys", json={"name": "gone"}).json()["key"]
+        assert api.delete("/keys/gone").status_code == 204
+    with GatewayProcess(env, log_path=tmp_path / "two.log") as second:
+        for _ in range(FRESH):  # from the first request: the workers inherit them at fork
+            assert outcome(second, kept) == "200"
+            assert outcome(second, gone) == "401"
+
+
+def test_two_hosts_sharing_redis_enforce_each_others_changes(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    with two_hosts(upstream, tmp_path, TOKEN) as (a, b), admin(a) as on_a, admin(b) as on_b:
+        secret = on_a.post("/keys", json={"name": "both", "rpm": 600}).json()["key"]
+        until_all(b, secret, "200", 2.0)
+        assert outcome(a, secret) == "200"
+        assert on_b.delete("/keys/both").status_code == 204
+        until_all(a, secret, "401", 2.0)
+        assert outcome(b, secret) == "401"
+
+
+def workers(gw: GatewayProcess) -> list[dict[str, object]]:
+    status, body = gw.admin_get("/stats")
+    assert status == 200, body
+    return orjson.loads(body)["workers"]  # type: ignore[no-any-return]
+
+
+def test_a_killed_workers_replacement_enforces_the_keys_from_its_start(
+        gw: GatewayProcess) -> None:
+    with admin(gw) as api:
+        kept = api.post("/keys", json={"name": "rt-kill-kept"}).json()["key"]
+        revoked = api.post("/keys", json={"name": "rt-kill-revoked"}).json()["key"]
+        until_all(gw, kept, "200", 1.0)
+        assert api.delete("/keys/rt-kill-revoked").status_code == 204
+        until_all(gw, revoked, "401", 1.0)
+        victim = int(workers(gw)[0]["pid"])  # type: ignore[call-overload]
+        os.kill(victim, signal.SIGKILL)
+        # Made while the worker is down or starting: its replacement gets it too.
+        late = api.post("/keys", json={"name": "rt-kill-late"}).json()["key"]
+        wait_for(lambda: (w := workers(gw)[0])["pid"] != victim and w["ready"], timeout=30)
+        for _ in range(FRESH):
+            assert outcome(gw, kept) == "200"
+            assert outcome(gw, late) == "200"
+            assert outcome(gw, revoked) == "401"
+
+
+def test_a_reload_keeps_the_keys_and_their_limits_enforced(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"))
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw, admin(gw) as api:
+        limited = api.post("/keys", json={"name": "rt-hup", "rpm": 2}).json()["key"]
+        other = api.post("/keys", json={"name": "rt-hup-other"}).json()["key"]
+        until_all(gw, other, "200", 1.0)
+        before = {w["pid"] for w in workers(gw)}
+        gw.signal(signal.SIGHUP)
+        wait_for(lambda: "reload done" in gw.log(), timeout=60)
+        assert not before & {w["pid"] for w in workers(gw)}
+        # The new workers enforce the keys, with their limits: 2 a minute.
+        answers = [outcome(gw, limited) for _ in range(3)]
+        assert answers.count("429") >= 1 and "401" not in answers
+        assert api.delete("/keys/rt-hup-other").status_code == 204
+        until_all(gw, other, "401", 1.0)
