@@ -250,9 +250,7 @@ class Flight:
             self.followers.remove(waiting)
         except ValueError:
             return
-        request = waiting.request
-        request.exchange = None
-        self.front.release_body(request)
+        waiting.request.exchange = None  # its end (Request.finish) gives its body back
         exchange = self.exchange
         if self.leader_gone and exchange is not None and not self._others_wait():
             exchange.client_gone()  # no one is left: cancel the upstream call
@@ -411,13 +409,12 @@ class CacheFront:
     """One worker's cache stage (see the module docstring)."""
 
     __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "wait_ms",
-                 "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
+                 "max_value", "by_model", "catch_all", "flights", "waits",
                  "_send_alone", "tier", "_resume", "held", "renewing", "replays")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
-                 send_alone: Callable[[list[Request]], None],
-                 release_body: Callable[[Request], None]) -> None:
+                 send_alone: Callable[[list[Request]], None]) -> None:
         self.store = store
         self.loop = loop
         self.counters = counters
@@ -438,7 +435,6 @@ class CacheFront:
         self.replays: dict[bytes, Replay] = {}  # large answers being written (Replay)
         self.renewing: asyncio.TimerHandle | None = None
         self._send_alone = send_alone
-        self.release_body = release_body
         # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache.redis), and how
         # requests it held continue on the miss path (the worker's resume); see attach_redis.
         self.tier: RedisTier | None = None
@@ -653,15 +649,10 @@ class CacheFront:
 
     def _live(self, requests: list[Request]) -> list[Request]:
         """Held requests about to go on: detached from what held them; those whose client
-        left meanwhile are dropped here, their bodies freed."""
-        live = []
+        left meanwhile are dropped here (ingress finished them)."""
         for request in requests:
             request.exchange = None
-            if request.conn.closed:
-                self.release_body(request)
-            else:
-                live.append(request)
-        return live
+        return [r for r in requests if not r.conn.closed]
 
     def go_on(self, requests: list[Request]) -> None:
         """Requests the Redis tier held that it could not answer: on to the miss path (the

@@ -37,12 +37,13 @@ from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.admission.ratelimit import Limiter
 from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
+from velox.cache.wait import Waiting
 from velox.config.settings import Settings
 from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.core.types import Request, Route
+from velox.core.types import ADMITTED, PARSED, SENT, Holder, Request, Route
 from velox.egress.interfaces import Egress, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
@@ -162,7 +163,7 @@ class Worker:
         if self.shared.cache is not None:
             self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
                                     self.counters, self.histograms, self.slot,
-                                    self.send_alone, self.release_body)
+                                    self.send_alone)
             if settings.redis_url:  # hosts share answers through Redis (velox.cache.redis)
                 from velox.cache.redis import RedisTier
 
@@ -182,13 +183,12 @@ class Worker:
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
                              settings.tokens_default_output) \
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
-                               self._flush_upstreams, loop, self.counters, self.slot,
-                               self.book_tokens) \
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self._flush_upstreams,
+                               loop, self.counters, self.slot, self.book_tokens) \
             if Batcher.wanted(self.tables) else None
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
-            settings.max_header_bytes, self.is_ready, self.on_response, settings.native,
+            settings.max_header_bytes, self.is_ready, self, settings.native,
         )
 
     async def serve(self) -> None:
@@ -401,8 +401,7 @@ class Worker:
         bytes_in = 0
         for request in batch:
             if request.conn.closed:
-                self.release_body(request)  # the client left while the request was queued
-                continue
+                continue  # the client left while it was queued: ingress finished it
             # A request whose model is known was scanned off the loop and came back: its
             # bytes are counted and its t_popped kept, so its parse time includes the scan.
             if request.model is None:
@@ -421,6 +420,7 @@ class Worker:
                     except VeloxError as exc:
                         request.conn.respond_error(request, exc)
                         continue
+                request.advance(PARSED)
             if request.route is _ROOT:
                 request.upstream_path = self.upstream_root_path
             parsed.append(request)
@@ -460,19 +460,23 @@ class Worker:
         for request in parsed[:admitted]:
             request.t_parsed = t_parsed
             request.t_admitted = t_admitted
+            request.advance(ADMITTED)
             if models_body is not None and request.route is _FORWARD and \
                     is_model_list(request.method, request.path):
                 self._answer_models(request)
                 continue
             ticket = request.cache
             if ticket is not None and cache is not None and cache.follows(request):
-                continue  # an identical request of this batch is being sent: it waits for that
+                request.advance(SENT)  # an identical request of this batch is being sent:
+                continue  # it waits for that one's answer
             # Embeddings batching (velox.batching.batch): a taken request is answered by the
             # batcher, which ends it through on_done exactly once, like an exchange. A request the
             # cache is recording (ticket) goes alone: its answer must pass its observer.
             if batcher is not None and ticket is None and batcher.offer(request):
+                request.advance(SENT)
                 self.in_flight += 1
                 continue
+            request.advance(SENT)
             exchange = self._exchange(request, on_done)
             if ticket is not None and cache is not None:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
@@ -489,6 +493,8 @@ class Worker:
         dispatch = self.dispatch
         for request in requests[:admitted]:
             request.t_admitted = t_admitted
+            request.advance(ADMITTED)
+            request.advance(SENT)
             exchange = self._exchange(request, self.on_done)
             if self.cache is not None:
                 self.cache.observe(exchange)
@@ -502,8 +508,7 @@ class Worker:
         prepared = request.upstream_headers  # made by ingress's native head parser
         base, passthrough = self.auth.client_headers(request.headers) if prepared is None \
             else prepared
-        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
-                            self.dispatch)
+        exchange = Exchange(request, request.upstream_path, base, on_done, self.dispatch)
         exchange.passthrough = passthrough
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
@@ -555,13 +560,13 @@ class Worker:
             return
         conn = request.conn
         if conn.closed:
-            self.release_body(request)
-            return
+            return  # ingress finished it when its client left
         exc = future.exception()
         if exc is not None:
             conn.respond_error(request, exc)
             return
         request.model, request.stream = future.result()
+        request.advance(PARSED)
         if self.ring.try_push(request):
             self.wake_drain()
         else:
@@ -579,16 +584,20 @@ class Worker:
 
     # --- accounting callbacks ----------------------------------------------------------------
 
-    def release_body(self, request: Request) -> None:
-        segment = request.arena_segment
-        if segment >= 0:
-            request.arena_segment = -1
-            self.arena.release(segment)
+    # --- the request's end (core.types.Lifecycle) ----------------------------------------
 
-    def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+    def release_segment(self, segment: int) -> None:
+        self.arena.release(segment)
+
+    def finished(self, request: Request, status: int, bytes_out: int,
+                 holder: Holder | None) -> None:
+        """Request.finish: the request is over, whichever way (answered, refused, its client
+        gone before or during the answer, its connection cut by a timeout or the shutdown):
+        its body and its key's place go back, it is counted and logged, once."""
+        request.release_body()
         ticket = request.ticket
-        if ticket is not None and not ticket.released:  # the answer is written: the key's
-            ticket.release()  # place goes back
+        if ticket is not None and not ticket.released:
+            ticket.release()
         slot = self.slot
         cls = status // 100
         # The request's three counters in one native call.
@@ -598,7 +607,9 @@ class Worker:
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log thread formats and writes
-            log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
+            if holder is not None and type(holder) is Waiting:
+                holder = None  # a cache follower's client left: no call of its own to log
+            log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
     def book_tokens(self, request: Request, inp: int, out: int) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
@@ -609,10 +620,9 @@ class Worker:
             ledger.count(request.key, ledger.route_of(request.model), inp, out)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
+        """An upstream exchange (or a batch member's share of one) is over: in flight and the
+        latency histograms. The request's own end is `finished`."""
         self.in_flight -= 1
-        ticket = exchange.request.ticket
-        if ticket is not None and not ticket.released:  # ended any way (answer, error,
-            ticket.release()  # timeout, client gone)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, _UPSTREAM_ERRORS, 1)
