@@ -8,6 +8,7 @@ log's thread writes them within its flush interval), never slept for.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 
 from velox_lab.launch import GatewayProcess
 
-from .conftest import GatewayFactory, client_for, wait_for
+from .conftest import CLIENT_KEY, GatewayFactory, client_for, wait_for
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -69,3 +70,24 @@ def test_a_client_that_leaves_before_its_answer_gets_a_499_line(
     assert line["status"] == 499 and line["bytes_out"] == 0
     # The worker holds nothing of it any more.
     wait_for(lambda: workers_in_flight(gw) == 0)
+
+
+def test_a_pipelined_http10_request_does_not_change_how_the_stream_before_it_is_framed(
+        gateway: GatewayProcess) -> None:
+    # An HTTP/1.1 stream, and behind it on the same connection an HTTP/1.0 request whose head
+    # arrives while the stream is still to start: each answer is framed by its own request's
+    # version (the stream chunked; the 1.0 answer with a length, then the connection closes).
+    body = orjson.dumps({"model": "gpt-4o", "messages": MESSAGES, "stream": True})
+    stream = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %b\r\n"
+              b"Content-Type: application/json\r\nx-mock-chunks: 3\r\n"
+              b"Content-Length: %d\r\n\r\n%b" % (CLIENT_KEY.encode(), len(body), body))
+    with socket.create_connection((gateway.host, gateway.port), timeout=20) as sock:
+        sock.sendall(stream + b"GET /healthz HTTP/1.0\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(65536):  # the 1.0 answer closes the connection
+            received += chunk
+    first, sep, rest = received.partition(b"\r\n0\r\n\r\n")
+    head = first.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 200") and b"transfer-encoding: chunked" in head, received
+    assert sep and first.count(b"data: ") == 4  # three events and [DONE], then the last chunk
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\n") and rest.endswith(b'{"status":"ok"}'), rest

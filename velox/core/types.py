@@ -130,7 +130,7 @@ class Request:
 
     __slots__ = (
         "state", "ends",
-        "conn", "method", "path", "route", "headers", "body", "keep_alive",
+        "conn", "method", "path", "route", "headers", "body", "keep_alive", "http10",
         "t_received", "t_popped", "t_parsed", "t_admitted",
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
         "caller",  # route.caller_of: digest of the presented credential, computed once
@@ -173,6 +173,9 @@ class Request:
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        # Its own HTTP version (ingress): a stream is chunked unless its request was HTTP/1.0,
+        # whatever the requests pipelined behind it are.
+        self.http10 = False
         self.t_received = t_received  # perf_counter_ns() when the last byte arrived
         self.t_popped = 0
         self.t_parsed = 0

@@ -518,6 +518,8 @@ class ClientConnection(asyncio.Protocol):
             self, method, self._url, self._route or _FORWARD, self._headers, body,
             keep_alive, time.perf_counter_ns(), segment, state.ends,
         )
+        if self._http10:
+            request.http10 = True
         if self._caller is not None:
             request.caller = self._caller  # route.caller_of's digest, already made
         upstream = self._upstream
@@ -730,7 +732,7 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
-        self._chunked = not self._http10
+        self._chunked = not request.http10
         if not self._chunked:
             request.keep_alive = False
         extra = request.extra_headers
