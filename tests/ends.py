@@ -32,3 +32,15 @@ def sent(request: Request) -> Request:
     for state in (PARSED, ADMITTED, SENT):
         request.advance(state)
     return request
+
+
+class Continued:
+    """A stand-in for the worker's pipeline (core.types.Pipeline): records the requests a
+    stage continues, which must all go on from the limiter."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+
+    def run(self, requests: list[Request], from_stage: str) -> None:
+        assert from_stage == "limit"
+        self.requests.extend(requests)

@@ -38,6 +38,8 @@ from velox.ingress.connection import WHOLE_BYTES
 from velox.relay.exchange import Exchange
 from velox.state.stats import SharedStats
 
+from ..ends import Continued
+
 
 class FakeStore:
     """The SharedCache API in Python, one process only (for these tests); `pid` plays the
@@ -277,10 +279,11 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         self.store = FakeStore()
         self.shared = SharedStats(1)
-        self.alone: list[Request] = []
+        self.continued = Continued()
+        self.alone: list[Request] = self.continued.requests  # on from the limiter
         self.front = CacheFront(Settings(cache=True, **settings), Settings().tables,  # type: ignore[arg-type]
                                 self.store, self.loop, self.shared.counters,
-                                self.shared.histograms, 0, self.alone.extend)
+                                self.shared.histograms, 0, self.continued)
 
     def close(self) -> None:
         self.loop.close()
@@ -652,6 +655,6 @@ def test_settings_and_which_models_are_cached(tmp_path: Any) -> None:
     loop = asyncio.new_event_loop()
     shared = SharedStats(1)
     front = CacheFront(settings, settings.tables, FakeStore(), loop,  # type: ignore[arg-type]
-                       shared.counters, shared.histograms, 0, list)  # type: ignore[arg-type]
+                       shared.counters, shared.histograms, 0, Continued())
     assert front.cached("a") and not front.cached("b") and not front.cached("*")
     loop.close()

@@ -9,7 +9,7 @@ egress never imports the relay either.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any, Protocol
 
@@ -124,6 +124,13 @@ class Lifecycle(Protocol):
         """The request is over: give back what it holds, count it, log it."""
 
 
+class Pipeline(Protocol):
+    """The worker's stages (velox.pipeline.worker): a stage that held requests (the cache's
+    waits, the Redis tier) continues them through here from a named stage."""
+
+    def run(self, requests: list[Request], from_stage: str) -> None: ...
+
+
 class Request:
     """One client request, from ingress to the end of its response, with its lifecycle: its
     `state` moves through TRANSITIONS by `advance`, and `finish` ends it exactly once."""
@@ -224,3 +231,7 @@ class Request:
         ends = self.ends
         if ends is not None:
             ends.finished(self, status, bytes_out, holder)
+
+
+# A stage of the pipeline: the requests that reached it in, those that go on out.
+Stage = Callable[[list[Request]], list[Request]]

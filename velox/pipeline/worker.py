@@ -11,8 +11,14 @@ writes each upstream connection's frames once. Answers come back through the rel
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
 
-This is the only module that runs the stages in sequence; each stage knows nothing of the
-others.
+The stages are one list (`Worker.stages`: parse, keys, cache, limit, send; a new stage is one
+entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts at
+"parse", and the requests a stage held and lets go on (a follower whose leader failed, a Redis
+lookup that missed) continue from "limit". This is the only module that runs the stages in
+sequence; each stage knows nothing of the others.
+
+Every request ends through `Request.finish` (velox.core.types), which calls `finished` here:
+the one place its body and its key's place go back and it is counted and logged.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.core.types import ADMITTED, PARSED, SENT, Holder, Request, Route
+from velox.core.types import ADMITTED, PARSED, SENT, Holder, Request, Route, Stage
 from velox.egress.interfaces import Egress, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
@@ -162,15 +168,13 @@ class Worker:
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
         if self.shared.cache is not None:
             self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
-                                    self.counters, self.histograms, self.slot,
-                                    self.send_alone)
+                                    self.counters, self.histograms, self.slot, self)
             if settings.redis_url:  # hosts share answers through Redis (velox.cache.redis)
                 from velox.cache.redis import RedisTier
 
                 self.cache.attach_redis(
                     RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
-                              settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
-                    self.resume)
+                              settings.cache_ttl_s * 1000, loop, self.counters, self.slot))
         # The [[key]] stage (velox.admission.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
@@ -186,6 +190,7 @@ class Worker:
         self.batcher = Batcher(self.tables, self._send, self.on_done, self._flush_upstreams,
                                loop, self.counters, self.slot, self.book_tokens) \
             if Batcher.wanted(self.tables) else None
+        self.stages = self._stage_list()
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
             settings.max_header_bytes, self.is_ready, self, settings.native,
@@ -386,16 +391,55 @@ class Worker:
         if len(ring):
             self.wake_drain()
 
+    # The stages a batch of requests goes through, in order: each takes the requests that
+    # reached it and returns those that go on (the others it answered, or holds to continue
+    # later through `run`). A new stage (a guardrail, a translation) is one entry here.
+    def _stage_list(self) -> list[tuple[str, Stage]]:
+        stages: list[tuple[str, Stage]] = [("parse", self._parse)]
+        if self.keys is not None:
+            # 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
+            # Before the cache: a hit counts against the caller's own request limit.
+            stages.append(("keys", self.keys.admit))
+        if self.cache is not None:  # hits answered here; followers wait for their leader
+            stages.append(("cache", self.cache.front))
+        stages.append(("limit", self._limit))
+        stages.append(("send", self._send_on))
+        return stages
+
+    def add_stage(self, name: str, stage: Stage, before: str) -> None:
+        """Insert a stage in front of the one named `before`."""
+        at = [n for n, _ in self.stages].index(before)
+        self.stages.insert(at, (name, stage))
+
+    def run(self, requests: list[Request], from_stage: str) -> None:
+        """The one entry of the pipeline: `requests` through the stages from `from_stage` on
+        (a batch from the ring from "parse"; those the cache held, from "limit"), then every
+        upstream writes what was submitted."""
+        stages = self.stages
+        i = 0
+        while stages[i][0] != from_stage:
+            i += 1
+        for _name, stage in stages[i:]:
+            if not requests:
+                break
+            requests = stage(requests)
+        for upstream in self.upstreams:
+            upstream.flush()
+
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → keys → cache → rate limit → batching → route →
-        egress."""
+        """One micro-batch from the ring, through every stage."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, _BATCHES, 1)
         counters.add(slot, _BATCH_ITEMS, size)
         if size == self.batch_max:
             counters.add(slot, _BATCHES_FULL, 1)
+        self.run(batch, "parse")
+        self.arena.reset()
 
+    def _parse(self, batch: list[Request]) -> list[Request]:
+        """400 for a body that is not a valid call; a large body goes to the scanner thread
+        and comes back through the ring, parsed."""
         now = time.perf_counter_ns()
         parsed: list[Request] = []
         bytes_in = 0
@@ -424,43 +468,32 @@ class Worker:
             if request.route is _ROOT:
                 request.upstream_path = self.upstream_root_path
             parsed.append(request)
-        counters.add(slot, _BYTES_IN, bytes_in)
+        self.counters.add(self.slot, _BYTES_IN, bytes_in)
+        return parsed
 
-        # keys: 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
-        # Before the cache: a hit counts against the caller's own request limit.
-        if self.keys is not None and parsed:
-            parsed = self.keys.admit(parsed)
-        cache = self.cache
-        if cache is not None and parsed:
-            parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
-        self._admit(parsed, time.perf_counter_ns())
-        for upstream in self.upstreams:
-            upstream.flush()
-        self.arena.reset()
-
-    def resume(self, requests: list[Request]) -> None:
-        """Requests the cache's Redis tier held that it could not answer (velox.cache.redis):
-        the rest of process() from the limiter on, as the misses they are."""
-        self._admit(requests, time.perf_counter_ns())
-        self._flush_upstreams()
-
-    def _admit(self, parsed: list[Request], t_parsed: int) -> None:
-        """process() after the cache's front: rate limit → batching → route → egress (the
-        caller flushes the upstreams)."""
-        cache = self.cache
-        admitted = self.limiter.admit(len(parsed)) if parsed else 0
+    def _limit(self, parsed: list[Request]) -> list[Request]:
+        """The shared request bucket: one acquire for the batch, 429 for its tail."""
+        t_parsed = time.perf_counter_ns()
+        admitted = self.limiter.admit(len(parsed))
         t_admitted = time.perf_counter_ns()
         if admitted < len(parsed):
             self._refuse_rate_limited(parsed[admitted:])
+            parsed = parsed[:admitted]
+        for request in parsed:
+            request.t_parsed = t_parsed
+            request.t_admitted = t_admitted
+            request.advance(ADMITTED)
+        return parsed
 
+    def _send_on(self, admitted: list[Request]) -> list[Request]:
+        """The last stage: the model list answered here, a cached miss leads or follows an
+        identical call, embeddings join a batch, the rest go through dispatch."""
+        cache = self.cache
         dispatch = self.dispatch
         models_body = self.models_body
         batcher = self.batcher
         on_done = self.on_done  # bound once per batch, not per request
-        for request in parsed[:admitted]:
-            request.t_parsed = t_parsed
-            request.t_admitted = t_admitted
-            request.advance(ADMITTED)
+        for request in admitted:
             if models_body is not None and request.route is _FORWARD and \
                     is_model_list(request.method, request.path):
                 self._answer_models(request)
@@ -482,25 +515,7 @@ class Worker:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
             dispatch.send(exchange)
-
-    def send_alone(self, requests: list[Request]) -> None:
-        """Requests that waited for an identical one which failed (velox.cache.front): the limiter
-        and dispatch, as in process(), each on its own."""
-        admitted = self.limiter.admit(len(requests))
-        if admitted < len(requests):
-            self._refuse_rate_limited(requests[admitted:])
-        t_admitted = time.perf_counter_ns()
-        dispatch = self.dispatch
-        for request in requests[:admitted]:
-            request.t_admitted = t_admitted
-            request.advance(ADMITTED)
-            request.advance(SENT)
-            exchange = self._exchange(request, self.on_done)
-            if self.cache is not None:
-                self.cache.observe(exchange)
-            self.in_flight += 1
-            dispatch.send(exchange)
-        self._flush_upstreams()
+        return []
 
     def _exchange(self, request: Request, on_done: Any) -> Exchange:
         """The relay exchange of a request about to be sent: the client's headers apart from
