@@ -84,8 +84,11 @@ TRANSITIONS: dict[int, tuple[int, ...]] = {
     ANSWERING: (),
     DONE: (),
 }
-_ALLOWED = tuple(sum(1 << t for t in TRANSITIONS[s]) | (1 << DONE if s != DONE else 0)
-                 for s in range(len(STATE_NAMES)))
+# The table as ints: ENTERABLE[to] has bit s set when s -> to is allowed, so the hot path
+# checks a move with a shift and a mask in line (`advance`, a method call, costs ~0.1-0.2 us
+# more, three times a request).
+ENTERABLE = tuple(sum(1 << s for s in TRANSITIONS if to in TRANSITIONS[s])
+                  for to in range(len(STATE_NAMES)))
 
 
 class LifecycleError(RuntimeError):
@@ -204,10 +207,13 @@ class Request:
 
     def advance(self, to: int) -> None:
         """Move to state `to`; LifecycleError if the table has no such move."""
-        if not (_ALLOWED[self.state] >> to) & 1:
-            raise LifecycleError(f"request {self.method!r} {self.path!r}: "
-                                 f"{STATE_NAMES[self.state]} -> {STATE_NAMES[to]}")
+        if not (ENTERABLE[to] >> self.state) & 1:
+            raise self.illegal(to)
         self.state = to
+
+    def illegal(self, to: int) -> LifecycleError:
+        return LifecycleError(f"request {self.method!r} {self.path!r}: "
+                              f"{STATE_NAMES[self.state]} -> {STATE_NAMES[to]}")
 
     @property
     def done(self) -> bool:
