@@ -90,7 +90,7 @@ class _Ring:
 def _ingress(parser: str = "httptools") -> Callable[[bytes], None]:
     state = IngressState(None, _Ring(), lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 16 << 20, 64 << 10, lambda: True,
-                         lambda request, status, size: None, parser == "native")
+                         None, parser == "native")
     conn = ClientConnection(state)
     conn.connection_made(FakeTransport())  # type: ignore[arg-type]
     feed, finish = conn.data_received, conn._finish

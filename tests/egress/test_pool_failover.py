@@ -14,6 +14,7 @@ from h2.events import StreamReset
 from velox.core.types import Request, Route
 from velox.relay.exchange import Exchange
 
+from ..ends import RecordingEnds
 from ._codec_peer import raw_frame
 from ._pool_peer import PoolPeer
 
@@ -53,7 +54,7 @@ def _exchange(responder: FakeResponder, done: list[int]) -> Exchange:
     request = Request(responder, b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
                       [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0)
     return Exchange(request, request.path, [(b"content-type", b"application/json")],
-                    lambda exchange, status: done.append(status), lambda request: None)
+                    lambda exchange, status: done.append(status))
 
 
 def test_an_exchange_abandoned_on_one_upstream_is_answered_by_another() -> None:
@@ -160,13 +161,14 @@ def test_a_plain_answer_cut_after_its_headers_is_sent_again_before_anything_reac
     # an observer (the cache) sees nothing of the abandoned attempt.
     first, second = PoolPeer(), PoolPeer()
     server_a, server_b = first.connect(0), second.connect(0)
-    responder, done, released = FakeResponder(), [], []
+    responder, done, ends = FakeResponder(), [], RecordingEnds()
+    released = ends.segments
     request = Request(responder, b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
-                      [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0)
+                      [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0,
+                      7, ends)  # its body in arena segment 7
     dispatch = _RetryElsewhere(second)
     exchange = Exchange(request, request.path, [(b"content-type", b"application/json")],
-                        lambda exchange, status: done.append(status), released.append,
-                        dispatch)  # type: ignore[arg-type]
+                        lambda exchange, status: done.append(status), dispatch)  # type: ignore[arg-type]
     observer = exchange.observer = _Recorder()
 
     first.upstream.submit(exchange)
@@ -182,5 +184,5 @@ def test_a_plain_answer_cut_after_its_headers_is_sent_again_before_anything_reac
     server_b.respond(server_b.requests[0], body=b'{"ok":1}')
     second.pump()
     assert responder.answers == [(200, b'{"ok":1}')] and not responder.errors
-    assert done == [200] and released == [request]
+    assert done == [200] and released == [7]
     assert observer.seen == [("head", 200), ("data", b'{"ok":1}'), ("end", None)]

@@ -173,7 +173,7 @@ def test_the_switch_selects_the_parser() -> None:
     assert load({}, dotenv=None).native
     state = IngressState(None, _Ring(), lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(settings), 1 << 20, 1 << 16, lambda: True,
-                         lambda request, status, size: None, settings.native)
+                         None, settings.native)
     conn = ClientConnection(state)
     conn.connection_made(_Transport())  # type: ignore[arg-type]
     assert not conn._native

@@ -38,6 +38,8 @@ from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
 from velox.ingress.connection import _HOST, MAX_FIELDS, ClientConnection, IngressState
 
+from ..ends import sent
+
 EXAMPLES = int(os.environ.get("VELOX_FUZZ_EXAMPLES", "150"))
 MAX_HEADER = 1024  # small, so the 431 path (fallback) is reached by generated heads
 MAX_BODY = 600
@@ -338,7 +340,7 @@ def answer(request: Request, n: int) -> None:
     """Answer a request: 200 with a small body, or every third one streamed."""
     conn = request.conn
     if n % 3 == 0:
-        conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+        conn.start_stream(sent(request), 200, [(b"content-type", b"text/event-stream")])
         conn.send_chunk(b"data: x\n\n")
         conn.end_stream()
     else:
@@ -350,7 +352,7 @@ def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport
     auth = Auth(load({"VELOX_API_KEYS": "sk-x"}, dotenv=None))
     state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          auth, MAX_BODY, MAX_HEADER, lambda: True,
-                         lambda request, status, size: None, parser == "native")
+                         None, parser == "native")
     conn = ClientConnection(state)
     transport = _Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]

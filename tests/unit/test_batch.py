@@ -194,7 +194,7 @@ class Harness:
         self.sent: list[Sent] = []
         self.done: list[tuple[Any, int]] = []
         self.counters = FakeCounters()
-        self.batcher = Batcher(tables, self._send, self._on_done, lambda r: None,
+        self.batcher = Batcher(tables, self._send, self._on_done,
                                lambda: None, loop, self.counters, 0)
 
     def _send(self, request: Request, on_done: Any) -> Sent:

@@ -20,6 +20,8 @@ from velox.ingress.auth import Auth, caller_of
 from velox.ingress.connection import WHOLE_BYTES, ClientConnection, IngressState
 from velox_lab.pipeline import FakeTransport
 
+from ..ends import RecordingEnds, sent
+
 
 class FakeRing:
     def __init__(self) -> None:
@@ -35,7 +37,7 @@ def make_conn(max_body: int = 16 * 1024 * 1024, parser: str = "native",
     ring = FakeRing()
     state = IngressState(None, ring, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load(env, dotenv=None)), max_body, 64 * 1024, lambda: True,
-                         lambda request, status, size: None, parser == "native")
+                         None, parser == "native")
     conn = ClientConnection(state)
     transport = FakeTransport(keep=True)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -181,7 +183,7 @@ def test_a_streams_chunks_of_one_loop_pass_go_out_in_one_write() -> None:
 
         async def upstream_reads() -> None:
             # One upstream read: the head and two events, dispatched in one callback.
-            conn.start_stream(request, 200, headers)
+            conn.start_stream(sent(request), 200, headers)
             conn.send_chunk(events[0])
             conn.send_chunk(events[1])
             assert transport.chunks == []  # nothing written before the pass ends
@@ -209,7 +211,7 @@ def test_an_aborted_stream_drops_its_queued_bytes() -> None:
         conn, transport, request = _streaming_conn(loop)
 
         async def run() -> None:
-            conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+            conn.start_stream(sent(request), 200, [(b"content-type", b"text/event-stream")])
             conn.send_chunk(b"data: x\n\n")
             conn.abort()
             await asyncio.sleep(0)
@@ -263,10 +265,10 @@ def slow_conn(arena: Arena | None = None,
               ) -> tuple[ClientConnection, SlowClient, FakeRing, list[tuple[int, int]]]:
     ring = FakeRing()
     arena = Arena(0) if arena is None else arena  # an empty arena: every body its own buffer
-    answered: list[tuple[int, int]] = []
+    ends = RecordingEnds(arena)
+    answered = ends.answered
     state = IngressState(None, ring, lambda: None, arena,  # type: ignore[arg-type]
-                         Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
-                         lambda request, status, size: answered.append((status, size)))
+                         Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True, ends)
     conn = ClientConnection(state)
     transport = SlowClient(conn)
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -344,7 +346,7 @@ def test_a_stream_to_a_paused_client_is_queued_in_order_and_ended_once_written()
         events = [b"data: {\"n\":%d,\"pad\":\"%b\"}\n\n" % (i, b"p" * 900) for i in range(400)]
 
         async def relay() -> None:
-            conn.start_stream(request, 200, headers)
+            conn.start_stream(sent(request), 200, headers)
             for i, event in enumerate(events):
                 conn.send_chunk(event)
                 if i % 10 == 9:

@@ -25,6 +25,8 @@ from velox.ingress.connection import ClientConnection, IngressState
 from velox.state.keys import SharedKeys, rpm_index, tpm_index
 from velox_lab.pipeline import FakeTransport
 
+from ..ends import sent
+
 
 def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
@@ -381,7 +383,7 @@ def test_a_reload_with_the_same_key_names_keeps_the_buckets(tmp_path: Path) -> N
 def test_ingress_appends_extra_headers_to_every_answer() -> None:
     state = IngressState(None, None, lambda: None, Arena(0),  # type: ignore[arg-type]
                          Auth(load({}, dotenv=None)), 1 << 20, 64 * 1024, lambda: True,
-                         lambda request, status, size: None)
+                         None)
     for kind in ("respond", "stream"):
         conn = ClientConnection(state)
         transport = FakeTransport(keep=True)
@@ -394,6 +396,6 @@ def test_ingress_appends_extra_headers_to_every_answer() -> None:
         else:
             conn.parser.feed_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # the HTTP version
             conn.current = request
-            conn.start_stream(request, 200, [(b"content-type", b"text/event-stream")])
+            conn.start_stream(sent(request), 200, [(b"content-type", b"text/event-stream")])
         head = b"".join(transport.chunks).partition(b"\r\n\r\n")[0]
         assert b"\r\nx-ratelimit-limit-requests: 7" in head, (kind, head)

@@ -43,3 +43,38 @@ def test_hot_path_makes_no_garbage_cycles_and_keeps_nothing() -> None:
     assert worker.in_flight == 0 and not worker.pool.pool.conns[0].streams  # type: ignore[attr-defined]
     assert worker.arena is not None and worker.arena.live == 0
     assert not pipeline.conn.streams and pipeline.conn.codec.stream_state_count == 0
+
+
+def test_a_stage_added_to_the_list_sees_every_request_and_may_answer_some() -> None:
+    # A guardrail is one entry in the worker's stage list: here it refuses the first client's
+    # requests (400 with the OpenAI error shape) and lets the others go on to the limiter.
+    from velox.core.errors import BadRequest
+    from velox.core.types import Request
+
+    pipeline = Pipeline(clients=4)
+    worker = pipeline.worker
+    first = pipeline.clients[0][0]
+    seen: list[Request] = []
+
+    def guard(requests: list[Request]) -> list[Request]:
+        seen.extend(requests)
+        for request in requests:
+            if request.conn is first:
+                request.conn.respond_error(request, BadRequest("refused by the guardrail"))
+        return [r for r in requests if r.conn is not first]
+
+    worker.add_stage("guard", guard, before="limit")
+    assert [name for name, _ in worker.stages] == ["parse", "guard", "limit", "send"]
+    spies = []
+    for i, (client, _) in enumerate(pipeline.clients):
+        spies.append(FakeTransport(keep=True))
+        client.transport = spies[i]  # type: ignore[assignment]
+    pipeline.round()
+    assert len(seen) == 4
+    heads = [b"".join(spy.chunks).partition(b"\r\n\r\n") for spy in spies]
+    assert heads[0][0].startswith(b"HTTP/1.1 400 ")
+    assert orjson.loads(heads[0][2])["error"]["message"] == "refused by the guardrail"
+    for head, _, body in heads[1:]:
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert orjson.loads(body) == orjson.loads(REPLY_BODY)
+    assert worker.in_flight == 0 and worker.arena.live == 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from velox.admission.keys import KeyStage
 from velox.admission.runtime import RuntimeKeys
 from velox.config.settings import load
 from velox.config.tables import MAX_KEYS
@@ -52,6 +53,11 @@ class _Worker:
 
     def want_ledger(self) -> None:
         self.ledgers += 1
+
+    def keys_stage(self) -> KeyStage:
+        if self.keys is None:
+            self.keys = KeyStage(self.tables, self.shared.keys, self.slot)
+        return self.keys
 
 
 def secret_row(name: str, index: int, secret: str, **extra: Any) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import logging
 import time
 from typing import Any
 
-from velox.admission.keys import KeyStage
 from velox.config.tables import KeySpec
 
 log = logging.getLogger("velox.keys")
@@ -64,9 +63,7 @@ class RuntimeKeys:
             self.timer.cancel()
             self.timer = None
         worker = self.worker
-        stage = worker.keys
-        if stage is None:  # a gateway without [[key]] tables makes its stage on the first key
-            stage = worker.keys = KeyStage(worker.tables, worker.shared.keys, worker.slot)
+        stage = worker.keys_stage()  # made on the first key by a gateway without [[key]]
         now = time.time()
         soonest = float("inf")
         live = {}

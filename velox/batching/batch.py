@@ -190,7 +190,7 @@ class Group:
 
     __slots__ = ("key", "spec", "template", "pending", "inputs", "calls", "timer", "soon")
 
-    def __init__(self, key: tuple, spec: BatchSpec, template: dict[str, Any]) -> None:
+    def __init__(self, key: tuple[object, ...], spec: BatchSpec, template: dict[str, Any]) -> None:
         self.key = key
         self.spec = spec
         self.template = template  # the body without `input` (the same for every member)
@@ -204,11 +204,11 @@ class Group:
 class Batcher:
     """One worker's batching stage (see the module docstring)."""
 
-    __slots__ = ("routes", "catch_all", "send", "on_done", "release", "flush", "loop",
+    __slots__ = ("routes", "catch_all", "send", "on_done", "flush", "loop",
                  "counters", "slot", "groups", "book")
 
     def __init__(self, tables: Tables, send: Callable[[Request, Callable[[Any, int], None]], Any],
-                 on_done: Callable[[Any, int], None], release: Callable[[Request], None],
+                 on_done: Callable[[Any, int], None],
                  flush: Callable[[], None], loop: asyncio.AbstractEventLoop, counters: Any,
                  slot: int, book: Callable[[Request, int, int], None] | None = None) -> None:
         # Public model -> (spec, may callers share) for routes that batch; None for the others.
@@ -219,12 +219,11 @@ class Batcher:
         self.routes = entries
         self.send = send  # (request, on_done) -> the Exchange sent through dispatch
         self.on_done = on_done  # the worker's: ends one client request's accounting
-        self.release = release  # frees a request's arena segment
         self.flush = flush  # writes what was submitted to every upstream
         self.loop = loop
         self.counters = counters
         self.slot = slot
-        self.groups: dict[tuple, Group] = {}
+        self.groups: dict[tuple[object, ...], Group] = {}
         # (request, input, output) into the request's key's token books: a merged call's
         # members book their shares themselves (the call books nothing); None: no books.
         self.book = book
@@ -242,7 +241,7 @@ class Batcher:
                 request.path.split(b"?", 1)[0] != EMBEDDINGS:
             return False
         model = request.model
-        entry = self.routes.get(model, self.catch_all)
+        entry = self.catch_all if model is None else self.routes.get(model, self.catch_all)
         if entry is None:
             return False
         spec, shared = entry
@@ -267,7 +266,7 @@ class Batcher:
         # The body may live in the arena, whose segment is reused once released: keep a copy
         # (a split retry sends it again) and release the segment now.
         request.body = bytes(request.body)
-        self.release(request)
+        request.release_body()
         member = Member(request, items, _weight(items), self.on_done, self.book)
         request.exchange = member
         group = self.groups.get(key)
@@ -388,6 +387,7 @@ class BatchCall:
 
     closed = False
     write_paused = False
+    queued = 0  # the members' connections queue their own parts
 
     def __init__(self, batcher: Batcher, group: Group, members: list[Member]) -> None:
         self.batcher = batcher

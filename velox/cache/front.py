@@ -38,7 +38,8 @@ supervisor reaps it) or stopped renewing (stopped, stuck) no longer holds the ke
 waiters go on their own within a poll or at most one lease, not after the request timeout; streamed
 requests do not wait across workers (the entry appears only once the stream is complete, which
 would take their first byte to the end of the stream). A follower whose leader fails (no
-answer, or one that is not a 200) is sent on its own (`send_alone`, the worker's); one whose
+answer, or one that is not a 200) is sent on its own (`send_alone`: on through the worker's stages
+from the limiter); one whose
 leader's stream broke after it started gets the same broken ending as the leader's client. A
 client that disconnects never cancels an upstream call that others wait for: the call runs on
 without it (`client_gone`), and is cancelled only when no one is left.
@@ -66,7 +67,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from velox.cache.store import (
@@ -91,7 +92,7 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import UpstreamProtocolError, to_response
 from velox.core.fields import F, H
-from velox.core.types import Headers, Request, Route
+from velox.core.types import Headers, Pipeline, Request, Route
 from velox.ingress.auth import caller_of
 from velox.ingress.connection import WHOLE_BYTES
 from velox.relay.usage import SSEUsage
@@ -250,9 +251,7 @@ class Flight:
             self.followers.remove(waiting)
         except ValueError:
             return
-        request = waiting.request
-        request.exchange = None
-        self.front.release_body(request)
+        waiting.request.exchange = None  # its end (Request.finish) gives its body back
         exchange = self.exchange
         if self.leader_gone and exchange is not None and not self._others_wait():
             exchange.client_gone()  # no one is left: cancel the upstream call
@@ -411,13 +410,12 @@ class CacheFront:
     """One worker's cache stage (see the module docstring)."""
 
     __slots__ = ("store", "loop", "counters", "hit_latency", "slot", "ttl_ms", "wait_ms",
-                 "max_value", "by_model", "catch_all", "flights", "waits", "release_body",
-                 "_send_alone", "tier", "_resume", "held", "renewing", "replays")
+                 "max_value", "by_model", "catch_all", "flights", "waits",
+                 "pipeline", "tier", "held", "renewing", "replays")
 
     def __init__(self, settings: Settings, tables: Tables, store: Store,
                  loop: asyncio.AbstractEventLoop, counters: Any, histograms: Any, slot: int,
-                 send_alone: Callable[[list[Request]], None],
-                 release_body: Callable[[Request], None]) -> None:
+                 pipeline: Pipeline) -> None:
         self.store = store
         self.loop = loop
         self.counters = counters
@@ -437,16 +435,12 @@ class CacheFront:
         self.held: dict[bytes, Flight] = {}  # flights holding the store's marker (renewed)
         self.replays: dict[bytes, Replay] = {}  # large answers being written (Replay)
         self.renewing: asyncio.TimerHandle | None = None
-        self._send_alone = send_alone
-        self.release_body = release_body
-        # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache.redis), and how
-        # requests it held continue on the miss path (the worker's resume); see attach_redis.
+        self.pipeline = pipeline  # continues the requests this stage held (from "limit")
+        # VELOX_REDIS_URL: the shared tier behind the local store (velox.cache.redis).
         self.tier: RedisTier | None = None
-        self._resume: Callable[[list[Request]], None] | None = None
 
-    def attach_redis(self, tier: RedisTier, resume: Callable[[list[Request]], None]) -> None:
+    def attach_redis(self, tier: RedisTier) -> None:
         self.tier = tier
-        self._resume = resume
 
     def cached(self, model: str) -> bool:
         flag = self.by_model.get(model)
@@ -653,22 +647,17 @@ class CacheFront:
 
     def _live(self, requests: list[Request]) -> list[Request]:
         """Held requests about to go on: detached from what held them; those whose client
-        left meanwhile are dropped here, their bodies freed."""
-        live = []
+        left meanwhile are dropped here (ingress finished them)."""
         for request in requests:
             request.exchange = None
-            if request.conn.closed:
-                self.release_body(request)
-            else:
-                live.append(request)
-        return live
+        return [r for r in requests if not r.conn.closed]
 
     def go_on(self, requests: list[Request]) -> None:
         """Requests the Redis tier held that it could not answer: on to the miss path (the
         limiter, leading or following, dispatch), minus those whose client left."""
         live = self._live(requests)
-        if live and self._resume is not None:
-            self._resume(live)
+        if live:
+            self.pipeline.run(live, "limit")
 
     def coalesced(self, n: int) -> None:
         self.counters.add(self.slot, F.CACHE_COALESCED, n)
@@ -684,7 +673,7 @@ class CacheFront:
             request.cache = alone
         if live:
             self.counters.add(self.slot, F.CACHE_ALONE, len(live))
-            self._send_alone(live)
+            self.pipeline.run(live, "limit")
 
     def state(self) -> dict[str, int]:
         """For the worker's control-channel state: what this worker holds."""

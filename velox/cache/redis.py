@@ -288,8 +288,8 @@ class RedisTier:
                 self._came_back()
                 if writes:
                     self.counters.add(self.slot, F.CACHE_REDIS_STORES, len(writes))
-                for lookup, value in zip(asking, values, strict=False):
-                    lookup.resolve(value)
+                for lookup, got in zip(asking, values, strict=False):
+                    lookup.resolve(got)
         finally:
             self.task = None
             self.busy_since = 0.0

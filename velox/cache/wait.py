@@ -39,9 +39,6 @@ class Front(Protocol):
     @property
     def ttl_ms(self) -> int: ...
 
-    def release_body(self, request: Request) -> None:
-        """Free the request's body (its arena segment)."""
-
     def decode(self, key: bytes, value: bytes, born_ms: int) -> tuple[Replay, memoryview]:
         """A stored value of `key`, decoded for writing (and kept while it is written)."""
 
@@ -113,7 +110,7 @@ class WaitList(Generic[FrontT]):
     """Requests of this worker held for one key until something answers them or lets them go
     on (the owner of their `Waiting`): cross-worker followers (`RemoteWait`) and Redis lookups
     (velox.cache.redis.RedisLookup). It keeps them, runs one timer (a poll, a timeout), and
-    releases a request whose client leaves; `take` ends the wait and hands the rest back."""
+    drops a request whose client leaves; `take` ends the wait and hands the rest back."""
 
     __slots__ = ("front", "key", "requests", "timer")
 
@@ -134,8 +131,7 @@ class WaitList(Generic[FrontT]):
             self.requests.remove(waiting)
         except ValueError:
             return
-        waiting.request.exchange = None
-        self.front.release_body(waiting.request)
+        waiting.request.exchange = None  # its end (Request.finish) gives its body back
         if not self.requests:
             self.emptied()
 

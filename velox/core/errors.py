@@ -242,7 +242,8 @@ def to_response(exc: BaseException) -> ErrorResponse:
     if not isinstance(exc, VeloxError):
         exc = InternalError()
     if exc.param is None and not exc.headers and exc.message is exc.default_message:
-        return _canned(type(exc), exc.retry_after_s)
+        # (mypy reads an exception class's __hash__ as not Hashable's; classes hash by id.)
+        return _canned(type(exc), exc.retry_after_s)  # type: ignore[arg-type]
     return _build(exc.status, exc.type, exc.code, exc.param, exc.message,
                   exc.retry_after_s, exc.headers)
 

@@ -92,7 +92,7 @@ from velox.core.errors import (
     VersionNotSupported,
     to_response,
 )
-from velox.core.types import Request, Route
+from velox.core.types import ANSWERING, DONE, Lifecycle, Request, Route
 from velox.ingress import h1write
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
@@ -153,13 +153,13 @@ class IngressState:
 
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
-        "connections", "draining", "is_ready", "on_response", "overloaded", "receive_timeouts",
+        "connections", "draining", "is_ready", "ends", "overloaded", "receive_timeouts",
         "handoff", "unflushed", "flush_scheduled", "native", "write_timeouts",
     )
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop | None,
         ring: Any,
         wake_drain: Callable[[], None],
         arena: Arena,
@@ -167,7 +167,7 @@ class IngressState:
         max_body: int,
         max_header: int,
         is_ready: Callable[[], bool],
-        on_response: Callable[[Request, int, int], None],
+        ends: Lifecycle | None,
         native: bool = True,
     ) -> None:
         self.loop = loop
@@ -180,7 +180,9 @@ class IngressState:
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self.is_ready = is_ready
-        self.on_response = on_response  # (request, status, bytes_out) for the counters
+        # The worker's end of every request (core.types.Lifecycle: Request.finish calls it);
+        # None: requests end without anything to release or count (socket-free tests).
+        self.ends = ends
         self.overloaded = 0  # requests refused because the ring was full
         self.receive_timeouts = 0  # requests cut off by VELOX_BODY_TIMEOUT_MS (408)
         self.write_timeouts = 0  # connections aborted by VELOX_WRITE_TIMEOUT_MS
@@ -294,17 +296,20 @@ class ClientConnection(asyncio.Protocol):
         self.parser = None  # type: ignore[assignment]  # it refers back to us: break the cycle
         current = self.current
         if current is not None:
-            if current.exchange is not None:
-                current.exchange.client_gone()  # type: ignore[attr-defined]
-            if current.ticket is not None:
-                # Left while waiting without an exchange (or after it ended): what its key's
-                # admission holds goes back now (idempotent; see velox.admission.keys).
-                current.ticket.release()
+            holder = current.exchange
+            if holder is not None:
+                holder.client_gone()  # cancels the upstream call, unless others wait for it
+            if current.state != DONE:  # (a large answer queued whole finished already)
+                # The client left before or during its answer (or the connection was cut:
+                # a broken answer, a write timeout, the shutdown): the request ends here,
+                # logged with what the client got (the stream's status once its head went).
+                if self._streaming:
+                    current.finish(self._stream_status, self._stream_bytes, holder)
+                else:
+                    current.finish(499, 0, holder)
         if self._pending:
-            arena = self.state.arena
-            for request, _ in self._pending:
-                if request.arena_segment >= 0:
-                    arena.release(request.arena_segment)
+            for request, _ in self._pending:  # pipelined behind it, never started
+                request.finish(499, 0, None)
             self._pending = None
 
     def data_received(self, data: bytes) -> None:
@@ -354,7 +359,7 @@ class ClientConnection(asyncio.Protocol):
             if self._pending:  # answers held back while the client was not reading
                 self._next()
         elif current.exchange is not None:
-            current.exchange.client_writable()  # type: ignore[attr-defined]
+            current.exchange.client_writable()
 
     # --- parser callbacks -----------------------------------------------------------------
 
@@ -511,8 +516,10 @@ class ClientConnection(asyncio.Protocol):
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         request = Request(
             self, method, self._url, self._route or _FORWARD, self._headers, body,
-            keep_alive, time.perf_counter_ns(), segment,
+            keep_alive, time.perf_counter_ns(), segment, state.ends,
         )
+        if self._http10:
+            request.http10 = True
         if self._caller is not None:
             request.caller = self._caller  # route.caller_of's digest, already made
         upstream = self._upstream
@@ -636,11 +643,8 @@ class ClientConnection(asyncio.Protocol):
             self.respond_error(request, NotReady(retry_after_s=1))
 
     def _finish(self, keep_alive: bool) -> None:
-        request = self.current
         self.current = None
         self._streaming = False
-        if request is not None:
-            self._release_body(request)
         if not keep_alive:
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
@@ -649,14 +653,6 @@ class ClientConnection(asyncio.Protocol):
             # (While the client is not reading, the next answer waits for resume_writing:
             # answering requests it keeps pipelining would fill the transport's buffer.)
             self._next()
-
-    def _release_body(self, request: Request) -> None:
-        """The request's body is not needed once its answer is written or queued: normally the
-        relay releases it; this covers answers given without an exchange (and must not wait
-        for a client that may never take its answer: the segment would stay pinned)."""
-        if request.arena_segment >= 0:
-            self.state.arena.release(request.arena_segment)
-            request.arena_segment = -1
 
     def _next(self) -> None:
         """Start the first pipelined request waiting behind the one just answered."""
@@ -686,7 +682,7 @@ class ClientConnection(asyncio.Protocol):
         method = self._method if self._native else \
             self.parser.get_method() if method_known else b""
         request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
-                          time.perf_counter_ns())
+                          time.perf_counter_ns(), -1, self.state.ends)
         if self.current is None:
             self._start(request, error)
             return
@@ -715,15 +711,16 @@ class ClientConnection(asyncio.Protocol):
             data = h1write.response(STATUS_LINES[status], headers, body, flags)
         else:  # the body is written from itself, as the client takes it
             head = h1write.head(STATUS_LINES[status], headers, len(body), flags)
-            self.state.on_response(request, status, len(head) + len(body))
-            self._release_body(request)
+            # Finished now, not once written: a client that never takes its answer must not
+            # hold its body's arena segment or its key's place.
+            request.finish(status, len(head) + len(body), request.exchange)
             self._queue(head)
             self._queue(body)
             self._q_done = keep_alive
             self._drain()
             return
         self.transport.write(data)  # type: ignore[union-attr]
-        self.state.on_response(request, status, len(data))
+        request.finish(status, len(data), request.exchange)
         self._finish(keep_alive)
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
@@ -735,7 +732,7 @@ class ClientConnection(asyncio.Protocol):
         if request is not self.current or self.closed:
             return
         # HTTP/1.0 has no chunked coding: the end of such a stream is the end of the connection.
-        self._chunked = not self._http10
+        self._chunked = not request.http10
         if not self._chunked:
             request.keep_alive = False
         extra = request.extra_headers
@@ -744,6 +741,7 @@ class ClientConnection(asyncio.Protocol):
         flags = H1_CHUNKED if self._chunked else 0
         if not request.keep_alive or self.state.draining:
             flags |= H1_CLOSE
+        request.advance(ANSWERING)
         self._streaming = True
         self._stream_status = status
         self._stream_bytes = 0
@@ -802,8 +800,7 @@ class ClientConnection(asyncio.Protocol):
         keep_alive = request.keep_alive and not self.state.draining
         if self._q is not None or self.write_paused or not _small(out):
             self._queue_stream(out, True)
-            self.state.on_response(request, self._stream_status, self._stream_bytes)
-            self._release_body(request)
+            request.finish(self._stream_status, self._stream_bytes, request.exchange)
             self._q_done = keep_alive
             self._drain()
             return
@@ -811,7 +808,7 @@ class ClientConnection(asyncio.Protocol):
         data = self._frame(out, True)
         self._stream_bytes += len(data)
         self.transport.write(data)  # type: ignore[union-attr]
-        self.state.on_response(request, self._stream_status, self._stream_bytes)
+        request.finish(self._stream_status, self._stream_bytes, request.exchange)
         self._finish(keep_alive)
 
     # --- the send queue (see "Writing answers" in the module docstring) --------------------
@@ -929,13 +926,16 @@ class ClientConnection(asyncio.Protocol):
             buf, self._buf = self._buf, b""
             self._native = False
             self._feed(buf)
-            if self.closed or self.refused:
+            if self._ended():  # httptools may have refused it meanwhile
                 return
         self.receiving_since = 0.0
         self.state.receive_timeouts += 1
         self._refuse(RequestTimeout())
 
     # --- lifecycle ------------------------------------------------------------------------
+
+    def _ended(self) -> bool:
+        return self.closed or self.refused
 
     @property
     def idle(self) -> bool:

@@ -11,8 +11,14 @@ writes each upstream connection's frames once. Answers come back through the rel
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
 
-This is the only module that runs the stages in sequence; each stage knows nothing of the
-others.
+The stages are one list (`Worker.stages`: parse, keys, cache, limit, send; a new stage is one
+entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts at
+"parse", and the requests a stage held and lets go on (a follower whose leader failed, a Redis
+lookup that missed) continue from "limit". This is the only module that runs the stages in
+sequence; each stage knows nothing of the others.
+
+Every request ends through `Request.finish` (velox.core.types), which calls `finished` here:
+the one place its body and its key's place go back and it is counted and logged.
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ from velox.admission.ratelimit import Limiter
 from velox.admission.runtime import RuntimeKeys
 from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
+from velox.cache.wait import Waiting
 from velox.config.settings import Settings
 from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.core.types import Request, Route
+from velox.core.types import ADMITTED, ENTERABLE, PARSED, SENT, Holder, Request, Route, Stage
 from velox.egress.interfaces import Egress, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
@@ -80,6 +87,8 @@ _UPSTREAM_ERRORS = int(F.UPSTREAM_ERRORS)
 _BATCHES, _BATCH_ITEMS = int(F.BATCHES), int(F.BATCH_ITEMS)
 _BATCHES_FULL, _BYTES_IN = int(F.BATCHES_FULL), int(F.BYTES_IN)
 _ROOT = Route.ROOT
+# The lifecycle's moves of the hot path, checked in line (velox.core.types.ENTERABLE).
+_TO_PARSED, _TO_ADMITTED, _TO_SENT = ENTERABLE[PARSED], ENTERABLE[ADMITTED], ENTERABLE[SENT]
 
 
 class Worker:
@@ -163,15 +172,13 @@ class Worker:
         self.dispatch = Dispatch(self.tables, self.shared, self.upstreams, self.slot, loop)
         if self.shared.cache is not None:
             self.cache = CacheFront(settings, self.tables, self.shared.cache, loop,
-                                    self.counters, self.histograms, self.slot,
-                                    self.send_alone, self.release_body)
+                                    self.counters, self.histograms, self.slot, self)
             if settings.redis_url:  # hosts share answers through Redis (velox.cache.redis)
                 from velox.cache.redis import RedisTier
 
                 self.cache.attach_redis(
                     RedisTier(settings.redis_url, settings.cache_redis_timeout_ms,
-                              settings.cache_ttl_s * 1000, loop, self.counters, self.slot),
-                    self.resume)
+                              settings.cache_ttl_s * 1000, loop, self.counters, self.slot))
         # The [[key]] stage (velox.admission.keys); None without keys, so keyless gateways skip it.
         self.keys = KeyStage(self.tables, self.shared.keys, self.slot) if self.tables.keys \
             else None
@@ -184,17 +191,18 @@ class Worker:
         self.ledger: Ledger | None = None
         if self.meter_all or any(k.tpm for k in self.tables.keys):
             self.want_ledger()
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self.release_body,
-                               self._flush_upstreams, loop, self.counters, self.slot,
-                               self.book_tokens) \
+        self.batcher = Batcher(self.tables, self._send, self.on_done, self._flush_upstreams,
+                               loop, self.counters, self.slot, self.book_tokens) \
             if Batcher.wanted(self.tables) else None
+        self.stages = self._stage_list()
+        self._index_stages()
         # Run-time keys (velox.admission.runtime): the set inherited at fork, then control frames.
         self.runtime_keys = RuntimeKeys(self)
         if self.keys_frame is not None:
             self.runtime_keys.apply(self.keys_frame)
         self.ingress = IngressState(
             loop, self.ring, self.wake_drain, self.arena, self.auth, settings.max_body_bytes,
-            settings.max_header_bytes, self.is_ready, self.on_response, settings.native,
+            settings.max_header_bytes, self.is_ready, self, settings.native,
         )
 
     def want_ledger(self) -> None:
@@ -400,23 +408,75 @@ class Worker:
         if len(ring):
             self.wake_drain()
 
+    # The stages a batch of requests goes through, in order: each takes the requests that
+    # reached it and returns those that go on (the others it answered, or holds to continue
+    # later through `run`). A new stage (a guardrail, a translation) is one entry here.
+    def _stage_list(self) -> list[tuple[str, Stage]]:
+        stages: list[tuple[str, Stage]] = [("parse", self._parse)]
+        if self.keys is not None:
+            # 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
+            # Before the cache: a hit counts against the caller's own request limit.
+            stages.append(("keys", self.keys.admit))
+        if self.cache is not None:  # hits answered here; followers wait for their leader
+            stages.append(("cache", self.cache.front))
+        stages.append(("limit", self._limit))
+        stages.append(("send", self._send_on))
+        return stages
+
+    def keys_stage(self) -> KeyStage:
+        """The keys stage, made and put in the stage list (before the cache: a hit counts
+        against the caller's own limits) by the first run-time key of a gateway that has no
+        [[key]] tables."""
+        if self.keys is None:
+            self.keys = KeyStage(self.tables, self.shared.keys, self.slot)
+            names = [n for n, _ in self.stages]
+            self.add_stage("keys", self.keys.admit, "cache" if "cache" in names else "limit")
+        return self.keys
+
+    def add_stage(self, name: str, stage: Stage, before: str) -> None:
+        """Insert a stage in front of the one named `before`."""
+        at = [n for n, _ in self.stages].index(before)
+        self.stages.insert(at, (name, stage))
+        self._index_stages()
+
+    def _index_stages(self) -> None:
+        # Each stage's name -> it and the stages after it: run() does one dict lookup a batch
+        # (a scan and a slice cost ~0.5 us a batch, seen at one request a batch).
+        stages = self.stages
+        self._from = {name: tuple(s for _, s in stages[i:]) for i, (name, _) in
+                      enumerate(stages)}
+
+    def run(self, requests: list[Request], from_stage: str) -> None:
+        """The one entry of the pipeline: `requests` through the stages from `from_stage` on
+        (a batch from the ring from "parse"; those the cache held, from "limit"), then every
+        upstream writes what was submitted."""
+        for stage in self._from[from_stage]:
+            requests = stage(requests)
+            if not requests:
+                break
+        for upstream in self.upstreams:
+            upstream.flush()
+
     def process(self, batch: list[Request]) -> None:
-        """Run one micro-batch through parse → keys → cache → rate limit → batching → route →
-        egress."""
+        """One micro-batch from the ring, through every stage."""
         counters, slot = self.counters, self.slot
         size = len(batch)
         counters.add(slot, _BATCHES, 1)
         counters.add(slot, _BATCH_ITEMS, size)
         if size == self.batch_max:
             counters.add(slot, _BATCHES_FULL, 1)
+        self.run(batch, "parse")
+        self.arena.reset()
 
+    def _parse(self, batch: list[Request]) -> list[Request]:
+        """400 for a body that is not a valid call; a large body goes to the scanner thread
+        and comes back through the ring, parsed."""
         now = time.perf_counter_ns()
         parsed: list[Request] = []
         bytes_in = 0
         for request in batch:
             if request.conn.closed:
-                self.release_body(request)  # the client left while the request was queued
-                continue
+                continue  # the client left while it was queued: ingress finished it
             # A request whose model is known was scanned off the loop and came back: its
             # bytes are counted and its t_popped kept, so its parse time includes the scan.
             if request.model is None:
@@ -435,80 +495,64 @@ class Worker:
                     except VeloxError as exc:
                         request.conn.respond_error(request, exc)
                         continue
+                if not (_TO_PARSED >> request.state) & 1:  # request.advance, in line
+                    raise request.illegal(PARSED)
+                request.state = PARSED
             if request.route is _ROOT:
                 request.upstream_path = self.upstream_root_path
             parsed.append(request)
-        counters.add(slot, _BYTES_IN, bytes_in)
+        self.counters.add(self.slot, _BYTES_IN, bytes_in)
+        return parsed
 
-        # keys: 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
-        # Before the cache: a hit counts against the caller's own request limit.
-        if self.keys is not None and parsed:
-            parsed = self.keys.admit(parsed)
-        cache = self.cache
-        if cache is not None and parsed:
-            parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
-        self._admit(parsed, time.perf_counter_ns())
-        for upstream in self.upstreams:
-            upstream.flush()
-        self.arena.reset()
-
-    def resume(self, requests: list[Request]) -> None:
-        """Requests the cache's Redis tier held that it could not answer (velox.cache.redis):
-        the rest of process() from the limiter on, as the misses they are."""
-        self._admit(requests, time.perf_counter_ns())
-        self._flush_upstreams()
-
-    def _admit(self, parsed: list[Request], t_parsed: int) -> None:
-        """process() after the cache's front: rate limit → batching → route → egress (the
-        caller flushes the upstreams)."""
-        cache = self.cache
-        admitted = self.limiter.admit(len(parsed)) if parsed else 0
+    def _limit(self, parsed: list[Request]) -> list[Request]:
+        """The shared request bucket: one acquire for the batch, 429 for its tail."""
+        t_parsed = time.perf_counter_ns()
+        admitted = self.limiter.admit(len(parsed))
         t_admitted = time.perf_counter_ns()
         if admitted < len(parsed):
             self._refuse_rate_limited(parsed[admitted:])
+            parsed = parsed[:admitted]
+        for request in parsed:
+            request.t_parsed = t_parsed
+            request.t_admitted = t_admitted
+            if not (_TO_ADMITTED >> request.state) & 1:  # request.advance, in line
+                raise request.illegal(ADMITTED)
+            request.state = ADMITTED
+        return parsed
 
+    def _send_on(self, admitted: list[Request]) -> list[Request]:
+        """The last stage: the model list answered here, a cached miss leads or follows an
+        identical call, embeddings join a batch, the rest go through dispatch."""
+        cache = self.cache
         dispatch = self.dispatch
         models_body = self.models_body
         batcher = self.batcher
         on_done = self.on_done  # bound once per batch, not per request
-        for request in parsed[:admitted]:
-            request.t_parsed = t_parsed
-            request.t_admitted = t_admitted
+        for request in admitted:
             if models_body is not None and request.route is _FORWARD and \
                     is_model_list(request.method, request.path):
                 self._answer_models(request)
                 continue
             ticket = request.cache
             if ticket is not None and cache is not None and cache.follows(request):
-                continue  # an identical request of this batch is being sent: it waits for that
+                request.advance(SENT)  # an identical request of this batch is being sent:
+                continue  # it waits for that one's answer
             # Embeddings batching (velox.batching.batch): a taken request is answered by the
             # batcher, which ends it through on_done exactly once, like an exchange. A request the
             # cache is recording (ticket) goes alone: its answer must pass its observer.
             if batcher is not None and ticket is None and batcher.offer(request):
+                request.advance(SENT)
                 self.in_flight += 1
                 continue
+            if not (_TO_SENT >> request.state) & 1:  # request.advance, in line
+                raise request.illegal(SENT)
+            request.state = SENT
             exchange = self._exchange(request, on_done)
             if ticket is not None and cache is not None:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
             dispatch.send(exchange)
-
-    def send_alone(self, requests: list[Request]) -> None:
-        """Requests that waited for an identical one which failed (velox.cache.front): the limiter
-        and dispatch, as in process(), each on its own."""
-        admitted = self.limiter.admit(len(requests))
-        if admitted < len(requests):
-            self._refuse_rate_limited(requests[admitted:])
-        t_admitted = time.perf_counter_ns()
-        dispatch = self.dispatch
-        for request in requests[:admitted]:
-            request.t_admitted = t_admitted
-            exchange = self._exchange(request, self.on_done)
-            if self.cache is not None:
-                self.cache.observe(exchange)
-            self.in_flight += 1
-            dispatch.send(exchange)
-        self._flush_upstreams()
+        return []
 
     def _exchange(self, request: Request, on_done: Any) -> Exchange:
         """The relay exchange of a request about to be sent: the client's headers apart from
@@ -516,8 +560,7 @@ class Worker:
         prepared = request.upstream_headers  # made by ingress's native head parser
         base, passthrough = self.auth.client_headers(request.headers) if prepared is None \
             else prepared
-        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
-                            self.dispatch)
+        exchange = Exchange(request, request.upstream_path, base, on_done, self.dispatch)
         exchange.passthrough = passthrough
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
@@ -569,13 +612,13 @@ class Worker:
             return
         conn = request.conn
         if conn.closed:
-            self.release_body(request)
-            return
+            return  # ingress finished it when its client left
         exc = future.exception()
         if exc is not None:
             conn.respond_error(request, exc)
             return
         request.model, request.stream = future.result()
+        request.advance(PARSED)
         if self.ring.try_push(request):
             self.wake_drain()
         else:
@@ -593,16 +636,20 @@ class Worker:
 
     # --- accounting callbacks ----------------------------------------------------------------
 
-    def release_body(self, request: Request) -> None:
-        segment = request.arena_segment
-        if segment >= 0:
-            request.arena_segment = -1
-            self.arena.release(segment)
+    # --- the request's end (core.types.Lifecycle) ----------------------------------------
 
-    def on_response(self, request: Request, status: int, bytes_out: int) -> None:
+    def release_segment(self, segment: int) -> None:
+        self.arena.release(segment)
+
+    def finished(self, request: Request, status: int, bytes_out: int,
+                 holder: Holder | None) -> None:
+        """Request.finish: the request is over, whichever way (answered, refused, its client
+        gone before or during the answer, its connection cut by a timeout or the shutdown):
+        its body and its key's place go back, it is counted and logged, once."""
+        request.release_body()
         ticket = request.ticket
-        if ticket is not None and not ticket.released:  # the answer is written: the key's
-            ticket.release()  # place goes back
+        if ticket is not None and not ticket.released:
+            ticket.release()
         slot = self.slot
         cls = status // 100
         # The request's three counters in one native call.
@@ -612,7 +659,9 @@ class Worker:
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log thread formats and writes
-            log_access((time.perf_counter_ns(), request, request.exchange, status, bytes_out))
+            if holder is not None and type(holder) is Waiting:
+                holder = None  # a cache follower's client left: no call of its own to log
+            log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
     def book_tokens(self, request: Request, inp: int, out: int) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
@@ -623,10 +672,9 @@ class Worker:
             ledger.count(request.key, ledger.route_of(request.model), inp, out)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
+        """An upstream exchange (or a batch member's share of one) is over: in flight and the
+        latency histograms. The request's own end is `finished`."""
         self.in_flight -= 1
-        ticket = exchange.request.ticket
-        if ticket is not None and not ticket.released:  # ended any way (answer, error,
-            ticket.release()  # timeout, client gone)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, _UPSTREAM_ERRORS, 1)

@@ -77,7 +77,6 @@ class Exchange:
 
     __slots__ = (
         "request", "conn", "method", "path", "headers_out", "body", "attempt", "on_done",
-        "on_release",
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
@@ -92,7 +91,6 @@ class Exchange:
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],
-                 on_release: Callable[[Request], None],
                  dispatch: Failover | None = None) -> None:
         self.request = request
         self.conn = request.conn
@@ -111,7 +109,6 @@ class Exchange:
         self.passthrough: Headers = []  # the client's credential, when the upstream has none
         self.attempt: AttemptHandle | None = None  # egress's current try; set by egress
         self.on_done = on_done  # (exchange, status) once the client has its full answer
-        self.on_release = on_release  # frees the request body once no retry can need it
         self.status = 0
         self.headers: Headers = []
         self.chunks: list[bytes] = []
@@ -194,7 +191,7 @@ class Exchange:
         """The commit point: the answer starts going to the client. No retry can need the
         request body any more, and the observer (and an event stream's meter) sees the head,
         then the pieces collected so far."""
-        self.on_release(self.request)
+        self.request.release_body()
         observer = self.observer
         if observer is not None:
             observer.head(self.status, self.headers)
@@ -230,7 +227,6 @@ class Exchange:
         if dispatch is not None and not self.started and dispatch.error_failed(self, exc):
             return  # nothing reached the client yet: sent again elsewhere
         self.finished = True
-        self.on_release(self.request)
         broken = self.started
         if self.sse and self.started and self.tail in (b"", b"\n\n"):
             # Past the commit point: nothing is retried. An event stream that broke between
@@ -253,7 +249,6 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
-        self.on_release(self.request)
         self.conn.respond_error(self.request, exc)
         self._done(getattr(exc, "status", 502), False, exc)
 
@@ -272,9 +267,14 @@ class Exchange:
             return
         observer = self.observer
         if observer is not None and observer.client_gone(self):
-            return  # others wait for this answer: the call runs on (see velox.cache.front)
+            # Others wait for this answer: the call runs on (see velox.cache.front), and may
+            # still be sent again, so it keeps a copy of the body (the request's end gives the
+            # arena segment back; only when a leader leaves its followers).
+            request = self.request
+            if request.arena_segment >= 0:
+                request.body = bytes(request.body)
+            return
         self.finished = True
-        self.on_release(self.request)
         attempt = self.attempt
         if attempt is not None:
             attempt.cancel()

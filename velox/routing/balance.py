@@ -577,30 +577,35 @@ class Plan:
         self.finish(attempt, verdict.outcome, t)
         policy = self.router.retry_policy
         if committed:
-            return self._stop("committed")
+            self._stop("committed")
+            return None
         if not verdict.retryable:
-            return self._stop("not_retryable")
+            self._stop("not_retryable")
+            return None
         if self.count >= policy.attempts:
-            return self._stop("attempts")
+            self._stop("attempts")
+            return None
         if t - attempt.started_ms > policy.max_elapsed_ms:
-            return self._stop("elapsed")
+            self._stop("elapsed")
+            return None
         failed = self._target_of(attempt)
         if failed is not None and not verdict.same_target and failed not in self.hard:
             self.hard.append(failed)
         got = self._choose(t, verdict.retry_after_s)
         if not isinstance(got, Attempt):
-            return self._stop("no_target")
+            self._stop("no_target")
+            return None
         if not self.router.state.try_retry(got.upstream, t):
             self.finish(got, NEUTRAL, t)
             self.count -= 1
-            return self._stop("budget")
+            self._stop("budget")
+            return None
         return got
 
     # --- internals -------------------------------------------------------------------------
 
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason
-        return None
 
     def _target_of(self, attempt: Attempt) -> Target | None:
         for t in self.tried:
