@@ -13,7 +13,12 @@ access log line; embeddings to Gemini and Bedrock.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import client_for, gateway_env, wait_for
-from tests.e2e.test_routing import admin_stats
+from tests.e2e.test_routing import _fire, admin_stats, start, start_mock, write_config
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream, fingerprint
 
@@ -336,3 +341,50 @@ def test_config_errors_name_file_table_and_key(tmp_path: Path, mock: MockUpstrea
         log = gw.log()
         gw.stop()
         assert f"bad{number}.toml" in log and "[[upstream]] #1" in log and key in log, log
+
+
+def test_failover_from_openai_to_anthropic_under_load(tmp_path: Path) -> None:
+    """A route over an OpenAI target and an Anthropic one; the OpenAI mock is SIGKILLed with
+    64 calls in flight: every call is answered 200 in OpenAI's shape, those that were on the
+    dead upstream sent again to the Anthropic one, translated."""
+    certdir = str(tmp_path / "certs")
+    oa, claude = start_mock("oa", certdir), start_mock("claude", certdir)
+    try:
+        text = upstream("claude", "anthropic", claude) + (
+            f'[[upstream]]\nname = "oa"\norigin = "{oa.origin}"\napi_key_env = "OA_KEY"\n'
+            f'ca_file = "{oa.ca_file}"\n'
+            '[[route]]\nmodel = "m"\ntargets = [{ upstream = "oa" }, '
+            '{ upstream = "claude", model = "claude-sonnet-4" }]\n'
+            "[breaker]\nfailures = 3\nopen_s = 30\n")
+        gw = start(tmp_path, write_config(tmp_path, text), OA_KEY="sk-oa-0123456789", **ENV)
+        try:
+            async def scenario() -> list[Any]:
+                done: list[Any] = []
+                load = asyncio.create_task(_fire(gw.base_url, 800, concurrency=64,
+                                                 deadline_s=180, out=done))
+                deadline = time.monotonic() + 60
+                while len(done) < 200 and not load.done() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                os.kill(oa.pid, signal.SIGKILL)
+                assert 200 <= len(done) < 700, len(done)  # killed mid-load
+                return await load
+
+            responses = asyncio.run(scenario())
+            # Every call the Anthropic mock got was in its API (retries included).
+            paths = Counter(r["path"] for r in claude.requests(1000) if r["method"] == "POST")
+            assert set(paths) == {"/v1/messages"}, paths
+        finally:
+            gw.stop()
+    finally:
+        oa.stop()
+        claude.stop()
+    assert len(responses) == 800
+    assert Counter(r.status_code for r in responses) == Counter({200: 800})
+    for r in responses:
+        body = r.json()
+        assert body["object"] == "chat.completion" and body["model"] == "m"
+        assert body["choices"][0]["message"]["content"] == "Hello from the Velox mock upstream"
+    answered_by = Counter((r.headers["x-velox-upstream"], r.headers["x-velox-attempts"] != "1")
+                          for r in responses)
+    assert answered_by[("oa", False)] > 0 and answered_by[("claude", False)] > 0, answered_by
+    assert answered_by[("claude", True)] > 0, answered_by  # failed on OpenAI, sent again
