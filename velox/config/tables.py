@@ -968,8 +968,10 @@ def describe(tables: Tables) -> str:
         else:
             lines.append("# key: none sent")
         for f in dataclasses.fields(spec):
+            if not f.repr or KIND_KEYS.get(f.name, spec.kind) != spec.kind:
+                continue  # a secret (api_key, the AWS ones), or another kind's setting
             value = getattr(spec, f.name)
-            if f.name != "api_key" and value != "":  # "" is how the file leaves a key out
+            if value != "":  # "" is how the file leaves a key out
                 lines.append(f"{f.name} = {_toml(value)}")
     for route in tables.routes:
         lines += ["", "[[route]]", f"model = {_toml(route.model)}",
