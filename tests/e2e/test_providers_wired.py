@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ import orjson
 import pytest
 
 from tests.e2e.conftest import client_for, gateway_env, wait_for
+from tests.e2e.test_config_file import run_velox
 from tests.e2e.test_routing import _fire, admin_stats, start, start_mock, write_config
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream, fingerprint
@@ -209,7 +211,8 @@ def answered(finish: str | None, text: str | None, result: str, kind: str) -> No
 @pytest.mark.parametrize("kind", KINDS)
 def test_image_part_and_json_modes(client: openai.OpenAI, kind: str) -> None:
     out = client.chat.completions.create(model=kind, messages=[{"role": "user", "content": [
-        {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": PNG}}]}])
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": PNG}}]}])
     assert (out.choices[0].message.content or "").endswith("I see 1 image.")
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     out = client.chat.completions.create(
@@ -388,3 +391,20 @@ def test_failover_from_openai_to_anthropic_under_load(tmp_path: Path) -> None:
                           for r in responses)
     assert answered_by[("oa", False)] > 0 and answered_by[("claude", False)] > 0, answered_by
     assert answered_by[("claude", True)] > 0, answered_by  # failed on OpenAI, sent again
+
+
+def test_doctor_checks_each_kind(tmp_path: Path, mock: MockUpstream) -> None:
+    """`velox doctor` makes each translated upstream's translator as the gateway does and
+    reaches it with its own credential header; a wrong AWS secret variable is named."""
+    path = tmp_path / "velox.toml"
+    path.write_text(config(mock))
+    code, out, _ = run_velox(["doctor"], {"VELOX_CONFIG": str(path), **ENV}, tmp_path)
+    assert code == 0, out
+    for kind in KINDS:
+        assert re.search(rf"PASS +upstream-kind\[{kind}\] +kind = '{kind}'", out), out
+        assert re.search(rf"PASS +upstream-warmup\[{kind}\]", out), out
+    for secret in ENV.values():
+        assert secret not in out
+    code, out, _ = run_velox(["doctor"], {"VELOX_CONFIG": str(path), **ENV, "AWS_SECRET": ""},
+                             tmp_path)
+    assert code == 1 and "aws_secret_access_key_env: the environment variable AWS_SECRET" in out
