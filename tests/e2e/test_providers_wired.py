@@ -101,7 +101,8 @@ def config(mock: MockUpstream) -> str:
             text += route(f"{kind}-err-{suffix}", kind + "-errors", provider_model)
         if kind in EMBED:
             text += route(kind + "-embed", kind, EMBED[kind])
-    return text
+    text += route("anthropic-short", "anthropic", MODELS["anthropic"])
+    return text + "default_max_tokens = 1\n"
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +167,18 @@ def test_plain_and_streamed_chat(client: openai.OpenAI, mock: MockUpstream, kind
     assert text == out.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_max_tokens_defaults_of_upstream_and_route(mock: MockUpstream,
+                                                   client: openai.OpenAI) -> None:
+    """The SDK sends no max_tokens; the Messages API needs one: the upstream's default (4096,
+    more than the mock's answer) unless the route sets its own (1: cut at once)."""
+    out = client.chat.completions.create(model="anthropic", messages=HI)
+    assert out.choices[0].finish_reason == "stop"
+    out = client.chat.completions.create(model="anthropic-short", messages=HI)
+    assert out.choices[0].finish_reason == "length"
+    out = client.chat.completions.create(model="anthropic-short", messages=HI, max_tokens=50)
+    assert out.choices[0].finish_reason == "stop"  # the client's own limit wins
 
 
 @pytest.mark.parametrize("kind", KINDS)

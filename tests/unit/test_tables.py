@@ -446,7 +446,7 @@ name = "claude"
 kind = "anthropic"
 origin = "https://api.anthropic.com"
 api_key_env = "ANTHROPIC_KEY"
-max_tokens = 8192
+default_max_tokens = 8192
 
 [[upstream]]
 name = "gemini"
@@ -473,7 +473,7 @@ targets = [{ upstream = "claude" }, { upstream = "gemini" }, { upstream = "bedro
 def test_provider_kinds_are_parsed_with_their_settings(tmp_path: Path) -> None:
     t = load_file(write(tmp_path, PROVIDERS), **PROVIDER_KEYS).tables
     claude, gemini, bedrock = t.upstreams
-    assert (claude.kind, claude.anthropic_version, claude.max_tokens) == (
+    assert (claude.kind, claude.anthropic_version, claude.default_max_tokens) == (
         "anthropic", "2023-06-01", 8192)
     assert claude.auth_headers() == [(b"x-api-key", PROVIDER_KEYS["ANTHROPIC_KEY"].encode()),
                                      (b"anthropic-version", b"2023-06-01")]
@@ -516,8 +516,8 @@ def test_provider_kinds_are_parsed_with_their_settings(tmp_path: Path) -> None:
      '[[upstream]] #1 (name "openai"): aws_region: must be an AWS region like us-east-1'),
     (UP + 'kind = "bedrock"\napi_key_env = "ANTHROPIC_KEY"\n',
      '[[upstream]] #1 (name "openai"): api_key_env: not used with kind = "bedrock"'),
-    (UP + 'api_key_env = "OPENAI_API_KEY"\nmax_tokens = 100\n',
-     '[[upstream]] #1 (name "openai"): max_tokens: only used with kind = "anthropic" (this '
+    (UP + 'api_key_env = "OPENAI_API_KEY"\ndefault_max_tokens = 100\n',
+     '[[upstream]] #1 (name "openai"): default_max_tokens: only used with kind = "anthropic" (this '
      'upstream\'s kind is "openai")'),
     (UP + 'kind = "gemini"\napi_key_env = "GEMINI_KEY"\naws_region = "us-east-1"\n',
      '[[upstream]] #1 (name "openai"): aws_region: only used with kind = "bedrock"'),
@@ -525,8 +525,8 @@ def test_provider_kinds_are_parsed_with_their_settings(tmp_path: Path) -> None:
      '[[upstream]] #1 (name "openai"): thinking: only used with kind = "gemini"'),
     (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\nanthropic_version = "v1 x"\n',
      '[[upstream]] #1 (name "openai"): anthropic_version: must look like 2023-06-01'),
-    (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\nmax_tokens = 0\n',
-     '[[upstream]] #1 (name "openai"): max_tokens: must be an integer from 1 to 1000000'),
+    (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\ndefault_max_tokens = 0\n',
+     '[[upstream]] #1 (name "openai"): default_max_tokens: must be an integer from 1 to 1000000'),
 ])
 def test_provider_kind_mistakes_are_named(tmp_path: Path, text: str, expected: str) -> None:
     message = error_for(tmp_path, text + ROUTE, **PROVIDER_KEYS)

@@ -272,7 +272,7 @@ class _Upstream:
                          "pip install 'velox[bedrock]'" if isinstance(exc, ImportError)
                          else f"check the settings of {self.warmup_var.split(' of ', 1)[-1]}")
         detail = {"anthropic": f"anthropic-version {spec.anthropic_version}, max_tokens "
-                               f"{spec.max_tokens} when the client sends none",
+                               f"{spec.default_max_tokens} when the client sends none",
                   "gemini": "x-goog-api-key header (never in the query)",
                   "bedrock": f"SigV4 for region {spec.aws_region}, host {spec.authority}"}
         return _pass(name, f"kind = {spec.kind!r}: OpenAI requests are translated "

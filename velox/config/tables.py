@@ -53,10 +53,13 @@ UPSTREAM_KINDS = ("openai", "azure", "anthropic", "gemini", "bedrock")
 TRANSLATED_KINDS = frozenset(("anthropic", "gemini", "bedrock"))
 # Settings only one kind reads (each refused on the others, naming the kind that uses it).
 KIND_KEYS = {
-    "anthropic_version": "anthropic", "max_tokens": "anthropic", "thinking": "gemini",
+    "anthropic_version": "anthropic", "default_max_tokens": "anthropic", "thinking": "gemini",
     "aws_region": "bedrock", "aws_access_key_id_env": "bedrock",
     "aws_secret_access_key_env": "bedrock", "aws_session_token_env": "bedrock",
+    "embed_input_type": "bedrock",
 }
+# Cohere Embed's input_type (Bedrock embeddings): OpenAI's request has no such field.
+EMBED_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
 ANTHROPIC_VERSION = "2023-06-01"
 # Anthropic requires max_tokens and OpenAI clients (SDK defaults) send none: the upstream's
 # default output limit (velox.providers.anthropic uses the same number).
@@ -106,12 +109,13 @@ class UpstreamSpec:
     stream_usage: bool = True
     # Kind-specific settings (KIND_KEYS); the AWS secrets resolved from the *_env variables.
     anthropic_version: str = ANTHROPIC_VERSION
-    max_tokens: int = ANTHROPIC_MAX_TOKENS
+    default_max_tokens: int = ANTHROPIC_MAX_TOKENS
     thinking: str = ""  # gemini: "level" | "budget" | "" (chosen by model name)
     aws_region: str = ""
     aws_access_key_id_env: str = ""
     aws_secret_access_key_env: str = ""
     aws_session_token_env: str = ""
+    embed_input_type: str = "search_document"
     aws_access_key_id: str = field(default="", repr=False)
     aws_secret_access_key: str = field(default="", repr=False)
     aws_session_token: str = field(default="", repr=False)
@@ -185,6 +189,9 @@ class RouteSpec:
     fallbacks: tuple[str, ...] = ()  # other routes' models, tried in order
     cache: bool = False  # answers of this route are cached (velox.cache.front); VELOX_CACHE: all
     batch: BatchSpec | None = None  # embeddings batching (velox.batching.batch); None: off
+    # The output limit sent to this route's anthropic targets when the client sends none (the
+    # Messages API requires one); 0: each upstream's own default_max_tokens.
+    default_max_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,14 +358,16 @@ TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage", *KIND_KEYS)
-ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch")
+ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch",
+              "default_max_tokens")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
 # variables (timeouts, pool size, rpm kept inside the token bucket's int64 arithmetic).
 UPSTREAM_INTS = {
     "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
-    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000), "max_tokens": (1, 1_000_000),
+    "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
+    "default_max_tokens": (1, 1_000_000),
 }
 TARGET_INTS = {"weight": (1, 1_000_000), "priority": (0, 1000)}
 RETRY_INTS = {
@@ -581,8 +590,9 @@ def _kind_settings(source: str, where: str, table: dict[str, Any], env: Mapping[
             _fail(source, where, "anthropic_version",
                   f"must look like 2023-06-01, got {_q(version)}")
         return {"anthropic_version": version,
-                "max_tokens": _int(source, where, table, "max_tokens", ANTHROPIC_MAX_TOKENS,
-                                   *UPSTREAM_INTS["max_tokens"])}
+                "default_max_tokens": _int(source, where, table, "default_max_tokens",
+                                           ANTHROPIC_MAX_TOKENS,
+                                           *UPSTREAM_INTS["default_max_tokens"])}
     if kind == "gemini":
         return {"thinking": _choice(source, where, table, "thinking", ("level", "budget"), "")}
     if kind != "bedrock":
@@ -597,7 +607,8 @@ def _kind_settings(source: str, where: str, table: dict[str, Any], env: Mapping[
     if not _AWS_REGION.fullmatch(region):
         _fail(source, where, "aws_region",
               f"must be an AWS region like us-east-1, got {_q(region)}")
-    out: dict[str, Any] = {"aws_region": region}
+    out: dict[str, Any] = {"aws_region": region, "embed_input_type": _choice(
+        source, where, table, "embed_input_type", EMBED_INPUT_TYPES, "search_document")}
     for key in ("aws_access_key_id_env", "aws_secret_access_key_env", "aws_session_token_env"):
         name = _str(source, where, table, key)
         if key not in table:
@@ -655,7 +666,9 @@ def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str])
         _fail(source, where, "fallbacks", f"names a route twice: {fallbacks!r}")
     cache = _bool(source, where, table, "cache")
     batch = _batch(source, where, table)
-    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache, batch)
+    max_tokens = _int(source, where, table, "default_max_tokens", 0,
+                      *UPSTREAM_INTS["default_max_tokens"])
+    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache, batch, max_tokens)
 
 
 def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
@@ -983,6 +996,8 @@ def describe(tables: Tables) -> str:
         lines += ["]", f"fallbacks = {_toml(list(route.fallbacks))}"]
         if route.cache:
             lines.append("cache = true")
+        if route.default_max_tokens:
+            lines.append(f"default_max_tokens = {route.default_max_tokens}")
         if route.batch is not None:
             lines.append("batch = { " + ", ".join(
                 f"{f.name} = {getattr(route.batch, f.name)}"

@@ -40,14 +40,14 @@ def translator_for(spec: UpstreamSpec) -> Translator | None:
     settings: dict[str, Any]
     if spec.kind == "anthropic":
         settings = {"api_key": spec.api_key, "version": spec.anthropic_version,
-                    "default_max_tokens": spec.max_tokens}
+                    "default_max_tokens": spec.default_max_tokens}
     elif spec.kind == "gemini":
         settings = {"api_key": spec.api_key, "thinking": spec.thinking or None}
     else:  # bedrock: SigV4 signs the host the pool connects to
         settings = {"aws_region": spec.aws_region, "aws_access_key_id": spec.aws_access_key_id,
                     "aws_secret_access_key": spec.aws_secret_access_key,
                     "aws_session_token": spec.aws_session_token or None,
-                    "host": spec.authority}
+                    "host": spec.authority, "embed_input_type": spec.embed_input_type}
     return KINDS[spec.kind](**settings)
 
 
@@ -59,12 +59,14 @@ class Edge:
     def __init__(self, upstreams: tuple[UpstreamSpec, ...]) -> None:
         self.translators = tuple(translator_for(spec) for spec in upstreams)
 
-    def attempt(self, u: int, request: Request, model: str, meter: Any) -> Translation:
-        """The translation of `request` for upstream `u` (its model named `model`); raises
-        Untranslatable before anything is sent."""
+    def attempt(self, u: int, request: Request, model: str, meter: Any,
+                max_tokens: int = 0) -> Translation:
+        """The translation of `request` for upstream `u` (its model named `model`;
+        `max_tokens`: the route's default output limit, 0 for none); raises Untranslatable
+        before anything is sent."""
         translator = self.translators[u]
         assert translator is not None
-        return Translation(translator, request, model, meter)
+        return Translation(translator, request, model, meter, max_tokens)
 
 
 class Translation:
@@ -76,7 +78,7 @@ class Translation:
                  "call", "decoder", "upstream_headers")
 
     def __init__(self, translator: Translator, request: Request, model: str,
-                 meter: Any) -> None:
+                 meter: Any, max_tokens: int = 0) -> None:
         self.translator = translator
         self.client_model = request.model or model
         path = request.upstream_path.partition(b"?")[0]
@@ -99,6 +101,9 @@ class Translation:
             self.stream = self.include_usage = False
             self.call = translator.embeddings(body, model, headers)
             return
+        if max_tokens and kind == "anthropic" and body.get("max_tokens") is None and \
+                body.get("max_completion_tokens") is None:
+            body["max_completion_tokens"] = max_tokens  # the route's default over the upstream's
         self.stream = body.get("stream") is True
         options = body.get("stream_options")
         asked = isinstance(options, dict) and options.get("include_usage") is True

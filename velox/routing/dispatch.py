@@ -172,7 +172,8 @@ class Dispatch:
         anything is sent when the request cannot be expressed there."""
         u = attempt.upstream
         try:
-            edge = self.edge.attempt(u, exchange.request, attempt.model, exchange.meter)
+            edge = self.edge.attempt(u, exchange.request, attempt.model, exchange.meter,
+                                     attempt.route.default_max_tokens)
         except Untranslatable as exc:
             exchange.refuse(exc)  # finishes the route attempt (finish) without an outcome
             return
