@@ -101,6 +101,7 @@ def config(mock: MockUpstream) -> str:
             text += route(f"{kind}-err-{suffix}", kind + "-errors", provider_model)
         if kind in EMBED:
             text += route(kind + "-embed", kind, EMBED[kind])
+    text += route("anthropic-cached", "anthropic", MODELS["anthropic"]) + "cache = true\n"
     text += route("anthropic-short", "anthropic", MODELS["anthropic"])
     return text + "default_max_tokens = 1\n"
 
@@ -179,6 +180,22 @@ def test_max_tokens_defaults_of_upstream_and_route(mock: MockUpstream,
     assert out.choices[0].finish_reason == "length"
     out = client.chat.completions.create(model="anthropic-short", messages=HI, max_tokens=50)
     assert out.choices[0].finish_reason == "stop"  # the client's own limit wins
+
+
+def test_a_cached_route_serves_the_translated_answer(mock: MockUpstream, gw: GatewayProcess
+                                                     ) -> None:
+    """The cache keeps what the client received (OpenAI's shape), not the provider's bytes."""
+    import httpx
+
+    mock.reset()
+    body = {"model": "anthropic-cached", "messages": [{"role": "user", "content": "cache me"}]}
+    with httpx.Client(base_url=gw.base_url, timeout=20) as http:
+        first = http.post("/v1/chat/completions", json=body)
+        second = wait_for(lambda: (r := http.post("/v1/chat/completions", json=body)).headers
+                          .get("x-velox-cache") == "hit" and r)
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() and first.json()["object"] == "chat.completion"
+    assert len(model_calls(mock)) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
