@@ -336,6 +336,30 @@ def test_usage_is_counted_and_logged(gw: GatewayProcess, client: openai.OpenAI,
                for a in mine), mine[-3:]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_without_include_usage_is_counted(gw: GatewayProcess, client: openai.OpenAI,
+                                                   kind: str) -> None:
+    """The provider's stream reports usage whether or not the client asked: the same request
+    streamed with include_usage (its usage seen) and without (none seen) counts the same."""
+    def counted() -> tuple[int, int]:
+        rows = admin_stats(gw)["tokens"]
+        return next(((r["input"], r["output"]) for r in rows if r["route"] == kind), (0, 0))
+
+    messages = [{"role": "user", "content": "count me " * 20}]
+    before = counted()
+    _, chunks, _ = streamed(client.chat.completions.create(
+        model=kind, messages=messages, stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert usage is not None
+    once = (before[0] + usage.prompt_tokens, before[1] + usage.completion_tokens)
+    assert wait_for(lambda: counted() == once), (counted(), once)
+    _, chunks, _ = streamed(client.chat.completions.create(model=kind, messages=messages,
+                                                           stream=True))
+    assert all(c.usage is None for c in chunks)
+    twice = (once[0] + usage.prompt_tokens, once[1] + usage.completion_tokens)
+    assert wait_for(lambda: counted() == twice), (counted(), twice)
+
+
 def test_credentials_are_the_kinds_own(mock: MockUpstream, client: openai.OpenAI) -> None:
     mock.reset()
     for kind in KINDS:

@@ -75,7 +75,7 @@ class Translation:
     a whole body."""
 
     __slots__ = ("translator", "client_model", "embeddings", "stream", "include_usage",
-                 "call", "decoder", "upstream_headers")
+                 "call", "decoder", "upstream_headers", "meter")
 
     def __init__(self, translator: Translator, request: Request, model: str,
                  meter: Any, max_tokens: int = 0) -> None:
@@ -106,13 +106,13 @@ class Translation:
             body["max_completion_tokens"] = max_tokens  # the route's default over the upstream's
         self.stream = body.get("stream") is True
         options = body.get("stream_options")
-        asked = isinstance(options, dict) and options.get("include_usage") is True
-        # The gateway's meter counts every stream's tokens: it asks for the usage chunk the
-        # client did not ask for, and strips it from what the client gets (velox.relay.usage).
-        gateway_asks = self.stream and not asked and getattr(meter, "ask", False)
-        if gateway_asks:
-            meter.strip = True
-        self.include_usage = asked or gateway_asks
+        self.include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        # Every provider's stream reports its usage, so the meter need not ask for a usage
+        # chunk and strip it (velox.relay.usage) as it does for OpenAI upstreams: the numbers
+        # are handed to it at the end (`end`). An earlier OpenAI attempt may have set `strip`.
+        self.meter = meter if self.stream and not self.include_usage else None
+        if self.meter is not None and getattr(meter, "ask", False):
+            meter.strip = False
         self.call = translator.chat(body, model, self.stream, headers)
 
     def head(self, status: int, headers: Headers) -> Headers:
@@ -136,5 +136,11 @@ class Translation:
         return self.decoder.feed(data)
 
     def end(self) -> bytes:
+        """The upstream's stream ended: the client's last events; the usage to the meter
+        when the client did not ask for it in the stream."""
         assert self.decoder is not None
-        return self.decoder.end()
+        out = self.decoder.end()
+        usage, meter = self.decoder.usage, self.meter
+        if usage is not None and meter is not None:
+            meter.input, meter.output, meter.exact = usage.input, usage.output, True
+        return out
