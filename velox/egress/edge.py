@@ -17,6 +17,7 @@ sent: the caller refuses the request with it.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -24,10 +25,18 @@ import orjson
 from velox.config.tables import TRANSLATED_KINDS, UpstreamSpec
 from velox.providers import KINDS
 from velox.providers.base import Answer, Headers, Stream, Translator, Untranslatable
-from velox.providers.chat import JSON_HEADERS, SSE_HEADERS
+from velox.providers.chat import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    ProviderError,
+    error_answer,
+    error_event,
+)
 
 if TYPE_CHECKING:
     from velox.core.types import Request
+
+log = logging.getLogger("velox.edge")
 
 CHAT = b"/v1/chat/completions"
 EMBEDDINGS = b"/v1/embeddings"
@@ -127,13 +136,27 @@ class Translation:
 
     def answer(self, status: int, body: bytes) -> Answer:
         headers, model = self.upstream_headers, self.client_model
-        if self.embeddings:
-            return self.translator.embeddings_answer(status, headers, body, model)
-        return self.translator.chat_answer(status, headers, body, model)
+        try:
+            if self.embeddings:
+                return self.translator.embeddings_answer(status, headers, body, model)
+            return self.translator.chat_answer(status, headers, body, model)
+        except Exception:  # a translator's bug must cost one answer (a 502), never a hang
+            log.exception("the %s answer could not be translated", self.translator.kind)
+            return error_answer(self._untranslated())
 
     def feed(self, data: bytes) -> bytes:
-        assert self.decoder is not None
-        return self.decoder.feed(data)
+        decoder = self.decoder
+        assert decoder is not None
+        try:
+            return decoder.feed(data)
+        except Exception:
+            log.exception("the %s stream could not be translated", self.translator.kind)
+            self.decoder = _Ended()  # nothing more of this stream reaches the client
+            return error_event(self._untranslated())
+
+    def _untranslated(self) -> ProviderError:
+        return ProviderError(502, "api_error", f"The answer of the upstream (kind "
+                             f"'{self.translator.kind}') could not be translated.")
 
     def end(self) -> bytes:
         """The upstream's stream ended: the client's last events; the usage to the meter
@@ -144,3 +167,15 @@ class Translation:
         if usage is not None and meter is not None:
             meter.input, meter.output, meter.exact = usage.input, usage.output, True
         return out
+
+
+class _Ended:
+    """A translated stream cut short after its error event: the rest is dropped."""
+
+    usage = None
+
+    def feed(self, data: bytes) -> bytes:
+        return b""
+
+    def end(self) -> bytes:
+        return b""
