@@ -24,7 +24,7 @@ import orjson
 
 from velox.config.tables import TRANSLATED_KINDS, UpstreamSpec
 from velox.providers import KINDS
-from velox.providers.base import Answer, Headers, Stream, Translator, Untranslatable
+from velox.providers.base import Answer, Headers, Stream, Translator, Untranslatable, Usage
 from velox.providers.chat import (
     JSON_HEADERS,
     SSE_HEADERS,
@@ -172,7 +172,10 @@ class Translation:
 class _Ended:
     """A translated stream cut short after its error event: the rest is dropped."""
 
-    usage = None
+    __slots__ = ("usage",)
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
 
     def feed(self, data: bytes) -> bytes:
         return b""
