@@ -236,8 +236,9 @@ ROUTE = '[[route]]\nmodel = "gpt-4o"\ntargets = [{ upstream = "openai" }]\n'
     ('[upstream]\nname = "a"\norigin = "https://a.example"\n',
      "top level: upstream: [upstream] is a single table; write [[upstream]]"),
     ("retry = 3\n" + UP, "top level: retry: must be a table ([retry]), got the integer 3"),
-    (UP + 'kind = "anthropic"\n',
-     '[[upstream]] #1 (name "openai"): kind: must be one of "openai", "azure", got "anthropic"'),
+    (UP + 'kind = "antropic"\n',
+     '[[upstream]] #1 (name "openai"): kind: must be one of "openai", "azure", "anthropic", '
+     '"gemini", "bedrock", got "antropic" (did you mean "anthropic"?)'),
     (UP + 'protocol = "h3"\n', '[[upstream]] #1 (name "openai"): protocol: must be one of '
      '"auto", "h2", "http1", got "h3"'),
     (UP + ROUTE + 'strategy = "random"\n',
@@ -432,3 +433,114 @@ def test_azure_path_cache_stays_bounded_and_correct() -> None:
         got = azure_path(b"/v1/embeddings?n=%d" % n, "e", "1")
         assert got == b"/openai/deployments/e/embeddings?n=%d&api-version=1" % n
         assert len(tables._AZURE_PATHS) <= tables._AZURE_PATHS_MAX
+
+
+# --- provider kinds (anthropic, gemini, bedrock) -------------------------------------------
+
+PROVIDER_KEYS = {"ANTHROPIC_KEY": "sk-ant-SECRET-0123456789", "GEMINI_KEY": "AIza-SECRET-0123",
+                 "AWS_ID": "AKIA-SECRET-ID-0123", "AWS_SECRET": "aws-SECRET-0123456789",
+                 "AWS_TOKEN": "aws-SESSION-SECRET-0123"}
+PROVIDERS = """
+[[upstream]]
+name = "claude"
+kind = "anthropic"
+origin = "https://api.anthropic.com"
+api_key_env = "ANTHROPIC_KEY"
+default_max_tokens = 8192
+
+[[upstream]]
+name = "gemini"
+kind = "gemini"
+origin = "https://generativelanguage.googleapis.com"
+api_key_env = "GEMINI_KEY"
+thinking = "budget"
+
+[[upstream]]
+name = "bedrock"
+kind = "bedrock"
+origin = "https://bedrock-runtime.us-east-1.amazonaws.com"
+aws_region = "us-east-1"
+aws_access_key_id_env = "AWS_ID"
+aws_secret_access_key_env = "AWS_SECRET"
+aws_session_token_env = "AWS_TOKEN"
+
+[[route]]
+model = "m"
+targets = [{ upstream = "claude" }, { upstream = "gemini" }, { upstream = "bedrock" }]
+"""
+
+
+def test_provider_kinds_are_parsed_with_their_settings(tmp_path: Path) -> None:
+    t = load_file(write(tmp_path, PROVIDERS), **PROVIDER_KEYS).tables
+    claude, gemini, bedrock = t.upstreams
+    assert (claude.kind, claude.anthropic_version, claude.default_max_tokens) == (
+        "anthropic", "2023-06-01", 8192)
+    assert claude.auth_headers() == [(b"x-api-key", PROVIDER_KEYS["ANTHROPIC_KEY"].encode()),
+                                     (b"anthropic-version", b"2023-06-01")]
+    assert claude.warmup_path == "/v1/models"
+    assert (gemini.kind, gemini.thinking, gemini.warmup_path) == ("gemini", "budget",
+                                                                  "/v1beta/models")
+    assert gemini.auth_headers() == [(b"x-goog-api-key", PROVIDER_KEYS["GEMINI_KEY"].encode())]
+    assert (bedrock.aws_region, bedrock.aws_access_key_id, bedrock.aws_secret_access_key,
+            bedrock.aws_session_token) == ("us-east-1", PROVIDER_KEYS["AWS_ID"],
+                                           PROVIDER_KEYS["AWS_SECRET"], PROVIDER_KEYS["AWS_TOKEN"])
+    # No secret in a repr or in --print-config, and the printed tables parse again.
+    printed = describe(t)
+    for secret in PROVIDER_KEYS.values():
+        assert secret not in repr(t) and secret not in printed
+    again = load_file(write(tmp_path, printed.replace("# tables", "#"), "again.toml"),
+                      **PROVIDER_KEYS).tables
+    assert again.upstreams == t.upstreams
+
+
+@pytest.mark.parametrize("text, expected", [
+    (UP + 'kind = "claude"\n',
+     '[[upstream]] #1 (name "openai"): kind: must be one of "openai", "azure", "anthropic", '
+     '"gemini", "bedrock", got "claude"'),
+    (UP + 'kind = "anthropic"\n',
+     '[[upstream]] #1 (name "openai"): api_key_env: required with kind = "anthropic"'),
+    (UP + 'kind = "gemini"\n',
+     '[[upstream]] #1 (name "openai"): api_key_env: required with kind = "gemini"'),
+    (UP + 'kind = "bedrock"\naws_access_key_id_env = "AWS_ID"\n'
+     'aws_secret_access_key_env = "AWS_SECRET"\n',
+     '[[upstream]] #1 (name "openai"): aws_region: missing: required with kind = "bedrock"'),
+    (UP + 'kind = "bedrock"\naws_region = "us-east-1"\naws_access_key_id_env = "AWS_ID"\n',
+     '[[upstream]] #1 (name "openai"): aws_secret_access_key_env: missing: required with '
+     'kind = "bedrock"'),
+    (UP + 'kind = "bedrock"\naws_region = "us-east-1"\naws_access_key_id_env = "AWS_ID"\n'
+     'aws_secret_access_key_env = "UNSET_VAR"\n',
+     '[[upstream]] #1 (name "openai"): aws_secret_access_key_env: the environment variable '
+     "UNSET_VAR is not set or empty"),
+    (UP + 'kind = "bedrock"\naws_region = "Virginia"\naws_access_key_id_env = "AWS_ID"\n'
+     'aws_secret_access_key_env = "AWS_SECRET"\n',
+     '[[upstream]] #1 (name "openai"): aws_region: must be an AWS region like us-east-1'),
+    (UP + 'kind = "bedrock"\napi_key_env = "ANTHROPIC_KEY"\n',
+     '[[upstream]] #1 (name "openai"): api_key_env: not used with kind = "bedrock"'),
+    (UP + 'api_key_env = "OPENAI_API_KEY"\ndefault_max_tokens = 100\n',
+     '[[upstream]] #1 (name "openai"): default_max_tokens: only used with kind = "anthropic" (this '
+     'upstream\'s kind is "openai")'),
+    (UP + 'kind = "gemini"\napi_key_env = "GEMINI_KEY"\naws_region = "us-east-1"\n',
+     '[[upstream]] #1 (name "openai"): aws_region: only used with kind = "bedrock"'),
+    (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\nthinking = "level"\n',
+     '[[upstream]] #1 (name "openai"): thinking: only used with kind = "gemini"'),
+    (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\nanthropic_version = "v1 x"\n',
+     '[[upstream]] #1 (name "openai"): anthropic_version: must look like 2023-06-01'),
+    (UP + 'kind = "anthropic"\napi_key_env = "ANTHROPIC_KEY"\ndefault_max_tokens = 0\n',
+     '[[upstream]] #1 (name "openai"): default_max_tokens: must be an integer from 1 to 1000000'),
+])
+def test_provider_kind_mistakes_are_named(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_for(tmp_path, text + ROUTE, **PROVIDER_KEYS)
+    assert message.startswith(f"{tmp_path / 'velox.toml'}: {expected}"), message
+
+
+def test_bedrock_without_botocore_names_the_extra(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "botocore" else real(name, *a))
+    message = error_for(tmp_path, PROVIDERS, **PROVIDER_KEYS)
+    assert '[[upstream]] #3 (name "bedrock"): kind: kind = "bedrock" signs its calls with ' \
+        "botocore, which is not installed: install the extra with pip install " \
+        "'velox[bedrock]'" in message

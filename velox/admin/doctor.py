@@ -15,7 +15,11 @@ setting gets a `WARN` line with the setting it was probably meant to be. In orde
 
 Checks 4-8 run for every upstream: the VELOX_UPSTREAM_* one, or with VELOX_CONFIG each
 `[[upstream]]` of the file in turn (its origin, ca_file, protocol, api_key_env and warmup_path;
-its credential header as the gateway sends it, `api-key` for Azure). Those checks are named
+its credential header as the gateway sends it: `api-key` for Azure, `x-api-key` and
+`anthropic-version` for Anthropic, `x-goog-api-key` for Gemini; a Bedrock upstream's probe is
+not signed, so its 403 proves it reachable). An upstream of a translated kind is first checked
+by making its translator as the gateway does (`upstream-kind`: botocore and the AWS
+credentials for Bedrock). Those checks are named
 after the upstream (`upstream-dns[a]`) and their fixes name the file, table and key. One
 upstream's failure skips only its own later checks.
 
@@ -37,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from velox.config.settings import ConfigError, Settings, load
-from velox.config.tables import UpstreamSpec
+from velox.config.tables import TRANSLATED_KINDS, UpstreamSpec
+from velox.egress.edge import translator_for
 from velox.system.ports import holders, in_use, process_name
 
 _PROBE_TIMEOUT_S = 2.0
@@ -244,6 +249,9 @@ class _Upstream:
                          f"check that the upstream is an HTTP server and {self.warmup_var} "
                          "exists on it")
         ms = (time.monotonic() - started) * 1000
+        if status in (401, 403) and spec.kind == "bedrock":
+            return _pass(name, f"GET {path} answered {status} in {ms:.0f} ms (the upstream is "
+                         "reachable; the probe is not signed, model calls are)")
         if status in (401, 403):
             what = ("no key is configured" if not spec.api_key
                     else "the configured key was refused")
@@ -251,6 +259,24 @@ class _Upstream:
                          f"set {self.key_var} to a valid key")
         return _pass(name, f"GET {path} answered {status} in {ms:.0f} ms "
                      "(the upstream is reachable)")
+
+    def translator(self) -> Result:
+        """A translated kind: its translator is made as the gateway makes it (for bedrock,
+        botocore's signer with the credentials the variables hold)."""
+        name = self.name("upstream-kind")
+        spec = self.spec
+        try:
+            translator_for(spec)
+        except (ImportError, ValueError) as exc:
+            return _fail(name, f"kind = {spec.kind!r}: {exc}",
+                         "pip install 'velox[bedrock]'" if isinstance(exc, ImportError)
+                         else f"check the settings of {self.warmup_var.split(' of ', 1)[-1]}")
+        detail = {"anthropic": f"anthropic-version {spec.anthropic_version}, max_tokens "
+                               f"{spec.default_max_tokens} when the client sends none",
+                  "gemini": "x-goog-api-key header (never in the query)",
+                  "bedrock": f"SigV4 for region {spec.aws_region}, host {spec.authority}"}
+        return _pass(name, f"kind = {spec.kind!r}: OpenAI requests are translated "
+                     f"({detail[spec.kind]})")
 
     def _get_h1(self, path: bytes, headers: list[tuple[bytes, bytes]]) -> int:
         assert self.sock is not None
@@ -338,6 +364,8 @@ def check_upstream(settings: Settings, spec: UpstreamSpec, source: str) -> list[
     if spec.scheme == "https":
         steps.append(("upstream-tls", upstream.tls))
     steps += [("upstream-h2", upstream.protocol), ("upstream-warmup", upstream.warmup)]
+    if spec.kind in TRANSLATED_KINDS:
+        steps.insert(0, ("upstream-kind", upstream.translator))
     results: list[Result] = []
     try:
         failed = False

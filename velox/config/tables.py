@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import os
 import re
@@ -46,7 +47,23 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
-UPSTREAM_KINDS = ("openai", "azure")
+UPSTREAM_KINDS = ("openai", "azure", "anthropic", "gemini", "bedrock")
+# Kinds whose API is not OpenAI's: requests and answers are translated at the egress edge
+# (velox.egress.edge, with the translators of velox.providers).
+TRANSLATED_KINDS = frozenset(("anthropic", "gemini", "bedrock"))
+# Settings only one kind reads (each refused on the others, naming the kind that uses it).
+KIND_KEYS = {
+    "anthropic_version": "anthropic", "default_max_tokens": "anthropic", "thinking": "gemini",
+    "aws_region": "bedrock", "aws_access_key_id_env": "bedrock",
+    "aws_secret_access_key_env": "bedrock", "aws_session_token_env": "bedrock",
+    "embed_input_type": "bedrock",
+}
+# Cohere Embed's input_type (Bedrock embeddings): OpenAI's request has no such field.
+EMBED_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
+ANTHROPIC_VERSION = "2023-06-01"
+# Anthropic requires max_tokens and OpenAI clients (SDK defaults) send none: the upstream's
+# default output limit (velox.providers.anthropic uses the same number).
+ANTHROPIC_MAX_TOKENS = 4096
 STRATEGIES = ("weighted", "least_busy", "hash")
 CATCH_ALL = "*"
 DEFAULT_UPSTREAM = "default"
@@ -90,6 +107,18 @@ class UpstreamSpec:
     # Streams sent here ask for the usage chunk (stream_options.include_usage, velox.relay.usage);
     # false for an OpenAI-compatible server that rejects the option.
     stream_usage: bool = True
+    # Kind-specific settings (KIND_KEYS); the AWS secrets resolved from the *_env variables.
+    anthropic_version: str = ANTHROPIC_VERSION
+    default_max_tokens: int = ANTHROPIC_MAX_TOKENS
+    thinking: str = ""  # gemini: "level" | "budget" | "" (chosen by model name)
+    aws_region: str = ""
+    aws_access_key_id_env: str = ""
+    aws_secret_access_key_env: str = ""
+    aws_session_token_env: str = ""
+    embed_input_type: str = "search_document"
+    aws_access_key_id: str = field(default="", repr=False)
+    aws_secret_access_key: str = field(default="", repr=False)
+    aws_session_token: str = field(default="", repr=False)
 
     @property
     def scheme(self) -> str:
@@ -114,6 +143,11 @@ class UpstreamSpec:
             return []
         if self.kind == "azure":
             return [(b"api-key", self.api_key.encode())]
+        if self.kind == "anthropic":
+            return [(b"x-api-key", self.api_key.encode()),
+                    (b"anthropic-version", self.anthropic_version.encode())]
+        if self.kind == "gemini":
+            return [(b"x-goog-api-key", self.api_key.encode())]
         return [(b"authorization", b"Bearer " + self.api_key.encode())]
 
     def upstream_path(self, path: bytes, model: str) -> bytes:
@@ -155,6 +189,9 @@ class RouteSpec:
     fallbacks: tuple[str, ...] = ()  # other routes' models, tried in order
     cache: bool = False  # answers of this route are cached (velox.cache.front); VELOX_CACHE: all
     batch: BatchSpec | None = None  # embeddings batching (velox.batching.batch); None: off
+    # The output limit sent to this route's anthropic targets when the client sends none (the
+    # Messages API requires one); 0: each upstream's own default_max_tokens.
+    default_max_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +357,9 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
-                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage")
-ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch")
+                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage", *KIND_KEYS)
+ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch",
+              "default_max_tokens")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
 # variables (timeouts, pool size, rpm kept inside the token bucket's int64 arithmetic).
@@ -329,6 +367,7 @@ UPSTREAM_INTS = {
     "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
     "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
+    "default_max_tokens": (1, 1_000_000),
 }
 TARGET_INTS = {"weight": (1, 1_000_000), "priority": (0, 1000)}
 RETRY_INTS = {
@@ -491,9 +530,14 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
         if not api_key:
             _fail(source, where, "api_key_env", f"the environment variable {api_key_env} is "
                   "not set or empty; export it (or put it in .env) before starting Velox")
-    elif kind == "azure":
-        _fail(source, where, "api_key_env", 'required with kind = "azure": the NAME of the '
+    elif kind in ("azure", "anthropic", "gemini"):
+        _fail(source, where, "api_key_env", f"required with kind = {_q(kind)}: the NAME of the "
               "environment variable holding the key")
+    if kind == "bedrock" and "api_key_env" in table:
+        _fail(source, where, "api_key_env", 'not used with kind = "bedrock" (calls are signed '
+              "with SigV4): name the credentials' variables with aws_access_key_id_env and "
+              "aws_secret_access_key_env")
+    kind_settings = _kind_settings(source, where, table, env, kind)
 
     protocol = _choice(source, where, table, "protocol", PROTOCOLS, template.protocol)
     ints = {key: _int(source, where, table, key, default, *UPSTREAM_INTS[key])
@@ -514,7 +558,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     elif https:
         ca_file = template.ca_file
     default_warmup = ("/openai/models?api-version=" + api_version if kind == "azure"
-                      else template.warmup_path)
+                      else WARMUP_PATHS.get(kind, template.warmup_path))
     warmup_path = _str(source, where, table, "warmup_path") or default_warmup
     if not warmup_path.startswith("/") or any(c in warmup_path for c in " \r\n\t"):
         _fail(source, where, "warmup_path",
@@ -522,7 +566,63 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     return UpstreamSpec(
         name=name, origin=origin, api_key=api_key, api_key_env=api_key_env, kind=kind,
         api_version=api_version, protocol=protocol, ca_file=ca_file, warmup_path=warmup_path,
-        stream_usage=_bool(source, where, table, "stream_usage", True), **ints)
+        stream_usage=_bool(source, where, table, "stream_usage", True), **ints,
+        **kind_settings)
+
+
+# The warm-up (and breaker probe) request per translated kind: any answer below 500 but 429
+# shows the upstream is there, so Bedrock's unsigned probe (a 403) serves as well.
+WARMUP_PATHS = {"anthropic": "/v1/models", "gemini": "/v1beta/models", "bedrock": "/"}
+_AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+
+
+def _kind_settings(source: str, where: str, table: dict[str, Any], env: Mapping[str, str],
+                   kind: str) -> dict[str, Any]:
+    """The settings only `kind` reads (KIND_KEYS): each refused on another kind, the required
+    ones checked, the AWS secrets read from the variables named."""
+    for key, owner in KIND_KEYS.items():
+        if key in table and owner != kind:
+            _fail(source, where, key, f"only used with kind = {_q(owner)} (this upstream's "
+                  f"kind is {_q(kind)})")
+    if kind == "anthropic":
+        version = _str(source, where, table, "anthropic_version") or ANTHROPIC_VERSION
+        if not _API_VERSION.fullmatch(version):
+            _fail(source, where, "anthropic_version",
+                  f"must look like 2023-06-01, got {_q(version)}")
+        return {"anthropic_version": version,
+                "default_max_tokens": _int(source, where, table, "default_max_tokens",
+                                           ANTHROPIC_MAX_TOKENS,
+                                           *UPSTREAM_INTS["default_max_tokens"])}
+    if kind == "gemini":
+        return {"thinking": _choice(source, where, table, "thinking", ("level", "budget"), "")}
+    if kind != "bedrock":
+        return {}
+    if importlib.util.find_spec("botocore") is None:
+        _fail(source, where, "kind", 'kind = "bedrock" signs its calls with botocore, which is '
+              "not installed: install the extra with pip install 'velox[bedrock]'")
+    for key in ("aws_region", "aws_access_key_id_env", "aws_secret_access_key_env"):
+        if key not in table:
+            _fail(source, where, key, 'missing: required with kind = "bedrock"')
+    region = _str(source, where, table, "aws_region", required=True)
+    if not _AWS_REGION.fullmatch(region):
+        _fail(source, where, "aws_region",
+              f"must be an AWS region like us-east-1, got {_q(region)}")
+    out: dict[str, Any] = {"aws_region": region, "embed_input_type": _choice(
+        source, where, table, "embed_input_type", EMBED_INPUT_TYPES, "search_document")}
+    for key in ("aws_access_key_id_env", "aws_secret_access_key_env", "aws_session_token_env"):
+        name = _str(source, where, table, key)
+        if key not in table:
+            continue
+        if looks_like_a_key(name) or not _ENV_NAME.fullmatch(name):
+            _fail(source, where, key, "must be the NAME of an environment variable (letters, "
+                  "digits, '_'), not a credential; if a credential was written here, rotate it")
+        value = env.get(name, "").strip()
+        if not value:
+            _fail(source, where, key, f"the environment variable {name} is not set or empty; "
+                  "export it (or put it in .env) before starting Velox")
+        out[key] = name
+        out[key[:-4]] = value
+    return out
 
 
 def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str]) -> RouteSpec:
@@ -566,7 +666,9 @@ def _route(source: str, index: int, table: dict[str, Any], upstreams: list[str])
         _fail(source, where, "fallbacks", f"names a route twice: {fallbacks!r}")
     cache = _bool(source, where, table, "cache")
     batch = _batch(source, where, table)
-    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache, batch)
+    max_tokens = _int(source, where, table, "default_max_tokens", 0,
+                      *UPSTREAM_INTS["default_max_tokens"])
+    return RouteSpec(model, tuple(targets), strategy, tuple(fallbacks), cache, batch, max_tokens)
 
 
 def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
@@ -879,8 +981,10 @@ def describe(tables: Tables) -> str:
         else:
             lines.append("# key: none sent")
         for f in dataclasses.fields(spec):
+            if not f.repr or KIND_KEYS.get(f.name, spec.kind) != spec.kind:
+                continue  # a secret (api_key, the AWS ones), or another kind's setting
             value = getattr(spec, f.name)
-            if f.name != "api_key" and value != "":  # "" is how the file leaves a key out
+            if value != "":  # "" is how the file leaves a key out
                 lines.append(f"{f.name} = {_toml(value)}")
     for route in tables.routes:
         lines += ["", "[[route]]", f"model = {_toml(route.model)}",
@@ -892,6 +996,8 @@ def describe(tables: Tables) -> str:
         lines += ["]", f"fallbacks = {_toml(list(route.fallbacks))}"]
         if route.cache:
             lines.append("cache = true")
+        if route.default_max_tokens:
+            lines.append(f"default_max_tokens = {route.default_max_tokens}")
         if route.batch is not None:
             lines.append("batch = { " + ", ".join(
                 f"{f.name} = {getattr(route.batch, f.name)}"

@@ -39,6 +39,7 @@ from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
+    from velox.egress.edge import Translation
     from velox.egress.interfaces import AttemptHandle
     from velox.relay.usage import Meter
 
@@ -87,6 +88,9 @@ class Exchange:
         "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
         "observer",  # cache (velox.cache.front): sees the committed answer; None on uncached routes
         "meter",  # velox.relay.usage: token accounting, None when nobody accounts this request
+        # velox.egress.edge.Translation: the attempt's target speaks another API than the
+        # client's; None when the answer is relayed as it is (OpenAI and Azure upstreams)
+        "edge",
     )
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
@@ -123,6 +127,7 @@ class Exchange:
         self.extra: tuple[tuple[bytes, bytes], ...] = ()
         self.observer: Observer | None = None
         self.meter: Meter | None = None
+        self.edge: Translation | None = None
 
     # --- what the request carries upstream ------------------------------------------------
 
@@ -150,6 +155,8 @@ class Exchange:
             self._start_streaming()
             self.on_data(body, True)
             return
+        if self.edge is not None:
+            body = self._translate(body)
         self._begin()
         observer = self.observer
         if observer is not None:
@@ -174,18 +181,33 @@ class Exchange:
         dispatch = self.dispatch
         if dispatch is not None and dispatch.response(self, status, headers):
             return False  # a failure sent again elsewhere: nothing of it reaches the client
-        request = self.request
-        drop = _DROP if request.extra_headers is None else _DROP_KEYED
-        # One native call: the filter, server-timing, the extra headers, the SSE test (the
-        # Python writer, h1write.use(False), takes its Python twin).
-        out, sse = (_relay_head if h1write.server_timing is _NATIVE_TIMING else answer_head)(
-            headers, drop, request.t_received, request.t_popped, request.t_parsed,
-            request.t_admitted, self.t_sent, self.t_headers, self.extra)
+        edge = self.edge
+        if edge is not None:  # the head of the answer in the client's API
+            headers = edge.head(status, headers)
+        out, sse = self._head(headers)
         if sse:
             self.sse = True
         self.status = status
         self.headers = out
         return True
+
+    def _head(self, headers: Headers) -> tuple[Headers, bool]:
+        request = self.request
+        drop = _DROP if request.extra_headers is None else _DROP_KEYED
+        # One native call: the filter, server-timing, the extra headers, the SSE test (the
+        # Python writer, h1write.use(False), takes its Python twin).
+        return (_relay_head if h1write.server_timing is _NATIVE_TIMING else answer_head)(
+            headers, drop, request.t_received, request.t_popped, request.t_parsed,
+            request.t_admitted, self.t_sent, self.t_headers, self.extra)
+
+    def _translate(self, body: bytes) -> bytes:
+        """A whole answer of a translated attempt, in the client's API: its status, head
+        and body replace the upstream's."""
+        assert self.edge is not None
+        answer = self.edge.answer(self.status, body)
+        self.status = answer.status
+        self.headers, _ = self._head(answer.headers)
+        return answer.body
 
     def _begin(self) -> None:
         """The commit point: the answer starts going to the client. No retry can need the
@@ -204,21 +226,28 @@ class Exchange:
         if self.finished:
             return
         if self.streaming:
-            observer = self.observer
-            if observer is not None:
-                observer.data(data)
-            if self.meter is not None:
-                data = self.meter.data(data)
-            if data:
-                self.conn.send_chunk(data)
-                self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
+            if self.edge is not None:
+                data = self.edge.feed(data)  # upstream bytes in, the client's events out
+            self._relay(data)
         else:
             self.chunks.append(data)
             self.size += len(data)
-            if self.size > _BUFFER_LIMIT:
+            # A translated answer is read whole (its API's JSON is not the client's).
+            if self.size > _BUFFER_LIMIT and self.edge is None:
                 self._start_streaming()
         if end_stream:
             self._complete()
+
+    def _relay(self, data: bytes) -> None:
+        """One piece of a streamed answer to the client (through the observer and meter)."""
+        observer = self.observer
+        if observer is not None:
+            observer.data(data)
+        if self.meter is not None:
+            data = self.meter.data(data)
+        if data:
+            self.conn.send_chunk(data)
+            self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
 
     def on_error(self, exc: BaseException) -> None:
         if self.finished:
@@ -303,15 +332,20 @@ class Exchange:
         self.finished = True
         meter = self.meter
         if self.streaming:
+            if self.edge is not None:
+                self._relay(self.edge.end())  # [DONE], or an error event if it was cut
             if meter is not None:
                 rest = meter.end()
                 if rest:
                     self.conn.send_chunk(rest)
             self.conn.end_stream()
         else:
-            self._begin()
             chunks = self.chunks
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if self.edge is not None:
+                body = self._translate(body)
+                self.chunks = [body]
+            self._begin()
             if meter is not None:
                 meter.body(body)
             self.started = True

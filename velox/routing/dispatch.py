@@ -51,6 +51,8 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
 from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
+from velox.egress.edge import Edge
+from velox.providers.base import Untranslatable
 from velox.routing.balance import Attempt, Event, Plan, Router, classify
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
 from velox.state.stats import SharedStats
@@ -73,7 +75,7 @@ class Dispatch:
     """One worker's dispatcher over every upstream of the tables."""
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
-                 "loop", "forward_model", "hashed", "probes", "_status", "_targets",
+                 "loop", "forward_model", "hashed", "probes", "edge", "_status", "_targets",
                  "_latency", "_retries", "_plain", "_extra", "_hash_all", "_last_failure")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
@@ -96,6 +98,8 @@ class Dispatch:
         self._targets = stats.targets
         # Upstreams whose path is the client's as it is (not azure): no call per request.
         self._plain = tuple(u.kind != "azure" for u in tables.upstreams)
+        # Upstreams of another API than OpenAI's: each attempt translated (velox.egress.edge).
+        self.edge = Edge(tables.upstreams)
         # The answer's x-velox-upstream and x-velox-attempts, made once per upstream and number.
         self._extra = tuple(tuple(head_extra(name, n) for n in range(_EXTRA_MADE))
                             for name in self.names)
@@ -140,6 +144,12 @@ class Dispatch:
         exchange.upstream_name = self.names[u]
         exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
         exchange.outcome = NEUTRAL
+        if self.edge.translators[u] is not None:
+            self._submit_translated(exchange, attempt)
+            return
+        if exchange.edge is not None:  # an earlier attempt was translated
+            exchange.edge = None
+            exchange.method = request.method
         exchange.path = request.upstream_path if self._plain[u] else \
             self.tables.upstreams[u].upstream_path(request.upstream_path, attempt.model)
         # The upstream's own credential; without one, the client's (passed through only when
@@ -153,6 +163,26 @@ class Dispatch:
         # accepts the option; the meter then strips what it brings.
         exchange.body = body if meter is None else \
             meter.for_attempt(body, self.tables.upstreams[u].stream_usage)
+        if attempt.index >= 0:
+            self._targets.add(self.slot, attempt.index, 1)
+        self.upstreams[u].submit(exchange, attempt.number - 1)
+
+    def _submit_translated(self, exchange: Any, attempt: Attempt) -> None:
+        """_submit for an upstream of another API: the call in its API, or a 400 before
+        anything is sent when the request cannot be expressed there."""
+        u = attempt.upstream
+        try:
+            edge = self.edge.attempt(u, exchange.request, attempt.model, exchange.meter,
+                                     attempt.route.default_max_tokens)
+        except Untranslatable as exc:
+            exchange.refuse(exc)  # finishes the route attempt (finish) without an outcome
+            return
+        call = edge.call
+        exchange.edge = edge
+        exchange.method = call.method
+        exchange.path = call.path
+        exchange.headers_out = call.headers  # the kind's credential; none of the client's
+        exchange.body = call.body
         if attempt.index >= 0:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)

@@ -19,6 +19,7 @@ What the answer holds is decided by the request, deterministically:
   (`x-mock-chunks` sets how many deltas), cut by `max_tokens` (one token per piece: stop_reason
   max_tokens) or at the first of `stop_sequences` found in it (stop_reason stop_sequence).
 * `output_config.format` json_schema: the text is the schema filled as above.
+* image blocks in the last user turn: the text ends naming how many (" I see 1 image.").
 * Usage: input ~ request bytes / 4. With `cache_control` on any block, the part of the request
   up to the last marked block is the cached prefix: written the first time this process sees it
   (`cache_creation_input_tokens`), read after that (`cache_read_input_tokens`); input_tokens is
@@ -174,6 +175,9 @@ def _text(req: dict[str, Any], chunks: int) -> tuple[list[str], str, str | None]
         pieces = [whole[i:i + 8] for i in range(0, len(whole), 8)]
     else:
         pieces = list(payloads.pieces(max(1, chunks - 2)))
+        images = _images(req)
+        if images:  # as the Gemini and Bedrock faces do: the image blocks arrived
+            pieces.append(f" I see {images} image{'s' if images > 1 else ''}.")
     if "refusal" in req["model"]:
         return ["I can't help with that."], "refusal", None
     whole = "".join(pieces)
@@ -184,6 +188,16 @@ def _text(req: dict[str, Any], chunks: int) -> tuple[list[str], str, str | None]
     if len(pieces) > req["max_tokens"]:
         return pieces[:req["max_tokens"]], "max_tokens", None
     return pieces, "end_turn", None
+
+
+def _images(req: dict[str, Any]) -> int:
+    """How many image blocks the last user turn carried."""
+    turns = [m for m in req.get("messages") or () if isinstance(m, dict)
+             and m.get("role") == "user"]
+    content = turns[-1].get("content") if turns else None
+    if not isinstance(content, list):
+        return 0
+    return sum(1 for block in content if isinstance(block, dict) and block.get("type") == "image")
 
 
 def _cut(pieces: list[str], at: int) -> list[str]:
