@@ -1,6 +1,7 @@
 """The benchmark report generator: tables from saved results, README markers, the HTML page.
 
-Synthetic results only (no benchmark runs, no plots), so this stays fast.
+Synthetic results (no benchmark runs, no plots), so this stays fast; one test reads the saved
+results to check the page in docs/ is generated from them.
 """
 
 from __future__ import annotations
@@ -232,3 +233,17 @@ def test_native_section_shows_ratios_in_the_docs_and_goals_on_the_html_page(
     page = (tmp_path / "report.html").read_text()
     assert "**missed**" in page or "missed" in page  # the goals stay on the developers' page
     assert "2.20×" in page  # with the run before, 132/60
+
+
+def test_docs_benchmarks_page_holds_the_tables_of_the_saved_results(tmp_path: Path) -> None:
+    """docs/benchmarks.md is what `python -m benches.report` makes of benches/results/, with
+    no goals, verdicts or commits in it."""
+    root = Path(__file__).resolve().parents[2]
+    page = root / "docs" / "benchmarks.md"
+    fresh = tmp_path / "benchmarks.md"
+    fresh.write_text(page.read_text())
+    benchreport.generate_only(root / "benches" / "results", fresh, list(benchreport.MARKERS))
+    assert fresh.read_text() == page.read_text(), (
+        "regenerate: python -m benches.report --only " + ",".join(benchreport.MARKERS))
+    for internal in ("**missed**", "verdict", "issue ", "commit "):
+        assert internal not in page.read_text(), internal
