@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-py typecheck lint demo bench bench-deps bench-litellm bench-e2e \
 	bench-routing bench-cache bench-batching bench-soak bench-report redis-server chromium bench-cluster \
-	bench-native clean
+	bench-native docs clean
 
 all: build
 
@@ -66,6 +66,13 @@ test: build typecheck lint test-native redis-server chromium test-py
 
 demo: build
 	$(PY) -m velox demo
+
+# The generated docs: the configuration reference (from the settings and table parsers), the
+# README's variable table and tables example, and every example block in README.md and docs/
+# (from a real gateway in front of the mock). `make test` checks all of them are current.
+docs: build
+	$(PY) -m velox.config.reference > docs/reference/configuration.md
+	$(PY) -m velox_lab.docs_examples
 
 bench: build
 	$(VENV)/bin/pytest --benchmark

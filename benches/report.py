@@ -1,5 +1,6 @@
 """`python -m benches.report` (`make bench-report`): turn the saved benchmark results into plots,
-an HTML page and README tables. A developer tool, so it lives here and not in the velox package.
+an HTML page and the tables of docs/benchmarks.md. A developer tool, so it lives here and not in
+the velox package.
 
 Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make bench-e2e`),
 e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with nginx in
@@ -7,8 +8,9 @@ front of the TLS mock, with and before the native path), soak.json (`make bench-
 (`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
 cluster.json (`make bench-cluster`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
 when present, and writes into the same directory: one PNG per plot, report.html (every table and
-plot, with the machine facts), and the README's performance sections, replaced between their
-markers:
+plot, with the machine facts and commits, and the project's goals with their verdicts), and the
+tables of docs/benchmarks.md (the user docs: figures, machine and date, no goals, verdicts or
+commits), replaced between their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:native:start --> ... <!-- bench:native:end -->
@@ -34,6 +36,12 @@ from pathlib import Path
 from typing import Any
 
 MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster")
+# Sections of this marker (the projects' goals and verdicts) go to the developers' HTML page
+# only, never into the user docs.
+GOALS = "goals"
+# The page the tables go to, and the results directory as a link from it.
+DOC = Path("docs/benchmarks.md")
+RESULTS_LINK = "../benches/results"
 TARGET_ORDER = ("direct", "velox", "nginx", "nginx-tls", "litellm")
 PCTS = ("p50", "p90", "p99", "p99.9")
 Table = tuple[list[str], list[list[str]]]
@@ -59,13 +67,16 @@ def _keys(d: dict[Any, Any]) -> list[Any]:
     return sorted(d, key=float)
 
 
-def machine_line(doc: dict[str, Any]) -> str:
+def machine_line(doc: dict[str, Any], commit: bool = True) -> str:
+    """The machine, software and date of a run; the commit only on the developers' HTML page
+    (the user docs give the machine and the date)."""
     m = doc["machine"]
     pk = m.get("packages", {})
+    made = (f"commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''}, "
+            if commit else "")
     return (f"{m['cpu_model']}, {m['cores']} cores, {m['memory_mib'] // 1024} GiB, {m['os']}, "
             f"kernel {m['kernel']}, Python {m['python']} (uvloop {pk.get('uvloop', '?')}, orjson "
-            f"{pk.get('orjson', '?')}); commit {m['git_commit']}"
-            f"{' + local changes' if m['git_dirty'] else ''}, "
+            f"{pk.get('orjson', '?')}); {made}"
             f"{m['date'][:16].replace('T', ' ')} UTC, load average {m['loadavg'][0]:.2f}")
 
 
@@ -114,6 +125,16 @@ def table_native_goals(after: dict[str, Any], before: dict[str, Any] | None) -> 
             if before else []
         rows.append([g["goal"], *prev, _times(g["measured"]), _times(g["target"]),
                      VERDICT[g["reached"]], g.get("detail", "")])
+    return head, rows
+
+
+def table_native_ratios(after: dict[str, Any]) -> Table:
+    """The same ratios against nginx with a TLS upstream as figures only: no target, no
+    verdict (the user docs' table; the goals stay on the developers' HTML page)."""
+    head = ["figure", "Velox / nginx", "measured"]
+    rows = [[re.sub(r"\s*(<=|>=)\s*[\d.]+x nginx's", " against nginx's", g["goal"]),
+             _times(g["measured"]), g.get("detail", "")]
+            for g in after["goals"] if g["source"] == "issue 12"]
     return head, rows
 
 
@@ -284,7 +305,7 @@ def table_cache_repeat(s: dict[str, Any]) -> Table:
          _n(r["distinct_prompts"]), _n(r["requests"] - r["distinct_prompts"]), "arithmetic"],
         [f"one LRU of {_n(sim['lru_entries'])} entries", _n(sim["shared_lru_hit_rate"], 3), "",
          "", "simulated on the same sequence"],
-        [f"the seed's: a {_n(sim['lru_entries'])}-entry LRU per worker, {sim['workers']} workers",
+        [f"a {_n(sim['lru_entries'])}-entry LRU per worker, {sim['workers']} workers",
          _n(sim["per_worker_lru_hit_rate"], 3), _n(sim["per_worker_lru_upstream_calls"]),
          _n(r["requests"] - sim["per_worker_lru_upstream_calls"]),
          "simulated: each connection on a random worker, as SO_REUSEPORT spreads them"],
@@ -296,7 +317,7 @@ def table_cache_lookup(s: dict[str, Any]) -> Table:
     head = ["lookup of one stored answer", "ns per hit"]
     return head, [["shared store (SharedCache.get: lock, copy out of the shared mapping)",
                    _n(lk["shared_store_ns"])],
-                  ["per-worker LRU (OrderedDict get + move_to_end, the seed's)",
+                  ["per-worker LRU (OrderedDict get + move_to_end)",
                    _n(lk["per_worker_dict_lru_ns"])]]
 
 
@@ -525,7 +546,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
             out.append(("cluster", "Redis commands against requests", commands, None))
     if routing:
         s = routing["summary"]
-        out.append(("routing", "Routing goals (issue 9)", table_routing_goals(s), None))
+        out.append(("goals", "Routing goals (issue 9)", table_routing_goals(s), None))
         if s.get("spread"):
             out.append(("routing", f"Three upstreams against one, {routing.get('conns', 64)} "
                         "connections (wrk)", table_routing_spread(s), None))
@@ -535,12 +556,12 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
     if cache:
         s = cache["summary"]
         if s.get("goals"):
-            out.append(("cache", "Cache goals (issue 10)", table_routing_goals(s), None))
+            out.append(("goals", "Cache goals (issue 10)", table_routing_goals(s), None))
         if s.get("hit_path"):
             out.append(("cache", "The hit path against a proxied miss (wrk, the same request "
                         "every time)", table_cache_hit_path(s), None))
         if s.get("repeat"):
-            out.append(("cache", "A workload with repeats (the seed's cache test)",
+            out.append(("cache", "A workload with repeats",
                         table_cache_repeat(s), None))
         if s.get("lookup"):
             out.append(("cache",
@@ -560,7 +581,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
     if e2e:
         s = e2e["summary"]
         out += [
-            ("e2e", "Goals", table_goals(s), None),
+            ("goals", "Goals", table_goals(s), None),
             ("e2e", "Fixed concurrency, non-streaming (wrk)", table_fixed(s), "throughput.png"),
             ("e2e", "Latency percentiles", None, "latency_percentiles.png"),
             ("e2e", "Added latency against direct", None, "overhead.png"),
@@ -576,8 +597,10 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
         s = native["summary"]
         before = native_before["summary"] if native_before else None
         out += [
-            ("native", "Issue 12: Velox against nginx with a TLS upstream, in one run",
+            ("goals", "Issue 12: Velox against nginx with a TLS upstream, in one run",
              table_native_goals(s, before), None),
+            ("native", "Velox against nginx with a TLS upstream, ratios from one run",
+             table_native_ratios(s), None),
             ("native", "Fixed concurrency, non-streaming (wrk)", table_fixed(s), None),
             ("native", "Streaming", table_stream(s), None),
         ]
@@ -609,7 +632,7 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                      f"(load average {m.get('loadavg_end', [0])[0]:.2f} at the end); counts, "
                      "not speed, so the load matters little.")
     elif doc:
-        lines.append(f"\nMeasured on {machine_line(doc)}.")
+        lines.append(f"\nMeasured on {machine_line(doc, commit=False)}.")
         if marker in ("routing", "cache"):
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
@@ -637,7 +660,7 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
             lines.append(f"Placement: {doc['placement']} Medians of {doc['plan']['rounds']} "
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
         if marker == "native":
-            lines += _load_lines(doc, docs.get("native_before"))
+            lines += _load_lines(doc)
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "
@@ -651,22 +674,20 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
         if table:
             lines.append(markdown(table))
         if plot and plot in plots:
-            lines.append(f"\n![{title}](benches/results/{plot})")
+            lines.append(f"\n![{title}]({RESULTS_LINK}/{plot})")
     return "\n".join(lines) + "\n"
 
 
-def _load_lines(doc: dict[str, Any], before: dict[str, Any] | None) -> list[str]:
+def _load_lines(doc: dict[str, Any]) -> list[str]:
     """The other load on the machine during a run (the ratios are what survive it)."""
     out = []
-    for label, d in (("This run", doc), ("The run before the native path", before)):
-        if not d:
-            continue
+    for label, d in (("This run", doc),):
         foreign = sorted(x["foreign_cores"] for x in d.get("runs", [])
                          if x.get("foreign_cores") is not None)
         mid = foreign[len(foreign) // 2] if foreign else None
         m = d["machine"]
         load = d.get("loadavg_start") or m.get("loadavg") or [0.0]
-        out.append(f"{label} (commit {m['git_commit']}, ended {m['date'][:16].replace('T', ' ')} "
+        out.append(f"{label} (ended {m['date'][:16].replace('T', ' ')} "
                    f"UTC): load average {load[0]:.2f} at its start and {m['loadavg'][0]:.2f} at "
                    f"its end; other people's processes used a median of {_n(mid, 2)} of the "
                    f"{m['cores']} cores during its runs." + "".join(
@@ -730,7 +751,8 @@ def generate_only(results: Path, readme: Path, markers: Sequence[str]) -> list[s
     single benchmark's make target runs, leaving every other section as it was."""
     docs = load_docs(results)
     secs = sections(docs)
-    blocks = {m: readme_block(m, secs, docs, set()) for m in markers if docs.get(m)}
+    drawn = {p.name for p in results.glob("*.png")}  # plots already drawn stay linked
+    blocks = {m: readme_block(m, secs, docs, drawn) for m in markers if docs.get(m)}
     return update_readme(readme, blocks)
 
 
@@ -752,7 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m benches.report")
     p.add_argument("--results", type=Path, default=Path("benches/results"))
-    p.add_argument("--readme", type=Path, default=Path("README.md"))
+    p.add_argument("--readme", type=Path, default=DOC,
+                   help="the Markdown page whose bench:* blocks are rewritten")
     p.add_argument("--no-readme", action="store_true")
     p.add_argument("--only", help="comma-separated README markers to rewrite (tables only; "
                    "no plots, no report.html), e.g. batching")

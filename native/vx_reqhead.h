@@ -2,7 +2,7 @@
  *
  * Why: with httptools, ingress pays a Python callback per header field (15 for the `openai`
  * SDK's request) plus one each for the URL, the start, the end of the head and the body; the
- * largest single Python cost of a proxied request (issue 12). This parser reads the whole head
+ * largest single Python cost of a proxied request. This parser reads the whole head
  * at once and the binding hands ingress everything it needs in one tuple.
  *
  * It is a strict SUBSET parser, not a second HTTP implementation: it accepts only heads it

@@ -1,6 +1,6 @@
 /* bench: single-thread costs of the native core, in nanoseconds per operation.
  *
- * Each figure is the median of TRIALS runs. Targets from the issue: ring push+pop <= 25 ns,
+ * Each figure is the median of TRIALS runs. Targets: ring push+pop <= 25 ns,
  * uncontended acquire <= 10 ns. The last row puts two threads on one ring (each pushes then
  * pops) to show what sharing the counters' cache lines costs.
  */

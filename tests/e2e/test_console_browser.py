@@ -490,7 +490,9 @@ def test_a_cross_site_form_post_from_the_browser_is_refused(
             def log_message(self, *args: object) -> None:
                 pass
 
-        evil = http.server.HTTPServer(("127.0.0.2", 0), Evil)  # another origin: 127.0.0.2
+        # A thread per connection: Chromium opens speculative connections that send nothing,
+        # and a one-at-a-time server would sit on one of them while the page request waits.
+        evil = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Evil)  # another origin
         thread = threading.Thread(target=evil.serve_forever, daemon=True)
         thread.start()
         try:

@@ -398,18 +398,20 @@ def test_sigkill_mid_answer_every_request_not_yet_committed_goes_elsewhere(
 
     async def scenario() -> list[tuple[bool, int, str, str, bool]]:
         done: list[tuple[bool, int, str, str, bool]] = []
-        load = asyncio.create_task(_fire_mixed(gw.base_url, 2000, 64, done))
+        # 1,000 calls, c killed after 250: 64 are in flight then, of both kinds, and 750 are
+        # still to go (the other upstreams serve them; more of them would prove nothing new).
+        load = asyncio.create_task(_fire_mixed(gw.base_url, 1000, 64, done))
         deadline = time.monotonic() + 60
-        while len(done) < 500 and not load.done() and time.monotonic() < deadline:
+        while len(done) < 250 and not load.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         os.kill(victim.pid, signal.SIGKILL)
-        assert 500 <= len(done) < 1500, len(done)  # mid-load: 64 calls in flight
+        assert 250 <= len(done) < 750, len(done)  # mid-load: 64 calls in flight
         await asyncio.wait_for(load, 180)
         return done
 
     outcomes = asyncio.run(scenario())
-    assert len(outcomes) == 2000
-    assert Counter(o[1] for o in outcomes) == Counter({200: 2000})
+    assert len(outcomes) == 1000
+    assert Counter(o[1] for o in outcomes) == Counter({200: 1000})
     plain = [o for o in outcomes if not o[0]]
     streams = [o for o in outcomes if o[0]]
     assert all(o[4] for o in plain), [o for o in plain if not o[4]]

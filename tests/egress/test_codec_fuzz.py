@@ -192,8 +192,8 @@ def agree_with_h2(events: list[tuple], reference: list[tuple], *, strict: bool =
 
     Well-formed input (`strict`): if h2 carries on, so does native, with equal events; if h2
     fails, native reset a stream instead (or failed too), and the events before agree. Mutated
-    input also meets h2's known leniencies and strictnesses (CODECS.md), so there the framer is
-    the reference for errors and h2 is compared only where both carry on, up to the first
+    input also meets h2's known leniencies and strictnesses (docs/design/codecs.md), so there the
+    framer is the reference for errors and h2 is compared only where both carry on, up to the first
     stream native reset itself (h2 accepts, for one, a 1xx with END_STREAM).
     """
     native_failed = any(e[0] == "error" for e in events)

@@ -743,13 +743,17 @@ def env_example() -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_table() -> str:
-    """The README's configuration table, generated from FIELDS (a test keeps them equal)."""
+def markdown_table(only: tuple[str, ...] = ()) -> str:
+    """The variables as a Markdown table, generated from FIELDS: all of them for the reference
+    page, or the `only` ones (the README's short table); tests keep both equal to this."""
     per_core = {"VELOX_WORKERS", "VELOX_EGRESS_POOL_CONNECTIONS"}
     rows = ["| Variable | Default | What it does |", "|---|---|---|"]
     for f in FIELDS:
+        if only and f.env not in only:
+            continue
         default = "usable cores" if f.env in per_core else (f"`{f.default}`" if f.default else "—")
         rows.append(f"| `{f.env}` | {default} | {f.help} |")
-    rows.append("| `OPENAI_API_KEY` | — | upstream key used when `VELOX_UPSTREAM_API_KEY` is "
-                "empty |")
+    if not only:
+        rows.append("| `OPENAI_API_KEY` | — | upstream key used when `VELOX_UPSTREAM_API_KEY` "
+                    "is empty |")
     return "\n".join(rows) + "\n"

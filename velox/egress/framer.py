@@ -6,8 +6,8 @@ needs, with the per-frame work reduced to a struct unpack, a table dispatch and 
 writes every outgoing frame straight into one bytearray. Response header blocks are HPACK-decoded
 with jh2's compiled decoder when it is installed, else with the pure-Python `hpack` decoder.
 Requests are HPACK-encoded statelessly (static table and literals only; see hpack_static.py), so the
-peer's decoder table never holds anything of ours and we need no encoder state at all. See CODECS.md
-for what is deliberately left out.
+peer's decoder table never holds anything of ours and we need no encoder state at all. See
+docs/design/codecs.md for what is deliberately left out.
 """
 
 from __future__ import annotations

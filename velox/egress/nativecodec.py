@@ -2,9 +2,9 @@
 
 `velox._native.H2Client` implements `velox.egress.codec.Codec` entirely in C: frame parsing,
 HPACK both ways (static and dynamic tables, Huffman decoding), flow control, and the same policy,
-errors and bytes on the wire as the Python framer it was ported from (framer.py; CODECS.md has
-the reasoning behind each choice). One `receive_data` call crosses into C once for a whole
-upstream read and returns the event tuples built there.
+errors and bytes on the wire as the Python framer it was ported from (framer.py;
+docs/design/codecs.md has the reasoning behind each choice). One `receive_data` call crosses
+into C once for a whole upstream read and returns the event tuples built there.
 
 This module only checks that the C core was built with the same constants as codec.py and hands
 it `CodecError`, which it raises as ``CodecError(code, message, events)``.

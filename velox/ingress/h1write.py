@@ -5,7 +5,7 @@ Ingress writes every answer through the three functions `response`, `head` and `
 which are the native core's (`velox._native.h1_*`, native/vx_http1.c): one C call builds the
 whole response (status line, content-length, the header fields in the order given, connection:
 close, the body) into one bytes object, where the Python writer built a list of parts and
-joined it (a quarter of a worker's Python time was the client write, issue 12).
+joined it (a quarter of a worker's Python time was the client write, in a profile under load).
 
 `py_response`, `py_head`, `py_chunks` and `py_server_timing` below are that Python writer,
 kept as the reference:
