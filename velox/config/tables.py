@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit
 
-UPSTREAM_KINDS = ("openai", "azure")
+UPSTREAM_KINDS = ("openai", "azure", "anthropic")
 STRATEGIES = ("weighted", "least_busy", "hash")
 CATCH_ALL = "*"
 DEFAULT_UPSTREAM = "default"
@@ -114,6 +114,8 @@ class UpstreamSpec:
             return []
         if self.kind == "azure":
             return [(b"api-key", self.api_key.encode())]
+        if self.kind == "anthropic":  # the Messages API's key header (its version: per request)
+            return [(b"x-api-key", self.api_key.encode())]
         return [(b"authorization", b"Bearer " + self.api_key.encode())]
 
     def upstream_path(self, path: bytes, model: str) -> bytes:

@@ -33,12 +33,18 @@ from urllib.parse import unquote
 import orjson
 
 from velox.admission.keys import KeyStage
-from velox.admission.parse import parse_model_call, parse_other, scan_model_call
+from velox.admission.parse import (
+    parse_messages,
+    parse_model_call,
+    parse_other,
+    scan_model_call,
+)
 from velox.admission.ratelimit import Limiter
 from velox.batching.batch import Batcher
 from velox.cache.front import CacheFront
 from velox.config.settings import Settings
 from velox.config.tables import CATCH_ALL, Tables
+from velox.core.api import COUNT_TOKENS_PATH, MESSAGES_PATH, OPENAI, client_api
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
@@ -53,6 +59,7 @@ from velox.ingress.classify import is_model_list
 from velox.ingress.connection import ClientConnection, IngressState
 from velox.ingress.ring import Ring
 from velox.relay.exchange import Exchange
+from velox.relay.messages import MessagesExchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
 from velox.state.stats import SharedStats
@@ -416,6 +423,8 @@ class Worker:
                     try:
                         if route is _MODEL_OTHER:
                             parse_other(request)
+                        elif request.path.startswith(MESSAGES_PATH):  # velox.core.api
+                            parse_messages(request, client_api(request.path))
                         else:
                             parse_model_call(request)
                     except VeloxError as exc:
@@ -502,13 +511,21 @@ class Worker:
         prepared = request.upstream_headers  # made by ingress's native head parser
         base, passthrough = self.auth.client_headers(request.headers) if prepared is None \
             else prepared
-        exchange = Exchange(request, request.upstream_path, base, on_done, self.release_body,
-                            self.dispatch)
-        exchange.passthrough = passthrough
+        if request.path.startswith(MESSAGES_PATH) and client_api(request.path) != OPENAI:
+            # The Anthropic Messages API in front (velox.relay.messages): its client credential
+            # header is dropped like Authorization, its answers translated per target.
+            exchange: Exchange = MessagesExchange(request, base, passthrough,
+                                                  not self.auth.required, on_done,
+                                                  self.release_body, self.dispatch)
+        else:
+            exchange = Exchange(request, request.upstream_path, base, on_done,
+                                self.release_body, self.dispatch)
+            exchange.passthrough = passthrough
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
-            if request.route is _MODEL_OTHER:  # images, audio: only what the answer reports
+            # images, audio, count_tokens: only what the answer reports
+            if request.route is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
                 exchange.meter = ReportedMeter(ledger, request)
             # The common case (velox.relay.usage.CountMeter): only the counters need the numbers.
             elif not request.stream and request.ticket is None and ledger.tpm is None:

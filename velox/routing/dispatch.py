@@ -153,6 +153,11 @@ class Dispatch:
         # accepts the option; the meter then strips what it brings.
         exchange.body = body if meter is None else \
             meter.for_attempt(body, self.tables.upstreams[u].stream_usage)
+        # The Anthropic Messages API in front (velox.relay.messages): shaped for this target,
+        # or answered by the gateway itself (False).
+        if exchange.front and not exchange.target(self.tables.upstreams[u], attempt.model,
+                                                  self.credentials[u]):
+            return
         if attempt.index >= 0:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
