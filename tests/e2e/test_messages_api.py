@@ -70,6 +70,15 @@ targets = [{{ upstream = "oa", model = "gpt-4o-mini" }}]
 model = "claude-front"
 targets = [{{ upstream = "an" }}]
 
+[[route]]
+model = "claude-broken"
+targets = [{{ upstream = "an", model = "claude-stream-error" }}]
+
+[[route]]
+model = "claude-cached"
+targets = [{{ upstream = "an" }}]
+cache = true
+
 [retry]
 attempts = 1  # the error cases end as they are, not by a retry
 
@@ -286,3 +295,39 @@ def test_access_log_counts_exact_tokens_on_both_paths(gw: GatewayProcess) -> Non
 
     assert wait_for(logged)
     assert KEY not in gw.log()
+
+
+def test_cache_serves_messages_and_keeps_apis_apart(gw: GatewayProcess,
+                                                   mock: MockUpstream) -> None:
+    mock.reset()
+    client = sdk(gw)
+    first = client.messages.with_raw_response.create(model="claude-cached", max_tokens=16,
+                                                     messages=HI)
+    second = client.messages.with_raw_response.create(model="claude-cached", max_tokens=16,
+                                                      messages=HI)
+    assert second.headers.get("x-velox-cache") == "hit"
+    assert second.parse().content[0].text == first.parse().content[0].text
+    assert len(mock.requests()) == 1
+    # The same model and body on the chat path is another API: not the Messages answer.
+    with httpx.Client(base_url=gw.base_url, timeout=20,
+                      headers={"authorization": f"Bearer {KEY}"}) as raw:
+        chat = raw.post("/v1/chat/completions", json={"model": "claude-cached",
+                                                      "max_tokens": 16, "messages": HI})
+    assert chat.headers.get("x-velox-cache") != "hit"
+    assert len(mock.requests()) == 2
+
+
+def test_a_stream_broken_midway_ends_with_an_error_event(gw: GatewayProcess) -> None:
+    """Past the commit point nothing is retried: the Messages stream ends with an `error`
+    event (the SDK raises), whether the upstream sent one (Anthropic, relayed as it is) or its
+    connection broke (OpenAI side, translated: the gateway writes the event)."""
+    client = sdk(gw)
+    for model, headers in (("claude-broken", {}),
+                           ("gpt-front", {"x-mock-fault": "reset-mid-stream",
+                                          "x-mock-chunks": "8"})):
+        texts: list[str] = []
+        with pytest.raises(anthropic.APIStatusError) as caught, client.messages.stream(
+                model=model, max_tokens=64, messages=HI, extra_headers=headers) as stream:
+            texts.extend(e.delta.text for e in stream if e.type == "content_block_delta")
+        assert texts, model  # the answer had started before it broke
+        assert caught.value.body["type"] == "error", model

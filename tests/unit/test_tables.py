@@ -236,8 +236,9 @@ ROUTE = '[[route]]\nmodel = "gpt-4o"\ntargets = [{ upstream = "openai" }]\n'
     ('[upstream]\nname = "a"\norigin = "https://a.example"\n',
      "top level: upstream: [upstream] is a single table; write [[upstream]]"),
     ("retry = 3\n" + UP, "top level: retry: must be a table ([retry]), got the integer 3"),
-    (UP + 'kind = "anthropic"\n',
-     '[[upstream]] #1 (name "openai"): kind: must be one of "openai", "azure", got "anthropic"'),
+    (UP + 'kind = "cohere"\n',
+     '[[upstream]] #1 (name "openai"): kind: must be one of "openai", "azure", "anthropic", '
+     'got "cohere"'),
     (UP + 'protocol = "h3"\n', '[[upstream]] #1 (name "openai"): protocol: must be one of '
      '"auto", "h2", "http1", got "h3"'),
     (UP + ROUTE + 'strategy = "random"\n',
