@@ -34,12 +34,8 @@ CASES = {
 }
 
 
-def _cpu(gw: GatewayProcess) -> float:
-    total = 0.0
-    for child in psutil.Process(gw.pid).children():
-        times = child.cpu_times()
-        total += times.user + times.system
-    return total
+def _cpu(processes: list[psutil.Process]) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in processes))
 
 
 def _wrk(port: int, path: str, body: bytes, seconds: int) -> dict[str, object]:
@@ -81,20 +77,27 @@ targets = [{ upstream = "an" }]
                "KEY_UP": "sk-up-not-a-secret"}
         with GatewayProcess(env, log_path=Path(tmp) / "velox.log") as gw:
             port = int(gw.base_url.rsplit(":", 1)[1])
-            sums = {name: [0.0, 0] for name in CASES}
+            workers = psutil.Process(gw.pid).children()
+            proc = psutil.Process(mock._proc.pid)  # type: ignore[union-attr]
+            upstream = [proc, *proc.children(recursive=True)]
+            sums = {name: [0.0, 0, 0.0, 0.0] for name in CASES}
             for path, body in CASES.values():  # warm both paths
                 _wrk(port, path, orjson.dumps(body), 1)
             for _ in range(args.rounds):
                 for name, (path, body) in CASES.items():
-                    before = _cpu(gw)
+                    before, mock_before = _cpu(workers), _cpu(upstream)
                     out = _wrk(port, path, orjson.dumps(body), args.seconds)
                     errors = out["errors"]
                     assert isinstance(errors, dict) and not any(errors.values()), out
-                    sums[name][0] += _cpu(gw) - before
+                    sums[name][0] += _cpu(workers) - before
                     sums[name][1] += int(out["requests"])  # type: ignore[call-overload]
-    per = {name: cpu / n * 1e6 for name, (cpu, n) in sums.items()}
+                    sums[name][2] += _cpu(upstream) - mock_before
+                    sums[name][3] += int(out["duration_us"]) / 1e6  # type: ignore[call-overload]
+    per = {name: cpu / n * 1e6 for name, (cpu, n, _, _) in sums.items()}
     for name, us in per.items():
-        print(f"{name:9s} {sums[name][1]:8d} requests  {us:6.1f} us CPU per request")
+        _, n, mock_cpu, seconds = sums[name]
+        print(f"{name:9s} {n:8.0f} requests  {n / seconds:8.0f} req/s  {us:6.1f} us Velox CPU "
+              f"per request  (mock {mock_cpu / n * 1e6:5.1f} us)")
     print(f"messages / chat: {per['messages'] / per['chat']:.3f}")
 
 

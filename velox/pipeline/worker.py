@@ -110,6 +110,7 @@ class Worker:
         self.batch_max = settings.batch_max
         self.upstream_root_path = settings.upstream_request_path.encode()
         self.auth = Auth(settings)
+        self.keyless = not self.auth.required  # a client's own key may go upstream
         self.drain_pending = False
         self.in_flight = 0
         self.keys: KeyStage | None = None  # made in build()
@@ -515,7 +516,7 @@ class Worker:
             # The Anthropic Messages API in front (velox.relay.messages): its client credential
             # header is dropped like Authorization, its answers translated per target.
             exchange: Exchange = MessagesExchange(request, base, passthrough,
-                                                  not self.auth.required, on_done,
+                                                  self.keyless, on_done,
                                                   self.release_body, self.dispatch)
         else:
             exchange = Exchange(request, request.upstream_path, base, on_done,
