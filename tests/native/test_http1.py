@@ -83,6 +83,15 @@ def test_every_status_line_of_this_python() -> None:
         assert _native.h1_head(line, (), 0, 0) == line + b"\r\n"
 
 
+def test_a_status_python_has_no_phrase_for_gets_a_line() -> None:
+    # An upstream's 529 (Anthropic: overloaded) is relayed as it is: its line has an empty
+    # reason phrase (RFC 9112 §4) instead of a KeyError that left the client unanswered.
+    assert 529 not in {s.value for s in http.HTTPStatus}
+    assert STATUS_LINES[529] == b"HTTP/1.1 529 \r\n"
+    assert h1write.response(STATUS_LINES[529], [], b"{}", H1_LENGTH).startswith(
+        b"HTTP/1.1 529 \r\ncontent-length: 2\r\n")
+
+
 @pytest.mark.parametrize(("args", "error", "match"), [
     (("200", [], b"", 0), TypeError, "status_line must be bytes"),
     ((b"HTTP/1.1 200 OK\r\n", {b"a": b"b"}, b"", 0), TypeError, "list or tuple"),

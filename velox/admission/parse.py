@@ -16,12 +16,15 @@ in a thread and keeps serving meanwhile. Both functions accept exactly the same 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
 from velox import _native
+from velox.core.api import COUNT_TOKENS
 from velox.core.errors import BadRequest, MalformedJSON, MissingParameter
 from velox.core.types import Request
+from velox.providers import messages
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -51,15 +54,7 @@ _SCAN_ERRORS = {
 def parse_model_call(request: Request, required: bool = True) -> None:
     """Set request.model and request.stream, or raise a 400 error naming the problem.
     `required` False: a body without `model` leaves request.model None (parse_other)."""
-    body = request.body
-    if not body:
-        raise BadRequest(_EMPTY)
-    try:
-        doc = _loads(body)
-    except _JSONDecodeError as exc:
-        raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
-    if type(doc) is not dict:
-        raise BadRequest(_NOT_OBJECT)
+    doc = _object(request.body)
     model = doc.get("model")
     if type(model) is not str or not model:
         if required or model is not None:
@@ -71,6 +66,33 @@ def parse_model_call(request: Request, required: bool = True) -> None:
     key = doc.get("prompt_cache_key") or doc.get("user")
     if type(key) is str:
         request.affinity = key
+
+
+def _object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The body as a JSON object, or the 400 saying why it is none."""
+    if not body:
+        raise BadRequest(_EMPTY)
+    try:
+        doc = _loads(body)
+    except _JSONDecodeError as exc:
+        raise MalformedJSON(f"We could not parse the JSON body of your request: {exc}") from None
+    if type(doc) is not dict:
+        raise BadRequest(_NOT_OBJECT)
+    return doc
+
+
+def parse_messages(request: Request, api: int) -> None:
+    """A Messages API call (velox.core.api): parse_model_call's reading, after the checks
+    Anthropic itself makes first (`model`, `max_tokens`, `messages`: 400s the caller answers in
+    Anthropic's shape). The affinity key is the body's metadata.user_id."""
+    doc = _object(request.body)
+    messages.check(doc, count_tokens=api == COUNT_TOKENS)
+    request.model = doc["model"]
+    request.stream = api != COUNT_TOKENS and doc.get("stream") is True
+    metadata = doc.get("metadata")
+    user = metadata.get("user_id") if type(metadata) is dict else None
+    if type(user) is str:
+        request.affinity = user
 
 
 def parse_other(request: Request) -> None:

@@ -21,7 +21,8 @@ from velox.core.types import Headers
 if TYPE_CHECKING:
     from velox.config.settings import Settings
 
-CACHEABLE_PATHS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"))
+CACHEABLE_PATHS = frozenset((b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings",
+                             b"/v1/messages"))
 # Body members that do not change the answer (who asks, how usage is reported, tags).
 IGNORED_MEMBERS = ("user", "stream_options", "metadata")
 HEADER = b"x-velox-cache"

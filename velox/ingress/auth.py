@@ -147,7 +147,8 @@ _UNSEEN = b"unseen"  # Auth._valid.get's default: no digest is this object
 
 def caller_of(request: Request) -> bytes:
     """Who is asking: the SHA-256 digest (32 raw bytes) of the credential the client presented
-    (the bearer value of Authorization, else Azure's api-key header, whatever their order),
+    (the bearer value of Authorization, else Azure's api-key or Anthropic's x-api-key header,
+    whatever their order),
     b"" when none. When the gateway checks keys, ingress sets it from the key it checked
     (Auth.check), so this reading of the headers serves only keyless gateways. Computed
     on first use and kept on the request: stages that need an identity (gateway keys, the
@@ -160,8 +161,8 @@ def caller_of(request: Request) -> bytes:
             if name == b"authorization":
                 value = field  # ingress refuses a second one
                 break
-            if name == b"api-key" and value is None:
-                value = field
+            if (name == b"api-key" or name == b"x-api-key") and value is None:
+                value = field  # Azure's and Anthropic's key headers
         caller = b""
         if value is not None:
             scheme, _, token = value.partition(b" ")

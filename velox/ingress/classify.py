@@ -39,6 +39,9 @@ _MODEL_CALLS: dict[bytes, tuple[bytes, ...]] = {
     b"/v1/completions": (b"POST",),
     b"/v1/embeddings": (b"POST",),
     b"/v1/responses": (b"POST",),
+    # The Anthropic Messages API in front (velox.core.api): a model call like chat completions.
+    b"/v1/messages": (b"POST",),
+    b"/v1/messages/count_tokens": (b"POST",),
 }
 # The other model-bearing endpoints: POST only; JSON naming a model, or a multipart form
 # with a `model` field (parse.parse_other). Their model may be absent (the upstream's default):

@@ -77,6 +77,7 @@ import httptools
 import orjson
 
 from velox import _native
+from velox.core.api import MESSAGES_PATH, OPENAI, client_api
 from velox.core.errors import (
     BadHTTP,
     BadRequest,
@@ -99,6 +100,7 @@ from velox.ingress.auth import Auth
 from velox.ingress.classify import classify, normal_target
 from velox.ingress.h1write import H1_CHUNKED, H1_CLOSE, H1_LENGTH, STATUS_LINES
 from velox.ingress.headers import HOP_BY_HOP
+from velox.providers.messages import gateway_error
 
 log = logging.getLogger("velox.ingress")
 
@@ -465,7 +467,10 @@ class ClientConnection(asyncio.Protocol):
                 url = self._url = normal_target(url)
             route = classify(method, url)
             if route <= _ROOT:
-                self._caller = state.auth.check(self._authorization)
+                authorization = self._authorization
+                if authorization is None and url.startswith(MESSAGES_PATH):
+                    authorization = _x_api_key(self._headers)  # the Anthropic SDK's header
+                self._caller = state.auth.check(authorization)
             self._route = route
         except VeloxError as exc:
             self._reject = exc
@@ -724,6 +729,10 @@ class ClientConnection(asyncio.Protocol):
         self._finish(keep_alive)
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
+        if client_api(request.path) != OPENAI:  # the Anthropic SDK reads its own shape
+            answer = gateway_error(exc)
+            self.respond(request, answer.status, answer.headers, answer.body)
+            return
         error = to_response(exc)
         self.respond(request, error.status, error.headers, error.body)
 
@@ -947,6 +956,14 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()  # type: ignore[union-attr]
             return True
         return False
+
+
+def _x_api_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """A Messages API client's `x-api-key`, as the Authorization value Auth.check reads."""
+    for name, value in headers:
+        if name == b"x-api-key":
+            return b"Bearer " + value
+    return None
 
 
 def _origin_form(target: bytes) -> bytes:

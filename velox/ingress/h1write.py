@@ -30,9 +30,19 @@ H1_CLOSE = _native.H1_CLOSE  # write connection: close
 
 # The reason phrases are the running Python's (they changed between versions), so the C core
 # is handed the whole status line.
-STATUS_LINES = {
+class _StatusLines(dict[int, bytes]):
+    """Status code -> status line. A code Python has no phrase for (an upstream's 529, Anthropic's
+    overloaded) gets an empty reason phrase, which RFC 9112 §4 allows, instead of a KeyError
+    that left its client without an answer."""
+
+    def __missing__(self, status: int) -> bytes:
+        line = self[status] = b"HTTP/1.1 %d \r\n" % status
+        return line
+
+
+STATUS_LINES = _StatusLines({
     s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in http.HTTPStatus
-}
+})
 LAST_CHUNK = b"0\r\n\r\n"
 _CONTENT_LENGTH = b"content-length: %d\r\n"
 _CLOSE = b"connection: close\r\n"

@@ -39,7 +39,12 @@ from urllib.parse import unquote
 import orjson
 
 from velox.admission.keys import KeyStage
-from velox.admission.parse import parse_model_call, parse_other, scan_model_call
+from velox.admission.parse import (
+    parse_messages,
+    parse_model_call,
+    parse_other,
+    scan_model_call,
+)
 from velox.admission.ratelimit import Limiter
 from velox.admission.runtime import RuntimeKeys
 from velox.batching.batch import Batcher
@@ -47,6 +52,7 @@ from velox.cache.front import CacheFront
 from velox.cache.wait import Waiting
 from velox.config.settings import Settings
 from velox.config.tables import CATCH_ALL, Tables
+from velox.core.api import COUNT_TOKENS_PATH, MESSAGES_PATH, OPENAI, client_api
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
@@ -61,6 +67,7 @@ from velox.ingress.classify import is_model_list
 from velox.ingress.connection import ClientConnection, IngressState
 from velox.ingress.ring import Ring
 from velox.relay.exchange import Exchange
+from velox.relay.messages import MessagesExchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
 from velox.state.stats import SharedStats
@@ -113,6 +120,7 @@ class Worker:
         self.batch_max = settings.batch_max
         self.upstream_root_path = settings.upstream_request_path.encode()
         self.auth = Auth(settings)
+        self.keyless = not self.auth.required  # a client's own key may go upstream
         self.drain_pending = False
         self.in_flight = 0
         self.keys: KeyStage | None = None  # made in build()
@@ -490,6 +498,8 @@ class Worker:
                     try:
                         if route is _MODEL_OTHER:
                             parse_other(request)
+                        elif request.path.startswith(MESSAGES_PATH):  # velox.core.api
+                            parse_messages(request, client_api(request.path))
                         else:
                             parse_model_call(request)
                     except VeloxError as exc:
@@ -560,12 +570,19 @@ class Worker:
         prepared = request.upstream_headers  # made by ingress's native head parser
         base, passthrough = self.auth.client_headers(request.headers) if prepared is None \
             else prepared
-        exchange = Exchange(request, request.upstream_path, base, on_done, self.dispatch)
-        exchange.passthrough = passthrough
+        if request.path.startswith(MESSAGES_PATH) and client_api(request.path) != OPENAI:
+            # The Anthropic Messages API in front (velox.relay.messages): its client credential
+            # header is dropped like Authorization, its answers translated per target.
+            exchange: Exchange = MessagesExchange(request, base, passthrough,
+                                                  self.keyless, on_done, self.dispatch)
+        else:
+            exchange = Exchange(request, request.upstream_path, base, on_done, self.dispatch)
+            exchange.passthrough = passthrough
         ledger = self.ledger
         if ledger is not None and request.route is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
-            if request.route is _MODEL_OTHER:  # images, audio: only what the answer reports
+            # images, audio, count_tokens: only what the answer reports
+            if request.route is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
                 exchange.meter = ReportedMeter(ledger, request)
             # The common case (velox.relay.usage.CountMeter): only the counters need the numbers.
             elif not request.stream and request.ticket is None and ledger.tpm is None:

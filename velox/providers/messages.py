@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from velox.core.errors import MissingParameter
+from velox.core.errors import MissingParameter, to_response
 
 from . import sse
 from .base import Answer, Headers, Untranslatable, Usage
@@ -55,14 +55,17 @@ _OUTPUT_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xh
                   "max": "xhigh"}
 
 
-def check(body: Any) -> None:
-    """Anthropic's own first checks, as 400s (converted to its shape by error_to_messages)."""
+def check(body: Any, count_tokens: bool = False) -> None:
+    """Anthropic's own first checks, as 400s (converted to its shape by error_to_messages);
+    count_tokens takes no `max_tokens`."""
     if not isinstance(body, dict):
         raise Untranslatable("The request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise MissingParameter("model: Field required", param="model")
     max_tokens = body.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if count_tokens:
+        pass
+    elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise MissingParameter("max_tokens: Field required (a positive integer)",
                                param="max_tokens")
     if not isinstance(body.get("messages"), list) or not body["messages"]:
@@ -371,6 +374,16 @@ def error_to_messages(status: int, openai_error_body: bytes,
     if retry_after is not None:
         out.append((b"retry-after", retry_after))
     return Answer(status, out, body)
+
+
+def gateway_error(exc: BaseException) -> Answer:
+    """An error Velox makes itself (velox.core.errors, the one mapping) in Anthropic's shape:
+    the same message and status (503 -> 529), and every header the error carries (retry-after,
+    allow, the key's x-ratelimit-*)."""
+    made = to_response(exc)
+    answer = error_to_messages(made.status, made.body)
+    answer.headers = [*JSON_HEADERS, *(h for h in made.headers if h[0] != b"content-type")]
+    return answer
 
 
 def error_event(status: int, message: str, type_: Any = None) -> bytes:

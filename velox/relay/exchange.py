@@ -93,6 +93,10 @@ class Exchange:
         "edge",
     )
 
+    # The Anthropic Messages API in front (velox.relay.messages.MessagesExchange) shapes each
+    # attempt for its target: dispatch asks only when this is True.
+    front = False
+
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],
                  dispatch: Failover | None = None) -> None:
@@ -263,7 +267,7 @@ class Exchange:
             # client (the SDK raises APIError) knows the answer is truncated, and the connection
             # stays usable. One that broke inside an event is cut below: an event appended to
             # half a line would be read as part of it.
-            self.conn.send_chunk(b"data: %b\n\n" % to_response(exc).body)
+            self.conn.send_chunk(self.stream_error(exc))
             self.conn.end_stream()
         elif self.started:
             # Part of a plain response is already with the client: all HTTP/1.1 can do is cut
@@ -272,6 +276,11 @@ class Exchange:
         else:
             self.conn.respond_error(self.request, exc)
         self._done(getattr(exc, "status", 502), broken, exc)
+
+    def stream_error(self, exc: BaseException) -> bytes:
+        """The event that ends an event stream broken past the commit point (OpenAI's shape;
+        velox.relay.messages writes Anthropic's)."""
+        return b"data: %b\n\n" % to_response(exc).body
 
     def refuse(self, exc: BaseException) -> None:
         """Answer with an error before any attempt was made (no route, no target)."""

@@ -448,6 +448,8 @@ class SSEUsage:
             numbers = None
             if b'"usage":null' not in event and b'"usage": null' not in event:
                 numbers = usage_of(_data_of(event))
+            if numbers is None and self.found and b'"message_delta"' in event:
+                numbers = _messages_output(_data_of(event), self.input)
             if numbers is not None:
                 self.input, self.output = numbers
                 self.found = True
@@ -461,6 +463,17 @@ class SSEUsage:
     def relayed_output(self) -> int:
         """Output tokens relayed so far, estimated: one per data event."""
         return self.events
+
+
+def _messages_output(data: bytes, inp: int) -> tuple[int, int] | None:
+    """A Messages stream's message_delta: its usage may give only the output (the input came
+    with message_start, read before it)."""
+    try:
+        usage = orjson.loads(data).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    out = usage.get("output_tokens") if type(usage) is dict else None
+    return (inp, out) if type(out) is int else None
 
 
 def _data_of(event: bytes) -> bytes:

@@ -145,8 +145,16 @@ class Dispatch:
         exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
         exchange.outcome = NEUTRAL
         if self.edge.translators[u] is not None:
-            self._submit_translated(exchange, attempt)
-            return
+            if not exchange.front:
+                self._submit_translated(exchange, attempt)
+                return
+            kind = self.tables.upstreams[u].kind
+            if kind != "anthropic":  # Messages -> chat -> this kind is not chained yet
+                exchange.refuse(Untranslatable(
+                    f"the Messages API (/v1/messages) cannot reach a '{kind}' upstream yet; "
+                    f"route the model to an anthropic or OpenAI-compatible upstream"))
+                return
+            # An anthropic upstream takes the Messages request as it is (exchange.target).
         if exchange.edge is not None:  # an earlier attempt was translated
             exchange.edge = None
             exchange.method = request.method
@@ -163,6 +171,11 @@ class Dispatch:
         # accepts the option; the meter then strips what it brings.
         exchange.body = body if meter is None else \
             meter.for_attempt(body, self.tables.upstreams[u].stream_usage)
+        # The Anthropic Messages API in front (velox.relay.messages): shaped for this target,
+        # or answered by the gateway itself (False).
+        if exchange.front and not exchange.target(self.tables.upstreams[u], attempt.model,
+                                                  self.credentials[u]):
+            return
         if attempt.index >= 0:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
