@@ -86,6 +86,7 @@ from velox.cache.store import create_store
 from velox.cache.store import enabled as cache_enabled
 from velox.config.settings import Settings, relayed_keys, unprotected
 from velox.core.fields import F
+from velox.spend.wire import SharedBudgets, SpendHost
 from velox.state.stats import SharedStats
 from velox.system.ports import listeners
 from velox.system.topology import oversubscribed, pin, plan
@@ -194,6 +195,12 @@ class Supervisor:
             self.admin = AdminServer(settings, self.shared, self.limiter, endpoint)
             if self.cluster is not None:
                 self.admin.use_cluster(self.cluster)
+        # Spend (velox.spend.wire): the ledger's writer, fed by the workers over the admin's
+        # control channels, and the budgets' shared memory, resumed from the ledger.
+        self.spend = SpendHost(settings, self.shared.slots, self.admin is not None)
+        if self.admin is not None and self.spend.writer is not None:
+            self.admin.hub.ledger_sink = self.spend.writer.submit
+        self.spend.budgets_for(self.shared.tables)  # made before the first fork
 
     def _share_keys(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[key]]'s rpm and tpm bucket is shared with the other hosts,
@@ -253,6 +260,8 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
         if self.cluster is not None:  # the first leases (or the fallback) before any fork
             self.cluster.start()
+        if self.spend.writer is not None:
+            self.spend.writer.start()
         for slot in range(self.settings.workers):
             self._spawn(slot)
         tables = self.shared.tables
@@ -293,6 +302,8 @@ class Supervisor:
             self.admin.stop()
         if self.cluster is not None:  # the workers are gone: hand back what this host holds
             self.cluster.stop()
+        if self.spend.writer is not None:  # the workers' last rows are in: write them
+            self.spend.writer.close()
         log.info("all workers stopped; exiting")
         return 0
 
@@ -522,7 +533,8 @@ class Supervisor:
                 signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 code = run_worker(settings, slot, sock, shared, self.limiter,
                                   self.placement[slot % len(self.placement)],
-                                  control[1] if control else None, defer)
+                                  control[1] if control else None, defer,
+                                  self.spend.budgets_for(shared.tables))
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -619,7 +631,8 @@ def _signal(pid: int, sig: int) -> None:
 
 def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: SharedStats,
                limiter: Limiter, placement: tuple[int, int],
-               control: socket.socket | None = None, defer: bool = False) -> int:
+               control: socket.socket | None = None, defer: bool = False,
+               budgets: SharedBudgets | None = None) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.pipeline.worker import Worker
 
@@ -639,6 +652,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     worker = Worker(settings, slot, shared, limiter, sock, defer_accept=defer)
+    worker.budgets = budgets  # velox.spend.wire: the budgets' shared memory, or None
     worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
     try:
         loop.run_until_complete(worker.serve())

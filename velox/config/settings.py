@@ -394,6 +394,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_LEDGER_STREAM_MAXLEN", "ledger_stream_maxlen", _int_in(1_000, 1_000_000_000),
           "1000000", "with VELOX_REDIS_URL, the ledger rows of every host also go to the Redis "
           "Stream velox:ledger, capped at about this many entries"),
+    Field("VELOX_SPEND", "spend", _bool, "1",
+          "price every model call from its usage (x-velox-cost-usd, cost_usd in the access "
+          "log, ledger rows); 0: none of it, and [[key]]/[[budget]] budgets are refused"),
     Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
           "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
           "<base>/v1/traces (empty: no tracing)"),
@@ -475,6 +478,7 @@ class Settings:
     state_dir: str = ""
     ledger_retention_days: int = 90
     ledger_stream_maxlen: int = 1_000_000
+    spend: bool = True
     otel_endpoint: str = ""
     otel_sample: float = 1.0
     otel_capture_content: bool = False

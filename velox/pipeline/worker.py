@@ -55,6 +55,7 @@ from velox.ingress.ring import Ring
 from velox.relay.exchange import Exchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
+from velox.spend.wire import SharedBudgets, Spend
 from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.worker")
@@ -120,6 +121,10 @@ class Worker:
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
         self.control_sock: Any = None
         self.log_access: Any = None
+        # Spend (velox.spend.wire): prices, budgets, ledger rows; None with VELOX_SPEND=0. The
+        # budgets' shared memory is the supervisor's, set before serve().
+        self.budgets: SharedBudgets | None = None
+        self.spend: Spend | None = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any  # the native Ring: it carries Requests, typed as objects
@@ -178,7 +183,14 @@ class Worker:
         # None: no meter, nothing read.
         shared = self.shared
         set_default_output(settings.tokens_default_output)
-        self.meter_all = settings.token_accounting or shared.health.tpm is not None
+        if settings.spend:
+            if self.budgets is not None:
+                self.budgets.clear_reserved(self.slot)
+            self.spend = Spend(self.tables, self.budgets, self.slot,
+                               settings.tokens_default_output)
+        # Pricing needs every model call's usage.
+        self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
+            self.spend is not None
         self.ledger = Ledger(shared.tokens, self.slot, shared.route_models, shared.health.tpm,
                              settings.tokens_default_output) \
             if self.meter_all or any(k.tpm for k in self.tables.keys) else None
@@ -430,6 +442,9 @@ class Worker:
         # Before the cache: a hit counts against the caller's own request limit.
         if self.keys is not None and parsed:
             parsed = self.keys.admit(parsed)
+            spend = self.spend
+            if spend is not None and spend.budgets and parsed:
+                parsed = spend.admit(parsed)  # 429 insufficient_quota for spent budgets
         cache = self.cache
         if cache is not None and parsed:
             parsed = cache.front(parsed)  # hits answered here; followers wait for their leader
@@ -515,6 +530,8 @@ class Worker:
                 exchange.meter = CountMeter(ledger, request)
             else:
                 exchange.meter = TokenMeter.for_request(ledger, request)
+            if self.spend is not None:
+                exchange.meter = self.spend.meter(exchange, exchange.meter)
         return exchange
 
     def _send(self, request: Request, on_done: Any) -> Exchange:
@@ -589,6 +606,9 @@ class Worker:
         ticket = request.ticket
         if ticket is not None and not ticket.released:  # the answer is written: the key's
             ticket.release()  # place goes back
+        spend = self.spend
+        if spend is not None and spend.held:  # answered without a priced exchange
+            spend.answered(request)
         slot = self.slot
         cls = status // 100
         # The request's three counters in one native call.
