@@ -195,29 +195,28 @@ def test_header_access_log_and_ledger_agree_with_the_price_table(gw: GatewayProc
     assert Decimal(str(row["cost_usd"])) == usd(sum(expected))
 
 
-def spend_until_refused(client: openai.OpenAI, limit: int = 100) -> tuple[int, int, Any]:
+def spend_until_refused(client: openai.OpenAI, limit: int = 100) -> tuple[list[int], Any]:
     """Requests one at a time (streams and plain answers alternating) until one is refused:
-    (requests served, their cost in nano-USD, the refusal)."""
-    served = spent = 0
+    (the cost in nano-USD of each request served, the refusal)."""
+    costs: list[int] = []
     for i in range(limit):
         try:
             prompt, completion, _ = call(client, stream=i % 2 == 1)
         except openai.RateLimitError as exc:
-            return served, spent, exc
-        served += 1
-        spent += nanos(prompt, completion)
+            return costs, exc
+        costs.append(nanos(prompt, completion))
     raise AssertionError(f"{limit} requests served under a $0.01 budget")
 
 
 def test_a_spent_budget_is_insufficient_quota_after_the_expected_count(
         gw: GatewayProcess, mock: MockUpstream) -> None:
     client = sdk(gw, "capped")
-    prompt, completion, _ = call(client, stream=False)
-    each = nanos(prompt, completion)
-    served, spent, refusal = spend_until_refused(client)
-    # One at a time: every request is admitted while anything is left, so the spend stops at
-    # the first request that reaches the budget.
-    assert 1 + served == math.ceil(10_000_000 / each)
+    costs, refusal = spend_until_refused(client)
+    # One at a time: a request is admitted while anything is left, so the spend stops with
+    # the first request that reaches the budget: over it by less than that request's cost.
+    budget = 10_000_000
+    assert sum(costs[:-1]) < budget <= sum(costs)
+    assert len(costs) == math.ceil(budget / costs[0])  # the mock's answers cost alike
     assert refusal.status_code == 429 and refusal.code == "insufficient_quota"
     assert refusal.response.headers["x-velox-budget-remaining-usd"] == "0"
     assert refusal.response.headers["x-should-retry"] == "false"
@@ -252,8 +251,8 @@ def test_a_team_budget_stops_both_keys(gw: GatewayProcess) -> None:
 def test_spend_survives_sigterm_and_sigkill(mock: MockUpstream, tmp_path: Path) -> None:
     gw = gateway_for(mock, tmp_path).start()
     try:
-        served, _, _ = spend_until_refused(sdk(gw, "kept"))
-        assert served > 0
+        costs, _ = spend_until_refused(sdk(gw, "kept"))
+        served = len(costs)
         # The rows are committed before the gateway stops: a SIGKILL loses what the last
         # 0.35 s (a worker's 0.1 s feed interval, the writer's 0.25 s) had not written.
         wait_for(lambda: len(ledger_rows(gw, key="kept")) >= served)

@@ -329,6 +329,8 @@ class Worker:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
+        if self.spend is not None and self.spend.held:
+            self.spend.sweep()  # budget reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s

@@ -289,6 +289,14 @@ class Spend:
         if hold is not None:
             self._settle(hold, 0)
 
+    def sweep(self) -> None:
+        """Give back the reservations of requests whose client left before they got an
+        exchange or an answer (queued behind an identical request, or in the batcher): no
+        other end of theirs is seen here. Run on the worker's tick; the map holds only the
+        requests between admission and their exchange, so it is short."""
+        for request in [r for r in self.held if r.conn.closed and r.exchange is None]:
+            self.answered(request)
+
     def _settle(self, hold: _Hold, cost: int) -> None:
         shared = self.shared
         assert shared is not None
