@@ -185,7 +185,7 @@ class Worker:
         set_default_output(settings.tokens_default_output)
         if settings.spend:
             if self.budgets is not None:
-                self.budgets.clear_reserved(self.slot)
+                self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
                                settings.tokens_default_output)
         # Pricing needs every model call's usage.
@@ -329,8 +329,11 @@ class Worker:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
-        if self.spend is not None and self.spend.held:
-            self.spend.sweep()  # budget reservations of clients gone before an exchange
+        spend = self.spend
+        if spend is not None and spend.budgets:
+            spend.roll()  # a new budget period: this slot's spend of the last one goes
+            if spend.held:
+                spend.sweep()  # reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
