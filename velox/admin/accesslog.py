@@ -19,7 +19,9 @@ credentials or personal data (some clients put keys there), so none are logged. 
 headers and bodies are never read, so keys cannot leak. `request_id` is the upstream's
 `x-request-id` (what its support asks for), else one made here. `upstream_us` is the time to
 the upstream's response headers (null when the gateway answered alone); `total_us` runs from
-the request's last byte to the response's last byte, streams included.
+the request's last byte to the response's last byte, streams included. With pricing on
+(VELOX_SPEND) each line ends with `cost_usd` (velox.spend.wire: USD, null when unknown or not a
+model call), spliced in by the log thread after the native formatter made the line.
 
 Writes hold whole lines and at most PIPE_BUF bytes, so lines from several workers sharing one
 stdout pipe never interleave mid-line. If stdout blocks, the deque keeps the newest

@@ -14,17 +14,19 @@ lifecycle has one:
   exchange (refused, cache hit) gives its reservation back whole.
 
 Budgets in shared memory (`SharedBudgets`, made by the supervisor before the workers fork):
-per budget and per worker slot three int64 counters: nano-USD reserved by requests in flight,
-the number of the period the slot's spend belongs to, and that spend. A slot is written only
-by its own worker (no lock, no lost update); the admission check sums every slot's row. A
-request is admitted while spent + reserved < budget and then reserves its estimate, so the
-spend goes past a budget by at most what the requests admitted just before it ran out cost
-beyond their reservations, plus what two workers admit in the instant between one's check and
-the other's add (one request per worker). One extra row holds what the ledger says was spent in
-the current period when the supervisor started: a restart resumes from it.
+per budget and per worker slot an int64 `used` (the slot's spend in the current period plus
+what its requests in flight reserve), the period it belongs to, and the reservations alone.
+A slot is written only by its own worker (no lock, no lost update); admission sums `used`
+over the slots. A request is admitted while the sum is below the budget and then reserves
+its estimate, so the spend goes past a budget by at most what the requests admitted just
+before it ran out cost beyond their reservations, plus what two workers admit in the instant
+between one's check and the other's add (one request per worker). One extra row holds what
+the ledger says was spent in the current period when the budgets were made: a restart
+resumes from it.
 
-Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); a slot's
-spend of an earlier period counts for nothing and is reset by its worker when it next charges.
+Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); at a
+boundary each worker moves its own row into the new period (keeping its reservations) at its
+next tick or request, and the ledger's row with it.
 
 What is not priced: a model without a price (cost unknown, logged once per model: it is never
 counted as 0, and it reserves nothing, so a budget cannot stop it); embeddings merged by the
