@@ -15,13 +15,12 @@ Run: `.venv/bin/pytest --benchmark benches/bench_spend.py`.
 
 from __future__ import annotations
 
-import gc
 import hashlib
-import statistics
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benches.paired import paired_cpu_us
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.wire import SharedBudgets, Spend
 from velox_lab.pipeline import Pipeline
@@ -70,36 +69,22 @@ def test_spend_pipeline_paired(benchmark: Any, tmp_path: Path) -> None:
             pipeline.round()
             if feed is not None:
                 feed.flush()
-    names = list(variants)
-    samples: dict[str, list[int]] = {name: [] for name in names}
 
-    def run() -> None:
-        clock = time.thread_time_ns
-        for r in range(ROUNDS):
-            for k in range(len(names)):
-                name = names[(r + k) % len(names)]
-                pipeline, feed = variants[name]
-                t0 = clock()
-                pipeline.round()
-                if feed is not None:
-                    feed.flush()  # the feed's timer: one orjson frame of the round's rows
-                samples[name].append(clock() - t0)
+    def one_round(pipeline: Pipeline, feed: LedgerFeed | None) -> None:
+        pipeline.round()
+        if feed is not None:
+            feed.flush()  # the feed's timer: one orjson frame of the round's rows
 
-    gc.collect()
-    gc.freeze()
-    try:
-        benchmark.group = "spend-pipeline: one worker, 64 requests per round, no sockets"
-        benchmark.pedantic(run, rounds=1, iterations=1)
-    finally:
-        gc.unfreeze()
+    per_request_us = paired_cpu_us(
+        benchmark, "spend-pipeline: one worker, 64 requests per round, no sockets",
+        {name: partial(one_round, *pair) for name, pair in variants.items()}, ROUNDS, BATCH)
     for name, (pipeline, feed) in variants.items():
         assert pipeline.worker.in_flight == 0, name
         spend = pipeline.worker.spend
         if feed is not None:  # every request was priced and wrote its row
             assert spend is not None and not spend.held
             assert feed.sent == (ROUNDS + WARMUP) * BATCH and not feed.dropped
-    per_request_us = {name: statistics.median(v) / BATCH / 1000 for name, v in samples.items()}
-    base = per_request_us[names[0]]
+    base = per_request_us["spend off (VELOX_SPEND=0)"]
     benchmark.extra_info.update({
         "requests_per_round": BATCH, "rounds_per_variant": ROUNDS,
         "cpu_us_per_request": {k: round(v, 2) for k, v in per_request_us.items()},

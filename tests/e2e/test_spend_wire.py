@@ -18,6 +18,7 @@ import json
 import math
 import signal
 import sqlite3
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -33,7 +34,7 @@ from velox_lab.mock import MockUpstream
 
 KEYS = {"open": "vx-open-0123456789", "capped": "vx-capped-0123456789",
         "red1": "vx-red1-0123456789", "red2": "vx-red2-0123456789",
-        "kept": "vx-kept-0123456789"}
+        "kept": "vx-kept-0123456789", "burst": "vx-burst-0123456789"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 # USD per million tokens: a mock answer (a few tokens each way) costs about $0.001, so a
 # $0.01 budget lasts about ten requests.
@@ -71,6 +72,12 @@ sha256 = "{sha(KEYS['red1'])}"
 [[key]]
 name = "red2"
 sha256 = "{sha(KEYS['red2'])}"
+
+[[key]]
+name = "burst"
+sha256 = "{sha(KEYS['burst'])}"
+budget_usd = 0.01
+budget_period = "week"
 
 [[key]]
 name = "kept"
@@ -228,6 +235,49 @@ def test_a_spent_budget_is_insufficient_quota_after_the_expected_count(
     assert not [r for r in mock.requests() if r["path"] == "/v1/chat/completions"]
     # Another key is not affected.
     assert call(sdk(gw, "open"), stream=False)[0] > 0
+
+
+def test_concurrent_clients_overshoot_by_at_most_one_request_per_worker(
+        gw: GatewayProcess) -> None:
+    """Six threads, streams and plain answers, on a $0.01 key: the spend the ledger records
+    ends between the budget and the budget plus one request per worker (two). A refusal while
+    the budget is held by reservations in flight says so and may be retried (the SDK does,
+    after its Retry-After); the final one is not retryable."""
+    served: list[int] = []
+    finals: list[Any] = []
+    lock = threading.Lock()
+
+    def client_loop(n: int) -> None:
+        client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=KEYS["burst"],
+                               timeout=20, max_retries=8)
+        try:
+            for i in range(200):
+                try:
+                    call(client, stream=(n + i) % 2 == 1)
+                except openai.RateLimitError as exc:
+                    if exc.response.headers.get("x-should-retry") == "false":
+                        with lock:
+                            finals.append(exc)
+                        return
+                    continue  # held by requests in flight (the SDK retried it 8 times)
+                with lock:
+                    served.append(1)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(finals) == 6, "every client ends with the final refusal"
+    assert all("is spent" in exc.message for exc in finals)
+    rows = wait_for(lambda: len(ledger_rows(gw, key="burst")) >= len(served)
+                    and ledger_rows(gw, key="burst"))
+    assert len(rows) == len(served)
+    costs = [r["cost_nanos"] for r in rows]
+    budget = 10_000_000
+    assert budget <= sum(costs) < budget + 2 * max(costs), (sum(costs), max(costs))
 
 
 def test_a_team_budget_stops_both_keys(gw: GatewayProcess) -> None:

@@ -199,6 +199,13 @@ class SharedBudgets:
             total += get(row, field)
         return total
 
+    def reserved(self, b: int) -> int:
+        """What the requests in flight reserve from budget `b`, every slot (a refusal's
+        message: not on the admission path)."""
+        get = self.counters.get
+        field = _WIDTH * b + _RESERVED
+        return sum(get(row, field) for row in self.rows)
+
     def reserve(self, slot: int, b: int, amount: int) -> None:
         base = _WIDTH * b
         self.counters.add_many(slot, base + _USED, amount, base + _RESERVED, amount)
@@ -291,7 +298,7 @@ class Spend:
             budget = self.budgets[b]
             left = budget.nanos - shared.used(b)
             if left <= 0:
-                self._refuse(request, budget)
+                self._refuse(request, budget, shared.reserved(b))
                 return False
             lowest = left if lowest is None or left < lowest else lowest
         estimate = self.estimate(request)
@@ -319,7 +326,11 @@ class Spend:
         inp, out = estimate_scan(request.body)
         return plain_cost(price, inp, out if out >= 0 else self.default_output)
 
-    def _refuse(self, request: Request, budget: Budget) -> None:
+    def _refuse(self, request: Request, budget: Budget, reserved: int) -> None:
+        """429 insufficient_quota. Spent: final for the period (x-should-retry: false keeps
+        the SDKs from retrying). Not spent, but what is left is reserved by requests in
+        flight (each reserves its estimate, which without max_tokens assumes
+        VELOX_TOKENS_DEFAULT_OUTPUT): the same error, saying so, with Retry-After 1."""
         ticket = request.ticket
         if ticket is not None:  # the key stage's reservations: nothing was used
             ticket.settle(0)
@@ -327,9 +338,20 @@ class Spend:
         what = f"team budget {budget.name!r}" if budget.team else \
             f"budget of gateway key {budget.name!r}"
         period = "in total" if budget.period == "total" else f"this {budget.period} (UTC)"
-        request.conn.respond_error(request, InsufficientQuota(
-            f"The {what} is spent: {usd_text(budget.nanos).decode()} USD {period}.",
-            headers=(*_NO_RETRY, (REMAINING_HEADER, b"0"))))
+        limit = f"{usd_text(budget.nanos).decode()} USD {period}"
+        spent = self.shared.used(self.budgets.index(budget)) - reserved \
+            if self.shared is not None else budget.nanos
+        if spent >= budget.nanos or reserved <= 0:
+            error = InsufficientQuota(f"The {what} is spent: {limit}.",
+                                      headers=(*_NO_RETRY, (REMAINING_HEADER, b"0")))
+        else:
+            error = InsufficientQuota(
+                f"The {what} ({limit}) is held by requests in flight: "
+                f"{usd_text(reserved).decode()} USD reserved by their estimates, "
+                f"{usd_text(max(0, spent)).decode()} USD spent; retry when they finish "
+                "(max_tokens makes a request's estimate smaller).", retry_after_s=1,
+                headers=((REMAINING_HEADER, b"0"),))
+        request.conn.respond_error(request, error)
 
     # --- settlement -----------------------------------------------------------------------
 
