@@ -85,6 +85,7 @@ from velox.cache.store import create_store
 from velox.cache.store import enabled as cache_enabled
 from velox.config.settings import Settings, relayed_keys, unprotected
 from velox.core.fields import F
+from velox.spend.wire import SharedBudgets, SpendHost
 from velox.state.stats import SharedStats
 from velox.system.fork import fork_child
 from velox.system.ports import listeners
@@ -204,6 +205,12 @@ class Supervisor:
             self.key_feed = KeyFeed(self.admin.keys, self.admin.hub, self._key_tables,
                                     self.cluster, self._typical_reservation())
             self.key_feed.adopt(self.shared.keys)
+        # Spend (velox.spend.wire): the ledger's writer, fed by the workers over the admin's
+        # control channels, and the budgets' shared memory, resumed from the ledger.
+        self.spend = SpendHost(settings, self.shared.slots, self.admin is not None)
+        if self.admin is not None and self.spend.writer is not None:
+            self.admin.hub.ledger_sink = self.spend.writer.submit
+        self.spend.budgets_for(self.shared.tables)  # made before the first fork
 
     def _share_keys(self, shared: SharedStats) -> None:
         """VELOX_REDIS_URL: each [[key]]'s rpm and tpm bucket is shared with the other hosts,
@@ -268,6 +275,8 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
         if self.cluster is not None:  # the first leases (or the fallback) before any fork
             self.cluster.start()
+        if self.spend.writer is not None:
+            self.spend.writer.start()
         for slot in range(self.settings.workers):
             self._spawn(slot)
         tables = self.shared.tables
@@ -312,6 +321,8 @@ class Supervisor:
             self.admin.stop()
         if self.cluster is not None:  # the workers are gone: hand back what this host holds
             self.cluster.stop()
+        if self.spend.writer is not None:  # the workers' last rows are in: write them
+            self.spend.writer.close()
         log.info("all workers stopped; exiting")
         return 0
 
@@ -541,7 +552,8 @@ class Supervisor:
             keys = self.key_feed.initial(shared.keys) if self.key_feed else None
             return run_worker(settings, slot, sock, shared, self.limiter,
                               self.placement[slot % len(self.placement)],
-                              control[1] if control else None, defer, keys)
+                              control[1] if control else None, defer, keys,
+                              self.spend.budgets_for(shared.tables))
 
         pid = fork_child(prepare, body)
         self.children[pid] = slot
@@ -638,7 +650,8 @@ def _signal(pid: int, sig: int) -> None:
 def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: SharedStats,
                limiter: Limiter, placement: tuple[int, int],
                control: socket.socket | None = None, defer: bool = False,
-               keys: dict[str, Any] | None = None) -> int:
+               keys: dict[str, Any] | None = None,
+               budgets: SharedBudgets | None = None) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.pipeline.worker import Worker
 
@@ -658,6 +671,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     worker = Worker(settings, slot, shared, limiter, sock, defer_accept=defer)
+    worker.budgets = budgets  # velox.spend.wire: the budgets' shared memory, or None
     worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
     worker.keys_frame = keys  # the run-time keys at fork (velox.admin.keyfeed)
     try:

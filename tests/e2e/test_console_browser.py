@@ -362,13 +362,25 @@ def test_create_rotate_and_revoke_a_key_in_the_console(
         assert admin.get("/keys/console-team").status_code == 404
 
 
-def test_spend_page_shows_the_ledgers_totals(signed_in: Any, shots: Path) -> None:
-    # The gateway's ledger is on (its own state directory) and holds no settled request yet:
-    # the page reads /spend's list and says so.
+def test_spend_page_shows_the_ledgers_totals(signed_in: Any, gw: GatewayProcess,
+                                             shots: Path) -> None:
+    # The gateway's ledger is on (its own state directory): a request of the file's key is
+    # written to it, and the page reads /spend's list and shows the key's row.
+    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=FILE_KEY, max_retries=0,
+                           timeout=20)
+    try:
+        client.chat.completions.create(model="gpt-4o-mini",
+                                       messages=[{"role": "user", "content": "spend"}])
+    finally:
+        client.close()
+    with httpx.Client(base_url=gw.admin_url or "",
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as admin:
+        wait_for(lambda: any(r["key"] == "load-test"
+                             for r in admin.get("/spend?since=7d&by=key").json()))
     driver = signed_in
     page(driver, "spend")
-    wait(driver,
-         lambda d: "No spend in the last 7 days" in d.find_element("id", "spend-state").text)
+    wait(driver, lambda d: "Last 7 days, by key" in d.find_element("id", "spend-state").text)
+    wait(driver, lambda d: "load-test" in d.find_element("id", "spend-table").text)
     save(driver, shots, "spend")
 
 

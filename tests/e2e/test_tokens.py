@@ -209,7 +209,8 @@ def test_stream_cut_short_is_charged_input_and_relayed_output(
 
 def test_accounting_off_sends_the_body_unchanged(start_gateway: GatewayFactory,
                                                  upstream: MockUpstream) -> None:
-    gw = start_gateway(VELOX_WORKERS="1", VELOX_TOKEN_ACCOUNTING="0")
+    # Pricing (VELOX_SPEND) reads every answer's usage too: both off, nothing reads it.
+    gw = start_gateway(VELOX_WORKERS="1", VELOX_TOKEN_ACCOUNTING="0", VELOX_SPEND="0")
     body = orjson.dumps({"model": "gpt-4o", "messages": MESSAGES, "stream": True})
     r = httpx.post(gw.base_url + "/v1/chat/completions", content=body, headers={
         **AUTH, "content-type": "application/json"}, timeout=20)

@@ -19,7 +19,9 @@ credentials or personal data (some clients put keys there), so none are logged. 
 headers and bodies are never read, so keys cannot leak. `request_id` is the upstream's
 `x-request-id` (what its support asks for), else one made here. `upstream_us` is the time to
 the upstream's response headers (null when the gateway answered alone); `total_us` runs from
-the request's last byte to the response's last byte, streams included.
+the request's last byte to the response's last byte, streams included. With pricing on
+(VELOX_SPEND) each line ends with `cost_usd` (velox.spend.wire: USD, null when unknown or not a
+model call), spliced in by the log thread after the native formatter made the line.
 
 Writes hold whole lines and at most PIPE_BUF bytes, so lines from several workers sharing one
 stdout pipe never interleave mid-line. If stdout blocks, the deque keeps the newest
@@ -36,6 +38,7 @@ import select
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from velox._native import access_line, access_lines
@@ -56,8 +59,11 @@ class AccessLog:
     """Per worker. `append((t_end_ns, request, exchange_or_None, status, bytes_out))`."""
 
     def __init__(self, slot: int, counters: Any = None, fd: int = 1,
-                 key_names: tuple[str, ...] = ()) -> None:
+                 key_names: tuple[str, ...] = (),
+                 cost_of: Callable[[Any], bytes] | None = None) -> None:
         self.slot = slot
+        # With pricing on (velox.spend.wire.cost_field): each line gains `cost_usd`.
+        self.cost_of = cost_of
         self.key_names = key_names  # [[key]] names by index (request.key)
         self.counters = counters
         self.fd = fd
@@ -107,8 +113,11 @@ class AccessLog:
             # The loop only appends: len(queue) items are always there to pop.
             while queue:
                 items = [popleft() for _ in range(min(len(queue), _BATCH))]
-                chunks, lines = access_lines(items, offset, slot, prefix, self._seq, names,
-                                             _PIPE_BUF)
+                if self.cost_of is None:
+                    chunks, lines = access_lines(items, offset, slot, prefix, self._seq, names,
+                                                 _PIPE_BUF)
+                else:
+                    chunks, lines = self._priced_lines(items, offset)
                 self._seq += len(items)  # item i's request id, when made here: seq + 1 + i
                 for chunk in chunks:
                     _write_all(fd, chunk)
@@ -119,6 +128,32 @@ class AccessLog:
             if self.counters is not None:
                 self.counters.add(self.slot, F.ACCESS_LOG_LINES, count)
             return count
+
+    def _priced_lines(self, items: list[tuple[Any, ...]],
+                      offset: int) -> tuple[list[bytes], int]:
+        """access_lines with `"cost_usd"` added as each line's last member (in the log
+        thread: the native line is made, then the member spliced before its closing brace),
+        joined into chunks of whole lines of at most PIPE_BUF bytes."""
+        cost_of = self.cost_of
+        assert cost_of is not None
+        chunks: list[bytes] = []
+        chunk = b""
+        lines = 0
+        for i, item in enumerate(items):
+            try:
+                line = access_line(item, offset, self.slot, self._prefix, self._seq + 1 + i,
+                                   self.key_names)
+            except Exception:
+                continue
+            line = line[:-2] + b',"cost_usd":' + cost_of(item[2]) + b"}\n"
+            lines += 1
+            if chunk and len(chunk) + len(line) > _PIPE_BUF:
+                chunks.append(chunk)
+                chunk = b""
+            chunk += line
+        if chunk:
+            chunks.append(chunk)
+        return chunks, lines
 
     def _tell(self, items: list[tuple[Any, ...]], offset: int) -> None:
         """Log, once per worker, why a line could not be formatted (access_lines skips such an

@@ -25,6 +25,9 @@ from typing import Any
 
 from velox.admin.accesslog import AccessLog
 from velox.admin.control import ControlError, FrameReader, encode
+from velox.admin.ledgerfeed import LedgerFeed
+from velox.spend.ledger import state_file
+from velox.spend.wire import cost_field
 
 log = logging.getLogger("velox.admin")
 
@@ -36,12 +39,15 @@ class Agent:
         self.transport: asyncio.BaseTransport | None = None
         self.profile: Any = None
         self.profile_timer: asyncio.TimerHandle | None = None
+        self.ledger: LedgerFeed | None = None
 
     async def start(self) -> None:
         worker = self.worker
+        spend = worker.spend
         if worker.settings.access_log:
             self.access_log = AccessLog(worker.slot, worker.counters,
-                                        key_names=tuple(k.name for k in worker.tables.keys))
+                                        key_names=tuple(k.name for k in worker.tables.keys),
+                                        cost_of=cost_field if spend is not None else None)
             self.access_log.start()
             worker.log_access = self.access_log.append
         sock = worker.control_sock
@@ -49,6 +55,14 @@ class Agent:
             worker.control_sock = None
             sock.setblocking(False)
             await worker.loop.connect_accepted_socket(lambda: _ControlProtocol(self), sock)
+            transport = self.transport
+            if spend is not None and transport is not None and \
+                    state_file(worker.settings.state_dir) is not None:
+                # The ledger's rows go to the supervisor's writer over this channel.
+                self.ledger = LedgerFeed(transport.write,  # type: ignore[attr-defined]
+                                         transport.get_write_buffer_size)  # type: ignore
+                self.ledger.start(worker.loop)
+                spend.feed = self.ledger
 
     def close(self) -> None:
         """After the worker has drained: stop profiling, close the channel, flush the log."""
@@ -57,6 +71,8 @@ class Agent:
         if self.profile is not None:
             self.profile.profiler.stop()
             self.profile = None
+        if self.ledger is not None:  # the last rows, before the channel closes
+            self.ledger.close()
         if self.transport is not None:
             self.transport.close()
         self.worker.runtime_keys.close()

@@ -138,6 +138,17 @@ KEY_DOCS: dict[str, dict[str, str]] = {
                   "held to the same list",
         "forward": "may it use endpoints forwarded without a model read (files, batches, ...)? "
                    "Absent: only a key without `models` and `tpm`",
+        "budget_usd": "USD the key may spend per `budget_period`, priced from each answer's "
+                      "usage; a request whose estimated cost does not fit gets 429 "
+                      "`insufficient_quota` (absent: no budget of its own)",
+        "budget_period": "`day`, `week` (from Monday), `month` or `total`; calendar periods "
+                         "in UTC (default `month`)",
+    },
+    "budget": {
+        "name": "unique name of the team budget",
+        "budget_usd": "USD the keys may spend together per `budget_period`",
+        "budget_period": "`day`, `week` (from Monday), `month` or `total` (UTC)",
+        "keys": "the `[[key]]` names under this budget (each also under its own, if it has one)",
     },
     "price": {
         "model": "a glob (`*`, `?`, `[...]`) over the model name sent upstream",
@@ -171,13 +182,16 @@ _TABLES: tuple[tuple[str, str, str, tuple[str, ...], Mapping[str, tuple[int, int
     ("key", "[[key]]", "A gateway key with its own limits; the file holds its hash, never the "
      "key. At most 4,096.", t.KEY_KEYS, t.KEY_INTS, t.KeySpec),
     ("price", "[[price]]", "Overrides the shipped price table (`velox/spend/prices.toml`) "
-     "entry by entry; read by `velox prices` and `velox spend`. Requests are not yet priced "
-     "as they are served.", t.PRICE_KEYS, {}, t.PriceSpec),
+     "entry by entry; every answer is priced from its usage (`x-velox-cost-usd`, the access "
+     "log's `cost_usd`, the ledger).", t.PRICE_KEYS, {}, t.PriceSpec),
+    ("budget", "[[budget]]", "A team budget shared by several keys (one host; see "
+     "docs/governance.md).", t.BUDGET_KEYS, {}, t.BudgetSpec),
 )
 
 _REQUIRED = {("upstream", "name"), ("upstream", "origin"), ("route", "model"),
              ("route", "targets"), ("route.targets", "upstream"), ("key", "name"),
-             ("key", "sha256"), ("price", "model")}
+             ("key", "sha256"), ("price", "model"), ("budget", "name"),
+             ("budget", "budget_usd"), ("budget", "keys")}
 
 
 def table_keys() -> dict[str, tuple[str, ...]]:

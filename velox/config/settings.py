@@ -366,9 +366,9 @@ FIELDS: tuple[Field, ...] = (
           "output tokens reserved for a request that gives no max_tokens (capped at the limit)"),
     Field("VELOX_TOKEN_ACCOUNTING", "token_accounting", _bool, "1",
           "read the usage of every model call (tokens per key and route in /stats and /metrics);"
-          " 0: only of requests a tpm limit applies to. On by default: the per-key token counts"
-          " are the gateway's usage books, and they cost ~6.5 us of ~86 us of worker CPU per"
-          " request (socket-free pipeline)"),
+          " 0: only of requests a tpm limit applies to (and, with VELOX_SPEND, priced). On by"
+          " default: the per-key token counts are the gateway's usage books, and they cost"
+          " ~6.5 us of ~86 us of worker CPU per request (socket-free pipeline)"),
     Field("VELOX_METRICS_KEYS", "metrics_keys", _int_in(0, 4096), str(DEFAULT_METRICS_KEYS),
           "gateway keys with their own /metrics series (the first [[key]] tables in file "
           "order); the others are summed under key=\"_other\" (/stats lists every key)"),
@@ -394,6 +394,9 @@ FIELDS: tuple[Field, ...] = (
     Field("VELOX_LEDGER_STREAM_MAXLEN", "ledger_stream_maxlen", _int_in(1_000, 1_000_000_000),
           "1000000", "with VELOX_REDIS_URL, the ledger rows of every host also go to the Redis "
           "Stream velox:ledger, capped at about this many entries"),
+    Field("VELOX_SPEND", "spend", _bool, "1",
+          "price every model call from its usage (x-velox-cost-usd, cost_usd in the access "
+          "log, ledger rows); 0: none of it, and [[key]]/[[budget]] budgets are refused"),
     Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
           "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
           "<base>/v1/traces (empty: no tracing)"),
@@ -475,6 +478,7 @@ class Settings:
     state_dir: str = ""
     ledger_retention_days: int = 90
     ledger_stream_maxlen: int = 1_000_000
+    spend: bool = True
     otel_endpoint: str = ""
     otel_sample: float = 1.0
     otel_capture_content: bool = False
@@ -652,6 +656,11 @@ def _load_tables(settings: Settings, env: Mapping[str, str]) -> Tables:
                     "VELOX_EGRESS")
             upstreams.append(dataclasses.replace(spec, protocol="http1"))
         tables = dataclasses.replace(tables, upstreams=tuple(upstreams))
+    if not settings.spend and (tables.budgets or any(k.budget_nanos for k in tables.keys)):
+        raise ConfigError(
+            f"{tables.source}: budgets (budget_usd in [[key]] or [[budget]] tables) need "
+            "requests priced, and VELOX_SPEND=0 turns pricing off",
+            f"unset VELOX_SPEND, or remove the budgets from {tables.source}")
     return tables
 
 

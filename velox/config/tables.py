@@ -227,6 +227,11 @@ class BreakerPolicy:
     probe_interval_s: int = 5  # background probe of an open upstream
 
 
+# Calendar periods in UTC (velox.spend.ledger.period_start); "total" never starts afresh.
+BUDGET_PERIODS = ("day", "week", "month", "total")
+DEFAULT_BUDGET_PERIOD = "month"
+
+
 @dataclass(frozen=True, slots=True)
 class KeySpec:
     """A gateway key (`[[key]]`): who a client is, and its own limits (velox.admission.keys)."""
@@ -241,6 +246,8 @@ class KeySpec:
     # stored responses...)? None: the default, no when `models` or `tpm` is set (they could
     # not hold there), yes otherwise.
     forward: bool | None = None
+    budget_nanos: int = 0  # `budget_usd` in nano-USD; 0: no budget of its own
+    budget_period: str = DEFAULT_BUDGET_PERIOD
 
     @property
     def may_forward(self) -> bool:
@@ -252,6 +259,16 @@ class KeySpec:
     def digest(self) -> bytes:
         """The raw 32-byte digest, as route.caller_of computes it for a request."""
         return bytes.fromhex(self.sha256)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """A team budget (`[[budget]]`): what several keys may spend together per period."""
+
+    name: str
+    budget_nanos: int  # `budget_usd` in nano-USD
+    period: str  # BUDGET_PERIODS
+    keys: tuple[str, ...]  # [[key]] names
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +303,7 @@ class Tables:
     source: str = ""  # the VELOX_CONFIG file they came from; "" when synthesised
     keys: tuple[KeySpec, ...] = ()  # `[[key]]` gateway keys, in file order (index = position)
     prices: tuple[PriceSpec, ...] = ()  # `[[price]]` entries, overriding the shipped table
+    budgets: tuple[BudgetSpec, ...] = ()  # `[[budget]]` teams, in file order
 
     def upstream(self, name: str) -> UpstreamSpec:
         for spec in self.upstreams:
@@ -354,7 +372,7 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 
 # --- the VELOX_CONFIG file -------------------------------------------------------------------
 
-TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price")
+TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price", "budget")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
                  "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage", *KIND_KEYS)
@@ -381,7 +399,10 @@ BREAKER_INTS = {
 }
 BATCH_INTS = {"max_requests": (1, 4096), "max_inputs": (1, 1_000_000),
               "max_wait_ms": (0, 60_000)}
-KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models", "forward")
+KEY_KEYS = ("name", "sha256", "rpm", "tpm", "max_parallel", "models", "forward", "budget_usd",
+            "budget_period")
+BUDGET_KEYS = ("name", "budget_usd", "budget_period", "keys")
+
 # rpm/tpm stay inside the native Limits' bounds (10**9 per minute); 0 means no limit.
 KEY_INTS = {"rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
             "max_parallel": (0, 1_000_000)}
@@ -481,8 +502,9 @@ def parse(data: Mapping[str, Any], source: str, env: Mapping[str, str],
               f"must be >= open_s ({breaker.open_s}), got {breaker.max_open_s}")
     keys = _keys(source, _array_of_tables(source, data, "key"), routes)
     prices = parse_prices(source, _array_of_tables(source, data, "price"), names)
+    budgets = _budgets(source, _array_of_tables(source, data, "budget"), keys)
     return Tables(upstreams=tuple(upstreams), routes=tuple(routes), retry=retry,
-                  breaker=breaker, source=source, keys=keys, prices=prices)
+                  breaker=breaker, source=source, keys=keys, prices=prices, budgets=budgets)
 
 
 # --- one table at a time ---------------------------------------------------------------------
@@ -780,8 +802,48 @@ def _keys(source: str, tables: list[dict[str, Any]],
                   f"({_q(keys[earlier - 1].name)}): each key may appear once")
         by_name[name], by_digest[digest] = index, index
         forward = _bool(source, where, table, "forward") if "forward" in table else None
-        keys.append(KeySpec(name, digest, models=allowed, forward=forward, **ints))
+        budget, period = _budget_of(source, where, table)
+        keys.append(KeySpec(name, digest, models=allowed, forward=forward, budget_nanos=budget,
+                            budget_period=period, **ints))
     return tuple(keys)
+
+
+def _budget_of(source: str, where: str, table: Mapping[str, Any]) -> tuple[int, str]:
+    """`budget_usd` (nano-USD, 0 when absent) and `budget_period` of a [[key]] or [[budget]]."""
+    budget = _money(source, where, table, "budget_usd", 9, "USD") or 0
+    period = _str(source, where, table, "budget_period") or DEFAULT_BUDGET_PERIOD
+    if period not in BUDGET_PERIODS:
+        _fail(source, where, "budget_period", f"unknown period {_q(period)}"
+              + _suggest(period, list(BUDGET_PERIODS)) + "; valid: "
+              + ", ".join(BUDGET_PERIODS) + " (calendar periods in UTC)")
+    if "budget_period" in table and "budget_usd" not in table:
+        _fail(source, where, "budget_period", "a period without budget_usd limits nothing")
+    return budget, period
+
+
+def _budgets(source: str, tables: list[dict[str, Any]],
+             keys: tuple[KeySpec, ...]) -> tuple[BudgetSpec, ...]:
+    """`[[budget]]` tables: unique names, a budget, keys naming [[key]] tables."""
+    names = [k.name for k in keys]
+    out: list[BudgetSpec] = []
+    for index, table in enumerate(tables, 1):
+        where = _label("budget", index, "name", table.get("name"))
+        _unknown_keys(source, where, table, BUDGET_KEYS)
+        name = _str(source, where, table, "name", required=True)
+        if any(b.name == name for b in out):
+            _fail(source, where, "name", f"duplicate name {_q(name)}")
+        if "budget_usd" not in table:
+            _fail(source, where, "budget_usd", "required: what the team may spend per period")
+        budget, period = _budget_of(source, where, table)
+        members = table.get("keys", [])
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            _fail(source, where, "keys", "must be an array of [[key]] names (strings)")
+        for member in members:
+            if member not in names:
+                _fail(source, where, "keys", f"{_q(member)} names no [[key]]"
+                      + _suggest(member, names))
+        out.append(BudgetSpec(name, budget, period, tuple(members)))
+    return tuple(out)
 
 
 def parse_prices(source: str, tables: list[dict[str, Any]],
@@ -820,13 +882,13 @@ def parse_prices(source: str, tables: list[dict[str, Any]],
 
 
 def _money(source: str, where: str, table: Mapping[str, Any], key: str,
-           decimals: int) -> int | None:
+           decimals: int, unit: str = "") -> int | None:
     """A USD amount as an integer of 10**-decimals USD (None when absent). Floats are read
     through their shortest repr, so 0.15 is exactly 150000 micro-USD, never 149999."""
     value = table.get(key)
     if value is None:
         return None
-    unit = "USD per million tokens" if decimals == 6 else "USD"
+    unit = unit or ("USD per million tokens" if decimals == 6 else "USD")
     if isinstance(value, bool) or not isinstance(value, int | float):
         _fail(source, where, key, f"must be a number of {unit} (e.g. 2.5), got {_kind(value)}")
     if isinstance(value, float) and not math.isfinite(value):

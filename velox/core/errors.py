@@ -127,6 +127,18 @@ class RateLimited(VeloxError):
     default_message = "Rate limit of the gateway reached; retry after the indicated time."
 
 
+class InsufficientQuota(VeloxError):
+    """A gateway budget is spent: OpenAI's own answer for an account out of credit (the SDK
+    raises RateLimitError with code insufficient_quota). `x-should-retry: false` tells the SDKs
+    not to retry it: waiting seconds does not refill a budget."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+    source = Source.DOWNSTREAM
+    default_message = "The gateway budget for this key is spent."
+
+
 class ModelNotAllowed(VeloxError):
     status = 403  # the SDK raises PermissionDeniedError
     type = "invalid_request_error"

@@ -119,6 +119,9 @@ class Translation:
         # Every provider's stream reports its usage, so the meter need not ask for a usage
         # chunk and strip it (velox.relay.usage) as it does for OpenAI upstreams: the numbers
         # are handed to it at the end (`end`). An earlier OpenAI attempt may have set `strip`.
+        # A priced meter (velox.spend.wire) wraps the token meter as `inner` and reads its
+        # numbers when the request settles: the token meter is the one told.
+        meter = getattr(meter, "inner", meter)
         self.meter = meter if self.stream and not self.include_usage else None
         if self.meter is not None and getattr(meter, "ask", False):
             meter.strip = False

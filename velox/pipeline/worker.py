@@ -70,6 +70,7 @@ from velox.relay.exchange import Exchange
 from velox.relay.messages import MessagesExchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
+from velox.spend.wire import SharedBudgets, Spend
 from velox.state.stats import SharedStats
 
 log = logging.getLogger("velox.worker")
@@ -139,6 +140,10 @@ class Worker:
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
         self.control_sock: Any = None
         self.log_access: Any = None
+        # Spend (velox.spend.wire): prices, budgets, ledger rows; None with VELOX_SPEND=0. The
+        # budgets' shared memory is the supervisor's, set before serve().
+        self.budgets: SharedBudgets | None = None
+        self.spend: Spend | None = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any  # the native Ring: it carries Requests, typed as objects
@@ -195,7 +200,14 @@ class Worker:
         # None: no meter, nothing read.
         shared = self.shared
         set_default_output(settings.tokens_default_output)
-        self.meter_all = settings.token_accounting or shared.health.tpm is not None
+        if settings.spend:
+            if self.budgets is not None:
+                self.budgets.start_slot(self.slot)
+            self.spend = Spend(self.tables, self.budgets, self.slot,
+                               settings.tokens_default_output)
+        # Pricing needs every model call's usage.
+        self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
+            self.spend is not None
         self.ledger: Ledger | None = None
         if self.meter_all or any(k.tpm for k in self.tables.keys):
             self.want_ledger()
@@ -347,6 +359,11 @@ class Worker:
             counters.add(slot, F.REJECT_RING_FULL, self.ingress.overloaded)
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
+        spend = self.spend
+        if spend is not None and spend.budgets:
+            spend.roll()  # a new budget period: this slot's spend of the last one goes
+            if spend.held:
+                spend.sweep()  # reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
@@ -425,6 +442,9 @@ class Worker:
             # 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
             # Before the cache: a hit counts against the caller's own request limit.
             stages.append(("keys", self.keys.admit))
+            spend = self.spend
+            if spend is not None and spend.budgets:  # 429 insufficient_quota for spent budgets
+                stages.append(("budget", spend.admit))
         if self.cache is not None:  # hits answered here; followers wait for their leader
             stages.append(("cache", self.cache.front))
         stages.append(("limit", self._limit))
@@ -589,6 +609,8 @@ class Worker:
                 exchange.meter = CountMeter(ledger, request)
             else:
                 exchange.meter = TokenMeter.for_request(ledger, request)
+            if self.spend is not None:
+                exchange.meter = self.spend.meter(exchange, exchange.meter)
         return exchange
 
     def _send(self, request: Request, on_done: Any) -> Exchange:
@@ -665,8 +687,11 @@ class Worker:
         its body and its key's place go back, it is counted and logged, once."""
         request.release_body()
         ticket = request.ticket
-        if ticket is not None and not ticket.released:
-            ticket.release()
+        if ticket is not None and not ticket.released:  # the answer is written: the key's
+            ticket.release()  # place goes back
+        spend = self.spend
+        if spend is not None and spend.held:  # answered without a priced exchange
+            spend.answered(request)
         slot = self.slot
         cls = status // 100
         # The request's three counters in one native call.
