@@ -6,8 +6,12 @@ project's contract for its C code: C11, warning-free under -Wall -Wextra -Werror
 
 from setuptools import Extension, setup
 
+# The module file (state and init), one binding file per core, then the Python-free cores.
+BINDINGS = ["ring", "bucket", "stats", "health", "cache", "h2", "hash", "json", "limits",
+            "http1", "reqhead", "relay", "books"]
 NATIVE_SOURCES = [
     "native/_velox_native.c",
+    *(f"native/bind_{name}.c" for name in BINDINGS),
     "native/vx_ring.c",
     "native/vx_bucket.c",
     "native/vx_stats.c",
@@ -28,7 +32,7 @@ setup(
             "velox._native",
             sources=NATIVE_SOURCES,
             include_dirs=["native"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden"],
         )
     ],
 )
