@@ -12,8 +12,9 @@ PyDoc_STRVAR(module_doc,
              "Private native core of Velox: bounded MPMC ring, shared token bucket, shared\n"
              "counters and latency histograms, GIL-free JSON request scanner, shared\n"
              "circuit breakers and retry budget, stable hashes, shared response cache store.\n\n"
-             "Do not import this module directly: the public faces are velox.ring,\n"
-             "velox.ratelimit and velox.stats.");
+             "Do not import this module directly: one facade module per core is its public\n"
+             "face (velox.state.*, velox.ingress.ring/reqhead/h1write/scan, ...; the list is\n"
+             "the import contract in pyproject.toml).");
 
 
 /* ---------------------------------------------------------------- module */

@@ -307,6 +307,14 @@ static int limits_index_or_skip(LimitsObject *self, PyObject *o, const char *nam
     return 0;
 }
 
+/* admit()'s packed result, stated once here and exported (velox.state.limits decodes it by
+ * these names): admitted, ~result = left_req | left_tok << ADMIT_LEFT_SHIFT; refused,
+ * result = wait_us << ADMIT_REASON_BITS | reason. Packed because the keys stage calls admit
+ * once per request and an int costs less than a tuple or record there. */
+#define ADMIT_LEFT_SHIFT 32
+#define ADMIT_REASON_BITS 2
+_Static_assert(VX_ADMIT_PARALLEL < (1 << ADMIT_REASON_BITS), "reasons fit ADMIT_REASON_BITS");
+
 PyDoc_STRVAR(Limits_admit_doc,
              "admit($self, req_i, tok_i, tokens, gauge_i, limit, slot, now_us=None, /)\n--\n\n"
              "One admission in one call: take 1 from bucket req_i, then `tokens` from bucket\n"
@@ -332,9 +340,9 @@ static PyObject *Limits_admit(LimitsObject *self, PyObject *const *args, Py_ssiz
     int64_t wait = vx_limits_admit(self->l, req_i, tok_i, tokens, gauge_i, limit, slot, now,
                                    &reason, &left_req, &left_tok);
     if (reason == VX_ADMIT_OK) /* both < 2^30 (bursts <= 10^9): the packing cannot overflow */
-        return PyLong_FromLongLong(~(left_req | (left_tok << 32)));
+        return PyLong_FromLongLong(~(left_req | (left_tok << ADMIT_LEFT_SHIFT)));
     /* wait <= 2^33 us for any bucket (need <= 6e17 units at rate >= 1): no overflow. */
-    return PyLong_FromLongLong((wait > 0 ? wait : 0) * 4 + reason);
+    return PyLong_FromLongLong((wait > 0 ? wait : 0) * (1 << ADMIT_REASON_BITS) + reason);
 }
 
 PyDoc_STRVAR(Limits_hammer_doc,
@@ -572,6 +580,8 @@ static const vxb_int_const constants[] = {
     {"ADMIT_REQUESTS", VX_ADMIT_REQUESTS},
     {"ADMIT_TOKENS", VX_ADMIT_TOKENS},
     {"ADMIT_PARALLEL", VX_ADMIT_PARALLEL},
+    {"ADMIT_LEFT_SHIFT", ADMIT_LEFT_SHIFT},
+    {"ADMIT_REASON_BITS", ADMIT_REASON_BITS},
 };
 
 int vxb_limits_exec(PyObject *module, module_state *st)

@@ -383,6 +383,8 @@ LIMITS_LEASE_WAIT_US: Final[int]  # 1000000: take's answer for a leased bucket s
 ADMIT_REQUESTS: Final[int]  # 1: Limits.admit refused on the request bucket
 ADMIT_TOKENS: Final[int]  # 2: ... on the token bucket
 ADMIT_PARALLEL: Final[int]  # 3: ... on the gauge (max_parallel)
+ADMIT_LEFT_SHIFT: Final[int]  # 32: admitted, ~admit() = requests left | tokens left << this
+ADMIT_REASON_BITS: Final[int]  # 2: refused, admit() = wait_us << this | reason
 
 @final
 class Limits:

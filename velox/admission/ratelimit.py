@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from velox._native import TokenBucket
+from velox.state.limits import Limits, TokenBucket
 
 # Retries of a batch's take when another worker took tokens between the level read and the take.
 _TAKE_TRIES = 4
@@ -29,7 +29,7 @@ class Limiter:
     def __init__(self, bucket: TokenBucket | None, limits: Any = None, index: int = 0,
                  rate_per_minute: int = 0, burst: int = 0) -> None:
         self.bucket = bucket  # None: no limit, or the shared (Redis-leased) bucket below
-        self.limits = limits  # velox._native.Limits with VELOX_REDIS_URL, else None
+        self.limits = limits  # velox.state.limits.Limits with VELOX_REDIS_URL, else None
         self.index = index
         self.rate_per_minute = rate_per_minute  # global, across every host sharing the limit
         self.burst = burst
@@ -43,8 +43,6 @@ class Limiter:
         if rate_per_minute <= 0:
             return cls(None)
         if shared:
-            from velox._native import Limits
-
             return cls(None, Limits(1), 0, rate_per_minute, burst)
         return cls(TokenBucket(rate_per_minute, burst), None, 0, rate_per_minute, burst)
 
