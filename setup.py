@@ -19,6 +19,7 @@ NATIVE_SOURCES = [
     "native/vx_health.c",
     "native/vx_cache.c",
     "native/vx_limits.c",
+    "native/vx_shm.c",
     "native/vx_hpack.c",
     "native/vx_h2.c",
     "native/vx_http1.c",

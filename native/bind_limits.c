@@ -1,21 +1,28 @@
 #include "bind.h"
 #include "vx_limits.h"
 
+#include <errno.h>
+#include <fcntl.h>  /* fcntl(F_DUPFD_CLOEXEC) */
+#include <unistd.h> /* close */
+
 /* ---------------------------------------------------------------- Limits */
 
 typedef struct {
     PyObject_HEAD
     vx_limits *l; /* owned view of the shared mapping; NULL only while tp_new fails */
+    int fd;       /* the memfd this object made (memfd=True), else -1 */
 } LimitsObject;
 
 #define LIMITS_DEFAULT_SLOTS 64
 
 static PyObject *Limits_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"n", "slots", NULL};
+    static char *kwlist[] = {"n", "slots", "memfd", NULL};
     PyObject *n_obj, *slots_obj = NULL;
     int64_t n, slots = LIMITS_DEFAULT_SLOTS;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:Limits", kwlist, &n_obj, &slots_obj))
+    int memfd = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p:Limits", kwlist, &n_obj, &slots_obj,
+                                     &memfd))
         return NULL;
     if (arg_in_range(n_obj, "n", 1, VX_LIMITS_MAX_N, &n) < 0 ||
         (slots_obj != NULL &&
@@ -24,7 +31,8 @@ static PyObject *Limits_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     LimitsObject *self = (LimitsObject *)type->tp_alloc(type, 0); /* new reference */
     if (self == NULL)
         return NULL;
-    self->l = vx_limits_create(n, slots);
+    self->fd = -1;
+    self->l = vx_limits_create_fd(n, slots, memfd ? &self->fd : NULL);
     if (self->l == NULL) {
         Py_DECREF(self);
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -36,6 +44,8 @@ static void Limits_dealloc(LimitsObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     vx_limits_destroy(self->l); /* this process's view; other processes keep theirs */
+    if (self->fd >= 0)
+        close(self->fd);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -373,6 +383,50 @@ static Py_ssize_t Limits_len(LimitsObject *self)
     return (Py_ssize_t)self->l->n;
 }
 
+PyDoc_STRVAR(Limits_fd_doc,
+             "fd($self, /)\n--\n\n"
+             "A new descriptor of the memfd these limits live on (Limits(..., memfd=True)), for\n"
+             "a process that did not inherit the mapping (send it with SCM_RIGHTS; attach()\n"
+             "maps it). The caller closes it. ValueError for anonymous limits.");
+
+static PyObject *Limits_fd(LimitsObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "these Limits are anonymous (made without memfd=True)");
+        return NULL;
+    }
+    int fd = fcntl(self->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(Limits_attach_doc,
+             "attach(fd, /)\n--\n\n"
+             "The Limits another process made with memfd=True, mapped from a descriptor of its\n"
+             "memfd (fd stays the caller's): the same buckets, gauges and held places.\n"
+             "ValueError when the file is not a whole Limits mapping.");
+
+static PyObject *Limits_attach(PyTypeObject *type, PyObject *arg)
+{
+    int64_t fd;
+    if (arg_in_range(arg, "fd", 0, INT32_MAX, &fd) < 0)
+        return NULL;
+    LimitsObject *self = (LimitsObject *)type->tp_alloc(type, 0); /* new reference */
+    if (self == NULL)
+        return NULL;
+    self->fd = -1;
+    self->l = vx_limits_attach((int)fd);
+    if (self->l == NULL) {
+        Py_DECREF(self);
+        if (errno == EINVAL)
+            return PyErr_Format(PyExc_ValueError, "fd %lld is not a Limits mapping",
+                                (long long)fd);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
 static PyObject *Limits_get_slots(LimitsObject *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->l->slots);
@@ -521,6 +575,8 @@ static PyObject *Limits_ticket(LimitsObject *self, PyObject *const *args, Py_ssi
 }
 
 static PyMethodDef Limits_methods[] = {
+    {"fd", (PyCFunction)Limits_fd, METH_NOARGS, Limits_fd_doc},
+    {"attach", (PyCFunction)Limits_attach, METH_O | METH_CLASS, Limits_attach_doc},
     {"configure", FASTCALL(Limits_configure), METH_FASTCALL, Limits_configure_doc},
     {"config", (PyCFunction)Limits_config, METH_O, Limits_config_doc},
     {"take", FASTCALL(Limits_take), METH_FASTCALL, Limits_take_doc},

@@ -1,19 +1,26 @@
 #include "bind.h"
 #include "vx_stats.h"
 
+#include <errno.h>
+#include <fcntl.h>  /* fcntl(F_DUPFD_CLOEXEC) */
+#include <unistd.h> /* close */
+
 /* ---------------------------------------------------------------- Counters */
 
 typedef struct {
     PyObject_HEAD
     vx_counters c; /* owned view of the shared mapping (c.base NULL until created) */
+    int fd;        /* the memfd this object made (memfd=True), else -1 */
 } CountersObject;
 
 static PyObject *Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"slots", "fields", NULL};
+    static char *kwlist[] = {"slots", "fields", "memfd", NULL};
     PyObject *slots_obj, *fields_obj;
     int64_t slots, fields;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Counters", kwlist, &slots_obj, &fields_obj))
+    int memfd = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|$p:Counters", kwlist, &slots_obj,
+                                     &fields_obj, &memfd))
         return NULL;
     if (arg_in_range(slots_obj, "slots", 1, VX_STATS_MAX_SLOTS, &slots) < 0 ||
         arg_in_range(fields_obj, "fields", 1, VX_COUNTERS_MAX_FIELDS, &fields) < 0)
@@ -21,7 +28,9 @@ static PyObject *Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     CountersObject *self = (CountersObject *)type->tp_alloc(type, 0); /* new ref, zeroed */
     if (self == NULL)
         return NULL;
-    int err = vx_counters_init(&self->c, (size_t)slots, (size_t)fields);
+    self->fd = -1;
+    int err = vx_counters_init_fd(&self->c, (size_t)slots, (size_t)fields,
+                                  memfd ? &self->fd : NULL);
     if (err != 0) {
         Py_DECREF(self);
         errno = err;
@@ -34,6 +43,8 @@ static void Counters_dealloc(CountersObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     vx_counters_destroy(&self->c);
+    if (self->fd >= 0)
+        close(self->fd);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -169,7 +180,57 @@ static PyObject *Counters_get_fields(CountersObject *self, void *Py_UNUSED(closu
     return PyLong_FromSize_t(self->c.fields);
 }
 
+PyDoc_STRVAR(Counters_fd_doc,
+             "fd($self, /)\n--\n\n"
+             "A new descriptor of the memfd these counters live on (memfd=True), for a process\n"
+             "that did not inherit the mapping; the caller closes it. ValueError if anonymous.");
+
+static PyObject *Counters_fd(CountersObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->fd < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "these Counters are anonymous (made without memfd=True)");
+        return NULL;
+    }
+    int fd = fcntl(self->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(Counters_attach_doc,
+             "attach(fd, slots, fields, /)\n--\n\n"
+             "The Counters (of that shape) another process made with memfd=True, mapped from a\n"
+             "descriptor of its memfd (fd stays the caller's). ValueError when the file is not\n"
+             "counters of that shape.");
+
+static PyObject *Counters_attach(PyTypeObject *type, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t fd, slots, fields;
+    if (check_nargs("attach", nargs, 3, 3) < 0 ||
+        arg_in_range(args[0], "fd", 0, INT32_MAX, &fd) < 0 ||
+        arg_in_range(args[1], "slots", 1, VX_STATS_MAX_SLOTS, &slots) < 0 ||
+        arg_in_range(args[2], "fields", 1, VX_COUNTERS_MAX_FIELDS, &fields) < 0)
+        return NULL;
+    CountersObject *self = (CountersObject *)type->tp_alloc(type, 0); /* new ref, zeroed */
+    if (self == NULL)
+        return NULL;
+    self->fd = -1;
+    int err = vx_counters_attach(&self->c, (int)fd, (size_t)slots, (size_t)fields);
+    if (err != 0) {
+        Py_DECREF(self);
+        if (err == EINVAL)
+            return PyErr_Format(PyExc_ValueError, "fd %lld is not Counters of %lld x %lld",
+                                (long long)fd, (long long)slots, (long long)fields);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)self;
+}
+
 static PyMethodDef Counters_methods[] = {
+    {"fd", (PyCFunction)Counters_fd, METH_NOARGS, Counters_fd_doc},
+    {"attach", FASTCALL(Counters_attach), METH_FASTCALL | METH_CLASS, Counters_attach_doc},
     {"add", FASTCALL(Counters_add), METH_FASTCALL, Counters_add_doc},
     {"add_many", FASTCALL(Counters_add_many), METH_FASTCALL, Counters_add_many_doc},
     {"set", FASTCALL(Counters_set), METH_FASTCALL, Counters_set_doc},
