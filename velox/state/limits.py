@@ -1,11 +1,12 @@
-"""The face of the native limits core (native/vx_limits.c, native/vx_bucket.c): shared token
-buckets and concurrency gauges made before fork, one state for every worker.
+"""The face of the native limits core (native/vx_limits.c): shared token buckets and
+concurrency gauges made before fork (or on a memfd, see velox.state.keys.KeyTable), one state
+for every worker.
 
-`Limits` is n buckets and n gauges in one shared mapping (keys' rpm/tpm/max_parallel, the
-upstreams' rpm, the Redis-leased global bucket); `TokenBucket` is the gateway's global
-request rate when no Redis is shared. `Admit` names the bucket a refused `Limits.admit`
-names. Only this module imports the extension for them (the import contract in
-pyproject.toml).
+`Limits` is n buckets and n gauges in one shared mapping: the keys' rpm/tpm/max_parallel,
+the upstreams' rpm, and the gateway's global rate (entry 0 of its own, clock-refilled or
+leased from Redis: velox.admission.ratelimit). `Admit` names what refused a `Limits.admit`,
+and `refusal`/`remaining` decode its packed result by name. Only velox.state imports the
+extension for them (the import contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ from velox._native import (
     LIMITS_LEASE_WAIT_US,
     LIMITS_NEVER,
     Limits,
-    TokenBucket,
 )
 
-__all__ = ["LIMITS_LEASE_WAIT_US", "LIMITS_NEVER", "Admit", "Limits", "TokenBucket", "refusal",
-           "remaining"]
+__all__ = ["LIMITS_LEASE_WAIT_US", "LIMITS_NEVER", "Admit", "Limits", "refusal", "remaining"]
 
 
 class Admit(enum.IntEnum):
