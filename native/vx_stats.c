@@ -41,6 +41,18 @@ static bool counters_shape(size_t slots, size_t fields, size_t *stride, size_t *
     return true;
 }
 
+/* Fill *c with a mapping of the shape counters_shape gave; 0. */
+static int counters_view(vx_counters *c, void *mem, size_t slots, size_t fields, size_t stride,
+                         size_t len)
+{
+    c->base = mem;
+    c->slots = slots;
+    c->fields = fields;
+    c->stride = stride;
+    c->map_len = len;
+    return 0;
+}
+
 int vx_counters_init_fd(vx_counters *c, size_t slots, size_t fields, int *fd)
 {
     size_t stride, len;
@@ -49,12 +61,7 @@ int vx_counters_init_fd(vx_counters *c, size_t slots, size_t fields, int *fd)
     void *mem = vx_shm_map(len, "velox-counters", fd);
     if (mem == NULL)
         return errno;
-    c->base = mem;
-    c->slots = slots;
-    c->fields = fields;
-    c->stride = stride;
-    c->map_len = len;
-    return 0;
+    return counters_view(c, mem, slots, fields, stride, len);
 }
 
 int vx_counters_attach(vx_counters *c, int fd, size_t slots, size_t fields)
@@ -69,12 +76,7 @@ int vx_counters_attach(vx_counters *c, int fd, size_t slots, size_t fields)
         munmap(mem, len);
         return EINVAL;
     }
-    c->base = mem;
-    c->slots = slots;
-    c->fields = fields;
-    c->stride = stride;
-    c->map_len = len;
-    return 0;
+    return counters_view(c, mem, slots, fields, stride, len);
 }
 
 void vx_counters_destroy(vx_counters *c)
