@@ -6,8 +6,12 @@ project's contract for its C code: C11, warning-free under -Wall -Wextra -Werror
 
 from setuptools import Extension, setup
 
+# The module file (state and init), one binding file per core, then the Python-free cores.
+BINDINGS = ["ring", "bucket", "stats", "health", "cache", "h2", "hash", "json", "limits",
+            "http1", "reqhead", "relay", "books"]
 NATIVE_SOURCES = [
     "native/_velox_native.c",
+    *(f"native/bind_{name}.c" for name in BINDINGS),
     "native/vx_ring.c",
     "native/vx_bucket.c",
     "native/vx_stats.c",
@@ -15,6 +19,7 @@ NATIVE_SOURCES = [
     "native/vx_health.c",
     "native/vx_cache.c",
     "native/vx_limits.c",
+    "native/vx_shm.c",
     "native/vx_hpack.c",
     "native/vx_h2.c",
     "native/vx_http1.c",
@@ -28,7 +33,9 @@ setup(
             "velox._native",
             sources=NATIVE_SOURCES,
             include_dirs=["native"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"],
+            # Hidden: the binding files' shared vxb_* symbols stay inside the extension.
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror",
+                                "-fvisibility=hidden"],
         )
     ],
 )

@@ -13,6 +13,7 @@
 #endif
 
 #include "vx_limits.h"
+#include "vx_shm.h"
 
 #include <errno.h>
 #include <sys/mman.h>
@@ -33,26 +34,55 @@ static size_t held_offset(int64_t n)
     return offsetof(vx_limits, e) + (size_t)n * sizeof(vx_limit);
 }
 
+static size_t limits_bytes(int64_t n, int64_t slots, int64_t *row)
+{
+    const int64_t per_line = VX_LIMITS_LINE / (int64_t)sizeof(int64_t);
+    *row = (n + per_line - 1) / per_line * per_line;
+    /* At most 1e6 * 64 + 4096 * 1e6 * 8 bytes: well inside size_t on 64-bit. */
+    return held_offset(n) + (size_t)slots * (size_t)*row * sizeof(int64_t);
+}
+
 vx_limits *vx_limits_create(int64_t n, int64_t slots)
+{
+    return vx_limits_create_fd(n, slots, NULL);
+}
+
+vx_limits *vx_limits_create_fd(int64_t n, int64_t slots, int *fd)
 {
     if (n < 1 || n > VX_LIMITS_MAX_N || slots < 1 || slots > VX_LIMITS_MAX_SLOTS) {
         errno = EINVAL;
         return NULL;
     }
-    const int64_t per_line = VX_LIMITS_LINE / (int64_t)sizeof(int64_t);
-    const int64_t row = (n + per_line - 1) / per_line * per_line;
-    /* At most 1e6 * 64 + 4096 * 1e6 * 8 bytes: well inside size_t on 64-bit. */
-    size_t bytes = held_offset(n) + (size_t)slots * (size_t)row * sizeof(int64_t);
-    /* Anonymous + shared: no file, and fork() shares the pages instead of copying them.
-     * Fresh anonymous pages are zero: every entry unconfigured, every gauge 0. */
-    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED)
+    int64_t row;
+    size_t bytes = limits_bytes(n, slots, &row);
+    /* Shared, anonymous or on a memfd: fork() shares the pages instead of copying them, and
+     * fresh pages are zero: every entry unconfigured, every gauge 0. */
+    vx_limits *l = vx_shm_map(bytes, "velox-limits", fd);
+    if (l == NULL)
         return NULL;
-    vx_limits *l = mem;
     l->n = n;
     l->slots = slots;
     l->row = row;
     l->map_bytes = bytes;
+    return l;
+}
+
+vx_limits *vx_limits_attach(int fd)
+{
+    size_t len;
+    vx_limits *l = vx_shm_attach(fd, &len);
+    if (l == NULL)
+        return NULL;
+    /* The header was written by vx_limits_create_fd before the descriptor was handed out;
+     * a file of another shape (not ours, or truncated) is refused, not trusted. */
+    int64_t row;
+    if (len < sizeof *l || l->n < 1 || l->n > VX_LIMITS_MAX_N || l->slots < 1 ||
+        l->slots > VX_LIMITS_MAX_SLOTS || limits_bytes(l->n, l->slots, &row) != len ||
+        row != l->row || l->map_bytes != len) {
+        munmap(l, len);
+        errno = EINVAL;
+        return NULL;
+    }
     return l;
 }
 

@@ -116,6 +116,12 @@ int64_t vx_limits_now_us(void);
  * EINVAL for n or slots outside [1, MAX], or mmap's errno. The view is this process's;
  * forked children inherit the same shared state and release their own view the same way. */
 vx_limits *vx_limits_create(int64_t n, int64_t slots);
+/* The same on a memfd: its descriptor is stored in *fd (the caller closes it), for another
+ * process to map with vx_limits_attach (fd NULL: anonymous, as vx_limits_create). */
+vx_limits *vx_limits_create_fd(int64_t n, int64_t slots, int *fd);
+/* Map the limits another process made with vx_limits_create_fd, from its descriptor (kept
+ * the caller's). NULL with errno EINVAL when the file is not a whole vx_limits. */
+vx_limits *vx_limits_attach(int fd);
 void vx_limits_destroy(vx_limits *l); /* NULL accepted */
 
 /* The row of held places of a slot (n cells, then padding). */

@@ -278,3 +278,19 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
     out->header_bytes = header_bytes;
     return VX_RH_DONE;
 }
+
+/* A Connection value naming no other field: "keep-alive" or "close", any case. */
+int vx_reqhead_plain_connection(const char *v, size_t n)
+{
+    static const char *const plain[] = {"keep-alive", "close"};
+    for (int p = 0; p < 2; p++) {
+        size_t len = strlen(plain[p]), j = 0;
+        if (len != n)
+            continue;
+        while (j < n && (v[j] | (v[j] >= 'A' && v[j] <= 'Z' ? 0x20 : 0)) == plain[p][j])
+            j++;
+        if (j == n)
+            return 1;
+    }
+    return 0;
+}

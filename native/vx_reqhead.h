@@ -90,4 +90,7 @@ const char *vx_reqhead_method_name(int method, size_t *len);
 /* Copy n bytes from src to dst with ASCII upper case letters lowered (header names). */
 void vx_reqhead_lower(char *dst, const char *src, size_t n);
 
+/* A Connection value naming no other field: "keep-alive" or "close", any case (1), else 0. */
+int vx_reqhead_plain_connection(const char *v, size_t n);
+
 #endif

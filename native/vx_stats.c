@@ -5,8 +5,10 @@
 #endif
 
 #include "vx_stats.h"
+#include "vx_shm.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <sys/mman.h>
 
 static size_t round_up(size_t n, size_t to)
@@ -27,19 +29,54 @@ static void *map_shared(size_t len)
 
 int vx_counters_init(vx_counters *c, size_t slots, size_t fields)
 {
+    return vx_counters_init_fd(c, slots, fields, NULL);
+}
+
+static bool counters_shape(size_t slots, size_t fields, size_t *stride, size_t *len)
+{
     if (slots < 1 || slots > VX_STATS_MAX_SLOTS || fields < 1 || fields > VX_COUNTERS_MAX_FIELDS)
-        return EINVAL;
-    size_t stride = round_up(fields, VX_STATS_LINE / sizeof(int64_t));
-    size_t len = slots * stride * sizeof(int64_t);
-    void *mem = map_shared(len);
-    if (mem == NULL)
-        return errno;
+        return false;
+    *stride = round_up(fields, VX_STATS_LINE / sizeof(int64_t));
+    *len = slots * *stride * sizeof(int64_t);
+    return true;
+}
+
+/* Fill *c with a mapping of the shape counters_shape gave; 0. */
+static int counters_view(vx_counters *c, void *mem, size_t slots, size_t fields, size_t stride,
+                         size_t len)
+{
     c->base = mem;
     c->slots = slots;
     c->fields = fields;
     c->stride = stride;
     c->map_len = len;
     return 0;
+}
+
+int vx_counters_init_fd(vx_counters *c, size_t slots, size_t fields, int *fd)
+{
+    size_t stride, len;
+    if (!counters_shape(slots, fields, &stride, &len))
+        return EINVAL;
+    void *mem = vx_shm_map(len, "velox-counters", fd);
+    if (mem == NULL)
+        return errno;
+    return counters_view(c, mem, slots, fields, stride, len);
+}
+
+int vx_counters_attach(vx_counters *c, int fd, size_t slots, size_t fields)
+{
+    size_t stride, want, len;
+    if (!counters_shape(slots, fields, &stride, &want))
+        return EINVAL;
+    void *mem = vx_shm_attach(fd, &len);
+    if (mem == NULL)
+        return errno;
+    if (len != want) { /* not counters of this shape: refused, not trusted */
+        munmap(mem, len);
+        return EINVAL;
+    }
+    return counters_view(c, mem, slots, fields, stride, len);
 }
 
 void vx_counters_destroy(vx_counters *c)

@@ -43,6 +43,11 @@ _Static_assert(VX_STATS_LINE % sizeof(int64_t) == 0, "rows are whole lines of in
  * fields is outside [1, VX_STATS_MAX_SLOTS] / [1, VX_COUNTERS_MAX_FIELDS]); *c is untouched
  * on failure. Release with vx_counters_destroy. */
 int vx_counters_init(vx_counters *c, size_t slots, size_t fields);
+/* The same on a memfd, its descriptor stored in *fd (the caller closes it; NULL: anonymous). */
+int vx_counters_init_fd(vx_counters *c, size_t slots, size_t fields, int *fd);
+/* Map counters of this shape that another process made with vx_counters_init_fd, from a
+ * descriptor of its memfd (kept the caller's). EINVAL when the file's size is not theirs. */
+int vx_counters_attach(vx_counters *c, int fd, size_t slots, size_t fields);
 void vx_counters_destroy(vx_counters *c); /* unmaps this process's view; idempotent */
 
 void vx_counters_add(vx_counters *c, size_t slot, size_t field, int64_t n);

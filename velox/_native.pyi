@@ -78,8 +78,15 @@ class Counters:
     Each slot's row starts on its own 64-byte cache line; one slot per worker process.
     """
 
-    def __init__(self, slots: int, fields: int) -> None:
-        """slots in [1, 4096], fields in [1, 4096]; otherwise ValueError."""
+    def __init__(self, slots: int, fields: int, *, memfd: bool = False) -> None:
+        """slots in [1, 4096], fields in [1, 4096]; otherwise ValueError. memfd=True: on a
+        memfd, so a process that did not inherit it can map it (fd(), attach())."""
+    def fd(self) -> int:
+        """A new descriptor of the memfd (memfd=True; the caller closes it), else ValueError."""
+    @classmethod
+    def attach(cls, fd: int, slots: int, fields: int, /) -> Counters:
+        """The counters of that shape another process made with memfd=True, mapped from a
+        descriptor of its memfd (kept the caller's); ValueError for a file of another size."""
     def add(self, slot: int, field: int, n: int = 1, /) -> None:
         """Relaxed atomic fetch_add. IndexError on a bad slot or field."""
     def add_many(self, slot: int, *field_n: int) -> None:
@@ -383,6 +390,8 @@ LIMITS_LEASE_WAIT_US: Final[int]  # 1000000: take's answer for a leased bucket s
 ADMIT_REQUESTS: Final[int]  # 1: Limits.admit refused on the request bucket
 ADMIT_TOKENS: Final[int]  # 2: ... on the token bucket
 ADMIT_PARALLEL: Final[int]  # 3: ... on the gauge (max_parallel)
+ADMIT_LEFT_SHIFT: Final[int]  # 32: admitted, ~admit() = requests left | tokens left << this
+ADMIT_REASON_BITS: Final[int]  # 2: refused, admit() = wait_us << this | reason
 
 @final
 class Limits:
@@ -406,8 +415,17 @@ class Limits:
     now_us arguments are test hooks: None (the default) reads CLOCK_MONOTONIC.
     """
 
-    def __init__(self, n: int, slots: int = 64) -> None:
-        """n in [1, 10**6], slots in [1, 4096]; otherwise ValueError naming the argument."""
+    def __init__(self, n: int, slots: int = 64, *, memfd: bool = False) -> None:
+        """n in [1, 10**6], slots in [1, 4096]; otherwise ValueError naming the argument.
+        memfd=True: on a memfd, so a process that did not inherit it can map it (fd(),
+        attach())."""
+    def fd(self) -> int:
+        """A new descriptor of the memfd (memfd=True; the caller closes it), else ValueError."""
+    @classmethod
+    def attach(cls, fd: int, /) -> Limits:
+        """The Limits another process made with memfd=True, mapped from a descriptor of its
+        memfd (kept the caller's): the same buckets and gauges. ValueError when the file is
+        not a whole Limits mapping."""
     def __len__(self) -> int: ...
     @property
     def slots(self) -> int: ...

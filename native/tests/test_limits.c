@@ -470,6 +470,29 @@ static void test_real_clock(void)
     vx_limits_destroy(l);
 }
 
+/* On a memfd: a second mapping from the descriptor is the same state; a file of another
+ * shape (a short one, an empty one) is refused with EINVAL. */
+static void test_memfd_attach(void)
+{
+    int fd = -1;
+    vx_limits *l = vx_limits_create_fd(8, 2, &fd);
+    CHECK(l != NULL && fd >= 0);
+    vx_limits_configure(l, 0, 60, 5, 1000);
+    vx_limits *m = vx_limits_attach(fd);
+    CHECK(m != NULL && m->n == 8 && m->slots == 2);
+    CHECK(vx_limits_take(m, 0, 2, 1000) == 0);
+    CHECK(vx_limits_level(l, 0, 1000) == 3);
+    vx_limits_destroy(m); /* unmapped first: pages past a truncated file's end would fault */
+    vx_limits_destroy(l);
+    CHECK(ftruncate(fd, 100) == 0); /* now shorter than its header says */
+    errno = 0;
+    CHECK(vx_limits_attach(fd) == NULL && errno == EINVAL);
+    CHECK(ftruncate(fd, 0) == 0);
+    errno = 0;
+    CHECK(vx_limits_attach(fd) == NULL && errno == EINVAL);
+    close(fd);
+}
+
 int main(void)
 {
     test_bad_input();
@@ -484,6 +507,7 @@ int main(void)
     test_threads_gauge();
     test_processes();
     test_real_clock();
+    test_memfd_attach();
     printf("test_limits: %s\n", failures ? "FAIL" : "ok");
     return failures ? 1 : 0;
 }

@@ -305,26 +305,29 @@ def test_exact_across_forked_processes() -> None:
 
 
 def test_admit_is_all_or_nothing() -> None:
-    from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS
+    # The results are read through the façade's named decoding (velox.state.limits), so this
+    # also checks that its layout matches what the C binding packs.
+    from velox.state.limits import Admit, refusal, remaining
 
     lim = Limits(2, slots=2)
     base = now_us() + 10**9
     lim.configure(0, 60, 2, base)  # requests: 2, one a second
     lim.configure(1, 600, 100, base)  # tokens: 100, ten a second
     code = lim.admit(0, 1, 60, 0, 1, 1, base)
-    assert code < 0 and ~code == 1 | 40 << 32  # admitted: 1 request and 40 tokens left
+    assert code < 0 and remaining(code) == (1, 40)  # admitted: 1 request and 40 tokens left
     assert lim.active(0) == 1 and lim.held(0, 1) == 1 and lim.entered(0) == 1
     code = lim.admit(0, 1, 60, 0, 0, 1, base)  # 40 tokens left, 60 asked
-    assert code & 3 == ADMIT_TOKENS and code >> 2 == 2_000_000
+    assert refusal(code) == (Admit.TOKENS, 2_000_000)
     assert lim.level(0, base) == 1 and lim.level(1, base) == 40  # the request came back
     code = lim.admit(0, 1, 30, 0, 1, 0, base)  # the gauge's one place is held
-    assert code & 3 == ADMIT_PARALLEL and code >> 2 == 1_000_000
+    assert refusal(code) == (Admit.PARALLEL, 1_000_000)
     assert lim.level(0, base) == 1 and lim.level(1, base) == 40 and lim.active(0) == 1
-    assert ~lim.admit(0, -1, 0, -1, 0, 0, base) == 0  # the last request: none left
+    assert remaining(lim.admit(0, -1, 0, -1, 0, 0, base)) == (0, 0)  # the last request
     code = lim.admit(0, 1, 1, 0, 0, 0, base)
-    assert code & 3 == ADMIT_REQUESTS and code >> 2 == 1_000_000
-    assert lim.admit(-1, 1, 101, -1, 0, 0, base) == ADMIT_TOKENS  # never: wait 0
-    assert lim.admit(-1, -1, 5, -1, 0, 0, base) == ~0  # every step skipped
+    assert refusal(code) == (Admit.REQUESTS, 1_000_000)
+    assert refusal(lim.admit(-1, 1, 101, -1, 0, 0, base)) == (Admit.TOKENS, 0)  # never
+    code = lim.admit(-1, -1, 5, -1, 0, 0, base)
+    assert code < 0 and remaining(code) == (0, 0)  # every step skipped
     assert lim.entered(0) == 1  # refused admissions entered nothing
     for bad_index in ((2, 1), (-2, 1), (0, 2), (0, -2)):
         with pytest.raises(IndexError):
@@ -334,3 +337,17 @@ def test_admit_is_all_or_nothing() -> None:
     with pytest.raises(ValueError, match="tokens"):
         lim.admit(0, 1, -1, 0, 0, 0)
     assert lim.taken(0) == 2 and lim.taken(1) == 60  # refused admissions took nothing
+
+
+def test_admit_results_decode_at_their_bounds() -> None:
+    from velox.state.limits import Admit, refusal, remaining
+
+    big = 10**9  # the largest rate and burst: both halves of an admitted result at their widest
+    lim = Limits(2)
+    base = now_us() + 10**9
+    lim.configure(0, big, big, base)
+    lim.configure(1, big, big, base)
+    assert remaining(lim.admit(0, 1, 7, -1, 0, 0, base)) == (big - 1, big - 7)
+    lim.configure(0, 1, 1, base)  # one request a minute: the next waits a whole minute
+    lim.admit(0, -1, 0, -1, 0, 0, base)
+    assert refusal(lim.admit(0, -1, 0, -1, 0, 0, base)) == (Admit.REQUESTS, 60_000_000)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from velox._native import ADMIT_PARALLEL, ADMIT_REQUESTS, ADMIT_TOKENS, Limits
 from velox.config.tables import CATCH_ALL, KeySpec, Tables
 from velox.core.errors import EndpointNotAllowed, ModelNotAllowed, RateLimited
 from velox.core.fields import KF
@@ -56,6 +55,7 @@ from velox.ingress.auth import caller_of
 from velox.ingress.classify import is_model_list
 from velox.relay.usage import estimate
 from velox.state.keys import SharedKeys, rpm_index, tpm_index
+from velox.state.limits import Admit, Limits, refusal, remaining
 
 # --- per request ----------------------------------------------------------------------------
 
@@ -184,20 +184,18 @@ class KeyStage:
             if key.headers:
                 # One list display per shape, the limits' header pairs made once per key:
                 # about 1 us less per request than growing a list (benches/bench_keys.py).
-                left = ~code
+                requests_left, tokens_left = remaining(code)
                 if key.rpm:
                     if tok_i >= 0:
                         request.extra_headers = [
-                            key.limit_requests,
-                            (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF)),
-                            key.limit_tokens, (_REMAINING_TOKENS, b"%d" % (left >> 32))]
+                            key.limit_requests, (_REMAINING_REQUESTS, b"%d" % requests_left),
+                            key.limit_tokens, (_REMAINING_TOKENS, b"%d" % tokens_left)]
                     else:
                         request.extra_headers = [
-                            key.limit_requests,
-                            (_REMAINING_REQUESTS, b"%d" % (left & 0xFFFFFFFF))]
+                            key.limit_requests, (_REMAINING_REQUESTS, b"%d" % requests_left)]
                 elif tok_i >= 0:
                     request.extra_headers = [
-                        key.limit_tokens, (_REMAINING_TOKENS, b"%d" % (left >> 32))]
+                        key.limit_tokens, (_REMAINING_TOKENS, b"%d" % tokens_left)]
                 else:
                     request.extra_headers = []
             out.append(request)
@@ -220,14 +218,14 @@ class KeyStage:
             "hold there (its [[key]] table may allow it with forward = true)."))
 
     def _refuse_limit(self, request: Request, key: _Key, code: int) -> None:
-        reason, wait = code & 3, code >> 2
-        if reason == ADMIT_REQUESTS:
+        reason, wait = refusal(code)
+        if reason is Admit.REQUESTS:
             self._refuse(request, key, KF.REFUSED_RPM, wait, "requests per minute (rpm)",
                          key.rpm)
-        elif reason == ADMIT_TOKENS:
+        elif reason is Admit.TOKENS:
             self._refuse(request, key, KF.REFUSED_TPM, wait, "tokens per minute (tpm)", key.tpm)
         else:
-            assert reason == ADMIT_PARALLEL
+            assert reason is Admit.PARALLEL
             self._refuse(request, key, KF.REFUSED_PARALLEL, wait,
                          "requests in flight (max_parallel)", key.max_parallel)
 

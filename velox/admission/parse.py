@@ -20,15 +20,15 @@ from typing import Any
 
 import orjson
 
-from velox import _native
 from velox.core.api import COUNT_TOKENS
 from velox.core.errors import BadRequest, MalformedJSON, MissingParameter
 from velox.core.types import Request
+from velox.ingress import scan
 from velox.providers import messages
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
-_scan = _native.scan_json
+_scan = scan.scan_json
 
 _EMPTY = "The request body is empty; expected a JSON object with a 'model'."
 _NOT_OBJECT = "The request body must be a JSON object."
@@ -36,18 +36,18 @@ _NO_MODEL = "You must provide a model parameter."
 
 # What the native scanner's error codes mean, in the words of an error message.
 _SCAN_ERRORS = {
-    _native.JSON_E_EMPTY: "no JSON value",
-    _native.JSON_E_TRUNCATED: "the body ends inside a value",
-    _native.JSON_E_SYNTAX: "unexpected character",
-    _native.JSON_E_TRAILING: "trailing characters after the JSON value",
-    _native.JSON_E_DEPTH: f"more than {_native.JSON_MAX_DEPTH} nested arrays or objects",
-    _native.JSON_E_NUMBER: "malformed number",
-    _native.JSON_E_RANGE: "number out of range",
-    _native.JSON_E_CONTROL: "control character in a string",
-    _native.JSON_E_ESCAPE: "invalid escape in a string",
-    _native.JSON_E_SURROGATE: "unpaired UTF-16 surrogate in a string",
-    _native.JSON_E_UTF8: "invalid UTF-8 in a string",
-    _native.JSON_E_TOO_LARGE: "document too large",
+    scan.JSON_E_EMPTY: "no JSON value",
+    scan.JSON_E_TRUNCATED: "the body ends inside a value",
+    scan.JSON_E_SYNTAX: "unexpected character",
+    scan.JSON_E_TRAILING: "trailing characters after the JSON value",
+    scan.JSON_E_DEPTH: f"more than {scan.JSON_MAX_DEPTH} nested arrays or objects",
+    scan.JSON_E_NUMBER: "malformed number",
+    scan.JSON_E_RANGE: "number out of range",
+    scan.JSON_E_CONTROL: "control character in a string",
+    scan.JSON_E_ESCAPE: "invalid escape in a string",
+    scan.JSON_E_SURROGATE: "unpaired UTF-16 surrogate in a string",
+    scan.JSON_E_UTF8: "invalid UTF-8 in a string",
+    scan.JSON_E_TOO_LARGE: "document too large",
 }
 
 
@@ -187,9 +187,9 @@ def scan_model_call(body: bytes | bytearray | memoryview) -> tuple[str, bool]:
         reason = _SCAN_ERRORS.get(error, "invalid JSON")
         raise MalformedJSON(
             f"We could not parse the JSON body of your request: {reason} at byte {offset}")
-    if top_kind != _native.JSON_OBJECT:
+    if top_kind != scan.JSON_OBJECT:
         raise BadRequest(_NOT_OBJECT)
-    if model_kind != _native.JSON_STRING or end - start <= 2:  # "" is two bytes
+    if model_kind != scan.JSON_STRING or end - start <= 2:  # "" is two bytes
         raise MissingParameter(_NO_MODEL, param="model")
     model = _loads(body[start:end])  # the model name alone: a few bytes
-    return model, stream_kind == _native.JSON_TRUE
+    return model, stream_kind == scan.JSON_TRUE

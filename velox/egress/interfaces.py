@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from velox.core.fields import F
 
 if TYPE_CHECKING:
-    from velox._native import Counters
     from velox.config.tables import UpstreamSpec
+    from velox.state.stats import Counters
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -18,7 +18,7 @@ deadline a client trickling a byte every few seconds would hold its buffer forev
 byte refreshes the keep-alive idle clock.
 
 Two parsers. The native one, the default: a connection starts on the native
-request-head parser (native/vx_reqhead.c via `_native.reqhead`), which takes a whole head in
+request-head parser (native/vx_reqhead.c via `velox.ingress.reqhead`), which takes a whole head in
 one call and returns method, target, the lower-cased header list, Content-Length, the
 authorization value, expect-100, keep-alive and the head's length; the body is then taken by
 its Content-Length, and the same steps as httptools' callbacks (`_head_complete`, `on_body`,
@@ -76,7 +76,6 @@ from typing import Any
 import httptools
 import orjson
 
-from velox import _native
 from velox.core.api import MESSAGES_PATH, OPENAI, client_api
 from velox.core.errors import (
     BadHTTP,
@@ -94,7 +93,7 @@ from velox.core.errors import (
     to_response,
 )
 from velox.core.types import ANSWERING, DONE, Lifecycle, Request, Route
-from velox.ingress import h1write
+from velox.ingress import h1write, reqhead
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
 from velox.ingress.classify import classify, normal_target
@@ -115,7 +114,7 @@ _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer
 # head it cannot hold is exactly one this refuses. 100 is 6x what the SDKs send; before the
 # cap a 54 KB head of 5,500 tiny fields cost about 65 times a normal request, and every field
 # was forwarded.
-MAX_FIELDS = _native.REQHEAD_FIELDS
+MAX_FIELDS = reqhead.MAX_FIELDS
 _TOO_MANY_FIELDS = (f"The request has more than {MAX_FIELDS} header fields; this gateway "
                     f"accepts at most {MAX_FIELDS}.")
 # The bytes of uri-host [":" port] (RFC 3986: ALPHA DIGIT "-._~", sub-delims, "%" of
@@ -130,7 +129,7 @@ _PIPELINE_DEPTH = 8
 # Route's members as globals on the per-request path: reading one off its Enum class takes
 # EnumType.__getattr__'s slow path on Python 3.11 (~0.3 us against ~0.04 for a global).
 _ROOT, _FORWARD, _HEALTH = Route.ROOT, Route.FORWARD, Route.HEALTH
-_reqhead = _native.reqhead
+_reqhead = reqhead.parse
 # What the native parser leaves out of the upstream's share of the headers, in the same pass
 # (route.Auth.client_headers' rule: hop-by-hop fields and the client's credential); a second
 # walk over the SDK's 15 fields in Python cost ~2.3 us per request.

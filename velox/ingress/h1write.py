@@ -101,6 +101,11 @@ response = _native.h1_response
 head = _native.h1_head
 chunks = _native.h1_chunks
 server_timing = _native.h1_server_timing
+# The native writer's own functions, whatever `use` selected: the relay formats a client's
+# whole response head (kept fields, server-timing, extras) in one call when ingress writes
+# natively (velox.relay.exchange), and its Python twin otherwise.
+native_server_timing = _native.h1_server_timing
+relay_head = _native.relay_head
 
 
 def use(native: bool) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from velox import _native
 from velox.core.errors import to_response
 from velox.core.types import Headers, Request
 from velox.ingress import h1write
@@ -439,5 +438,5 @@ class ClientGone(Exception):
 
 
 _CLIENT_GONE = ClientGone("the client disconnected")
-_NATIVE_TIMING = _native.h1_server_timing
-_relay_head = _native.relay_head
+_NATIVE_TIMING = h1write.native_server_timing
+_relay_head = h1write.relay_head

@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from velox._native import estimate_scan, usage_scan
+from velox._native import estimate_scan as estimate_scan  # re-exported: the estimate's native scan
+from velox._native import usage_scan
 
 if TYPE_CHECKING:
     from velox.core.types import Request

@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from velox import _native
 from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, UpstreamTimeout, UpstreamUnavailable, VeloxError
 from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
 from velox.egress.edge import Edge
+from velox.ingress.scan import scan_json
 from velox.providers.base import Untranslatable
 from velox.routing.balance import Attempt, Event, Plan, Router, classify
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
@@ -410,7 +410,7 @@ def rewrite_model(body: Any, model: str, span: tuple[int, int] | None = None) ->
     a multipart form's model value (parse.form_model), replaced by the name as it is."""
     if span is not None:
         return b"".join((body[:span[0]], model.encode(), body[span[1]:]))
-    error, _offset, start, end, *_ = _native.scan_json(body)
+    error, _offset, start, end, *_ = scan_json(body)
     if error or start < 0:
         return bytes(body)  # unreachable for a body the parse stage accepted
     return b"".join((body[:start], orjson.dumps(model), body[end:]))

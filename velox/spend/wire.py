@@ -48,13 +48,13 @@ from typing import Any
 
 import orjson
 
-from velox._native import Counters, estimate_scan
 from velox.config.tables import BUDGET_PERIODS, BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.types import Request, Route
-from velox.relay.usage import usage_of
+from velox.relay.usage import estimate_scan, usage_of
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable
+from velox.state.stats import Counters
 
 log = logging.getLogger("velox.spend")
 

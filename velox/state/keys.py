@@ -24,6 +24,85 @@ from velox._native import Counters, Limits
 from velox.config.tables import MAX_KEYS, KeySpec
 from velox.core.fields import KF, REFUSAL_REASONS
 
+# A key table that grows (run-time keys): segments of SEGMENT_KEYS keys, each its own shared
+# Limits (2 entries a key) and refusal Counters (one field a key: 4,096 is a Counters row's
+# most), made on a memfd so a worker that forked before the segment existed maps it from
+# descriptors sent over its control socket (SCM_RIGHTS). Pages are only paid when touched:
+# about 0.25 KiB per key at 2 worker slots, 3.7 KiB at 64 (the gauges' per-slot rows).
+SEGMENT_KEYS = 4096
+TABLE_MAX_KEYS = 1_000_000
+MAX_SEGMENTS = -(-TABLE_MAX_KEYS // SEGMENT_KEYS)  # 245
+
+
+class KeySegment:
+    """One segment's shared state: keys k of it use Limits entries 2k (requests, gauge) and
+    2k+1 (tokens), and field k of each KF counter."""
+
+    __slots__ = ("limits", "counters")
+
+    def __init__(self, limits: Limits, counters: tuple[Counters, ...]) -> None:
+        self.limits = limits
+        self.counters = counters
+
+
+class KeyTable:
+    """Key state in segments that can be added while workers run (the API run-time keys use).
+
+    The supervisor owns the table: `grow()` adds a segment (made on memfds) and `fds(i)` gives
+    descriptors of segment i to send to the workers (SCM_RIGHTS, in the order given; the
+    caller closes them); a worker passes what it received to `attach(fds)`, which maps the
+    next segment. Segments made before the workers fork are inherited and need no
+    descriptors. A key's global number k lives in segment k // SEGMENT_KEYS at local index
+    k % SEGMENT_KEYS (`locate`); request-path code holds its key's segment and local index,
+    so a lookup costs what it cost with one table.
+    """
+
+    __slots__ = ("slots", "segments")
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.segments: list[KeySegment] = []
+
+    @property
+    def capacity(self) -> int:
+        """Keys the segments made so far can hold."""
+        return len(self.segments) * SEGMENT_KEYS
+
+    def grow(self) -> int:
+        """Add a segment (supervisor side); its number. ValueError past TABLE_MAX_KEYS."""
+        if len(self.segments) >= MAX_SEGMENTS:
+            raise ValueError(f"the key table holds at most {TABLE_MAX_KEYS:,} keys")
+        limits = Limits(2 * SEGMENT_KEYS, slots=self.slots, memfd=True)
+        counters = tuple(Counters(self.slots, SEGMENT_KEYS, memfd=True) for _ in KF)
+        self.segments.append(KeySegment(limits, counters))
+        return len(self.segments) - 1
+
+    def fds(self, segment: int) -> list[int]:
+        """New descriptors of segment's mappings (its Limits, then each KF counter), for
+        `attach` in another process; the caller closes them once sent."""
+        seg = self.segments[segment]
+        return [seg.limits.fd(), *(c.fd() for c in seg.counters)]
+
+    def attach(self, fds: list[int]) -> int:
+        """Map the next segment from the descriptors `fds` gave (worker side); its number.
+        The descriptors stay the caller's (close them after)."""
+        if len(fds) != 1 + len(KF):
+            raise ValueError(f"a key segment is {1 + len(KF)} descriptors, got {len(fds)}")
+        limits = Limits.attach(fds[0])
+        if len(limits) != 2 * SEGMENT_KEYS or limits.slots != self.slots:
+            raise ValueError(f"descriptor {fds[0]} is not a key segment of {self.slots} slots")
+        counters = tuple(Counters.attach(fd, self.slots, SEGMENT_KEYS) for fd in fds[1:])
+        self.segments.append(KeySegment(limits, counters))
+        return len(self.segments) - 1
+
+    def locate(self, key: int) -> tuple[KeySegment, int]:
+        """The segment holding global key number `key`, and the key's index in it."""
+        return self.segments[key // SEGMENT_KEYS], key % SEGMENT_KEYS
+
+    def forget_slot(self, slot: int) -> int:
+        """A worker of `slot` died: give back the places it held in every segment."""
+        return sum(seg.limits.forget_slot(slot) for seg in self.segments)
+
 
 def rpm_index(key: int) -> int:
     """The Limits entry of key i's request bucket and gauge."""

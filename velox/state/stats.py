@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from velox._native import Counters, Histogram
+from velox._native import Counters as Counters  # re-exported: the type the stages count with
+from velox._native import Histogram
 from velox.config.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 from velox.core.fields import (
     OTHER_KEYS,

@@ -1,0 +1,445 @@
+#include "bind.h"
+
+/* ---------------------------------------------------------------- books: access log, usage */
+
+#include "vx_books.h"
+
+/* Attributes the access line reads, interned once (first call; the GIL is held). */
+enum {
+    B_PATH, B_METHOD, B_MODEL, B_BODY, B_T_RECEIVED, B_KEY, B_METER, B_DONE, B_INPUT,
+    B_OUTPUT, B_EXACT, B_UPSTREAM_NAME, B_ATTEMPTS, B_T_HEADERS, B_T_SENT, B_HEADERS, B_COUNT
+};
+static const char *const books_attr_names[B_COUNT] = {
+    "path", "method", "model", "body", "t_received", "key", "meter", "done", "input",
+    "output", "exact", "upstream_name", "attempts", "t_headers", "t_sent", "headers",
+};
+static PyObject *books_attrs[B_COUNT];
+
+static int books_ready(void)
+{
+    if (books_attrs[B_COUNT - 1] != NULL)
+        return 0;
+    for (int i = 0; i < B_COUNT; i++)
+        if (books_attrs[i] == NULL &&
+            (books_attrs[i] = PyUnicode_InternFromString(books_attr_names[i])) == NULL)
+            return -1;
+    return 0;
+}
+
+/* obj.<attr> as an int64 (-1 with an exception set on failure). */
+static int books_i64(PyObject *obj, int attr, int64_t *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, books_attrs[attr]);
+    if (v == NULL)
+        return -1;
+    int overflow;
+    int rc = to_i64(v, out, &overflow);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int64_t floor_div(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* Append raw text. */
+#define BOOKS_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
+
+/* Per-second cache of the timestamp's first 20 bytes ("YYYY-MM-DDTHH:MM:SS."): every line
+ * of a second shares them (under the GIL: one writer at a time). */
+static int64_t books_second = -1;
+static char books_stamp[VX_BOOKS_TIME_LEN];
+
+#define BOOKS_MAX_FIELD 512 /* accesslog._MAX_FIELD */
+
+PyDoc_STRVAR(access_line_doc,
+             "access_line(item, wall_offset_ns, worker, prefix, seq, key_names, /) -> bytes\n"
+             "--\n\n"
+             "One access-log line (velox.admin.accesslog) of item = (t_end_ns, request,\n"
+             "exchange_or_None, status, bytes_out): the JSON orjson makes of the line's dict,\n"
+             "newline included. The request id is the exchange's x-request-id header, else\n"
+             "prefix + hex(seq).");
+
+/* One line of `item`; the caller checked prefix (bytes) and key_names (a tuple). */
+static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
+                            PyObject *prefix, int64_t seq, PyObject *key_names)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+        PyErr_SetString(PyExc_TypeError, "access_line: an item must be a 5-tuple");
+        return NULL;
+    }
+    int overflow;
+    int64_t t_end, status, bytes_out;
+    if (to_i64(PyTuple_GET_ITEM(item, 0), &t_end, &overflow) < 0 ||
+        to_i64(PyTuple_GET_ITEM(item, 3), &status, &overflow) < 0 ||
+        to_i64(PyTuple_GET_ITEM(item, 4), &bytes_out, &overflow) < 0)
+        return NULL;
+    PyObject *request = PyTuple_GET_ITEM(item, 1), *exchange = PyTuple_GET_ITEM(item, 2);
+
+    /* Everything borrowed or owned below is released at `done`. */
+    PyObject *path = NULL, *method = NULL, *model = NULL, *body = NULL, *meter = NULL,
+             *upstream = NULL, *headers = NULL, *fast = NULL, *result = NULL;
+    const char *model_s = NULL, *key_s = NULL, *id_s = NULL;
+    Py_ssize_t model_n = 0, key_n = 0, id_n = 0, body_n;
+    int64_t t_received, key, attempts = 0, t_headers = 0, t_sent = 0;
+    int64_t usage_in = 0, usage_out = 0;
+    int usage = 0, exact = 0; /* usage: the meter is done */
+
+    path = PyObject_GetAttr(request, books_attrs[B_PATH]);
+    method = path ? PyObject_GetAttr(request, books_attrs[B_METHOD]) : NULL;
+    model = method ? PyObject_GetAttr(request, books_attrs[B_MODEL]) : NULL;
+    body = model ? PyObject_GetAttr(request, books_attrs[B_BODY]) : NULL;
+    if (body == NULL || (body_n = PyObject_Size(body)) < 0 ||
+        books_i64(request, B_T_RECEIVED, &t_received) < 0 || books_i64(request, B_KEY, &key) < 0)
+        goto done;
+    if (!PyBytes_Check(path) || !PyBytes_Check(method)) {
+        PyErr_SetString(PyExc_TypeError, "access_line: request.path and .method must be bytes");
+        goto done;
+    }
+    if (model != Py_None && PyUnicode_Check(model) && PyUnicode_GET_LENGTH(model) > 0) {
+        model_s = PyUnicode_AsUTF8AndSize(model, &model_n);
+        if (model_s == NULL) { /* lone surrogates: logged as null rather than losing lines */
+            PyErr_Clear();
+            model_n = 0;
+        } else {
+            model_n = (Py_ssize_t)vx_books_utf8_prefix((const unsigned char *)model_s,
+                                                       (size_t)model_n, BOOKS_MAX_FIELD);
+        }
+    }
+    if (key >= 0 && key < PyTuple_GET_SIZE(key_names)) {
+        PyObject *name = PyTuple_GET_ITEM(key_names, key);
+        if (PyUnicode_Check(name) && (key_s = PyUnicode_AsUTF8AndSize(name, &key_n)) == NULL)
+            goto done;
+    }
+    if (exchange != Py_None) {
+        meter = PyObject_GetAttr(exchange, books_attrs[B_METER]);
+        if (meter == NULL)
+            goto done;
+        if (meter != Py_None) {
+            PyObject *done_flag = PyObject_GetAttr(meter, books_attrs[B_DONE]);
+            if (done_flag == NULL)
+                goto done;
+            usage = PyObject_IsTrue(done_flag);
+            Py_DECREF(done_flag);
+            if (usage < 0)
+                goto done;
+            if (usage) {
+                PyObject *exact_flag = PyObject_GetAttr(meter, books_attrs[B_EXACT]);
+                if (exact_flag == NULL)
+                    goto done;
+                exact = PyObject_IsTrue(exact_flag);
+                Py_DECREF(exact_flag);
+                if (exact < 0 || books_i64(meter, B_INPUT, &usage_in) < 0 ||
+                    books_i64(meter, B_OUTPUT, &usage_out) < 0)
+                    goto done;
+            }
+        }
+        upstream = PyObject_GetAttr(exchange, books_attrs[B_UPSTREAM_NAME]);
+        if (upstream == NULL || books_i64(exchange, B_ATTEMPTS, &attempts) < 0 ||
+            books_i64(exchange, B_T_HEADERS, &t_headers) < 0 ||
+            books_i64(exchange, B_T_SENT, &t_sent) < 0)
+            goto done;
+        if (!PyBytes_Check(upstream)) {
+            PyErr_SetString(PyExc_TypeError, "access_line: exchange.upstream_name must be bytes");
+            goto done;
+        }
+        headers = PyObject_GetAttr(exchange, books_attrs[B_HEADERS]);
+        if (headers == NULL ||
+            (fast = PySequence_Fast(headers, "access_line: exchange.headers")) == NULL)
+            goto done;
+        Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+        PyObject **pairs = PySequence_Fast_ITEMS(fast);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *pair = pairs[i];
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
+                continue;
+            PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+            if (PyBytes_Check(name) && PyBytes_GET_SIZE(name) == 12 &&
+                memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0 &&
+                PyBytes_Check(value)) {
+                id_s = PyBytes_AS_STRING(value);
+                id_n = PyBytes_GET_SIZE(value);
+                if (id_n > BOOKS_MAX_FIELD)
+                    id_n = BOOKS_MAX_FIELD;
+                break;
+            }
+        }
+    }
+
+    Py_ssize_t path_n = PyBytes_GET_SIZE(path), method_n = PyBytes_GET_SIZE(method);
+    const char *path_s = PyBytes_AS_STRING(path);
+    const char *q = memchr(path_s, '?', (size_t)path_n);
+    if (q != NULL)
+        path_n = q - path_s;
+    if (path_n > BOOKS_MAX_FIELD)
+        path_n = BOOKS_MAX_FIELD;
+    if (method_n > 16)
+        method_n = 16;
+    Py_ssize_t upstream_n = upstream != NULL ? PyBytes_GET_SIZE(upstream) : 0;
+    size_t bound = 512 + 12 * VX_BOOKS_I64_MAX + VX_BOOKS_STR_MAX(path_n) +
+                   VX_BOOKS_STR_MAX(method_n) + VX_BOOKS_STR_MAX(model_n) +
+                   VX_BOOKS_STR_MAX(upstream_n) + VX_BOOKS_STR_MAX(key_n) +
+                   VX_BOOKS_STR_MAX(id_n) + (size_t)PyBytes_GET_SIZE(prefix);
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
+    if (result == NULL)
+        goto done;
+    char *start = PyBytes_AS_STRING(result), *p = start;
+
+    int64_t ms = floor_div(t_end + wall_offset, 1000000);
+    int64_t second = floor_div(ms, 1000);
+    p = BOOKS_PUT(p, "{\"time\":\"");
+    if (second != books_second) {
+        if (vx_books_time(books_stamp, ms) < 0) {
+            PyErr_SetString(PyExc_ValueError, "access_line: time out of range");
+            Py_CLEAR(result);
+            goto done;
+        }
+        books_second = second;
+    }
+    memcpy(p, books_stamp, 20); /* "YYYY-MM-DDTHH:MM:SS." */
+    p += 20;
+    int milli = (int)(ms - second * 1000);
+    *p++ = (char)('0' + milli / 100);
+    *p++ = (char)('0' + milli / 10 % 10);
+    *p++ = (char)('0' + milli % 10);
+    p = BOOKS_PUT(p, "Z\",\"log\":\"access\",\"worker\":");
+    p = vx_books_i64(p, worker);
+    p = BOOKS_PUT(p, ",\"method\":");
+    p = vx_books_latin1(p, (const unsigned char *)PyBytes_AS_STRING(method), (size_t)method_n);
+    p = BOOKS_PUT(p, ",\"path\":");
+    p = vx_books_latin1(p, (const unsigned char *)path_s, (size_t)path_n);
+    p = BOOKS_PUT(p, ",\"model\":");
+    if (model_n > 0)
+        p = vx_books_utf8(p, (const unsigned char *)model_s, (size_t)model_n);
+    else
+        p = BOOKS_PUT(p, "null");
+    p = BOOKS_PUT(p, ",\"status\":");
+    p = vx_books_i64(p, status);
+    p = BOOKS_PUT(p, ",\"bytes_in\":");
+    p = vx_books_i64(p, (int64_t)body_n);
+    p = BOOKS_PUT(p, ",\"bytes_out\":");
+    p = vx_books_i64(p, bytes_out);
+    p = BOOKS_PUT(p, ",\"upstream\":");
+    if (upstream_n > 0)
+        p = vx_books_utf8(p, (const unsigned char *)PyBytes_AS_STRING(upstream),
+                          (size_t)upstream_n);
+    else
+        p = BOOKS_PUT(p, "null");
+    p = BOOKS_PUT(p, ",\"attempts\":");
+    p = vx_books_i64(p, attempts);
+    p = BOOKS_PUT(p, ",\"upstream_us\":");
+    if (t_headers && t_sent)
+        p = vx_books_i64(p, floor_div(t_headers - t_sent, 1000));
+    else
+        p = BOOKS_PUT(p, "null");
+    p = BOOKS_PUT(p, ",\"total_us\":");
+    p = vx_books_i64(p, t_end > t_received ? (t_end - t_received) / 1000 : 0);
+    p = BOOKS_PUT(p, ",\"request_id\":");
+    if (id_s != NULL) {
+        p = vx_books_latin1(p, (const unsigned char *)id_s, (size_t)id_n);
+    } else { /* prefix (ASCII of the log's own making) and the sequence number in hex */
+        *p++ = '"';
+        memcpy(p, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix));
+        p += PyBytes_GET_SIZE(prefix);
+        char hex[16];
+        int n = 0;
+        uint64_t v = (uint64_t)seq;
+        do {
+            hex[n++] = "0123456789abcdef"[v & 15];
+            v >>= 4;
+        } while (v);
+        while (n)
+            *p++ = hex[--n];
+        *p++ = '"';
+    }
+    p = BOOKS_PUT(p, ",\"key\":");
+    if (key_s != NULL)
+        p = vx_books_utf8(p, (const unsigned char *)key_s, (size_t)key_n);
+    else
+        p = BOOKS_PUT(p, "null");
+    p = BOOKS_PUT(p, ",\"usage\":");
+    if (usage) {
+        p = BOOKS_PUT(p, "{\"input\":");
+        p = vx_books_i64(p, usage_in);
+        p = BOOKS_PUT(p, ",\"output\":");
+        p = vx_books_i64(p, usage_out);
+        if (exact)
+            p = BOOKS_PUT(p, ",\"exact\":true}");
+        else
+            p = BOOKS_PUT(p, ",\"exact\":false}");
+    } else {
+        p = BOOKS_PUT(p, "null");
+    }
+    p = BOOKS_PUT(p, "}\n");
+    if (_PyBytes_Resize(&result, p - start) < 0)
+        result = NULL;
+done:
+    Py_XDECREF(path);
+    Py_XDECREF(method);
+    Py_XDECREF(model);
+    Py_XDECREF(body);
+    Py_XDECREF(meter);
+    Py_XDECREF(upstream);
+    Py_XDECREF(headers);
+    Py_XDECREF(fast);
+    return result;
+}
+
+static int books_args(PyObject *const *args, int64_t *wall_offset, int64_t *worker,
+                      int64_t *seq)
+{
+    int overflow;
+    if (!PyBytes_Check(args[3]) || !PyTuple_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "access_line: prefix must be bytes, key_names a tuple");
+        return -1;
+    }
+    if (to_i64(args[1], wall_offset, &overflow) < 0 || to_i64(args[2], worker, &overflow) < 0 ||
+        to_i64(args[4], seq, &overflow) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                    Py_ssize_t nargs)
+{
+    int64_t wall_offset, worker, seq;
+    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_ready() < 0 ||
+        books_args(args, &wall_offset, &worker, &seq) < 0)
+        return NULL;
+    return books_line(args[0], wall_offset, worker, args[3], seq, args[5]);
+}
+
+PyDoc_STRVAR(access_lines_doc,
+             "access_lines(items, wall_offset_ns, worker, prefix, seq, key_names, limit, /)\n"
+             "-> (list[bytes], int)\n--\n\n"
+             "access_line for every item of the list `items` (item i gets seq + 1 + i), the\n"
+             "lines joined into chunks of at most `limit` bytes of whole lines (a longer line\n"
+             "is a chunk of its own): one write per chunk keeps lines whole on a shared pipe.\n"
+             "An item that cannot be formatted is skipped. Returns the chunks and the number\n"
+             "of lines in them.");
+
+/* Append the chunk held in buf[0..*size) to chunks and empty it. */
+static int books_emit(PyObject *chunks, const char *buf, Py_ssize_t *size)
+{
+    PyObject *chunk = PyBytes_FromStringAndSize(buf, *size);
+    if (chunk == NULL)
+        return -1;
+    int rc = PyList_Append(chunks, chunk);
+    Py_DECREF(chunk);
+    *size = 0;
+    return rc;
+}
+
+static PyObject *native_access_lines(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                     Py_ssize_t nargs)
+{
+    int64_t wall_offset, worker, seq, limit;
+    int overflow;
+    if (check_nargs("access_lines", nargs, 7, 7) < 0 || books_ready() < 0 ||
+        books_args(args, &wall_offset, &worker, &seq) < 0 ||
+        to_i64(args[6], &limit, &overflow) < 0)
+        return NULL;
+    if (!PyList_Check(args[0]) || limit < 1 || limit > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "access_lines: items must be a list and limit in [1, 16 MiB]");
+        return NULL;
+    }
+    PyObject *items = args[0], *chunks = PyList_New(0);
+    char *buf = PyMem_Malloc((size_t)limit);
+    Py_ssize_t count = 0, size = 0;
+    if (chunks == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *line = books_line(PyList_GET_ITEM(items, i), wall_offset, worker, args[3],
+                                    seq + 1 + i, args[5]);
+        if (line == NULL) { /* one bad item must not cost the others their lines */
+            PyErr_Clear();
+            continue;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(line);
+        if (size > 0 && size + n > limit && books_emit(chunks, buf, &size) < 0) {
+            Py_DECREF(line);
+            goto fail;
+        }
+        if (n > limit) { /* a line longer than a chunk goes alone */
+            int rc = PyList_Append(chunks, line);
+            Py_DECREF(line);
+            if (rc < 0)
+                goto fail;
+        } else {
+            memcpy(buf + size, PyBytes_AS_STRING(line), (size_t)n);
+            size += n;
+            Py_DECREF(line);
+        }
+        count++;
+    }
+    if (size > 0 && books_emit(chunks, buf, &size) < 0)
+        goto fail;
+    PyMem_Free(buf);
+    return Py_BuildValue("(Nn)", chunks, count);
+fail:
+    PyMem_Free(buf);
+    Py_XDECREF(chunks);
+    return NULL;
+}
+
+PyDoc_STRVAR(usage_scan_doc,
+             "usage_scan(body, /) -> (int, int) | bool\n--\n\n"
+             "The usage of an answer in OpenAI's own order: (prompt_tokens, completion_tokens)\n"
+             "read at its last \"usage\" key; False when it has no \"usage\" key; True when its\n"
+             "last one is in another form (read it another way).");
+
+static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t in = 0, out = 0;
+    int rc = vx_books_usage(view.buf, (size_t)view.len, &in, &out);
+    PyBuffer_Release(&view);
+    if (rc == 0)
+        Py_RETURN_FALSE;
+    if (rc < 0)
+        Py_RETURN_TRUE;
+    return Py_BuildValue("(LL)", (long long)in, (long long)out);
+}
+
+PyDoc_STRVAR(estimate_scan_doc,
+             "estimate_scan(body, /) -> (int, int)\n--\n\n"
+             "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
+             "inline base64 image where the schema puts one counted as 765) and its top-level\n"
+             "max_tokens / max_completion_tokens / max_output_tokens (-1 when none), in one\n"
+             "pass (velox.usage.estimate; native/vx_books.h).");
+
+static PyObject *native_estimate_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t input, output;
+    vx_books_estimate(view.buf, (size_t)view.len, &input, &output);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LL)", (long long)input, (long long)output);
+}
+
+/* ---------------------------------------------------------------- init */
+
+static PyMethodDef functions[] = {
+    {"access_line", FASTCALL(native_access_line), METH_FASTCALL, access_line_doc},
+    {"access_lines", FASTCALL(native_access_lines), METH_FASTCALL, access_lines_doc},
+    {"usage_scan", (PyCFunction)native_usage_scan, METH_O, usage_scan_doc},
+    {"estimate_scan", (PyCFunction)native_estimate_scan, METH_O, estimate_scan_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int vxb_books_exec(PyObject *module, module_state *st)
+{
+    (void)st;
+    if (PyModule_AddFunctions(module, functions) < 0)
+        return -1;
+    return 0;
+}
