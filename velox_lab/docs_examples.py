@@ -167,7 +167,7 @@ def capture(workdir: Path, wait: Callable[[Callable[[], Any]], Any]) -> dict[str
     with gateway(workdir) as (gw, mock):
         out = _sdk_examples(gw)
         out["access-log"] = wait(lambda: _access_line(gw))
-        out["stats"] = compact_json(_admin_json(gw, "/stats"))
+        out["stats"] = compact_json(wait(lambda: _steady_stats(gw)))
         out["metrics"] = _metrics_table(_admin_json(gw, "/metrics"))
         out["doctor"] = "$ velox doctor\n" + _cli(gw, "doctor")
         out["print-config"] = "$ velox --print-config\n" + _cli(gw, "--print-config")
@@ -258,6 +258,15 @@ def _retry(fn: Callable[[], Any], timeout: float = 30.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _steady_stats(gw: GatewayProcess) -> Any:
+    """/stats once every worker has beaten its first heartbeat (before that, its
+    `heartbeat_age_ms` is null: a fresh gateway's answer, not the documented one)."""
+    stats = _admin_json(gw, "/stats")
+    if any(w.get("heartbeat_age_ms") is None for w in stats["workers"]):
+        raise RuntimeError("a worker has not beaten its first heartbeat yet")
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:
