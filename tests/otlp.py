@@ -4,6 +4,7 @@ protobuf that the official exporter sends (opentelemetry-proto), keeping every s
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -93,3 +94,35 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def silent_collector() -> tuple[socket.socket, threading.Event, list[socket.socket],
+                                 threading.Thread]:
+    """A port that accepts connections and never answers (a hung collector). Stop it by
+    closing the listener, joining the thread, then closing what it held."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            held.append(conn)
+            accepted.set()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return sock, accepted, held, thread
+
+
+def closed_port() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return int(port)

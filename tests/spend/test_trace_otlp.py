@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-from tests.otlp import Receiver
+from tests.otlp import Receiver, closed_port, silent_collector
 from velox.spend import trace
 from velox.spend.trace import (
     Attempt,
@@ -172,38 +172,6 @@ def test_the_sampling_ratio(tracers: list[Tracer]) -> None:
     assert 100 <= sampled <= 320  # 200 expected; +-7 standard deviations
 
 
-def _silent_collector() -> tuple[socket.socket, threading.Event, list[socket.socket],
-                                 threading.Thread]:
-    """A port that accepts connections and never answers (a hung collector). Stop it by
-    closing the listener, joining the thread, then closing what it held."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    accepted = threading.Event()
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            held.append(conn)
-            accepted.set()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    return sock, accepted, held, thread
-
-
-def _closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return int(port)
-
-
 def _in_thread(work: Callable[[], None], what: str, timeout: float = 120.0) -> None:
     """Run `work` and fail (rather than hang the suite) if it never returns."""
     thread = threading.Thread(target=work, daemon=True)
@@ -217,10 +185,10 @@ def test_an_unreachable_collector_drops_counted_spans_and_blocks_nothing(
         collector: str, tracers: list[Tracer]) -> None:
     held: list[socket.socket] = []
     if collector == "silent":
-        listener, accepted, held, acceptor = _silent_collector()
+        listener, accepted, held, acceptor = silent_collector()
         endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
     else:
-        endpoint = f"http://127.0.0.1:{_closed_port()}"
+        endpoint = f"http://127.0.0.1:{closed_port()}"
     exporter = OTLPSpanExporter(endpoint=endpoint + trace.TRACES_PATH, timeout=3)
     t = Tracer(exporter=exporter, max_queue=64, schedule_delay_ms=10)
     if collector == "silent":

@@ -4,8 +4,8 @@ Off unless VELOX_OTEL_ENDPOINT names a collector (OTLP/HTTP; spans go to `<base>
 and then a worker pays on its loop only for what a sampled request needs:
 
 * At its first attempt, `Tracer.start(traceparent)` decides whether the request is sampled:
-  a client's `traceparent` (W3C Trace Context) is followed (its trace id kept, its sampled flag obeyed:
-  the SDK's ParentBased sampler), else a new trace id is sampled with probability
+  a client's `traceparent` (W3C Trace Context) is followed (its trace id kept, its sampled
+  flag obeyed: the SDK's ParentBased sampler), else a new trace id is sampled with probability
   VELOX_OTEL_SAMPLE by the SDK's TraceIdRatioBased rule (the id's low 64 bits below
   ratio * 2**64), so every component using the same ratio keeps the same traces.
 * Each upstream attempt takes a span id up front (`RequestTrace.new_span_id`) and sends

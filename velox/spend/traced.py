@@ -147,8 +147,8 @@ class Traced:
         self._finished(request, status, bytes_out, holder)
         live = self.live.pop(id(request), None)
         if live is None:  # never sent upstream (refused, answered by the gateway or the cache)
-            if request.ends is None:
-                return
+            if request.ends is None or not request.t_popped:
+                return  # not through the pipeline: a health check, a refusal at ingress
             header = _traceparent(request.headers)
             live = _Live(self.tracer.start(header), header is not None)
         if not live.trace.sampled:
