@@ -15,7 +15,7 @@ and then a worker pays on its loop only for what a sampled request needs:
   upstream try, retries and fallbacks included). Only a sampled record is turned into spans:
   one SERVER span for the request with an event per stage, one CLIENT span per attempt, named
   and attributed as the GenAI conventions say (`{operation} {model}`; `gen_ai.operation.name`,
-  `gen_ai.provider.name` and the older `gen_ai.system`, `gen_ai.request.model`,
+  `gen_ai.provider.name` (which replaced `gen_ai.system`), `gen_ai.request.model`,
   `gen_ai.response.model`,
   `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
   `server.address` / `server.port`, `error.type`, HTTP status codes).
@@ -169,7 +169,12 @@ class RequestRecord:
 
 def is_sampled(trace_id: int, ratio: float) -> bool:
     """TraceIdRatioBased's rule, so Velox keeps the traces other samplers keep."""
-    return (trace_id & _LOW64) < round(ratio * (_LOW64 + 1))
+    return (trace_id & _LOW64) < sample_bound(ratio)
+
+
+def sample_bound(ratio: float) -> int:
+    """A trace id is sampled at `ratio` when its low 64 bits are below this."""
+    return round(ratio * (_LOW64 + 1))
 
 
 class Tracer:
@@ -256,7 +261,7 @@ class Tracer:
             attrs["gen_ai.request.model"] = rec.model
         if rec.attempts:
             provider = PROVIDERS.get(rec.attempts[-1].kind, rec.attempts[-1].kind)
-            attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
+            attrs["gen_ai.provider.name"] = provider
         _usage_attrs(attrs, rec.response_model, rec.finish_reasons, rec.input_tokens,
                      rec.output_tokens)
         attrs.update((name, value) for name, value in (("velox.key", rec.key),
@@ -288,8 +293,7 @@ class Tracer:
         sdk = self._sdk
         provider = PROVIDERS.get(attempt.kind, attempt.kind)
         attrs: dict[str, Any] = {
-            "gen_ai.provider.name": provider, "gen_ai.system": provider,
-            "gen_ai.request.model": attempt.model,
+            "gen_ai.provider.name": provider, "gen_ai.request.model": attempt.model,
             "server.address": attempt.address, "server.port": attempt.port,
             "velox.upstream": attempt.upstream,
         }
