@@ -398,8 +398,8 @@ FIELDS: tuple[Field, ...] = (
           "price every model call from its usage (x-velox-cost-usd, cost_usd in the access "
           "log, ledger rows); 0: none of it, and [[key]]/[[budget]] budgets are refused"),
     Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
-          "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
-          "<base>/v1/traces (empty: no tracing)"),
+          "OpenTelemetry collector base URL (OTLP/HTTP; the otel extra: pip install "
+          "'velox[otel]'): traces of requests go to <base>/v1/traces (empty: no tracing)"),
     Field("VELOX_OTEL_SAMPLE", "otel_sample", _ratio, "1",
           "share of requests traced, 0 to 1 (a client's traceparent decides for its request)"),
 )
