@@ -15,15 +15,15 @@ what the official exporter sends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e import test_routing as routing
 from tests.e2e.conftest import CLIENT_KEY, client_for, wait_for
-from tests.e2e.test_routing import KEYS, start_mock, upstream_table, write_config
+from tests.e2e.test_routing import KEYS, upstream_table, write_config
 from tests.otlp import CLIENT, SERVER, Receiver, closed_port, silent_collector
 from velox.spend.trace import parse_traceparent
 from velox_lab.launch import GatewayProcess, free_port
@@ -37,38 +37,8 @@ PROMPT = "a prompt that must never reach a span"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 
 
-@pytest.fixture(scope="module")
-def mocks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MockUpstream]]:
-    certdir = str(tmp_path_factory.mktemp("trace-certs"))
-    started = {name: start_mock(name, certdir) for name in ("a", "b", "c")}
-    try:
-        yield started
-    finally:
-        for mock in started.values():
-            mock.stop()
-
-
-@pytest.fixture
-def fresh(mocks: dict[str, MockUpstream]) -> dict[str, MockUpstream]:
-    for mock in mocks.values():
-        mock.behave()
-        mock.reset()
-    return mocks
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def gateways() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for gw in started:
-        gw.stop()
+# The routing tests' fixtures: three mocks (a, b, c) reset before each test, the gateways' list.
+certdir, mocks, fresh, gateways = routing.certdir, routing.mocks, routing.fresh, routing.gateways
 
 
 def _gateway(tmp_path: Path, gateways: list[GatewayProcess], fresh: dict[str, MockUpstream],

@@ -32,13 +32,6 @@ TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
 def tracers() -> Iterator[list[Tracer]]:
     made: list[Tracer] = []
     yield made
