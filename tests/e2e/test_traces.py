@@ -5,6 +5,7 @@ what the official exporter sends.
 * A request retried twice (two upstreams answering 503, the third 200) gives one SERVER span
   and three CLIENT spans with the GenAI attributes, in the client's trace (its traceparent),
   each attempt sending upstream a traceparent that names its own client span; a stream too.
+* A cached route: the miss has its attempt, the hit a server span alone (`velox.cache`).
 * VELOX_OTEL_SAMPLE=0: nothing exported, yet every upstream call carries a traceparent with
   the sampled flag cleared (the client's trace id when it sent one); a client's sampled
   traceparent is still followed.
@@ -140,6 +141,30 @@ def test_a_retried_request_gives_a_server_span_and_a_client_span_per_attempt(
     assert f"{sent.trace_id:032x}" == server["trace_id"]
     wait_for(lambda: _counter(gw, "velox_trace_spans_exported_total") == 6)
     assert _counter(gw, "velox_trace_spans_dropped_total") == 0
+
+
+def test_a_cache_hit_is_a_server_span_without_attempts(
+        tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
+        gateways: list[GatewayProcess]) -> None:
+    gw = _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint,
+                  VELOX_CACHE="1")
+    client = client_for(gw)
+    messages = [{"role": "user", "content": "the same question twice"}]
+    first = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    second = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+    # The cache records the answer through tracing's observer, and serves it.
+    assert (first.headers["x-velox-cache"], second.headers["x-velox-cache"]) == ("miss", "hit")
+    assert second.parse().model_dump() == first.parse().model_dump()
+    spans = receiver.wait_for(3)
+    miss, hit = sorted((s for s in spans if s["kind"] == SERVER), key=lambda s: s["start"])
+    (attempt,) = [s for s in spans if s["kind"] == CLIENT]
+    assert attempt["parent"] == miss["span_id"]
+    assert [(e[0], e[2]) for e in miss["events"] if e[0] == "velox.cache"] == [
+        ("velox.cache", {"velox.cache.hit": False})]
+    assert [(e[0], e[2]) for e in hit["events"] if e[0] == "velox.cache"] == [
+        ("velox.cache", {"velox.cache.hit": True})]
+    assert miss["attrs"]["velox.cache.hit"] is False and hit["attrs"]["velox.cache.hit"] is True
+    assert hit["attrs"]["velox.attempts"] == 0 and hit["attrs"]["http.response.status_code"] == 200
 
 
 def test_sample_0_exports_nothing_and_still_propagates(
