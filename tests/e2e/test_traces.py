@@ -16,6 +16,7 @@ what the official exporter sends.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -58,6 +59,16 @@ targets = [{ upstream = "a" }, { upstream = "b", priority = 1 }, { upstream = "c
     return gw.start(wait_ready=True)
 
 
+@pytest.fixture
+def traced(tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
+           gateways: list[GatewayProcess]) -> Callable[..., GatewayProcess]:
+    """Starts a gateway of route "m" exporting its traces to the test's receiver."""
+    def start(**env: str) -> GatewayProcess:
+        return _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint, **env)
+
+    return start
+
+
 def _traceparents(mock: MockUpstream) -> list[str]:
     """The traceparent of each chat call the mock received, in order."""
     return [dict(r["headers"]).get("traceparent", "") for r in mock.requests(limit=50)
@@ -72,11 +83,11 @@ def _counter(gw: GatewayProcess, name: str) -> float:
 
 
 def test_a_retried_request_gives_a_server_span_and_a_client_span_per_attempt(
-        tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
-        gateways: list[GatewayProcess]) -> None:
+        traced: Callable[..., GatewayProcess], fresh: dict[str, MockUpstream],
+        receiver: Receiver) -> None:
     fresh["a"].behave(status=503)
     fresh["b"].behave(status=503)
-    gw = _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint)
+    gw = traced()
     client = client_for(gw)
     answer = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": PROMPT}],
@@ -144,10 +155,8 @@ def test_a_retried_request_gives_a_server_span_and_a_client_span_per_attempt(
 
 
 def test_a_cache_hit_is_a_server_span_without_attempts(
-        tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
-        gateways: list[GatewayProcess]) -> None:
-    gw = _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint,
-                  VELOX_CACHE="1")
+        traced: Callable[..., GatewayProcess], receiver: Receiver) -> None:
+    gw = traced(VELOX_CACHE="1")
     client = client_for(gw)
     messages = [{"role": "user", "content": "the same question twice"}]
     first = client.chat.completions.with_raw_response.create(model="m", messages=messages)
@@ -168,10 +177,9 @@ def test_a_cache_hit_is_a_server_span_without_attempts(
 
 
 def test_sample_0_exports_nothing_and_still_propagates(
-        tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
-        gateways: list[GatewayProcess]) -> None:
-    gw = _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint,
-                  VELOX_OTEL_SAMPLE="0")
+        traced: Callable[..., GatewayProcess], fresh: dict[str, MockUpstream],
+        receiver: Receiver) -> None:
+    gw = traced(VELOX_OTEL_SAMPLE="0")
     client = client_for(gw)
     messages = [{"role": "user", "content": "hi"}]
     for _ in range(20):  # over both workers
