@@ -87,6 +87,11 @@ _COUNTERS = (
      "Upstream warm-up requests unanswered within the connect timeout."),
     (F.UPSTREAM_TIMEOUT_RETIREMENTS, "velox_upstream_timeout_retirements",
      "Upstream connections retired after consecutive request timeouts."),
+    (F.TRACE_SPANS_EXPORTED, "velox_trace_spans_exported",
+     "Trace spans the OpenTelemetry collector accepted."),
+    (F.TRACE_SPANS_DROPPED, "velox_trace_spans_dropped",
+     "Trace spans lost: the export queue was full, or the collector could not be reached, did "
+     "not answer or refused them."),
 )
 _CACHE_COUNTERS = (
     (F.CACHE_HITS, "velox_cache_hits", "Requests answered from the response cache."),

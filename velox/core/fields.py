@@ -78,6 +78,10 @@ class F(IntEnum):
     WRITE_TIMEOUTS = 51  # client connections aborted for taking nothing for VELOX_WRITE_TIMEOUT_MS
     # Streaming followers of a live coalesced stream cut off for falling too far behind it.
     CACHE_FOLLOWERS_CUT = 52
+    # Traces (VELOX_OTEL_ENDPOINT): spans the collector took, and spans lost (the export queue
+    # was full, or the export failed: the collector unreachable, silent or refusing).
+    TRACE_SPANS_EXPORTED = 53
+    TRACE_SPANS_DROPPED = 54
 
 
 class H(IntEnum):

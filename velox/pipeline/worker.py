@@ -70,6 +70,8 @@ from velox.relay.exchange import Exchange
 from velox.relay.messages import MessagesExchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
+from velox.spend.traced import Traced
+from velox.spend.traced import install as install_tracing
 from velox.spend.wire import SharedBudgets, Spend
 from velox.state.stats import SharedStats
 
@@ -144,6 +146,9 @@ class Worker:
         # budgets' shared memory is the supervisor's, set before serve().
         self.budgets: SharedBudgets | None = None
         self.spend: Spend | None = None
+        # Traces (velox.spend.traced): None without VELOX_OTEL_ENDPOINT, and then nothing of it
+        # runs per request; with it, its hooks replace calls the worker makes anyway.
+        self.traced: Traced | None = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any  # the native Ring: it carries Requests, typed as objects
@@ -216,6 +221,7 @@ class Worker:
             if Batcher.wanted(self.tables) else None
         self.stages = self._stage_list()
         self._index_stages()
+        self.traced = install_tracing(self, settings)
         # Run-time keys (velox.admission.runtime): the set inherited at fork, then control frames.
         self.runtime_keys = RuntimeKeys(self)
         if self.keys_frame is not None:
@@ -262,6 +268,8 @@ class Worker:
         ticker.cancel()
         await self.shutdown(server)
         agent.close()
+        if self.traced is not None:
+            self.traced.close()  # bounded: a dead collector does not hold the exit
 
     async def _accept(self) -> asyncio.AbstractServer:
         server = await self.loop.create_server(
@@ -389,6 +397,8 @@ class Worker:
             self._next_probe = now + self.probe_every_s
             self.dispatch.probe()
         self.dispatch.log_breakers()
+        if self.traced is not None:
+            self.traced.tick()
         self.loop.call_later(_TICK_S, self._tick)
 
     def _probe_fds(self, now: float) -> None:
