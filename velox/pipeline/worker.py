@@ -204,7 +204,7 @@ class Worker:
             if self.budgets is not None:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
-                               settings.tokens_default_output)
+                               settings.tokens_default_output, shared.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
             self.spend is not None

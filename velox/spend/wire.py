@@ -50,6 +50,7 @@ import orjson
 
 from velox.config.tables import BUDGET_PERIODS, BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
+from velox.core.fields import TOKEN_BLOCK
 from velox.core.types import Request, Route
 from velox.relay.usage import estimate_scan, usage_of
 from velox.spend.ledger import Store, connect, period_start, state_file
@@ -65,6 +66,9 @@ _USED, _PERIOD, _RESERVED = 0, 1, 2
 _WIDTH = 3
 _MAX_BUDGETS = 4096 // _WIDTH  # a Counters row holds 4,096 fields
 NANOS_PER_USD = 10**9
+# The spend counters are blocks of TOKEN_BLOCK (4096) fields, as the token counters are.
+_BLOCK_SHIFT = TOKEN_BLOCK.bit_length() - 1
+_BLOCK_MASK = TOKEN_BLOCK - 1
 COST_HEADER = b"x-velox-cost-usd"
 REMAINING_HEADER = b"x-velox-budget-remaining-usd"
 _NO_RETRY = ((b"x-should-retry", b"false"),)
@@ -235,8 +239,12 @@ class Spend:
     """Per worker: pricing, the budgets' admission and settlement, the ledger rows."""
 
     def __init__(self, tables: Tables, shared: SharedBudgets | None, slot: int,
-                 default_output: int) -> None:
+                 default_output: int, books: tuple[Any, ...] = ()) -> None:
         self.prices = PriceTable(tables.prices)
+        # /metrics' spend counters (velox.state.stats.SharedStats.spend; none: not counted).
+        self.books = books
+        self.book_width = sum(len(r.targets) for r in tables.routes)
+        self.book_keys = len(tables.keys)
         self.shared = shared
         self.slot = slot
         self.default_output = default_output
@@ -393,6 +401,19 @@ class Spend:
             return self.prices.cost(upstream, model, usage)  # None, logged once per model
         return plain_cost(price, usage.input, usage.output)
 
+    def book(self, attempt: Any, key: int, cost: int | None) -> None:
+        """Count the cost (or one request of unknown cost) in /metrics' shared counters, under
+        the key and the route target that answered (see SharedStats.spend)."""
+        if not self.books or attempt is None or attempt.index < 0 or key >= self.book_keys:
+            return  # no target (nothing was sent), or a key added at run time (no field)
+        field = ((key + 1) * self.book_width + attempt.index) * 2
+        if cost is None:
+            field += 1
+        elif not cost:
+            return
+        self.books[field >> _BLOCK_SHIFT].add(self.slot, field & _BLOCK_MASK,
+                                              1 if cost is None else cost)
+
     def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None) -> None:
         feed = self.feed
         if feed is None:
@@ -536,6 +557,7 @@ class PricedMeter:
         if hold is not None:
             self.hold = None
             spend._settle(hold, self.cost or 0)
+        spend.book(exchange.route_attempt, self.request.key, self.cost)
         spend.row(exchange, status, usage, self.cost)
         self.done = True
 
