@@ -705,13 +705,15 @@ class Worker:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
-    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+    def book_tokens(self, request: Request, inp: int, out: int, exchange: Any = None) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
         merged call's meter books nothing), when its tokens are accounted (as _exchange's
-        meter would be)."""
+        meter would be); priced as its own request (the merged call is not)."""
         ledger = self.ledger
         if ledger is not None and (self.meter_all or request.ticket is not None):
             ledger.count(request.key, ledger.route_of(request.model), inp, out)
+        if self.spend is not None and exchange is not None:
+            self.spend.member(request, inp, out, exchange)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the

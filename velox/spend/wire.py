@@ -29,11 +29,12 @@ boundary each worker moves its own row into the new period (keeping its reservat
 next tick or request, and the ledger's row with it.
 
 What is not priced: a model without a price (cost unknown, logged once per model: it is never
-counted as 0, and it reserves nothing, so a budget cannot stop it); embeddings merged by the
-batching stage (their members are answered by the batcher without a meter of their own).
-Streamed answers are priced from their input and output tokens (the stream's usage chunk
-gives no cached or reasoning split here); plain answers price cached and reasoning tokens
-apart.
+counted as 0, and it reserves nothing, so a budget cannot stop it). Embeddings merged by the
+batching stage are priced per member, from its share of the merged call's usage (`member`);
+the merged call has no row of its own. Cached input, cache writes and reasoning are priced
+apart whenever the answer reports them: a plain answer's usage, a stream's usage events
+(OpenAI's usage chunk, a responses stream's last event, Anthropic's message_start and
+message_delta), or a translated stream's usage told by the translator (`told`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ from velox.config.tables import BUDGET_PERIODS, BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.fields import TOKEN_BLOCK
 from velox.core.types import Request, Route
-from velox.relay.usage import estimate_scan, usage_of
+from velox.providers.anthropic import usage_of as anthropic_usage
+from velox.relay.usage import NOT_BOOKED, estimate_scan, usage_of
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable
 from velox.state.stats import Counters
@@ -73,9 +75,12 @@ COST_HEADER = b"x-velox-cost-usd"
 REMAINING_HEADER = b"x-velox-budget-remaining-usd"
 _NO_RETRY = ((b"x-should-retry", b"false"),)
 _MODEL_CALL = Route.MODEL_CALL
-# A non-zero cached or reasoning count: only then is the body parsed for its details (OpenAI
-# sends both members, as 0, in nearly every answer; a parse costs ~2 us, the search ~0.3).
-_DETAILS = re.compile(rb'"(?:cached|reasoning)_tokens"\s*:\s*[1-9]')
+# A non-zero cached, cache-write or reasoning count (OpenAI's names, a translated answer's
+# cache_write_tokens, Anthropic's cache_*_input_tokens): only then is the body parsed for its
+# parts (OpenAI sends both members, as 0, in nearly every answer; a parse costs ~2 us, the
+# search ~0.3).
+_DETAILS = re.compile(rb'"(?:cached|reasoning|thinking|cache_write|cache_read_input'
+                      rb'|cache_creation_input)_tokens"\s*:\s*[1-9]')
 # API names of the ledger's `api` column, by the request's upstream path.
 _APIS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions",
          b"/v1/embeddings": "embeddings", b"/v1/responses": "responses",
@@ -414,11 +419,31 @@ class Spend:
         self.books[field >> _BLOCK_SHIFT].add(self.slot, field & _BLOCK_MASK,
                                               1 if cost is None else cost)
 
-    def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None) -> None:
+    def member(self, request: Request, inp: int, out: int, exchange: Any) -> None:
+        """A batched embeddings request, answered its share of a merged call's usage
+        (velox.batching.batch): priced as if it had called alone (x-velox-cost-usd, its
+        budget settled, its ledger row, /metrics); the merged call itself is not (finish)."""
+        usage = _Usage(inp, out)
+        cost = self.price(exchange, usage)
+        if cost is not None:
+            _add_header(request, COST_HEADER, usd_text(cost))
+            share = getattr(request.exchange, "meter", None)  # the Member's Share
+            if share is not None:
+                share.cost = cost  # the access log's cost_usd (cost_field)
+        hold = self.held.pop(request, None)
+        if hold is not None:
+            self._settle(hold, cost or 0)
+        self.book(exchange.route_attempt, request.key, cost)
+        self.row(exchange, 200, usage, cost, request)
+
+    def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None,
+            request: Request | None = None) -> None:
+        """The ledger row of `request` (by default the exchange's own) answered by
+        `exchange`."""
         feed = self.feed
         if feed is None:
             return
-        request = exchange.request
+        request = exchange.request if request is None else request
         attempt = exchange.route_attempt
         k = request.key
         feed.add((time.time_ns() // 1_000_000,
@@ -456,27 +481,57 @@ class _Usage:
 
 
 def usage_details(body: bytes) -> _Usage | None:
-    """A plain answer's usage with its cached and reasoning parts (OpenAI's
-    prompt_tokens_details.cached_tokens and completion_tokens_details.reasoning_tokens);
-    None when it reports none. The details are read only when the body names them."""
+    """A plain answer's usage with its cached, cache-write and reasoning parts; None when it
+    reports none. The details are read only when the body names them."""
     numbers = usage_of(body)
     if numbers is None:
         return None
-    return _details(body, _Usage(*numbers))
+    return _details((body,), _Usage(*numbers))
 
 
-def _details(body: bytes, usage: _Usage) -> _Usage:
-    """`usage` with the cached and reasoning counts of the body's usage, when not 0."""
-    if _DETAILS.search(body) is not None:
+def _details(data: Sequence[bytes], usage: _Usage) -> _Usage:
+    """`usage` with the parts the usage objects of `data` (JSON documents: an answer, or a
+    stream's usage events, later ones over earlier ones) report, when any is not 0."""
+    if not any(_DETAILS.search(d) is not None for d in data):
+        return usage
+    found: dict[str, Any] = {}
+    for d in data:
         try:
-            found = orjson.loads(body).get("usage") or {}
-        except (orjson.JSONDecodeError, AttributeError):
+            doc = orjson.loads(d)
+        except orjson.JSONDecodeError:
             return usage
-        prompt = found.get("prompt_tokens_details") or {}
-        completion = found.get("completion_tokens_details") or {}
-        usage.cached_input = _int(prompt.get("cached_tokens"))
-        usage.reasoning = _int(completion.get("reasoning_tokens"))
-    return usage
+        if type(doc) is not dict:
+            return usage
+        one = doc.get("usage")
+        if one is None:  # a Messages stream's message_start, a responses stream's event
+            inner = doc.get("message") if type(doc.get("message")) is dict else doc.get("response")
+            one = inner.get("usage") if type(inner) is dict else None
+        if type(one) is dict:
+            found.update(one)
+    return usage_parts(found) or usage
+
+
+def usage_parts(found: dict[str, Any]) -> _Usage | None:
+    """A usage object of any shape a client API reports, in OpenAI's terms (cached input and
+    cache writes parts of the input, reasoning part of the output): chat completions
+    (prompt_tokens, *_details; a translated answer adds cache_write_tokens), responses
+    (input_tokens, input_tokens_details, output_tokens_details) and Anthropic Messages
+    (input_tokens beside cache_read_input_tokens and cache_creation_input_tokens)."""
+    if "cache_read_input_tokens" in found or "cache_creation_input_tokens" in found:
+        parts = anthropic_usage(found)
+        return _Usage(parts.input, parts.output, parts.cached_input, parts.cache_write,
+                      parts.reasoning)
+    inp, out = found.get("prompt_tokens"), found.get("completion_tokens")
+    into = found.get("prompt_tokens_details") or {}
+    outof = found.get("completion_tokens_details") or {}
+    if inp is None:
+        inp, out = found.get("input_tokens"), found.get("output_tokens")
+        into = found.get("input_tokens_details") or {}
+        outof = found.get("output_tokens_details") or {}
+    if type(inp) is not int or type(into) is not dict or type(outof) is not dict:
+        return None
+    return _Usage(inp, _int(out), _int(into.get("cached_tokens")),
+                  _int(into.get("cache_write_tokens")), _int(outof.get("reasoning_tokens")))
 
 
 def _int(value: object) -> int:
@@ -517,15 +572,21 @@ class PricedMeter:
         rest: bytes = self.inner.end()
         sse = getattr(_token_meter(self.inner), "sse", None)
         if sse is not None and sse.found:  # priced before the access log's line is made
-            self._priced(_Usage(sse.input, sse.output))
+            self._priced(_details(sse.usage_data, _Usage(sse.input, sse.output)))
         return rest
+
+    def told(self, usage: Any) -> None:
+        """A translated stream's usage (velox.providers.base.Usage, every part), told at its
+        end when the client did not ask for it in the stream (velox.egress.edge)."""
+        self._priced(_Usage(usage.input, usage.output, usage.cached_input, usage.cache_write,
+                            usage.reasoning))
 
     def body(self, body: bytes) -> None:
         inner = self.inner
         inner.body(body)
         # The token meter has read the usage (a CountMeter, natively): only the details are
         # left to find, and only when the body has any.
-        usage = _details(body, _Usage(inner.input, inner.output)) if inner.exact else \
+        usage = _details((body,), _Usage(inner.input, inner.output)) if inner.exact else \
             usage_details(body)
         exchange: Any = self.request.exchange
         if usage is not None and exchange is not None and 200 <= exchange.status < 300:
@@ -557,8 +618,9 @@ class PricedMeter:
         if hold is not None:
             self.hold = None
             spend._settle(hold, self.cost or 0)
-        spend.book(exchange.route_attempt, self.request.key, self.cost)
-        spend.row(exchange, status, usage, self.cost)
+        if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
+            spend.book(exchange.route_attempt, self.request.key, self.cost)
+            spend.row(exchange, status, usage, self.cost)
         self.done = True
 
 
@@ -587,9 +649,12 @@ def usd_text(nanos: int) -> bytes:
 def cost_field(exchange: Any) -> bytes:
     """The access log's `cost_usd` of a request: a number, or null (unknown or not priced)."""
     meter = getattr(exchange, "meter", None) if exchange is not None else None
-    if type(meter) is not PricedMeter or meter.cost is None:
+    if meter is None:
         return b"null"
-    return usd_text(meter.cost)
+    # A PricedMeter, or a batched member's share (velox.batching.batch.Share, priced by
+    # Spend.member); any other meter has no price.
+    cost = meter.cost if type(meter) is PricedMeter else getattr(meter, "cost", None)
+    return b"null" if cost is None else usd_text(cost)
 
 
 def _api(path: bytes) -> str:
