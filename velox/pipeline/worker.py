@@ -360,10 +360,8 @@ class Worker:
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
         spend = self.spend
-        if spend is not None and spend.budgets:
-            spend.roll()  # a new budget period: this slot's spend of the last one goes
-            if spend.held:
-                spend.sweep()  # reservations of clients gone before an exchange
+        if spend is not None and spend.held:
+            spend.sweep()  # reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
