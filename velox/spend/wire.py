@@ -307,10 +307,10 @@ class Spend:
                 lowest = here
         estimate = self.estimate(request)
         if estimate:
-            units = shared.units
-            held = tuple(-(-estimate // units[b]) for b in budgets)
+            units, reserve, slot = shared.units, shared.reserve, self.slot
+            held = tuple([-(-estimate // units[b]) for b in budgets])
             for b, n in zip(budgets, held, strict=True):
-                shared.reserve(self.slot, b, n)
+                reserve(slot, b, n)
         else:  # no price: nothing to reserve (its cost stays unknown)
             held = (0,) * len(budgets)
         self.held[request] = (budgets, held)
@@ -489,7 +489,10 @@ def usage_details(body: bytes) -> _Usage | None:
 def _details(data: Sequence[bytes], usage: _Usage) -> _Usage:
     """`usage` with the parts the usage objects of `data` (JSON documents: an answer, or a
     stream's usage events, later ones over earlier ones) report, when any is not 0."""
-    if not any(_DETAILS.search(d) is not None for d in data):
+    for d in data:  # a loop, not any(): this runs for every answer
+        if _DETAILS.search(d) is not None:
+            break
+    else:
         return usage
     found: dict[str, Any] = {}
     for d in data:
