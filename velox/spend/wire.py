@@ -296,10 +296,10 @@ class Spend:
     def _admit_one(self, request: Request, budgets: tuple[int, ...]) -> bool:
         shared = self.shared
         assert shared is not None
-        left = shared.left
+        level, units = shared.limits.level, shared.units  # SharedBudgets.left, inlined
         lowest = -1
         for b in budgets:
-            here = left(b)
+            here = level(b) * units[b]
             if here <= 0:
                 self._refuse(request, self.budgets[b], shared.reserved(b))
                 return False
@@ -307,7 +307,7 @@ class Spend:
                 lowest = here
         estimate = self.estimate(request)
         if estimate:
-            units, reserve, slot = shared.units, shared.reserve, self.slot
+            reserve, slot = shared.reserve, self.slot
             held = tuple([-(-estimate // units[b]) for b in budgets])
             for b, n in zip(budgets, held, strict=True):
                 reserve(slot, b, n)
@@ -383,10 +383,11 @@ class Spend:
         below a unit carried to this worker's next settlement)."""
         shared = self.shared
         assert shared is not None
-        units, carry = shared.units, self.carry
-        for b, reserved in zip(*hold, strict=True):
+        units, carry, settle, slot = shared.units, self.carry, shared.settle, self.slot
+        budgets, held = hold
+        for i, b in enumerate(budgets):
             used, carry[b] = divmod(cost + carry[b], units[b])
-            shared.settle(self.slot, b, reserved, used)
+            settle(slot, b, held[i], used)
 
     def meter(self, exchange: Any, inner: Any) -> PricedMeter:
         return PricedMeter(self, exchange.request, inner, self.held.pop(exchange.request, None))
