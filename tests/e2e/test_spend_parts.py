@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator
 from decimal import Decimal
@@ -36,6 +35,7 @@ import pytest
 
 from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import wait_for
+from tests.e2e.test_spend_wire import ledger_rows
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
 
@@ -123,15 +123,7 @@ def oa(gw: GatewayProcess) -> openai.OpenAI:
 
 
 def ledger(gw: GatewayProcess) -> list[dict[str, Any]]:
-    path = Path(gw.env["VELOX_STATE_DIR"]) / "ledger.sqlite3"
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM ledger ORDER BY id")]
-    finally:
-        conn.close()
+    return ledger_rows(gw)
 
 
 def costs_logged(gw: GatewayProcess) -> list[Decimal]:

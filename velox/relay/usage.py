@@ -450,13 +450,14 @@ class SSEUsage:
                 self.events += 1
                 return event[:i] + event[i + 13:]
         if b'"usage"' in event:
-            numbers = None
-            data = _data_of(event)
+            numbers = data = None
             if b'"usage":null' not in event and b'"usage": null' not in event:
+                data = _data_of(event)
                 numbers = usage_of(data)
             if numbers is None and self.found and b'"message_delta"' in event:
+                data = _data_of(event) if data is None else data
                 numbers = _messages_output(data, self.input)
-            if numbers is not None:
+            if numbers is not None and data is not None:
                 self.input, self.output = numbers
                 self.found = True
                 self.usage_data = (self.usage_data[0], data) if self.usage_data else (data,)
