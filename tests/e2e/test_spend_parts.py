@@ -1,5 +1,5 @@
 """Cached, cache-write and reasoning tokens priced apart, streams included, and batched
-embeddings priced per member, end to end: a real Velox (two workers) with a price table whose
+embeddings priced per member, end to end: a real Velox (one worker) with a price table whose
 parts all differ, the bundled mock over HTTP/2 + TLS as an OpenAI, an Anthropic and a Gemini
 upstream, the official `openai` and `anthropic` SDKs as clients (their defaults: no max_tokens).
 
@@ -103,13 +103,15 @@ targets = [{{ upstream = "gem", model = "cached-gem-x" }}]
 [[route]]
 model = "text-emb-x"
 targets = [{{ upstream = "oa" }}]
-batch = {{ max_requests = 8, max_wait_ms = 300 }}
+batch = {{ max_requests = 8, max_wait_ms = 2000 }}
 
 [[key]]
 name = "parts"
 sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"
 """)
-    env = {"VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
+    # One worker: the batched requests all meet the slow call of their group (batching is per
+    # worker).
+    env = {"VELOX_CONFIG": str(config), "VELOX_WORKERS": "1", "VELOX_RATE_LIMIT_RPM": "0",
            "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_STATE_DIR": str(tmp / "state"),
            "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **UPSTREAM_KEYS}
     with GatewayProcess(env, log_path=Path(tmp) / "velox.log") as gateway:
@@ -258,32 +260,43 @@ def test_a_translated_gemini_stream_prices_cached_and_thinking_tokens(
     assert lines == [Decimal(want) / 10**9] * 2
 
 
-def test_batched_embeddings_are_priced_per_member(gw: GatewayProcess) -> None:
+def test_batched_embeddings_are_priced_per_member(gw: GatewayProcess, mock: MockUpstream) -> None:
     client = oa(gw)
     since = Rows(gw)
-    # The first call leaves alone; the ones sent while it is in flight wait and merge.
-    inputs = ["one", "a longer input of several words", "mid sized text", "x", "more words"]
-    answers: list[Any] = [None] * len(inputs)
+    embeddings_calls = mock.stats()["by_path"].get("/v1/embeddings", 0)
+    # A slow first call of the group goes out alone (the mock holds it while it arrives); the
+    # ones sent while it is in flight wait in the worker and leave together as one call.
+    mock.behave(latency_ms=3000)
+    answers: list[Any] = []
+    first = threading.Thread(target=lambda: answers.append(
+        client.embeddings.with_raw_response.create(model="text-emb-x", input="the blocker")))
+    first.start()
+    try:
+        wait_for(lambda: mock.stats()["by_path"].get("/v1/embeddings", 0) > embeddings_calls)
+    finally:
+        mock.behave()
+    inputs = ["one", "a longer input of several words", "mid sized text", "more words"]
     start = threading.Barrier(len(inputs))
 
-    def embed(i: int) -> None:
+    def embed(text: str) -> None:
         start.wait()
-        answers[i] = client.embeddings.with_raw_response.create(model="text-emb-x",
-                                                                 input=inputs[i])
+        answers.append(client.embeddings.with_raw_response.create(model="text-emb-x",
+                                                                   input=text))
 
-    threads = [threading.Thread(target=embed, args=(i,)) for i in range(len(inputs))]
+    threads = [threading.Thread(target=embed, args=(text,)) for text in inputs]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(30)
+    for t in (*threads, first):
+        t.join(60)
+    assert len(answers) == len(inputs) + 1
     merged = [a for a in answers if int(a.headers.get("x-velox-batch", "1")) > 1]
     assert merged, "no request was merged: nothing under test"
     for answer in answers:
         tokens = answer.parse().usage.prompt_tokens
         assert nano_usd(answer.headers["x-velox-cost-usd"]) == expected("text-emb-x", tokens, 0)
-    rows, lines = since.new(len(inputs))
+    rows, lines = since.new(len(answers))
     # One row per member, none for the merged call (its key is no client's).
-    assert len(ledger(gw)) == since.rows + len(inputs)
+    assert len(ledger(gw)) == since.rows + len(answers)
     assert {r["key"] for r in rows} == {"parts"} and {r["api"] for r in rows} == {"embeddings"}
     assert sorted(r["cost_nanos"] for r in rows) == sorted(
         nano_usd(a.headers["x-velox-cost-usd"]) for a in answers)
