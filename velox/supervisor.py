@@ -312,6 +312,7 @@ class Supervisor:
                         _signal(pid, signal.SIGKILL)
             else:
                 self._watch_heartbeats()
+                self.spend.tick()  # a budget period that ended starts anew
                 self._respawn_due()
                 self._reload_step()
                 self._kill_overdue_retirees()

@@ -40,9 +40,11 @@ from velox.core.fields import (
     F,
     H,
 )
+from velox.spend.wire import NANOS_PER_USD
 from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
+_TARGET_LABELS = ("route", "upstream", "model")
 
 LE_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -178,6 +180,31 @@ class VeloxCollector(Collector):
             tokens.add_metric([key, route, "input"], inp)
             tokens.add_metric([key, route, "output"], out)
         yield tokens
+        yield from self._spend()
+
+    def _spend(self) -> Iterator[Metric]:
+        """velox_spend_usd_total and velox_spend_unpriced_requests_total: what the model calls
+        cost, by gateway key, route and the target that answered (upstream, and the model name
+        sent upstream; "*" for a catch-all target that sends the client's own). Read from the
+        workers' shared counters (velox.spend.wire counts them as requests settle), so they
+        add up to the ledger's cost_usd over the same requests."""
+        shared = self.shared
+        labels = [(route.model, target.upstream, target.model or
+                   (route.model if route.model != "*" else "*"))
+                  for route in shared.tables.routes for target in route.targets]
+        usd = CounterMetricFamily(
+            "velox_spend_usd", "Cost in USD of the model calls priced, by gateway key ('-': "
+            "none), route, upstream and upstream model.", labels=["key", *_TARGET_LABELS])
+        unpriced = CounterMetricFamily(
+            "velox_spend_unpriced_requests", "Model calls whose model has no price (cost "
+            "unknown, never counted as 0).", labels=["key", *_TARGET_LABELS])
+        for key, target, nanos, unknown in shared.spend_rows(self.max_keys):
+            if nanos:
+                usd.add_metric([key, *labels[target]], nanos / NANOS_PER_USD)
+            if unknown:
+                unpriced.add_metric([key, *labels[target]], unknown)
+        yield usd
+        yield unpriced
 
     def _embeddings_batches(self) -> Iterator[Metric]:
         """velox_embeddings_batch_*: embeddings batching (velox.batching.batch), all workers."""

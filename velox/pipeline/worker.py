@@ -209,7 +209,7 @@ class Worker:
             if self.budgets is not None:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
-                               settings.tokens_default_output)
+                               settings.tokens_default_output, shared.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
             self.spend is not None
@@ -368,10 +368,8 @@ class Worker:
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
         spend = self.spend
-        if spend is not None and spend.budgets:
-            spend.roll()  # a new budget period: this slot's spend of the last one goes
-            if spend.held:
-                spend.sweep()  # reservations of clients gone before an exchange
+        if spend is not None and spend.held:
+            spend.sweep()  # reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
@@ -715,13 +713,15 @@ class Worker:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
-    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+    def book_tokens(self, request: Request, inp: int, out: int, exchange: Any = None) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
         merged call's meter books nothing), when its tokens are accounted (as _exchange's
-        meter would be)."""
+        meter would be); priced as its own request (the merged call is not)."""
         ledger = self.ledger
         if ledger is not None and (self.meter_all or request.ticket is not None):
             ledger.count(request.key, ledger.route_of(request.model), inp, out)
+        if self.spend is not None and exchange is not None:
+            self.spend.member(request, inp, out, exchange)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the
