@@ -86,6 +86,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "heartbeat_age_ms": now - row[F.HEARTBEAT_MS] if row[F.HEARTBEAT_MS]
             else None,
             "hang_kills": row[F.HANG_KILLS],
+            "keys_version": row[F.KEYS_VERSION],
             "requests": row[F.REQUESTS],
             "in_flight": row[F.IN_FLIGHT],
             "ring_depth": row[F.RING_DEPTH],

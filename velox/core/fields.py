@@ -78,6 +78,9 @@ class F(IntEnum):
     WRITE_TIMEOUTS = 51  # client connections aborted for taking nothing for VELOX_WRITE_TIMEOUT_MS
     # Streaming followers of a live coalesced stream cut off for falling too far behind it.
     CACHE_FOLLOWERS_CUT = 52
+    # Gauge: the run-time keys' version this worker has applied (velox.admission.runtime); -1
+    # for only the set inherited at fork. /stats shows it per worker: who is behind.
+    KEYS_VERSION = 53
 
 
 class H(IntEnum):
