@@ -232,7 +232,15 @@ class Supervisor:
     def _key_tables(self) -> tuple[SharedKeys, dict[int, SharedKeys]]:
         """For the key feed's thread: the current key table, and each worker slot's."""
         generation = dict(self.generation)
-        return self.shared.keys, {slot: shared.keys for slot, (_, shared) in generation.items()}
+        by_slot = {slot: shared.keys for slot, (_, shared) in generation.items()}
+        # A reload's replaced workers drain (SIGUSR2) while serving their open keep-alive
+        # connections: they are sent the changes too, so a key revoked meanwhile is refused
+        # there as well. (list() copies under the GIL: the supervisor's thread changes these.)
+        for pid in list(self.retiring):
+            slot, shared = self.children.get(pid), self.shared_of.get(pid)
+            if slot is not None and shared is not None:
+                by_slot.setdefault(slot, shared.keys)
+        return self.shared.keys, by_slot
 
     def _typical_reservation(self) -> int:
         """What a tpm bucket keeps in hand from its first lease (velox.cluster.leases): an SDK

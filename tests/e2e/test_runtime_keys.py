@@ -211,3 +211,30 @@ def test_a_reload_keeps_the_keys_and_their_limits_enforced(
         assert answers.count("429") >= 1 and "401" not in answers
         assert api.delete("/keys/rt-hup-other").status_code == 204
         until_all(gw, other, "401", 1.0)
+
+
+def test_a_key_revoked_during_a_reload_is_refused_by_the_draining_workers_too(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    """A client's keep-alive connection stays with the worker that accepted it; after SIGHUP
+    that worker drains (serving what arrives on its open connections, with Connection:
+    close) while the new ones serve. A revocation made then must hold on that connection
+    too: before, the draining worker was sent no key frames and answered 200."""
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"),
+                      VELOX_SHUTDOWN_GRACE_S="60")
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw, admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-drain"}).json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        with httpx.Client(base_url=gw.base_url, timeout=20,
+                          headers={"Authorization": f"Bearer {secret}"}) as kept:
+            assert kept.post("/v1/chat/completions", json=body).status_code == 200
+            old = {int(w["pid"]) for w in workers(gw)}  # type: ignore[call-overload]
+            gw.signal(signal.SIGHUP)
+            wait_for(lambda: "reload done" in gw.log(), timeout=60)
+            assert not old & {int(w["pid"]) for w in workers(gw)}  # type: ignore[call-overload]
+            assert api.delete("/keys/rt-drain").status_code == 204
+            until_all(gw, secret, "401", 1.0)  # the new workers
+            # The kept connection, still served by its draining worker.
+            answer = kept.post("/v1/chat/completions", json=body)
+            assert answer.headers.get("connection") == "close", answer.headers
+            assert answer.status_code == 401, answer.text
