@@ -53,8 +53,8 @@ Keys in the workers' request path
   native `Limits` segments as a file key's, at an index the supervisor claims
   (`SharedKeys.claim`, the one function that knows the table's size: `tables.MAX_KEYS`,
   1,000,000 keys for file and run-time keys together; a segment of 4,096 is added, and handed
-  to the running workers, when the table is full). A revoked key's index is reused last (oldest first), so its
-  requests in flight have released their places long before.
+  to the running workers, when the table is full). A revoked key's index is reused last
+  (oldest first), so its requests in flight have released their places long before.
 * Lookup cost: the request path stays one dict lookup of the 32-byte digest (ingress has
   hashed the credential already); run-time keys are entries of the same dict.
   `benches/bench_keys.py::test_keys_stage_ten_keys` measures the stage at 10 keys from the
