@@ -238,3 +238,34 @@ def test_a_key_revoked_during_a_reload_is_refused_by_the_draining_workers_too(
             answer = kept.post("/v1/chat/completions", json=body)
             assert answer.headers.get("connection") == "close", answer.headers
             assert answer.status_code == 401, answer.text
+
+
+def test_a_run_time_keys_requests_and_tokens_are_counted_under_it(gw: GatewayProcess) -> None:
+    """Its requests and the tokens its answers report show under its own name in GET /keys
+    (the console's Keys page reads it), /stats and /metrics; before, its tokens were booked
+    under no key."""
+    with admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-books", "rpm": 600, "tpm": 60000}).json()
+        until_all(gw, secret["key"], "200", 1.0)  # 1 + FRESH calls
+        answer = call(gw, secret["key"])
+        usage = answer.usage  # type: ignore[attr-defined]
+        calls = 2 + FRESH
+        want_in, want_out = calls * usage.prompt_tokens, calls * usage.completion_tokens
+
+        def counted() -> dict[str, object] | None:
+            row = api.get("/keys/rt-books").json()["usage"]
+            return row if row["tokens_out"] >= want_out else None
+
+        row = wait_for(counted, timeout=10)
+        assert row["requests"] == calls and row["tokens_in"] == want_in, row
+        assert row["tokens_out"] == want_out and row["tokens_taken"] == want_in + want_out
+        status, body = gw.admin_get("/stats")
+        stats = orjson.loads(body)
+        (mine,) = [k for k in stats["runtime_keys"] if k["name"] == "rt-books"]
+        assert mine["rpm"] == 600 and mine["tpm"] == 60000 and mine["requests"] == calls
+        assert (mine["tokens_in"], mine["tokens_out"]) == (want_in, want_out)
+        status, metrics = gw.admin_get("/metrics")
+        assert status == 200
+        assert b'velox_key_requests_total{key="rt-books"} %d.0' % calls in metrics
+        assert b'velox_key_tokens_total{key="rt-books",kind="output"} %d.0' % want_out \
+            in metrics

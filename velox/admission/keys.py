@@ -78,8 +78,8 @@ class _Key:
 
     __slots__ = ("index", "local", "book", "name", "rpm", "tpm", "max_parallel", "allowed",
                  "rpm_i", "tpm_i", "rpm_value", "tpm_value", "req_i", "tok_i", "headers",
-                 "limits", "admit", "ticket", "count", "slot", "limit_requests", "limit_tokens",
-                 "forward")
+                 "limits", "admit", "ticket", "count", "tokens_in", "tokens_out", "slot",
+                 "limit_requests", "limit_tokens", "forward")
 
     def __init__(self, index: int, spec: KeySpec, shared: SharedKeys, slot: int,
                  book: int | None = None) -> None:
@@ -90,6 +90,8 @@ class _Key:
         self.admit = limits.admit
         self.ticket: Any = limits.ticket  # a KeyTicket as the request holds it
         self.count = tuple(c.add for c in segment.counters)
+        self.tokens_in = segment.counters[KF.TOKENS_IN].add
+        self.tokens_out = segment.counters[KF.TOKENS_OUT].add
         self.slot = slot
         self.index = index
         self.local = local
@@ -110,6 +112,15 @@ class _Key:
         self.headers = bool(spec.rpm or spec.tpm)
         self.limit_requests = (_LIMIT_REQUESTS, self.rpm_value)
         self.limit_tokens = (_LIMIT_TOKENS, self.tpm_value)
+
+
+    def used(self, inp: int, out: int) -> None:
+        """Book the tokens one of its requests used under the key itself (the relay's meter
+        and the batcher call it through the request's ticket: `ticket.key.used`)."""
+        if inp:
+            self.tokens_in(self.slot, self.local, inp)
+        if out:
+            self.tokens_out(self.slot, self.local, out)
 
 
 _LIMIT_REQUESTS = b"x-ratelimit-limit-requests"

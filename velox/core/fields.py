@@ -130,14 +130,18 @@ UPSTREAM_ERROR = 4
 
 
 class KF(IntEnum):
-    """Per-key refusal counters (one native Counters per field, field = key index). Admitted
-    requests are counted natively, by the gauge (Limits.entered)."""
+    """Per-key counters (one native Counters per field, field = the key's place in its
+    segment of the key table): refusals by reason, then the tokens its answers used (every
+    keyed request's, file or run-time key, whatever the route). Admitted requests are counted
+    natively, by the gauge (Limits.entered)."""
 
     REFUSED_RPM = 0
     REFUSED_TPM = 1
     REFUSED_PARALLEL = 2
     REFUSED_MODEL = 3
     REFUSED_FORWARD = 4
+    TOKENS_IN = 5
+    TOKENS_OUT = 6
 
 
 REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model", "forward")  # KF.REFUSED_* in order

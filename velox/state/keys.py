@@ -124,7 +124,7 @@ class SharedKeys:
     first 4,096 keys in all need no hand-over), grown by `claim` when run-time keys fill it.
     A grown segment reaches running workers as descriptors (velox.admin.keyfeed)."""
 
-    __slots__ = ("keys", "slots", "table", "runtime", "free")
+    __slots__ = ("keys", "slots", "table", "runtime", "free", "limits_of")
 
     def __init__(self, keys: Sequence[KeySpec], slots: int,
                  previous: SharedKeys | None = None) -> None:
@@ -141,6 +141,7 @@ class SharedKeys:
             self.table: KeyTable = previous.table
             self.runtime: dict[str, int] = previous.runtime
             self.free: deque[int] = previous.free
+            self.limits_of: dict[int, tuple[int, int]] = previous.limits_of
         else:
             self.table = KeyTable(slots)
             self.table.grow()
@@ -148,6 +149,7 @@ class SharedKeys:
                 self.table.grow()
             self.runtime = {}
             self.free = deque(range(len(self.keys), self.table.capacity))
+            self.limits_of = {}  # index → (rpm, tpm) as last set (supervisor side)
         for i, key in enumerate(self.keys):
             self.set_limits(i, key.rpm, key.tpm)
 
@@ -174,6 +176,7 @@ class SharedKeys:
         """Key `index`'s buckets (0: none). One minute's worth: a key may spend its whole
         minute at once, then the rate."""
         limits, rpm_i, tpm_i = self.entry(index)
+        self.limits_of[index] = (rpm, tpm)
         if rpm:
             limits.configure(rpm_i, rpm, rpm)
         if tpm:
@@ -198,6 +201,7 @@ class SharedKeys:
         """Run-time key `name` was revoked: its index goes to the back of the free queue."""
         index = self.runtime.pop(name, None)
         if index is not None:
+            self.limits_of.pop(index, None)
             self.free.append(index)
 
     def forget_slot(self, slot: int) -> int:
@@ -205,7 +209,7 @@ class SharedKeys:
         return int(self.table.forget_slot(slot))
 
     def _refused(self, index: int, totals: dict[int, list[list[int]]]) -> list[int]:
-        """Key `index`'s refusals by KF field, from per-segment totals made once a read."""
+        """Key `index`'s counts by KF field, from per-segment totals made once a read."""
         segment, k = divmod(index, SEGMENT_KEYS)
         rows = totals.get(segment)
         if rows is None:
@@ -217,25 +221,45 @@ class SharedKeys:
         totals: dict[int, list[list[int]]] = {}
         return [self._row(i, totals) for i in range(len(self.keys))]
 
-    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """For /metrics: the rows of the first `own` keys (file order), and the others summed
-        (requests, in flight, refusals; None when there are no others). Only those keys are
-        read: a scrape with thousands of keys costs the supervisor what `own` keys cost."""
+    def runtime_snapshot(self) -> list[dict[str, Any]]:
+        """Per run-time key, for /stats: its limits (rpm, tpm) and live use."""
         totals: dict[int, list[list[int]]] = {}
-        own = min(own, len(self.keys))
-        rows = [self._row(i, totals) for i in range(own)]
-        if own == len(self.keys):
+        return [self._runtime_row(name, index, totals) for name, index in self._claimed()]
+
+    def _claimed(self) -> list[tuple[str, int]]:
+        """The run-time keys (name, index), in the order they were claimed."""
+        return sorted(self.runtime.items(), key=lambda item: item[1])
+
+    def _runtime_row(self, name: str, index: int,
+                     totals: dict[int, list[list[int]]]) -> dict[str, Any]:
+        rpm, tpm = self.limits_of.get(index, (0, 0))
+        return {"name": name, "rpm": rpm, "tpm": tpm, **self.usage(index, rpm, tpm, totals)}
+
+    def metrics_rows(self, own: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """For /metrics: the rows of the first `own` keys (the file's in order, then run-time
+        keys as claimed), and the others summed (requests, in flight, refusals, tokens; None
+        when there are no others). Only those keys are read: a scrape with thousands of keys
+        costs the supervisor what `own` keys cost."""
+        totals: dict[int, list[list[int]]] = {}
+        file_keys = len(self.keys)
+        claimed = self._claimed()
+        rows = [self._row(i, totals) for i in range(min(own, file_keys))]
+        rows += [self._runtime_row(name, index, totals)
+                 for name, index in claimed[:max(0, own - file_keys)]]
+        rest = [*range(own, file_keys), *(index for _, index in claimed[max(0, own - file_keys):])]
+        if not rest:
             return rows, None
         requests = active = 0
-        refused = [0] * len(REFUSAL_REASONS)
-        for i in range(own, len(self.keys)):
+        counts = [0] * len(KF)
+        for i in rest:
             limits, rpm_i, _ = self.entry(i)
             requests += limits.entered(rpm_i)
             active += limits.active(rpm_i)
             for n, count in enumerate(self._refused(i, totals)):
-                refused[n] += count
-        other = {"keys": len(self.keys) - own, "requests": requests, "active": active,
-                 "refused": dict(zip(REFUSAL_REASONS, refused, strict=True))}
+                counts[n] += count
+        other = {"keys": len(rest), "requests": requests, "active": active,
+                 "refused": dict(zip(REFUSAL_REASONS, counts, strict=False)),
+                 "tokens_in": counts[KF.TOKENS_IN], "tokens_out": counts[KF.TOKENS_OUT]}
         return rows, other
 
     def _row(self, i: int, totals: dict[int, list[list[int]]]) -> dict[str, Any]:
@@ -251,7 +275,8 @@ class SharedKeys:
               totals: dict[int, list[list[int]]] | None = None) -> dict[str, Any]:
         """Key `i`'s live use: what its buckets have left, in flight, counts."""
         limits, rpm_i, tpm_i = self.entry(i)
-        refused = self._refused(i, {} if totals is None else totals)
+        counts = self._refused(i, {} if totals is None else totals)
+        refused = counts[:len(REFUSAL_REASONS)]
         return {
             "remaining_requests": limits.level(rpm_i) if rpm else None,
             "remaining_tokens": limits.level(tpm_i) if tpm else None,
@@ -259,4 +284,6 @@ class SharedKeys:
             "active": limits.active(rpm_i),
             "requests": limits.entered(rpm_i),
             "refused": dict(zip(REFUSAL_REASONS, refused, strict=True)),
+            "tokens_in": counts[KF.TOKENS_IN],
+            "tokens_out": counts[KF.TOKENS_OUT],
         }
