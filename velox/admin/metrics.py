@@ -309,13 +309,17 @@ class VeloxCollector(Collector):
         yield info
 
     def _keys(self) -> Iterator[Metric]:
-        """Per [[key]] (by name, never the key): admitted, refused by reason, in flight, left.
-        The first VELOX_METRICS_KEYS keys in file order have their own series; the others
-        are summed under key="_other" (no `remaining`: a sum of buckets means nothing)."""
+        """Per gateway key (by name, never the key): admitted, refused by reason, in flight,
+        left, tokens used. The first VELOX_METRICS_KEYS keys (the file's in order, then
+        run-time keys as made) have their own series; the others are summed under
+        key="_other" (no `remaining`: a sum of buckets means nothing)."""
         keys = self.shared.keys
-        if not keys.keys:
+        if not keys.keys and not keys.runtime:
             return
         rows, other = keys.metrics_rows(self.max_keys)
+        tokens = CounterMetricFamily(
+            "velox_key_tokens", "Tokens the answers of each gateway key used (file and "
+            "run-time keys), by kind.", labels=["key", "kind"])
         requests = CounterMetricFamily("velox_key_requests",
                                        "Requests admitted for each gateway key.", labels=["key"])
         refused = CounterMetricFamily(
@@ -330,6 +334,8 @@ class VeloxCollector(Collector):
         for row in rows + ([{**other, "name": OTHER_KEYS}] if other is not None else []):
             name = row["name"]
             requests.add_metric([name], row["requests"])
+            tokens.add_metric([name, "input"], row["tokens_in"])
+            tokens.add_metric([name, "output"], row["tokens_out"])
             for reason, n in row["refused"].items():
                 refused.add_metric([name, reason], n)
             active.add_metric([name], row["active"])
@@ -341,6 +347,7 @@ class VeloxCollector(Collector):
         yield refused
         yield active
         yield remaining
+        yield tokens
         yield GaugeMetricFamily(
             "velox_key_series_other", "Gateway keys summed under key=\"_other\" (past "
             "VELOX_METRICS_KEYS).", value=other["keys"] if other is not None else 0)

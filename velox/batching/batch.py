@@ -156,6 +156,8 @@ class Member:
         ticket = request.ticket
         if ticket is not None:  # its gateway key's reservation: settled from its own share
             ticket.settle(used[0] + used[1] if used is not None else 0)
+            if used is not None:
+                ticket.key.used(*used)  # its own token count (any key)
         request.conn.respond(request, status, headers, body)
         request.exchange = None
         self.on_done(self, status)

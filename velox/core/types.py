@@ -110,6 +110,7 @@ class KeyTicket(Protocol):
     the key's max_parallel, given back once, and its token reservation, settled once."""
 
     released: bool
+    key: Any  # the key it was admitted for (velox.admission.keys._Key: `used(inp, out)`)
 
     def release(self) -> None: ...
 

@@ -141,6 +141,7 @@ class Worker:
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
         self.control_sock: Any = None
+        self.fd_sock: Any = None  # key-table segments' descriptors (velox.admin.control)
         self.log_access: Any = None
         # Spend (velox.spend.wire): prices, budgets, ledger rows; None with VELOX_SPEND=0. The
         # budgets' shared memory is the supervisor's, set before serve().

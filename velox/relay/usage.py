@@ -726,6 +726,8 @@ class TokenMeter:
         ticket = self.request.ticket
         if ticket is not None:  # the key's reservation (velox.admission.keys.Ticket: settles once)
             ticket.settle(used)
+            if used:
+                ticket.key.used(self.input, self.output)  # its own token count (any key)
         attempt = exchange.route_attempt
         ledger = self.ledger
         if attempt is not None and attempt.tokens:
