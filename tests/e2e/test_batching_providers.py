@@ -103,3 +103,34 @@ def test_concurrent_clients_share_calls_and_get_their_own_vectors(
         assert sum(shares) == sum(_tokens(t) for items in texts for t in items)
     else:
         assert shares == [0] * requests
+
+
+def test_a_merged_bedrock_call_over_coheres_limit_goes_member_by_member(
+        gw: GatewayProcess, mock: MockUpstream) -> None:
+    """Cohere Embed takes 96 texts a call: a merged call of more is refused before sending,
+    and its members are sent one by one (each within the limit): every client still gets its
+    own vectors."""
+    texts = [[f"member {c} text {i}" for i in range(40)] for c in range(4)]
+
+    async def run() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=gw.base_url + "/v1", api_key="sk-unused",
+                                      max_retries=0, timeout=60) as client:
+            first = asyncio.create_task(client.embeddings.create(
+                model="bedrock-emb", input="first", encoding_format="float"))
+            while not provider_calls(mock, "bedrock"):  # in flight: the next ones gather
+                await asyncio.sleep(0.05)
+            rest = await asyncio.gather(*[client.embeddings.create(
+                model="bedrock-emb", input=items, encoding_format="float") for items in texts])
+            await first
+            return rest
+
+    mock.reset()
+    mock.behave(latency_ms=500)
+    try:
+        answers = asyncio.run(asyncio.wait_for(run(), timeout=120))
+    finally:
+        mock.behave()
+    for items, answer in zip(texts, answers, strict=True):
+        assert [list(d.embedding) for d in answer.data] == [
+            embedding_vector(t, EMBEDDING_DIMENSIONS) for t in items]
+    assert all(r["status"] == 200 for r in provider_calls(mock, "bedrock"))
