@@ -167,29 +167,40 @@ static int64_t digits(const unsigned char *s, size_t n, size_t *i)
 
 #define LIT(s) s, sizeof(s) - 1
 
-int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+/* The usage object's first member: at the last `"usage"` of s, past `:{` and the space after
+ * it. 1 with *at set; 0 when s has no "usage" key; -1 when its value does not open an object. */
+static int usage_object(const unsigned char *s, size_t n, size_t *at)
 {
     static const char KEY[] = "\"usage\"";
     const size_t klen = sizeof KEY - 1;
     if (n < klen)
         return 0;
     /* The last occurrence: scan backwards for its closing quote's first byte. */
-    size_t at = (size_t)-1;
+    size_t found = (size_t)-1;
     for (size_t i = n - klen + 1; i-- > 0;) {
         if (s[i] == '"' && memcmp(s + i, KEY, klen) == 0) {
-            at = i;
+            found = i;
             break;
         }
     }
-    if (at == (size_t)-1)
+    if (found == (size_t)-1)
         return 0;
-    size_t i = skip_space(s, n, at + klen);
+    size_t i = skip_space(s, n, found + klen);
     if (!(i = expect(s, n, i, LIT(":"))))
         return -1;
     i = skip_space(s, n, i);
     if (!(i = expect(s, n, i, LIT("{"))))
         return -1;
-    i = skip_space(s, n, i);
+    *at = skip_space(s, n, i);
+    return 1;
+}
+
+int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+{
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
     if (!(i = expect(s, n, i, LIT("\"prompt_tokens\""))))
         return -1;
     i = skip_space(s, n, i);
@@ -275,26 +286,10 @@ static size_t number_object(const unsigned char *s, size_t n, size_t i)
 
 int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
 {
-    static const char KEY[] = "\"usage\"";
-    const size_t klen = sizeof KEY - 1;
-    if (n < klen)
-        return 0;
-    size_t at = (size_t)-1;
-    for (size_t i = n - klen + 1; i-- > 0;) {
-        if (s[i] == '"' && memcmp(s + i, KEY, klen) == 0) {
-            at = i;
-            break;
-        }
-    }
-    if (at == (size_t)-1)
-        return 0;
-    size_t i = skip_space(s, n, at + klen);
-    if (!(i = expect(s, n, i, LIT(":"))))
-        return -1;
-    i = skip_space(s, n, i);
-    if (!(i = expect(s, n, i, LIT("{"))))
-        return -1;
-    i = skip_space(s, n, i);
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
     if (!(i = expect(s, n, i, LIT("\"input_tokens\""))))
         return -1;
     i = skip_space(s, n, i);

@@ -35,15 +35,10 @@ PER_CLIENT = 8
 
 
 @pytest.fixture(scope="module")
-def mock(logged_mock: MockUpstream) -> MockUpstream:
-    return logged_mock
-
-
-@pytest.fixture(scope="module")
-def gw(mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory
+def gw(logged_mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory
        ) -> Iterator[GatewayProcess]:
     where = tmp_path_factory.mktemp("batching-providers")
-    text = "".join(upstream(kind, kind, mock) + f"""
+    text = "".join(upstream(kind, kind, logged_mock) + f"""
 [[route]]
 model = "{kind}-emb"
 targets = [{{ upstream = "{kind}", model = "{MODELS[kind]}" }}]
@@ -58,13 +53,13 @@ batch = {{ max_requests = 32, max_wait_ms = 1000 }}
         yield process
 
 
-def provider_calls(mock: MockUpstream, kind: str) -> list[dict[str, Any]]:
-    return [r for r in mock.requests(1000) if r["path"].endswith(PATHS[kind])]
+def provider_calls(logged_mock: MockUpstream, kind: str) -> list[dict[str, Any]]:
+    return [r for r in logged_mock.requests(1000) if r["path"].endswith(PATHS[kind])]
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_concurrent_clients_share_calls_and_get_their_own_vectors(
-        gw: GatewayProcess, mock: MockUpstream, kind: str) -> None:
+        gw: GatewayProcess, logged_mock: MockUpstream, kind: str) -> None:
     texts = [[f"{kind} client {c} text {i} " + "x" * ((c * 7 + i) % 23)
               for i in range(PER_CLIENT)] for c in range(CLIENTS)]
 
@@ -79,13 +74,13 @@ def test_concurrent_clients_share_calls_and_get_their_own_vectors(
         return await asyncio.wait_for(
             asyncio.gather(*[client_run(items) for items in texts]), timeout=120)
 
-    mock.reset()
-    mock.behave(latency_ms=300)  # while one call is in flight the others gather
+    logged_mock.reset()
+    logged_mock.behave(latency_ms=300)  # while one call is in flight the others gather
     try:
         answers = asyncio.run(run())
     finally:
-        mock.behave()
-    calls = provider_calls(mock, kind)
+        logged_mock.behave()
+    calls = provider_calls(logged_mock, kind)
     requests = CLIENTS * PER_CLIENT
     assert calls and all(r["status"] == 200 for r in calls)
     assert len(calls) <= requests // 3, len(calls)  # merged: far fewer calls than requests
@@ -106,7 +101,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_vectors(
 
 
 def test_a_merged_bedrock_call_over_coheres_limit_goes_member_by_member(
-        gw: GatewayProcess, mock: MockUpstream) -> None:
+        gw: GatewayProcess, logged_mock: MockUpstream) -> None:
     """Cohere Embed takes 96 texts a call: a merged call of more is refused before sending,
     and its members are sent one by one (each within the limit): every client still gets its
     own vectors."""
@@ -117,20 +112,20 @@ def test_a_merged_bedrock_call_over_coheres_limit_goes_member_by_member(
                                       max_retries=0, timeout=60) as client:
             first = asyncio.create_task(client.embeddings.create(
                 model="bedrock-emb", input="first", encoding_format="float"))
-            while not provider_calls(mock, "bedrock"):  # in flight: the next ones gather
+            while not provider_calls(logged_mock, "bedrock"):  # in flight: the next ones gather
                 await asyncio.sleep(0.05)
             rest = await asyncio.gather(*[client.embeddings.create(
                 model="bedrock-emb", input=items, encoding_format="float") for items in texts])
             await first
             return rest
 
-    mock.reset()
-    mock.behave(latency_ms=500)
+    logged_mock.reset()
+    logged_mock.behave(latency_ms=500)
     try:
         answers = asyncio.run(asyncio.wait_for(run(), timeout=120))
     finally:
-        mock.behave()
+        logged_mock.behave()
     for items, answer in zip(texts, answers, strict=True):
         assert [list(d.embedding) for d in answer.data] == [
             embedding_vector(t, EMBEDDING_DIMENSIONS) for t in items]
-    assert all(r["status"] == 200 for r in provider_calls(mock, "bedrock"))
+    assert all(r["status"] == 200 for r in provider_calls(logged_mock, "bedrock"))

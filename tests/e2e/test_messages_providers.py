@@ -58,10 +58,10 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city.",
 HI = [{"role": "user", "content": "Say hello"}]
 
 
-def config(mock: MockUpstream) -> str:
+def config(logged_mock: MockUpstream) -> str:
     text = "[retry]\nattempts = 1\n[breaker]\nfailures = 255\n"
     for kind in KINDS:
-        text += upstream(kind, kind, mock) + upstream(kind + "-errors", kind, mock)
+        text += upstream(kind, kind, logged_mock) + upstream(kind + "-errors", kind, logged_mock)
         text += route("m-" + kind, kind, MODELS[kind])
         text += route(f"m-{kind}-mid", kind + "-errors", MIDSTREAM[kind])
         for name, _cls, _status in ERRORS[kind]:
@@ -70,17 +70,12 @@ def config(mock: MockUpstream) -> str:
 
 
 @pytest.fixture(scope="module")
-def mock(logged_mock: MockUpstream) -> MockUpstream:
-    return logged_mock
-
-
-@pytest.fixture(scope="module")
-def gw(mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory
+def gw(logged_mock: MockUpstream, tmp_path_factory: pytest.TempPathFactory
        ) -> Iterator[GatewayProcess]:
     where = tmp_path_factory.mktemp("messages-providers")
     path = where / "velox.toml"
-    path.write_text(config(mock))
-    env = gateway_env(mock, VELOX_CONFIG=str(path), VELOX_TOKEN_ACCOUNTING="1", **ENV)
+    path.write_text(config(logged_mock))
+    env = gateway_env(logged_mock, VELOX_CONFIG=str(path), VELOX_TOKEN_ACCOUNTING="1", **ENV)
     with GatewayProcess(env, log_path=where / "velox.log") as process:
         yield process
 
@@ -92,12 +87,12 @@ def sdk(gw: GatewayProcess) -> anthropic.Anthropic:
     return client
 
 
-def last_call(mock: MockUpstream) -> dict[str, Any]:
-    return model_calls(mock)[-1]
+def last_call(logged_mock: MockUpstream) -> dict[str, Any]:
+    return model_calls(logged_mock)[-1]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_plain_call_with_a_system_prompt(gw: GatewayProcess, mock: MockUpstream,
+def test_plain_call_with_a_system_prompt(gw: GatewayProcess, logged_mock: MockUpstream,
                                          kind: str) -> None:
     message = sdk(gw).messages.create(model="m-" + kind, max_tokens=64, messages=HI,
                                       system="Be brief.")
@@ -106,7 +101,7 @@ def test_plain_call_with_a_system_prompt(gw: GatewayProcess, mock: MockUpstream,
     assert message.content[0].type == "text" and message.content[0].text
     assert message.stop_reason == "end_turn"
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
-    seen = last_call(mock)
+    seen = last_call(logged_mock)
     assert seen["path"].endswith(PATHS[kind][0]) and MODELS[kind] in seen["path"]
     assert seen["auth"]["kind"] == ("x-goog-api-key" if kind == "gemini" else "sigv4")
     # Nothing of the Messages API's own headers goes to another provider.
@@ -114,7 +109,7 @@ def test_plain_call_with_a_system_prompt(gw: GatewayProcess, mock: MockUpstream,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_stream_becomes_the_messages_event_sequence(gw: GatewayProcess, mock: MockUpstream,
+def test_stream_becomes_the_messages_event_sequence(gw: GatewayProcess, logged_mock: MockUpstream,
                                                     kind: str) -> None:
     with sdk(gw).messages.stream(model="m-" + kind, max_tokens=64, messages=HI,
                                  system=[{"type": "text", "text": "Be brief."}]) as stream:
@@ -128,7 +123,7 @@ def test_stream_becomes_the_messages_event_sequence(gw: GatewayProcess, mock: Mo
               if e.type == "content_block_delta" and e.delta.type == "text_delta"]
     assert len(deltas) > 1 and final.content[0].text == "".join(deltas)
     assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
-    assert last_call(mock)["path"].endswith(PATHS[kind][1])
+    assert last_call(logged_mock)["path"].endswith(PATHS[kind][1])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -142,12 +137,12 @@ def test_two_turn_tool_conversation(gw: GatewayProcess, kind: str, streamed: boo
             partial = [e.delta.partial_json for e in stream
                        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
             first = stream.get_final_message()
-        assert json.loads("".join(partial)) == {"city": "mock"}
+        assert json.loads("".join(partial)) == {"city": "logged_mock"}
     else:
         first = client.messages.create(**ask, messages=turn)
     assert first.stop_reason == "tool_use"
     [use] = [b for b in first.content if b.type == "tool_use"]
-    assert use.name == "get_weather" and use.input == {"city": "mock"} and use.id
+    assert use.name == "get_weather" and use.input == {"city": "logged_mock"} and use.id
     turn += [{"role": "assistant", "content": [b.model_dump(exclude_none=True)
                                                for b in first.content]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
@@ -204,16 +199,16 @@ def test_a_provider_error_mid_stream_ends_with_an_error_event(gw: GatewayProcess
     ({"top_k": 5}, "top_k"),
     ({"mcp_servers": [{"type": "url", "url": "https://x.example", "name": "x"}]},
      "mcp_servers")])
-def test_untranslatable_is_refused_before_any_call(gw: GatewayProcess, mock: MockUpstream,
+def test_untranslatable_is_refused_before_any_call(gw: GatewayProcess, logged_mock: MockUpstream,
                                                    kind: str, extra: dict[str, Any],
                                                    field: str) -> None:
-    mock.reset()
+    logged_mock.reset()
     with pytest.raises(anthropic.BadRequestError) as caught:
         sdk(gw).messages.create(model="m-" + kind, max_tokens=16, messages=HI,
                                 extra_body=extra)
     assert field in str(caught.value) and kind in str(caught.value)
     assert caught.value.body["error"]["type"] == "invalid_request_error"
-    assert model_calls(mock) == []
+    assert model_calls(logged_mock) == []
 
 
 @pytest.mark.parametrize("kind", KINDS)
