@@ -137,12 +137,12 @@ def test_two_turn_tool_conversation(gw: GatewayProcess, kind: str, streamed: boo
             partial = [e.delta.partial_json for e in stream
                        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
             first = stream.get_final_message()
-        assert json.loads("".join(partial)) == {"city": "logged_mock"}
+        assert json.loads("".join(partial)) == {"city": "mock"}
     else:
         first = client.messages.create(**ask, messages=turn)
     assert first.stop_reason == "tool_use"
     [use] = [b for b in first.content if b.type == "tool_use"]
-    assert use.name == "get_weather" and use.input == {"city": "logged_mock"} and use.id
+    assert use.name == "get_weather" and use.input == {"city": "mock"} and use.id
     turn += [{"role": "assistant", "content": [b.model_dump(exclude_none=True)
                                                for b in first.content]},
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
