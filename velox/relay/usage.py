@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -547,6 +548,12 @@ class Meter(Protocol):
         """The stream ended normally: the last bytes to send."""
         ...
 
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        """After `response` of an event stream: the callable `data` comes down to when it does
+        nothing else (an SSEUsage's feed), for the relay to call per piece directly; None when
+        `data` does more."""
+        ...
+
     def body(self, body: bytes) -> None:
         """A whole (non-streamed) answer body."""
         ...
@@ -678,6 +685,10 @@ class TokenMeter:
         self.tail = tail[-4096:]
         return data
 
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        sse = self.sse
+        return None if sse is None else sse.feed
+
     def end(self) -> bytes:
         sse = self.sse
         if sse is not None:
@@ -796,6 +807,9 @@ class CountMeter:
 
     def data(self, data: bytes) -> bytes:
         return self._full().data(data)
+
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        return self._full().stream_feed()
 
     def end(self) -> bytes:
         return self._full().end()

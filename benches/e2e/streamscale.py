@@ -1,0 +1,284 @@
+"""Many event streams at once through one gateway: CPU per relayed event, added gaps.
+
+`python -m benches.e2e.streamscale --streams 64,256` starts the mock upstream (each stream
+`--events` SSE events `--interval-ms` apart, the rate of a model emitting tokens) and a 2-worker
+Velox in front of it, opens one client connection per stream, starts every stream within
+`--spread-ms`, and reports per stream count, with the mock alone (`direct`) as the floor:
+
+* `cpu_us_per_event`: user + system CPU of the gateway's process tree over the phase divided
+  by the SSE events delivered (the number an LLM gateway's bill follows);
+* the time to the response head (from each stream's scheduled start, connect included) and the
+  arrival gap between consecutive events minus the interval (p50, p99, max), each also as the
+  difference to the floor's;
+* stalls (a gap over ten intervals) and errors.
+
+`--egress http1` (default: the self-hosted case, cleartext HTTP/1.1 as vLLM or Ollama speak it)
+or `h2` (HTTP/2 over TLS). `--profile` samples one worker with py-spy during the largest count
+and prints the innermost Python frames. Every process is started here and stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httptools
+import uvloop
+
+from benches.e2e import workload
+from benches.e2e.loadgen import percentiles
+from benches.e2e.machine import bench_lock, children, facts, tree_cpu
+from velox_lab.launch import GatewayProcess
+from velox_lab.mock import MockUpstream
+
+OUT = Path(__file__).resolve().parents[1] / "results" / "streamscale.json"
+_now = time.perf_counter
+
+
+class Stream(asyncio.Protocol):
+    """One client connection carrying one streamed request; records every event's arrival."""
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.done = done
+        self.t_head = 0.0
+        self.arrivals: list[float] = []
+        self.partial = b""  # an event split across reads
+        self.status = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._end()
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.t_head = _now()
+
+    def on_body(self, body: bytes) -> None:
+        t = _now()
+        buf = self.partial + body
+        n = buf.count(b"\n\n")
+        self.arrivals += [t] * n
+        self.partial = buf[buf.rfind(b"\n\n") + 2:] if n else buf
+
+    def on_message_complete(self) -> None:
+        self._end()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def _one(port: int, request: bytes, start: float, timeout: float) -> dict[str, object]:
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start - _now()))
+    done: asyncio.Future[None] = loop.create_future()
+    t0 = _now()
+    try:
+        transport, proto = await loop.create_connection(lambda: Stream(done), "127.0.0.1", port)
+    except OSError:
+        return {"error": True}
+    transport.write(request)
+    try:
+        await asyncio.wait_for(done, timeout)
+    except TimeoutError:
+        transport.close()
+        return {"error": True}
+    ok = proto.status == 200 and bool(proto.arrivals)
+    return {"error": not ok, "ttfb": proto.t_head - t0 if ok else 0.0,
+            "arrivals": proto.arrivals}
+
+
+def drive(port: int, streams: int, events: int, interval_ms: int, spread_ms: int) -> dict:
+    """Run `streams` streams at once against port; arrival statistics of all of them."""
+    payload = workload.body(stream=True)
+    request = workload.http_request("127.0.0.1", port, payload,
+                                    workload.slow_stream_headers(events, interval_ms))
+    timeout = 30 + events * interval_ms / 1000 * 3
+
+    async def run() -> list[dict[str, object]]:
+        t0 = _now() + 0.05
+        return await asyncio.gather(*(
+            _one(port, request, t0 + spread_ms / 1000 * i / streams, timeout)
+            for i in range(streams)))
+
+    rows = uvloop.run(run())
+    gaps, ttfbs, n_events, errors = [], [], 0, 0
+    for row in rows:
+        if row["error"]:
+            errors += 1
+            continue
+        arrivals: list[float] = row["arrivals"]  # type: ignore[assignment]
+        n_events += len(arrivals)
+        ttfbs.append(row["ttfb"])
+        # Paced events only: the first content event onwards, the usage and [DONE] events
+        # that follow the last one at once excluded.
+        paced = arrivals[: events + 1]
+        gaps += [b - a - interval_ms / 1000 for a, b in itertools.pairwise(paced)]
+    stall = 10 * interval_ms / 1000
+    return {"streams": streams, "errors": errors, "events": n_events,
+            "stalls": sum(1 for g in gaps if g > stall),
+            "ttfb_us": percentiles(ttfbs), "gap_us": percentiles(gaps)}
+
+
+def pyspy_top(pid: int, seconds: float) -> dict[str, float]:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        return {"error: py-spy not installed": 0.0}
+    with tempfile.NamedTemporaryFile(suffix=".txt") as fh:
+        subprocess.run([exe, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r",
+                        "250", "-f", "raw", "-o", fh.name, "--nonblocking"],
+                       capture_output=True, timeout=seconds + 60, check=False)
+        lines = Path(fh.name).read_text().splitlines()
+    leaves: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if frames:
+            leaves[frames[-1]] += int(n)
+    total = sum(leaves.values()) or 1
+    return {k: round(v / total, 3) for k, v in leaves.most_common(20)}
+
+
+def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
+            streams: int, profile_pid: int = 0) -> dict[str, object]:
+    cpu0 = tree_cpu(roots)
+    prof: dict[str, float] = {}
+    spy = None
+    if profile_pid:
+        import threading
+        spy = threading.Thread(target=lambda: prof.update(
+            pyspy_top(profile_pid, args.events * args.interval_ms / 1000 * 0.6)))
+        spy.start()
+    row = drive(port, streams, args.events, args.interval_ms, args.spread_ms)
+    if spy is not None:
+        spy.join()
+    cpu = tree_cpu(roots) - cpu0
+    row["target"] = target
+    if roots:
+        row["cpu_us_per_event"] = round(cpu / max(1, row["events"]) * 1e6, 2)  # type: ignore[arg-type]
+    if prof:
+        row["py_spy_top"] = prof
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benches.e2e.streamscale")
+    p.add_argument("--streams", default="64,256")
+    p.add_argument("--events", type=int, default=100)
+    p.add_argument("--interval-ms", type=int, default=20)
+    p.add_argument("--spread-ms", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--egress", choices=("http1", "h2"), default="http1")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                   help="A/B: a gateway per source tree (its native extension built in place), "
+                        "measured in turn every round; default: this checkout")
+    args = p.parse_args(argv)
+    logdir = Path(tempfile.mkdtemp(prefix="velox-streamscale-"))
+    tls = args.egress == "h2"
+    mock = MockUpstream(tls=tls, log_path=str(logdir / "mock.log"))
+    mock.start()
+    env = {"VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0", "VELOX_UPSTREAM_ORIGIN": mock.origin,
+           "OPENAI_API_KEY": workload.API_KEY, "VELOX_LOG_LEVEL": "warning"}
+    if tls:
+        env["VELOX_UPSTREAM_CA_FILE"] = mock.ca_file or ""
+    else:
+        env["VELOX_UPSTREAM_PROTOCOL"] = "http1"
+    trees = [t.partition("=")[::2] for t in args.tree] or [("velox", "")]
+    gateways = {name: GatewayProcess({**env, **({"PYTHONPATH": path} if path else {})},
+                                     log_path=logdir / f"{name}.log") for name, path in trees}
+    counts = [int(c) for c in args.streams.split(",")]
+    rows: list[dict[str, object]] = []
+    try:
+        for gateway in gateways.values():
+            gateway.start(timeout=60)
+        with bench_lock() as waited:
+            print(f"waited {waited:.0f}s for the benchmark lock", flush=True)
+            for r in range(args.rounds):
+                for streams in counts:
+                    # The direct floor and each tree alternate (the order flips every round),
+                    # so all see the same host.
+                    rows.append({"round": r, **measure("direct", mock.port, [], args, streams)})
+                    order = list(gateways.items())
+                    for name, gateway in order[::-1] if r % 2 else order:
+                        spy = children(gateway.pid)[0] if args.profile and r == 0 and \
+                            streams == counts[-1] else 0
+                        rows.append({"round": r, **measure(name, gateway.port, [gateway.pid],
+                                                           args, streams, spy)})
+                        print(json.dumps({k: v for k, v in rows[-1].items()
+                                          if k not in ("py_spy_top", "ttfb_us", "gap_us")}),
+                              flush=True)
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+        mock.stop()
+    doc = {"machine": facts(), "egress": args.egress, "events": args.events,
+           "interval_ms": args.interval_ms, "rows": rows, "load": os.getloadavg()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(markdown(doc))
+    return 0
+
+
+def _added(row: dict, floor: dict, key: str, q: str) -> float:
+    """Milliseconds the target adds to the floor's percentile q of key."""
+    return (row[key].get(q, 0) - floor[key].get(q, 0)) / 1000
+
+
+def markdown(doc: dict) -> str:
+    """Per target and stream count, the median over rounds; + columns: minus the floor's."""
+    lines = [f"egress {doc['egress']}, {doc['events']} events {doc['interval_ms']} ms apart; "
+             f"load {tuple(round(x, 1) for x in doc['load'])}", "",
+             "| target | streams | rounds | CPU µs/event | +TTFB p50 ms | +TTFB p99 ms "
+             "| +gap p50 ms | +gap p99 ms | stalls | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = doc["rows"]
+    floor = {(r["round"], r["streams"]): r for r in rows if r["target"] == "direct"}
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        if r["target"] != "direct":
+            groups.setdefault((r["target"], r["streams"]), []).append(r)
+    for (target, streams), group in groups.items():
+
+        def med(key: str, q: str, group: list[dict] = group) -> str:
+            added = [_added(r, floor[(r["round"], r["streams"])], key, q) for r in group]
+            return f"{statistics.median(added):+.2f}"
+
+        cpu = statistics.median(r["cpu_us_per_event"] for r in group)
+        lines.append(f"| {target} | {streams} | {len(group)} | {cpu:.1f} | "
+                     f"{med('ttfb_us', 'p50')} | {med('ttfb_us', 'p99')} | "
+                     f"{med('gap_us', 'p50')} | {med('gap_us', 'p99')} | "
+                     f"{sum(r['stalls'] for r in group)} | {sum(r['errors'] for r in group)} |")
+    for r in rows:
+        if "py_spy_top" in r:
+            lines += ["", f"innermost Python frames of one worker of {r['target']} (py-spy):"]
+            lines += [f"  {v:6.1%}  {k}" for k, v in r["py_spy_top"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
