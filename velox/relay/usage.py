@@ -371,6 +371,13 @@ class SSEUsage:
                     self.relayed += len(data)
                     return data
                 if data.find(b"\n\n") == len(data) - 2:  # exactly one event
+                    if self.strip:  # _event's first case inlined: the usual OpenAI chunk
+                        i = data.find(b',"usage":null')
+                        if i >= 0:
+                            self.events += 1
+                            out = data[:i] + data[i + 13:]
+                            self.relayed += len(out)
+                            return out
                     out = self._event(data)
                     if not self.strip:
                         out = data
