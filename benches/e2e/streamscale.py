@@ -1,20 +1,24 @@
-"""Many event streams at once through one gateway: CPU per relayed event, added gaps.
+"""Many event streams at once through a gateway: CPU per relayed event, added delays.
 
 `python -m benches.e2e.streamscale --streams 64,256` starts the mock upstream (each stream
-`--events` SSE events `--interval-ms` apart, the rate of a model emitting tokens) and a 2-worker
-Velox in front of it, opens one client connection per stream, starts every stream within
-`--spread-ms`, and reports per stream count, with the mock alone (`direct`) as the floor:
+`--events` SSE events `--interval-ms` apart: a model emitting tokens), nginx in front of it
+(`proxy_buffering off`, no access log) and a 2-worker Velox as shipped (access log on), opens
+one client connection per stream, starts all streams of a count within `--spread-ms`, and
+reports per target and stream count, the mock alone (`direct`) being the floor:
 
-* `cpu_us_per_event`: user + system CPU of the gateway's process tree over the phase divided
-  by the SSE events delivered (the number an LLM gateway's bill follows);
+* CPU per event: user + system CPU of the target's process tree over the phase divided by the
+  SSE events delivered (the number an LLM gateway's bill follows);
 * the time to the response head (from each stream's scheduled start, connect included) and the
-  arrival gap between consecutive events minus the interval (p50, p99, max), each also as the
-  difference to the floor's;
+  arrival gap between consecutive events minus the interval, as added to the floor's (p50, p99);
 * stalls (a gap over ten intervals) and errors.
 
 `--egress http1` (default: the self-hosted case, cleartext HTTP/1.1 as vLLM or Ollama speak it)
-or `h2` (HTTP/2 over TLS). `--profile` samples one worker with py-spy during the largest count
-and prints the innermost Python frames. Every process is started here and stopped by its PID.
+or `h2` (HTTP/2 over TLS; nginx then proxies over TLS with HTTP/1.1). `--tree NAME=PATH` (more
+than once): one Velox per source tree (its native extension built in place), for an A/B in one
+run. `--plain SECONDS`: plain answers instead (wrk, closed loop, `--streams` connections), CPU
+per request. `--profile`: py-spy of one Velox worker during the largest count. Rounds alternate
+the targets, the order flipped every round; the report gives medians over rounds. Every process
+is started here and stopped by its PID; nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -36,11 +40,10 @@ from pathlib import Path
 import httptools
 import uvloop
 
-from benches.e2e import workload
+from benches.e2e import workload, wrk
 from benches.e2e.loadgen import percentiles
-from benches.e2e.machine import bench_lock, children, facts, tree_cpu
-from velox_lab.launch import GatewayProcess
-from velox_lab.mock import MockUpstream
+from benches.e2e.machine import bench_lock, facts, tree_cpu
+from benches.e2e.targets import Mock, Nginx, Service, Velox
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "streamscale.json"
 _now = time.perf_counter
@@ -172,7 +175,12 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         spy = threading.Thread(target=lambda: prof.update(
             pyspy_top(profile_pid, args.events * args.interval_ms / 1000 * 0.6)))
         spy.start()
-    row = drive(port, streams, args.events, args.interval_ms, args.spread_ms)
+    if args.plain:  # plain answers, wrk closed loop: "events" are requests
+        out = wrk.run(port, streams, args.plain, threads=2)
+        row = {"streams": streams, "events": out["requests"], "errors": out["errors_total"],
+               "stalls": 0, "ttfb_us": {}, "gap_us": {}, "rps": out["rps"]}
+    else:
+        row = drive(port, streams, args.events, args.interval_ms, args.spread_ms)
     if spy is not None:
         spy.join()
     cpu = tree_cpu(roots) - cpu0
@@ -193,49 +201,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--egress", choices=("http1", "h2"), default="http1")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--no-nginx", action="store_true", help="leave nginx out (it is beside "
+                   "Velox by default when installed: proxy_buffering off, no access log)")
+    p.add_argument("--plain", type=int, default=0, metavar="SECONDS",
+                   help="instead of streams: plain answers, wrk with --streams connections for "
+                        "SECONDS each; CPU per request (the egress A/B without streaming)")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="A/B: a gateway per source tree (its native extension built in place), "
                         "measured in turn every round; default: this checkout")
     args = p.parse_args(argv)
     logdir = Path(tempfile.mkdtemp(prefix="velox-streamscale-"))
-    tls = args.egress == "h2"
-    mock = MockUpstream(tls=tls, log_path=str(logdir / "mock.log"))
-    mock.start()
-    env = {"VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0", "VELOX_UPSTREAM_ORIGIN": mock.origin,
-           "OPENAI_API_KEY": workload.API_KEY, "VELOX_LOG_LEVEL": "warning"}
-    if tls:
-        env["VELOX_UPSTREAM_CA_FILE"] = mock.ca_file or ""
-    else:
-        env["VELOX_UPSTREAM_PROTOCOL"] = "http1"
-    trees = [t.partition("=")[::2] for t in args.tree] or [("velox", "")]
-    gateways = {name: GatewayProcess({**env, **({"PYTHONPATH": path} if path else {})},
-                                     log_path=logdir / f"{name}.log") for name, path in trees}
-    counts = [int(c) for c in args.streams.split(",")]
+    mock = Mock(tls=args.egress == "h2", workers=1, logdir=logdir)
+    services: list[Service] = [mock.start()]
     rows: list[dict[str, object]] = []
     try:
-        for gateway in gateways.values():
-            gateway.start(timeout=60)
+        if not args.no_nginx and shutil.which("nginx"):
+            services.append(Nginx(mock).start())
+        protocol = {} if args.egress == "h2" else {"VELOX_UPSTREAM_PROTOCOL": "http1"}
+        for name, path in [t.partition("=")[::2] for t in args.tree] or [("velox", "")]:
+            env = {**protocol, **({"PYTHONPATH": path} if path else {})}
+            services.append(Velox(mock, logdir, name, env).start())
+        counts = [int(c) for c in args.streams.split(",")]
         with bench_lock() as waited:
             print(f"waited {waited:.0f}s for the benchmark lock", flush=True)
             for r in range(args.rounds):
                 for streams in counts:
-                    # The direct floor and each tree alternate (the order flips every round),
-                    # so all see the same host.
-                    rows.append({"round": r, **measure("direct", mock.port, [], args, streams)})
-                    order = list(gateways.items())
-                    for name, gateway in order[::-1] if r % 2 else order:
-                        spy = children(gateway.pid)[0] if args.profile and r == 0 and \
-                            streams == counts[-1] else 0
-                        rows.append({"round": r, **measure(name, gateway.port, [gateway.pid],
-                                                           args, streams, spy)})
+                    # The floor (the mock alone) first, then every target, the order flipped
+                    # every round, so all see the same host.
+                    order = services[1:] if r % 2 == 0 else services[:0:-1]
+                    for service in (mock, *order):
+                        floor = service is mock
+                        spy = service.workers[0] if args.profile and r == 0 and \
+                            streams == counts[-1] and isinstance(service, Velox) else 0
+                        rows.append({"round": r, **measure(
+                            "direct" if floor else service.name, service.port,
+                            [] if floor else service.roots, args, streams, spy)})
                         print(json.dumps({k: v for k, v in rows[-1].items()
                                           if k not in ("py_spy_top", "ttfb_us", "gap_us")}),
                               flush=True)
     finally:
-        for gateway in gateways.values():
-            gateway.stop()
-        mock.stop()
+        for service in reversed(services):
+            service.stop()
     doc = {"machine": facts(), "egress": args.egress, "events": args.events,
            "interval_ms": args.interval_ms, "rows": rows, "load": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
