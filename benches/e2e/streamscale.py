@@ -256,31 +256,43 @@ def _added(row: dict, floor: dict, key: str, q: str) -> float:
     return (row[key].get(q, 0) - floor[key].get(q, 0)) / 1000
 
 
-def markdown(doc: dict) -> str:
-    """Per target and stream count, the median over rounds; + columns: minus the floor's."""
-    lines = [f"egress {doc['egress']}, {doc['events']} events {doc['interval_ms']} ms apart; "
-             f"load {tuple(round(x, 1) for x in doc['load'])}", "",
-             "| target | streams | rounds | CPU µs/event | +TTFB p50 ms | +TTFB p99 ms "
-             "| +gap p50 ms | +gap p99 ms | stalls | errors |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+HEADER = ["target", "streams", "rounds", "CPU µs/event", "× nginx", "+TTFB p50 ms",
+          "+TTFB p99 ms", "+gap p50 ms", "+gap p99 ms", "stalls", "errors"]
+
+
+def summary(doc: dict) -> list[list[str]]:
+    """Rows of HEADER: per target and stream count, medians over rounds; the + columns are
+    what the target adds to the floor's percentile in the same round; × nginx is the ratio of
+    the CPU medians."""
     rows = doc["rows"]
     floor = {(r["round"], r["streams"]): r for r in rows if r["target"] == "direct"}
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         if r["target"] != "direct":
             groups.setdefault((r["target"], r["streams"]), []).append(r)
+    cpu = {k: statistics.median(r["cpu_us_per_event"] for r in g) for k, g in groups.items()}
+    out = []
     for (target, streams), group in groups.items():
 
         def med(key: str, q: str, group: list[dict] = group) -> str:
             added = [_added(r, floor[(r["round"], r["streams"])], key, q) for r in group]
             return f"{statistics.median(added):+.2f}"
 
-        cpu = statistics.median(r["cpu_us_per_event"] for r in group)
-        lines.append(f"| {target} | {streams} | {len(group)} | {cpu:.1f} | "
-                     f"{med('ttfb_us', 'p50')} | {med('ttfb_us', 'p99')} | "
-                     f"{med('gap_us', 'p50')} | {med('gap_us', 'p99')} | "
-                     f"{sum(r['stalls'] for r in group)} | {sum(r['errors'] for r in group)} |")
-    for r in rows:
+        nginx = cpu.get(("nginx", streams)) or cpu.get(("nginx-tls", streams))
+        out.append([target, str(streams), str(len(group)), f"{cpu[(target, streams)]:.1f}",
+                    f"{cpu[(target, streams)] / nginx:.2f}" if nginx else "–",
+                    med("ttfb_us", "p50"), med("ttfb_us", "p99"), med("gap_us", "p50"),
+                    med("gap_us", "p99"), str(sum(r["stalls"] for r in group)),
+                    str(sum(r["errors"] for r in group))])
+    return out
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"egress {doc['egress']}, {doc['events']} events {doc['interval_ms']} ms apart; "
+             f"load {tuple(round(x, 1) for x in doc['load'])}", "",
+             "| " + " | ".join(HEADER) + " |", "|---" + "|---:" * (len(HEADER) - 1) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in summary(doc)]
+    for r in doc["rows"]:
         if "py_spy_top" in r:
             lines += ["", f"innermost Python frames of one worker of {r['target']} (py-spy):"]
             lines += [f"  {v:6.1%}  {k}" for k, v in r["py_spy_top"].items()]
