@@ -56,6 +56,17 @@ def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
     return pipeline, {n: m for n, m in sys.modules.items() if _ours(n)}
 
 
+def load_all(args: argparse.Namespace) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, warmed pipeline, modules) of every tree, then the heap frozen."""
+    variants = []
+    for spec in args.trees:
+        name, _, root = spec.partition("=")
+        variants.append((name, *load(root, args.clients, args.codec)))
+    gc.collect()
+    gc.freeze()
+    return variants
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trees", nargs="+", help="NAME=PATH, the first is the reference")
@@ -70,12 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stream:
         stream_ab(args)
         return
-    variants = []
-    for spec in args.trees:
-        name, _, root = spec.partition("=")
-        variants.append((name, *load(root, args.clients, args.codec)))
-    gc.collect()
-    gc.freeze()
+    variants = load_all(args)
     n = args.clients * args.rounds
     runs: dict[str, dict[str, list[float]]] = {
         name: {"round": [], "send": [], "answer": []} for name, _, _ in variants}
@@ -109,12 +115,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def stream_ab(args: argparse.Namespace) -> None:
     """Thread CPU per relayed event of each tree, blocks alternating as in main."""
-    variants = []
-    for spec in args.trees:
-        name, _, root = spec.partition("=")
-        variants.append((name, *load(root, args.clients, args.codec)))
-    gc.collect()
-    gc.freeze()
+    variants = load_all(args)
     n = args.clients * args.rounds * args.stream
     runs: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for block in range(args.blocks):
