@@ -42,7 +42,7 @@ import uvloop
 
 from benches.e2e import workload, wrk
 from benches.e2e.loadgen import percentiles
-from benches.e2e.machine import bench_lock, facts, tree_cpu
+from benches.e2e.machine import TICK, bench_lock, facts, tree
 from benches.e2e.targets import Mock, Nginx, Service, Velox
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "streamscale.json"
@@ -165,9 +165,24 @@ def pyspy_top(pid: int, seconds: float) -> dict[str, float]:
     return {k: round(v / total, 3) for k, v in leaves.most_common(20)}
 
 
+def _user_system(roots: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of the process trees (the kernel's share of a proxy's
+    work is the syscalls and loopback TCP, which a faster user space does not change)."""
+    user = system = 0
+    for pid in (p for root in roots for p in tree(root)):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user += int(fields[11])
+        system += int(fields[12])
+    return user / TICK, system / TICK
+
+
 def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
             streams: int, profile_pid: int = 0) -> dict[str, object]:
-    cpu0 = tree_cpu(roots)
+    cpu0 = _user_system(roots)
     prof: dict[str, float] = {}
     spy = None
     if profile_pid:
@@ -183,10 +198,12 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         row = drive(port, streams, args.events, args.interval_ms, args.spread_ms)
     if spy is not None:
         spy.join()
-    cpu = tree_cpu(roots) - cpu0
+    user, system = (b - a for a, b in zip(cpu0, _user_system(roots), strict=True))
     row["target"] = target
     if roots:
-        row["cpu_us_per_event"] = round(cpu / max(1, row["events"]) * 1e6, 2)  # type: ignore[arg-type]
+        events = max(1, row["events"])  # type: ignore[call-overload]
+        row["cpu_us_per_event"] = round((user + system) / events * 1e6, 2)
+        row["system_us_per_event"] = round(system / events * 1e6, 2)
     if prof:
         row["py_spy_top"] = prof
     return row
@@ -256,8 +273,8 @@ def _added(row: dict, floor: dict, key: str, q: str) -> float:
     return (row[key].get(q, 0) - floor[key].get(q, 0)) / 1000
 
 
-HEADER = ["target", "streams", "rounds", "CPU µs/event", "× nginx", "+TTFB p50 ms",
-          "+TTFB p99 ms", "+gap p50 ms", "+gap p99 ms", "stalls", "errors"]
+HEADER = ["target", "streams", "rounds", "CPU µs/event", "of which system", "× nginx",
+          "+TTFB p50 ms", "+TTFB p99 ms", "+gap p50 ms", "+gap p99 ms", "stalls", "errors"]
 
 
 def summary(doc: dict) -> list[list[str]]:
@@ -279,7 +296,9 @@ def summary(doc: dict) -> list[list[str]]:
             return f"{statistics.median(added):+.2f}"
 
         nginx = cpu.get(("nginx", streams)) or cpu.get(("nginx-tls", streams))
+        system = statistics.median(r.get("system_us_per_event", 0.0) for r in group)
         out.append([target, str(streams), str(len(group)), f"{cpu[(target, streams)]:.1f}",
+                    f"{system:.1f}",
                     f"{cpu[(target, streams)] / nginx:.2f}" if nginx else "–",
                     med("ttfb_us", "p50"), med("ttfb_us", "p99"), med("gap_us", "p50"),
                     med("gap_us", "p99"), str(sum(r["stalls"] for r in group)),
