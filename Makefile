@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-native-ext test-py typecheck lint demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-cache bench-batching bench-soak bench-report redis-server chromium bench-cluster \
+	bench-routing bench-cache bench-batching bench-soak bench-streamscale bench-report redis-server chromium bench-cluster \
 	bench-native docs clean
 
 all: build
@@ -132,6 +132,12 @@ bench-batching: bench-deps
 bench-native: bench-deps
 	$(PY) -m benches.e2e run --no-litellm --sections fixed,stream,arch --concurrencies 1,64 \
 		--arch "default;egress=http1 cleartext;access_log=0" --name e2e-native
+
+# Many concurrent streams through nginx and Velox over an HTTP/1.1 upstream: CPU per relayed
+# event, added time to head and inter-event gap (benches/e2e/streamscale.py).
+bench-streamscale: bench-deps
+	$(PY) -m benches.e2e.streamscale --streams 64,256 --rounds 3
+	$(PY) -m benches.report --only streamscale
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

@@ -56,6 +56,17 @@ def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
     return pipeline, {n: m for n, m in sys.modules.items() if _ours(n)}
 
 
+def load_all(args: argparse.Namespace) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, warmed pipeline, modules) of every tree, then the heap frozen."""
+    variants = []
+    for spec in args.trees:
+        name, _, root = spec.partition("=")
+        variants.append((name, *load(root, args.clients, args.codec)))
+    gc.collect()
+    gc.freeze()
+    return variants
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trees", nargs="+", help="NAME=PATH, the first is the reference")
@@ -63,13 +74,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=20, help="rounds per block")
+    ap.add_argument("--stream", type=int, default=0, metavar="EVENTS",
+                    help="streamed answers of EVENTS events instead (Pipeline.stream_round); "
+                         "the figure is per relayed event, request and answer head included")
     args = ap.parse_args(argv)
-    variants = []
-    for spec in args.trees:
-        name, _, root = spec.partition("=")
-        variants.append((name, *load(root, args.clients, args.codec)))
-    gc.collect()
-    gc.freeze()
+    if args.stream:
+        stream_ab(args)
+        return
+    variants = load_all(args)
     n = args.clients * args.rounds
     runs: dict[str, dict[str, list[float]]] = {
         name: {"round": [], "send": [], "answer": []} for name, _, _ in variants}
@@ -99,6 +111,26 @@ def main(argv: list[str] | None = None) -> None:
               f"{med['round'] - reference['round']:+5.2f} (send "
               f"{med['send'] - reference['send']:+5.2f}, answer "
               f"{med['answer'] - reference['answer']:+5.2f})")
+
+
+def stream_ab(args: argparse.Namespace) -> None:
+    """Thread CPU per relayed event of each tree, blocks alternating as in main."""
+    variants = load_all(args)
+    n = args.clients * args.rounds * args.stream
+    runs: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    for block in range(args.blocks):
+        for name, pipeline, modules in variants if block % 2 == 0 else variants[::-1]:
+            sys.modules.update(modules)
+            t0 = time.thread_time()
+            for _ in range(args.rounds):
+                pipeline.stream_round(args.stream)
+            runs[name].append((time.thread_time() - t0) / n * 1e6)
+            assert pipeline.worker.in_flight == 0
+    reference = statistics.median(runs[variants[0][0]])
+    for name, _, _ in variants:
+        med = statistics.median(runs[name])
+        print(f"{name:>12}: {med:6.3f} us/event; vs {variants[0][0]}: {med - reference:+6.3f} "
+              f"({med / reference:.3f}x)")
 
 
 if __name__ == "__main__":

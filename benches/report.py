@@ -486,6 +486,16 @@ def table_c(doc: dict[str, Any]) -> Table | None:
     return ["operation (C, -O2, median of 7 runs)", "ns/op", "target ns"], rows
 
 
+_EGRESS = {"http1": "HTTP/1.1 cleartext upstream (Velox's HTTP/1.1 egress)",
+           "h2": "HTTP/2 + TLS upstream (nginx: HTTP/1.1 + TLS)"}
+
+
+def table_streamscale(doc: dict[str, Any]) -> Table:
+    from benches.e2e.streamscale import HEADER, summary
+
+    return HEADER, summary(doc)
+
+
 def table_micro(doc: dict[str, Any]) -> Table:
     head = ["group", "benchmark", "median per call", "per item", "speed-up"]
     rows = []
@@ -521,7 +531,7 @@ def html_table(table: Table) -> str:
 DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json",
              "cache": "cache.json", "batching": "batching.json", "cluster": "cluster.json",
              "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
-             "native_before": "e2e-native-before.json"}
+             "native_before": "e2e-native-before.json", "streamscale": "streamscale.json"}
 
 
 def load_docs(results: Path) -> dict[str, Any]:
@@ -606,6 +616,12 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
         ]
         if s.get("arch"):
             out.append(("native", "Velox's egress, 64 connections", table_arch(s), None))
+    streamscale = docs.get("streamscale")
+    if streamscale:
+        out.append(("streamscale", f"{_n(streamscale['events'])} events "
+                    f"{streamscale['interval_ms']} ms apart per stream, one client connection "
+                    f"per stream, {_EGRESS[streamscale['egress']]}", table_streamscale(streamscale),
+                    None))
     if micro:
         c_table = table_c(micro)
         if c_table is not None:

@@ -97,6 +97,23 @@ def reply_frames(stream_id: int) -> bytes:
     return _frame(1, 0x4, stream_id, _REPLY_BLOCK) + _frame(0, 0x1, stream_id, REPLY_BODY)
 
 
+# A streamed answer as OpenAI sends it when asked for usage (the gateway asks, for its token
+# accounting): `"usage":null` in every chunk, a usage chunk, [DONE].
+STREAM_REQUEST = CLIENT_REQUEST.replace(b"Content-Length: %d" % len(CHAT_BODY),
+                                        b"Content-Length: %d" % (len(CHAT_BODY) + 14)).replace(
+    CHAT_BODY, CHAT_BODY[:-1] + b',"stream":true}')
+_SSE_BLOCK = b"\x88" + b"".join(_literal(n, v) for n, v in (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"x-request-id", b"req_0123456789abcdef0123456789abcdef"),
+    (b"openai-processing-ms", b"212"),
+))
+EVENT = (b'data: {"id":"chatcmpl-0123456789","object":"chat.completion.chunk","created":1760000000,'
+         b'"model":"gpt-4o-mini","system_fingerprint":"fp_0123456789","usage":null,"choices":'
+         b'[{"index":0,"delta":{"content":" word"},"logprobs":null,"finish_reason":null}]}\n\n')
+STREAM_END = (b'data: {"id":"chatcmpl-0123456789","object":"chat.completion.chunk","created":'
+              b'1760000000,"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":31,'
+              b'"completion_tokens":4,"total_tokens":35}}\n\ndata: [DONE]\n\n')
+
 SERVER_PREFACE = _frame(4, 0, 0, struct.pack(">HI", 3, 1000)) + _frame(4, 0x1, 0, b"")
 
 
@@ -194,6 +211,24 @@ class Pipeline:
             return
         credit = _frame(8, 0, 0, struct.pack(">I", len(sids) * len(CHAT_BODY)))
         self.conn.data_received(credit + b"".join(reply_frames(sid) for sid in sids))
+        self.loop.run_ready()
+
+    def stream_round(self, events: int) -> None:
+        """Every client asks for a stream; the upstream answers each with `events` events, one
+        read per event carrying that event of every stream (as HTTP/2 multiplexes them), a
+        loop pass after each read, then the usage chunk, [DONE] and the stream's end."""
+        for client, _ in self.clients:
+            client.data_received(STREAM_REQUEST)
+        self.loop.run_ready()
+        sids = list(self.conn.streams)
+        credit = _frame(8, 0, 0, struct.pack(">I", len(sids) * len(STREAM_REQUEST)))
+        self.conn.data_received(credit + b"".join(_frame(1, 0x4, sid, _SSE_BLOCK) for sid in sids))
+        self.loop.run_ready()
+        read = b"".join(_frame(0, 0, sid, EVENT) for sid in sids)
+        for _ in range(events):
+            self.conn.data_received(read)
+            self.loop.run_ready()
+        self.conn.data_received(b"".join(_frame(0, 0x1, sid, STREAM_END) for sid in sids))
         self.loop.run_ready()
 
     def round(self) -> None:

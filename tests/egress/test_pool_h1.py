@@ -111,3 +111,84 @@ def test_an_unanswered_warm_up_closes_the_connection_at_the_connect_timeout() ->
     assert peer.loop.spawned == spawned + 1  # replaced
     assert peer.tally.warmup_timeouts == 1 and peer.tally.streams_cancelled == 0
     assert not pool.ready
+
+
+class _Recorder(FakeClient):
+    """Records the order of the calls egress makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, ...]] = []
+
+    def on_response(self, status: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        self.calls.append(("response", status, end))
+        super().on_response(status, headers, end)
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        self.calls.append(("data", data, end_stream))
+        super().on_data(data, end_stream)
+
+    def on_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.calls.append(("answer", status, body))
+        FakeClient.on_response(self, status, headers, False)
+        FakeClient.on_data(self, body, True)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.calls.append(("error", type(exc).__name__))
+        super().on_error(exc)
+
+
+def _submit_recorder(peer: PoolPeer) -> _Recorder:
+    client = _Recorder()
+    peer.upstream.submit(client)  # type: ignore[arg-type]
+    return client
+
+
+PLAIN = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+
+
+def test_a_whole_answer_in_one_read_is_reported_in_one_call() -> None:
+    # As the HTTP/2 codec's ANSWER event: head and body together, the connection idle again.
+    peer, pool = _pool()
+    conn, _ = _connection(pool)
+    client = _submit_recorder(peer)
+    conn.buffer_updated(_into(conn, PLAIN + b'{"ok":true}'))
+    assert client.calls == [("answer", 200, b'{"ok":true}')]
+    assert conn.attempt is None and conn in pool.idle_conns
+
+
+def test_an_answer_split_across_reads_reports_its_head_when_the_first_read_ends() -> None:
+    peer, pool = _pool()
+    conn, _ = _connection(pool)
+    client = _submit_recorder(peer)
+    conn.buffer_updated(_into(conn, PLAIN + b'{"ok"'))
+    assert client.calls == [("response", 200, False), ("data", b'{"ok"', False)]
+    conn.buffer_updated(_into(conn, b":true}"))
+    assert client.calls[2:] == [("data", b":true}", False), ("data", b"", True)]
+
+
+def test_a_stream_gets_its_head_and_first_event_in_the_read_that_brought_them() -> None:
+    peer, pool = _pool()
+    conn, _ = _connection(pool)
+    client = _submit_recorder(peer)
+    conn.data_received(HEAD + _chunk(b"data: 1\n\n") + _chunk(b"data: 2\n\n"))
+    assert client.calls == [("response", 200, False), ("data", b"data: 1\n\ndata: 2\n\n", False)]
+    conn.data_received(_chunk(b"data: 3\n\n") + b"0\r\n\r\n")
+    assert client.calls[2:] == [("data", b"data: 3\n\n", False), ("data", b"", True)]
+
+
+def test_a_protocol_error_after_an_unreported_head_is_only_an_error() -> None:
+    # Nothing of the broken answer reached the client: dispatch may still send it elsewhere.
+    peer, pool = _pool()
+    conn, transport = _connection(pool)
+    client = _submit_recorder(peer)
+    conn.data_received(HEAD + b"zz\r\n")  # not a chunk size
+    assert client.calls == [("error", "UpstreamProtocolError")]
+    assert transport.aborted
+    assert not conn.held and not conn.held_body
+
+
+def _into(conn: H1Connection, data: bytes) -> int:
+    """Put data where the transport would (BufferedProtocol) and return its length."""
+    conn.read_buffer[:len(data)] = data
+    return len(data)

@@ -7,20 +7,41 @@ import gc
 
 import orjson
 
-from velox_lab.pipeline import REPLY_BODY, FakeTransport, Pipeline
+from velox_lab.pipeline import EVENT, REPLY_BODY, FakeTransport, Pipeline
+
+
+def _spied(clients: int, index: int) -> tuple[Pipeline, FakeTransport]:
+    """A warmed pipeline whose client `index` writes into a transport that keeps the bytes."""
+    pipeline = Pipeline(clients=clients)
+    pipeline.round()
+    spy = FakeTransport(keep=True)
+    client, _ = pipeline.clients[index]
+    client.transport = spy  # type: ignore[assignment]
+    return pipeline, spy
 
 
 def test_each_client_gets_the_upstream_answer() -> None:
-    pipeline = Pipeline(clients=4)
-    pipeline.round()
-    spy = FakeTransport(keep=True)
-    client, _ = pipeline.clients[0]
-    client.transport = spy  # type: ignore[assignment]
+    pipeline, spy = _spied(4, 0)
     pipeline.round()
     head, _, body = b"".join(spy.chunks).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"\r\nserver-timing: ring;dur=" in head
     assert orjson.loads(body) == orjson.loads(REPLY_BODY)
+
+
+def test_each_client_gets_every_streamed_event_without_what_the_gateway_asked_for() -> None:
+    # The streaming benchmark's path (benches/pipeline_ab.py --stream): the relay calls the
+    # meter's event reader directly, which must still remove the `"usage":null` members and
+    # the usage chunk of the include_usage the gateway added, and keep [DONE].
+    pipeline, spy = _spied(3, 1)
+    pipeline.stream_round(5)
+    assert pipeline.worker.in_flight == 0
+    out = b"".join(spy.chunks)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked" in head
+    assert body.count(EVENT.replace(b',"usage":null', b"")) == 5
+    assert b'"usage"' not in body and body.count(b"data: [DONE]\n\n") == 1
+    assert body.endswith(b"0\r\n\r\n")
 
 
 def test_hot_path_makes_no_garbage_cycles_and_keeps_nothing() -> None:

@@ -54,7 +54,7 @@ class H1Connection(asyncio.BufferedProtocol):
         "read_buffer",
         "pool", "transport", "parser", "attempt", "headers", "status", "keep_alive",
         "closed", "reading_paused", "warm", "authority", "idle_since",
-        "body_rest", "write_paused", "write_scheduled",
+        "body_rest", "write_paused", "write_scheduled", "held", "held_body",
     )
 
     def __init__(self, pool: H1Owner) -> None:
@@ -74,6 +74,11 @@ class H1Connection(asyncio.BufferedProtocol):
         self.body_rest: memoryview | None = None  # the part of a large body not yet written
         self.write_paused = False
         self.write_scheduled = False
+        # A response head read but not yet reported: if its body ends within the same read
+        # (the common short answer), the client gets it all at once (Client.on_answer, as the
+        # HTTP/2 codec's ANSWER event); else head and body so far go out when the read ends.
+        self.held = False
+        self.held_body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -138,14 +143,29 @@ class H1Connection(asyncio.BufferedProtocol):
         self.keep_alive = self.parser.should_keep_alive()
         # Hop-by-hop fields, those the Connection field names included, are the relay's to
         # drop (velox.relay.exchange.answer_head), as for HTTP/2 answers.
-        headers = self.headers
         attempt = self.attempt
         if attempt is not None:
             attempt.t_headers = time.perf_counter_ns()
             attempt.last_activity = time.monotonic()
-            attempt.client.on_response(self.status, headers, False)
+            self.held = True  # reported by on_message_complete or at the end of this read
+
+    def _report_head(self) -> None:
+        """The read ended inside a response: its head and the body read so far to the client
+        (a streamed answer's first event goes out in the same loop pass as before)."""
+        self.held = False
+        attempt = self.attempt
+        if attempt is None:
+            return
+        attempt.client.on_response(self.status, self.headers, False)
+        parts = self.held_body
+        if parts:
+            self.held_body = []
+            self.on_body(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def on_body(self, body: bytes) -> None:
+        if self.held:
+            self.held_body.append(body)
+            return
         attempt = self.attempt
         if attempt is None:
             return
@@ -164,7 +184,14 @@ class H1Connection(asyncio.BufferedProtocol):
         attempt = self.attempt
         if attempt is not None:
             self._release(attempt)
-            attempt.client.on_data(b"", True)
+            if self.held:  # the whole answer in this read: one call
+                self.held = False
+                parts = self.held_body
+                self.held_body = []
+                body = parts[0] if len(parts) == 1 else b"".join(parts)
+                attempt.client.on_answer(self.status, self.headers, body)
+            else:
+                attempt.client.on_data(b"", True)
         if self.body_rest is not None:
             # The upstream answered before the whole body was sent: the rest would be read
             # as the next request, so this connection cannot be reused.
@@ -181,17 +208,28 @@ class H1Connection(asyncio.BufferedProtocol):
         return self.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        # httptools parses the view in place; the callbacks receive their own bytes.
-        self.data_received(self.read_buffer[:nbytes])  # type: ignore[arg-type]
+        # httptools parses the view in place; the callbacks receive their own bytes. Not
+        # through data_received: one Python frame less per read, i.e. per streamed event.
+        try:
+            self.parser.feed_data(self.read_buffer[:nbytes])
+        except httptools.HttpParserError as exc:
+            self._protocol_error(exc)
+        if self.held:
+            self._report_head()
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            log.warning("upstream HTTP/1.1 protocol error: %s", exc)
-            self._fail(UpstreamProtocolError(f"upstream HTTP/1.1 protocol error: {exc}"))
-            if self.transport is not None:
-                self.transport.abort()
+            self._protocol_error(exc)
+        if self.held:
+            self._report_head()
+
+    def _protocol_error(self, exc: Exception) -> None:
+        log.warning("upstream HTTP/1.1 protocol error: %s", exc)
+        self._fail(UpstreamProtocolError(f"upstream HTTP/1.1 protocol error: {exc}"))
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
@@ -200,6 +238,8 @@ class H1Connection(asyncio.BufferedProtocol):
         self.pool.on_closed(self)
 
     def _fail(self, exc: Exception) -> None:
+        self.held = False  # a head not reported yet: the error is all the client hears
+        self.held_body = []
         attempt = self.attempt
         if attempt is not None:
             self._release(attempt)

@@ -779,11 +779,14 @@ class ClientConnection(asyncio.Protocol):
         if out is None or self.closed:
             return
         self._out = None
-        if self._q is not None or self.write_paused or not _small(out):
+        if self._q is not None or self.write_paused or not (
+                len(out[0]) <= WHOLE_BYTES if len(out) == 1 else _small(out)):
             self._queue_stream(out, False)
             self._drain()
             return
-        data = self._frame(out, False)
+        # _frame inlined for the usual piece (a chunk after the head went): one frame less.
+        data = h1write.chunks(out, False) if self._chunked and not self._out_head and out \
+            else self._frame(out, False)
         if data:
             self._stream_bytes += len(data)
             self.transport.write(data)  # type: ignore[union-attr]

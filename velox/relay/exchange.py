@@ -90,6 +90,9 @@ class Exchange:
         # velox.egress.edge.Translation: the attempt's target speaks another API than the
         # client's; None when the answer is relayed as it is (OpenAI and Azure upstreams)
         "edge",
+        # A stream whose pieces only the meter's event reader sees (no cache, no translation):
+        # that reader's feed, called per piece without the layers in between; else None.
+        "feed",
     )
 
     # The Anthropic Messages API in front (velox.relay.messages.MessagesExchange) shapes each
@@ -131,6 +134,7 @@ class Exchange:
         self.observer: Observer | None = None
         self.meter: Meter | None = None
         self.edge: Translation | None = None
+        self.feed: Callable[[bytes], bytes] | None = None
 
     # --- what the request carries upstream ------------------------------------------------
 
@@ -228,7 +232,13 @@ class Exchange:
     def on_data(self, data: bytes, end_stream: bool) -> None:
         if self.finished:
             return
-        if self.streaming:
+        feed = self.feed
+        if feed is not None:  # _relay without its layers: the common stream, per event
+            data = feed(data)
+            if data:
+                self.conn.send_chunk(data)
+                self.tail = data[-2:] if len(data) > 1 else self.tail[-1:] + data
+        elif self.streaming:
             if self.edge is not None:
                 data = self.edge.feed(data)  # upstream bytes in, the client's events out
             self._relay(data)
@@ -329,6 +339,9 @@ class Exchange:
         self._begin()
         self.streaming = True
         self.started = True
+        meter = self.meter
+        if meter is not None and self.observer is None and self.edge is None:
+            self.feed = meter.stream_feed()
         self.conn.start_stream(self.request, self.status, self.headers)
         if self.chunks:
             meter = self.meter

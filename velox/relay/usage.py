@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -381,6 +382,13 @@ class SSEUsage:
                     self.relayed += len(data)
                     return data
                 if data.find(b"\n\n") == len(data) - 2:  # exactly one event
+                    if self.strip:  # _event's first case inlined: the usual OpenAI chunk
+                        i = data.find(b',"usage":null')
+                        if i >= 0:
+                            self.events += 1
+                            out = data[:i] + data[i + 13:]
+                            self.relayed += len(out)
+                            return out
                     out = self._event(data)
                     if not self.strip:
                         out = data
@@ -561,6 +569,12 @@ class Meter(Protocol):
         """The stream ended normally: the last bytes to send."""
         ...
 
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        """After `response` of an event stream: the callable `data` comes down to when it does
+        nothing else (an SSEUsage's feed), for the relay to call per piece directly; None when
+        `data` does more."""
+        ...
+
     def body(self, body: bytes) -> None:
         """A whole (non-streamed) answer body."""
         ...
@@ -692,6 +706,10 @@ class TokenMeter:
         self.tail = tail[-4096:]
         return data
 
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        sse = self.sse
+        return None if sse is None else sse.feed
+
     def end(self) -> bytes:
         sse = self.sse
         if sse is not None:
@@ -812,6 +830,9 @@ class CountMeter:
 
     def data(self, data: bytes) -> bytes:
         return self._full().data(data)
+
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        return self._full().stream_feed()
 
     def end(self) -> bytes:
         return self._full().end()

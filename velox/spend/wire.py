@@ -43,7 +43,7 @@ import datetime as dt
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -568,6 +568,9 @@ class PricedMeter:
 
     def data(self, data: bytes) -> bytes:
         return self.inner.data(data)  # type: ignore[no-any-return]
+
+    def stream_feed(self) -> Callable[[bytes], bytes] | None:
+        return self.inner.stream_feed()  # type: ignore[no-any-return]  # data: the inner's
 
     def end(self) -> bytes:
         rest: bytes = self.inner.end()
