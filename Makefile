@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
 .PHONY: all install build test test-native test-native-ext test-py typecheck lint demo bench bench-deps bench-litellm bench-e2e \
-	bench-routing bench-cache bench-batching bench-soak bench-streamscale bench-report redis-server chromium bench-cluster \
+	bench-routing bench-cache bench-batching bench-soak bench-streamscale bench-providers bench-report redis-server chromium bench-cluster \
 	bench-native docs clean
 
 all: build
@@ -138,6 +138,13 @@ bench-native: bench-deps
 bench-streamscale: bench-deps
 	$(PY) -m benches.e2e.streamscale --streams 64,256 --rounds 3
 	$(PY) -m benches.report --only streamscale
+
+# Other providers: translated against pass-through (OpenAI SDK), and the Messages API passed
+# through against chat completions (wrk), each in one run.
+bench-providers: bench-deps
+	$(PY) -m benches.e2e.providers
+	$(PY) -m benches.bench_messages_front
+	$(PY) -m benches.report --only providers
 
 bench-soak: bench-deps
 	$(PY) -m benches.e2e soak

@@ -8,6 +8,8 @@ workers' user + system time over a round divided by the requests wrk completed i
 target (issue: Messages in front) is the Messages path within 5% of the chat path.
 
     python -m benches.bench_messages_front [--seconds 5] [--rounds 3]
+
+Results: benches/results/messages_front.json (the docs' benchmarks page shows them).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import orjson
 import psutil
 
 from benches.e2e import wrk
+from benches.e2e.machine import bench_lock, facts
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
 
+OUT = Path(__file__).resolve().parent / "results" / "messages_front.json"
 KEY = "sk-bench-not-a-secret"
 CASES = {
     "chat": ("/v1/chat/completions", {"model": "gpt-front", "max_tokens": 16,
@@ -75,7 +79,7 @@ targets = [{ upstream = "an" }]
         env = {"VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
                "VELOX_ACCESS_LOG": "0", "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
                "KEY_UP": "sk-up-not-a-secret"}
-        with GatewayProcess(env, log_path=Path(tmp) / "velox.log") as gw:
+        with GatewayProcess(env, log_path=Path(tmp) / "velox.log") as gw, bench_lock():
             port = int(gw.base_url.rsplit(":", 1)[1])
             workers = psutil.Process(gw.pid).children()
             proc = psutil.Process(mock._proc.pid)  # type: ignore[union-attr]
@@ -98,7 +102,15 @@ targets = [{ upstream = "an" }]
         _, n, mock_cpu, seconds = sums[name]
         print(f"{name:9s} {n:8.0f} requests  {n / seconds:8.0f} req/s  {us:6.1f} us Velox CPU "
               f"per request  (mock {mock_cpu / n * 1e6:5.1f} us)")
-    print(f"messages / chat: {per['messages'] / per['chat']:.3f}")
+    ratio = per["messages"] / per["chat"]
+    print(f"messages / chat: {ratio:.3f}")
+    OUT.write_bytes(orjson.dumps({
+        "machine": facts(), "seconds": args.seconds, "rounds": args.rounds,
+        "cases": {name: {"path": CASES[name][0], "requests": n, "rps": round(n / seconds),
+                         "cpu_us_per_request": round(per[name], 1),
+                         "mock_cpu_us_per_request": round(mock_cpu / n * 1e6, 1)}
+                  for name, (_, n, mock_cpu, seconds) in sums.items()},
+        "ratio": round(ratio, 3)}, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 if __name__ == "__main__":

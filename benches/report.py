@@ -496,6 +496,25 @@ def table_streamscale(doc: dict[str, Any]) -> Table:
     return HEADER, summary(doc)
 
 
+def table_providers(doc: dict[str, Any]) -> Table:
+    """OpenAI SDK -> Velox -> an Anthropic upstream (translated) against the same SDK to an
+    OpenAI upstream (pass-through): the gateway's CPU per request, medians of rounds."""
+    rows = [[kind, f"{s['openai_cpu_us_per_request']:,.0f} µs",
+             f"{s['anthropic_cpu_us_per_request']:,.0f} µs", f"{s['ratio']:.2f}×"]
+            for kind, s in doc["summary"].items()]
+    return ["answers", "OpenAI upstream (pass-through)", "Anthropic upstream (translated)",
+            "translated / pass-through"], rows
+
+
+def table_messages_front(doc: dict[str, Any]) -> Table:
+    """/v1/messages to an Anthropic upstream against /v1/chat/completions to an OpenAI one,
+    both passed through: the workers' CPU per request."""
+    rows = [[c["path"], f"{c['rps']:,}", f"{c['cpu_us_per_request']:,.1f} µs"]
+            for c in doc["cases"].values()]
+    rows.append(["messages / chat", "", f"{doc['ratio']:.2f}×"])
+    return ["path", "requests/s", "workers' CPU per request"], rows
+
+
 def table_micro(doc: dict[str, Any]) -> Table:
     head = ["group", "benchmark", "median per call", "per item", "speed-up"]
     rows = []
@@ -531,7 +550,8 @@ def html_table(table: Table) -> str:
 DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json",
              "cache": "cache.json", "batching": "batching.json", "cluster": "cluster.json",
              "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
-             "native_before": "e2e-native-before.json", "streamscale": "streamscale.json"}
+             "native_before": "e2e-native-before.json", "streamscale": "streamscale.json",
+             "providers": "providers.json", "messages_front": "messages_front.json"}
 
 
 def load_docs(results: Path) -> dict[str, Any]:
@@ -622,6 +642,15 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
                     f"{streamscale['interval_ms']} ms apart per stream, one client connection "
                     f"per stream, {_EGRESS[streamscale['egress']]}", table_streamscale(streamscale),
                     None))
+    providers, front = docs.get("providers"), docs.get("messages_front")
+    if providers:
+        out.append(("providers", "Translation to another provider: OpenAI SDK, 64 requests in "
+                    "flight (`python -m benches.e2e.providers`)", table_providers(providers),
+                    None))
+    if front:
+        out.append(("providers", "The Messages API in front, passed through: wrk at 64 "
+                    "connections (`python -m benches.bench_messages_front`)",
+                    table_messages_front(front), None))
     if micro:
         c_table = table_c(micro)
         if c_table is not None:
@@ -677,6 +706,9 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
         if marker == "native":
             lines += _load_lines(doc)
+    front = docs.get("messages_front")
+    if marker == "providers" and front:
+        lines.append(f"The Messages API run: {machine_line(front, commit=False)}.")
     if marker == "routing" and docs.get("balance"):
         bal = docs["balance"]
         lines.append(f"\nRoute selection measured {bal['measured_at'][:16].replace('T', ' ')} "

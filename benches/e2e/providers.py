@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import openai
 
-from benches.e2e.machine import bench_lock, tree_cpu
+from benches.e2e.machine import bench_lock, facts, tree_cpu
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
 
@@ -122,7 +122,8 @@ def main() -> None:
             med["claude"], "ratio": round(med["claude"] / med["oa"], 3)}
     print(json.dumps(summary, indent=1))
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"summary": summary, "runs": results}, indent=1) + "\n")
+    OUT.write_text(json.dumps({"machine": facts(["openai"]), "summary": summary, "runs": results},
+                              indent=1) + "\n")
 
 
 if __name__ == "__main__":
