@@ -100,7 +100,7 @@ class Agent:
             self.reply(msg_id, error=str(exc) or type(exc).__name__)
 
     def reply(self, msg_id: Any, result: Any = None, error: str | None = None) -> None:
-        if self.transport is None or self.transport.is_closing():  # type: ignore[attr-defined]
+        if self.transport is None or self.transport.is_closing():
             return
         message = {"id": msg_id, "ok": error is None}
         if error is None:

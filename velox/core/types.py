@@ -109,11 +109,15 @@ class KeyTicket(Protocol):
     """What a keyed request's admission holds (velox.admission.keys.Ticket): its place among
     the key's max_parallel, given back once, and its token reservation, settled once."""
 
-    released: bool
+    @property
+    def released(self) -> bool: ...
+
+    @property
+    def reserved(self) -> int: ...
 
     def release(self) -> None: ...
 
-    def settle(self, used: int) -> None: ...
+    def settle(self, used: int, /) -> None: ...
 
 
 class Lifecycle(Protocol):

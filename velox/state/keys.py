@@ -127,6 +127,8 @@ class SharedKeys:
         self.slots = slots
         same = previous is not None and previous.slots == slots and \
             [k.name for k in previous.keys] == [k.name for k in keys]
+        self.limits: Limits
+        self.counters: tuple[Counters, ...]
         if same:
             assert previous is not None
             self.limits = previous.limits
