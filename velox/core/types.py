@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -120,6 +120,18 @@ class KeyTicket(Protocol):
     def settle(self, used: int, /) -> None: ...
 
 
+class CacheTicket(Protocol):
+    """A cached route's model call on its way (velox.cache.front.Ticket, set by the cache
+    stage as `Request.cache`)."""
+
+    key: bytes  # b"" for a bypass
+    follow: bool  # may look up, lead or follow an identical request in flight
+    store: bool  # its answer may be stored
+    max_age_ms: int  # Cache-Control max-age; -1: any fresh entry
+    alone: bool  # sent on its own after its leader failed
+    marker: bool  # took the store's in-flight marker: it leads across workers
+
+
 class Lifecycle(Protocol):
     """The worker's side of a request's end (velox.pipeline.worker.Worker)."""
 
@@ -201,7 +213,7 @@ class Request:
         self.exchange: Holder | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
         self.caller: bytes | None = None  # None until route.caller_of computes it
-        self.cache: Any = None  # velox.cache.front.Ticket (set by the cache stage)
+        self.cache: CacheTicket | None = None  # set by the cache stage
         self.key = -1
         self.ticket: KeyTicket | None = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None

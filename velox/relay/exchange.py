@@ -38,6 +38,7 @@ from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
+    from velox.config.tables import UpstreamSpec
     from velox.egress.edge import Translation
     from velox.egress.interfaces import AttemptHandle
     from velox.relay.usage import Meter
@@ -95,6 +96,11 @@ class Exchange:
     # The Anthropic Messages API in front (velox.relay.messages.MessagesExchange) shapes each
     # attempt for its target: dispatch asks only when this is True.
     front = False
+
+    def target(self, spec: UpstreamSpec, model: str, credential: Headers) -> bool:
+        """Shape this attempt for its target (only the Messages front does: see `front`);
+        False when the gateway answered instead."""
+        return True
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],

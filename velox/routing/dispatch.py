@@ -53,13 +53,14 @@ from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
 from velox.egress.edge import Edge
 from velox.ingress.scan import scan_json
 from velox.providers.base import Untranslatable
-from velox.routing.balance import Attempt, Event, Plan, Router, classify
+from velox.routing.balance import Attempt, Event, Plan, Router, Verdict, classify
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
 from velox.state.stats import SharedStats
 
 if TYPE_CHECKING:
     from velox.core.types import Request
-    from velox.egress.interfaces import Egress, Headers
+    from velox.egress.interfaces import AttemptHandle, Egress, Headers
+    from velox.relay.exchange import Exchange
 
 log = logging.getLogger("velox.dispatch")
 
@@ -111,7 +112,7 @@ class Dispatch:
 
     # --- the first attempt --------------------------------------------------------------------
 
-    def send(self, exchange: Any) -> None:
+    def send(self, exchange: Exchange) -> None:
         """Choose the first target of an admitted request and hand it to that upstream."""
         request = exchange.request
         model = request.model
@@ -136,7 +137,7 @@ class Dispatch:
         exchange.plan = plan
         self._submit(exchange, attempt)
 
-    def _submit(self, exchange: Any, attempt: Attempt) -> None:
+    def _submit(self, exchange: Exchange, attempt: Attempt) -> None:
         request = exchange.request
         u = attempt.upstream
         exchange.route_attempt = attempt
@@ -180,7 +181,7 @@ class Dispatch:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
 
-    def _submit_translated(self, exchange: Any, attempt: Attempt) -> None:
+    def _submit_translated(self, exchange: Exchange, attempt: Attempt) -> None:
         """_submit for an upstream of another API: the call in its API, or a 400 before
         anything is sent when the request cannot be expressed there."""
         u = attempt.upstream
@@ -202,7 +203,7 @@ class Dispatch:
 
     # --- before the commit point --------------------------------------------------------------
 
-    def response(self, exchange: Any, status: int, headers: Headers) -> bool:
+    def response(self, exchange: Exchange, status: int, headers: Headers) -> bool:
         """Response headers arrived (before the commit point): True when the request is being
         sent again instead of answered with them."""
         attempt: Attempt | None = exchange.route_attempt
@@ -226,7 +227,7 @@ class Dispatch:
             return False
         return self._again(exchange, attempt, verdict, _R_429 if status == 429 else _R_5XX)
 
-    def error_failed(self, exchange: Any, exc: BaseException) -> bool:
+    def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
         """The attempt failed before anything reached the client: True when sent again."""
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
@@ -240,7 +241,7 @@ class Dispatch:
             return False
         return self._again(exchange, attempt, verdict, reason)
 
-    def _again(self, exchange: Any, attempt: Attempt, verdict: Any, reason: int) -> bool:
+    def _again(self, exchange: Exchange, attempt: Attempt, verdict: Verdict, reason: int) -> bool:
         plan: Plan = exchange.plan
         nxt = plan.retry(attempt, verdict)  # finishes `attempt` with the verdict's outcome
         if nxt is None:
@@ -261,7 +262,7 @@ class Dispatch:
             self.upstreams[nxt.upstream].flush()
         return True
 
-    def _resend(self, exchange: Any, attempt: Attempt) -> None:
+    def _resend(self, exchange: Exchange, attempt: Attempt) -> None:
         if exchange.finished or exchange.route_attempt is not attempt:
             return  # the client left meanwhile: finish() already released the attempt
         self._submit(exchange, attempt)
@@ -269,7 +270,7 @@ class Dispatch:
 
     # --- the end ------------------------------------------------------------------------------
 
-    def finish(self, exchange: Any, broken: bool) -> None:
+    def finish(self, exchange: Exchange, broken: bool) -> None:
         """The exchange is over: finish its attempt (releases it, reports to the breaker)."""
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
@@ -361,7 +362,7 @@ class Probe:
         self.ticket = ticket
         self.path = path
         self.headers_out = list(headers)
-        self.attempt: Any = None
+        self.attempt: AttemptHandle | None = None
         self.done = False
 
     def _end(self, status: int, why: str = "") -> None:
