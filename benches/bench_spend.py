@@ -52,9 +52,14 @@ def _pipeline(directory: Path, tables: str, spend: bool) -> tuple[Pipeline, Ledg
     feed = None
     if spend:
         budgets = SharedBudgets(worker.tables, 2) if BUDGET in tables else None
-        worker.spend = Spend(worker.tables, budgets, 0, worker.settings.tokens_default_output)
+        worker.spend = Spend(worker.tables, budgets, 0, worker.settings.tokens_default_output,
+                             worker.shared.spend)
         feed = LedgerFeed(lambda frame: None, lambda: 0)
         worker.spend.feed = feed
+        # The stages were listed when the worker was built, with the Spend it made then (no
+        # budgets without a supervisor): listed again, so the budget stage runs.
+        worker.stages = worker._stage_list()
+        worker._index_stages()
     return pipeline, feed
 
 

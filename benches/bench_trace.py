@@ -11,6 +11,11 @@ Groups:
 * trace-export: the batch processor's thread encoding those spans to OTLP protobuf (the
   official encoder; the bytes are discarded instead of sent), per request of two spans. It
   runs off the loop, but in the same process, so it is CPU the worker's process pays.
+* trace-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
+  clients, one attempt each) with tracing off (VELOX_OTEL_ENDPOINT unset), on at 1% and on at
+  100% (VELOX_OTEL_SAMPLE), interleaved round by round on the loop thread's CPU clock; the
+  export thread encodes what is sampled as the OTLP exporter would (its CPU is counted apart,
+  on its own thread's clock, and added per request in `extra_info`).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_trace.py`.
 """
@@ -25,7 +30,9 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from benches.paired import paired_cpu_us
 from velox.spend.trace import Attempt, RequestRecord, RequestTrace, Tracer
+from velox_lab.pipeline import Pipeline
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 BATCH = 64
@@ -36,10 +43,13 @@ class Encoding:
 
     def __init__(self) -> None:
         self.spans = 0
+        self.cpu_ns = 0
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        t0 = time.thread_time_ns()  # the export thread's own clock
         encode_spans(spans).SerializePartialToString()
         self.spans += len(spans)
+        self.cpu_ns += time.thread_time_ns() - t0
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -131,3 +141,61 @@ def test_trace_export_encoding(benchmark: Any) -> None:
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=5)
     benchmark.extra_info["cpu_us_per_request"] = round(statistics.median(samples), 2)
     tracer.close(timeout_s=1)
+
+
+PIPELINE_ROUNDS = 300
+PIPELINE_WARMUP = 30
+
+
+def _pipeline(sample: str | None) -> tuple[Pipeline, Encoding | None]:
+    """A socket-free worker with tracing off (None) or on at `sample`; its exporter encodes
+    and discards. The queue holds a whole run, so no span is dropped (dropping is cheaper
+    than recording: a full queue would flatter the figure)."""
+    if sample is None:
+        return Pipeline(clients=BATCH), None
+    pipeline = Pipeline(clients=BATCH, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
+                        VELOX_OTEL_SAMPLE=sample)
+    traced = pipeline.worker.traced
+    assert traced is not None
+    traced.tracer.close(timeout_s=1)  # the OTLP exporter it made never sent anything
+    encoding = Encoding()
+    traced.tracer = Tracer(exporter=encoding, sample=float(sample), max_queue=1 << 17,
+                           schedule_delay_ms=200)
+    return pipeline, encoding
+
+
+def test_trace_pipeline_paired(benchmark: Any) -> None:
+    variants = {"tracing off": _pipeline(None), "on, 1% sampled": _pipeline("0.01"),
+                "on, 100% sampled": _pipeline("1")}
+    for pipeline, _ in variants.values():
+        for _ in range(PIPELINE_WARMUP):
+            pipeline.round()
+    loop_us = paired_cpu_us(
+        benchmark, "trace-pipeline: one worker, 64 requests per round, no sockets",
+        {name: pipeline.round for name, (pipeline, _) in variants.items()},
+        PIPELINE_ROUNDS, BATCH)
+    requests = (PIPELINE_ROUNDS + PIPELINE_WARMUP) * BATCH
+    export_us: dict[str, float] = {}
+    for name, (pipeline, encoding) in variants.items():
+        assert pipeline.worker.in_flight == 0, name
+        traced = pipeline.worker.traced
+        if encoding is None:
+            assert traced is None
+            continue
+        assert traced is not None
+        traced.tracer.close(timeout_s=60)  # every queued span encoded
+        stats = traced.tracer.stats()
+        assert stats["dropped"] == 0 and stats["pending"] == 0, stats
+        export_us[name] = encoding.cpu_ns / requests / 1000
+    base = loop_us["tracing off"]
+    benchmark.extra_info.update({
+        "requests_per_round": BATCH, "rounds_per_variant": PIPELINE_ROUNDS,
+        "loop_cpu_us_per_request": {k: round(v, 2) for k, v in loop_us.items()},
+        "loop_over_off_us": {k: round(v - base, 2) for k, v in loop_us.items()},
+        "export_thread_cpu_us_per_request": {k: round(v, 2) for k, v in export_us.items()},
+    })
+    print()
+    for name, value in loop_us.items():
+        extra = export_us.get(name, 0.0)
+        print(f"  {name:18s} loop {value:6.2f} us/request CPU ({value - base:+.2f}), export "
+              f"thread {extra:6.2f}: total {value - base + extra:+.2f} over off")

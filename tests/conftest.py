@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 from hypothesis import settings
@@ -82,3 +82,13 @@ def logged_mock(tmp_path_factory):
     with MockUpstream(log_path=str(log)) as m:
         yield m
     assert "Traceback" not in m.log_text(), m.log_text()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    """A real OTLP/HTTP traces receiver on 127.0.0.1 (tests/otlp.py), closed after the test."""
+    from tests.otlp import Receiver  # opentelemetry-proto: only for the tests that use it
+
+    r = Receiver()
+    yield r
+    r.close()

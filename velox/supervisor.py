@@ -218,23 +218,29 @@ class Supervisor:
         cluster = self.cluster
         if cluster is None:
             return
-        from velox.state.keys import rpm_index, tpm_index
-
         keys = shared.keys
         cluster.remove("key:")
         for i, spec in enumerate(keys.keys):
             # The buckets' burst is one minute's worth, as on one host (velox.admission.keys).
+            limits, rpm_i, tpm_i = keys.entry(i)
             if spec.rpm:
-                cluster.add(f"key:{spec.name}:rpm", keys.limits, rpm_index(i), spec.rpm,
-                            spec.rpm)
+                cluster.add(f"key:{spec.name}:rpm", limits, rpm_i, spec.rpm, spec.rpm)
             if spec.tpm:
-                cluster.add(f"key:{spec.name}:tpm", keys.limits, tpm_index(i), spec.tpm,
-                            spec.tpm, self._typical_reservation())
+                cluster.add(f"key:{spec.name}:tpm", limits, tpm_i, spec.tpm, spec.tpm,
+                            self._typical_reservation())
 
     def _key_tables(self) -> tuple[SharedKeys, dict[int, SharedKeys]]:
         """For the key feed's thread: the current key table, and each worker slot's."""
         generation = dict(self.generation)
-        return self.shared.keys, {slot: shared.keys for slot, (_, shared) in generation.items()}
+        by_slot = {slot: shared.keys for slot, (_, shared) in generation.items()}
+        # A reload's replaced workers drain (SIGUSR2) while serving their open keep-alive
+        # connections: they are sent the changes too, so a key revoked meanwhile is refused
+        # there as well. (list() copies under the GIL: the supervisor's thread changes these.)
+        for pid in list(self.retiring):
+            slot, shared = self.children.get(pid), self.shared_of.get(pid)
+            if slot is not None and shared is not None:
+                by_slot.setdefault(slot, shared.keys)
+        return self.shared.keys, by_slot
 
     def _typical_reservation(self) -> int:
         """What a tpm bucket keeps in hand from its first lease (velox.cluster.leases): an SDK
@@ -312,6 +318,7 @@ class Supervisor:
                         _signal(pid, signal.SIGKILL)
             else:
                 self._watch_heartbeats()
+                self.spend.tick()  # a budget period that ended starts anew
                 self._respawn_due()
                 self._reload_step()
                 self._kill_overdue_retirees()
@@ -534,33 +541,41 @@ class Supervisor:
         self.shared.counters.set(slot, F.HEARTBEAT_MS, 0)  # the last worker's beats are not ours
         self.silent.discard(slot)
         control = self.admin.hub.pair() if self.admin is not None else None
+        fdpass = self.admin.hub.pair() if self.admin is not None else None  # key segments
 
         def prepare() -> None:  # in the child: keep only what the worker needs
             signal.set_wakeup_fd(-1)
             os.close(self._wake[0])
             os.close(self._wake[1])
-            if self.admin is not None and control is not None:
+            if self.admin is not None and control is not None and fdpass is not None:
                 self.admin.close_in_child()
                 control[0].close()
+                fdpass[0].close()
             for other in self.listeners:  # the other slots' sockets are not this one's
                 if other is not sock:
                     other.close()
             keep = {0, 1, 2, sock.fileno()}
-            close_inherited_fds(keep | ({control[1].fileno()} if control else set()))
+            close_inherited_fds(keep | ({control[1].fileno(), fdpass[1].fileno()}
+                                        if control and fdpass else set()))
 
         def body() -> int:
             keys = self.key_feed.initial(shared.keys) if self.key_feed else None
             return run_worker(settings, slot, sock, shared, self.limiter,
                               self.placement[slot % len(self.placement)],
                               control[1] if control else None, defer, keys,
-                              self.spend.budgets_for(shared.tables))
+                              self.spend.budgets_for(shared.tables),
+                              fdpass[1] if fdpass else None)
 
+        segments = shared.keys.segments  # what the worker has at least (velox.admin.keyfeed)
         pid = fork_child(prepare, body)
         self.children[pid] = slot
         self.shared_of[pid] = shared
-        if self.admin is not None and control is not None:
+        if self.admin is not None and control is not None and fdpass is not None:
             control[1].close()
-            self.admin.hub.attach(slot, control[0])
+            fdpass[1].close()
+            if self.key_feed is not None:  # before any frame can reach the slot's new worker
+                self.key_feed.forked(slot, segments)
+            self.admin.hub.attach(slot, control[0], fdpass[0])
             if self.key_feed is not None:
                 self.key_feed.joined(slot)
         return pid
@@ -651,7 +666,8 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
                limiter: Limiter, placement: tuple[int, int],
                control: socket.socket | None = None, defer: bool = False,
                keys: dict[str, Any] | None = None,
-               budgets: SharedBudgets | None = None) -> int:
+               budgets: SharedBudgets | None = None,
+               fd_sock: socket.socket | None = None) -> int:
     """Body of a worker process: pin, then build the loop and everything else on that core."""
     from velox.pipeline.worker import Worker
 
@@ -674,6 +690,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
     worker = Worker(settings, slot, shared, limiter, sock, defer_accept=defer)
     worker.budgets = budgets  # velox.spend.wire: the budgets' shared memory, or None
     worker.control_sock = control  # the admin's control channel (None: VELOX_ADMIN_ADDR=off)
+    worker.fd_sock = fd_sock  # and its descriptors' socket (key-table segments)
     worker.keys_frame = keys  # the run-time keys at fork (velox.admin.keyfeed)
     try:
         loop.run_until_complete(worker.serve())

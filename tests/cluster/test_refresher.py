@@ -183,18 +183,52 @@ def test_a_take_larger_than_a_lease_gets_leased_once(redis_server: RedisProcess)
         c.stop()
 
 
-def test_a_bucket_that_was_full_starts_from_leases_only(redis_server: RedisProcess) -> None:
-    """A key's bucket is made full (a clock bucket) before the refresher takes it over: those
-    tokens came from no lease and are dropped, or each host would add a burst of its own."""
+def test_a_bucket_that_was_full_holds_leased_tokens_only_after_its_first_lease(
+        redis_server: RedisProcess) -> None:
+    """A key's bucket is made full (a clock bucket) before the refresher takes it over: until
+    its first lease it serves the host's share (one host known: the burst), then what is left
+    of it is dropped, or each host would keep a burst of its own; only leases fill it."""
     limits = local_limits(1)
     limits.configure(0, 600, 600)
-    assert limits.level(0) == 600
     c = cluster.Cluster(redis_server.url, host_id="full")
     c.add("key:k:rpm", limits, 0, 600, 600)
-    assert limits.level(0) == 0
+    assert limits.level(0) == 600 and c.buckets[0].provisional
     try:
         c.start()
-        wait_for(lambda: limits.level(0) >= 1)
+        wait_for(lambda: not c.buckets[0].provisional)
         assert limits.level(0) <= c.buckets[0].cap
     finally:
+        c.stop()
+
+
+def test_a_bucket_added_while_up_serves_the_share_until_its_first_lease_and_owes_it(
+        redis_server: RedisProcess) -> None:
+    """A key made at run time on a host already sharing its limits: its buckets are added
+    while the refresher runs. Its first requests are served from the host's fallback share
+    (not refused until the first lease arrives: a busy host's refresher may take seconds),
+    and what they took is charged to the Redis bucket once the lease arrives."""
+    import redis
+
+    c = cluster.Cluster(redis_server.url, host_id="runtime")
+    c.add("gw", local_limits(1), 0, 600, 20)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        c.start()
+        assert c.up
+        limits = local_limits(1)
+        added = time.monotonic()
+        c.add("key:new:rpm", limits, 0, 600, 600)
+        for _ in range(100):  # before any lease: the share of one host is the whole burst
+            assert limits.take(0, 1) == 0
+        b = next(x for x in c.buckets if x.name == "key:new:rpm")
+        wait_for(lambda: not b.provisional and b.owed == 0, timeout=10)
+        level = float(client.hget(cluster.KEY_PREFIX + "bucket:key:new:rpm", "l") or 0)
+        refill = 10 * (time.monotonic() - added) + 1  # 600 rpm: 10 a second
+        # Redis gave out at least the 100 taken: what it and the host hold is 600 less them.
+        assert level + limits.level(0) <= 600 - 100 + refill
+        # Added again (new limits) it had leases: leased tokens only, from empty.
+        c.add("key:new:rpm", limits, 0, 300, 300)
+        assert limits.level(0) == 0 and not c.buckets[-1].provisional
+    finally:
+        client.close()
         c.stop()

@@ -211,3 +211,61 @@ def test_a_reload_keeps_the_keys_and_their_limits_enforced(
         assert answers.count("429") >= 1 and "401" not in answers
         assert api.delete("/keys/rt-hup-other").status_code == 204
         until_all(gw, other, "401", 1.0)
+
+
+def test_a_key_revoked_during_a_reload_is_refused_by_the_draining_workers_too(
+        upstream: MockUpstream, tmp_path: Path) -> None:
+    """A client's keep-alive connection stays with the worker that accepted it; after SIGHUP
+    that worker drains (serving what arrives on its open connections, with Connection:
+    close) while the new ones serve. A revocation made then must hold on that connection
+    too: before, the draining worker was sent no key frames and answered 200."""
+    env = gateway_env(upstream, VELOX_ADMIN_TOKEN=TOKEN, VELOX_STATE_DIR=str(tmp_path / "st"),
+                      VELOX_SHUTDOWN_GRACE_S="60")
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES}
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw, admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-drain"}).json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        with httpx.Client(base_url=gw.base_url, timeout=20,
+                          headers={"Authorization": f"Bearer {secret}"}) as kept:
+            assert kept.post("/v1/chat/completions", json=body).status_code == 200
+            old = {int(w["pid"]) for w in workers(gw)}  # type: ignore[call-overload]
+            gw.signal(signal.SIGHUP)
+            wait_for(lambda: "reload done" in gw.log(), timeout=60)
+            assert not old & {int(w["pid"]) for w in workers(gw)}  # type: ignore[call-overload]
+            assert api.delete("/keys/rt-drain").status_code == 204
+            until_all(gw, secret, "401", 1.0)  # the new workers
+            # The kept connection, still served by its draining worker.
+            answer = kept.post("/v1/chat/completions", json=body)
+            assert answer.headers.get("connection") == "close", answer.headers
+            assert answer.status_code == 401, answer.text
+
+
+def test_a_run_time_keys_requests_and_tokens_are_counted_under_it(gw: GatewayProcess) -> None:
+    """Its requests and the tokens its answers report show under its own name in GET /keys
+    (the console's Keys page reads it), /stats and /metrics; before, its tokens were booked
+    under no key."""
+    with admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-books", "rpm": 600, "tpm": 60000}).json()
+        until_all(gw, secret["key"], "200", 1.0)  # 1 + FRESH calls
+        answer = call(gw, secret["key"])
+        usage = answer.usage  # type: ignore[attr-defined]
+        calls = 2 + FRESH
+        want_in, want_out = calls * usage.prompt_tokens, calls * usage.completion_tokens
+
+        def counted() -> dict[str, object] | None:
+            row = api.get("/keys/rt-books").json()["usage"]
+            return row if row["tokens_out"] >= want_out else None
+
+        row = wait_for(counted, timeout=10)
+        assert row["requests"] == calls and row["tokens_in"] == want_in, row
+        assert row["tokens_out"] == want_out and row["tokens_taken"] == want_in + want_out
+        status, body = gw.admin_get("/stats")
+        stats = orjson.loads(body)
+        (mine,) = [k for k in stats["runtime_keys"] if k["name"] == "rt-books"]
+        assert mine["rpm"] == 600 and mine["tpm"] == 60000 and mine["requests"] == calls
+        assert (mine["tokens_in"], mine["tokens_out"]) == (want_in, want_out)
+        status, metrics = gw.admin_get("/metrics")
+        assert status == 200
+        assert b'velox_key_requests_total{key="rt-books"} %d.0' % calls in metrics
+        assert b'velox_key_tokens_total{key="rt-books",kind="output"} %d.0' % want_out \
+            in metrics

@@ -26,6 +26,7 @@ from typing import Any
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import UPSTREAM_KEY, wait_for
@@ -48,6 +49,10 @@ def sha(key: str) -> str:
 CONFIG = f"""
 [[route]]
 model = "m"
+targets = [{{ upstream = "default" }}]
+
+[[route]]
+model = "unpriced-model"
 targets = [{{ upstream = "default" }}]
 
 [[price]]
@@ -200,6 +205,49 @@ def test_header_access_log_and_ledger_agree_with_the_price_table(gw: GatewayProc
     (row,) = [r for r in json.loads(body) if r["key"] == "open"]
     assert row["requests"] == 4
     assert Decimal(str(row["cost_usd"])) == usd(sum(expected))
+
+
+def spend_metrics(gw: GatewayProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, body = gw.admin_get("/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode())
+            for s in family.samples if s.name.startswith("velox_spend_")}
+
+
+def test_the_spend_metric_equals_the_ledgers_sum(gw: GatewayProcess) -> None:
+    """velox_spend_usd_total (from both workers' shared counters) per key equals the sum of
+    the ledger's cost for that key; a model without a price is counted apart, never as $0."""
+    client = sdk(gw, "open")
+    before = len(ledger_rows(gw, key="open"))
+    for stream in (False, True, False, True, False, True):
+        call(client, stream)
+    for _ in range(3):
+        client.chat.completions.create(model="unpriced-model", messages=CHAT["messages"])
+
+    def agree() -> dict[str, Decimal] | None:
+        rows = ledger_rows(gw)
+        ledger: dict[str, Decimal] = {}
+        for r in rows:
+            if r["cost_nanos"] is not None:
+                ledger[r["key"]] = ledger.get(r["key"], Decimal(0)) + usd(r["cost_nanos"])
+        metric = {dict(labels)["key"]: Decimal(str(v)) for (name, labels), v in
+                  spend_metrics(gw).items() if name == "velox_spend_usd_total"}
+        if sum(1 for r in rows if r["key"] == "open") < before + 9:
+            return None  # the ledger's rows are still on their way (batched every 0.1 s)
+        # The metric is a float of USD: equal to the nano-dollar's float rounding.
+        return ledger if all(abs(metric.get(k, Decimal(-1)) - v) < Decimal("1e-12")
+                             for k, v in ledger.items()) and metric.keys() == ledger.keys() \
+            else None
+
+    assert wait_for(agree)
+    got = spend_metrics(gw)
+    labels = (("key", "open"), ("model", "unpriced-model"), ("route", "unpriced-model"),
+              ("upstream", "default"))
+    assert got[("velox_spend_unpriced_requests_total", labels)] == 3
+    assert ("velox_spend_usd_total", labels) not in got
+    assert got[("velox_spend_usd_total", (("key", "open"), ("model", "m"), ("route", "m"),
+                                          ("upstream", "default")))] > 0
 
 
 def spend_until_refused(client: openai.OpenAI, limit: int = 100) -> tuple[list[int], Any]:

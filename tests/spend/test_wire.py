@@ -56,31 +56,50 @@ def test_periods_are_utc_calendar_periods() -> None:
 
 
 def test_reserve_settle_and_a_killed_workers_reservations() -> None:
-    shared = SharedBudgets(tables(KeySpec("a", SHA, budget_nanos=1000, budget_period="day")),
+    # $0.001: 1,000 units of one micro-USD in a native bucket.
+    shared = SharedBudgets(tables(KeySpec("a", SHA, budget_nanos=10**6, budget_period="day")),
                            slots=2)
+    assert shared.units == (1000,) and shared.sizes == (1000,)
+    assert shared.left(0) == 10**6 and shared.used(0) == 0
     shared.reserve(0, 0, 300)
     shared.reserve(1, 0, 200)
-    assert shared.used(0) == 500
-    shared.charge(0, 0, 300, 120)  # exact cost below the estimate: the rest goes back
-    assert shared.used(0) == 320
-    # Slot 1's worker dies holding its reservation; the next one there drops it.
+    assert shared.used(0) == 500_000 and shared.reserved(0) == 500_000
+    shared.settle(0, 0, 300, 120)  # exact cost below the estimate: the rest goes back
+    assert shared.used(0) == 320_000 and shared.reserved(0) == 200_000
+    # Slot 1's worker dies holding its reservation; the next one there gives it back.
     shared.start_slot(1)
-    assert shared.used(0) == 120
-    shared.charge(0, 0, 0, 50)  # a cost with nothing reserved (unbudgeted estimate)
-    assert shared.used(0) == 170
+    assert shared.used(0) == 120_000 and shared.reserved(0) == 0
+    shared.settle(0, 0, 0, 50)  # a cost with nothing reserved (an unpriced estimate)
+    assert shared.used(0) == 170_000
+    # Admitted while anything is left: an estimate larger than what is left goes into debt,
+    # and the exact cost settles it.
+    shared.reserve(0, 0, 2000)
+    assert shared.left(0) == (1000 - 170 - 2000) * 1000
+    shared.settle(0, 0, 2000, 900)
+    assert shared.used(0) == 1_070_000 and shared.left(0) == -70_000
 
 
-def test_a_new_period_drops_the_old_spend_but_not_reservations() -> None:
-    shared = SharedBudgets(tables(KeySpec("a", SHA, budget_nanos=1000, budget_period="day")),
-                           slots=2)
+def test_a_budget_above_a_thousand_dollars_counts_coarser_units() -> None:
+    shared = SharedBudgets(tables(KeySpec("a", SHA, budget_nanos=10**15, budget_period="total")),
+                           slots=1)
+    assert shared.units == (10**6,) and shared.sizes == (10**9,)  # $1M in milli-dollars
+    assert shared.left(0) == 10**15
+
+
+def test_a_new_period_fills_the_budget_again() -> None:
+    now = dt.datetime(2026, 11, 26, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+    shared = SharedBudgets(tables(KeySpec("a", SHA, budget_nanos=10**6, budget_period="day")),
+                           slots=2, now_s=now)
     shared.reserve(0, 0, 100)
-    shared.charge(0, 0, 100, 400)  # spent 400
+    shared.settle(0, 0, 100, 400)  # spent 400 units
     shared.reserve(0, 0, 70)  # one in flight
-    day = period_number("day", dt.datetime.now(dt.UTC).timestamp())
-    shared.roll(0, {"day": day, "week": 0, "month": 0, "total": 0})
-    assert shared.used(0) == 470  # same period: nothing moves
-    shared.roll(0, {"day": day + 1, "week": 0, "month": 0, "total": 0})
-    assert shared.used(0) == 70  # the reservation in flight stays
+    assert shared.roll(now + 0.5) == []  # the same day: nothing moves
+    assert shared.used(0) == 470_000
+    assert shared.roll(now + 1) == [0]  # midnight UTC
+    assert shared.used(0) == 0 and shared.left(0) == 10**6
+    shared.settle(0, 0, 70, 90)  # the request in flight: its cost beyond its reservation
+    assert shared.used(0) == 20_000
+    assert shared.roll(now + 2) == []
 
 
 def test_a_restart_resumes_from_the_ledger(tmp_path: Path) -> None:
@@ -88,16 +107,17 @@ def test_a_restart_resumes_from_the_ledger(tmp_path: Path) -> None:
     writer = LedgerWriter(path)
     writer.start()
     now_ms = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
-    writer.submit([make_row(ts_ms=now_ms, key="a", team="t", cost_nanos=700),
-                   make_row(ts_ms=now_ms, key="b", team="t", cost_nanos=50),
-                   make_row(ts_ms=now_ms - 40 * 86_400_000, key="a", team="t", cost_nanos=9)])
+    writer.submit([make_row(ts_ms=now_ms, key="a", team="t", cost_nanos=700_000),
+                   make_row(ts_ms=now_ms, key="b", team="t", cost_nanos=50_000),
+                   make_row(ts_ms=now_ms - 40 * 86_400_000, key="a", team="t",
+                            cost_nanos=9_000)])
     writer.close()
-    spec = tables(KeySpec("a", SHA, budget_nanos=1000, budget_period="day"),
+    spec = tables(KeySpec("a", SHA, budget_nanos=10**7, budget_period="day"),
                   KeySpec("b", "1" * 64),
-                  budgets=(BudgetSpec("t", 10_000, "total", ("a", "b")),))
+                  budgets=(BudgetSpec("t", 10**8, "total", ("a", "b")),))
     shared = SharedBudgets(spec, slots=2, ledger_file=str(path))
     assert [b.name for b in shared.budgets] == ["a", "t"]
-    assert shared.used(0) == 700  # today's spend of key a
-    assert shared.used(1) == 759  # team t, ever
+    assert shared.used(0) == 700_000  # today's spend of key a
+    assert shared.used(1) == 759_000  # team t, ever
     fresh = SharedBudgets(spec, slots=2, ledger_file=str(tmp_path / "none.sqlite3"))
     assert fresh.used(0) == 0

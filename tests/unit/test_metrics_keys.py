@@ -76,3 +76,29 @@ def test_the_setting() -> None:
     assert load({"VELOX_METRICS_KEYS": "0"}, dotenv=None).metrics_keys == 0
     with pytest.raises(ConfigError, match="VELOX_METRICS_KEYS"):
         load({"VELOX_METRICS_KEYS": "5000"}, dotenv=None)
+
+
+def test_spend_series_follow_the_same_cap() -> None:
+    """velox_spend_usd_total and velox_spend_unpriced_requests_total: counted by the worker's
+    Spend.book, per key and route target, the keys past the cap summed under _other."""
+    from types import SimpleNamespace
+
+    from velox.spend.wire import Spend
+
+    shared = shared_with_usage(4)
+    spend = Spend(shared.tables, None, 0, 256, shared.spend)
+    star = SimpleNamespace(index=1)  # the "*" route's target: model label "*"
+    for key in range(4):
+        spend.book(star, key, 1_500_000 * (key + 1))  # $0.0015 x (key + 1)
+        spend.book(star, key, None)  # unknown cost: counted apart, never as 0
+    spend.book(star, -1, 250_000)  # no key
+    spend.book(star, 2, 0)  # nothing used: no series of its own
+    spend.book(None, 0, 10**9)  # nothing was sent (no target): not counted
+    got = scrape(shared, max_keys=1)
+    labels = (("model", "*"), ("route", "*"), ("upstream", "u"))
+    usd = {dict(lb)["key"]: v for (name, lb), v in got.items()
+           if name == "velox_spend_usd_total"}
+    assert usd == {"k0": pytest.approx(0.0015), "_other": pytest.approx(0.0015 * (2 + 3 + 4)),
+                   "-": pytest.approx(0.00025)}
+    assert got[("velox_spend_unpriced_requests_total", (("key", "_other"), *labels))] == 3
+    assert got[("velox_spend_unpriced_requests_total", (("key", "k0"), *labels))] == 1

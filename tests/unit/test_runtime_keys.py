@@ -14,10 +14,12 @@ import pytest
 from velox.admission.keys import KeyStage
 from velox.admission.runtime import RuntimeKeys
 from velox.config.settings import load
-from velox.config.tables import MAX_KEYS
 from velox.core.errors import Unauthorized
+from velox.core.fields import F
 from velox.ingress.auth import Auth
-from velox.state.keys import SharedKeys
+from velox.state import keys as state_keys
+from velox.state.keys import SEGMENT_KEYS, SharedKeys
+from velox.state.stats import Counters
 
 
 class _Timer:
@@ -46,6 +48,7 @@ class _Worker:
         self.tables = settings.tables
         self.shared = type("S", (), {"keys": SharedKeys((), slots=2)})()
         self.slot = 0
+        self.counters = Counters(2, len(F))
         self.keys: Any = None
         self.auth = Auth(settings)
         self.loop = _Loop()
@@ -134,17 +137,27 @@ def test_expiry_and_overlap_end_are_timed_on_the_loop(monkeypatch: pytest.Monkey
     assert not [t for t in worker.loop.timers if not t.cancelled]
 
 
-def test_table_indexes_are_claimed_once_reused_oldest_first_and_run_out() -> None:
+def test_table_indexes_are_claimed_once_reused_oldest_first_grow_and_run_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two segments (8,192 keys) stand for the 1,000,000: the rule is the same.
+    monkeypatch.setattr(state_keys, "MAX_SEGMENTS", 2)
     shared = SharedKeys((), slots=2)
+    assert shared.segments == 1  # one segment made at start
     first = shared.claim("a")
     assert first == 0 and shared.claim("a") == 0
     assert shared.claim("b") == 1
     shared.unclaim("a")
     assert shared.claim("c") == 2  # a's index waits behind every never-used one
-    for i in range(MAX_KEYS - 3):
+    for i in range(SEGMENT_KEYS - 3):
         assert shared.claim(f"k{i}") is not None
-    assert shared.claim("d") == 0  # now a's
+    assert shared.claim("d") == 0 and shared.segments == 1  # a's, before the table grows
+    assert shared.claim("e") == SEGMENT_KEYS and shared.segments == 2  # full: it grew
+    limits, rpm_i, _ = shared.entry(SEGMENT_KEYS)
+    assert limits is shared.table.segments[1].limits and rpm_i == 0
+    for i in range(SEGMENT_KEYS - 1):
+        assert shared.claim(f"m{i}") is not None
     assert shared.claim("one-too-many") is None
-    # A reload that keeps the table keeps the claims.
+    # A reload that keeps the table keeps the claims (one claim book for both).
     again = SharedKeys((), slots=2, previous=shared)
-    assert again.claim("b") == 1 and again.claim("e") is None
+    assert again.claim("b") == 1 and again.claim("f") is None
+    assert again.table is shared.table

@@ -12,6 +12,10 @@ Commands (see control.py for the framing):
   worker that cannot answer quickly is busy, which the supervisor reports as such.
 * `keys {version, full, keys, gone}`: the run-time keys changed (velox.admin.keyfeed); applied
   at once in this callback (velox.admission.runtime); answered with the version applied.
+* `segment {segment, count}`: the key table grew (velox.state.keys); its `count` memfd
+  descriptors wait on the descriptor socket (control.take_fds) and are mapped as segment
+  `segment` unless this worker has it already (it forked after); answered with the number of
+  segments it has. Always sent before a `keys` frame that names the segment's keys.
 * `profile {seconds}`: start pyinstrument on this (the loop's) thread; after `seconds`
   (`loop.call_later`) stop it and answer with the compacted session.
 """
@@ -24,7 +28,7 @@ import os
 from typing import Any
 
 from velox.admin.accesslog import AccessLog
-from velox.admin.control import ControlError, FrameReader, encode
+from velox.admin.control import ControlError, FrameReader, encode, take_fds
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import state_file
 from velox.spend.wire import cost_field
@@ -88,6 +92,9 @@ class Agent:
         try:
             if cmd == "keys":
                 self.reply(msg_id, self.worker.runtime_keys.apply(message))
+            elif cmd == "segment":
+                self.reply(msg_id, self.attach_segment(int(message["segment"]),
+                                                       int(message["count"])))
             elif cmd == "state":
                 self.reply(msg_id, self.state())
             elif cmd == "profile":
@@ -98,6 +105,18 @@ class Agent:
                 raise ControlError(f"unknown command {cmd!r}")
         except Exception as exc:
             self.reply(msg_id, error=str(exc) or type(exc).__name__)
+
+    def attach_segment(self, segment: int, count: int) -> int:
+        worker = self.worker
+        fds = take_fds(worker.fd_sock, count)
+        try:
+            table = worker.shared.keys.table
+            if segment == len(table.segments):
+                table.attach(fds)
+            return len(table.segments)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def reply(self, msg_id: Any, result: Any = None, error: str | None = None) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -11,6 +11,12 @@ and waits for the reply with a timeout, while one reader thread per channel rout
 their callers. A worker that exits fails its pending calls at once (EOF), and a slot's channel
 is replaced when the supervisor restarts the worker, hence the lock around the slot map.
 
+Descriptors (a grown key-table segment's memfds, velox.state.keys) cannot ride the worker's
+loop transport, which reads with recv() and would drop them: each slot has a second
+socketpair that carries only them. `send(..., fds=...)` puts them there (SCM_RIGHTS) before
+the frame that names them on the control socket, so the worker finds them queued when it
+reads that frame (`take_fds`).
+
 A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
 velox.admin.ledgerfeed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
 LedgerWriter.submit), or drops them when there is none.
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import struct
 import threading
@@ -83,9 +90,11 @@ class _Pending:
 class _Channel:
     """The supervisor's end of one worker's socketpair, with its reader thread."""
 
-    def __init__(self, slot: int, sock: socket.socket, hub: ControlHub | None = None) -> None:
+    def __init__(self, slot: int, sock: socket.socket, hub: ControlHub | None = None,
+                 fd_sock: socket.socket | None = None) -> None:
         self.slot = slot
         self.sock = sock
+        self.fd_sock = fd_sock  # the descriptors' socketpair end (None: none to pass)
         self.hub = hub
         self.send_lock = threading.Lock()
         self.pending: dict[int, _Pending] = {}
@@ -137,6 +146,8 @@ class _Channel:
         except OSError:
             pass
         self.sock.close()
+        if self.fd_sock is not None:
+            self.fd_sock.close()
 
 
 class ControlHub:
@@ -154,9 +165,11 @@ class ControlHub:
         """(supervisor end, worker end), made before the fork so the child inherits its end."""
         return socket.socketpair()
 
-    def attach(self, slot: int, sock: socket.socket) -> None:
-        """The worker in `slot` now listens on the other end of `sock` (after each fork)."""
-        channel = _Channel(slot, sock, self)
+    def attach(self, slot: int, sock: socket.socket,
+               fd_sock: socket.socket | None = None) -> None:
+        """The worker in `slot` now listens on the other end of `sock` (after each fork), and
+        takes descriptors from the other end of `fd_sock`."""
+        channel = _Channel(slot, sock, self, fd_sock)
         with self._lock:
             old = self._channels.get(slot)
             self._channels[slot] = channel
@@ -168,18 +181,23 @@ class ControlHub:
         with self._lock:
             return sorted(self._channels)
 
-    def send(self, slot: int, cmd: str, **args: Any) -> _Pending:
-        """Send a command; the returned handle is completed by the reader thread."""
+    def send(self, slot: int, cmd: str, fds: list[int] | None = None, **args: Any) -> _Pending:
+        """Send a command, with `fds` passed first on the slot's descriptor socket; the
+        returned handle is completed by the reader thread."""
         with self._lock:
             channel = self._channels.get(slot)
         if channel is None or channel.closed:
             raise ControlError(f"worker {slot} is not running")
+        if fds and channel.fd_sock is None:
+            raise ControlError(f"worker {slot} has no descriptor channel")
         msg_id = next(self._ids)
         waiter = _Pending()
         with channel.pending_lock:
             channel.pending[msg_id] = waiter
         try:
             with channel.send_lock:
+                if fds:
+                    socket.send_fds(channel.fd_sock, [b"\0"], fds)  # type: ignore[arg-type]
                 channel.sock.sendall(encode({"id": msg_id, "cmd": cmd, **args}))
         except OSError as exc:
             with channel.pending_lock:
@@ -238,3 +256,16 @@ class ControlHub:
             channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             channel.close()
+
+
+def take_fds(sock: socket.socket, count: int) -> list[int]:
+    """The worker's side of `send(..., fds=...)`: the `count` descriptors queued before the
+    frame that names them (already there: a second's timeout only guards against a broken
+    peer)."""
+    sock.settimeout(1.0)
+    _, fds, _, _ = socket.recv_fds(sock, 1, count)
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise ControlError(f"expected {count} descriptors, got {len(fds)}")
+    return fds

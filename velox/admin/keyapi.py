@@ -118,7 +118,7 @@ class KeyAPI:
 
 def _usage_of(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("remaining_requests", "remaining_tokens", "tokens_taken",
-                                "active", "requests", "refused")}
+                                "active", "requests", "refused", "tokens_in", "tokens_out")}
 
 
 def _ok(status: int, doc: Any) -> Answer:

@@ -9,8 +9,11 @@ queues the change. One thread takes the queue in order and, for each change:
    when its rpm or tpm changed, and with VELOX_REDIS_URL leases them from Redis as
    `key:<name>:rpm|tpm`, like a file key's (velox.cluster.leases); a revoked key's index is
    given back and its leases dropped;
-2. sends every worker one `keys` control frame with the changed rows and the revoked names,
-   with the indexes of that worker's own table (velox.admission.runtime applies it).
+2. sends every worker the key table's segments it does not have yet (a claim that found the
+   table full grew it by a segment of 4,096 keys: `segment` frames, the memfds passed over
+   the slot's descriptor socket, velox.admin.control), then one `keys` control frame with the
+   changed rows and the revoked names, with the indexes of that worker's own table
+   (velox.admission.runtime applies it).
 
 Why frames and not a shared generation counter the workers read: the counter would cost
 every request (or every batch) a read of shared memory and a comparison, for changes that
@@ -26,6 +29,7 @@ the attach. Frames carry the store's version; a worker ignores a frame older tha
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -33,9 +37,12 @@ from typing import Any
 
 from velox.admin.control import ControlError, ControlHub
 from velox.admin.keystore import KeyRecord, KeyStore
-from velox.state.keys import SharedKeys, rpm_index, tpm_index
+from velox.state.keys import SharedKeys
 
 log = logging.getLogger("velox.keys")
+# A worker maps a segment in its loop's next turn; a busy one may take a while. The frames
+# after it wait for its answer (they name its keys), so the wait is bounded.
+_SEGMENT_WAIT_S = 5.0
 
 
 class KeyFeed:
@@ -51,6 +58,9 @@ class KeyFeed:
         self.tpm_need = tpm_need
         self.lock = threading.Lock()  # the tables' claims: the feed's thread and the supervisor's
         self.limits_set: dict[tuple[int, str], tuple[int, int]] = {}  # (table id, name) → set
+        # Per worker slot: segments of its key table its worker has (inherited at fork, or
+        # sent since); set by `forked` before the slot's channel is attached.
+        self.segments_known: dict[int, int] = {}
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         store.on_change(self.changed)
@@ -73,6 +83,10 @@ class KeyFeed:
                 if name in by_name]
         return {"version": self.store.version, "full": True, "initial": True, "keys": rows,
                 "gone": []}
+
+    def forked(self, slot: int, segments: int) -> None:
+        """A worker was forked for `slot` holding (at least) `segments` segments."""
+        self.segments_known[slot] = segments
 
     def joined(self, slot: int) -> None:
         """The worker of `slot` has started: send it the whole set."""
@@ -124,6 +138,7 @@ class KeyFeed:
             if only is not None and slot != only:
                 continue
             pairs = claimed[id(keys)]
+            self._send_segments(slot, keys)
             frames[slot] = {
                 "version": version, "full": full,
                 "keys": [row(r, index) for r, index in pairs if index is not None],
@@ -133,6 +148,26 @@ class KeyFeed:
                 self.hub.send(slot, "keys", **frame)  # answered with the version applied
             except ControlError:
                 pass  # not running: it gets the whole set when it starts (joined)
+
+    def _send_segments(self, slot: int, keys: SharedKeys) -> None:
+        """The segments of `keys`' table the worker of `slot` lacks, in order, before any
+        frame naming their keys."""
+        table = keys.table
+        have = self.segments_known.get(slot, 0)
+        while have < len(table.segments):
+            fds = table.fds(have)
+            try:
+                self.hub.call(slot, "segment", _SEGMENT_WAIT_S, fds=fds, segment=have,
+                              count=len(fds))
+            except ControlError as exc:
+                log.warning("worker %d did not map key-table segment %d (%s); it is sent again "
+                            "with the next change", slot, have, exc)
+                return
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            have += 1
+            self.segments_known[slot] = have
 
     def _claim(self, keys: SharedKeys, record: KeyRecord, lease: bool,
                again: bool = False) -> int | None:
@@ -154,13 +189,13 @@ class KeyFeed:
     def _lease(self, keys: SharedKeys, record: KeyRecord, index: int) -> None:
         """Share the key's buckets with the other hosts, as a file key's (supervisor)."""
         name = record.name
+        limits, rpm_i, tpm_i = keys.entry(index)
         self.cluster.remove(f"key:{name}:")
         if record.rpm:
-            self.cluster.add(f"key:{name}:rpm", keys.limits, rpm_index(index), record.rpm,
-                             record.rpm)
+            self.cluster.add(f"key:{name}:rpm", limits, rpm_i, record.rpm, record.rpm)
         if record.tpm:
-            self.cluster.add(f"key:{name}:tpm", keys.limits, tpm_index(index), record.tpm,
-                             record.tpm, self.tpm_need)
+            self.cluster.add(f"key:{name}:tpm", limits, tpm_i, record.tpm, record.tpm,
+                             self.tpm_need)
 
     def _unclaim(self, keys: SharedKeys, name: str, lease: bool) -> None:
         keys.unclaim(name)

@@ -49,11 +49,12 @@ Keys in the workers' request path
   attached. Shared memory read on every request was the other way (a generation counter, or
   a table the workers would search): it costs every request for changes that come a few
   times a minute; a frame costs nothing until a change and is read within one loop turn.
-* The key table: a run-time key's buckets and gauge are entries of the same native `Limits`
-  as a file key's, at an index the supervisor claims (`SharedKeys.claim`, the one function
-  that knows the table's size: today `tables.MAX_KEYS` keys for file and run-time keys
-  together, made at start). A revoked key's index is reused last (oldest first), so its
-  requests in flight have released their places long before.
+* The key table: a run-time key's buckets and gauge are entries of the same growing table of
+  native `Limits` segments as a file key's, at an index the supervisor claims
+  (`SharedKeys.claim`, the one function that knows the table's size: `tables.MAX_KEYS`,
+  1,000,000 keys for file and run-time keys together; a segment of 4,096 is added, and handed
+  to the running workers, when the table is full). A revoked key's index is reused last
+  (oldest first), so its requests in flight have released their places long before.
 * Lookup cost: the request path stays one dict lookup of the 32-byte digest (ingress has
   hashed the credential already); run-time keys are entries of the same dict.
   `benches/bench_keys.py::test_keys_stage_ten_keys` measures the stage at 10 keys from the

@@ -40,9 +40,11 @@ from velox.core.fields import (
     F,
     H,
 )
+from velox.spend.wire import NANOS_PER_USD
 from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
+_TARGET_LABELS = ("route", "upstream", "model")
 
 LE_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -87,6 +89,11 @@ _COUNTERS = (
      "Upstream warm-up requests unanswered within the connect timeout."),
     (F.UPSTREAM_TIMEOUT_RETIREMENTS, "velox_upstream_timeout_retirements",
      "Upstream connections retired after consecutive request timeouts."),
+    (F.TRACE_SPANS_EXPORTED, "velox_trace_spans_exported",
+     "Trace spans the OpenTelemetry collector accepted."),
+    (F.TRACE_SPANS_DROPPED, "velox_trace_spans_dropped",
+     "Trace spans lost: the export queue was full, or the collector could not be reached, did "
+     "not answer or refused them."),
 )
 _CACHE_COUNTERS = (
     (F.CACHE_HITS, "velox_cache_hits", "Requests answered from the response cache."),
@@ -173,6 +180,31 @@ class VeloxCollector(Collector):
             tokens.add_metric([key, route, "input"], inp)
             tokens.add_metric([key, route, "output"], out)
         yield tokens
+        yield from self._spend()
+
+    def _spend(self) -> Iterator[Metric]:
+        """velox_spend_usd_total and velox_spend_unpriced_requests_total: what the model calls
+        cost, by gateway key, route and the target that answered (upstream, and the model name
+        sent upstream; "*" for a catch-all target that sends the client's own). Read from the
+        workers' shared counters (velox.spend.wire counts them as requests settle), so they
+        add up to the ledger's cost_usd over the same requests."""
+        shared = self.shared
+        labels = [(route.model, target.upstream, target.model or
+                   (route.model if route.model != "*" else "*"))
+                  for route in shared.tables.routes for target in route.targets]
+        usd = CounterMetricFamily(
+            "velox_spend_usd", "Cost in USD of the model calls priced, by gateway key ('-': "
+            "none), route, upstream and upstream model.", labels=["key", *_TARGET_LABELS])
+        unpriced = CounterMetricFamily(
+            "velox_spend_unpriced_requests", "Model calls whose model has no price (cost "
+            "unknown, never counted as 0).", labels=["key", *_TARGET_LABELS])
+        for key, target, nanos, unknown in shared.spend_rows(self.max_keys):
+            if nanos:
+                usd.add_metric([key, *labels[target]], nanos / NANOS_PER_USD)
+            if unknown:
+                unpriced.add_metric([key, *labels[target]], unknown)
+        yield usd
+        yield unpriced
 
     def _embeddings_batches(self) -> Iterator[Metric]:
         """velox_embeddings_batch_*: embeddings batching (velox.batching.batch), all workers."""
@@ -277,13 +309,17 @@ class VeloxCollector(Collector):
         yield info
 
     def _keys(self) -> Iterator[Metric]:
-        """Per [[key]] (by name, never the key): admitted, refused by reason, in flight, left.
-        The first VELOX_METRICS_KEYS keys in file order have their own series; the others
-        are summed under key="_other" (no `remaining`: a sum of buckets means nothing)."""
+        """Per gateway key (by name, never the key): admitted, refused by reason, in flight,
+        left, tokens used. The first VELOX_METRICS_KEYS keys (the file's in order, then
+        run-time keys as made) have their own series; the others are summed under
+        key="_other" (no `remaining`: a sum of buckets means nothing)."""
         keys = self.shared.keys
-        if not keys.keys:
+        if not keys.keys and not keys.runtime:
             return
         rows, other = keys.metrics_rows(self.max_keys)
+        tokens = CounterMetricFamily(
+            "velox_key_tokens", "Tokens the answers of each gateway key used (file and "
+            "run-time keys), by kind.", labels=["key", "kind"])
         requests = CounterMetricFamily("velox_key_requests",
                                        "Requests admitted for each gateway key.", labels=["key"])
         refused = CounterMetricFamily(
@@ -298,6 +334,8 @@ class VeloxCollector(Collector):
         for row in rows + ([{**other, "name": OTHER_KEYS}] if other is not None else []):
             name = row["name"]
             requests.add_metric([name], row["requests"])
+            tokens.add_metric([name, "input"], row["tokens_in"])
+            tokens.add_metric([name, "output"], row["tokens_out"])
             for reason, n in row["refused"].items():
                 refused.add_metric([name, reason], n)
             active.add_metric([name], row["active"])
@@ -309,6 +347,7 @@ class VeloxCollector(Collector):
         yield refused
         yield active
         yield remaining
+        yield tokens
         yield GaugeMetricFamily(
             "velox_key_series_other", "Gateway keys summed under key=\"_other\" (past "
             "VELOX_METRICS_KEYS).", value=other["keys"] if other is not None else 0)

@@ -86,6 +86,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "heartbeat_age_ms": now - row[F.HEARTBEAT_MS] if row[F.HEARTBEAT_MS]
             else None,
             "hang_kills": row[F.HANG_KILLS],
+            "keys_version": row[F.KEYS_VERSION],
             "requests": row[F.REQUESTS],
             "in_flight": row[F.IN_FLIGHT],
             "ring_depth": row[F.RING_DEPTH],
@@ -151,6 +152,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
         "workers": workers,
         "cache": cache_doc(shared, totals),
         "keys": shared.keys.snapshot(),
+        "runtime_keys": shared.keys.runtime_snapshot(),  # made through the admin API
         "tokens": [{"key": key, "route": route, "input": inp, "output": out}
                    for key, route, inp, out in shared.token_rows()],
         # VELOX_REDIS_URL: the refresher's state (velox.cluster.leases.Cluster.metrics); else None.

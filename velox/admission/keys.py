@@ -25,9 +25,11 @@ Retry-After from the bucket's own refill time (1 s for max_parallel). Every answ
 request that reached this stage carries OpenAI's x-ratelimit-limit/remaining-requests/tokens
 headers (for the limits the key has), through `request.extra_headers`.
 
-The state is shared: `velox.state.keys.SharedKeys` holds one native `Limits` (created by the
-supervisor before the workers fork) with two entries per key: 2i is key i's request bucket and its
-gauge, 2i+1 its token bucket; buckets hold one minute's worth (burst = the limit). Each admitted
+The state is shared: `velox.state.keys.SharedKeys` holds a table of native `Limits` segments of
+4,096 keys (made by the supervisor, before the workers fork or handed to them later), two
+entries per key: 2k is key k's request bucket and its gauge, 2k+1 its token bucket, k its place
+in its segment; buckets hold one minute's worth (burst = the limit). Each `_Key` keeps its
+segment's bound methods, so the lookup and the admission cost what one table cost. Each admitted
 keyed request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from
 every place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
 exchange ended, whatever way; ingress's connection_lost: the client left while the request waited
@@ -55,7 +57,7 @@ from velox.ingress.auth import caller_of
 from velox.ingress.classify import is_model_list
 from velox.relay.usage import estimate
 from velox.state.keys import SharedKeys, rpm_index, tpm_index
-from velox.state.limits import Admit, Limits, refusal, remaining
+from velox.state.limits import Admit, refusal, remaining
 
 # --- per request ----------------------------------------------------------------------------
 
@@ -68,21 +70,31 @@ def Ticket(key: _Key, reserved: int) -> Any:
     bucket, so its tickets are settled from the start. Native (Limits.ticket, a KeyTicket
     with `key`, `reserved`, `released`, `settled`): every keyed request makes and ends one,
     and the Python class cost ~1 us more per request."""
-    return key.limits.ticket(key, key.rpm_i, key.tok_i, key.slot, reserved)
+    return key.ticket(key, key.rpm_i, key.tok_i, key.slot, reserved)
 
 
 class _Key:
     """One key as the stage uses it (per worker)."""
 
-    __slots__ = ("index", "book", "name", "rpm", "tpm", "max_parallel", "allowed", "rpm_i",
-                 "tpm_i", "rpm_value", "tpm_value", "req_i", "tok_i", "headers", "limits",
-                 "slot", "limit_requests", "limit_tokens", "forward")
+    __slots__ = ("index", "local", "book", "name", "rpm", "tpm", "max_parallel", "allowed",
+                 "rpm_i", "tpm_i", "rpm_value", "tpm_value", "req_i", "tok_i", "headers",
+                 "limits", "admit", "ticket", "count", "tokens_in", "tokens_out", "slot",
+                 "limit_requests", "limit_tokens", "forward")
 
-    def __init__(self, index: int, spec: KeySpec, limits: Limits, slot: int,
+    def __init__(self, index: int, spec: KeySpec, shared: SharedKeys, slot: int,
                  book: int | None = None) -> None:
-        self.limits = limits
+        # The key's segment of the growing table (velox.state.keys) and its place in it; the
+        # segment's bound methods are kept so admitting costs what one table cost.
+        segment, local = shared.table.locate(index)
+        limits = self.limits = segment.limits
+        self.admit = limits.admit
+        self.ticket: Any = limits.ticket  # a KeyTicket as the request holds it
+        self.count = tuple(c.add for c in segment.counters)
+        self.tokens_in = segment.counters[KF.TOKENS_IN].add
+        self.tokens_out = segment.counters[KF.TOKENS_OUT].add
         self.slot = slot
         self.index = index
+        self.local = local
         self.book = index if book is None else book  # request.key: the token books' row
         self.name = spec.name
         self.rpm = spec.rpm
@@ -90,8 +102,8 @@ class _Key:
         self.max_parallel = spec.max_parallel
         self.allowed = frozenset(spec.models) if spec.models is not None else None
         self.forward = spec.may_forward
-        self.rpm_i = rpm_index(index)
-        self.tpm_i = tpm_index(index)
+        self.rpm_i = rpm_index(local)
+        self.tpm_i = tpm_index(local)
         self.rpm_value = b"%d" % spec.rpm
         self.tpm_value = b"%d" % spec.tpm
         # Limits.admit's indexes: -1 skips a bucket the key does not have.
@@ -100,6 +112,15 @@ class _Key:
         self.headers = bool(spec.rpm or spec.tpm)
         self.limit_requests = (_LIMIT_REQUESTS, self.rpm_value)
         self.limit_tokens = (_LIMIT_TOKENS, self.tpm_value)
+
+
+    def used(self, inp: int, out: int) -> None:
+        """Book the tokens one of its requests used under the key itself (the relay's meter
+        and the batcher call it through the request's ticket: `ticket.key.used`)."""
+        if inp:
+            self.tokens_in(self.slot, self.local, inp)
+        if out:
+            self.tokens_out(self.slot, self.local, out)
 
 
 _LIMIT_REQUESTS = b"x-ratelimit-limit-requests"
@@ -111,21 +132,20 @@ _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "file_digest", "keys", "limits", "slot", "named_routes", "count")
+    __slots__ = ("by_digest", "file_digest", "keys", "shared", "slot", "named_routes")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
-        self.keys = tuple(_Key(i, spec, shared.limits, slot)
-                          for i, spec in enumerate(tables.keys))
+        self.keys = tuple(_Key(i, spec, shared, slot) for i, spec in enumerate(tables.keys))
         self.file_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
         self.by_digest = self.file_digest
-        self.limits = shared.limits
+        self.shared = shared
         self.slot = slot
         self.named_routes = frozenset(r.model for r in tables.routes if r.model != CATCH_ALL)
-        self.count = tuple(c.add for c in shared.counters)
 
     def runtime_key(self, index: int, spec: KeySpec) -> _Key:
-        """A run-time key at table `index` (velox.state.keys.SharedKeys.claim)."""
-        return _Key(index, spec, self.limits, self.slot, book=-1)
+        """A run-time key at table `index` (velox.state.keys.SharedKeys.claim); its segment
+        must be mapped in this worker (IndexError otherwise)."""
+        return _Key(index, spec, self.shared, self.slot, book=-1)
 
     def use_runtime(self, keys: dict[bytes, _Key]) -> None:
         """The run-time keys now valid, by digest, replacing the last set in one assignment:
@@ -135,8 +155,6 @@ class KeyStage:
     def admit(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
         by_digest = self.by_digest
-        admit = self.limits.admit
-        ticket_of = self.limits.ticket
         named = self.named_routes
         slot = self.slot
         model_call = Route.MODEL_CALL
@@ -176,11 +194,11 @@ class KeyStage:
                 else:
                     reserved = 1  # images, audio: settled from the usage they report
             # rpm, tpm, max_parallel in one native call, all or nothing (see Limits.admit).
-            code = admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
+            code = key.admit(key.req_i, tok_i, reserved, key.rpm_i, key.max_parallel, slot)
             if code >= 0:
                 self._refuse_limit(request, key, code)
                 continue
-            request.ticket = ticket_of(key, key.rpm_i, key.tok_i, slot, reserved)
+            request.ticket = key.ticket(key, key.rpm_i, key.tok_i, slot, reserved)
             if key.headers:
                 # One list display per shape, the limits' header pairs made once per key:
                 # about 1 us less per request than growing a list (benches/bench_keys.py).
@@ -203,13 +221,13 @@ class KeyStage:
 
     def _refuse_model(self, request: Request, key: _Key, model: str) -> None:
         self._headers(request, key)
-        self.count[KF.REFUSED_MODEL](self.slot, key.index, 1)
+        key.count[KF.REFUSED_MODEL](self.slot, key.local, 1)
         request.conn.respond_error(request, ModelNotAllowed(
             f"The gateway key {key.name!r} may not use the model {model!r}.", param="model"))
 
     def _refuse_forward(self, request: Request, key: _Key) -> None:
         self._headers(request, key)
-        self.count[KF.REFUSED_FORWARD](self.slot, key.index, 1)
+        key.count[KF.REFUSED_FORWARD](self.slot, key.local, 1)
         path = request.path.split(b"?", 1)[0]
         what = f"{request.method.decode('latin-1')} {path.decode('latin-1')}"
         request.conn.respond_error(request, EndpointNotAllowed(
@@ -231,7 +249,7 @@ class KeyStage:
 
     def _headers(self, request: Request, key: _Key) -> None:
         """The x-ratelimit-* headers of a refused request (read from the buckets)."""
-        level = self.limits.level
+        level = key.limits.level
         extra = request.extra_headers
         if extra is None:
             extra = request.extra_headers = []
@@ -247,7 +265,7 @@ class KeyStage:
     def _refuse(self, request: Request, key: _Key, field: KF, wait_us: int, what: str,
                 limit: int) -> None:
         self._headers(request, key)
-        self.count[field](self.slot, key.index, 1)
+        key.count[field](self.slot, key.local, 1)
         retry_after = max(1, -(-wait_us // 1_000_000)) if wait_us > 0 else 60
         request.conn.respond_error(request, RateLimited(
             f"Rate limit reached for gateway key {key.name!r} on {what}: limit {limit}. "

@@ -98,7 +98,7 @@ class Member:
 
     def __init__(self, request: Request, items: list[Any], weight: int,
                  on_done: Callable[[Any, int], None],
-                 book: Callable[[Request, int, int], None] | None = None) -> None:
+                 book: Callable[[Request, int, int, Any], None] | None = None) -> None:
         self.request = request
         self.items = items
         self.weight = weight  # its share of the merged call's usage
@@ -157,11 +157,13 @@ class Member:
         used = usage_of(body) if status == 200 else None
         if used is not None:
             self.meter = Share(*used)
-            if self.book is not None:
-                self.book(request, *used)
+            if self.book is not None:  # the merged call's exchange: what answered, to price
+                self.book(request, used[0], used[1], exchange)
         ticket = request.ticket
         if ticket is not None:  # its gateway key's reservation: settled from its own share
             ticket.settle(used[0] + used[1] if used is not None else 0)
+            if used is not None:
+                ticket.key.used(*used)  # its own token count (any key)
         request.conn.respond(request, status, headers, body)
         request.exchange = None
         self.on_done(self, status)
@@ -181,7 +183,7 @@ class Member:
 class Share:
     """A member's tokens: the meter fields the access log reads (velox.relay.usage.TokenMeter's)."""
 
-    __slots__ = ("input", "output")
+    __slots__ = ("input", "output", "cost")
 
     exact = True  # read from the upstream's usage, apportioned
     done = True
@@ -189,6 +191,7 @@ class Share:
     def __init__(self, inp: int, out: int) -> None:
         self.input = inp
         self.output = out
+        self.cost: int | None = None  # nano-USD of this share, once priced (velox.spend)
 
 
 class Group:
@@ -216,7 +219,7 @@ class Batcher:
     def __init__(self, tables: Tables, send: Callable[[Request, Callable[[Any, int], None]], Any],
                  on_done: Callable[[Any, int], None],
                  flush: Callable[[], None], loop: asyncio.AbstractEventLoop, counters: Any,
-                 slot: int, book: Callable[[Request, int, int], None] | None = None) -> None:
+                 slot: int, book: Callable[[Request, int, int, Any], None] | None = None) -> None:
         # Public model -> (spec, may callers share) for routes that batch; None for the others.
         by_model = {r.model: r for r in tables.routes}
         entries = {r.model: (r.batch, _shared(r, by_model, tables)) if r.batch else None

@@ -48,6 +48,14 @@ larger than one token (a tpm reservation) each host may also hold the largest re
 top, up to NEED_TAKES of them when that many were refused at once: the bound is then
 hosts x (lease cap + NEED_TAKES x the largest take), at most hosts x burst.
 
+A bucket's first moments. Until its first lease arrives (one tick after `add`, a Redis round
+trip) a bucket serves from the host's fallback share, as on an outage; what it took of it is
+owed and paid out of its next leases (asked for even by an idle host). So a window that closes
+after every host's debt is paid keeps the bound above; one that closes before may count up to
+each host's fallback share more (burst / hosts each, about one burst in all).
+A bucket added again after it had leases (a
+reload, new limits) starts from leases only.
+
 Low rates. Below one token per second per host the lease is one token: each host holds at most
 one, asked for as soon as it used its last (the next tick), all of them batched into the same
 call. A request that reaches a host whose token is spent gets 429 (Retry-After: 1) even if
@@ -241,7 +249,8 @@ class Leased:
     """One bucket: its Redis key, its local LEASED bucket and the host's view of its demand."""
 
     __slots__ = ("name", "key", "limits", "index", "rate", "burst", "cap", "rate_est",
-                 "last_taken", "last_refused", "need", "next_ask", "want")
+                 "last_taken", "last_refused", "need", "next_ask", "want", "provisional",
+                 "start_taken", "owed")
 
     def __init__(self, name: str, limits: LimitsLike, index: int, rate: int, burst: int,
                  need: int = 0) -> None:
@@ -261,6 +270,13 @@ class Leased:
         self.need = float(min(burst, need)) if need > 1 else 0.0
         self.next_ask = 0.0  # monotonic time before which Redis is not asked (it was short)
         self.want = 0  # tokens asked for in the call in progress
+        # Until its first lease arrives a bucket serves from the host's fallback share (a
+        # clock bucket, as on an outage), so a key made at run time is not refused for the
+        # length of a Redis round trip on every host; what it took meanwhile (`taken` counts
+        # net of refunds) is `owed`, paid out of its next leases (see Cluster.add).
+        self.provisional = False
+        self.start_taken = 0
+        self.owed = 0
 
 
 class Cluster:
@@ -291,6 +307,9 @@ class Cluster:
         self._sha = ""
         self._last_call = 0.0
         self._last_tick = 0.0
+        # (name, Limits id, index) of buckets that have had a lease: one added again (a reload,
+        # a run-time key's new limits) starts from leases only, as before.
+        self._leased: set[tuple[str, int, int]] = set()
 
     # --- set-up (supervisor) -----------------------------------------------------------------
 
@@ -298,16 +317,25 @@ class Cluster:
             burst: int, need: int = 0) -> None:
         """Share the bucket `index` of `limits` with every host, as `name` in Redis.
 
-        Call it before the workers that take from it fork: the bucket is configured LEASED at
-        once (empty; the next tick fills it) or, while Redis is unreachable, to the host's
-        share. `need`: the size of a typical take when larger than one token (a tpm bucket:
-        a typical request's reservation), kept in hand from the first lease so the first such
-        request passes. A bucket of the same name is replaced.
+        Call it before the workers that take from it fork. A bucket that never had a lease
+        serves from the host's fallback share (full) until its first lease arrives, then
+        holds only leased tokens and owes Redis what it took of the share (paid out of its
+        next leases): a key made at run time, or a host just started, does not refuse its
+        first requests for the length of a Redis round trip. One that had leases (a reload,
+        new limits) is configured LEASED at once (empty; the next tick fills it); while Redis
+        is unreachable, every bucket is on the host's share. `need`: the size of a typical
+        take when larger than one token (a tpm bucket: a typical request's reservation), kept
+        in hand from the first lease so the first such request passes. A bucket of the same
+        name is replaced.
         """
         bucket = Leased(name, limits, index, rate_per_minute, burst, need)
         with self._lock:
             self.buckets = [b for b in self.buckets if b.name != name]
             self.buckets.append(bucket)
+            if (self.up or not self._down_logged) and \
+                    (name, id(limits), index) not in self._leased:
+                self._provisional(bucket)
+                return
             self._configure(bucket)
             if self.up or not self._down_logged:
                 # Tokens the bucket had (a clock bucket starts full) came from no lease: drop
@@ -317,6 +345,32 @@ class Cluster:
                     limits.take(index, level)
                     limits.pop_largest(index)  # that take is no request's: no demand
                 bucket.last_taken = limits.taken(index)
+
+    def _provisional(self, b: Leased) -> None:
+        """A bucket that never had a lease: the host's fallback share, full, until its first
+        lease arrives (`_settle_provisional`)."""
+        b.provisional = True
+        b.cap = lease_cap(b.rate, b.burst, self.hosts)
+        rate, burst = fallback_share(b.rate, b.burst, self.hosts)
+        b.limits.configure(b.index, rate, burst)
+        b.limits.give(b.index, burst)  # full, as a host alone would start
+        b.start_taken = b.last_taken = b.limits.taken(b.index)
+
+    def _settle_provisional(self, b: Leased) -> None:
+        """The bucket's first lease arrived: from now on it holds only leased tokens. What is
+        left of the share is dropped; what the workers took of it is owed to Redis."""
+        limits, i = b.limits, b.index
+        limits.configure(i, 0, b.burst)  # no more clock refill; the level is kept
+        dropped = 0
+        while (level := limits.level(i)) > 0:
+            if limits.take(i, level) == 0:  # else a worker took meanwhile: read it again
+                dropped = level
+                limits.pop_largest(i)  # that take is no request's: no demand
+                break
+        b.owed += max(0, limits.taken(i) - b.start_taken - dropped)
+        b.last_taken += dropped
+        b.provisional = False
+        self._leased.add((b.name, id(limits), i))
 
     def remove(self, prefix: str) -> None:
         """Stop sharing the buckets whose name starts with `prefix` (a reload's old keys)."""
@@ -410,7 +464,10 @@ class Cluster:
             b.last_taken, b.last_refused = taken, refused
             if not self.up or now < b.next_ask:
                 continue
-            ask = lease_ask(b.rate_est, b.need, b.cap, b.burst, limits.level(i))
+            # A provisional bucket's share is no lease: ask as an empty bucket would. A debt
+            # is asked for on top, so an idle host pays it back too.
+            level = 0 if b.provisional else limits.level(i)
+            ask = lease_ask(b.rate_est, b.need, b.cap, b.burst, level) + b.owed
             if ask > 0:
                 asks.append((b, ask))
         return asks
@@ -427,10 +484,15 @@ class Cluster:
             self._came_back()
             return
         for (b, want), (granted, wait_ms) in zip(asks, replies, strict=True):
-            if granted:
-                b.limits.give(b.index, granted)
-                self.leased_tokens += granted
-            if granted < want:
+            self.leased_tokens += granted
+            if b.provisional:
+                self._settle_provisional(b)
+            short = granted < want
+            paid = min(b.owed, granted)  # the share's tokens used before the first lease
+            b.owed -= paid
+            if granted > paid:
+                b.limits.give(b.index, granted - paid)
+            if short:
                 b.next_ask = now + min(LEASE_S, max(TICK_S, wait_ms / 1000))
         self.lease_requests += len(asks)
 
@@ -440,9 +502,11 @@ class Cluster:
             buckets = list(self.buckets)
         returns = []
         for b in buckets:
+            if b.provisional:  # its tokens are the host's share, not Redis's
+                continue
             level = b.limits.level(b.index)
-            if level > 0 and self.up and b.limits.take(b.index, level) == 0:
-                returns.append((b, -level))
+            if level > b.owed and self.up and b.limits.take(b.index, level) == 0:
+                returns.append((b, b.owed - level))
         await self._call(client, returns, leave=True)
 
     async def _call(self, client: Any, asks: list[tuple[Leased, int]],
@@ -510,6 +574,10 @@ class Cluster:
                         redact_url(self.url), _describe(exc), self.hosts)
             with self._lock:
                 for b in self.buckets:
+                    # A provisional bucket is already on the share: it stays so, and like
+                    # every bucket during an outage owes nothing for it.
+                    b.provisional = False
+                    b.owed = 0
                     self._configure(b)
                     if not self._ever_up:  # start full, as a host alone would
                         b.limits.give(b.index, fallback_share(b.rate, b.burst, self.hosts)[1])
@@ -522,7 +590,8 @@ class Cluster:
         with self._lock:
             for b in self.buckets:
                 b.next_ask = 0.0
-                self._configure(b)
+                if not b.provisional:  # a provisional one keeps its share until its lease
+                    self._configure(b)
         if was_down:
             log.info("Redis at %s is reachable again; the limits are shared by %d host(s)",
                      redact_url(self.url), self.hosts)

@@ -398,12 +398,10 @@ FIELDS: tuple[Field, ...] = (
           "price every model call from its usage (x-velox-cost-usd, cost_usd in the access "
           "log, ledger rows); 0: none of it, and [[key]]/[[budget]] budgets are refused"),
     Field("VELOX_OTEL_ENDPOINT", "otel_endpoint", _base_url, "",
-          "OpenTelemetry collector base URL (OTLP/HTTP): traces of requests go to "
-          "<base>/v1/traces (empty: no tracing)"),
+          "OpenTelemetry collector base URL (OTLP/HTTP; the otel extra: pip install "
+          "'velox[otel]'): traces of requests go to <base>/v1/traces (empty: no tracing)"),
     Field("VELOX_OTEL_SAMPLE", "otel_sample", _ratio, "1",
-          "share of requests traced, 0 to 1 (a client's sampled traceparent is followed)"),
-    Field("VELOX_OTEL_CAPTURE_CONTENT", "otel_capture_content", _bool, "0",
-          "record prompts and completions in spans (gen_ai.input/output.messages); off: never"),
+          "share of requests traced, 0 to 1 (a client's traceparent decides for its request)"),
 )
 
 # Settings an earlier version had, with what became of them: set in the environment, each gets
@@ -414,6 +412,7 @@ REMOVED = {
     "VELOX_ARENA": "request bodies always go through the arena (VELOX_ARENA_BYTES=0 keeps each "
                    "body in its own buffer)",
     "VELOX_INGRESS_PARSER": "VELOX_NATIVE=0 selects httptools alone for request heads",
+    "VELOX_OTEL_CAPTURE_CONTENT": "prompts and completions are never recorded in traces",
 }
 # Values of VELOX_EGRESS an earlier version accepted: warned about, read as `auto`.
 REMOVED_EGRESS = {
@@ -481,7 +480,6 @@ class Settings:
     spend: bool = True
     otel_endpoint: str = ""
     otel_sample: float = 1.0
-    otel_capture_content: bool = False
     # VELOX_* variables that name no setting, each with a did-you-mean (see unknown_variables):
     # logged at start-up and on reload, printed by doctor.
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -611,10 +609,32 @@ def load(environ: Mapping[str, str] | None = None, dotenv: str | Path | None = "
     values["warnings"] = tuple(warnings)
     settings = Settings(**values)
     _check_consistency(settings)
+    _check_extras(settings)
     if settings.config_file:
         settings = dataclasses.replace(settings, tables=_load_tables(settings, env))
     _check_exposure(settings)
     return settings
+
+
+# Settings that need an optional extra installed: (attribute, variable, modules, extra).
+_EXTRAS = (("otel_endpoint", "VELOX_OTEL_ENDPOINT",
+            ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"), "otel"),)
+
+
+def _check_extras(settings: Settings) -> None:
+    """Refuse to start when a setting asks for what an extra that is not installed provides
+    (checked here, so the worker never fails after the fork)."""
+    for attr, env, modules, extra in _EXTRAS:
+        if getattr(settings, attr) and not all(_installed(m) for m in modules):
+            raise ConfigError(f"{env} is set but the '{extra}' extra is not installed: "
+                              f"pip install 'velox[{extra}]'")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def unknown_variables(env: Mapping[str, str]) -> tuple[str, ...]:

@@ -338,7 +338,9 @@ def single_upstream(spec: UpstreamSpec) -> Tables:
 # client cycling query strings costs the slow path, never unbounded memory.
 _AZURE_PATHS: dict[tuple[bytes, str, str], bytes] = {}
 _AZURE_PATHS_MAX = 4096
-MAX_KEYS = 4096  # [[key]] tables (velox.admission.keys sizes its shared counters by them)
+# Gateway keys, the file's [[key]] tables and run-time keys together: the shared key table
+# (velox.state.keys) grows by segments of 4,096 up to this many.
+MAX_KEYS = 1_000_000
 
 
 def azure_path(path: bytes, model: str, api_version: str) -> bytes:
@@ -764,11 +766,14 @@ def _keys(source: str, tables: list[dict[str, Any]],
     keys: list[KeySpec] = []
     by_name: dict[str, int] = {}  # name -> its table's number (a dict: 4,096 keys load fast)
     by_digest: dict[str, int] = {}
+    if len(tables) > MAX_KEYS:  # before checking a million tables one by one
+        table = tables[MAX_KEYS]
+        _fail(source, _label("key", MAX_KEYS + 1, "name", table.get("name")), "name",
+              f"at most {MAX_KEYS:,} [[key]] tables, this file has {len(tables):,} (the "
+              f"gateway's key table holds {MAX_KEYS:,} keys in all, file and run-time keys: "
+              "each has its buckets and counters in shared memory)")
     for index, table in enumerate(tables, 1):
         where = _label("key", index, "name", table.get("name"))
-        if index > MAX_KEYS:
-            _fail(source, where, "name", f"at most {MAX_KEYS:,} [[key]] tables, this file has "
-                  f"{len(tables):,} (each key has its own buckets and counters in shared memory)")
         if "key" in table or "api_key" in table:
             _fail(source, where, "key" if "key" in table else "api_key", "the key itself never "
                   "goes in the file: put its SHA-256 in sha256 (`velox key hash` prints it)")

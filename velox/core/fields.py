@@ -78,6 +78,13 @@ class F(IntEnum):
     WRITE_TIMEOUTS = 51  # client connections aborted for taking nothing for VELOX_WRITE_TIMEOUT_MS
     # Streaming followers of a live coalesced stream cut off for falling too far behind it.
     CACHE_FOLLOWERS_CUT = 52
+    # Traces (VELOX_OTEL_ENDPOINT): spans the collector took, and spans lost (the export queue
+    # was full, or the export failed: the collector unreachable, silent or refusing).
+    TRACE_SPANS_EXPORTED = 53
+    TRACE_SPANS_DROPPED = 54
+    # Gauge: the run-time keys' version this worker has applied (velox.admission.runtime); -1
+    # for only the set inherited at fork. /stats shows it per worker: who is behind.
+    KEYS_VERSION = 55
 
 
 class H(IntEnum):
@@ -127,14 +134,18 @@ UPSTREAM_ERROR = 4
 
 
 class KF(IntEnum):
-    """Per-key refusal counters (one native Counters per field, field = key index). Admitted
-    requests are counted natively, by the gauge (Limits.entered)."""
+    """Per-key counters (one native Counters per field, field = the key's place in its
+    segment of the key table): refusals by reason, then the tokens its answers used (every
+    keyed request's, file or run-time key, whatever the route). Admitted requests are counted
+    natively, by the gauge (Limits.entered)."""
 
     REFUSED_RPM = 0
     REFUSED_TPM = 1
     REFUSED_PARALLEL = 2
     REFUSED_MODEL = 3
     REFUSED_FORWARD = 4
+    TOKENS_IN = 5
+    TOKENS_OUT = 6
 
 
 REFUSAL_REASONS = ("rpm", "tpm", "max_parallel", "model", "forward")  # KF.REFUSED_* in order

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -114,6 +114,10 @@ class KeyTicket(Protocol):
 
     @property
     def reserved(self) -> int: ...
+
+    @property
+    def key(self) -> Any:  # the key it was admitted for (velox.admission.keys._Key: `used`)
+        ...
 
     def release(self) -> None: ...
 

@@ -84,7 +84,7 @@ class Translation:
     a whole body."""
 
     __slots__ = ("translator", "client_model", "embeddings", "stream", "include_usage",
-                 "call", "decoder", "upstream_headers", "meter")
+                 "call", "decoder", "upstream_headers", "meter", "priced")
 
     def __init__(self, translator: Translator, request: Request, model: str,
                  meter: Any, max_tokens: int = 0) -> None:
@@ -121,8 +121,10 @@ class Translation:
         # are handed to it at the end (`end`). An earlier OpenAI attempt may have set `strip`.
         # A priced meter (velox.spend.wire) wraps the token meter as `inner` and reads its
         # numbers when the request settles: the token meter is the one told.
-        meter = getattr(meter, "inner", meter)
+        priced, meter = meter, getattr(meter, "inner", meter)
         self.meter = meter if self.stream and not self.include_usage else None
+        # ... and the priced one is told every part (cached, cache writes, reasoning).
+        self.priced = priced if self.meter is not None and priced is not meter else None
         if self.meter is not None and getattr(meter, "ask", False):
             meter.strip = False
         self.call = translator.chat(body, model, self.stream, headers)
@@ -169,6 +171,8 @@ class Translation:
         usage, meter = self.decoder.usage, self.meter
         if usage is not None and meter is not None:
             meter.input, meter.output, meter.exact = usage.input, usage.output, True
+            if self.priced is not None:
+                self.priced.told(usage)
         return out
 
 

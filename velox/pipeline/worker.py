@@ -70,6 +70,8 @@ from velox.relay.exchange import Exchange
 from velox.relay.messages import MessagesExchange
 from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
+from velox.spend.traced import Traced
+from velox.spend.traced import install as install_tracing
 from velox.spend.wire import SharedBudgets, Spend
 from velox.state.stats import SharedStats
 
@@ -139,11 +141,15 @@ class Worker:
         # Admin hooks (velox.admin.agent): the control channel's socket, set by the supervisor,
         # and the access log's enqueue, set in serve() unless VELOX_ACCESS_LOG=0.
         self.control_sock: Any = None
+        self.fd_sock: Any = None  # key-table segments' descriptors (velox.admin.control)
         self.log_access: Any = None
         # Spend (velox.spend.wire): prices, budgets, ledger rows; None with VELOX_SPEND=0. The
         # budgets' shared memory is the supervisor's, set before serve().
         self.budgets: SharedBudgets | None = None
         self.spend: Spend | None = None
+        # Traces (velox.spend.traced): None without VELOX_OTEL_ENDPOINT, and then nothing of it
+        # runs per request; with it, its hooks replace calls the worker makes anyway.
+        self.traced: Traced | None = None
         # Built in serve(), after the process has pinned itself, so memory is node-local.
         self.loop: asyncio.AbstractEventLoop
         self.ring: Any  # the native Ring: it carries Requests, typed as objects
@@ -204,7 +210,7 @@ class Worker:
             if self.budgets is not None:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
-                               settings.tokens_default_output)
+                               settings.tokens_default_output, shared.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
             self.spend is not None
@@ -216,6 +222,7 @@ class Worker:
             if Batcher.wanted(self.tables) else None
         self.stages = self._stage_list()
         self._index_stages()
+        self.traced = install_tracing(self, settings)
         # Run-time keys (velox.admission.runtime): the set inherited at fork, then control frames.
         self.runtime_keys = RuntimeKeys(self)
         if self.keys_frame is not None:
@@ -262,6 +269,8 @@ class Worker:
         ticker.cancel()
         await self.shutdown(server)
         agent.close()
+        if self.traced is not None:
+            self.traced.close()  # bounded: a dead collector does not hold the exit
 
     async def _accept(self) -> asyncio.AbstractServer:
         server = await self.loop.create_server(
@@ -360,10 +369,8 @@ class Worker:
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
         spend = self.spend
-        if spend is not None and spend.budgets:
-            spend.roll()  # a new budget period: this slot's spend of the last one goes
-            if spend.held:
-                spend.sweep()  # reservations of clients gone before an exchange
+        if spend is not None and spend.held:
+            spend.sweep()  # reservations of clients gone before an exchange
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
@@ -389,6 +396,8 @@ class Worker:
             self._next_probe = now + self.probe_every_s
             self.dispatch.probe()
         self.dispatch.log_breakers()
+        if self.traced is not None:
+            self.traced.tick()
         self.loop.call_later(_TICK_S, self._tick)
 
     def _probe_fds(self, now: float) -> None:
@@ -705,13 +714,15 @@ class Worker:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
-    def book_tokens(self, request: Request, inp: int, out: int) -> None:
+    def book_tokens(self, request: Request, inp: int, out: int, exchange: Any = None) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
         merged call's meter books nothing), when its tokens are accounted (as _exchange's
-        meter would be)."""
+        meter would be); priced as its own request (the merged call is not)."""
         ledger = self.ledger
         if ledger is not None and (self.meter_all or request.ticket is not None):
             ledger.count(request.key, ledger.route_of(request.model), inp, out)
+        if self.spend is not None and exchange is not None:
+            self.spend.member(request, inp, out, exchange)
 
     def on_done(self, exchange: Exchange, status: int) -> None:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the

@@ -344,7 +344,7 @@ class SSEUsage:
     """
 
     __slots__ = ("strip", "pending", "input", "output", "found", "events", "relayed",
-                 "skipping", "last")
+                 "skipping", "last", "usage_data")
 
     def __init__(self, strip: bool) -> None:
         self.strip = strip
@@ -356,6 +356,10 @@ class SSEUsage:
         self.relayed = 0  # bytes relayed
         self.skipping = False  # inside an event longer than _HOLD_MAX: passed unread
         self.last = b""  # the last byte passed while skipping (a blank line may straddle)
+        # The data of the first and the last event that gave a usage (one event for OpenAI;
+        # Anthropic's message_start and message_delta): read for their cached and reasoning
+        # parts by whoever prices the stream (velox.spend.wire), not here.
+        self.usage_data: tuple[bytes, ...] = ()
 
     def feed(self, data: bytes) -> bytes:
         if self.skipping:
@@ -446,14 +450,17 @@ class SSEUsage:
                 self.events += 1
                 return event[:i] + event[i + 13:]
         if b'"usage"' in event:
-            numbers = None
+            numbers = data = None
             if b'"usage":null' not in event and b'"usage": null' not in event:
-                numbers = usage_of(_data_of(event))
+                data = _data_of(event)
+                numbers = usage_of(data)
             if numbers is None and self.found and b'"message_delta"' in event:
-                numbers = _messages_output(_data_of(event), self.input)
-            if numbers is not None:
+                data = _data_of(event) if data is None else data
+                numbers = _messages_output(data, self.input)
+            if numbers is not None and data is not None:
                 self.input, self.output = numbers
                 self.found = True
+                self.usage_data = (self.usage_data[0], data) if self.usage_data else (data,)
                 if self.strip and b'"choices":[]' in event.replace(b" ", b""):
                     return b""  # the usage chunk the client did not ask for
             elif self.strip:
@@ -719,6 +726,8 @@ class TokenMeter:
         ticket = self.request.ticket
         if ticket is not None:  # the key's reservation (velox.admission.keys.Ticket: settles once)
             ticket.settle(used)
+            if used:
+                ticket.key.used(self.input, self.output)  # its own token count (any key)
         attempt = exchange.route_attempt
         ledger = self.ledger
         if attempt is not None and attempt.tokens:

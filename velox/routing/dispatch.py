@@ -76,7 +76,8 @@ class Dispatch:
     """One worker's dispatcher over every upstream of the tables."""
 
     __slots__ = ("tables", "router", "upstreams", "names", "credentials", "stats", "slot",
-                 "loop", "forward_model", "hashed", "probes", "edge", "_status", "_targets",
+                 "loop", "forward_model", "hashed", "probes", "edge", "tracer", "_status",
+                 "_targets",
                  "_latency", "_retries", "_plain", "_extra", "_hash_all", "_last_failure")
 
     def __init__(self, tables: Tables, stats: SharedStats, upstreams: list[Egress], slot: int,
@@ -101,6 +102,9 @@ class Dispatch:
         self._plain = tuple(u.kind != "azure" for u in tables.upstreams)
         # Upstreams of another API than OpenAI's: each attempt translated (velox.egress.edge).
         self.edge = Edge(tables.upstreams)
+        # Traces (velox.spend.traced, VELOX_OTEL_ENDPOINT): told of each failed attempt; None
+        # without tracing (tested on failure paths only).
+        self.tracer: Any = None
         # The answer's x-velox-upstream and x-velox-attempts, made once per upstream and number.
         self._extra = tuple(tuple(head_extra(name, n) for n in range(_EXTRA_MADE))
                             for name in self.names)
@@ -216,6 +220,8 @@ class Dispatch:
             exchange.outcome = SUCCESS
             return False
         self._count_status(attempt.upstream, status)
+        if self.tracer is not None:
+            self.tracer.attempt_failed(exchange, status, "")
         if status < 500 and status != 429:
             exchange.outcome = SUCCESS
             return False
@@ -234,6 +240,8 @@ class Dispatch:
             return False
         self._count_status(attempt.upstream, 0)
         self._last_failure[attempt.upstream] = (attempt.route.model, str(exc))
+        if self.tracer is not None:
+            self.tracer.attempt_failed(exchange, exchange.status, type(exc).__name__)
         event, reason = _event_of(exc, exchange.status != 0)
         verdict = classify(event)
         exchange.outcome = verdict.outcome

@@ -3,19 +3,20 @@
 Off unless VELOX_OTEL_ENDPOINT names a collector (OTLP/HTTP; spans go to `<base>/v1/traces`),
 and then a worker pays on its loop only for what a sampled request needs:
 
-* At admission, `Tracer.start(traceparent)` decides whether the request is sampled: a client's
-  `traceparent` (W3C Trace Context) is followed (its trace id kept, its sampled flag obeyed:
-  the SDK's ParentBased sampler), else a new trace id is sampled with probability
+* At its first attempt, `Tracer.start(traceparent)` decides whether the request is sampled:
+  a client's `traceparent` (W3C Trace Context) is followed (its trace id kept, its sampled
+  flag obeyed: the SDK's ParentBased sampler), else a new trace id is sampled with probability
   VELOX_OTEL_SAMPLE by the SDK's TraceIdRatioBased rule (the id's low 64 bits below
   ratio * 2**64), so every component using the same ratio keeps the same traces.
 * Each upstream attempt takes a span id up front (`RequestTrace.new_span_id`) and sends
   `RequestTrace.traceparent(span_id)` upstream, so the provider's side joins the trace.
-* When the request is settled, the pipeline hands `Tracer.record` a plain `RequestRecord`
-  (timestamps of queueing, parsing, limits and the cache; one `Attempt` per upstream try,
-  retries and fallbacks included). Only a sampled record is turned into spans: one SERVER span
-  for the request with an event per stage, one CLIENT span per attempt, named and attributed
-  as the GenAI conventions say (`gen_ai.operation.name`, `gen_ai.provider.name` and the older
-  `gen_ai.system`, `gen_ai.request.model`, `gen_ai.response.model`,
+* When the request is settled, the worker (velox.spend.traced) hands `Tracer.record` a plain
+  `RequestRecord` (timestamps of queueing, parsing, limits and the cache; one `Attempt` per
+  upstream try, retries and fallbacks included). Only a sampled record is turned into spans:
+  one SERVER span for the request with an event per stage, one CLIENT span per attempt, named
+  and attributed as the GenAI conventions say (`{operation} {model}`; `gen_ai.operation.name`,
+  `gen_ai.provider.name` (which replaced `gen_ai.system`), `gen_ai.request.model`,
+  `gen_ai.response.model`,
   `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
   `server.address` / `server.port`, `error.type`, HTTP status codes).
 
@@ -30,8 +31,8 @@ queue. At most `max_queue` spans wait (sent or not); past that `record` drops th
 spans and counts them (`stats()["dropped"]`), and spans whose export failed are counted too
 (`failed`). Memory stays bounded; `close` waits at most its timeout.
 
-Prompts and completions (`gen_ai.input.messages`, `gen_ai.output.messages`) are recorded only
-with VELOX_OTEL_CAPTURE_CONTENT=1; otherwise a record's contents are never read.
+Prompts and completions are never recorded: a record has no field for them, and no setting asks
+for them in this version.
 
 The SDK is an optional extra (`pip install 'velox[otel]'`); it is imported when a Tracer is
 made, never by a gateway without VELOX_OTEL_ENDPOINT.
@@ -51,7 +52,7 @@ from typing import Any, NamedTuple
 TRACES_PATH = "/v1/traces"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _LOW64 = (1 << 64) - 1
-CLOSE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 3.0
 SCOPE = "velox"
 # Provider names of the GenAI conventions, by upstream kind (velox.config.tables UPSTREAM_KINDS and
 # the provider translators' kinds).
@@ -157,24 +158,31 @@ class RequestRecord:
     cost_nanos: int | None = None
     error: str = ""  # error.type of the answer when it failed
     attempts: list[Attempt] = field(default_factory=list)
-    # Read only with VELOX_OTEL_CAPTURE_CONTENT=1: the request's messages and the answer's,
-    # as the JSON the conventions describe.
-    input_messages: str | None = None
-    output_messages: str | None = None
+
+    def span_name(self, model: str) -> str:
+        """`{gen_ai.operation.name} {model}` (the GenAI conventions), else `{method} {path}`
+        for a call that is not a model's (GET /v1/models, files)."""
+        if self.operation:
+            return f"{self.operation} {model}" if model else self.operation
+        return f"{self.method} {self.path}"
 
 
 def is_sampled(trace_id: int, ratio: float) -> bool:
     """TraceIdRatioBased's rule, so Velox keeps the traces other samplers keep."""
-    return (trace_id & _LOW64) < round(ratio * (_LOW64 + 1))
+    return (trace_id & _LOW64) < sample_bound(ratio)
+
+
+def sample_bound(ratio: float) -> int:
+    """A trace id is sampled at `ratio` when its low 64 bits are below this."""
+    return round(ratio * (_LOW64 + 1))
 
 
 class Tracer:
     """One per worker: the sampling decision, and records turned into exported spans."""
 
-    def __init__(self, endpoint: str = "", sample: float = 1.0, capture_content: bool = False,
-                 exporter: Any = None, max_queue: int | None = None,
-                 max_export_batch: int | None = None, service_name: str = "velox",
-                 schedule_delay_ms: float | None = None) -> None:
+    def __init__(self, endpoint: str = "", sample: float = 1.0, exporter: Any = None,
+                 max_queue: int | None = None, max_export_batch: int | None = None,
+                 service_name: str = "velox", schedule_delay_ms: float | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -182,7 +190,6 @@ class Tracer:
         from velox import __version__
 
         self.sample = sample
-        self.capture_content = capture_content
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -246,12 +253,15 @@ class Tracer:
         attrs: dict[str, Any] = {
             "http.request.method": rec.method, "url.path": rec.path,
             "http.response.status_code": rec.status,
-            "gen_ai.operation.name": rec.operation, "gen_ai.request.model": rec.model,
             "velox.attempts": len(rec.attempts),
         }
+        if rec.operation:
+            attrs["gen_ai.operation.name"] = rec.operation
+        if rec.model:
+            attrs["gen_ai.request.model"] = rec.model
         if rec.attempts:
             provider = PROVIDERS.get(rec.attempts[-1].kind, rec.attempts[-1].kind)
-            attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = provider
+            attrs["gen_ai.provider.name"] = provider
         _usage_attrs(attrs, rec.response_model, rec.finish_reasons, rec.input_tokens,
                      rec.output_tokens)
         attrs.update((name, value) for name, value in (("velox.key", rec.key),
@@ -260,11 +270,6 @@ class Tracer:
             attrs["velox.cost_usd"] = rec.cost_nanos / 1e9
         if rec.cache_hit is not None:
             attrs["velox.cache.hit"] = rec.cache_hit
-        if self.capture_content:
-            if rec.input_messages is not None:
-                attrs["gen_ai.input.messages"] = rec.input_messages
-            if rec.output_messages is not None:
-                attrs["gen_ai.output.messages"] = rec.output_messages
         error = rec.error or (str(rec.status) if rec.status >= 500 else "")
         if error:
             attrs["error.type"] = error
@@ -279,7 +284,7 @@ class Tracer:
         # HTTP server conventions: only 5xx is an error of the server span.
         status = sdk.Status(sdk.ERROR) if rec.status >= 500 or rec.error else sdk.UNSET_STATUS
         return sdk.ReadableSpan(
-            f"{rec.method} {rec.path}", context=self._context(trace.span_id, trace),
+            rec.span_name(rec.model), context=self._context(trace.span_id, trace),
             parent=parent, resource=self.resource, attributes=attrs, events=events,
             kind=sdk.SERVER, status=status, start_time=rec.start_ns + offset,
             end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
@@ -288,11 +293,12 @@ class Tracer:
         sdk = self._sdk
         provider = PROVIDERS.get(attempt.kind, attempt.kind)
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": rec.operation, "gen_ai.provider.name": provider,
-            "gen_ai.system": provider, "gen_ai.request.model": attempt.model,
+            "gen_ai.provider.name": provider, "gen_ai.request.model": attempt.model,
             "server.address": attempt.address, "server.port": attempt.port,
             "velox.upstream": attempt.upstream,
         }
+        if rec.operation:
+            attrs["gen_ai.operation.name"] = rec.operation
         if attempt.status:
             attrs["http.response.status_code"] = attempt.status
         _usage_attrs(attrs, attempt.response_model, attempt.finish_reasons,
@@ -303,7 +309,7 @@ class Tracer:
         parent = sdk.SpanContext(rec.trace.trace_id, rec.trace.span_id, is_remote=False,
                                  trace_flags=sdk.SAMPLED)
         return sdk.ReadableSpan(
-            f"{rec.operation} {attempt.model}", context=self._context(attempt.span_id, rec.trace),
+            rec.span_name(attempt.model), context=self._context(attempt.span_id, rec.trace),
             parent=parent, resource=self.resource, attributes=attrs, kind=sdk.CLIENT,
             status=sdk.Status(sdk.ERROR) if error else sdk.UNSET_STATUS,
             start_time=attempt.start_ns + offset, end_time=attempt.end_ns + offset,
@@ -403,10 +409,3 @@ def _sdk_names() -> _SdkNames:
     if _SDK is None:
         _SDK = _SdkNames()
     return _SDK
-
-
-def from_settings(settings: Any) -> Tracer | None:
-    """The worker's tracer, or None when VELOX_OTEL_ENDPOINT is empty (no tracing)."""
-    if not settings.otel_endpoint:
-        return None
-    return Tracer(settings.otel_endpoint, settings.otel_sample, settings.otel_capture_content)

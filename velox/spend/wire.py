@@ -14,26 +14,27 @@ lifecycle has one:
   exchange (refused, cache hit) gives its reservation back whole.
 
 Budgets in shared memory (`SharedBudgets`, made by the supervisor before the workers fork):
-per budget and per worker slot an int64 `used` (the slot's spend in the current period plus
-what its requests in flight reserve), the period it belongs to, and the reservations alone.
-A slot is written only by its own worker (no lock, no lost update); admission sums `used`
-over the slots. A request is admitted while the sum is below the budget and then reserves
-its estimate, so the spend goes past a budget by at most what the requests admitted just
-before it ran out cost beyond their reservations, plus what two workers admit in the instant
-between one's check and the other's add (one request per worker). One extra row holds what
-the ledger says was spent in the current period when the budgets were made: a restart
-resumes from it.
+each budget is one bucket of a native `Limits`, as a key's tpm is, counting units of the
+budget (1 micro-USD; coarser above $1,000). Admission reads its level (one native call); a
+request is admitted while anything is left and takes its estimate (into debt when less is
+left); settlement charges or refunds the difference to its exact cost. So the spend goes past
+a budget by at most what the requests admitted before it ran out cost beyond what was left:
+the requests in flight at that moment, plus one request per worker admitted in the instant
+between another's check and its take. Per worker slot the units its requests in flight
+reserve are counted too, so a killed worker's reservations go back when its slot restarts.
+At start the buckets are filled with the budget less what the ledger says was spent in the
+current period: a restart resumes from it.
 
-Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); at a
-boundary each worker moves its own row into the new period (keeping its reservations) at its
-next tick or request, and the ledger's row with it.
+Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); the
+supervisor notices a new one within 0.2 s and fills the bucket whole again (`roll`).
 
 What is not priced: a model without a price (cost unknown, logged once per model: it is never
-counted as 0, and it reserves nothing, so a budget cannot stop it); embeddings merged by the
-batching stage (their members are answered by the batcher without a meter of their own).
-Streamed answers are priced from their input and output tokens (the stream's usage chunk
-gives no cached or reasoning split here); plain answers price cached and reasoning tokens
-apart.
+counted as 0, and it reserves nothing, so a budget cannot stop it). Embeddings merged by the
+batching stage are priced per member, from its share of the merged call's usage (`member`);
+the merged call has no row of its own. Cached input, cache writes and reasoning are priced
+apart whenever the answer reports them: a plain answer's usage, a stream's usage events
+(OpenAI's usage chunk, a responses stream's last event, Anthropic's message_start and
+message_delta), or a translated stream's usage told by the translator (`told`).
 """
 
 from __future__ import annotations
@@ -48,53 +49,43 @@ from typing import Any
 
 import orjson
 
-from velox.config.tables import BUDGET_PERIODS, BudgetSpec, PriceSpec, Tables
+from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
+from velox.core.fields import TOKEN_BLOCK
 from velox.core.types import Request, Route
-from velox.relay.usage import estimate_scan, usage_of
+from velox.providers.anthropic import usage_of as anthropic_usage
+from velox.relay.usage import NOT_BOOKED, estimate_scan, usage_of
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable
+from velox.state.limits import Limits
 from velox.state.stats import Counters
 
 log = logging.getLogger("velox.spend")
 
-# Fields of one budget in a slot's row: USED, the slot's spend in PERIOD plus what its requests
-# in flight reserve (the one field admission reads); RESERVED, those reservations alone (read
-# only when a slot's worker starts, to drop what a killed predecessor held).
-_USED, _PERIOD, _RESERVED = 0, 1, 2
-_WIDTH = 3
-_MAX_BUDGETS = 4096 // _WIDTH  # a Counters row holds 4,096 fields
+# A budget's bucket counts micro-USD, or coarser units for a budget above $1,000: a native
+# bucket holds at most 10**9 tokens. A settlement's remainder below one unit is carried by the
+# worker to its next settlement, so the charges add up to the exact costs.
+_UNIT_NANOS = 1000
+_MAX_TOKENS = 10**9
+_MAX_BUDGETS = 4096  # the slots' reservation counters: a Counters row holds 4,096 fields
 NANOS_PER_USD = 10**9
+# The spend counters are blocks of TOKEN_BLOCK (4096) fields, as the token counters are.
+_BLOCK_SHIFT = TOKEN_BLOCK.bit_length() - 1
+_BLOCK_MASK = TOKEN_BLOCK - 1
 COST_HEADER = b"x-velox-cost-usd"
 REMAINING_HEADER = b"x-velox-budget-remaining-usd"
 _NO_RETRY = ((b"x-should-retry", b"false"),)
 _MODEL_CALL = Route.MODEL_CALL
-# A non-zero cached or reasoning count: only then is the body parsed for its details (OpenAI
-# sends both members, as 0, in nearly every answer; a parse costs ~2 us, the search ~0.3).
-_DETAILS = re.compile(rb'"(?:cached|reasoning)_tokens"\s*:\s*[1-9]')
+# A non-zero cached, cache-write or reasoning count (OpenAI's names, a translated answer's
+# cache_write_tokens, Anthropic's cache_*_input_tokens): only then is the body parsed for its
+# parts (OpenAI sends both members, as 0, in nearly every answer; a parse costs ~2 us, the
+# search ~0.3).
+_DETAILS = re.compile(rb'"(?:cached|reasoning|thinking|cache_write|cache_read_input'
+                      rb'|cache_creation_input)_tokens"\s*:\s*[1-9]')
 # API names of the ledger's `api` column, by the request's upstream path.
 _APIS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions",
          b"/v1/embeddings": "embeddings", b"/v1/responses": "responses",
          b"/v1/messages": "messages"}
-
-
-class _Periods:
-    """period_number of the current second, for every period: computed once a second (a
-    month's number needs a datetime, ~1.5 us), read from a dict on the hot path."""
-
-    __slots__ = ("second", "numbers")
-
-    def __init__(self) -> None:
-        self.second = -1
-        self.numbers: dict[str, int] = {}
-
-    def now(self) -> dict[str, int]:
-        now_s = time.time()
-        second = int(now_s)
-        if second != self.second:
-            self.numbers = {p: period_number(p, now_s) for p in BUDGET_PERIODS}
-            self.second = second
-        return self.numbers
 
 
 def period_number(period: str, now_s: float) -> int:
@@ -127,93 +118,114 @@ def budgets_of(tables: Tables) -> tuple[Budget, ...]:
 
 
 class SharedBudgets:
-    """The budgets' counters in shared memory (see the module docstring); made before fork."""
+    """The budgets in shared memory (see the module docstring); made before fork.
+
+    Each budget is one bucket of a native `Limits` (velox.state.limits), as a key's tpm is:
+    admission and settlement are a few native calls, whatever the number of workers. The
+    bucket's tokens are UNITS of the budget: 1 micro-USD, or budget / 10**9 for a budget above
+    $1,000 (a bucket holds at most 10**9 tokens). It is a leased bucket (rate 0): only `give`
+    fills it, with the whole budget when a period starts (`roll`, run by the supervisor) less
+    what the ledger says was spent in it (`resume`, at start). Beside it, per worker slot,
+    the units its requests in flight reserve, so the slot's next worker gives back what a
+    killed one held (`start_slot`).
+    """
 
     def __init__(self, tables: Tables, slots: int, ledger_file: str = "",
                  now_s: float | None = None) -> None:
         self.budgets = budgets_of(tables)
-        if len(self.budgets) > _MAX_BUDGETS:
+        n = len(self.budgets)
+        if n > _MAX_BUDGETS:
             raise ValueError(f"at most {_MAX_BUDGETS} budgets ([[key]] budget_usd and "
-                             f"[[budget]] tables together), got {len(self.budgets)}")
+                             f"[[budget]] tables together), got {n}")
         self.slots = slots
-        self.base = slots  # the row the supervisor fills from the ledger
-        self.counters = Counters(slots + 1, max(1, _WIDTH * len(self.budgets)))
-        self.rows = range(slots + 1)
-        numbers = _Periods().now()
-        for b, budget in enumerate(self.budgets):  # every row starts in the current period
-            for row in self.rows:
-                self.counters.set(row, _WIDTH * b + _PERIOD, numbers[budget.period])
-        if self.budgets and ledger_file:
-            self.resume(ledger_file, time.time() if now_s is None else now_s)
+        self.limits = Limits(max(1, n), slots)
+        # Nano-USD per token of each budget's bucket, and the bucket's size in tokens.
+        self.units = tuple(max(_UNIT_NANOS, -(-b.nanos // _MAX_TOKENS)) for b in self.budgets)
+        self.sizes = tuple(max(1, b.nanos // u) for b, u in zip(self.budgets, self.units,
+                                                                 strict=True))
+        self.in_flight = Counters(slots, max(1, n))  # per slot and budget: units reserved
+        now_s = time.time() if now_s is None else now_s
+        self.periods = [period_number(b.period, now_s) for b in self.budgets]
+        spent = self.resume(ledger_file, now_s) if ledger_file else {}
+        for b, size in enumerate(self.sizes):
+            self.limits.configure(b, 0, size)  # leased: empty until given
+            left = size - -(-spent.get(b, 0) // self.units[b])
+            if left > 0:
+                self.limits.give(b, left)
 
-    def resume(self, ledger_file: str, now_s: float) -> None:
-        """What the ledger holds for each budget's current period becomes the base row."""
+    def resume(self, ledger_file: str, now_s: float) -> dict[int, int]:
+        """Nano-USD the ledger holds for each budget's current period (a restart goes on
+        from there, not from zero)."""
         try:
             store = Store(connect(ledger_file, readonly=True))
         except Exception:  # no file yet (first start): nothing was spent
-            return
+            return {}
         try:
             now_ms = int(now_s * 1000)
+            out = {}
             for b, budget in enumerate(self.budgets):
                 since = period_start(budget.period, now_ms)
                 spent = store.spent("team" if budget.team else "key", since).get(budget.name)
-                base = _WIDTH * b
-                self.counters.set(self.base, base + _PERIOD,
-                                  period_number(budget.period, now_s))
-                self.counters.set(self.base, base + _USED, spent.cost_nanos if spent else 0)
+                out[b] = spent.cost_nanos if spent else 0
+            return out
         finally:
             store.conn.close()
 
     def start_slot(self, slot: int) -> None:
-        """A worker starts in `slot`: what a killed predecessor still reserved goes (its
+        """A worker starts in `slot`: what a killed predecessor still reserved goes back (its
         spend stays)."""
-        counters = self.counters
+        in_flight = self.in_flight
         for b in range(len(self.budgets)):
-            base = _WIDTH * b
-            counters.add(slot, base + _USED, -counters.get(slot, base + _RESERVED))
-            counters.set(slot, base + _RESERVED, 0)
+            held = in_flight.get(slot, b)
+            if held:
+                self.limits.refund(b, held)
+                in_flight.set(slot, b, 0)
 
-    def roll(self, slot: int, numbers: dict[str, int]) -> None:
-        """A new period began for some budget: `slot`'s spend of the old one goes (its
-        reservations stay), and the ledger's base row of the old one too. Each worker rolls its
-        own slot (on its tick, and at its first request of a new second)."""
-        counters = self.counters
-        get, put = counters.get, counters.set
+    def roll(self, now_s: float) -> list[int]:
+        """A new period began for some budgets: each is filled whole again (the give is capped
+        at its size; requests in flight at the change stay charged to the old period with
+        their reservations, only the difference to their exact cost goes to the new one).
+        Run by the supervisor only (on its 0.2 s wake-up), so a period starts once. Returns
+        the budgets rolled."""
+        rolled = []
         for b, budget in enumerate(self.budgets):
-            number = numbers[budget.period]
-            base = _WIDTH * b
-            if get(slot, base + _PERIOD) != number:
-                put(slot, base + _USED, get(slot, base + _RESERVED))
-                put(slot, base + _PERIOD, number)
-            if get(self.base, base + _PERIOD) != number:
-                put(self.base, base + _USED, 0)
-                put(self.base, base + _PERIOD, number)
+            number = period_number(budget.period, now_s)
+            if number != self.periods[b]:
+                self.periods[b] = number
+                self.limits.give(b, self.sizes[b])
+                rolled.append(b)
+        return rolled
+
+    def left(self, b: int) -> int:
+        """Nano-USD left in budget `b` now (negative: spent past it)."""
+        return self.limits.level(b) * self.units[b]
 
     def used(self, b: int) -> int:
-        """Spent in the current period plus reserved, over every slot and the ledger's base
-        (a slot not yet rolled into a new period counts its old spend for at most a tick)."""
-        get = self.counters.get
-        field = _WIDTH * b
-        total = 0
-        for row in self.rows:
-            total += get(row, field)
-        return total
+        """Spent in the current period plus reserved by the requests in flight, nano-USD."""
+        return (self.sizes[b] - self.limits.level(b)) * self.units[b]
 
     def reserved(self, b: int) -> int:
         """What the requests in flight reserve from budget `b`, every slot (a refusal's
         message: not on the admission path)."""
-        get = self.counters.get
-        field = _WIDTH * b + _RESERVED
-        return sum(get(row, field) for row in self.rows)
+        return self.in_flight.totals()[b] * self.units[b]
 
-    def reserve(self, slot: int, b: int, amount: int) -> None:
-        base = _WIDTH * b
-        self.counters.add_many(slot, base + _USED, amount, base + _RESERVED, amount)
+    def reserve(self, slot: int, b: int, units: int) -> None:
+        """Take `units` for a request just admitted. A request is admitted while anything is
+        left (`left` > 0), so when less than its estimate is left it is charged all the same
+        (the bucket goes into debt): the take, refused, still tells the bucket's demand."""
+        limits = self.limits
+        if limits.take(b, units) != 0:
+            limits.charge(b, units)
+        self.in_flight.add(slot, b, units)
 
-    def charge(self, slot: int, b: int, reserved: int, cost: int) -> None:
-        """Settle one request of `slot`: its reservation becomes its cost."""
-        base = _WIDTH * b
-        self.counters.add_many(slot, base + _USED, cost - reserved, base + _RESERVED, -reserved)
+    def settle(self, slot: int, b: int, reserved: int, units: int) -> None:
+        """One request of `slot` ended: its reservation becomes its cost (units)."""
+        if units > reserved:
+            self.limits.charge(b, units - reserved)
+        elif units < reserved:
+            self.limits.refund(b, reserved - units)
+        if reserved:
+            self.in_flight.add(slot, b, -reserved)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"name": b.name, "team": b.team, "period": b.period,
@@ -221,22 +233,21 @@ class SharedBudgets:
                 for i, b in enumerate(self.budgets)]
 
 
-class _Hold:
-    """What an admitted request of a budgeted key holds until it ends."""
-
-    __slots__ = ("budgets", "reserved")
-
-    def __init__(self, budgets: tuple[int, ...], reserved: int) -> None:
-        self.budgets = budgets
-        self.reserved = reserved
+# What an admitted request of a budgeted key holds until it ends: its budgets (indexes into
+# SharedBudgets) and the units it reserved from each.
+_Hold = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 class Spend:
     """Per worker: pricing, the budgets' admission and settlement, the ledger rows."""
 
     def __init__(self, tables: Tables, shared: SharedBudgets | None, slot: int,
-                 default_output: int) -> None:
+                 default_output: int, books: tuple[Any, ...] = ()) -> None:
         self.prices = PriceTable(tables.prices)
+        # /metrics' spend counters (velox.state.stats.SharedStats.spend; none: not counted).
+        self.books = books
+        self.book_width = sum(len(r.targets) for r in tables.routes)
+        self.book_keys = len(tables.keys)
         self.shared = shared
         self.slot = slot
         self.default_output = default_output
@@ -256,20 +267,15 @@ class Spend:
                   + [index["\0" + t.name] for t in teams[k.name]]) if shared is not None
             else () for k in tables.keys)
         self.budgets = shared.budgets if shared is not None else ()
+        # Admitted requests of budgeted keys until their exchange (or answer): the units each
+        # budget reserved for them (velox.spend.wire.SharedBudgets).
         self.held: dict[Request, _Hold] = {}
-        self.periods = _Periods()
-        self.rolled: dict[str, int] | None = None  # the period numbers last rolled to
+        # Per budget: nano-USD of this worker's settled costs below one unit, not yet charged.
+        self.carry = [0] * len(self.budgets)
         # Where a route sends first: (upstream, upstream model) to price an estimate with.
         self._first = {r.model: (r.targets[0].upstream, r.targets[0].model)
                        for r in tables.routes}
         self._catch_all = self._first.get("*")
-
-    def roll(self, numbers: dict[str, int] | None = None) -> None:
-        """Move this slot's budgets into the current periods (see SharedBudgets.roll)."""
-        numbers = self.periods.now() if numbers is None else numbers
-        self.rolled = numbers
-        if self.shared is not None:
-            self.shared.roll(self.slot, numbers)
 
     # --- admission ------------------------------------------------------------------------
 
@@ -290,23 +296,26 @@ class Spend:
     def _admit_one(self, request: Request, budgets: tuple[int, ...]) -> bool:
         shared = self.shared
         assert shared is not None
-        numbers = self.periods.now()
-        if numbers is not self.rolled:  # a new second: did a period end?
-            self.roll(numbers)
-        lowest = None
+        level, units = shared.limits.level, shared.units  # SharedBudgets.left, inlined
+        lowest = -1
         for b in budgets:
-            budget = self.budgets[b]
-            left = budget.nanos - shared.used(b)
-            if left <= 0:
-                self._refuse(request, budget, shared.reserved(b))
+            here = level(b) * units[b]
+            if here <= 0:
+                self._refuse(request, self.budgets[b], shared.reserved(b))
                 return False
-            lowest = left if lowest is None or left < lowest else lowest
+            if lowest < 0 or here < lowest:
+                lowest = here
         estimate = self.estimate(request)
-        for b in budgets:
-            shared.reserve(self.slot, b, estimate)
-        self.held[request] = _Hold(budgets, estimate)
+        if estimate:
+            reserve, slot = shared.reserve, self.slot
+            held = tuple([-(-estimate // units[b]) for b in budgets])
+            for b, n in zip(budgets, held, strict=True):
+                reserve(slot, b, n)
+        else:  # no price: nothing to reserve (its cost stays unknown)
+            held = (0,) * len(budgets)
+        self.held[request] = (budgets, held)
         # What the tightest budget had left when this request was admitted (before its cost).
-        _add_header(request, REMAINING_HEADER, usd_text(lowest or 0))
+        _add_header(request, REMAINING_HEADER, usd_text(lowest))
         return True
 
     def estimate(self, request: Request) -> int:
@@ -370,13 +379,15 @@ class Spend:
             self.answered(request)
 
     def _settle(self, hold: _Hold, cost: int) -> None:
+        """The request's reservations become its cost, in each budget's units (the part
+        below a unit carried to this worker's next settlement)."""
         shared = self.shared
         assert shared is not None
-        numbers = self.periods.now()
-        if numbers is not self.rolled:
-            self.roll(numbers)
-        for b in hold.budgets:
-            shared.charge(self.slot, b, hold.reserved, cost)
+        units, carry, settle, slot = shared.units, self.carry, shared.settle, self.slot
+        budgets, held = hold
+        for i, b in enumerate(budgets):
+            used, carry[b] = divmod(cost + carry[b], units[b])
+            settle(slot, b, held[i], used)
 
     def meter(self, exchange: Any, inner: Any) -> PricedMeter:
         return PricedMeter(self, exchange.request, inner, self.held.pop(exchange.request, None))
@@ -393,11 +404,44 @@ class Spend:
             return self.prices.cost(upstream, model, usage)  # None, logged once per model
         return plain_cost(price, usage.input, usage.output)
 
-    def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None) -> None:
+    def book(self, attempt: Any, key: int, cost: int | None) -> None:
+        """Count the cost (or one request of unknown cost) in /metrics' shared counters, under
+        the key and the route target that answered (see SharedStats.spend)."""
+        if not self.books or attempt is None or attempt.index < 0 or key >= self.book_keys:
+            return  # no target (nothing was sent), or a key added at run time (no field)
+        field = ((key + 1) * self.book_width + attempt.index) * 2
+        if cost is None:
+            field += 1
+        elif not cost:
+            return
+        self.books[field >> _BLOCK_SHIFT].add(self.slot, field & _BLOCK_MASK,
+                                              1 if cost is None else cost)
+
+    def member(self, request: Request, inp: int, out: int, exchange: Any) -> None:
+        """A batched embeddings request, answered its share of a merged call's usage
+        (velox.batching.batch): priced as if it had called alone (x-velox-cost-usd, its
+        budget settled, its ledger row, /metrics); the merged call itself is not (finish)."""
+        usage = _Usage(inp, out)
+        cost = self.price(exchange, usage)
+        if cost is not None:
+            _add_header(request, COST_HEADER, usd_text(cost))
+            share = getattr(request.exchange, "meter", None)  # the Member's Share
+            if share is not None:
+                share.cost = cost  # the access log's cost_usd (cost_field)
+        hold = self.held.pop(request, None)
+        if hold is not None:
+            self._settle(hold, cost or 0)
+        self.book(exchange.route_attempt, request.key, cost)
+        self.row(exchange, 200, usage, cost, request)
+
+    def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None,
+            request: Request | None = None) -> None:
+        """The ledger row of `request` (by default the exchange's own) answered by
+        `exchange`."""
         feed = self.feed
         if feed is None:
             return
-        request = exchange.request
+        request = exchange.request if request is None else request
         attempt = exchange.route_attempt
         k = request.key
         feed.add((time.time_ns() // 1_000_000,
@@ -435,27 +479,60 @@ class _Usage:
 
 
 def usage_details(body: bytes) -> _Usage | None:
-    """A plain answer's usage with its cached and reasoning parts (OpenAI's
-    prompt_tokens_details.cached_tokens and completion_tokens_details.reasoning_tokens);
-    None when it reports none. The details are read only when the body names them."""
+    """A plain answer's usage with its cached, cache-write and reasoning parts; None when it
+    reports none. The details are read only when the body names them."""
     numbers = usage_of(body)
     if numbers is None:
         return None
-    return _details(body, _Usage(*numbers))
+    return _details((body,), _Usage(*numbers))
 
 
-def _details(body: bytes, usage: _Usage) -> _Usage:
-    """`usage` with the cached and reasoning counts of the body's usage, when not 0."""
-    if _DETAILS.search(body) is not None:
+def _details(data: Sequence[bytes], usage: _Usage) -> _Usage:
+    """`usage` with the parts the usage objects of `data` (JSON documents: an answer, or a
+    stream's usage events, later ones over earlier ones) report, when any is not 0."""
+    for d in data:  # a loop, not any(): this runs for every answer
+        if _DETAILS.search(d) is not None:
+            break
+    else:
+        return usage
+    found: dict[str, Any] = {}
+    for d in data:
         try:
-            found = orjson.loads(body).get("usage") or {}
-        except (orjson.JSONDecodeError, AttributeError):
+            doc = orjson.loads(d)
+        except orjson.JSONDecodeError:
             return usage
-        prompt = found.get("prompt_tokens_details") or {}
-        completion = found.get("completion_tokens_details") or {}
-        usage.cached_input = _int(prompt.get("cached_tokens"))
-        usage.reasoning = _int(completion.get("reasoning_tokens"))
-    return usage
+        if type(doc) is not dict:
+            return usage
+        one = doc.get("usage")
+        if one is None:  # a Messages stream's message_start, a responses stream's event
+            inner = doc.get("message") if type(doc.get("message")) is dict else doc.get("response")
+            one = inner.get("usage") if type(inner) is dict else None
+        if type(one) is dict:
+            found.update(one)
+    return usage_parts(found) or usage
+
+
+def usage_parts(found: dict[str, Any]) -> _Usage | None:
+    """A usage object of any shape a client API reports, in OpenAI's terms (cached input and
+    cache writes parts of the input, reasoning part of the output): chat completions
+    (prompt_tokens, *_details; a translated answer adds cache_write_tokens), responses
+    (input_tokens, input_tokens_details, output_tokens_details) and Anthropic Messages
+    (input_tokens beside cache_read_input_tokens and cache_creation_input_tokens)."""
+    if "cache_read_input_tokens" in found or "cache_creation_input_tokens" in found:
+        parts = anthropic_usage(found)
+        return _Usage(parts.input, parts.output, parts.cached_input, parts.cache_write,
+                      parts.reasoning)
+    inp, out = found.get("prompt_tokens"), found.get("completion_tokens")
+    into = found.get("prompt_tokens_details") or {}
+    outof = found.get("completion_tokens_details") or {}
+    if inp is None:
+        inp, out = found.get("input_tokens"), found.get("output_tokens")
+        into = found.get("input_tokens_details") or {}
+        outof = found.get("output_tokens_details") or {}
+    if type(inp) is not int or type(into) is not dict or type(outof) is not dict:
+        return None
+    return _Usage(inp, _int(out), _int(into.get("cached_tokens")),
+                  _int(into.get("cache_write_tokens")), _int(outof.get("reasoning_tokens")))
 
 
 def _int(value: object) -> int:
@@ -496,15 +573,21 @@ class PricedMeter:
         rest: bytes = self.inner.end()
         sse = getattr(_token_meter(self.inner), "sse", None)
         if sse is not None and sse.found:  # priced before the access log's line is made
-            self._priced(_Usage(sse.input, sse.output))
+            self._priced(_details(sse.usage_data, _Usage(sse.input, sse.output)))
         return rest
+
+    def told(self, usage: Any) -> None:
+        """A translated stream's usage (velox.providers.base.Usage, every part), told at its
+        end when the client did not ask for it in the stream (velox.egress.edge)."""
+        self._priced(_Usage(usage.input, usage.output, usage.cached_input, usage.cache_write,
+                            usage.reasoning))
 
     def body(self, body: bytes) -> None:
         inner = self.inner
         inner.body(body)
         # The token meter has read the usage (a CountMeter, natively): only the details are
         # left to find, and only when the body has any.
-        usage = _details(body, _Usage(inner.input, inner.output)) if inner.exact else \
+        usage = _details((body,), _Usage(inner.input, inner.output)) if inner.exact else \
             usage_details(body)
         exchange: Any = self.request.exchange
         if usage is not None and exchange is not None and 200 <= exchange.status < 300:
@@ -536,7 +619,9 @@ class PricedMeter:
         if hold is not None:
             self.hold = None
             spend._settle(hold, self.cost or 0)
-        spend.row(exchange, status, usage, self.cost)
+        if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
+            spend.book(exchange.route_attempt, self.request.key, self.cost)
+            spend.row(exchange, status, usage, self.cost)
         self.done = True
 
 
@@ -565,9 +650,12 @@ def usd_text(nanos: int) -> bytes:
 def cost_field(exchange: Any) -> bytes:
     """The access log's `cost_usd` of a request: a number, or null (unknown or not priced)."""
     meter = getattr(exchange, "meter", None) if exchange is not None else None
-    if type(meter) is not PricedMeter or meter.cost is None:
+    if meter is None:
         return b"null"
-    return usd_text(meter.cost)
+    # A PricedMeter, or a batched member's share (velox.batching.batch.Share, priced by
+    # Spend.member); any other meter has no price.
+    cost = meter.cost if type(meter) is PricedMeter else getattr(meter, "cost", None)
+    return b"null" if cost is None else usd_text(cost)
 
 
 def _api(path: bytes) -> str:
@@ -623,3 +711,9 @@ class SpendHost:
         shared = SharedBudgets(tables, self.slots, self.ledger_file)
         self._budgets[id(shared)] = shared
         return shared
+
+    def tick(self, now_s: float | None = None) -> None:
+        """The supervisor's wake-up (every 0.2 s): a budget period that ended starts anew."""
+        now_s = time.time() if now_s is None else now_s
+        for shared in self._budgets.values():
+            shared.roll(now_s)

@@ -26,6 +26,13 @@ from velox.state.health import SharedHealth
 from velox.state.keys import SharedKeys
 
 
+def _blocks(slots: int, size: int) -> tuple[Any, ...]:
+    """`size` fields a slot as Counters of at most TOKEN_BLOCK fields (a row's limit): field f
+    is block f // TOKEN_BLOCK."""
+    return tuple(Counters(slots, min(TOKEN_BLOCK, size - start))
+                 for start in range(0, size, TOKEN_BLOCK))
+
+
 class SharedStats:
     """Everything the workers write and the admin reads, mapped before the workers fork.
 
@@ -44,7 +51,8 @@ class SharedStats:
 
     __slots__ = ("workers", "slots", "active", "counters", "histograms", "routes", "tables",
                  "health", "upstream_latency", "targets", "target_names", "retries",
-                 "upstream_status", "cache", "keys", "tokens", "key_names", "route_models")
+                 "upstream_status", "cache", "keys", "tokens", "key_names", "route_models",
+                 "spend")
 
     def __init__(self, workers: int, tables: Tables | None = None) -> None:
         self.workers = workers
@@ -81,8 +89,10 @@ class SharedStats:
         self.route_models = tuple(r.model for r in tables.routes)
         # Counters hold at most TOKEN_BLOCK fields a row: field f is tokens[f // TOKEN_BLOCK].
         size = max(1, len(self.key_names) * len(self.route_models) * 2)
-        self.tokens = tuple(Counters(slots, min(TOKEN_BLOCK, size - start))
-                            for start in range(0, size, TOKEN_BLOCK))
+        self.tokens = _blocks(slots, size)
+        # Spend by gateway key and route target (velox.spend.wire writes it): field =
+        # ((key + 1) x targets + target) x 2 + kind (0 nano-USD, 1 requests of unknown cost).
+        self.spend = _blocks(slots, max(1, len(self.key_names) * len(self.target_names) * 2))
 
     def with_tables(self, tables: Tables) -> SharedStats:
         """The shared state for a reloaded configuration; call it before forking its workers.
@@ -118,22 +128,34 @@ class SharedStats:
         """(key, route, input, output) for every key and route that used tokens. With
         `own_keys`, keys past the first `own_keys` (file order) are summed per route under
         OTHER_KEYS (the no-key row '-' is always its own)."""
-        totals = [n for block in self.tokens for n in block.totals()]
-        width = len(self.route_models)
+        return [(key, self.route_models[r], inp, out)
+                for key, r, inp, out in self._by_key(self.tokens, len(self.route_models),
+                                                     own_keys)]
+
+    def spend_rows(self, own_keys: int | None = None) -> list[tuple[str, int, int, int]]:
+        """(key, target, nano-USD, requests of unknown cost) for every key and route target
+        (its position in `target_names`) that spent; `own_keys` as in token_rows."""
+        return self._by_key(self.spend, len(self.target_names), own_keys)
+
+    def _by_key(self, blocks: tuple[Any, ...], width: int,
+                own_keys: int | None) -> list[tuple[str, int, int, int]]:
+        """The non-zero pairs of fields ((key + 1) x width + column) x 2 + {0, 1} of `blocks`,
+        summed over the slots, keys past `own_keys` summed under OTHER_KEYS."""
+        totals = [n for block in blocks for n in block.totals()]
         names = self.key_names if own_keys is None else self.key_names[:own_keys + 1]
         rows = []
         for k, key in enumerate(names):
-            for r, route in enumerate(self.route_models):
-                field = (k * width + r) * 2
+            for c in range(width):
+                field = (k * width + c) * 2
                 if totals[field] or totals[field + 1]:
-                    rows.append((key, route, totals[field], totals[field + 1]))
+                    rows.append((key, c, totals[field], totals[field + 1]))
         if len(names) < len(self.key_names):
             start = len(names) * width * 2
-            for r, route in enumerate(self.route_models):
-                inp = sum(totals[start + r * 2::width * 2])
-                out = sum(totals[start + r * 2 + 1::width * 2])
-                if inp or out:
-                    rows.append((OTHER_KEYS, route, inp, out))
+            for c in range(width):
+                first = sum(totals[start + c * 2::width * 2])
+                second = sum(totals[start + c * 2 + 1::width * 2])
+                if first or second:
+                    rows.append((OTHER_KEYS, c, first, second))
         return rows
 
     def totals(self) -> dict[str, int]:

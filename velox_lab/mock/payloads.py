@@ -66,12 +66,25 @@ def _sse_event(kind: str, obj: dict) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _dumps(obj) + b"\n\n"
 
 
-def _chat_usage(prompt: int, completion: int) -> dict:
+# A request with `prompt_cache_key` is answered as a prompt-cache hit (half its input read
+# from the cache); one with `reasoning_effort` (chat) or `reasoning` (responses) as a
+# reasoning model's, which thinks this many tokens before it answers (counted in the output).
+REASONING_TOKENS = 5
+
+
+def _parts(req: dict, prompt: int, reasoning: object) -> tuple[int, int]:
+    """(cached input, reasoning) tokens the answer reports for `req`."""
+    return (prompt // 2 if req.get("prompt_cache_key") else 0,
+            REASONING_TOKENS if reasoning else 0)
+
+
+def _chat_usage(req: dict, prompt: int, completion: int) -> dict:
+    cached, reasoning = _parts(req, prompt, req.get("reasoning_effort"))
     return {
-        "prompt_tokens": prompt, "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+        "prompt_tokens": prompt, "completion_tokens": completion + reasoning,
+        "total_tokens": prompt + completion + reasoning,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0,
                                       "accepted_prediction_tokens": 0,
                                       "rejected_prediction_tokens": 0},
     }
@@ -92,7 +105,7 @@ def chat_completion(req: dict, model: str, uid: str, created: int, chunks: int) 
                      "message": {"role": "assistant", "content": "".join(text_pieces),
                                  "refusal": None, "annotations": []},
                      "logprobs": None, "finish_reason": "stop"}],
-        "usage": _chat_usage(prompt, len(text_pieces)),
+        "usage": _chat_usage(req, prompt, len(text_pieces)),
         "service_tier": "default", "system_fingerprint": FINGERPRINT,
     })
 
@@ -120,7 +133,7 @@ def chat_completion_stream(req: dict, model: str, uid: str, created: int,
                                      "finish_reason": finish}]})
            for delta, finish in deltas]
     if with_usage:
-        usage = _chat_usage(_text_tokens(req.get("messages")), len(text_pieces))
+        usage = _chat_usage(req, _text_tokens(req.get("messages")), len(text_pieces))
         out.append(sse({**head, "choices": [], "usage": usage}))
     out.append(SSE_DONE)
     return out
@@ -214,9 +227,11 @@ def _response_object(req: dict, model: str, uid: str, created: int, status: str,
                                 "logprobs": []}]}]
         prompt = _text_tokens(req.get("input")) + _text_tokens(req.get("instructions"))
         done = len(text.split(" "))
-        usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": done, "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": prompt + done}
+        cached, reasoning = _parts(req, prompt, req.get("reasoning"))
+        usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                 "output_tokens": done + reasoning,
+                 "output_tokens_details": {"reasoning_tokens": reasoning},
+                 "total_tokens": prompt + done + reasoning}
     return {
         "id": "resp_" + uid, "object": "response", "created_at": created, "status": status,
         "error": None, "incomplete_details": None, "instructions": req.get("instructions"),

@@ -16,6 +16,8 @@ Behaviour, for both (so a test chooses by model name, which survives any gateway
 - model `midstream-<NAME>`: a streamed answer that sends two text pieces, then that error as
   the provider sends errors mid-stream.
 - model `length-...` / `filter-...`: the answer stops for max tokens / a content filter.
+- Gemini model `cached-...`: an implicit prompt-cache hit, half the prompt reported as
+  `cachedContentTokenCount` (a part of promptTokenCount, as Gemini counts it).
 - tools declared and the last turn is not a tool result (or a tool is required): the answer
   calls the first declared (or the named) function; after a tool result it answers with text
   quoting the result. Gemini function calls carry a thought signature that must come back on
@@ -214,6 +216,8 @@ def _gemini_generate(req: dict[str, Any], model: str, stream: bool, sse: bool,
     thoughts = 7 if _field(config, "thinkingConfig") else 0
     usage = {"promptTokenCount": _tokens(contents), "candidatesTokenCount": len(parts),
              "totalTokenCount": _tokens(contents) + len(parts) + thoughts}
+    if model.startswith("cached-"):
+        usage["cachedContentTokenCount"] = usage["promptTokenCount"] // 2
     if thoughts:
         usage["thoughtsTokenCount"] = thoughts
     version = model

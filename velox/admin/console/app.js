@@ -199,11 +199,13 @@ function rates(k) {
   const now = performance.now() / 1000;
   const u = k.usage;
   const prev = lastCounts.get(k.name);
-  lastCounts.set(k.name, { t: now, requests: u.requests, tokens: u.tokens_taken });
+  // Tokens its answers used (every key, file or run-time, with or without a tpm).
+  const tokens = u.tokens_in + u.tokens_out;
+  lastCounts.set(k.name, { t: now, requests: u.requests, tokens });
   if (!prev || now - prev.t < 0.5) return { rpm: null, tpm: null };
   const per = 60 / (now - prev.t);
   return { rpm: Math.max(0, (u.requests - prev.requests) * per),
-           tpm: Math.max(0, (u.tokens_taken - prev.tokens) * per) };
+           tpm: Math.max(0, (tokens - prev.tokens) * per) };
 }
 
 function use(limit, rate, unit) {
@@ -223,8 +225,7 @@ async function keys() {
       el("th", { scope: "row" }, k.name),
       el("td", null, runtime ? "run time" : "file (read-only)"),
       el("td", null, use(k.rpm, r.rpm, "req/min")),
-      // Tokens are taken (counted) only from keys that have a tpm limit.
-      el("td", null, use(k.tpm, k.tpm ? r.tpm : null, "tok/min")),
+      el("td", null, use(k.tpm, r.tpm, "tok/min")),
       el("td", null, k.max_parallel ? `${u ? u.active : "–"} / ${k.max_parallel}` : (u ? `${u.active} / no limit` : "no limit")),
       el("td", null, k.models ? k.models.join(", ") : "all"),
       el("td", null, runtime ? fmt.when(k.expires_at) : "–"),
