@@ -390,8 +390,9 @@ fail:
 PyDoc_STRVAR(usage_scan_doc,
              "usage_scan(body, /) -> (int, int) | bool\n--\n\n"
              "The usage of an answer in OpenAI's own order: (prompt_tokens, completion_tokens)\n"
-             "read at its last \"usage\" key; False when it has no \"usage\" key; True when its\n"
-             "last one is in another form (read it another way).");
+             "read at its last \"usage\" key, or in the Messages API's (input_tokens plus its\n"
+             "cache writes and reads, output_tokens); False when it has no \"usage\" key; True\n"
+             "when its last one is in another form (read it another way).");
 
 static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {
@@ -400,6 +401,8 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
         return NULL;
     int64_t in = 0, out = 0;
     int rc = vx_books_usage(view.buf, (size_t)view.len, &in, &out);
+    if (rc < 0) /* not OpenAI's order: Anthropic's (a Messages answer) */
+        rc = vx_books_usage_messages(view.buf, (size_t)view.len, &in, &out);
     PyBuffer_Release(&view);
     if (rc == 0)
         Py_RETURN_FALSE;

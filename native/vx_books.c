@@ -167,29 +167,40 @@ static int64_t digits(const unsigned char *s, size_t n, size_t *i)
 
 #define LIT(s) s, sizeof(s) - 1
 
-int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+/* The usage object's first member: at the last `"usage"` of s, past `:{` and the space after
+ * it. 1 with *at set; 0 when s has no "usage" key; -1 when its value does not open an object. */
+static int usage_object(const unsigned char *s, size_t n, size_t *at)
 {
     static const char KEY[] = "\"usage\"";
     const size_t klen = sizeof KEY - 1;
     if (n < klen)
         return 0;
     /* The last occurrence: scan backwards for its closing quote's first byte. */
-    size_t at = (size_t)-1;
+    size_t found = (size_t)-1;
     for (size_t i = n - klen + 1; i-- > 0;) {
         if (s[i] == '"' && memcmp(s + i, KEY, klen) == 0) {
-            at = i;
+            found = i;
             break;
         }
     }
-    if (at == (size_t)-1)
+    if (found == (size_t)-1)
         return 0;
-    size_t i = skip_space(s, n, at + klen);
+    size_t i = skip_space(s, n, found + klen);
     if (!(i = expect(s, n, i, LIT(":"))))
         return -1;
     i = skip_space(s, n, i);
     if (!(i = expect(s, n, i, LIT("{"))))
         return -1;
-    i = skip_space(s, n, i);
+    *at = skip_space(s, n, i);
+    return 1;
+}
+
+int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+{
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
     if (!(i = expect(s, n, i, LIT("\"prompt_tokens\""))))
         return -1;
     i = skip_space(s, n, i);
@@ -214,6 +225,102 @@ int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
         return -1;
     *in = a;
     *out = b;
+    return 1;
+}
+
+/* ---- usage in the Messages API's order (non-streamed answers) ----
+ *
+ * Its own function beside vx_books_usage, so the OpenAI scan stays as it is. The members read,
+ * in Anthropic's order: "input_tokens" (required), "cache_creation_input_tokens" and
+ * "cache_read_input_tokens" (each optional), "cache_creation" (optional: an object of
+ * "name":digits members, the cache writes by lifetime, already counted in the total above),
+ * "output_tokens" (required); what follows output_tokens is not read. */
+
+/* ,"<key>": at s[*i] (whitespace allowed between tokens): 1 with *i past the colon and the
+ * space after it; 0 when the next member is another one (nothing moved). */
+static int member(const unsigned char *s, size_t n, size_t *i, const char *key, size_t len)
+{
+    size_t j = skip_space(s, n, *i);
+    if (!(j = expect(s, n, j, LIT(","))))
+        return 0;
+    j = skip_space(s, n, j);
+    if (!(j = expect(s, n, j, key, len)))
+        return 0;
+    j = skip_space(s, n, j);
+    if (!(j = expect(s, n, j, LIT(":"))))
+        return 0;
+    *i = skip_space(s, n, j);
+    return 1;
+}
+
+/* An object of "name":digits members at s[i] (names without escapes): the index past its
+ * closing brace, 0 when it is anything else. */
+static size_t number_object(const unsigned char *s, size_t n, size_t i)
+{
+    if (!(i = expect(s, n, i, LIT("{"))))
+        return 0;
+    i = skip_space(s, n, i);
+    if (i < n && s[i] == '}')
+        return i + 1;
+    for (;;) {
+        if (!(i = expect(s, n, i, LIT("\""))))
+            return 0;
+        while (i < n && s[i] != '"' && s[i] != '\\')
+            i++;
+        if (!(i = expect(s, n, i, LIT("\""))))
+            return 0;
+        i = skip_space(s, n, i);
+        if (!(i = expect(s, n, i, LIT(":"))))
+            return 0;
+        i = skip_space(s, n, i);
+        if (digits(s, n, &i) < 0)
+            return 0;
+        i = skip_space(s, n, i);
+        if (i < n && s[i] == '}')
+            return i + 1;
+        if (!(i = expect(s, n, i, LIT(","))))
+            return 0;
+        i = skip_space(s, n, i);
+    }
+}
+
+int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+{
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
+    if (!(i = expect(s, n, i, LIT("\"input_tokens\""))))
+        return -1;
+    i = skip_space(s, n, i);
+    if (!(i = expect(s, n, i, LIT(":"))))
+        return -1;
+    i = skip_space(s, n, i);
+    int64_t total = digits(s, n, &i);
+    if (total < 0)
+        return -1;
+    /* Cache writes and reads are parts of the input, as OpenAI's prompt_tokens count them. */
+    if (member(s, n, &i, LIT("\"cache_creation_input_tokens\""))) {
+        int64_t v = digits(s, n, &i);
+        if (v < 0)
+            return -1;
+        total += v;
+    }
+    if (member(s, n, &i, LIT("\"cache_read_input_tokens\""))) {
+        int64_t v = digits(s, n, &i);
+        if (v < 0)
+            return -1;
+        total += v;
+    }
+    if (member(s, n, &i, LIT("\"cache_creation\"")) && !(i = number_object(s, n, i)))
+        return -1;
+    if (!member(s, n, &i, LIT("\"output_tokens\"")))
+        return -1;
+    int64_t o = digits(s, n, &i);
+    if (o < 0)
+        return -1;
+    *in = total;
+    *out = o;
     return 1;
 }
 

@@ -45,6 +45,14 @@ int vx_books_time(char *out, int64_t ms);
  * last one is not in that form (the caller reads it another way). */
 int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
 
+/* The usage of a Messages API answer in Anthropic's own order: at the last `"usage"` of s,
+ * `"usage":{"input_tokens":N` then optionally `"cache_creation_input_tokens":C`,
+ * `"cache_read_input_tokens":R`, `"cache_creation":{"name":digits, ...}`, then
+ * `"output_tokens":M` (JSON whitespace allowed between tokens, each number 1 to 15 digits).
+ * 1 with *in = N + C + R (the whole input, as OpenAI's prompt_tokens counts it) and *out = M;
+ * 0 when s has no "usage" key; -1 when its last one is not in that form. */
+int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
+
 /* A request body's token estimate (velox.usage), read from where the schema puts things:
  *   *input = ceil((n - payload bytes) / 4) + 765 per inline payload. A payload is a string at
  *     top.messages[i].content[j].image_url.url or .image_url (chat's and the Responses API's

@@ -89,6 +89,48 @@ static void test_usage(void)
         CHECK(vx_books_usage((const unsigned char *)good, n, &in, &out) >= -1);
 }
 
+static int usage_messages(const char *s, int64_t *in, int64_t *out)
+{
+    return vx_books_usage_messages((const unsigned char *)s, strlen(s), in, out);
+}
+
+static void test_usage_messages(void)
+{
+    int64_t in = -1, out = -1;
+    /* Anthropic's answer as the API writes it: cache writes and reads are part of the input. */
+    CHECK(usage_messages("{\"content\":[{\"type\":\"text\",\"text\":\"\\\"usage\\\"\"}],"
+                         "\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":100,"
+                         "\"cache_read_input_tokens\":1000,\"cache_creation\":{"
+                         "\"ephemeral_5m_input_tokens\":100,\"ephemeral_1h_input_tokens\":0},"
+                         "\"output_tokens\":6,\"service_tier\":\"standard\"}}",
+                         &in, &out) == 1);
+    CHECK(in == 1112 && out == 6);
+    CHECK(usage_messages("{\"usage\":{\"input_tokens\":3,\"output_tokens\":4}}", &in, &out) == 1);
+    CHECK(in == 3 && out == 4);
+    CHECK(usage_messages("{\"usage\" : {\n\"input_tokens\" : 3 , \"cache_read_input_tokens\":2 ,"
+                         " \"cache_creation\" : { } , \"output_tokens\":4}}", &in, &out) == 1);
+    CHECK(in == 5 && out == 4);
+    CHECK(usage_messages("{}", &in, &out) == 0);
+    CHECK(usage_messages("", &in, &out) == 0);
+    /* Other orders, nulls, strings and cut bodies are left to Python. */
+    CHECK(usage_messages("{\"usage\":{\"output_tokens\":4,\"input_tokens\":3}}", &in, &out) == -1);
+    CHECK(usage_messages("{\"usage\":{\"input_tokens\":3,\"cache_creation_input_tokens\":null,"
+                         "\"output_tokens\":4}}", &in, &out) == -1);
+    CHECK(usage_messages("{\"usage\":{\"input_tokens\":3,\"cache_creation\":{\"a\\\"b\":1},"
+                         "\"output_tokens\":4}}", &in, &out) == -1);
+    CHECK(usage_messages("{\"usage\":{\"input_tokens\":3,\"cache_creation\":{\"a\":\"x\"},"
+                         "\"output_tokens\":4}}", &in, &out) == -1);
+    CHECK(usage_messages("{\"usage\":{\"input_tokens\":3,\"service_tier\":\"x\","
+                         "\"output_tokens\":4}}", &in, &out) == -1);
+    CHECK(usage_messages("{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}", &in,
+                         &out) == -1);
+    const char *good = "{\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":1,"
+                       "\"cache_read_input_tokens\":2,\"cache_creation\":{\"a\":1,\"b\":2},"
+                       "\"output_tokens\":6}}";
+    for (size_t n = 0; n <= strlen(good); n++)
+        CHECK(vx_books_usage_messages((const unsigned char *)good, n, &in, &out) >= -1);
+}
+
 static void estimate(const char *s, int64_t *in, int64_t *out)
 {
     vx_books_estimate((const unsigned char *)s, strlen(s), in, out);
@@ -159,6 +201,7 @@ int main(void)
     test_strings();
     test_numbers_and_time();
     test_usage();
+    test_usage_messages();
     if (failures)
         fprintf(stderr, "test_books: %d failure(s)\n", failures);
     return failures != 0;

@@ -44,3 +44,21 @@ def test_general_blocks():
     assert splitter.pending() == b"data: tail"
     assert sse.event(b"ping", b"{}") == b"event: ping\ndata: {}\n\n"
     assert sse.data(b"[DONE]") == b"data: [DONE]\n\n"
+
+
+_LINES = st.sampled_from([b"event: message_stop", b"event: ping", b"data: {}", b"data: [DONE]",
+                          b"data: {\"a\":\"b\\nc\"}", b"", b"\r", b"\r\n", b": comment",
+                          b"event:x", b"data:1", b"id: 7"])
+
+
+@given(st.lists(_LINES, max_size=6).map(lambda lines: b"\n".join(lines) + b"\n\n"))
+def test_one_event_fast_path_agrees_with_feed_and_fields(data: bytes) -> None:
+    """`Splitter.one` takes only reads that are exactly one event, and reads them as `feed`
+    and `fields` would."""
+    one = sse.Splitter().one(data)
+    if one is not None:
+        blocks = sse.Splitter().feed(data)
+        assert len(blocks) == 1 and sse.fields(blocks[0]) == one
+    held = sse.Splitter()
+    held.feed(b"event: pi")
+    assert held.one(b"ng\ndata: {}\n\n") is None  # something held: the slow path joins it

@@ -37,11 +37,12 @@ alone, `model` as upstream returned it, and `usage` shared in proportion to its 
 (characters of its strings, or its token count) with largest-remainder rounding, so the
 parts add up exactly to the upstream's numbers (`split`, `apportion`).
 
-Failures. A 400 of the merged call (one member's bad input fails the whole upstream call) sends
-every member again on its own (`EMB_SPLIT_RETRIES`), so one client's bad input never fails its
-neighbours. Any other failure reaches every member as the error it would have had alone: the
-same status, headers and OpenAI-shaped body. Every member is answered exactly once; a member
-whose client left is skipped.
+Failures. A 400 of the merged call (one member's bad input fails the whole upstream call; or
+a merged call its upstream kind refuses before sending, such as more texts than Cohere Embed
+takes) sends every member again on its own (`EMB_SPLIT_RETRIES`), so one client's bad input
+never fails its neighbours. Any other failure reaches every member as the error it would have
+had alone: the same status, headers and OpenAI-shaped body. Every member is answered exactly
+once; a member whose client left is skipped.
 
 Accounting: the worker counts a taken request in its in_flight; the batcher ends each member
 through the worker's `on_done` exactly once (with a `Member` carrying the merged call's
@@ -459,6 +460,12 @@ class BatchCall:
         if self.finished:
             return
         self.finished = True
+        if getattr(exc, "status", 0) == 400:
+            # Refused before sending: the merged call is what its upstream cannot take (over
+            # Cohere Embed's 96 texts on a bedrock route), not necessarily any member: each
+            # goes alone, as after an upstream's 400.
+            self.batcher.split_retry(self.members)
+            return
         for member in self.members:
             member.fail(exc)
 

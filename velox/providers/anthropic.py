@@ -530,23 +530,30 @@ class AnthropicStream:
     def feed(self, data: bytes) -> bytes:
         if self._state >= DONE:
             return b""
+        # The common read holds one whole event (the upstream writes one per DATA frame): no
+        # splitter, no list, no join (~1.5 us of the ~3 an event cost; bench_providers).
+        one = self._split.one(data)
+        if one is not None:
+            return self._event(*one)
         out = []
         for block in self._split.feed(data):
-            name, payload = sse.fields(block)
-            handler = _HANDLERS.get(name)
-            if handler is None:
-                continue  # ping, and events newer than this translator
-            try:
-                piece = handler(self, _loads(payload))
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-                piece = self._fail(ProviderError(
-                    502, "api_error", f"The upstream (kind '{KIND}') sent a malformed "
-                    f"{name.decode('latin-1')} event."))
+            piece = self._event(*sse.fields(block))
             if piece:
                 out.append(piece)
             if self._state >= DONE:
                 break
         return b"".join(out)
+
+    def _event(self, name: bytes, payload: bytes) -> bytes:
+        handler = _HANDLERS.get(name)
+        if handler is None or self._state >= DONE:
+            return b""  # ping (dropped unread), and events newer than this translator
+        try:
+            return handler(self, _loads(payload))
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return self._fail(ProviderError(
+                502, "api_error", f"The upstream (kind '{KIND}') sent a malformed "
+                f"{name.decode('latin-1')} event."))
 
     def end(self) -> bytes:
         if self._state >= DONE:

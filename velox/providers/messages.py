@@ -35,7 +35,7 @@ import orjson
 from velox.core.errors import MissingParameter, to_response
 
 from . import sse
-from .base import Answer, Headers, Untranslatable, Usage
+from .base import Answer, Headers, Stream, Translator, Untranslatable, Usage
 from .chat import JSON_HEADERS, header, loads_object, refuse
 
 _dumps = orjson.dumps
@@ -294,13 +294,18 @@ def _usage(usage: Any) -> tuple[Usage, dict[str, Any]]:
     """(Usage in OpenAI's terms, Anthropic's usage object) of an OpenAI usage object."""
     usage = usage if isinstance(usage, dict) else {}
     prompt = usage.get("prompt_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") or 0
+    # Written to the provider's prompt cache: reported by the translators of providers that
+    # have such writes (Bedrock, Anthropic), a part of prompt_tokens as the cached reads are.
+    written = details.get("cache_write_tokens") or 0
     reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     out = Usage(input=prompt, output=usage.get("completion_tokens") or 0, cached_input=cached,
-                reasoning=reasoning)
-    shaped: dict[str, Any] = {"input_tokens": prompt - cached, "output_tokens": out.output,
+                cache_write=written, reasoning=reasoning)
+    shaped: dict[str, Any] = {"input_tokens": prompt - cached - written,
+                              "output_tokens": out.output,
                               "cache_read_input_tokens": cached,
-                              "cache_creation_input_tokens": 0}
+                              "cache_creation_input_tokens": written}
     if reasoning:
         shaped["output_tokens_details"] = {"thinking_tokens": reasoning}
     return out, shaped
@@ -539,3 +544,46 @@ class ChatToMessagesStream:
             "usage": shaped})))
         out.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
         return b"".join(out)
+
+
+# --- chained: the Messages API in front of a translated kind (gemini, bedrock) ------------------
+#
+# Messages -> chat (messages_to_chat) -> the kind's call (Translator.chat), and back: the kind's
+# answer -> chat (Translator.chat_answer / chat_stream) -> Messages (chat_to_messages /
+# ChatToMessagesStream). Every field the two halves carry survives the chain; what OpenAI's
+# API has no word for is lost on the way, and the docs list it: a stop sequence ends as
+# end_turn (the provider does not say which one either, except Bedrock's stop_sequence reason),
+# top_k, PDF documents and disable_parallel_tool_use are refused by the kind's half with a 400.
+
+
+def provider_answer(translator: Translator, status: int, headers: Headers, body: bytes,
+                    client_model: str) -> Answer:
+    """A translated kind's whole answer (success or error) as a Message or Anthropic error."""
+    chat = translator.chat_answer(status, headers, body, client_model)
+    if chat.status < 300:
+        return chat_to_messages(chat.body, client_model)
+    return error_to_messages(chat.status, chat.body, chat.headers)
+
+
+class ChainedStream:
+    """A translated kind's event stream -> chat chunks -> the Messages event sequence. The
+    kind's half is asked for the usage chunk: message_delta carries the usage."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, translator: Translator, client_model: str) -> None:
+        self._inner: Stream = translator.chat_stream(client_model, True)
+        self._outer = ChatToMessagesStream(client_model)
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._outer.usage
+
+    def feed(self, data: bytes) -> bytes:
+        chunks = self._inner.feed(data)
+        return self._outer.feed(chunks) if chunks else b""
+
+    def end(self) -> bytes:
+        chunks = self._inner.end()
+        out = self._outer.feed(chunks) if chunks else b""
+        return out + self._outer.end()

@@ -20,6 +20,7 @@ import orjson
 
 from velox.core.errors import VeloxError, to_response
 from velox.providers.base import Answer, Headers, Untranslatable, Usage
+from velox.providers.chat import openai_usage
 
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 SSE_DONE = b"data: [DONE]\n\n"
@@ -307,13 +308,8 @@ def completion_id() -> str:
     return "chatcmpl-" + os.urandom(12).hex()
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.input, "completion_tokens": usage.output,
-        "total_tokens": usage.input + usage.output,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_input},
-        "completion_tokens_details": {"reasoning_tokens": usage.reasoning},
-    }
+# One usage shape for every translator (cache writes included where the provider reports them).
+usage_json = openai_usage
 
 
 def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:

@@ -37,6 +37,20 @@ class Splitter:
         # One split of the finished part: the common read holds one or a few whole events.
         return [block for block in buf[:end].split(_LF2) if block]
 
+    def one(self, data: bytes) -> tuple[bytes, bytes] | None:
+        """(event name, data) when nothing is held and `data` is exactly one event in the
+        shape providers write (`event:` line, `data:` line, blank line, LF line ends): the
+        common read, a third of the cost of feed + fields. None: take feed's path."""
+        if self._buf or data[-2:] != _LF2 or data[:7] != b"event: ":
+            return None
+        nl = data.find(b"\n")
+        if data[nl + 1:nl + 7] != b"data: ":
+            return None
+        # Three LFs (the two lines' and the blank line's) and no CR: nothing else is a line.
+        if data.count(b"\n") != 3 or b"\r" in data:
+            return None
+        return data[7:nl], data[nl + 7:-2]
+
     def close(self) -> list[bytes]:
         """The stream ended: a CR held back was a line end after all. An event still without
         its blank line is dropped, as the SSE grammar says."""

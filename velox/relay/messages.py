@@ -32,6 +32,7 @@ from velox.core.api import COUNT_TOKENS, client_api
 from velox.core.errors import VeloxError, to_response
 from velox.core.types import Headers, Request
 from velox.providers import messages
+from velox.providers.base import Translator
 from velox.relay.exchange import Exchange, Failover
 from velox.relay.usage import input_tokens
 
@@ -48,6 +49,10 @@ _ANTHROPIC_ONLY = frozenset((b"anthropic-version", b"anthropic-beta",
 # Headers of the upstream's answer that the translated answer replaces.
 _REPLACED = frozenset((b"content-type", b"retry-after"))
 _EVENT_STREAM = b"text/event-stream"
+# The head of a Messages event stream read from another kind's stream (Bedrock's content-type
+# is not an event stream's).
+_SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                         (b"cache-control", b"no-cache")]
 
 
 def _event_stream(headers: Headers) -> bool:
@@ -61,7 +66,8 @@ class MessagesExchange(Exchange):
     """An `Exchange` whose attempts may speak chat completions while its client speaks the
     Messages API (see the module docstring)."""
 
-    __slots__ = ("api", "translated", "chat", "stream", "held", "has_version")
+    __slots__ = ("api", "translated", "chat", "stream", "held", "has_version", "provider",
+                 "wants_stream")
 
     front = True  # dispatch asks `target` on every attempt
 
@@ -70,29 +76,40 @@ class MessagesExchange(Exchange):
                  dispatch: Failover | None = None) -> None:
         # One set of the names instead of a Python loop over the headers (~1 us a request).
         names = {h[0] for h in headers_base}
-        key: Headers = []
         base = headers_base
         if _X_API_KEY in names:
-            key = [h for h in base if h[0] == _X_API_KEY]
             base = [h for h in base if h[0] != _X_API_KEY]
+            # The client's own key goes upstream only from a gateway without keys of its own,
+            # and only to an upstream without one (dispatch's rule for Authorization).
+            if keyless and not passthrough:
+                passthrough = [h for h in headers_base if h[0] == _X_API_KEY][-1:]
         super().__init__(request, request.upstream_path, base, on_done, dispatch)
-        # The client's own key goes upstream only from a gateway without keys of its own, and
-        # only to an upstream without one (dispatch's rule for Authorization).
-        self.passthrough = passthrough or (key[-1:] if keyless else [])
+        self.passthrough = passthrough
         self.api = client_api(request.path)
         self.has_version = _VERSION in names
         self.translated = False
         self.chat: dict[str, Any] | None = None  # the chat request, parsed once
-        self.stream: messages.ChatToMessagesStream | None = None
-        self.held: tuple[int, Headers, list[bytes]] | None = None  # a plain answer in pieces
+        # Set by `target` for each attempt, before anything reads them (~0.4 us a request
+        # less than setting them here too): `stream`, the translated event stream; `held`, a
+        # plain answer in pieces; `provider`, the attempt's translator when its upstream speaks
+        # neither API (gemini, bedrock: the chat request goes through it, and its answers come
+        # back through it); `wants_stream`.
+        self.stream: messages.ChatToMessagesStream | messages.ChainedStream | None
+        self.held: tuple[int, Headers, list[bytes]] | None
+        self.provider: Translator | None
+        self.wants_stream: bool
 
     # --- per attempt (velox.routing.dispatch) -----------------------------------------------
 
-    def target(self, spec: UpstreamSpec, model: str, credential: Headers) -> bool:
-        """Shape this attempt for `spec` (its upstream model `model`); False when the gateway
+    def target(self, spec: UpstreamSpec, model: str, credential: Headers,
+               translator: Translator | None = None) -> bool:
+        """Shape this attempt for `spec` (its upstream model `model`; `translator`: the
+        egress edge's for a kind of another API than OpenAI's); False when the gateway
         answered instead (count_tokens estimated, or a request refused before sending)."""
         self.stream = None
         self.held = None
+        self.provider = None
+        self.wants_stream = False
         if spec.kind == "anthropic":
             self.translated = False
             # The upstream's credential carries its configured anthropic-version: the client's
@@ -114,6 +131,10 @@ class MessagesExchange(Exchange):
                 chat = self.chat = messages.messages_to_chat(orjson.loads(self.request.body),
                                                              spec.kind)
             chat["model"] = model
+            self.wants_stream = chat.get("stream") is True
+            if translator is not None:
+                self._through(translator, chat, model)
+                return True
             self.body = orjson.dumps(chat)
         except VeloxError as exc:
             self.refuse(exc)
@@ -124,6 +145,22 @@ class MessagesExchange(Exchange):
             credential or [(b"authorization", b"Bearer " + h[1]) if h[0] == _X_API_KEY else h
                            for h in self.passthrough])
         return True
+
+    def _through(self, translator: Translator, chat: dict[str, Any], model: str) -> None:
+        """The chat request in the kind's API (its credential, none of the client's headers);
+        raises Untranslatable before anything is sent."""
+        call = translator.chat(chat, model, self.wants_stream, self.request.headers)
+        self.translated = True
+        self.provider = translator
+        self.method, self.path, self.headers_out, self.body = (call.method, call.path,
+                                                               call.headers, call.body)
+
+    def _streamed(self, status: int, headers: Headers) -> bool:
+        """A 2xx event stream: by its content-type, or for a translated kind (Bedrock's is
+        AWS's binary event stream) by what was asked."""
+        if status >= 300:
+            return False
+        return self.wants_stream if self.provider is not None else _event_stream(headers)
 
     def _answer_here(self, status: int, headers: Headers, body: bytes) -> None:
         self.finished = True
@@ -146,8 +183,13 @@ class MessagesExchange(Exchange):
             return
         elif end_stream:
             self._to_messages(status, headers, b"")
-        elif status < 300 and _event_stream(headers):
-            self.stream = messages.ChatToMessagesStream(self.request.model or "")
+        elif self._streamed(status, headers):
+            model = self.request.model or ""
+            if self.provider is None:
+                self.stream = messages.ChatToMessagesStream(model)
+            else:  # the kind's own event stream, read through its translator
+                self.stream = messages.ChainedStream(self.provider, model)
+                headers = _SSE_HEADERS
             super().on_response(status, headers, False)
         else:
             self.held = (status, headers, [])
@@ -178,7 +220,7 @@ class MessagesExchange(Exchange):
             super().on_answer(status, headers, body)
         elif self.finished:
             return
-        elif status < 300 and _event_stream(headers):  # a whole event stream in one read
+        elif self._streamed(status, headers):  # a whole event stream in one read
             self.on_response(status, headers, False)
             self.on_data(body, True)
         else:
@@ -186,8 +228,13 @@ class MessagesExchange(Exchange):
 
     def _to_messages(self, status: int, headers: Headers, body: bytes) -> None:
         """A whole chat answer (or error) as a Message (or Anthropic error)."""
-        answer = messages.chat_to_messages(body, self.request.model or "") if status < 300 \
-            else messages.error_to_messages(status, body, headers)
+        model = self.request.model or ""
+        if self.provider is not None:
+            answer = messages.provider_answer(self.provider, status, headers, body, model)
+        elif status < 300:
+            answer = messages.chat_to_messages(body, model)
+        else:
+            answer = messages.error_to_messages(status, body, headers)
         out = [h for h in headers if h[0] not in _REPLACED]
         out += answer.headers
         super().on_answer(answer.status, out, answer.body)

@@ -244,12 +244,19 @@ def add_include_usage(body: bytes | bytearray | memoryview) -> bytes:
 
 
 def _usage_numbers(usage: object) -> tuple[int, int] | None:
-    """(input, output) of a usage object of any of OpenAI's shapes."""
+    """(input, output) of a usage object of any of OpenAI's shapes, or the Messages API's."""
     if type(usage) is not dict:
         return None
     inp = usage.get("prompt_tokens")
     if inp is None:
         inp = usage.get("input_tokens")
+        # The Messages API counts its prompt-cache writes and reads beside input_tokens; they
+        # are input all the same (OpenAI's prompt_tokens include its cached part), as the
+        # native scan reads them.
+        for part in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+            extra = usage.get(part)
+            if type(inp) is int and type(extra) is int:
+                inp += extra
     out = usage.get("completion_tokens")
     if out is None:
         out = usage.get("output_tokens")

@@ -149,17 +149,12 @@ class Dispatch:
         exchange.upstream_name = self.names[u]
         exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
         exchange.outcome = NEUTRAL
-        if self.edge.translators[u] is not None:
-            if not exchange.front:
-                self._submit_translated(exchange, attempt)
-                return
-            kind = self.tables.upstreams[u].kind
-            if kind != "anthropic":  # Messages -> chat -> this kind is not chained yet
-                exchange.refuse(Untranslatable(
-                    f"the Messages API (/v1/messages) cannot reach a '{kind}' upstream yet; "
-                    f"route the model to an anthropic or OpenAI-compatible upstream"))
-                return
-            # An anthropic upstream takes the Messages request as it is (exchange.target).
+        translator = self.edge.translators[u]
+        if translator is not None and not exchange.front:
+            self._submit_translated(exchange, attempt)
+            return
+        # The Messages API in front (exchange.target): an anthropic upstream takes the request
+        # as it is; gemini and bedrock get it through chat completions and their translator.
         if exchange.edge is not None:  # an earlier attempt was translated
             exchange.edge = None
             exchange.method = request.method
@@ -179,7 +174,7 @@ class Dispatch:
         # The Anthropic Messages API in front (velox.relay.messages): shaped for this target,
         # or answered by the gateway itself (False).
         if exchange.front and not exchange.target(self.tables.upstreams[u], attempt.model,
-                                                  self.credentials[u]):
+                                                  self.credentials[u], translator):
             return
         if attempt.index >= 0:
             self._targets.add(self.slot, attempt.index, 1)
