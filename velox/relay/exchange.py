@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from velox.config.tables import UpstreamSpec
     from velox.egress.edge import Translation
     from velox.egress.interfaces import AttemptHandle
+    from velox.providers.base import Translator
     from velox.relay.usage import Meter
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
@@ -97,7 +98,8 @@ class Exchange:
     # attempt for its target: dispatch asks only when this is True.
     front = False
 
-    def target(self, spec: UpstreamSpec, model: str, credential: Headers) -> bool:
+    def target(self, spec: UpstreamSpec, model: str, credential: Headers,
+               translator: Translator | None = None) -> bool:
         """Shape this attempt for its target (only the Messages front does: see `front`);
         False when the gateway answered instead."""
         return True
