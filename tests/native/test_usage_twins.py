@@ -1,11 +1,12 @@
 """The native usage scan (velox.relay.usage's usage_scan, native/vx_books.c) against its
 Python twin (velox.relay.twins.usage_scan).
 
-Bodies are generated around the one form the scan reads (`"usage":{"prompt_tokens":N,
-"completion_tokens":M`): JSON whitespace and other whitespace between its tokens, numbers of
-1 to 17 digits, the other order, the Responses API's names, truncation at every point, a
-second "usage" before or inside another object, and random bytes; both must give the same
-answer for bytes, bytearray and memoryview.
+Bodies are generated around the two forms the scan reads (OpenAI's `"usage":{"prompt_tokens":N,
+"completion_tokens":M`, and Anthropic's input_tokens, cache members, output_tokens): JSON
+whitespace and other whitespace between their tokens, numbers of 1 to 17 digits, other
+orders and names, escaped names in the cache object, truncation at every point, a second
+"usage" before or inside another object, and random bytes; both must give the same answer
+for bytes, bytearray and memoryview.
 """
 
 from __future__ import annotations
@@ -38,11 +39,36 @@ def usage_form(draw: st.DrawFn) -> bytes:
 
 
 @st.composite
+def messages_usage_form(draw: st.DrawFn) -> bytes:
+    """Anthropic's order: input_tokens, the optional cache members, output_tokens."""
+    gap = st.one_of(SPACE, ODD_SPACE)
+
+    def member(name: bytes, value: bytes) -> bytes:
+        return b"".join([draw(gap), b",", draw(gap), name, draw(gap), b":", draw(gap), value])
+
+    parts = [b'"usage"', draw(gap), b":", draw(gap), b"{", draw(gap), b'"input_tokens"',
+             draw(gap), b":", draw(gap), draw(NUMBER)]
+    if draw(st.booleans()):
+        parts.append(member(b'"cache_creation_input_tokens"', draw(NUMBER)))
+    if draw(st.booleans()):
+        parts.append(member(b'"cache_read_input_tokens"', draw(NUMBER)))
+    if draw(st.booleans()):
+        names = draw(st.lists(st.sampled_from([b'"ephemeral_5m_input_tokens"', b'"x"', b'""',
+                                               b'"a\\"b"', b'"a\\\\b"']),
+                              max_size=3))
+        inner = b",".join(n + draw(gap) + b":" + draw(gap) + draw(NUMBER) for n in names)
+        parts.append(member(b'"cache_creation"', b"{" + draw(gap) + inner + draw(gap) + b"}"))
+    parts.append(member(draw(st.sampled_from([b'"output_tokens"', b'"output"'])), draw(NUMBER)))
+    parts.append(draw(st.sampled_from([b"}", b',"service_tier":"standard"}', b""])))
+    return b"".join(parts)
+
+
+@st.composite
 def bodies(draw: st.DrawFn) -> bytes:
     before = draw(st.sampled_from([b"", b'{"id":"x",', b'{"a":{"usage":{"prompt_tokens":1,'
                                    b'"completion_tokens":2}},', b'{"usage":null,']))
-    body = before + draw(usage_form()) + draw(st.sampled_from([b"}", b"", b',"usage2":1}',
-                                                               b',"x":"usage"}']))
+    form = draw(st.one_of(usage_form(), messages_usage_form()))
+    body = before + form + draw(st.sampled_from([b"}", b"", b',"usage2":1}', b',"x":"usage"}']))
     cut = draw(st.integers(0, len(body)))
     return body[:cut] if draw(st.booleans()) else body
 
@@ -60,7 +86,7 @@ def test_generated_answers_agree(body: bytes) -> None:
 
 
 @settings(max_examples=300)
-@given(body=st.binary(max_size=64), form=usage_form())
+@given(body=st.binary(max_size=64), form=st.one_of(usage_form(), messages_usage_form()))
 def test_random_bytes_around_a_usage_agree(body: bytes, form: bytes) -> None:
     agree(body)
     agree(body + form)
@@ -72,6 +98,11 @@ def test_random_bytes_around_a_usage_agree(body: bytes, form: bytes) -> None:
     b'{"usage" : {\n "prompt_tokens" :\t999999999999999 ,\r\n "completion_tokens": 0}}',
     b'{"usage":{"prompt_tokens":1000000000000000,"completion_tokens":1}}',  # 16 digits
     b'{"usage":{"completion_tokens":4,"prompt_tokens":31}}',
+    b'{"usage":{"input_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":3,'
+    b'"cache_creation":{"ephemeral_5m_input_tokens":2},"output_tokens":7}}',
+    b'{"usage":{"input_tokens":5,"cache_creation":{},"output_tokens":7}}',
+    b'{"usage":{"input_tokens":5,"cache_creation":{"a\\"b":1},"output_tokens":7}}',
+    b'{"usage":{"input_tokens":5,"cache_creation":{"a\\\\b":1},"output_tokens":7}}',
     b'"usage"', b"", b'"usag', b'{"usage":{"prompt_tokens":1,"completion_tokens":2',
 ])
 def test_the_edges_agree(body: bytes) -> None:
