@@ -13,7 +13,7 @@ in place of the original, found by the native scanner; nothing else in the body 
 Failover. The relay asks `response` when response headers arrive and `error_failed` when
 an attempt fails, as long as no byte has been written to the client (the commit point; a plain
 answer is collected whole before it goes out, so its headers alone do not commit it): an
-upstream-caused failure that `balance.classify` calls retryable (connection refused, reset or
+upstream-caused failure that `balance.verdict_of` calls retryable (connection refused, reset or
 lost, before or after the headers, TLS, connect timeout, 502/503/504/529, no headers within
 the request timeout, a 429 — which moves to another target and returns to its own only after
 a Retry-After of at most 2 s) is sent again, to the target the plan chooses then, within the
@@ -53,7 +53,7 @@ from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
 from velox.egress.edge import Edge
 from velox.ingress.scan import scan_json
 from velox.providers.base import Untranslatable
-from velox.routing.balance import Attempt, Event, Plan, Router, Verdict, classify
+from velox.routing.balance import Attempt, Event, Plan, Router, Verdict, verdict_of
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
 from velox.state.stats import SharedStats
 
@@ -222,7 +222,7 @@ class Dispatch:
             return False
         self._last_failure[attempt.upstream] = (attempt.route.model, f"HTTP {status}")
         retry_after = _retry_after(headers) if status == 429 else None
-        verdict = classify(Event.RESPONSE, status, retry_after, self.tables.retry)
+        verdict = verdict_of(Event.RESPONSE, status, retry_after, self.tables.retry)
         exchange.outcome = verdict.outcome
         if not verdict.retryable:
             return False
@@ -238,7 +238,7 @@ class Dispatch:
         if self.tracer is not None:
             self.tracer.attempt_failed(exchange, exchange.status, type(exc).__name__)
         event, reason = _event_of(exc, exchange.status != 0)
-        verdict = classify(event)
+        verdict = verdict_of(event)
         exchange.outcome = verdict.outcome
         if not verdict.retryable:
             return False
@@ -431,7 +431,7 @@ def _retry_after(headers: Headers) -> float | None:
 
 
 def _event_of(exc: BaseException, got_headers: bool) -> tuple[Event, int]:
-    """What an egress failure was, for classify, and its retry reason."""
+    """What an egress failure was, for verdict_of, and its retry reason."""
     if isinstance(exc, UpstreamUnavailable):  # the connection was lost (the stream was not)
         return (Event.LOST_AFTER_HEADERS if got_headers else Event.CONNECT_RESET), _R_CONNECT
     if got_headers:
