@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 shown = int(value)
             print(f"{name}={shown}")
         print()
+        assert settings.tables is not None  # Settings.__post_init__ synthesises them
         print(describe(settings.tables), end="")  # upstreams and routes, keys masked
         return 0
     logging.basicConfig(
@@ -176,7 +177,7 @@ def _key_api(args: argparse.Namespace) -> int:
                 body[field] = value
         if args.models is not None:
             body["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
-        request = ("POST", "/keys", body)
+        request: tuple[str, str, dict[str, Any] | None] = ("POST", "/keys", body)
     elif action == "list":
         request = ("GET", "/keys", None)
     elif action == "revoke":

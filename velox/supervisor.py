@@ -679,6 +679,7 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
     counters.set(slot, F.PID, os.getpid())
     counters.set(slot, F.CORE, core)
     counters.set(slot, F.NUMA_NODE, node)
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 

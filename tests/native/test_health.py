@@ -30,7 +30,7 @@ from velox.config.tables import (
 )
 from velox.core.clock import now_ms
 from velox.core.errors import RateLimited
-from velox.routing.balance import Event, Router, classify
+from velox.routing.balance import Event, Router, verdict_of
 from velox.state.health import (
     FAILURE,
     NEUTRAL,
@@ -405,7 +405,7 @@ def _worker_fails(h: SharedHealth, tables: Tables, n: int) -> list[int]:
         assert not isinstance(a, Exception)
         seen.append(a.upstream)
         if a.upstream == 0:
-            nxt = plan.retry(a, classify(Event.RESPONSE, 503))
+            nxt = plan.retry(a, verdict_of(Event.RESPONSE, 503))
             if nxt is not None:
                 plan.finish(nxt, SUCCESS)
         else:

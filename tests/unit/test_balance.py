@@ -30,8 +30,8 @@ from velox.routing.balance import (
     Plan,
     Router,
     Verdict,
-    classify,
     target_seed,
+    verdict_of,
 )
 from velox.routing.dispatch import _event_of
 from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_OPEN, REASON_RATE, SUCCESS
@@ -456,7 +456,7 @@ def test_attempt_model_is_target_model_else_route_name() -> None:
     assert plan is not None
     a = plan.first(NOW)
     assert not isinstance(a, Exception) and a.model == "gpt-4o-mini"
-    b = plan.retry(a, classify(Event.RESPONSE, 503), now=NOW)
+    b = plan.retry(a, verdict_of(Event.RESPONSE, 503), now=NOW)
     assert b is not None and b.model == "slow" and b.route.model == "slow"
     plan.finish(b, SUCCESS, NOW)
 
@@ -481,7 +481,7 @@ def start(router: Router, model: str = "m") -> tuple[Plan, Attempt]:
 
 def fail(plan: Plan, attempt: Attempt, status: int = 502, retry_after: float | None = None,
          committed: bool = False, now: int = NOW) -> Attempt | None:
-    verdict = classify(Event.RESPONSE, status, retry_after)
+    verdict = verdict_of(Event.RESPONSE, status, retry_after)
     return plan.retry(attempt, verdict, committed=committed, now=now)
 
 
@@ -582,13 +582,13 @@ def test_finish_is_idempotent() -> None:
     plan, a = start(router)
     plan.finish(a, SUCCESS, NOW)
     plan.finish(a, FAILURE, NOW)
-    b = plan.retry(a, classify(Event.CONNECT_REFUSED), now=NOW)  # finishes nothing twice
+    b = plan.retry(a, verdict_of(Event.CONNECT_REFUSED), now=NOW)  # finishes nothing twice
     assert b is not None
     plan.finish(b, SUCCESS, NOW)
     assert [o for _, _, o in state.finished] == [SUCCESS, SUCCESS] and state.idle()
 
 
-# ------------------------------------------------------------------------------ classify
+# ---------------------------------------------------------------------------- verdict_of
 
 P = RetryPolicy(same_target_retry_after_s=2)
 
@@ -627,7 +627,7 @@ P = RetryPolicy(same_target_retry_after_s=2)
 )
 def test_classification_table(event: Event, status: int, retry_after: float | None,
                               expected: Verdict) -> None:
-    assert classify(event, status, retry_after, P) == expected
+    assert verdict_of(event, status, retry_after, P) == expected
 
 
 def test_every_event_is_classified() -> None:

@@ -9,7 +9,7 @@ import random
 
 from tests.unit.test_balance import FakeState, route, tables
 from velox.core.errors import RateLimited
-from velox.routing.balance import Event, Router, classify
+from velox.routing.balance import Event, Router, verdict_of
 from velox.state.health import NEUTRAL, SUCCESS
 
 
@@ -78,7 +78,7 @@ def test_a_retried_attempt_returns_its_reservation() -> None:
     plan.tokens = 120
     first = plan.first()
     assert not isinstance(first, Exception) and first.upstream == 0
-    nxt = plan.retry(first, classify(Event.RESPONSE, 503))
+    nxt = plan.retry(first, verdict_of(Event.RESPONSE, 503))
     assert nxt is not None and nxt.upstream == 1 and nxt.tokens == 120
     assert tpm.levels == {0: 500, 1: 380}
     plan.finish(nxt, NEUTRAL)

@@ -15,12 +15,16 @@ from typing import Any
 import orjson
 import pytest
 
+from velox.admission.keys import KeyStage
 from velox.batching.batch import Batcher, apportion, apportion_usage, split
 from velox.config import settings as config
 from velox.config.settings import ConfigError
 from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.fields import F
 from velox.core.types import Request, Route
+from velox.state.keys import SharedKeys, tpm_index
+
+from .test_keys import load_keys, sha
 
 # --- apportion ------------------------------------------------------------------------------
 
@@ -360,6 +364,52 @@ def test_a_member_that_leaves_is_skipped_and_the_last_one_leaving_cancels() -> N
         assert cancelled == [True]  # nobody needs the call any more: cancelled
 
     asyncio.run(run())
+
+
+def test_a_member_leaving_settles_its_keys_token_reservation(tmp_path: Path) -> None:
+    """A keyed member's tpm reservation is settled when its client leaves: all of it comes
+    back when it left while queued (nothing of it reached the upstream), and it is charged its
+    estimated input when it left while its merged call was upstream (the upstream read it),
+    as a lone request's meter charges a client that left mid-call. The merged call's answer
+    then settles nobody twice."""
+    settings = load_keys(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
+                                   "tpm = 100000\n", routes=_EMB_ROUTE)
+    shared = SharedKeys(settings.tables.keys, slots=1)
+    stage = KeyStage(settings.tables, shared, 0)
+    limits = shared.limits
+
+    async def run() -> None:
+        h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=5000))
+        h.batcher.offer(h.request("first"))  # in flight: what follows waits in the group
+        await asyncio.sleep(0)
+        queued, carried, stays = (h.request(text) for text in ("queued", "carried", "stays"))
+        assert stage.admit([queued, carried, stays]) == [queued, carried, stays]
+        reserved = sum(r.ticket.reserved for r in (queued, carried, stays))  # type: ignore
+        assert limits.taken(tpm_index(0)) == reserved
+        h.batcher.offer(queued)
+        queued.exchange.client_gone()  # type: ignore[union-attr]  # left while waiting
+        assert queued.ticket.settled  # type: ignore[union-attr]
+        assert limits.taken(tpm_index(0)) == reserved - queued.ticket.reserved  # type: ignore
+        h.batcher.offer(carried)
+        h.batcher.offer(stays)  # full: the two leave as one call
+        merged = h.sent[-1]
+        assert merged.doc["input"] == ["carried", "stays"]
+        carried.exchange.client_gone()  # type: ignore[union-attr]  # left during the call
+        assert carried.ticket.settled  # type: ignore[union-attr]
+        input_tokens = -(-len(carried.body) // 4)  # a small body: bytes / 4
+        merged.answer(200, _embeddings(merged.doc))  # stays: settled from its own share
+        share = orjson.loads(stays.conn.answers[0][1])["usage"]["total_tokens"]  # type: ignore
+        assert share == 2  # 6 tokens by weight 7 : 5, the tie to the earlier member
+        assert limits.taken(tpm_index(0)) == input_tokens + share
+
+    asyncio.run(run())
+
+
+_EMB_ROUTE = """
+[[route]]
+model = "emb"
+targets = [{ upstream = "default" }]
+"""
 
 
 def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_one() -> None:

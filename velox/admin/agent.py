@@ -119,7 +119,7 @@ class Agent:
                 os.close(fd)
 
     def reply(self, msg_id: Any, result: Any = None, error: str | None = None) -> None:
-        if self.transport is None or self.transport.is_closing():  # type: ignore[attr-defined]
+        if self.transport is None or self.transport.is_closing():
             return
         message = {"id": msg_id, "ok": error is None}
         if error is None:

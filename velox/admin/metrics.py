@@ -264,10 +264,10 @@ class VeloxCollector(Collector):
             mean.add_metric([w], row[F.BATCH_ITEMS] / row[F.BATCHES] if row[F.BATCHES] else 0.0)
         yield mean
         for field, name, doc in _GAUGES:
-            family = GaugeMetricFamily(name, doc, labels=["worker"])
+            gauge = GaugeMetricFamily(name, doc, labels=["worker"])
             for w, row in zip(serving, serving_rows, strict=False):
-                family.add_metric([w], row[field])
-            yield family
+                gauge.add_metric([w], row[field])
+            yield gauge
         starts = CounterMetricFamily("velox_worker_restarts",
                                      "Times the worker in this slot was restarted.",
                                      labels=["worker"])
@@ -289,11 +289,11 @@ class VeloxCollector(Collector):
         yield from self._embeddings_batches()
         yield from self._redis()
         yield from self._histograms(ran)
-        runs, active = self.profile_runs()
+        runs, profiling = self.profile_runs()
         yield CounterMetricFamily("velox_profile_runs", "Profiles taken via /debug/pprof.",
                                   value=runs)
         yield GaugeMetricFamily("velox_profile_active", "1 while a profile is running.",
-                                value=1 if active else 0)
+                                value=1 if profiling else 0)
         if self.admin_refused is not None:
             yield CounterMetricFamily(
                 "velox_admin_connections_refused",

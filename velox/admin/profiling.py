@@ -129,7 +129,7 @@ def compact(session: Session) -> dict[str, Any]:
                 stack = [f"{head[0]}\x00{_THREAD_FILE}\x000", *stack[1:]]
         key = tuple(stack)
         totals[key] = totals.get(key, 0.0) + elapsed
-    doc = session.to_json(include_frame_records=False)
+    doc: dict[str, Any] = session.to_json(include_frame_records=False)  # pyinstrument: untyped
     doc["frame_records"] = [[list(stack), elapsed] for stack, elapsed in totals.items()]
     return doc
 
@@ -140,7 +140,7 @@ def compact(session: Session) -> dict[str, Any]:
 def merge(docs: list[dict[str, Any]]) -> Session:
     from pyinstrument.session import Session
 
-    sessions = [Session.from_json(doc) for doc in docs]
+    sessions: list[Session] = [Session.from_json(doc) for doc in docs]
     merged = sessions[0]
     for other in sessions[1:]:
         merged = Session.combine(merged, other)
@@ -157,19 +157,21 @@ def render(session: Session, fmt: str, title: str = "Velox CPU profile") -> byte
     if fmt == "html":
         from pyinstrument.renderers import HTMLRenderer
 
-        return HTMLRenderer().render(session).encode()
+        page: str = HTMLRenderer().render(session)  # pyinstrument's renderers: untyped
+        return page.encode()
     if fmt == "speedscope":
         from pyinstrument.renderers import SpeedscopeRenderer
 
         # speedscope.app is itself interactive: give it every frame, not pyinstrument's 1% cut.
-        renderer = SpeedscopeRenderer(processor_options={"filter_threshold": 0.0})
-        return renderer.render(session).encode()
+        page = SpeedscopeRenderer(processor_options={"filter_threshold": 0.0}).render(session)
+        return page.encode()
     if fmt == "text":
         from pyinstrument.renderers import ConsoleRenderer
 
-        renderer = ConsoleRenderer(unicode=True, color=False,
-                                   processor_options={"filter_threshold": TEXT_THRESHOLD})
-        return renderer.render(session).encode()
+        page = ConsoleRenderer(unicode=True, color=False,
+                               processor_options={"filter_threshold": TEXT_THRESHOLD}
+                               ).render(session)
+        return page.encode()
     if fmt == "svg":
         from velox.admin.flamegraph import flamegraph_svg
 

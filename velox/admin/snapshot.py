@@ -217,7 +217,7 @@ def upstreams(shared: SharedStats) -> list[dict[str, Any]]:
     width = len(UPSTREAM_CLASSES)
     out = []
     for u, spec in enumerate(shared.tables.upstreams):
-        row = {"name": spec.name, "origin": spec.origin, "kind": spec.kind}
+        row: dict[str, Any] = {"name": spec.name, "origin": spec.origin, "kind": spec.kind}
         row.update(live["upstreams"][spec.name])
         row["by_status_class"] = dict(zip(UPSTREAM_CLASSES, status[u * width:(u + 1) * width],
                                           strict=True))

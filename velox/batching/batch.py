@@ -69,7 +69,7 @@ from velox.core.fields import F
 from velox.core.types import Headers, Request, Route
 from velox.ingress.auth import caller_of
 from velox.ingress.headers import HOP_BY_HOP
-from velox.relay.usage import NOT_BOOKED, usage_of
+from velox.relay.usage import NOT_BOOKED, input_estimate, usage_of
 
 EMBEDDINGS = b"/v1/embeddings"
 _STRINGS, _TOKENS = 0, 1
@@ -126,7 +126,13 @@ class Member:
         if not self.live:
             return
         self.gone = True
-        self.request.exchange = None
+        request = self.request
+        request.exchange = None
+        ticket = request.ticket
+        if ticket is not None:  # its key's reservation: the answer will not reach it now
+            # Carried by a call: the upstream reads its input (as a lone request's meter
+            # charges a client gone mid-call); still waiting: nothing of it was sent.
+            ticket.settle(input_estimate(request.body) if self.call is not None else 0)
         self.on_done(self, 499)
         group = self.group
         if group is not None:  # still waiting: it no longer counts towards a full batch

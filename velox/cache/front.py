@@ -92,7 +92,7 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import UpstreamProtocolError, to_response
 from velox.core.fields import F, H
-from velox.core.types import Headers, Pipeline, Request, Route
+from velox.core.types import CacheTicket, Headers, Pipeline, Request, Route
 from velox.ingress.auth import caller_of
 from velox.ingress.connection import WHOLE_BYTES
 from velox.relay.usage import SSEUsage
@@ -214,7 +214,7 @@ class Flight:
     __slots__ = ("front", "key", "exchange", "ticket", "status", "headers", "chunks", "size",
                  "sse", "tail", "overflow", "followers", "marker", "registered", "leader_gone")
 
-    def __init__(self, front: CacheFront, exchange: Exchange, ticket: Ticket) -> None:
+    def __init__(self, front: CacheFront, exchange: Exchange, ticket: CacheTicket) -> None:
         self.front = front
         self.key = ticket.key
         self.exchange: Exchange | None = exchange
@@ -575,8 +575,8 @@ class CacheFront:
         admitted before it in this batch, or one another worker started meanwhile), which it
         now waits for instead of being sent. Otherwise it leads: it takes the store's
         in-flight marker here, atomically, so two workers never both lead one key."""
-        ticket: Ticket = request.cache
-        if not ticket.follow:
+        ticket = request.cache
+        if ticket is None or not ticket.follow:  # None: the worker asks only with a ticket
             return False
         key = ticket.key
         flight = self.flights.get(key)
@@ -600,7 +600,8 @@ class CacheFront:
 
     def observe(self, exchange: Exchange) -> None:
         """Give the exchange of a request with a ticket its observer."""
-        ticket: Ticket = exchange.request.cache
+        ticket = exchange.request.cache
+        assert ticket is not None  # the worker asks only for a request with a ticket
         if ticket is _BYPASS:
             exchange.observer = _TAG
             return
@@ -667,7 +668,8 @@ class CacheFront:
         stored, but leads no one)."""
         live = self._live(requests)
         for request in live:
-            ticket: Ticket = request.cache
+            ticket = request.cache
+            assert ticket is not None  # every follower has one
             alone = Ticket(ticket.key, False, ticket.store)
             alone.alone = True
             request.cache = alone

@@ -159,7 +159,9 @@ class RedisLookup(WaitList[Front]):
         now = now_ms()
         replay = body = None
         for request in requests:
-            max_age = request.cache.max_age_ms
+            ticket = request.cache
+            assert ticket is not None  # only misses with a ticket ask the tier
+            max_age = ticket.max_age_ms
             if found is not None and (max_age < 0 or age_ms <= max_age):
                 hits += 1
                 if replay is None:

@@ -484,8 +484,8 @@ def parse(data: Mapping[str, Any], source: str, env: Mapping[str, str],
     routes: list[RouteSpec] = []
     for index, table in enumerate(route_tables, 1):
         route = _route(source, index, table, names)
-        for earlier, other in enumerate(routes, 1):
-            if other.model == route.model:
+        for earlier, seen in enumerate(routes, 1):
+            if seen.model == route.model:
                 _fail(source, _label("route", index, "model", route.model), "model",
                       f"duplicate model {_q(route.model)}: [[route]] #{earlier} has it already")
         routes.append(route)
@@ -564,11 +564,13 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     kind_settings = _kind_settings(source, where, table, env, kind)
 
     protocol = _choice(source, where, table, "protocol", PROTOCOLS, template.protocol)
-    ints = {key: _int(source, where, table, key, default, *UPSTREAM_INTS[key])
-            for key, default in (("connections", template.connections),
-                                 ("request_timeout_ms", template.request_timeout_ms),
-                                 ("connect_timeout_ms", template.connect_timeout_ms),
-                                 ("max_in_flight", 0), ("rpm", 0), ("tpm", 0))}
+    # Any: spread into UpstreamSpec's keywords beside its str ones.
+    ints: dict[str, Any] = {key: _int(source, where, table, key, default, *UPSTREAM_INTS[key])
+                            for key, default in (
+                                ("connections", template.connections),
+                                ("request_timeout_ms", template.request_timeout_ms),
+                                ("connect_timeout_ms", template.connect_timeout_ms),
+                                ("max_in_flight", 0), ("rpm", 0), ("tpm", 0))}
     https = origin.startswith("https://")
     ca_file = _str(source, where, table, "ca_file")
     if "ca_file" in table:
@@ -727,7 +729,8 @@ def _check_fallbacks(source: str, routes: list[RouteSpec]) -> None:
             visit(model)
 
 
-def _policy(source: str, data: Mapping[str, Any], key: str, cls: type, bounds: dict) -> Any:
+def _policy(source: str, data: Mapping[str, Any], key: str, cls: type,
+            bounds: dict[str, tuple[int, int]]) -> Any:
     table = data.get(key)
     if table is None:
         return cls()

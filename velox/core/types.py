@@ -109,12 +109,31 @@ class KeyTicket(Protocol):
     """What a keyed request's admission holds (velox.admission.keys.Ticket): its place among
     the key's max_parallel, given back once, and its token reservation, settled once."""
 
-    released: bool
-    key: Any  # the key it was admitted for (velox.admission.keys._Key: `used(inp, out)`)
+    @property
+    def released(self) -> bool: ...
+
+    @property
+    def reserved(self) -> int: ...
+
+    @property
+    def key(self) -> Any:  # the key it was admitted for (velox.admission.keys._Key: `used`)
+        ...
 
     def release(self) -> None: ...
 
-    def settle(self, used: int) -> None: ...
+    def settle(self, used: int, /) -> None: ...
+
+
+class CacheTicket(Protocol):
+    """A cached route's model call on its way (velox.cache.front.Ticket, set by the cache
+    stage as `Request.cache`)."""
+
+    key: bytes  # b"" for a bypass
+    follow: bool  # may look up, lead or follow an identical request in flight
+    store: bool  # its answer may be stored
+    max_age_ms: int  # Cache-Control max-age; -1: any fresh entry
+    alone: bool  # sent on its own after its leader failed
+    marker: bool  # took the store's in-flight marker: it leads across workers
 
 
 class Lifecycle(Protocol):
@@ -198,7 +217,7 @@ class Request:
         self.exchange: Holder | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
         self.caller: bytes | None = None  # None until route.caller_of computes it
-        self.cache: Any = None  # velox.cache.front.Ticket (set by the cache stage)
+        self.cache: CacheTicket | None = None  # set by the cache stage
         self.key = -1
         self.ticket: KeyTicket | None = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None

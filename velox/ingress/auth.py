@@ -71,7 +71,7 @@ class Auth:
         valid = self._valid
         digest = valid.get(authorization, _UNSEEN)
         if digest is not _UNSEEN:
-            return digest  # type: ignore[return-value]
+            return digest
         digest = self._check(authorization)
         if len(valid) >= _DIGESTS_MAX:
             valid.clear()

@@ -70,9 +70,8 @@ def py_response(status_line: bytes, headers: Headers, body: Body | Sequence[Body
                 flags: int) -> bytes:
     if body is None:
         return py_head(status_line, headers, 0, flags)
-    if isinstance(body, (list, tuple)):
-        body = b"".join(body)
-    return py_head(status_line, headers, len(body), flags) + body  # type: ignore[arg-type]
+    whole = body if isinstance(body, (bytes, bytearray, memoryview)) else b"".join(body)
+    return py_head(status_line, headers, len(whole), flags) + whole
 
 
 def py_chunks(data: Body | Sequence[Body], last: bool = False) -> bytes:

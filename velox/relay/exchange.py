@@ -38,8 +38,10 @@ from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
+    from velox.config.tables import UpstreamSpec
     from velox.egress.edge import Translation
     from velox.egress.interfaces import AttemptHandle
+    from velox.providers.base import Translator
     from velox.relay.usage import Meter
 
 # Response headers that describe the upstream connection, not the response (RFC 9110 §7.6.1),
@@ -98,6 +100,12 @@ class Exchange:
     # The Anthropic Messages API in front (velox.relay.messages.MessagesExchange) shapes each
     # attempt for its target: dispatch asks only when this is True.
     front = False
+
+    def target(self, spec: UpstreamSpec, model: str, credential: Headers,
+               translator: Translator | None = None) -> bool:
+        """Shape this attempt for its target (only the Messages front does: see `front`);
+        False when the gateway answered instead."""
+        return True
 
     def __init__(self, request: Request, path: bytes, headers_out: Headers,
                  on_done: Callable[[Exchange, int], None],

@@ -629,7 +629,7 @@ class Ledger:
         counters.add_many(self.slot, field, inp, field + 1, out)  # adding 0 changes nothing
 
 
-def _estimated_input(body: bytes | bytearray | memoryview) -> int:
+def input_estimate(body: bytes | bytearray | memoryview) -> int:
     """What a request cut short is charged for its input. A small body is bytes / 4 outright
     (no search: any inline payload in 2 kB would be charged less than IMAGE_TOKENS anyway)."""
     size = len(body)
@@ -655,7 +655,7 @@ class TokenMeter:
         # What a request cut short is charged: kept now, since the body is released once the
         # answer starts (or given, by a CountMeter handing over once the body may be gone).
         self.estimated_input = estimated_input if estimated_input >= 0 else \
-            _estimated_input(request.body)
+            input_estimate(request.body)
         self.ask = strip  # a stream whose usage the client did not ask for: the gateway asks
         self.strip = strip  # the gateway added include_usage: remove what it brings
         self.sse: SSEUsage | None = None
@@ -804,7 +804,7 @@ class CountMeter:
         self.request = request
         self.input = self.output = 0
         self.exact = self.done = False
-        size = len(request.body)  # _estimated_input, inlined
+        size = len(request.body)  # input_estimate, inlined
         self.estimated_input = -(-size // BYTES_PER_TOKEN) if size <= _SMALL_BODY else \
             estimate_scan(request.body)[0]
         self.full: Any = None  # the TokenMeter taken over to, or _COUNTED

@@ -9,7 +9,7 @@ Per request, the worker does (the API the lead wires in):
     plan = router.plan(model, affinity_key)        # None: no route serves the model (404)
     attempt = plan.first()                         # an Attempt, or a VeloxError to answer
     ... send to attempt.upstream (index) / attempt.target.upstream (name) as attempt.model ...
-    on an answer or error:  verdict = classify(event, status, retry_after_s, policy)
+    on an answer or error:  verdict = verdict_of(event, status, retry_after_s, policy)
         nxt = plan.retry(attempt, verdict, committed=<bytes already sent to the client>)
         # retry() finishes `attempt` (releases its in-flight place, reports to its breaker)
         # and returns the next Attempt (sleep attempt.delay_ms first), or None: answer with
@@ -141,7 +141,7 @@ class TokenBuckets(Protocol):
     def give(self, u: int, tokens: int, /) -> None: ...
 
 
-# ------------------------------------------------------------------------------ classify
+# ---------------------------------------------------------------------------- verdict_of
 
 
 class Event(IntEnum):
@@ -196,7 +196,7 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504, 529})
 _DEFAULT_POLICY = RetryPolicy()  # frozen: one instance serves every call
 
 
-def classify(event: Event, status: int = 0, retry_after_s: float | None = None,
+def verdict_of(event: Event, status: int = 0, retry_after_s: float | None = None,
              policy: RetryPolicy = _DEFAULT_POLICY) -> Verdict:
     """What an attempt's end means for the breaker and for a retry (before the commit point).
 

@@ -13,7 +13,7 @@ in place of the original, found by the native scanner; nothing else in the body 
 Failover. The relay asks `response` when response headers arrive and `error_failed` when
 an attempt fails, as long as no byte has been written to the client (the commit point; a plain
 answer is collected whole before it goes out, so its headers alone do not commit it): an
-upstream-caused failure that `balance.classify` calls retryable (connection refused, reset or
+upstream-caused failure that `balance.verdict_of` calls retryable (connection refused, reset or
 lost, before or after the headers, TLS, connect timeout, 502/503/504/529, no headers within
 the request timeout, a 429 — which moves to another target and returns to its own only after
 a Retry-After of at most 2 s) is sent again, to the target the plan chooses then, within the
@@ -53,13 +53,14 @@ from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
 from velox.egress.edge import Edge
 from velox.ingress.scan import scan_json
 from velox.providers.base import Untranslatable
-from velox.routing.balance import Attempt, Event, Plan, Router, classify
+from velox.routing.balance import Attempt, Event, Plan, Router, Verdict, verdict_of
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
 from velox.state.stats import SharedStats
 
 if TYPE_CHECKING:
     from velox.core.types import Request
-    from velox.egress.interfaces import Egress, Headers
+    from velox.egress.interfaces import AttemptHandle, Egress, Headers
+    from velox.relay.exchange import Exchange
 
 log = logging.getLogger("velox.dispatch")
 
@@ -115,7 +116,7 @@ class Dispatch:
 
     # --- the first attempt --------------------------------------------------------------------
 
-    def send(self, exchange: Any) -> None:
+    def send(self, exchange: Exchange) -> None:
         """Choose the first target of an admitted request and hand it to that upstream."""
         request = exchange.request
         model = request.model
@@ -140,7 +141,7 @@ class Dispatch:
         exchange.plan = plan
         self._submit(exchange, attempt)
 
-    def _submit(self, exchange: Any, attempt: Attempt) -> None:
+    def _submit(self, exchange: Exchange, attempt: Attempt) -> None:
         request = exchange.request
         u = attempt.upstream
         exchange.route_attempt = attempt
@@ -179,7 +180,7 @@ class Dispatch:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
 
-    def _submit_translated(self, exchange: Any, attempt: Attempt) -> None:
+    def _submit_translated(self, exchange: Exchange, attempt: Attempt) -> None:
         """_submit for an upstream of another API: the call in its API, or a 400 before
         anything is sent when the request cannot be expressed there."""
         u = attempt.upstream
@@ -201,7 +202,7 @@ class Dispatch:
 
     # --- before the commit point --------------------------------------------------------------
 
-    def response(self, exchange: Any, status: int, headers: Headers) -> bool:
+    def response(self, exchange: Exchange, status: int, headers: Headers) -> bool:
         """Response headers arrived (before the commit point): True when the request is being
         sent again instead of answered with them."""
         attempt: Attempt | None = exchange.route_attempt
@@ -221,13 +222,13 @@ class Dispatch:
             return False
         self._last_failure[attempt.upstream] = (attempt.route.model, f"HTTP {status}")
         retry_after = _retry_after(headers) if status == 429 else None
-        verdict = classify(Event.RESPONSE, status, retry_after, self.tables.retry)
+        verdict = verdict_of(Event.RESPONSE, status, retry_after, self.tables.retry)
         exchange.outcome = verdict.outcome
         if not verdict.retryable:
             return False
         return self._again(exchange, attempt, verdict, _R_429 if status == 429 else _R_5XX)
 
-    def error_failed(self, exchange: Any, exc: BaseException) -> bool:
+    def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
         """The attempt failed before anything reached the client: True when sent again."""
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
@@ -237,13 +238,13 @@ class Dispatch:
         if self.tracer is not None:
             self.tracer.attempt_failed(exchange, exchange.status, type(exc).__name__)
         event, reason = _event_of(exc, exchange.status != 0)
-        verdict = classify(event)
+        verdict = verdict_of(event)
         exchange.outcome = verdict.outcome
         if not verdict.retryable:
             return False
         return self._again(exchange, attempt, verdict, reason)
 
-    def _again(self, exchange: Any, attempt: Attempt, verdict: Any, reason: int) -> bool:
+    def _again(self, exchange: Exchange, attempt: Attempt, verdict: Verdict, reason: int) -> bool:
         plan: Plan = exchange.plan
         nxt = plan.retry(attempt, verdict)  # finishes `attempt` with the verdict's outcome
         if nxt is None:
@@ -264,7 +265,7 @@ class Dispatch:
             self.upstreams[nxt.upstream].flush()
         return True
 
-    def _resend(self, exchange: Any, attempt: Attempt) -> None:
+    def _resend(self, exchange: Exchange, attempt: Attempt) -> None:
         if exchange.finished or exchange.route_attempt is not attempt:
             return  # the client left meanwhile: finish() already released the attempt
         self._submit(exchange, attempt)
@@ -272,7 +273,7 @@ class Dispatch:
 
     # --- the end ------------------------------------------------------------------------------
 
-    def finish(self, exchange: Any, broken: bool) -> None:
+    def finish(self, exchange: Exchange, broken: bool) -> None:
         """The exchange is over: finish its attempt (releases it, reports to the breaker)."""
         attempt: Attempt | None = exchange.route_attempt
         if attempt is None:
@@ -364,7 +365,7 @@ class Probe:
         self.ticket = ticket
         self.path = path
         self.headers_out = list(headers)
-        self.attempt: Any = None
+        self.attempt: AttemptHandle | None = None
         self.done = False
 
     def _end(self, status: int, why: str = "") -> None:
@@ -430,7 +431,7 @@ def _retry_after(headers: Headers) -> float | None:
 
 
 def _event_of(exc: BaseException, got_headers: bool) -> tuple[Event, int]:
-    """What an egress failure was, for classify, and its retry reason."""
+    """What an egress failure was, for verdict_of, and its retry reason."""
     if isinstance(exc, UpstreamUnavailable):  # the connection was lost (the stream was not)
         return (Event.LOST_AFTER_HEADERS if got_headers else Event.CONNECT_RESET), _R_CONNECT
     if got_headers:

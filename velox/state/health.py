@@ -13,7 +13,7 @@ breaker gets no traffic for `open_s` seconds, doubled for each consecutive openi
 probe successes close it, a probe failure re-opens it (with the doubled time). A probe whose
 answer never comes (its worker died) is presumed lost after the longest upstream request
 timeout plus 1 s. Answers of requests admitted before an opening are ignored while it is open.
-Which outcomes are failures is decided by `velox.routing.balance.classify`.
+Which outcomes are failures is decided by `velox.routing.balance.verdict_of`.
 
 Retry budget ([retry] table): a retry at second s is allowed only if, counting it,
     retries(last W s) <= budget_percent% x requests(last W s) + budget_min_per_s x W

@@ -1,0 +1,55 @@
+"""Pure-Python reference twins of the relay's native scans (native/vx_books.c).
+
+`usage_scan` reads an answer's token usage without Python on every plain answer; this twin says
+the same in regular expressions, and tests/native/test_usage_twins.py drives both with
+generated bodies and compares them.
+"""
+
+from __future__ import annotations
+
+import re
+
+_KEY = b'"usage"'
+_S = rb"[ \t\r\n]*"  # JSON whitespace only
+_DIGITS = rb"([0-9]{1,15})(?![0-9])"  # 1 to 15 digits: 16 or more is another form
+_OPEN = _S + b":" + _S + rb"\{" + _S  # after the last "usage": its object opens
+
+
+def _member(name: bytes, value: bytes) -> bytes:
+    """`,"name":value` with whitespace between the tokens."""
+    return _S + b"," + _S + b'"' + name + b'"' + _S + b":" + _S + value
+
+
+# OpenAI's own order: {"prompt_tokens":N,"completion_tokens":M
+_OPENAI = re.compile(_OPEN + b'"prompt_tokens"' + _S + b":" + _S + _DIGITS +
+                     _member(b"completion_tokens", _DIGITS))
+# Anthropic's: {"input_tokens":N, then optionally the cache writes, the cache reads and a
+# "cache_creation" object of "name":digits members, then "output_tokens":M
+_NAME_NUMBER = rb'"[^"\\]*"' + _S + b":" + _S + rb"[0-9]{1,15}(?![0-9])" + _S
+_NUMBER_OBJECT = rb"\{" + _S + rb"(?:\}|" + _NAME_NUMBER + rb"(?:," + _S + _NAME_NUMBER + \
+    rb")*\})"
+_ANTHROPIC = re.compile(
+    _OPEN + b'"input_tokens"' + _S + b":" + _S + _DIGITS +
+    b"(?:" + _member(b"cache_creation_input_tokens", _DIGITS) + b")?" +
+    b"(?:" + _member(b"cache_read_input_tokens", _DIGITS) + b")?" +
+    b"(?:" + _member(b"cache_creation", _NUMBER_OBJECT) + b")?" +
+    _member(b"output_tokens", _DIGITS))
+
+
+def usage_scan(body: bytes | bytearray | memoryview) -> tuple[int, int] | bool:
+    """(input, output) tokens of the last "usage" key when it is in OpenAI's own order, or in
+    Anthropic's (the input then counts the cache writes and reads, as OpenAI's prompt_tokens
+    does); False when there is no "usage" key; True when the last one is in another form."""
+    data = bytes(body)
+    at = data.rfind(_KEY)
+    if at < 0:
+        return False
+    at += len(_KEY)
+    found = _OPENAI.match(data, at)
+    if found:
+        return int(found[1]), int(found[2])
+    found = _ANTHROPIC.match(data, at)
+    if found:
+        inp, writes, reads, out = found.groups()
+        return int(inp) + int(writes or 0) + int(reads or 0), int(out)
+    return True
