@@ -30,7 +30,7 @@ from velox._native import Counters, Limits, access_line, access_lines, estimate_
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.core.types import Request, Route
 from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
-from velox.relay.usagescan import usage_scan as scan_twin
+from velox.relay.twins import usage_scan as scan_twin
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 # --- the access log ------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_usage_scan_finds_what_the_regular_expression_found(body: bytes) -> None
     old = _old_fast(body)
     if old is not None:
         assert found == old
-    elif type(found) is tuple:  # the Messages API's order (velox.relay.usagescan)
+    elif type(found) is tuple:  # the Messages API's order (velox.relay.twins)
         assert found == scan_twin(body)
     else:
         assert found is (b'"usage"' in body)  # True: read another way; False: none at all

@@ -1,4 +1,4 @@
-"""The native usage scan against its Python twin (velox.relay.usagescan), over real answers
+"""The native usage scan against its Python twin (velox.relay.twins), over real answers
 (OpenAI's and the Messages API's, as the mocks and the providers write them) and hostile bodies
 (every member order, whitespace, nulls, strings, long numbers, cut anywhere); and usage_of gives
 the same numbers whichever of its ways reads a Messages answer."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from velox._native import usage_scan
 from velox.relay.usage import usage_of
-from velox.relay.usagescan import usage_scan as twin
+from velox.relay.twins import usage_scan as twin
 from velox_lab.mock import anthropic_api, payloads
 
 MESSAGES_USAGE = {"input_tokens": 12, "cache_creation_input_tokens": 100,
