@@ -121,9 +121,13 @@ def test_supervisor_registers_each_upstreams_rpm_and_tpm_bucket_by_name() -> Non
         "upstream:u2:rpm": (health.rpm, 2, 60, 10, 0),
         "upstream:u2:tpm": (health.tpm.limits, 2, 600, 600, 600),
     }
-    # Leased now (rate 0) and empty until the refresher's first lease.
-    assert health.rpm.config(0) == (0, 20) and health.rpm.level(0) == 0
-    assert health.tpm.limits.config(1) == (0, 6000) and health.tpm.limits.level(1) == 0
+    # Until the refresher's first lease each bucket serves the host's share, full, as during a
+    # Redis outage (one host: Redis never reached), so a new bucket never refuses its first
+    # requests for want of a lease.
+    assert health.rpm.config(0) == cluster.fallback_share(120, 20, 1)
+    assert health.rpm.level(0) == cluster.fallback_share(120, 20, 1)[1]
+    assert health.tpm.limits.config(1) == cluster.fallback_share(6000, 6000, 1)
+    assert health.tpm.limits.level(1) == cluster.fallback_share(6000, 6000, 1)[1]
     # A reload's new health replaces them (same names, the new Limits), nothing left behind.
     reloaded = shared.with_tables(tables((120, 0)))
     Supervisor._share_upstreams(fake, reloaded)  # type: ignore[arg-type]

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.core.types import Request, Route
-from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
 from velox.relay.twins import usage_scan as scan_twin
+from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 # --- the access log ------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velox._native import usage_scan
-from velox.relay.usage import usage_of
 from velox.relay.twins import usage_scan as twin
+from velox.relay.usage import usage_of
 from velox_lab.mock import anthropic_api, payloads
 
 MESSAGES_USAGE = {"input_tokens": 12, "cache_creation_input_tokens": 100,
