@@ -136,6 +136,13 @@ def test_key_lifecycle_and_the_audit_names_the_tokens_label(gw: GatewayProcess) 
     assert audit[2]["detail"]["changed"]["rpm"] == [600, 1200]
 
 
+def settings_of(client: httpx.Client) -> list[dict[str, object]]:
+    """GET /keys without each key's live usage (its buckets refill as time passes, and a key
+    made a moment ago gets its usage once the workers applied it): what a change would change."""
+    return [{k: v for k, v in key.items() if k != "usage"}
+            for key in client.get("/keys").json()["keys"]]
+
+
 @pytest.mark.parametrize(("body", "words"), [
     ({"name": "k1", "colour": "red"}, "unknown field(s) 'colour'"),
     ({"name": "k1", "rpm": -5}, "rpm must be an integer from 0"),
@@ -147,13 +154,6 @@ def test_key_lifecycle_and_the_audit_names_the_tokens_label(gw: GatewayProcess) 
     (b"[1, 2]", "must be a JSON object"),
     (b"x" * 10_000_000, "does not take a body of 10,000,000 bytes"),
 ])
-def settings_of(client: httpx.Client) -> list[dict[str, object]]:
-    """GET /keys without each key's live usage (its buckets refill as time passes, and a key
-    made a moment ago gets its usage once the workers applied it): what a change would change."""
-    return [{k: v for k, v in key.items() if k != "usage"}
-            for key in client.get("/keys").json()["keys"]]
-
-
 def test_bad_input_gets_400_with_a_clear_message_and_changes_nothing(
         gw: GatewayProcess, body: object, words: str) -> None:
     with admin(gw) as client:
