@@ -269,3 +269,31 @@ def test_a_run_time_keys_requests_and_tokens_are_counted_under_it(gw: GatewayPro
         assert b'velox_key_requests_total{key="rt-books"} %d.0' % calls in metrics
         assert b'velox_key_tokens_total{key="rt-books",kind="output"} %d.0' % want_out \
             in metrics
+
+
+def test_a_run_time_keys_requests_are_named_in_the_access_log_and_the_ledger(
+        gw: GatewayProcess) -> None:
+    """Each access-log line and ledger row of a run-time key's request names the key (before,
+    they said "-" and "": nobody could tell whose requests or spend they were), from both
+    workers, and still after the key is revoked."""
+    with admin(gw) as api:
+        secret = api.post("/keys", json={"name": "rt-named"}).json()["key"]
+        until_all(gw, secret, "200", 1.0)
+        calls = 1 + FRESH
+        assert api.delete("/keys/rt-named").status_code == 204
+
+        def lines() -> list[str] | None:
+            found = [line for line in gw.log().splitlines()
+                     if '"log":"access"' in line and '"key":"rt-named"' in line]
+            return found if len(found) >= calls else None
+
+        named = wait_for(lines, timeout=10)
+        assert len(named) == calls and all('"status":200' in line for line in named), named
+        assert len({orjson.loads(line[line.index("{"):])["worker"] for line in named}) == 2
+
+        def row() -> dict[str, object] | None:
+            rows = api.get("/spend?since=1d&by=key").json()
+            mine = [r for r in rows if r["key"] == "rt-named"]
+            return mine[0] if mine and mine[0]["requests"] >= calls else None
+
+        assert wait_for(row, timeout=10)["requests"] == calls

@@ -53,6 +53,10 @@ class _Worker:
         self.auth = Auth(settings)
         self.loop = _Loop()
         self.ledgers = 0
+        self.key_names: tuple[str, ...] = ()
+
+    def publish_key_names(self, names: tuple[str, ...]) -> None:
+        self.key_names = names
 
     def want_ledger(self) -> None:
         self.ledgers += 1
@@ -111,6 +115,13 @@ def test_a_full_frame_replaces_the_set_and_the_fork_time_one_never_blocks_later_
     keys.apply({"version": 9, "full": True, "keys": [secret_row("c", 2, "sc")], "gone": []})
     assert valid(worker, "sc") and not valid(worker, "sa") and not valid(worker, "sb")
     assert keys.apply({"version": 8, "full": True, "keys": [], "gone": []}) == 9
+    # Each run-time key has its place in request.key's names after the file's keys (none
+    # here), kept when it is gone (a late access-log line still names it) and when it comes
+    # back changed.
+    assert worker.key_names == ("a", "b", "c")
+    keys.apply({"version": 10, "keys": [secret_row("a", 0, "sa2", rpm=5)], "gone": []})
+    assert worker.key_names == ("a", "b", "c")
+    assert worker.keys.by_digest[hashlib.sha256(b"sa2").digest()].book == 0
 
 
 def test_expiry_and_overlap_end_are_timed_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:

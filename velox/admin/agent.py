@@ -54,6 +54,7 @@ class Agent:
                                         cost_of=cost_field if spend is not None else None)
             self.access_log.start()
             worker.log_access = self.access_log.append
+            worker.key_name_readers.append(self.access_log)
         sock = worker.control_sock
         if sock is not None:
             worker.control_sock = None

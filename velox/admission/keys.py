@@ -41,8 +41,10 @@ A reload keeps the keys' buckets and gauges when their names are unchanged (velo
 Run-time keys (made through the admin API) join `by_digest` through `use_runtime`
 (velox.admission.runtime applies the supervisor's frames): the same _Key, with an index the
 supervisor claimed in the shared table, so the lookup and the limits are the file keys' own.
-Their tokens are booked under no key (`request.key = -1`): the per-key token books are sized
-by the file's keys at start.
+Their `request.key` is their place in `KeyNames` after the file's keys, so the access log and
+the ledger's rows name them; the per-route token books, the budgets and the spend series are
+sized by the file's keys at start and count them under no key (their own token counts are in
+the key table's segment).
 """
 
 from __future__ import annotations
@@ -129,13 +131,43 @@ _LIMIT_TOKENS = b"x-ratelimit-limit-tokens"
 _REMAINING_TOKENS = b"x-ratelimit-remaining-tokens"
 
 
+class KeyNames:
+    """request.key -> the key's name: the file's keys first (their places are their rows in the
+    token books), then each run-time key from the first time this worker makes it. A place is
+    never reused or freed, so an access-log line formatted after its key was revoked still
+    names it, and the same name keeps its place when its key is changed or rotated."""
+
+    __slots__ = ("_at", "_names", "file", "names")
+
+    def __init__(self, file_names: tuple[str, ...]) -> None:
+        self.file = len(file_names)
+        self._names = list(file_names)
+        self._at = {name: i for i, name in enumerate(file_names)}
+        self.names = file_names  # what the readers hold (velox.pipeline.worker.Worker)
+
+    def book(self, name: str) -> int:
+        at = self._at.get(name)
+        if at is None:
+            at = self._at[name] = len(self._names)
+            self._names.append(name)
+        return at
+
+    def publish(self) -> tuple[str, ...]:
+        """The names as a tuple (the native access line's form), made again only when some
+        were added: once per frame of changes, not per key."""
+        if len(self.names) != len(self._names):
+            self.names = tuple(self._names)
+        return self.names
+
+
 class KeyStage:
     """The stage, per worker: `admit(batch)` returns the requests that go on."""
 
-    __slots__ = ("by_digest", "file_digest", "keys", "shared", "slot", "named_routes")
+    __slots__ = ("by_digest", "file_digest", "keys", "shared", "slot", "named_routes", "names")
 
     def __init__(self, tables: Tables, shared: SharedKeys, slot: int) -> None:
         self.keys = tuple(_Key(i, spec, shared, slot) for i, spec in enumerate(tables.keys))
+        self.names = KeyNames(tuple(spec.name for spec in tables.keys))
         self.file_digest = {spec.digest: self.keys[i] for i, spec in enumerate(tables.keys)}
         self.by_digest = self.file_digest
         self.shared = shared
@@ -145,7 +177,7 @@ class KeyStage:
     def runtime_key(self, index: int, spec: KeySpec) -> _Key:
         """A run-time key at table `index` (velox.state.keys.SharedKeys.claim); its segment
         must be mapped in this worker (IndexError otherwise)."""
-        return _Key(index, spec, self.shared, self.slot, book=-1)
+        return _Key(index, spec, self.shared, self.slot, book=self.names.book(spec.name))
 
     def use_runtime(self, keys: dict[bytes, _Key]) -> None:
         """The run-time keys now valid, by digest, replacing the last set in one assignment:

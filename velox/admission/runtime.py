@@ -123,6 +123,7 @@ class RuntimeKeys:
                 worker.want_ledger()  # a tpm is settled from usage: meter keyed requests
         stage.use_runtime(live)
         worker.auth.use_runtime(frozenset(live))
+        worker.publish_key_names(stage.names.publish())
         if soonest != self.soonest or self.timer is None:
             self._time(soonest, now)
 

@@ -147,6 +147,9 @@ class Worker:
         # budgets' shared memory is the supervisor's, set before serve().
         self.budgets: SharedBudgets | None = None
         self.spend: Spend | None = None
+        # Who names a request's key by request.key (the access log, the spend's ledger rows):
+        # each gets the longer tuple when run-time keys are made (publish_key_names).
+        self.key_name_readers: list[Any] = []
         # Traces (velox.spend.traced): None without VELOX_OTEL_ENDPOINT, and then nothing of it
         # runs per request; with it, its hooks replace calls the worker makes anyway.
         self.traced: Traced | None = None
@@ -211,6 +214,7 @@ class Worker:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
                                settings.tokens_default_output, shared.spend)
+            self.key_name_readers.append(self.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
             self.spend is not None
@@ -238,7 +242,8 @@ class Worker:
         if self.ledger is None:
             shared = self.shared
             self.ledger = Ledger(shared.tokens, self.slot, shared.route_models,
-                                 shared.health.tpm, self.settings.tokens_default_output)
+                                 shared.health.tpm, self.settings.tokens_default_output,
+                                 keys=len(self.tables.keys))
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -469,6 +474,13 @@ class Worker:
             names = [n for n, _ in self.stages]
             self.add_stage("keys", self.keys.admit, "cache" if "cache" in names else "limit")
         return self.keys
+
+    def publish_key_names(self, names: tuple[str, ...]) -> None:
+        """Run-time keys have their places in request.key's names (KeyNames): whoever names a
+        request's key reads the longer tuple from now on (one attribute store each)."""
+        for reader in self.key_name_readers:
+            if reader.key_names is not names:
+                reader.key_names = names
 
     def add_stage(self, name: str, stage: Stage, before: str) -> None:
         """Insert a stage in front of the one named `before`."""

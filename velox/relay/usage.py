@@ -600,11 +600,15 @@ class Ledger:
     upstreams' tpm buckets (velox.state.health.UpstreamTokens, or None when no upstream has one)."""
 
     __slots__ = ("counters", "slot", "routes", "catch_all", "forward", "width", "tpm",
-                 "default_output")
+                 "default_output", "keys")
 
     def __init__(self, counters: tuple[Any, ...], slot: int, route_models: tuple[str, ...],
-                 tpm: Any, default_output: int = DEFAULT_OUTPUT) -> None:
+                 tpm: Any, default_output: int = DEFAULT_OUTPUT, keys: int = 1 << 30) -> None:
         self.counters = counters
+        # Rows of keys in the books: the file's keys, sized at start. A key made at run time
+        # (request.key from `keys` on: velox.admission.keys.KeyNames) is booked under no key
+        # here; its own counts are in the key table's segment (KF.TOKENS_IN/OUT).
+        self.keys = keys
         self.slot = slot
         self.routes = {m: i for i, m in enumerate(route_models)}
         self.catch_all = self.routes.get("*", -1)
@@ -623,6 +627,8 @@ class Ledger:
     def count(self, key: int, route: int, inp: int, out: int) -> None:
         if route < 0 or key == NOT_BOOKED:
             return
+        if key >= self.keys:
+            key = -1
         field = ((key + 1) * self.width + route) * 2  # even: both kinds in the same block
         counters = self.counters[field >> _BLOCK_SHIFT]
         field &= _BLOCK_MASK
@@ -848,8 +854,11 @@ class CountMeter:
                     model = request.model
                     route = ledger.forward if model is None else \
                         ledger.routes.get(model, ledger.catch_all)
-                    if route >= 0 and request.key != NOT_BOOKED:
-                        field = ((request.key + 1) * ledger.width + route) * 2
+                    key = request.key
+                    if route >= 0 and key != NOT_BOOKED:
+                        if key >= ledger.keys:
+                            key = -1  # a run-time key: no row here (Ledger.keys)
+                        field = ((key + 1) * ledger.width + route) * 2
                         ledger.counters[field >> _BLOCK_SHIFT].add_many(
                             ledger.slot, field & _BLOCK_MASK, inp, (field & _BLOCK_MASK) + 1, out)
                 self.full = _COUNTED

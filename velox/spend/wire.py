@@ -283,10 +283,11 @@ class Spend:
         """Reserve the estimated cost of each budgeted request; refuse those whose budget is
         spent (429 insufficient_quota). Requests of no budget pass untouched."""
         key_budgets = self.key_budgets
+        n_file = self.book_keys
         out: list[Request] = []
         for request in requests:
             k = request.key
-            if k < 0 or not key_budgets[k]:
+            if k < 0 or k >= n_file or not key_budgets[k]:  # no budget (run-time keys: none)
                 out.append(request)
                 continue
             if self._admit_one(request, key_budgets[k]):
@@ -407,8 +408,10 @@ class Spend:
     def book(self, attempt: Any, key: int, cost: int | None) -> None:
         """Count the cost (or one request of unknown cost) in /metrics' shared counters, under
         the key and the route target that answered (see SharedStats.spend)."""
-        if not self.books or attempt is None or attempt.index < 0 or key >= self.book_keys:
-            return  # no target (nothing was sent), or a key added at run time (no field)
+        if not self.books or attempt is None or attempt.index < 0:
+            return  # no target (nothing was sent)
+        if key >= self.book_keys:
+            key = -1  # a key made at run time: no row of its own, counted under "-"
         field = ((key + 1) * self.book_width + attempt.index) * 2
         if cost is None:
             field += 1
@@ -445,7 +448,8 @@ class Spend:
         attempt = exchange.route_attempt
         k = request.key
         feed.add((time.time_ns() // 1_000_000,
-                  self.key_names[k] if k >= 0 else "", self.team_of[k] if k >= 0 else "",
+                  self.key_names[k] if k >= 0 else "", self.team_of[k] if 0 <= k < self.book_keys
+                  else "",
                   attempt.route.model if attempt is not None else request.model or "",
                   _name(exchange.upstream_name),
                   attempt.model if attempt is not None and attempt.model else
