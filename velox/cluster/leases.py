@@ -65,6 +65,9 @@ lost its data (a restart without persistence) is noticed by the first host that 
 before: the buckets it then makes start empty for a minute instead of full, so the outage does
 not end with a second burst (see LEASE_LUA). No request waits on Redis for a limit: the
 workers only ever touch shared memory for them.
+
+Budgets (velox.spend.hosts) are leased on the same tick and connection (`Cluster.extras`),
+by a scheme of their own: an allowance per host within what all hosts used and hold.
 """
 
 from __future__ import annotations

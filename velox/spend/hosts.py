@@ -64,7 +64,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from velox.cluster.leases import (
     HEARTBEAT_S,
@@ -82,7 +82,6 @@ from velox.spend.ledger import EARLIER, period_start
 
 if TYPE_CHECKING:
     from velox.cluster.leases import Cluster
-    from velox.spend.wire import SharedBudgets
 
 CAP_SHARE = 0.05  # an allowance is at most 5% of the budget / hosts (or one request's estimate)
 HOLD_S = 2.5  # after a data loss: a heartbeat (1 s) of every host, plus a reconnect (0.5 s)
@@ -199,6 +198,16 @@ def _new_id(path: Path) -> str:
     return name
 
 
+class BudgetsLike(Protocol):
+    """What the refresher needs of velox.spend.wire.SharedBudgets."""
+
+    budgets: tuple[Any, ...]  # Budget: name, team, period
+    sizes: tuple[int, ...]  # each budget in its units
+    base: list[int]  # units spent in the current period before this start (the ledger)
+    limits: Any  # the native buckets
+    across: Any  # Counters(1, n): left unallocated across hosts, per budget
+
+
 @dataclass(slots=True)
 class _State:
     """The refresher's view of one budget: its period, what its bucket was given, demand."""
@@ -218,7 +227,7 @@ class _State:
 class BudgetLeases:
     """The refresher's side of the budgets (`Cluster.extras`): one per host."""
 
-    def __init__(self, shared: SharedBudgets, host: str) -> None:
+    def __init__(self, shared: BudgetsLike, host: str) -> None:
         self.host = host
         self.shared = shared
         self.states = [_State(base=shared.base[b], last_taken=shared.limits.taken(b),
@@ -235,7 +244,8 @@ class BudgetLeases:
         """Units this host used in budget b's period: spent plus reserved by requests in
         flight (its bucket got `given`, holds its level)."""
         st = self.states[b]
-        return st.base + st.given - self.shared.limits.level(b)
+        level: int = self.shared.limits.level(b)
+        return st.base + st.given - level
 
     # --- the tick ---------------------------------------------------------------------------
 
