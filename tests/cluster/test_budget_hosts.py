@@ -14,16 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from benches.e2e import cluster as harness
 from benches.e2e import paced
-from tests.e2e.conftest import UPSTREAM_KEY
+from tests.e2e.conftest import UPSTREAM_KEY, wait_for
 from velox.spend import hosts as budget_hosts
 from velox.spend.ledger import ledger_path
 from velox_lab.launch import GatewayProcess, RedisProcess, free_port
@@ -70,23 +69,12 @@ def start_hosts(tmp_path: Path, mock: MockUpstream, redis_url: str) -> list[Gate
             "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
         }
         gateways.append(GatewayProcess(env, log_path=tmp_path / f"velox{i}.log"))
-    errors: list[BaseException] = []
-
-    def start(gw: GatewayProcess) -> None:
-        try:
-            gw.start(timeout=60)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(gw,)) for gw in gateways]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
+    try:
+        harness.start_all(gateways)
+    except BaseException:
         for gw in gateways:
             gw.stop()
-        raise errors[0]
+        raise
     return gateways
 
 
@@ -99,15 +87,6 @@ def metric(gw: GatewayProcess, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
-
-
-def wait_until(what: str, check: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def ledger(state_dir: Path) -> tuple[int, int]:
@@ -140,8 +119,8 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
     gateways: list[GatewayProcess] = []
     try:
         gateways = start_hosts(tmp_path, mock, redis.url)
-        wait_until("every host sees three in Redis",
-                   lambda: all(metric(gw, "velox_redis_hosts") == HOSTS for gw in gateways))
+        # Every host sees the three in Redis.
+        wait_for(lambda: all(metric(gw, "velox_redis_hosts") == HOSTS for gw in gateways), 30)
         # The budget lasts ~110 requests; three times that over the run.
         per_host = 3 * 110 / DURATION_S / HOSTS
         start = time.time() + 2.0  # the load processes import the SDK meanwhile
@@ -150,12 +129,12 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
         if outage:  # down from a sixth of the run (the budget is not spent yet) to a quarter
             time.sleep(max(0.0, start + DURATION_S / 6 - time.time()))
             redis.kill()
-            wait_until("every host noticed Redis went away",
-                       lambda: all(metric(gw, "velox_redis_up") == 0 for gw in gateways))
+            # Every host noticed Redis went away.
+            wait_for(lambda: all(metric(gw, "velox_redis_up") == 0 for gw in gateways), 30)
             time.sleep(max(0.0, start + DURATION_S / 4 - time.time()))
             redis.start()  # empty: no persistence
-            wait_until("every host is back on Redis",
-                       lambda: all(metric(gw, "velox_redis_up") == 1 for gw in gateways))
+            # Every host is back on Redis.
+            wait_for(lambda: all(metric(gw, "velox_redis_up") == 1 for gw in gateways), 30)
         docs = [paced.collect(p, DURATION_S + 120) for p in procs]
         logs = [gw.log() for gw in gateways]
         for gw in gateways:  # SIGTERM: the ledgers written, the allowances returned
