@@ -58,6 +58,7 @@ Redis is back.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -82,6 +83,8 @@ from velox.spend.ledger import EARLIER, period_start
 
 if TYPE_CHECKING:
     from velox.cluster.leases import Cluster
+
+log = logging.getLogger("velox.spend")
 
 CAP_SHARE = 0.05  # an allowance is at most 5% of the budget / hosts (or one request's estimate)
 HOLD_S = 2.5  # after a data loss: a heartbeat (1 s) of every host, plus a reconnect (0.5 s)
@@ -239,6 +242,7 @@ class BudgetLeases:
         self._last_call = 0.0
         self._last_tick = 0.0
         self._reported: list[tuple[int, int]] = []  # (used, level) per budget, last sent
+        self._holding = False  # Redis answered "held after a data loss" (logged once)
 
     def used(self, b: int) -> int:
         """Units this host used in budget b's period: spent plus reserved by requests in
@@ -261,6 +265,7 @@ class BudgetLeases:
         self._last_call = now
         replies = await self._call(client, cluster, asks, report)
         shared = self.shared
+        holding = False
         for b, (want, (granted, left, held)) in enumerate(zip(asks, replies, strict=True)):
             st = self.states[b]
             st.known = True
@@ -270,7 +275,13 @@ class BudgetLeases:
             if want and granted < want:  # short (or held): ask again in a while, not each tick
                 st.next_ask = now + (TICK_S if held else LEASE_S)
             self.held_back += held
+            holding = holding or bool(held)
             shared.across.set(0, b, max(0, left))
+        if holding and not self._holding:
+            log.warning("Redis lost the budgets' data: rebuilding each period's spend from "
+                        "every host's report; no allowance is granted for %gs meanwhile",
+                        HOLD_S)
+        self._holding = holding
 
     def _roll(self, now_s: float) -> bool:
         """A budget whose period changed: a new hash, its used back to 0 (what the bucket
