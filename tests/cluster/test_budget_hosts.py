@@ -136,6 +136,8 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
             # Every host is back on Redis.
             wait_for(lambda: all(metric(gw, "velox_redis_up") == 1 for gw in gateways), 30)
         docs = [paced.collect(p, DURATION_S + 120) for p in procs]
+        # Redis commands over the run (rate leases' heartbeats and the budgets' calls): a figure
+        commands = sum(metric(gw, "velox_redis_commands_total") or 0 for gw in gateways)
         logs = [gw.log() for gw in gateways]
         for gw in gateways:  # SIGTERM: the ledgers written, the allowances returned
             gw.stop()
@@ -166,7 +168,8 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
     lower = budget - HOSTS * (cap + estimate)
     summary = {"statuses": statuses, "spent": spent, "budget": budget, "upper": upper,
                "lower": lower, "largest": largest, "used": used, "held": held,
-               "failures": [d["failures"] for d in docs]}
+               "failures": [d["failures"] for d in docs],
+               "commands_per_host_s": round(commands / HOSTS / (DURATION_S + 2), 1)}
     print(json.dumps(summary))
     assert set(statuses) <= {200, 429}, summary  # no 5xx, nothing unanswered
     # Each host alone would have admitted all of its third: the budget three times over.
