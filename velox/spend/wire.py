@@ -23,7 +23,8 @@ the requests in flight at that moment, plus one request per worker admitted in t
 between another's check and its take. Per worker slot the units its requests in flight
 reserve are counted too, so a killed worker's reservations go back when its slot restarts.
 At start the buckets are filled with the budget less what the ledger says was spent in the
-current period: a restart resumes from it.
+current period: a restart resumes from it. With VELOX_REDIS_URL they hold instead the
+allowances the host leases from Redis, within what every host used (velox.spend.hosts).
 
 Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); the
 supervisor notices a new one within 0.2 s and fills the bucket whole again (`roll`).
