@@ -54,11 +54,12 @@ def mock(tmp_path: Path) -> Iterator[MockUpstream]:
         yield m
 
 
-def start_hosts(tmp_path: Path, mock: MockUpstream, redis_url: str) -> list[GatewayProcess]:
+def start_hosts(tmp_path: Path, mock: MockUpstream, redis_url: str,
+                hosts: int = HOSTS) -> list[GatewayProcess]:
     config = tmp_path / "velox.toml"
     config.write_text(CONFIG)
     gateways = []
-    for i in range(HOSTS):
+    for i in range(hosts):
         env = {
             "VELOX_UPSTREAM_ORIGIN": mock.origin, "VELOX_UPSTREAM_CA_FILE": mock.ca_file,
             "VELOX_UPSTREAM_API_KEY": UPSTREAM_KEY, "VELOX_CONFIG": str(config),
@@ -101,12 +102,17 @@ def ledger(state_dir: Path) -> tuple[int, int]:
     return int(total), int(largest)
 
 
-def redis_used(redis: RedisProcess) -> tuple[int, int]:
-    """(sum of the hosts' reported `used`, sum of their `held`) in the budget's hash, units."""
+def budget_hash(redis: RedisProcess) -> dict[str, str]:
+    """The budget's hash in Redis for today: u:<host>, a:<host>, t:<host>."""
     day = time.strftime("%Y-%m-%d", time.gmtime())
     reply = redis.command("HGETALL", f"velox:budget:key:shared:day:{day}").decode()
     lines = [x for x in reply.split("\r\n") if x and x[0] not in "*$"]
-    fields = dict(zip(lines[0::2], lines[1::2], strict=False))
+    return dict(zip(lines[0::2], lines[1::2], strict=False))
+
+
+def redis_used(redis: RedisProcess) -> tuple[int, int]:
+    """(sum of the hosts' reported `used`, sum of their `held`) in the budget's hash, units."""
+    fields = budget_hash(redis)
     used = sum(int(v) for k, v in fields.items() if k.startswith("u:"))
     held = sum(int(v) for k, v in fields.items() if k.startswith("a:"))
     return used, held
@@ -182,3 +188,48 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
     if outage:  # the first host back found the hash gone and held it until all reported
         assert any("Redis lost the budgets' data" in log for log in logs), logs
     assert all("Traceback" not in log for log in logs)
+
+
+def test_a_restarted_host_reports_under_its_name_and_resumes_from_its_ledger(
+        tmp_path: Path, mock: MockUpstream) -> None:
+    """A host stopped and started again (its state directory kept) reports its spend under
+    the same name, resumed from its ledger: the period's spend in Redis is still what the
+    ledgers hold, not that plus the host's spend before its restart."""
+    import openai
+
+    redis = RedisProcess(log_path=tmp_path / "redis.log").start()
+    gateways: list[GatewayProcess] = []
+
+    def spend(gw: GatewayProcess, n: int) -> None:
+        # The SDK's default retries: one client in a loop spends the budget's allowance cap
+        # (5% of $0.04 over two hosts: ~3 requests) faster than a loaded refresher's tick may
+        # bring the next, and is answered 429 with Retry-After: 1 meanwhile, which the SDK
+        # retries.
+        with openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
+                           timeout=30) as client:
+            for _ in range(n):
+                client.chat.completions.create(
+                    model=paced.MODEL, messages=[{"role": "user", "content": "Say hello."}])
+
+    try:
+        gateways = start_hosts(tmp_path, mock, redis.url, hosts=2)
+        wait_for(lambda: all(metric(gw, "velox_redis_hosts") == 2 for gw in gateways), 30)
+        spend(gateways[0], 12)
+        spend(gateways[1], 5)
+        gateways[0].stop()  # SIGTERM: its rows written, its allowance returned
+        names = {k for k in budget_hash(redis) if k.startswith("u:")}
+        gateways[0].start(timeout=60)
+        wait_for(lambda: all(metric(gw, "velox_redis_hosts") == 2 for gw in gateways), 30)
+        spend(gateways[0], 4)
+        for gw in gateways:
+            gw.stop()
+        gateways = []
+        fields = budget_hash(redis)
+    finally:
+        for gw in gateways:
+            gw.stop()
+        redis.stop()
+    assert len(names) == 2 and {k for k in fields if k.startswith("u:")} == names, fields
+    spent = sum(ledger(tmp_path / f"state{i}")[0] for i in range(2))
+    used = sum(int(v) for k, v in fields.items() if k.startswith("u:"))
+    assert spent > 0 and abs(used * 1000 - spent) <= 2 * WORKERS * 1000 + 1000, (used, spent)

@@ -89,5 +89,15 @@ def test_the_host_id_is_kept_beside_the_ledger(tmp_path: Path) -> None:
 def test_the_stated_bound() -> None:
     assert allowance_cap(40_000, 1) == 2_000 and allowance_cap(40_000, 4) == 500
     # two requests in flight of at most 360 units, an allowance (the cap) per host
-    assert bound(40_000, 3, 360, 2) == 720 + 3 * 2_000
-    assert bound(40_000, 3, 360, 2, estimate=3_840, outage=True) == 720 + 9 * 3_840
+    assert bound(40_000, 3, 360, 2) == 720 + 2 * 3 * 2_000
+    assert bound(40_000, 3, 360, 2, estimate=3_840, outage=True) == 720 + 4 * 3 * 3_840
+
+
+def test_a_host_with_nothing_held_borrows_one_estimate_while_redis_had_room() -> None:
+    shared = leased()
+    shared.across.set(0, 0, 5_000)  # 5,000 units ($0.005) left unallocated at the last call
+    assert shared.may_borrow(0, 0, 4_000_000)  # nothing held, an estimate of 4,000 units
+    assert shared.may_borrow(0, -3_000_000, 4_000_000)  # a debt under one estimate
+    assert not shared.may_borrow(0, -4_000_000, 4_000_000)  # a whole estimate owed already
+    assert not shared.may_borrow(0, 0, 6_000_000)  # more than Redis said was left
+    assert not shared.may_borrow(0, 0, 0)  # unpriced: nothing to borrow against

@@ -41,12 +41,19 @@ share of what Redis last said no host held nor used: left / hosts last seen. A h
 reached Redis counts as alone (as the rate limits do). When Redis is back the reports make the
 sum whole again, whatever the hosts spent meanwhile.
 
-The bound. Every grant keeps sum(used + held) within the budget, and a host admits a request
-only from what it holds. Spend goes past the budget by at most
+Admission (velox.spend.wire.SharedBudgets.may_borrow): a request is admitted while its host
+holds anything, its estimate taken into debt when less is held, as on one host; and, when
+its host holds nothing, while the host's debt is under one request's estimate and Redis last
+said at least that much was left unallocated (so a host's first request, or one after an idle
+spell, does not wait for a grant: the next grant pays the debt).
+
+The bound. Every grant keeps sum(used + held) within the budget, and the debts are reported
+as use. Spend goes past the budget by at most
     (the requests in flight when it ran out: each admitted while its host held anything, its
      estimate taken into debt, then settled to its exact cost, as on one host)
   + hosts x allowance (after a data loss, what hosts not yet heard from held; an allowance is
      at most the cap or one request's estimate)
+  + hosts x allowance (a debt borrowed against a view of what was left a tick old)
   + during an outage, 2 x hosts x allowance: the shares add up to what was left as each host
      last saw it, and a host's view is behind by at most a call or two of each other host
      (each granted at most one allowance), as every host reports each tick under load.
@@ -173,11 +180,12 @@ def bound(size: int, hosts: int, largest: int, in_flight: int, estimate: int = 1
           outage: bool = False) -> int:
     """The stated excess over a budget (units): `in_flight` requests' exact costs past what
     was left (at most `largest` each), plus an allowance per host (what hosts not yet heard
-    from held after a data loss: at most the cap or one request's `estimate`), plus with an
-    `outage` two more per host (the hosts' views of what was left, behind by at most the
+    from held after a data loss: at most the cap or one request's `estimate`) and one more
+    (a debt borrowed against a stale view of what was left), plus with an `outage` two more
+    per host (the hosts' views of what was left, behind by at most the
     grants of one call of each other host: see the module docstring)."""
     allowance = max(allowance_cap(size, 1), estimate)
-    return in_flight * largest + hosts * allowance * (3 if outage else 1)
+    return in_flight * largest + hosts * allowance * (4 if outage else 2)
 
 
 def host_id(ledger_file: str) -> str:

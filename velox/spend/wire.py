@@ -220,6 +220,13 @@ class SharedBudgets:
             level = max(0, level) + self.across.get(0, b)
         return (self.sizes[b] - level) * self.units[b]
 
+    def may_borrow(self, b: int, left: int, estimate: int) -> bool:
+        """Across hosts, a request finding this host's allowance used up (`left` <= 0, nano-USD)
+        is admitted all the same, into debt, while the debt is under one request's estimate and
+        Redis last said at least that much was left unallocated: a host's first request, or
+        one after an idle spell, does not wait for a lease (the next grant pays the debt)."""
+        return estimate > 0 and left > -estimate and self.unallocated(b) >= estimate
+
     def unallocated(self, b: int) -> int:
         """Across hosts: nano-USD of budget `b` no host holds nor spent, at Redis's last call."""
         return self.across.get(0, b) * self.units[b]
@@ -318,18 +325,26 @@ class Spend:
         assert shared is not None
         level, units = shared.limits.level, shared.units  # SharedBudgets.left, inlined
         lowest = -1
+        estimate = -1  # computed once, when needed
         for b in budgets:
             here = level(b) * units[b]
-            if here <= 0:
-                if shared.leased:  # a refused take: the refresher counts it as demand
-                    shared.limits.take(b, max(1, -(-self.estimate(request) // units[b])))
+            if shared.leased:  # across hosts (velox.spend.hosts)
+                if here <= 0:
+                    if estimate < 0:
+                        estimate = self.estimate(request)
+                    if not shared.may_borrow(b, here, estimate):
+                        # A refused take: the refresher counts it as demand.
+                        shared.limits.take(b, max(1, -(-estimate // units[b])))
+                        self._refuse(request, self.budgets[b], shared.reserved(b))
+                        return False
+                here += shared.unallocated(b)
+            elif here <= 0:
                 self._refuse(request, self.budgets[b], shared.reserved(b))
                 return False
-            if shared.leased:
-                here += shared.unallocated(b)
             if lowest < 0 or here < lowest:
                 lowest = here
-        estimate = self.estimate(request)
+        if estimate < 0:
+            estimate = self.estimate(request)
         if estimate:
             reserve, slot = shared.reserve, self.slot
             held = tuple([-(-estimate // units[b]) for b in budgets])
