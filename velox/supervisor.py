@@ -207,7 +207,7 @@ class Supervisor:
             self.key_feed.adopt(self.shared.keys)
         # Spend (velox.spend.wire): the ledger's writer, fed by the workers over the admin's
         # control channels, and the budgets' shared memory, resumed from the ledger.
-        self.spend = SpendHost(settings, self.shared.slots, self.admin is not None)
+        self.spend = SpendHost(settings, self.shared.slots, self.admin is not None, self.cluster)
         if self.admin is not None and self.spend.writer is not None:
             self.admin.hub.ledger_sink = self.spend.writer.submit
         self.spend.budgets_for(self.shared.tables)  # made before the first fork

@@ -89,22 +89,11 @@ class Cluster:
         self.gateways = [GatewayProcess(self.env(rpm or plan.rpm, burst or plan.burst),
                                         log_path=self.logdir / f"velox-{tag}{i}.log")
                          for i in range(plan.hosts)]
-        errors: list[BaseException] = []
-
-        def start(gw: GatewayProcess) -> None:
-            try:
-                gw.start(timeout=60)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=start, args=(gw,)) for gw in self.gateways]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
+        try:
+            start_all(self.gateways)
+        except BaseException:
             self.stop()
-            raise errors[0]
+            raise
         if plan.redis:  # every host sees every other one before the load starts
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
@@ -169,6 +158,26 @@ class Cluster:
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
+
+
+def start_all(gateways: list[GatewayProcess]) -> None:
+    """Start the hosts at once (each takes seconds to fork its workers); the first failure
+    is raised once all have returned (the caller stops them)."""
+    errors: list[BaseException] = []
+
+    def start(gw: GatewayProcess) -> None:
+        try:
+            gw.start(timeout=60)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(gw,)) for gw in gateways]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 async def _load(c: Cluster, plan: Plan) -> dict[str, Any]:

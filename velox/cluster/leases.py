@@ -73,6 +73,9 @@ lost its data (a restart without persistence) is noticed by the first host that 
 before: the buckets it then makes start empty for a minute instead of full, so the outage does
 not end with a second burst (see LEASE_LUA). No request waits on Redis for a limit: the
 workers only ever touch shared memory for them.
+
+Budgets (velox.spend.hosts) are leased on the same tick and connection (`Cluster.extras`),
+by a scheme of their own: an allowance per host within what all hosts used and hold.
 """
 
 from __future__ import annotations
@@ -310,6 +313,10 @@ class Cluster:
         # (name, Limits id, index) of buckets that have had a lease: one added again (a reload,
         # a run-time key's new limits) starts from leases only, as before.
         self._leased: set[tuple[str, int, int]] = set()
+        # Other state leased the same way, on the same connection and tick (the budgets'
+        # allowances, velox.spend.hosts): each has `async tick(client, cluster, now)`,
+        # `down(hosts)` (Redis went away) and `async leave(client, cluster)`.
+        self.extras: list[Any] = []
 
     # --- set-up (supervisor) -----------------------------------------------------------------
 
@@ -473,6 +480,12 @@ class Cluster:
         return asks
 
     async def _tick(self, client: Any, now: float) -> None:
+        await self._lease_tick(client, now)
+        if self.up:
+            for extra in self.extras:
+                await extra.tick(client, self, now)
+
+    async def _lease_tick(self, client: Any, now: float) -> None:
         asks = self._plan(now)
         if not asks and self.up and now - self._last_call < HEARTBEAT_S:
             return
@@ -507,6 +520,9 @@ class Cluster:
             level = b.limits.level(b.index)
             if level > b.owed and self.up and b.limits.take(b.index, level) == 0:
                 returns.append((b, b.owed - level))
+        if self.up:
+            for extra in self.extras:
+                await extra.leave(client, self)
         await self._call(client, returns, leave=True)
 
     async def _call(self, client: Any, asks: list[tuple[Leased, int]],
@@ -515,7 +531,7 @@ class Cluster:
         from redis.exceptions import NoScriptError
 
         if not self._sha:
-            self._sha = _sha(await client.script_load(LEASE_LUA))
+            self._sha = script_sha(await client.script_load(LEASE_LUA))
             self.commands += 1
         chunks = [asks[i:i + CHUNK] for i in range(0, len(asks), CHUNK)] or [[]]
         head = [self.host_id, int(HOST_TTL_S * 1000), "1" if leave else "0",
@@ -535,7 +551,7 @@ class Cluster:
             except NoScriptError:  # Redis restarted and lost its script cache: load it again
                 if attempt:
                     raise
-                self._sha = _sha(await client.script_load(LEASE_LUA))
+                self._sha = script_sha(await client.script_load(LEASE_LUA))
                 self.commands += 1
         hosts, out = lease_replies(results, [[want for _, want in chunk] for chunk in chunks])
         self._called = True
@@ -581,6 +597,8 @@ class Cluster:
                     self._configure(b)
                     if not self._ever_up:  # start full, as a host alone would
                         b.limits.give(b.index, fallback_share(b.rate, b.burst, self.hosts)[1])
+            for extra in self.extras:
+                extra.down(self.hosts)
 
     def _came_back(self) -> None:
         was_down = self._down_logged
@@ -621,7 +639,7 @@ def lease_replies(results: Any, chunks: list[list[int]]) -> tuple[int, list[tupl
     return hosts, out
 
 
-def _sha(reply: Any) -> str:
+def script_sha(reply: Any) -> str:
     """SCRIPT LOAD's answer: the script's SHA-1 in hex; else ReplyShapeError."""
     sha = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
     if not isinstance(sha, str) or len(sha) != 40 or \

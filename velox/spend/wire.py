@@ -23,7 +23,8 @@ the requests in flight at that moment, plus one request per worker admitted in t
 between another's check and its take. Per worker slot the units its requests in flight
 reserve are counted too, so a killed worker's reservations go back when its slot restarts.
 At start the buckets are filled with the budget less what the ledger says was spent in the
-current period: a restart resumes from it.
+current period: a restart resumes from it. With VELOX_REDIS_URL they hold instead the
+allowances the host leases from Redis, within what every host used (velox.spend.hosts).
 
 Periods are calendar periods in UTC (`day`, `week` from Monday, `month`, or `total`); the
 supervisor notices a new one within 0.2 s and fills the bucket whole again (`roll`).
@@ -131,7 +132,7 @@ class SharedBudgets:
     """
 
     def __init__(self, tables: Tables, slots: int, ledger_file: str = "",
-                 now_s: float | None = None) -> None:
+                 now_s: float | None = None, leased: bool = False) -> None:
         self.budgets = budgets_of(tables)
         n = len(self.budgets)
         if n > _MAX_BUDGETS:
@@ -147,11 +148,20 @@ class SharedBudgets:
         now_s = time.time() if now_s is None else now_s
         self.periods = [period_number(b.period, now_s) for b in self.budgets]
         spent = self.resume(ledger_file, now_s) if ledger_file else {}
+        # Units this host spent in each budget's current period before it started (its own
+        # ledger: across hosts, what it re-sends to Redis, velox.spend.hosts).
+        self.base = [-(-spent.get(b, 0) // u) for b, u in enumerate(self.units)]
+        # Across hosts (VELOX_REDIS_URL): the buckets hold only the allowances the refresher
+        # leases from Redis (velox.spend.hosts), which also rolls the periods; `across` is, per
+        # budget, what Redis said was left unallocated across the hosts at its last call.
+        self.leased = leased
+        self.across = Counters(1, max(1, n))
         for b, size in enumerate(self.sizes):
             self.limits.configure(b, 0, size)  # leased: empty until given
-            left = size - -(-spent.get(b, 0) // self.units[b])
-            if left > 0:
+            left = size - self.base[b]
+            if left > 0 and not leased:
                 self.limits.give(b, left)
+            self.across.set(0, b, max(0, left))
 
     def resume(self, ledger_file: str, now_s: float) -> dict[int, int]:
         """Nano-USD the ledger holds for each budget's current period (a restart goes on
@@ -187,7 +197,9 @@ class SharedBudgets:
         their reservations, only the difference to their exact cost goes to the new one).
         Run by the supervisor only (on its 0.2 s wake-up), so a period starts once. Returns
         the budgets rolled."""
-        rolled = []
+        rolled: list[int] = []
+        if self.leased:  # across hosts the refresher rolls them (velox.spend.hosts)
+            return rolled
         for b, budget in enumerate(self.budgets):
             number = period_number(budget.period, now_s)
             if number != self.periods[b]:
@@ -201,8 +213,23 @@ class SharedBudgets:
         return self.limits.level(b) * self.units[b]
 
     def used(self, b: int) -> int:
-        """Spent in the current period plus reserved by the requests in flight, nano-USD."""
-        return (self.sizes[b] - self.limits.level(b)) * self.units[b]
+        """Spent in the current period plus reserved by the requests in flight, nano-USD
+        (across hosts: plus what the other hosts hold, as Redis last said)."""
+        level = self.limits.level(b)
+        if self.leased:
+            level = max(0, level) + self.across.get(0, b)
+        return (self.sizes[b] - level) * self.units[b]
+
+    def may_borrow(self, b: int, left: int, estimate: int) -> bool:
+        """Across hosts, a request finding this host's allowance used up (`left` <= 0, nano-USD)
+        is admitted all the same, into debt, while the debt is under one request's estimate and
+        Redis last said at least that much was left unallocated: a host's first request, or
+        one after an idle spell, does not wait for a lease (the next grant pays the debt)."""
+        return estimate > 0 and left > -estimate and self.unallocated(b) >= estimate
+
+    def unallocated(self, b: int) -> int:
+        """Across hosts: nano-USD of budget `b` no host holds nor spent, at Redis's last call."""
+        return self.across.get(0, b) * self.units[b]
 
     def reserved(self, b: int) -> int:
         """What the requests in flight reserve from budget `b`, every slot (a refusal's
@@ -299,14 +326,26 @@ class Spend:
         assert shared is not None
         level, units = shared.limits.level, shared.units  # SharedBudgets.left, inlined
         lowest = -1
+        estimate = -1  # computed once, when needed
         for b in budgets:
             here = level(b) * units[b]
-            if here <= 0:
+            if shared.leased:  # across hosts (velox.spend.hosts)
+                if here <= 0:
+                    if estimate < 0:
+                        estimate = self.estimate(request)
+                    if not shared.may_borrow(b, here, estimate):
+                        # A refused take: the refresher counts it as demand.
+                        shared.limits.take(b, max(1, -(-estimate // units[b])))
+                        self._refuse(request, self.budgets[b], shared.reserved(b))
+                        return False
+                here += shared.unallocated(b)
+            elif here <= 0:
                 self._refuse(request, self.budgets[b], shared.reserved(b))
                 return False
             if lowest < 0 or here < lowest:
                 lowest = here
-        estimate = self.estimate(request)
+        if estimate < 0:
+            estimate = self.estimate(request)
         if estimate:
             reserve, slot = shared.reserve, self.slot
             held = tuple([-(-estimate // units[b]) for b in budgets])
@@ -349,9 +388,18 @@ class Spend:
             f"budget of gateway key {budget.name!r}"
         period = "in total" if budget.period == "total" else f"this {budget.period} (UTC)"
         limit = f"{usd_text(budget.nanos).decode()} USD {period}"
-        spent = self.shared.used(self.budgets.index(budget)) - reserved \
-            if self.shared is not None else budget.nanos
-        if spent >= budget.nanos or reserved <= 0:
+        shared = self.shared
+        b = self.budgets.index(budget)
+        spent = shared.used(b) - reserved if shared is not None else budget.nanos
+        if shared is not None and shared.leased and shared.unallocated(b) > 0:
+            # Across hosts: this host's allowance is used up, more is left in Redis; the
+            # refresher leases it within a tick (0.05 s) when the budget still has it.
+            error = InsufficientQuota(
+                f"The {what} ({limit}) is shared by several gateways: this one's allowance is "
+                f"used up and {usd_text(shared.unallocated(b)).decode()} USD is left across "
+                "them; retry in a second.", retry_after_s=1,
+                headers=((REMAINING_HEADER, b"0"),))
+        elif spent >= budget.nanos or reserved <= 0:
             error = InsufficientQuota(f"The {what} is spent: {limit}.",
                                       headers=(*_NO_RETRY, (REMAINING_HEADER, b"0")))
         else:
@@ -692,7 +740,8 @@ def _request_id(headers: Sequence[tuple[bytes, bytes]]) -> str:
 class SpendHost:
     """The supervisor's side: the ledger writer and the budgets' shared memory."""
 
-    def __init__(self, settings: Any, slots: int, with_channel: bool) -> None:
+    def __init__(self, settings: Any, slots: int, with_channel: bool,
+                 cluster: Any = None) -> None:
         path = state_file(settings.state_dir) if settings.spend else None
         self.ledger_file = str(path) if path is not None else ""
         self.writer: Any = None
@@ -705,6 +754,9 @@ class SpendHost:
             self.writer.open()
         self.slots = slots
         self._budgets: dict[int, SharedBudgets] = {}
+        # VELOX_REDIS_URL: the host's refresher (velox.cluster.leases.Cluster), which also
+        # leases the budgets' allowances (velox.spend.hosts).
+        self.cluster = cluster
 
     def budgets_for(self, tables: Tables) -> SharedBudgets | None:
         """The budgets' shared state of a configuration: the same one while its budgets
@@ -715,8 +767,13 @@ class SpendHost:
         for shared in self._budgets.values():
             if shared.budgets == wanted:
                 return shared
-        shared = SharedBudgets(tables, self.slots, self.ledger_file)
+        cluster = self.cluster
+        shared = SharedBudgets(tables, self.slots, self.ledger_file, leased=cluster is not None)
         self._budgets[id(shared)] = shared
+        if cluster is not None:  # the refresher follows the configuration's budgets
+            from velox.spend.hosts import BudgetLeases, host_id
+
+            cluster.extras = [BudgetLeases(shared, host_id(self.ledger_file))]
         return shared
 
     def tick(self, now_s: float | None = None) -> None:
