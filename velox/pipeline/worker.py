@@ -709,7 +709,7 @@ class Worker:
                                _BYTES_OUT, bytes_out)
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
         log_access = self.log_access
-        if log_access is not None:  # a deque append: the log thread formats and writes
+        if log_access is not None:  # a deque append: the log's timer formats and writes
             if holder is not None and type(holder) is Waiting:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
