@@ -17,9 +17,10 @@ or `h2` (HTTP/2 over TLS; nginx then proxies over TLS with HTTP/1.1). `--tree NA
 than once): one Velox per source tree (its native extension built in place), for an A/B in one
 run. `--plain SECONDS`: plain answers instead (wrk, closed loop, `--streams` connections), CPU
 per request, and in the TTFB columns wrk's latency of the whole answer added to the mock's own
-(asked directly, over TLS with `h2`). `--profile`: py-spy of one Velox worker during the largest count. Rounds alternate
-the targets, the order flipped every round; the report gives medians over rounds. Every process
-is started here and stopped by its PID; nothing here asserts a speed.
+(asked directly, over TLS with `h2`). `--profile`: py-spy of one Velox worker during the
+largest count. Rounds alternate the targets, the order flipped every round; the report gives
+medians over rounds. Every process is started here and stopped by its PID; nothing here asserts
+a speed.
 """
 
 from __future__ import annotations
