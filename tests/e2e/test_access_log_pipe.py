@@ -31,6 +31,7 @@ class PipeReader:
         self.lines: list[dict[str, object]] = []
         self.reading = threading.Event()
         self.eof = threading.Event()
+        self._lock = threading.Lock()  # held by each read: pause() waits for the one under way
         self._partial = b""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -39,18 +40,26 @@ class PipeReader:
         while True:
             if not self.reading.wait(0.05):
                 continue
-            if not select.select([self.fd], [], [], 0.05)[0]:
-                continue
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                self.eof.set()
-                return
-            data = self._partial + chunk
-            *whole, self._partial = data.split(b"\n")
-            for line in whole:
-                record = orjson.loads(line)  # every line whole: never cut or interleaved
-                if record.get("log") == "access":
-                    self.lines.append(record)
+            with self._lock:
+                if not self.reading.is_set() or \
+                        not select.select([self.fd], [], [], 0.05)[0]:
+                    continue
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    self.eof.set()
+                    return
+                data = self._partial + chunk
+                *whole, self._partial = data.split(b"\n")
+                for line in whole:
+                    record = orjson.loads(line)  # every line whole: never cut or interleaved
+                    if record.get("log") == "access":
+                        self.lines.append(record)
+
+    def pause(self) -> None:
+        """Stop reading; returns once no read is under way."""
+        self.reading.clear()
+        with self._lock:
+            pass
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -108,9 +117,9 @@ def test_a_stdout_nobody_reads_never_stalls_and_drops_are_counted(
                    if line["path"] == "/v1/chat/completions")
         # Unread again, with fewer lines than pipe plus bound: at SIGTERM some are held, not
         # yet written; the worker writes them before it exits (none dropped).
-        reader.reading.clear()
-        ask(24)
-        total += 24
+        reader.pause()
+        ask(30)  # ~10 KB of lines: more than the pipe's 4 KiB, less than it and the bound
+        total += 30
         wait_for(lambda: _metric(gw, "velox_requests_total") == total)
         assert _metric(gw, "velox_access_log_lines_total") < total - dropped
         gw.signal(signal.SIGTERM)
