@@ -59,8 +59,11 @@ def raw_request(host: str, port: int, data: bytes, timeout: float = 5.0) -> byte
 class GatewayProcess:
     def __init__(self, env: Mapping[str, str], port: int | None = None,
                  host: str = "127.0.0.1", log_path: str | Path | None = None,
-                 inherit_env: bool = True) -> None:
+                 inherit_env: bool = True, stdout: int | None = None) -> None:
         self.host = host
+        # A descriptor for the gateway's stdout (the access log) apart from its other output,
+        # which then goes alone to the log file.
+        self.stdout = stdout
         self.port = port or free_port(host)
         base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "")}
         # Settings come only from what the caller passes, not from a stray .env or shell.
@@ -114,7 +117,9 @@ class GatewayProcess:
                                f"listens there (VELOX_PORT)")
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "velox"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "velox"], env=self.env,
+            stdout=log if self.stdout is None else self.stdout,
+            stderr=subprocess.STDOUT if self.stdout is None else log,
             cwd=tempfile.gettempdir(),
         )
         log.close()

@@ -27,7 +27,7 @@ def available() -> bool:
 
 def run(port: int, conns: int, duration_s: int, threads: int = 1, timeout_s: int = 10,
         host: str = "127.0.0.1", body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> dict[str, object]:
+        headers: dict[str, str] | None = None, scheme: str = "http") -> dict[str, object]:
     """One wrk run; raises RuntimeError if wrk fails or prints no result line. `headers` are
     added to every request."""
     with tempfile.NamedTemporaryFile(prefix="velox-wrk-", suffix=".json") as fh:
@@ -37,7 +37,7 @@ def run(port: int, conns: int, duration_s: int, threads: int = 1, timeout_s: int
                "WRK_API_KEY": workload.API_KEY,
                "WRK_HEADERS": "\n".join(f"{k}: {v}" for k, v in (headers or {}).items())}
         argv = ["wrk", f"-t{min(threads, conns)}", f"-c{conns}", f"-d{duration_s}s",
-                f"--timeout={timeout_s}s", "-s", str(SCRIPT), f"http://{host}:{port}/"]
+                f"--timeout={timeout_s}s", "-s", str(SCRIPT), f"{scheme}://{host}:{port}/"]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=duration_s + timeout_s + 30, check=False)
     for line in proc.stdout.splitlines():

@@ -99,3 +99,47 @@ def test_a_stage_added_to_the_list_sees_every_request_and_may_answer_some() -> N
         assert head.startswith(b"HTTP/1.1 200 OK\r\n")
         assert orjson.loads(body) == orjson.loads(REPLY_BODY)
     assert worker.in_flight == 0 and worker.arena.live == 0
+
+
+def _batches(pipeline: Pipeline) -> tuple[int, int]:
+    from velox.core.fields import F
+
+    counters = pipeline.worker.counters
+    return counters.get(0, F.BATCHES), counters.get(0, F.BATCH_ITEMS)
+
+
+def test_a_lone_request_is_drained_in_the_loop_pass_of_its_read() -> None:
+    # One client, nothing else in the worker: the read that completes the request also sends
+    # it upstream, with no call_soon hop to a drain (a loop pass and a handle per request).
+    from velox_lab.pipeline import CLIENT_REQUEST
+
+    pipeline = Pipeline(clients=1)
+    pipeline.round()
+    client, _ = pipeline.clients[0]
+    sent_before = pipeline.upstream_transport.written
+    batches = _batches(pipeline)
+    client.data_received(CLIENT_REQUEST)
+    worker = pipeline.worker
+    assert not worker.drain_pending
+    assert all(callback != worker.drain for callback, _ in pipeline.loop.ready)
+    assert pipeline.upstream_transport.written > sent_before  # the HEADERS and DATA went
+    assert _batches(pipeline) == (batches[0] + 1, batches[1] + 1)
+    pipeline.answer_streams()
+    assert pipeline.worker.in_flight == 0
+
+
+def test_requests_arriving_while_others_are_in_flight_still_form_one_micro_batch() -> None:
+    # Under load the drain waits for the end of the loop pass: the reads of every connection
+    # that became readable in it are one batch (only the first, into an idle worker, goes
+    # alone).
+    pipeline = Pipeline(clients=64)
+    pipeline.round()
+    batches = _batches(pipeline)
+    pipeline.send_requests()
+    assert _batches(pipeline) == (batches[0] + 2, batches[1] + 64)
+    pipeline.answer_streams()
+    batches = _batches(pipeline)
+    pipeline.send_requests()  # the first is in flight before the other 63 reads: one batch
+    assert _batches(pipeline) == (batches[0] + 2, batches[1] + 64)
+    pipeline.answer_streams()
+    assert pipeline.responses_written() > 0 and pipeline.worker.in_flight == 0

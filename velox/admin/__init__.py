@@ -15,7 +15,7 @@ Supervisor side (one admin address for the whole gateway, served from its own OS
 Worker side (small and cheap to import, loaded by every worker):
 
 * `agent`: the worker's end of the control channel (state, profile, keys).
-* `accesslog`: the access log, queued on the hot path and written by a thread.
+* `accesslog`: the access log, queued on the hot path and written from the loop, never blocking.
 
 And `doctor`, the `velox doctor` command.
 

@@ -1,13 +1,14 @@
-"""The access log: one JSON line per request on stdout, written off the hot path.
+"""The access log: one JSON line per request on stdout, written from the worker's loop.
 
-The worker's hot path only appends a 5-tuple to a deque (`AccessLog.append`, a C call with no
-lock and no thread wake-up); a thread of the worker wakes every `FLUSH_INTERVAL_S`, formats what
-has accumulated and writes it. Waking on a timer rather than per line matters: a wake-up per
-request would hand the GIL back and forth on every response. The formatting is native
+The worker's hot path only appends a 5-tuple to a deque (`AccessLog.append`, a C call). Every
+`FLUSH_INTERVAL_S` a timer on the worker's own event loop formats what has accumulated and
+writes it with a non-blocking write: a few hundred lines a flush at one connection, thousands
+at 64, so one write call per PIPE_BUF of lines and never one per request. No thread: a log
+thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a context switch
+in the middle of the loop's work. The formatting is native
 (`access_lines`, native/vx_books.h: one call per 1,024 lines reads each request's fields and
 writes its JSON, byte for byte what orjson made of the line's dict): about 1.5 us a line
-against 6 for the dict through orjson (benches/bench_books.py), so the thread also holds the
-GIL ~4x less long per flush.
+against 6 for the dict through orjson (benches/bench_books.py).
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
 "bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
@@ -21,24 +22,36 @@ headers and bodies are never read, so keys cannot leak. `request_id` is the upst
 the upstream's response headers (null when the gateway answered alone); `total_us` runs from
 the request's last byte to the response's last byte, streams included. With pricing on
 (VELOX_SPEND) each line ends with `cost_usd` (velox.spend.wire: USD, null when unknown or not a
-model call), spliced in by the log thread after the native formatter made the line.
+model call), spliced in after the native formatter made the line.
 
 Writes hold whole lines and at most PIPE_BUF bytes, so lines from several workers sharing one
-stdout pipe never interleave mid-line. If stdout blocks, the deque keeps the newest
-`QUEUE_MAX` lines and drops the oldest; `F.ACCESS_LOG_LINES` counts what was written, so
-`requests - lines` is what was dropped.
+stdout pipe never interleave mid-line (a pipe takes such a write whole or not at all).
+
+When stdout would block (a pipe nobody reads, a stopped terminal), formatted lines are held, up
+to VELOX_ACCESS_LOG_BUFFER_BYTES per worker (1 MiB: about 3,000 lines), and written in order as
+soon as the reader takes bytes again (a partial write resumes where it stopped). Past that
+bound new lines are dropped, never waited for, and counted: F.ACCESS_LOG_DROPPED
+(velox_access_log_dropped_lines_total). A worker stopping (SIGTERM) writes what it holds,
+waiting for a reader at most `close`'s timeout. Non-blocking without touching the descriptor
+other processes share (O_NONBLOCK on it would make the supervisor's and other workers' writes
+fail with EAGAIN): a pipe, FIFO or terminal is opened again through /proc/self/fd with
+O_NONBLOCK, its own file description; a socket (systemd's journal) is written with
+MSG_DONTWAIT; a regular file never blocks and is written as it is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
 import select
-import threading
+import socket
+import stat
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from velox._native import access_line, access_lines
@@ -47,7 +60,9 @@ from velox.core.fields import F
 log = logging.getLogger("velox.accesslog")
 
 FLUSH_INTERVAL_S = 0.05
-QUEUE_MAX = 65_536
+# Lines held while stdout blocks (VELOX_ACCESS_LOG_BUFFER_BYTES' default): ~3,000 lines of
+# ~350 bytes, a second and a half of one worker's log at 2,000 requests/s.
+HELD_MAX_BYTES = 1 << 20
 _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 # Longest path/model/request id kept (bytes of path and id, characters of model): a log line
 # must stay small. The native formatter (native/vx_books.h) has the same constant.
@@ -60,79 +75,153 @@ class AccessLog:
 
     def __init__(self, slot: int, counters: Any = None, fd: int = 1,
                  key_names: tuple[str, ...] = (),
-                 cost_of: Callable[[Any], bytes] | None = None) -> None:
+                 cost_of: Callable[[Any], bytes] | None = None,
+                 held_max: int = HELD_MAX_BYTES) -> None:
         self.slot = slot
         # With pricing on (velox.spend.wire.cost_field): each line gains `cost_usd`.
         self.cost_of = cost_of
         self.key_names = key_names  # [[key]] names by index (request.key)
         self.counters = counters
         self.fd = fd
-        self.queue: deque[tuple[Any, ...]] = deque(maxlen=QUEUE_MAX)
+        # Unbounded, yet bounded by the timer: it empties the deque every FLUSH_INTERVAL_S on
+        # the loop that fills it (what a flush cannot hold is dropped and counted).
+        self.queue: deque[tuple[Any, ...]] = deque()
         self.append = self.queue.append
         self.written = 0
+        self.dropped = 0
+        # Formatted chunks (whole lines, at most PIPE_BUF bytes each unless one line is
+        # longer) not yet written, with their line counts; `_sent` bytes of the first went.
+        self.held: deque[tuple[bytes, int]] = deque()
+        self.held_bytes = 0
+        self.held_max = held_max
+        self._sent = 0
+        self._out = _Out(fd)
         self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
         self._seq = 0
         self._told = False  # why a line could not be formatted was logged (_tell)
-        self._stop = threading.Event()
-        self._flush_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="velox-access-log", daemon=True)
-        self._thread.start()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush every FLUSH_INTERVAL_S from `loop` (the worker's) until `close`."""
+        self._loop = loop
+        self._timer = loop.call_later(FLUSH_INTERVAL_S, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # a log that cannot be written must not stop the next flushes
+            log.exception("access log: flush failed")
+        finally:
+            if self._loop is not None:
+                self._timer = self._loop.call_later(FLUSH_INTERVAL_S, self._tick)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the thread after a last flush (the worker calls this after draining)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Stop the timer, then write everything queued and held, waiting for stdout at most
+        `timeout` seconds (the worker calls this after draining); what is still held then is
+        dropped and counted."""
+        self._loop = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.flush()
-
-    def _run(self) -> None:
-        while not self._stop.wait(FLUSH_INTERVAL_S):
-            try:
-                self.flush()
-            except Exception:
-                pass
+        deadline = time.monotonic() + timeout
+        while self.held:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._out.wait_writable(left):
+                break
+            self._count(self._write(), 0)
+        if self.held:
+            self._count(0, self._drop_held())
+        self._out.close()
 
     def flush(self) -> int:
-        """Format and write every queued line; return how many."""
-        with self._flush_lock:
-            queue = self.queue
-            if not queue:
-                return 0
-            # One clock pair per flush turns each line's perf_counter_ns into wall time, so the
-            # hot path never reads the wall clock.
-            wall_ns, perf_ns = time.time_ns(), time.perf_counter_ns()
-            fd, slot, prefix, names = self.fd, self.slot, self._prefix, self.key_names
-            offset = wall_ns - perf_ns
-            popleft = queue.popleft
-            count = 0
-            # Lines are formatted natively a batch at a time (access_lines: one call, chunks
-            # of whole lines up to PIPE_BUF), so a long queue holds few formatted lines at once.
-            # The loop only appends: len(queue) items are always there to pop.
-            while queue:
-                items = [popleft() for _ in range(min(len(queue), _BATCH))]
-                if self.cost_of is None:
-                    chunks, lines = access_lines(items, offset, slot, prefix, self._seq, names,
-                                                 _PIPE_BUF)
-                else:
-                    chunks, lines = self._priced_lines(items, offset)
-                self._seq += len(items)  # item i's request id, when made here: seq + 1 + i
-                for chunk in chunks:
-                    _write_all(fd, chunk)
-                count += lines
-                if lines < len(items) and not self._told:
-                    self._tell(items, offset)
-            self.written += count
-            if self.counters is not None:
-                self.counters.add(self.slot, F.ACCESS_LOG_LINES, count)
-            return count
+        """Format every queued line and write what stdout takes now; return how many lines
+        were written."""
+        written = self._write() if self.held else 0  # room first, so fewer lines are dropped
+        dropped = self._format() if self.queue else 0
+        if self.held:
+            written += self._write()
+        self._count(written, dropped)
+        return written
+
+    def _count(self, written: int, dropped: int) -> None:
+        self.written += written
+        self.dropped += dropped
+        counters = self.counters
+        if counters is not None:
+            if written:
+                counters.add(self.slot, F.ACCESS_LOG_LINES, written)
+            if dropped:
+                counters.add(self.slot, F.ACCESS_LOG_DROPPED, dropped)
+
+    def _format(self) -> int:
+        """Queued items into held chunks; returns the lines dropped for want of room."""
+        queue, held, held_max = self.queue, self.held, self.held_max
+        # One clock pair per flush turns each line's perf_counter_ns into wall time, so the
+        # hot path never reads the wall clock.
+        offset = time.time_ns() - time.perf_counter_ns()
+        slot, prefix, names = self.slot, self._prefix, self.key_names
+        popleft = queue.popleft
+        dropped = 0
+        # Lines are formatted natively a batch at a time (access_lines: one call, chunks of
+        # whole lines up to PIPE_BUF). Only the loop appends, and it is running this.
+        while queue:
+            if self.held_bytes >= held_max:  # full: drop without formatting
+                dropped += len(queue)
+                queue.clear()
+                break
+            items = [popleft() for _ in range(min(len(queue), _BATCH))]
+            if self.cost_of is None:
+                chunks, lines = access_lines(items, offset, slot, prefix, self._seq, names,
+                                             _PIPE_BUF)
+            else:
+                chunks, lines = self._priced_lines(items, offset)
+            self._seq += len(items)  # item i's request id, when made here: seq + 1 + i
+            for chunk in chunks:
+                if self.held_bytes + len(chunk) > held_max:
+                    dropped += chunk.count(b"\n")
+                    continue
+                held.append((chunk, chunk.count(b"\n")))
+                self.held_bytes += len(chunk)
+            if lines < len(items) and not self._told:
+                self._tell(items, offset)
+        return dropped
+
+    def _write(self) -> int:
+        """Write held chunks until stdout would block; returns the lines written whole."""
+        held, write = self.held, self._out.write
+        written = 0
+        while held:
+            chunk, lines = held[0]
+            sent = self._sent
+            try:
+                n = write(memoryview(chunk)[sent:] if sent else chunk)
+            except BlockingIOError:
+                break
+            except OSError:  # stdout closed: nothing sensible to do with an access line
+                self._count(0, self._drop_held())
+                break
+            self.held_bytes -= n
+            if sent + n < len(chunk):  # partial: the reader took what it had room for
+                self._sent = sent + n
+                break
+            held.popleft()
+            self._sent = 0
+            written += lines
+        return written
+
+    def _drop_held(self) -> int:
+        lines = sum(n for _, n in self.held)
+        self.held.clear()
+        self.held_bytes = 0
+        self._sent = 0
+        return lines
 
     def _priced_lines(self, items: list[tuple[Any, ...]],
                       offset: int) -> tuple[list[bytes], int]:
-        """access_lines with `"cost_usd"` added as each line's last member (in the log
-        thread: the native line is made, then the member spliced before its closing brace),
+        """access_lines with `"cost_usd"` added as each line's last member (the native
+        line is made, then the member spliced before its closing brace),
         joined into chunks of whole lines of at most PIPE_BUF bytes."""
         cost_of = self.cost_of
         assert cost_of is not None
@@ -175,12 +264,46 @@ class AccessLog:
                            self.key_names)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
+
+class _Out:
+    """stdout (or `fd`) written without blocking and without changing its file description,
+    which the supervisor and the other workers share (see the module docstring)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.own: int | None = None  # a descriptor opened here, closed by close()
+        self.sock: socket.socket | None = None
+        self.write: Callable[[Any], int] = partial(os.write, fd)
         try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
+            mode = os.fstat(fd).st_mode
         except OSError:
-            return  # stdout closed: nothing sensible to do with an access line
+            return  # closed: writes fail and lines are dropped and counted
+        if stat.S_ISSOCK(mode):
+            self.sock = socket.socket(fileno=os.dup(fd))
+            send = self.sock.send
+            self.write = lambda data: send(data, socket.MSG_DONTWAIT)
+        elif stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd)):
+            try:
+                self.own = os.open(f"/proc/self/fd/{fd}",
+                                   os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:  # no /proc, or the pipe has no reader: blocking writes
+                log.warning("access log: stdout cannot be written without blocking (%s); a "
+                            "reader that stops reading will stall this worker", exc)
+                return
+            self.write = partial(os.write, self.own)
+
+    def wait_writable(self, timeout: float) -> bool:
+        fd = self.sock.fileno() if self.sock is not None else \
+            self.own if self.own is not None else self.fd
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return bool(poller.poll(timeout * 1000))
+
+    def close(self) -> None:
+        if self.own is not None:
+            os.close(self.own)
+            self.own = None
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+

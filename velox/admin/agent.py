@@ -1,7 +1,7 @@
 """The worker's side of the admin: its control channel and its access log.
 
 `Agent.start` runs inside `Worker.serve`, on the worker's event loop: it starts the access log
-thread (unless VELOX_ACCESS_LOG=0) and hands the worker the deque's `append` for its hot path,
+timer (unless VELOX_ACCESS_LOG=0) and hands the worker the deque's `append` for its hot path,
 then wraps the worker's end of the control socketpair in a loop transport, so commands are
 read between the loop's other callbacks and answers are written without ever blocking it.
 
@@ -51,8 +51,9 @@ class Agent:
         if worker.settings.access_log:
             self.access_log = AccessLog(worker.slot, worker.counters,
                                         key_names=tuple(k.name for k in worker.tables.keys),
-                                        cost_of=cost_field if spend is not None else None)
-            self.access_log.start()
+                                        cost_of=cost_field if spend is not None else None,
+                                        held_max=worker.settings.access_log_buffer_bytes)
+            self.access_log.start(worker.loop)
             worker.log_access = self.access_log.append
             worker.key_name_readers.append(self.access_log)
         sock = worker.control_sock
@@ -145,6 +146,7 @@ class Agent:
             "upstreams": [u.describe() for u in worker.upstreams[1:]],
             "profiling": self.profile is not None,
             "access_log_queued": len(self.access_log.queue) if self.access_log else None,
+            "access_log_held_bytes": self.access_log.held_bytes if self.access_log else None,
             "cache": worker.cache.state() if worker.cache is not None else None,
         }
 

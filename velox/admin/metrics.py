@@ -75,6 +75,8 @@ _COUNTERS = (
     (F.STREAMS_CANCELLED, "velox_upstream_streams_cancelled",
      "Upstream streams reset because the client left."),
     (F.ACCESS_LOG_LINES, "velox_access_log_lines", "Access-log lines written."),
+    (F.ACCESS_LOG_DROPPED, "velox_access_log_dropped_lines",
+     "Access-log lines dropped: stdout blocked past VELOX_ACCESS_LOG_BUFFER_BYTES, or closed."),
     (F.HANG_KILLS, "velox_worker_hang_kills",
      "Workers in this slot killed and restarted because their loop fell silent."),
     (F.RECEIVE_TIMEOUTS, "velox_request_receive_timeouts",

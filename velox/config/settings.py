@@ -329,6 +329,9 @@ FIELDS: tuple[Field, ...] = (
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
     Field("VELOX_ACCESS_LOG", "access_log", _bool, "1",
           "one JSON line per request on stdout (never keys, bodies or query strings)"),
+    Field("VELOX_ACCESS_LOG_BUFFER_BYTES", "access_log_buffer_bytes", _int_in(4096, 1 << 30),
+          "1048576", "access-log bytes each worker holds while stdout blocks; past them "
+          "lines are dropped and counted, the worker never waits"),
     Field("VELOX_CONFIG", "config_file", _text, "",
           "TOML file of upstreams, routes, retry and breaker policies (empty: one upstream "
           "from VELOX_UPSTREAM_*)"),
@@ -455,6 +458,7 @@ class Settings:
     log_level: str = "info"
     admin_addr: str = "127.0.0.1:6060"
     access_log: bool = True
+    access_log_buffer_bytes: int = 1 << 20
     config_file: str = ""
     admin_token: str = ""
     admin_tokens: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)

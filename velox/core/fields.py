@@ -85,6 +85,9 @@ class F(IntEnum):
     # Gauge: the run-time keys' version this worker has applied (velox.admission.runtime); -1
     # for only the set inherited at fork. /stats shows it per worker: who is behind.
     KEYS_VERSION = 55
+    # Access-log lines dropped because stdout blocked past VELOX_ACCESS_LOG_BUFFER_BYTES, or
+    # was closed (velox.admin.accesslog).
+    ACCESS_LOG_DROPPED = 56
 
 
 class H(IntEnum):

@@ -155,7 +155,8 @@ class IngressState:
     __slots__ = (
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "ends", "overloaded", "receive_timeouts",
-        "handoff", "unflushed", "flush_scheduled", "native", "write_timeouts",
+        "handoff", "unflushed", "flush_scheduled", "native", "write_timeouts", "reading",
+        "pushed", "after_read",
     )
 
     def __init__(
@@ -174,6 +175,11 @@ class IngressState:
         self.loop = loop
         self.ring = ring
         self.wake_drain = wake_drain  # schedules one drain per loop pass; idempotent
+        # A client read in progress pushes without waking the drain (`pushed` counts); at the
+        # read's end `after_read(pushed)` decides: the worker drains a lone request at once.
+        self.reading = False
+        self.pushed = 0
+        self.after_read: Callable[[int], None] = lambda pushed: wake_drain()
         self.arena = arena
         self.auth = auth
         self.max_body = max_body
@@ -314,6 +320,18 @@ class ClientConnection(asyncio.Protocol):
             self._pending = None
 
     def data_received(self, data: bytes) -> None:
+        state = self.state
+        state.reading = True
+        try:
+            self._received(data)
+        finally:
+            state.reading = False
+            pushed = state.pushed
+            if pushed:
+                state.pushed = 0
+                state.after_read(pushed)
+
+    def _received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
         if self.refused:
             return  # the parser is in an error state; the connection closes after the refusal
@@ -635,7 +653,10 @@ class ClientConnection(asyncio.Protocol):
             self.respond_error(request, ShuttingDown())
         elif request.route <= _ROOT:
             if state.ring.try_push(request):
-                state.wake_drain()
+                if state.reading:
+                    state.pushed += 1  # the drain is woken when the read ends
+                else:
+                    state.wake_drain()
             else:
                 state.overloaded += 1
                 self.respond_error(request, Overloaded(retry_after_s=1))
