@@ -102,6 +102,7 @@ HOST_TTL_S = 5.0  # a host not heard from this long is not counted (5 missed hea
 # unreachable. Only the refresher waits this long (the workers never wait on Redis); a loaded
 # 2-core box has taken 0.3 s to answer a first connection.
 TIMEOUT_S = 0.5
+FIRST_LEASE = 3  # tokens at least in a bucket's first lease (at most its lease cap)
 RETRY_DOWN_S = 0.5  # while Redis is unreachable, try again this often
 RATE_HALF_LIFE_S = 1.0  # the host's rate estimate decays with this half-life
 # The largest take kept in hand decays more slowly: a key sending one large request every few
@@ -252,7 +253,7 @@ class Leased:
     """One bucket: its Redis key, its local LEASED bucket and the host's view of its demand."""
 
     __slots__ = ("name", "key", "limits", "index", "rate", "burst", "cap", "rate_est",
-                 "last_taken", "last_refused", "need", "next_ask", "want", "provisional",
+                 "last_taken", "last_refused", "need", "next_ask", "want", "provisional", "first",
                  "start_taken", "owed")
 
     def __init__(self, name: str, limits: LimitsLike, index: int, rate: int, burst: int,
@@ -278,6 +279,7 @@ class Leased:
         # length of a Redis round trip on every host; what it took meanwhile (`taken` counts
         # net of refunds) is `owed`, paid out of its next leases (see Cluster.add).
         self.provisional = False
+        self.first = 0  # tokens at least in its first lease (Cluster._provisional)
         self.start_taken = 0
         self.owed = 0
 
@@ -357,6 +359,7 @@ class Cluster:
         """A bucket that never had a lease: the host's fallback share, full, until its first
         lease arrives (`_settle_provisional`)."""
         b.provisional = True
+        b.first = FIRST_LEASE if self.up else 0  # hosts known: its cap is the right one
         b.cap = lease_cap(b.rate, b.burst, self.hosts)
         rate, burst = fallback_share(b.rate, b.burst, self.hosts)
         b.limits.configure(b.index, rate, burst)
@@ -471,10 +474,17 @@ class Cluster:
             b.last_taken, b.last_refused = taken, refused
             if not self.up or now < b.next_ask:
                 continue
-            # A provisional bucket's share is no lease: ask as an empty bucket would. A debt
-            # is asked for on top, so an idle host pays it back too.
-            level = 0 if b.provisional else limits.level(i)
-            ask = lease_ask(b.rate_est, b.need, b.cap, b.burst, level) + b.owed
+            # A provisional bucket's share is no lease: ask as an empty bucket would; one
+            # added while Redis is up (a new run-time key) for at least FIRST_LEASE tokens
+            # (at most the lease cap, known then): it has seen no demand yet, and a one-token
+            # first lease, going to repay the share, refused its next requests until another
+            # tick. A debt is asked for on top, so an idle host pays it back too.
+            rate_est = b.rate_est
+            if b.provisional:
+                level, rate_est = 0, max(rate_est, b.first / LEASE_S)
+            else:
+                level = limits.level(i)
+            ask = lease_ask(rate_est, b.need, b.cap, b.burst, level) + b.owed
             if ask > 0:
                 asks.append((b, ask))
         return asks
