@@ -50,6 +50,11 @@ def _gateway(tmp_path: Path, gateways: list[GatewayProcess], fresh: dict[str, Mo
 [[route]]
 model = "m"
 targets = [{ upstream = "a" }, { upstream = "b", priority = 1 }, { upstream = "c", priority = 2 }]
+
+[[price]]
+model = "m"
+input = 1.0
+output = 2.0
 """)
     gw = GatewayProcess({
         "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
@@ -108,6 +113,10 @@ def test_a_retried_request_gives_a_server_span_and_a_client_span_per_attempt(
     assert attrs["gen_ai.usage.output_tokens"] == answer.usage.completion_tokens
     assert attrs["gen_ai.response.finish_reasons"] == [answer.choices[0].finish_reason]
     assert [e[0] for e in server["events"]] == ["velox.queued", "velox.parsed", "velox.limits"]
+    # Which route answered and what it cost (USD 1 and 2 per million tokens in and out).
+    assert attrs["velox.route"] == "m"
+    assert attrs["velox.cost_usd"] == pytest.approx(
+        (answer.usage.prompt_tokens + 2 * answer.usage.completion_tokens) / 1e6)
     for span, name in zip(clients, "abc", strict=True):
         a = span["attrs"]
         assert span["trace_id"] == CLIENT_TRACE and span["parent"] == server["span_id"]

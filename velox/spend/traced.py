@@ -96,6 +96,9 @@ class Traced:
         self._finished: Any = None
         self._counted = (0, 0)  # exported, dropped: already added to the shared counters
         self._failed_once = False
+        # request.key -> the key's name (the worker publishes a longer tuple as run-time keys
+        # are made: Worker.publish_key_names).
+        self.key_names: tuple[str, ...] = ()
 
     def install(self, worker: Any) -> None:
         """Put the hooks in place (at build, after the worker's stages and dispatch exist)."""
@@ -108,6 +111,8 @@ class Traced:
             worker.add_stage("traced-cache", self._after_cache, "limit")
         self._finished = worker.finished
         worker.finished = self.finished  # the instance attribute shadows the method
+        self.key_names = tuple(k.name for k in worker.tables.keys)
+        worker.key_name_readers.append(self)
 
     # --- the request path --------------------------------------------------------------------
 
@@ -204,13 +209,21 @@ class Traced:
         elif self.cached and not attempts and status < 300 and request.t_admitted == 0 \
                 and (holder is None or type(holder) is Waiting):
             cache_ns, cache_hit = end, True  # answered from the cache, or coalesced
+        exchange = holder if isinstance(holder, Exchange) else None
+        route_attempt = exchange.route_attempt if exchange is not None else None
+        # The priced meter's (or a batched member's share's) nano-USD; None: unknown or unpriced.
+        cost = getattr(exchange.meter, "cost", None) if exchange is not None else None
+        key, names = request.key, self.key_names
         return RequestRecord(
             live.trace, _operation(path), request.method.decode("latin-1"),
             path.decode("latin-1"), request.model or "", status, request.t_received, end,
             queued_ns=request.t_popped, parsed_ns=request.t_parsed,
             limits_ns=request.t_admitted, cache_ns=cache_ns, cache_hit=cache_hit,
             response_model=model, finish_reasons=finish, input_tokens=tokens_in,
-            output_tokens=tokens_out, attempts=attempts)
+            output_tokens=tokens_out, attempts=attempts,
+            key=names[key] if 0 <= key < len(names) else "",
+            route=route_attempt.route.model if route_attempt is not None else "",
+            cost_nanos=cost if type(cost) is int else None)
 
     # --- the rest ------------------------------------------------------------------------------
 
