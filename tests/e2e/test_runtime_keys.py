@@ -157,6 +157,12 @@ def test_a_restart_keeps_the_keys_enforced(upstream: MockUpstream, tmp_path: Pat
         for _ in range(FRESH):  # from the first request: the workers inherit them at fork
             assert outcome(second, kept) == "200"
             assert outcome(second, gone) == "401"
+        # ... and their access-log lines name the key (the names inherited at fork too).
+        named = wait_for(lambda: [line for line in second.log().splitlines()
+                                  if '"log":"access"' in line and '"status":200' in line
+                                  and '"path":"/v1/chat/completions"' in line] or None,
+                         timeout=10)
+        assert all('"key":"kept"' in line for line in named), named
 
 
 def test_two_hosts_sharing_redis_enforce_each_others_changes(

@@ -55,7 +55,7 @@ class Agent:
                                         held_max=worker.settings.access_log_buffer_bytes)
             self.access_log.start(worker.loop)
             worker.log_access = self.access_log.append
-            worker.key_name_readers.append(self.access_log)
+            worker.add_key_name_reader(self.access_log)
         sock = worker.control_sock
         if sock is not None:
             worker.control_sock = None

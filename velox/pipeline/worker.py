@@ -150,6 +150,7 @@ class Worker:
         # Who names a request's key by request.key (the access log, the spend's ledger rows):
         # each gets the longer tuple when run-time keys are made (publish_key_names).
         self.key_name_readers: list[Any] = []
+        self.key_names: tuple[str, ...] | None = None  # the last published (None: none yet)
         # Traces (velox.spend.traced): None without VELOX_OTEL_ENDPOINT, and then nothing of it
         # runs per request; with it, its hooks replace calls the worker makes anyway.
         self.traced: Traced | None = None
@@ -214,7 +215,7 @@ class Worker:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
                                settings.tokens_default_output, shared.spend)
-            self.key_name_readers.append(self.spend)
+            self.add_key_name_reader(self.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \
             self.spend is not None
@@ -494,9 +495,17 @@ class Worker:
     def publish_key_names(self, names: tuple[str, ...]) -> None:
         """Run-time keys have their places in request.key's names (KeyNames): whoever names a
         request's key reads the longer tuple from now on (one attribute store each)."""
+        self.key_names = names
         for reader in self.key_name_readers:
             if reader.key_names is not names:
                 reader.key_names = names
+
+    def add_key_name_reader(self, reader: Any) -> None:
+        """`reader` (with a `key_names` attribute) follows the published names from now on,
+        starting with those published already (run-time keys inherited at fork)."""
+        self.key_name_readers.append(reader)
+        if self.key_names is not None:
+            reader.key_names = self.key_names
 
     def add_stage(self, name: str, stage: Stage, before: str) -> None:
         """Insert a stage in front of the one named `before`."""

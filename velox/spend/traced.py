@@ -112,7 +112,7 @@ class Traced:
         self._finished = worker.finished
         worker.finished = self.finished  # the instance attribute shadows the method
         self.key_names = tuple(k.name for k in worker.tables.keys)
-        worker.key_name_readers.append(self)
+        worker.add_key_name_reader(self)
 
     # --- the request path --------------------------------------------------------------------
 

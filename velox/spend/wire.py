@@ -495,9 +495,10 @@ class Spend:
         request = exchange.request if request is None else request
         attempt = exchange.route_attempt
         k = request.key
+        names = self.key_names
         feed.add((time.time_ns() // 1_000_000,
-                  self.key_names[k] if k >= 0 else "", self.team_of[k] if 0 <= k < self.book_keys
-                  else "",
+                  names[k] if 0 <= k < len(names) else "",
+                  self.team_of[k] if 0 <= k < self.book_keys else "",
                   attempt.route.model if attempt is not None else request.model or "",
                   _name(exchange.upstream_name),
                   attempt.model if attempt is not None and attempt.model else
