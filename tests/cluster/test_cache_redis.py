@@ -71,6 +71,12 @@ def stored_in_redis(gw: GatewayProcess, n: int) -> None:
     wait_for(lambda: cache_stats(gw)["redis_stores"] >= n, timeout=10)
 
 
+def counted(gw: GatewayProcess, name: str, n: int) -> dict[str, Any] | None:
+    """The gateway's cache counters once `name` reached `n` and a Redis hit is counted."""
+    doc = cache_stats(gw)
+    return doc if doc[name] >= n and doc["redis_hits"] >= 1 else None
+
+
 def test_an_answer_from_one_host_is_a_hit_on_the_other(
         upstream: MockUpstream, hosts: list[GatewayProcess], redis_server: RedisProcess) -> None:
     a, b = hosts
@@ -85,12 +91,13 @@ def test_an_answer_from_one_host_is_a_hit_on_the_other(
     assert h2["x-velox-cache"] == "hit" and int(h2["age"]) >= 0
     assert second.model_dump() == first.model_dump()  # the mock gives every call its own id
     assert calls(upstream) == 1
-    doc = cache_stats(b)
+    # The counters reach /stats a moment after the answer (a busy host: later): wait for them.
+    doc = wait_for(lambda: counted(b, "hits", 1), timeout=10)
     assert doc["redis_hits"] == 1 and doc["hits"] == 1 and doc["misses"] == 0
     # The copy is now in B's local store: later hits there do not ask Redis (local in front).
     for _ in range(3):
         assert chat(cb, "shared across hosts")[1]["x-velox-cache"] == "hit"
-    doc = cache_stats(b)
+    doc = wait_for(lambda: counted(b, "hits", 4), timeout=10)
     assert doc["hits"] == 4 and doc["redis_hits"] == 1 and doc["redis_misses"] == 0
     assert doc["entries"] == 1
     # A's own hits are local too.
