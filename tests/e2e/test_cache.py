@@ -145,6 +145,9 @@ def test_streamed_answer_is_replayed_and_the_sdk_reads_every_chunk(
         raw = client.chat.completions.with_raw_response.create(**CHAT, stream=True)
         chunks = list(raw.parse())
         runs.append((raw.headers, chunks))
+        # The entry is stored as the upstream's stream ends, beside the client reading its
+        # last event: wait for the store (a busy host may still be making it).
+        wait_for(lambda: stats(gw)["stores"] >= 1, timeout=10)
     (h1, miss), (h2, hit) = runs
     assert h1["x-velox-cache"] == "miss" and h2["x-velox-cache"] == "hit"
     assert h2["content-type"].startswith("text/event-stream")
