@@ -201,6 +201,26 @@ def test_a_bucket_that_was_full_holds_leased_tokens_only_after_its_first_lease(
         c.stop()
 
 
+def test_a_bucket_added_while_up_holds_a_few_tokens_after_its_first_lease(
+        redis_server: RedisProcess) -> None:
+    """A new key's bucket has seen no demand when its first lease is asked: that lease is
+    still at least FIRST_LEASE tokens (within the lease cap), so the requests right after it
+    find tokens (a one-token first lease left it empty until the next tick: a new key's third
+    request on a second host was refused)."""
+    c = cluster.Cluster(redis_server.url, host_id="first-lease")
+    c.add("gw", local_limits(1), 0, 600, 20)
+    try:
+        c.start()
+        assert c.up
+        limits = local_limits(1)
+        c.add("key:fresh:rpm", limits, 0, 600, 600)
+        b = next(x for x in c.buckets if x.name == "key:fresh:rpm")
+        wait_for(lambda: not b.provisional, timeout=10)
+        assert limits.level(0) >= 2, (limits.level(0), b.cap)  # cap: 10 at 600 rpm, one host
+    finally:
+        c.stop()
+
+
 def test_a_bucket_added_while_up_serves_the_share_until_its_first_lease_and_owes_it(
         redis_server: RedisProcess) -> None:
     """A key made at run time on a host already sharing its limits: its buckets are added
