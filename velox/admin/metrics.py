@@ -40,7 +40,7 @@ from velox.core.fields import (
     F,
     H,
 )
-from velox.spend.wire import NANOS_PER_USD
+from velox.spend.gate import NANOS_PER_USD
 from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
