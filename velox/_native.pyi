@@ -489,6 +489,24 @@ class Limits:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
         most 60 s); return the tokens admitted."""
 
+@final
+class BudgetGate:
+    """One worker's admission to and settlement of spend budgets (native/bind_budgets.c):
+    budget b is bucket b of `limits`, counting units of units[b] nano-USD, and field b of row
+    `slot` of `in_flight` the units its requests in flight reserve."""
+
+    def __init__(self, limits: Limits, in_flight: Counters, units: tuple[int, ...],
+                 slot: int) -> None: ...
+    @property
+    def carry(self) -> tuple[int, ...]:
+        """Per budget, nano-USD of settled costs below one unit, not yet charged."""
+    def admit(self, budgets: tuple[int, ...], estimate: int, /) -> bytes | int:
+        """Refused (nothing taken) while a budget has nothing left: that budget's index. Else
+        ceil(estimate / unit) taken from each (into debt when less is left) and counted in
+        the slot's row; returns what the tightest budget had left, as USD text."""
+    def settle(self, budgets: tuple[int, ...], estimate: int, cost: int, /) -> None:
+        """The reservation of a request admitted with `estimate` becomes its `cost`."""
+
 # The native HTTP/2 client codec (native/vx_h2.c); velox.egress.nativecodec is its face.
 H2_RESPONSE: Final[int]  # 1, as velox.egress.codec.RESPONSE
 H2_DATA: Final[int]  # 2

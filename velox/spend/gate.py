@@ -22,12 +22,22 @@ __all__ = ["NANOS_PER_USD", "BudgetGate", "GateTwin", "usd_text"]
 NANOS_PER_USD = 10**9
 
 
+# Texts of costs already seen: answers of one model and similar size cost the same, and a
+# lookup is ~0.05 us where formatting is ~0.4. Emptied when full (a bound, not an LRU).
+_TEXTS: dict[int, bytes] = {}
+_TEXTS_MAX = 4096
+
+
 def usd_text(nanos: int) -> bytes:
     """Nano-USD as a decimal of USD with 9 places at most, trailing zeros cut."""
-    whole, frac = divmod(nanos, NANOS_PER_USD)
-    if not frac:
-        return b"%d" % whole
-    return (b"%d.%09d" % (whole, frac)).rstrip(b"0")
+    text = _TEXTS.get(nanos)
+    if text is None:
+        whole, frac = divmod(nanos, NANOS_PER_USD)
+        text = b"%d" % whole if not frac else (b"%d.%09d" % (whole, frac)).rstrip(b"0")
+        if len(_TEXTS) >= _TEXTS_MAX:
+            _TEXTS.clear()
+        _TEXTS[nanos] = text
+    return text
 
 
 class GateTwin:
