@@ -665,11 +665,16 @@ class PricedMeter:
         inner.body(body)
         # The token meter has read the usage (a CountMeter, natively): only the details are
         # left to find, and only when the body has any.
-        usage = _details((body,), _Usage(inner.input, inner.output)) if inner.exact else \
-            usage_details(body)
+        if not inner.exact:
+            usage = usage_details(body)
+        elif _DETAILS.search(body, max(0, body.rfind(b'"usage"'))) is None:  # _details, inline
+            usage = _Usage(inner.input, inner.output)
+        else:
+            usage = _details((body,), _Usage(inner.input, inner.output))
         exchange: Any = self.request.exchange
         if usage is not None and exchange is not None and 200 <= exchange.status < 300:
-            cost = self._priced(usage, exchange)
+            self.usage = usage
+            cost = self.cost = self.spend.price(exchange, usage)
             if cost is not None:
                 _add_header(self.request, COST_HEADER, usd_text(cost))
 
