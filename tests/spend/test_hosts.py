@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.spend.test_wire import SHA, tables
 from velox.config.tables import KeySpec
-from velox.spend.hosts import BudgetLeases, allowance_cap, bound, host_id
 from velox.spend.gate import GateTwin
+from velox.spend.hosts import BudgetLeases, allowance_cap, bound, host_id
 from velox.spend.wire import SharedBudgets
 
 NOON = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC).timestamp()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from velox.config.tables import BudgetSpec, KeySpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
+from velox.spend.gate import BudgetGate, GateTwin, usd_text
 from velox.spend.ledger import LedgerWriter, make_row
 from velox.spend.prices import PriceTable, cost_nanos
-from velox.spend.gate import BudgetGate, GateTwin, usd_text
 from velox.spend.wire import SharedBudgets, _Usage, period_number, plain_cost
 
 SHA = "0" * 64
