@@ -360,7 +360,7 @@ def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport
 
 
 def _seen(request: Request) -> tuple[Any, ...]:
-    return (request.method, request.path, request.route, request.headers, bytes(request.body),
+    return (request.method, request.path, request.kind, request.headers, bytes(request.body),
             request.keep_alive, request.caller, request.arena_segment)
 
 
