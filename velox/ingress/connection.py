@@ -578,6 +578,8 @@ class ClientConnection(asyncio.Protocol):
             if n == left or self.refused:
                 return
             data = data[left:]
+            if not self._keep_alive:
+                self._after_close = True  # as below: llhttp takes only empty lines after it
         if self._after_close:
             self._data_after_close(data)
             return
