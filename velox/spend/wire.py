@@ -701,7 +701,7 @@ class PricedMeter:
         hold = self.hold
         if hold is not None:
             self.hold = None
-            spend._settle(hold, self.cost or 0)
+            spend.gate.settle(hold[0], hold[1], self.cost or 0)  # type: ignore[union-attr]
         if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
             spend.book(exchange.route_attempt, self.request.key, self.cost)
             spend.row(exchange, status, usage, self.cost)
