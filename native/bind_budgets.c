@@ -5,7 +5,7 @@
  * x-velox-budget-remaining-usd value, then settled the exact cost per budget the same way:
  * ~10 Python-level calls a request, 4-5 us of the +10 us a budget cost (bench_spend.py). Here
  * each end is one call over the two shared cores it drives (vx_limits buckets, vx_counters
- * in-flight units), with the same arithmetic as its Python twin (velox.state.budgets), which
+ * in-flight units), with the same arithmetic as its Python twin (velox.spend.gate), which
  * the unit tests run against it step by step.
  *
  * No core of its own: the budgets' state is the Limits buckets (one per budget, units of the
@@ -75,8 +75,9 @@ static PyObject *Gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     for (Py_ssize_t b = 0; b < n; b++)
-        /* <= 10**12: a budget's unit is at most its size / 10**9 (velox.spend.wire) */
-        if (arg_in_range(PyTuple_GET_ITEM(units, b), "unit", 1, INT64_C(1000000000000),
+        /* <= 10**9: a level (<= 10**9 tokens, a bucket's burst) times its unit then fits
+         * int64 (<= 10**18); budgets are at most $10**6, units at most 10**6 nano-USD. */
+        if (arg_in_range(PyTuple_GET_ITEM(units, b), "unit", 1, INT64_C(1000000000),
                          &self->units[b]) < 0) {
             Py_DECREF(self);
             return NULL;
