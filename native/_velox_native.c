@@ -41,6 +41,7 @@ static int (*const binding_exec[])(PyObject *, module_state *) = {
     vxb_ring_exec,  vxb_bucket_exec, vxb_stats_exec,  vxb_health_exec, vxb_cache_exec,
     vxb_h2_exec,    vxb_hash_exec,   vxb_json_exec,   vxb_limits_exec, vxb_http1_exec,
     vxb_reqhead_exec, vxb_relay_exec, vxb_books_exec,
+    vxb_h1resp_exec,
 };
 
 static int module_exec(PyObject *module)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
-from velox.egress.h1conn import H1Connection
+from velox.egress.h1conn import H1Connection, PyH1Connection
 from velox.egress.interfaces import Attempt
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
@@ -47,6 +47,7 @@ class H1Pool(BasePool):
         self.total = 0  # open or opening
         self.connecting = 0
         self.backoff = 0.0  # seconds before the next warm connection is opened again
+        self.conn_class = H1Connection if options.native_h1 else PyH1Connection
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ class H1Pool(BasePool):
             ctx = self.front.tls(("http/1.1",)) if spec.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
-                    lambda: H1Connection(self), spec.host, spec.port,
+                    lambda: self.conn_class(self), spec.host, spec.port,
                     ssl=ctx, server_hostname=spec.host if ctx else None),
                 self.connect_timeout_s,
             )
