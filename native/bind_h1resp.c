@@ -41,6 +41,7 @@ typedef struct {
     int in_body;           /* between a head and the end of its body */
     int fallback;          /* httptools has the connection */
     int no_body;           /* the request being answered is HEAD */
+    int keep_alive;        /* of the last head: without it, nothing may follow its message */
     vx_hr_body body;
     PyObject *names[HR_NAMES];
 } H1Reader;
@@ -58,6 +59,7 @@ static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    self->keep_alive = 1;
     self->view = PyMemoryView_FromMemory(self->buf, HR_READ_BUFFER, PyBUF_WRITE);
     if (self->view == NULL) {
         Py_DECREF(self);
@@ -230,6 +232,7 @@ static int hr_read_head(H1Reader *self, const char *p, size_t n, PyObject **head
         memcpy(PyBytes_AS_STRING(data) + held, p, n);
         return hr_call1(self, HR_FALLBACK, data) < 0 ? -1 : 2;
     }
+    self->keep_alive = h.keep_alive;
     *head = hr_head(base, &h, fields);
     if (*head == NULL)
         return -1;
@@ -256,6 +259,13 @@ static PyObject *hr_feed(H1Reader *self, const char *p, size_t n)
             if (head != NULL) { /* a message ended within this read's head: report it */
                 if (hr_report(self, &head, PyBytes_FromStringAndSize("", 0), 1) < 0)
                     goto error;
+            }
+            if (!self->keep_alive) { /* as llhttp: a byte after a closing answer is an error */
+                self->fallback = 1;
+                if (hr_call1(self, HR_ERROR,
+                             PyUnicode_FromString("data after connection: close")) < 0)
+                    goto error;
+                goto done;
             }
             size_t used = 0;
             int rc = hr_read_head(self, p + pos, n - pos, &head, &used);

@@ -159,6 +159,10 @@ int vx_h1resp_parse(const char *buf, size_t len, vx_hr_field *fields, size_t max
         len = VX_HR_MAX_LEN;
     size_t limit = len < max_head ? len : max_head;
     const char *end = buf + limit;
+    /* A start that cannot become our status line falls back at once (httptools then says
+     * what is wrong now, not once a CRLF came). */
+    if (memcmp(buf, "HTTP/1.1 ", limit < 9 ? limit : 9) != 0)
+        return VX_HR_FALLBACK;
     int rc;
     const char *eol = hr_line(buf, end, hr_value_byte, &rc);
     if (eol == NULL)
@@ -209,7 +213,12 @@ int vx_h1resp_parse(const char *buf, size_t len, vx_hr_field *fields, size_t max
 enum {
     HB_LENGTH,     /* Content-Length bytes due */
     HB_SIZE,       /* reading the chunk-size's hex digits */
-    HB_EXT,        /* skipping a chunk extension up to CR */
+    HB_EXT_NAME,   /* a chunk extension's name (after ";") */
+    HB_EXT_VAL0,   /* the start of its value (after "=") */
+    HB_EXT_VAL,    /* a token value */
+    HB_EXT_QUOTED, /* a quoted-string value */
+    HB_EXT_ESCAPE, /* the byte after a backslash in it */
+    HB_EXT_AFTER,  /* after the closing quote: ";" or CR */
     HB_SIZE_LF,    /* the LF after the size line's CR */
     HB_DATA,       /* chunk data due */
     HB_DATA_CR,    /* the CR after chunk data */
@@ -280,40 +289,79 @@ int vx_hr_body_feed(vx_hr_body *b, const char *in, size_t len, vx_hr_span *spans
             int h = hr_hex(c);
             if (h >= 0) {
                 if (b->digits == 15)
-                    return VX_HR_ERROR; /* 2^60 bytes: no chunk is that large */
+                    goto broken; /* 2^60 bytes: no chunk is that large */
                 b->left = b->left << 4 | (uint64_t)h;
                 b->digits++;
             } else if (b->digits == 0) {
-                return VX_HR_ERROR;
-            } else if (c == ';' || c == ' ' || c == '\t') {
-                b->state = HB_EXT;
+                goto broken;
+            } else if (c == ';') { /* llhttp refuses whitespace before it */
+                b->state = HB_EXT_NAME;
+                b->digits = -1; /* no name byte yet */
             } else if (c == '\r') {
                 b->state = HB_SIZE_LF;
             } else {
-                return VX_HR_ERROR;
+                goto broken;
             }
             break;
         }
-        case HB_EXT:
-            if (c == '\r')
+        case HB_EXT_NAME: /* chunk-ext = *( ";" name [ "=" value ] ), no whitespace */
+            if (hr_tchar(c))
+                b->digits = 1;
+            else if (b->digits < 0 || (c != '=' && c != ';' && c != '\r'))
+                goto broken;
+            else if (c == '=')
+                b->state = HB_EXT_VAL0;
+            else if (c == ';')
+                b->digits = -1;
+            else
                 b->state = HB_SIZE_LF;
+            break;
+        case HB_EXT_VAL0:
+            if (c == '"')
+                b->state = HB_EXT_QUOTED;
+            else if (hr_tchar(c))
+                b->state = HB_EXT_VAL;
+            else
+                goto broken;
+            break;
+        case HB_EXT_VAL:
+        case HB_EXT_AFTER:
+            if (c == ';') {
+                b->state = HB_EXT_NAME;
+                b->digits = -1;
+            } else if (c == '\r') {
+                b->state = HB_SIZE_LF;
+            } else if (b->state == HB_EXT_AFTER || !hr_tchar(c)) {
+                goto broken;
+            }
+            break;
+        case HB_EXT_QUOTED:
+            if (c == '"')
+                b->state = HB_EXT_AFTER;
+            else if (c == '\\')
+                b->state = HB_EXT_ESCAPE;
             else if (!hr_vbyte(c))
-                return VX_HR_ERROR;
+                goto broken;
+            break;
+        case HB_EXT_ESCAPE:
+            if (!hr_vbyte(c))
+                goto broken;
+            b->state = HB_EXT_QUOTED;
             break;
         case HB_SIZE_LF:
             if (c != '\n')
-                return VX_HR_ERROR;
+                goto broken;
             b->digits = 0;
             b->state = b->left ? HB_DATA : HB_TRAILER;
             break;
         case HB_DATA_CR:
             if (c != '\r')
-                return VX_HR_ERROR;
+                goto broken;
             b->state = HB_DATA_LF;
             break;
         case HB_DATA_LF:
             if (c != '\n')
-                return VX_HR_ERROR;
+                goto broken;
             b->state = HB_SIZE;
             break;
         case HB_TRAILER:
@@ -322,26 +370,26 @@ int vx_hr_body_feed(vx_hr_body *b, const char *in, size_t len, vx_hr_span *spans
             else if (hr_tchar(c))
                 b->state = HB_TRAILER_IN;
             else
-                return VX_HR_ERROR;
+                goto broken;
             break;
         case HB_TRAILER_IN:
             if (c == '\r')
                 b->state = HB_TRAILER_LF;
             else if (!hr_vbyte(c))
-                return VX_HR_ERROR;
+                goto broken;
             break;
         case HB_TRAILER_LF:
             if (c != '\n')
-                return VX_HR_ERROR;
+                goto broken;
             b->state = HB_TRAILER;
             break;
         case HB_END_LF:
             if (c != '\n')
-                return VX_HR_ERROR;
+                goto broken;
             b->state = HB_DONE;
             break;
         default:
-            return VX_HR_ERROR;
+            goto broken;
         }
         i++;
     }
@@ -349,4 +397,8 @@ out:
     *nspans = ns;
     *used = i;
     return b->state == HB_DONE;
+broken:
+    *nspans = ns;
+    *used = i;
+    return VX_HR_ERROR;
 }

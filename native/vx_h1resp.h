@@ -25,9 +25,9 @@
  * Proxy-Connection, a close-delimited body, more than `max_fields` fields and a head longer
  * than `max_head` bytes.
  *
- * Chunked bodies: chunk-size of 1 to 15 hex digits, chunk extensions skipped (visible bytes,
- * SP, HTAB up to the CRLF), data, CRLF; after the last chunk trailer fields are skipped up to
- * the blank line. Anything else inside a body is an ERROR (the connection cannot be resynced:
+ * Chunked bodies: chunk-size of 1 to 15 hex digits, chunk extensions checked and skipped
+ * (";" name ["=" token or quoted-string], no whitespace, as llhttp reads them), data, CRLF;
+ * after the last chunk trailer fields are skipped up to the blank line. Anything else inside a body is an ERROR (the connection cannot be resynced:
  * the caller fails the request and drops the connection).
  *
  * No allocation, no global state: safe from any thread. Offsets are from the buffer given.
