@@ -224,7 +224,8 @@ enum {
     HB_DATA_CR,    /* the CR after chunk data */
     HB_DATA_LF,    /* its LF */
     HB_TRAILER,    /* at the start of a trailer line (or of the final blank line) */
-    HB_TRAILER_IN, /* inside a trailer field line, up to CR */
+    HB_TRAILER_NAME, /* a trailer field's name, up to its ":" */
+    HB_TRAILER_IN, /* inside a trailer field's value, up to CR */
     HB_TRAILER_LF, /* the LF of a trailer line */
     HB_END_LF,     /* the LF of the final blank line */
     HB_DONE
@@ -368,8 +369,14 @@ int vx_hr_body_feed(vx_hr_body *b, const char *in, size_t len, vx_hr_span *spans
             if (c == '\r')
                 b->state = HB_END_LF;
             else if (hr_tchar(c))
-                b->state = HB_TRAILER_IN;
+                b->state = HB_TRAILER_NAME;
             else
+                goto broken;
+            break;
+        case HB_TRAILER_NAME:
+            if (c == ':')
+                b->state = HB_TRAILER_IN;
+            else if (!hr_tchar(c))
                 goto broken;
             break;
         case HB_TRAILER_IN:
