@@ -2,6 +2,10 @@
 #include "vx_h1resp.h"
 #include "vx_reqhead.h" /* vx_reqhead_lower */
 
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
 /* ---------------------------------------------------------------- H1Reader */
 
 /* The reading half of an HTTP/1.1 upstream connection (velox/egress/h1conn.py subclasses it
@@ -26,9 +30,19 @@
 /* Body spans per decoding pass: a read of many tiny chunks takes several passes. */
 #define HR_SPANS 64
 
-enum { HR_ANSWER, HR_HEAD, HR_BODY, HR_END, HR_ERROR, HR_FALLBACK, HR_NAMES };
-static const char *const hr_names[HR_NAMES] = {"_h_answer", "_h_head",  "_h_body",
-                                                "_h_end",    "_h_error", "_h_fallback"};
+enum {
+    HR_ANSWER, HR_HEAD, HR_BODY, HR_END, HR_ERROR, HR_FALLBACK, HR_WITHHOLD,
+    /* the direct path's attributes (see hr_direct) */
+    HN_OUT, HN_Q, HN_WRITE_PAUSED, HN_CLOSED, HN_OUT_HEAD, HN_PENDING, HN_SKIPPING, HN_EVENTS,
+    HN_RELAYED, HN_STREAM_BYTES, HN_TAIL, HN_LAST_ACTIVITY, HR_NAMES
+};
+static const char *const hr_names[HR_NAMES] = {
+    "_h_answer", "_h_head", "_h_body", "_h_end", "_h_error", "_h_fallback", "_h_withhold",
+    "_out", "_q", "write_paused", "closed", "_out_head", "pending", "skipping", "events",
+    "relayed", "_stream_bytes", "tail", "last_activity"};
+
+/* The direct path of a streamed answer (H1Reader.direct): where its plain reads go. */
+enum { HS_CONN, HS_WRITE, HS_SSE, HS_EXCHANGE, HS_ATTEMPT, HS_N };
 
 typedef struct {
     PyObject_HEAD
@@ -44,6 +58,9 @@ typedef struct {
     int keep_alive;        /* of the last head: without it, nothing may follow its message */
     vx_hr_body body;
     PyObject *names[HR_NAMES];
+    PyObject *sink[HS_N];  /* the direct path, all NULL when off */
+    int sink_chunked;      /* the client's answer is chunked (not HTTP/1.0) */
+    PyObject *two_lf;      /* b"\n\n" */
 } H1Reader;
 
 static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -60,6 +77,11 @@ static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     self->keep_alive = 1;
+    self->two_lf = PyBytes_FromStringAndSize("\n\n", 2);
+    if (self->two_lf == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     self->view = PyMemoryView_FromMemory(self->buf, HR_READ_BUFFER, PyBUF_WRITE);
     if (self->view == NULL) {
         Py_DECREF(self);
@@ -79,12 +101,21 @@ static int H1R_traverse(H1Reader *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->view);
+    for (int i = 0; i < HS_N; i++)
+        Py_VISIT(self->sink[i]);
     return 0;
+}
+
+static void hr_unsink(H1Reader *self)
+{
+    for (int i = 0; i < HS_N; i++)
+        Py_CLEAR(self->sink[i]);
 }
 
 static int H1R_clear(H1Reader *self)
 {
     Py_CLEAR(self->view);
+    hr_unsink(self);
     return 0;
 }
 
@@ -95,6 +126,7 @@ static void H1R_dealloc(H1Reader *self)
     H1R_clear(self);
     for (int i = 0; i < HR_NAMES; i++)
         Py_CLEAR(self->names[i]);
+    Py_CLEAR(self->two_lf);
     /* The memoryview is gone above; a view exported from it by a caller (read_buffer[:n])
      * that outlives us would point at freed memory, which is why the buffer is freed after
      * the view and only here, with the object. */
@@ -182,6 +214,143 @@ static PyObject *hr_body(H1Reader *self, const char *p, const vx_hr_span *one, i
     return PyBytes_FromStringAndSize(self->acc, (Py_ssize_t)self->acc_len);
 }
 
+/* ---------------------------------------------------------------- the direct path
+ *
+ * A streamed answer's read that the relay would pass through untouched goes from here to the
+ * client's transport: framed as one chunk, one transport.write, no Python frame. That is the
+ * case when (checked per read, on the objects the Python path keeps up to date):
+ *   - the read ends on an event boundary ("\n\n") and, when the answer is metered, holds no
+ *     "usage" (velox.relay.usage.SSEUsage.feed's first case: such a read is returned as is)
+ *     and the meter holds no unfinished event (pending empty, not skipping);
+ *   - the client connection writes at once: nothing queued (_out None, _q None), its head
+ *     written (_out_head empty), not paused, not closed.
+ * The meter's counts (events, relayed), the connection's byte count (_stream_bytes), the
+ * exchange's tail and the attempt's last_activity are kept as the Python path keeps them. Any
+ * other read takes the Python path (_h_body). */
+
+/* Add n to the int attribute `name` of o. */
+static int hr_add(PyObject *o, PyObject *name, Py_ssize_t n)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *d = PyLong_FromSsize_t(n);
+    PyObject *sum = d == NULL ? NULL : PyNumber_Add(v, d);
+    Py_DECREF(v);
+    Py_XDECREF(d);
+    if (sum == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(o, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* 1 when attribute `name` of o is `want` (an identity test), 0 when not, -1 on error. */
+static int hr_is(H1Reader *self, PyObject *o, int name, PyObject *want)
+{
+    PyObject *v = PyObject_GetAttr(o, self->names[name]);
+    if (v == NULL)
+        return -1;
+    int rc = v == want;
+    Py_DECREF(v);
+    return rc;
+}
+
+/* 1 when attribute `name` of o is an empty bytes object. */
+static int hr_empty(H1Reader *self, PyObject *o, int name)
+{
+    PyObject *v = PyObject_GetAttr(o, self->names[name]);
+    if (v == NULL)
+        return -1;
+    int rc = PyBytes_Check(v) && PyBytes_GET_SIZE(v) == 0;
+    Py_DECREF(v);
+    return rc;
+}
+
+/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n). */
+static Py_ssize_t hr_events(const char *p, size_t n)
+{
+    Py_ssize_t k = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '\n' && p[i + 1] == '\n') {
+            k++;
+            i++;
+        }
+    return k;
+}
+
+/* Whether the 7 bytes "usage" (quoted) occur in p[0 .. n). */
+static int hr_has_usage(const char *p, size_t n)
+{
+    for (const char *q = p; (q = memchr(q, '"', n - (size_t)(q - p))) != NULL; q++) {
+        if ((size_t)(p + n - q) >= 7 && memcmp(q, "\"usage\"", 7) == 0)
+            return 1;
+        if (q + 1 >= p + n)
+            break;
+    }
+    return 0;
+}
+
+/* 1: the read went to the client here; 0: it takes the Python path; -1: error. */
+static int hr_direct(H1Reader *self, const char *p, size_t n)
+{
+    PyObject *conn = self->sink[HS_CONN], *sse = self->sink[HS_SSE];
+    /* Over a read buffer's worth (data_received only) ingress's send queue writes it. */
+    if (conn == NULL || n < 2 || n > HR_READ_BUFFER || p[n - 2] != '\n' || p[n - 1] != '\n')
+        return 0;
+    if (sse != Py_None && hr_has_usage(p, n))
+        return 0;
+    int ok;
+    if ((ok = hr_is(self, conn, HN_OUT, Py_None)) != 1 || (ok = hr_is(self, conn, HN_Q, Py_None)) != 1 ||
+        (ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_False)) != 1 ||
+        (ok = hr_is(self, conn, HN_CLOSED, Py_False)) != 1 ||
+        (ok = hr_empty(self, conn, HN_OUT_HEAD)) != 1)
+        return ok;
+    if (sse != Py_None && ((ok = hr_empty(self, sse, HN_PENDING)) != 1 ||
+                           (ok = hr_is(self, sse, HN_SKIPPING, Py_False)) != 1))
+        return ok;
+    /* The chunk: "%x\r\n" data "\r\n" (h1write.chunks' framing of one piece). */
+    char line[24];
+    int hl = self->sink_chunked ? snprintf(line, sizeof line, "%zx\r\n", n) : 0;
+    size_t total = (size_t)hl + n + (self->sink_chunked ? 2 : 0);
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (frame == NULL)
+        return -1;
+    char *out = PyBytes_AS_STRING(frame);
+    memcpy(out, line, (size_t)hl);
+    memcpy(out + hl, p, n);
+    if (self->sink_chunked)
+        memcpy(out + hl + n, "\r\n", 2);
+    PyObject *r = PyObject_CallOneArg(self->sink[HS_WRITE], frame);
+    Py_DECREF(frame);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock on Linux */
+    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    if (now == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(self->sink[HS_ATTEMPT], self->names[HN_LAST_ACTIVITY], now);
+    Py_DECREF(now);
+    if (rc < 0 || hr_add(conn, self->names[HN_STREAM_BYTES], (Py_ssize_t)total) < 0 ||
+        PyObject_SetAttr(self->sink[HS_EXCHANGE], self->names[HN_TAIL], self->two_lf) < 0)
+        return -1;
+    if (sse != Py_None && (hr_add(sse, self->names[HN_EVENTS], hr_events(p, n)) < 0 ||
+                           hr_add(sse, self->names[HN_RELAYED], (Py_ssize_t)n) < 0))
+        return -1;
+    /* The write may have filled the client's buffer (pause_writing ran inside it): the
+     * connection withholds, as after the Python path's send. */
+    if ((ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_True)) != 0) {
+        if (ok < 0)
+            return -1;
+        PyObject *size = PyLong_FromSize_t(n);
+        if (hr_call1(self, HR_WITHHOLD, size) < 0)
+            return -1;
+    }
+    return 1;
+}
+
 /* Report the head of this read (if any) with the body so far: _h_answer when the message
  * ended, else _h_head; without a head: _h_end or _h_body. */
 static int hr_report(H1Reader *self, PyObject **head, PyObject *body, int ended)
@@ -199,6 +368,19 @@ static int hr_report(H1Reader *self, PyObject **head, PyObject *body, int ended)
     }
     Py_DECREF(body);
     return rc;
+}
+
+/* A body report of a read (no head in it, the message not ended): the direct path when it
+ * takes it, else _h_body. */
+static int hr_report_body(H1Reader *self, const char *p, const vx_hr_span *one, int spans)
+{
+    const char *data = spans == 1 ? p + one->off : self->acc;
+    size_t n = spans == 1 ? one->len : self->acc_len;
+    int rc = hr_direct(self, data, n);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    PyObject *head = NULL;
+    return hr_report(self, &head, hr_body(self, p, one, spans), 0);
 }
 
 /* A head from the held bytes plus p[0 .. n): 1 parsed (*head set, *used of p consumed),
@@ -313,7 +495,10 @@ static PyObject *hr_feed(H1Reader *self, const char *p, size_t n)
             self->acc_len = 0;
         }
     }
-    if (head != NULL || nspans) {
+    if (head == NULL && nspans && self->in_body) {
+        if (hr_report_body(self, p, &one, nspans) < 0)
+            goto error;
+    } else if (head != NULL || nspans) {
         if (hr_report(self, &head, hr_body(self, p, &one, nspans), !self->in_body) < 0)
             goto error;
     }
@@ -352,7 +537,36 @@ static PyObject *H1R_data_received(H1Reader *self, PyObject *arg)
     return r;
 }
 
+static PyObject *H1R_direct(H1Reader *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != HS_N + 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "direct(conn, write, sse, exchange, attempt, chunked) takes 6 arguments");
+        return NULL;
+    }
+    int chunked = PyObject_IsTrue(args[HS_N]);
+    if (chunked < 0)
+        return NULL;
+    hr_unsink(self);
+    for (int i = 0; i < HS_N; i++)
+        self->sink[i] = Py_NewRef(args[i]);
+    self->sink_chunked = chunked;
+    Py_RETURN_NONE;
+}
+
+static PyObject *H1R_undirect(H1Reader *self, PyObject *unused)
+{
+    (void)unused;
+    hr_unsink(self);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef H1R_methods[] = {
+    {"direct", FASTCALL(H1R_direct), METH_FASTCALL,
+     "direct(conn, write, sse, exchange, attempt, chunked, /): plain reads of the streamed "
+     "answer go to write (the client transport's) from here on; see hr_direct."},
+    {"undirect", (PyCFunction)H1R_undirect, METH_NOARGS,
+     "undirect(): every read through the Python path again (the attempt ended)."},
     {"get_buffer", (PyCFunction)H1R_get_buffer, METH_O,
      "get_buffer(sizehint, /) -> memoryview: the read buffer (BufferedProtocol)."},
     {"buffer_updated", (PyCFunction)H1R_buffer_updated, METH_O,

@@ -366,12 +366,34 @@ class H1Connection(_native.H1Reader, _H1Base):  # type: ignore[misc]
             return
         attempt.t_headers = time.perf_counter_ns()
         attempt.last_activity = time.monotonic()
-        attempt.client.on_response(status, headers, False)
+        client = attempt.client
+        client.on_response(status, headers, False)
+        # A stream the relay passes through: its plain reads go from C to the client.
+        route = getattr(client, "direct_route", None)
+        if route is not None and attempt.conn is self:
+            target = route()
+            if target is not None:
+                conn, write, sse, chunked = target
+                self.direct(conn, write, sse, client, attempt, chunked)
         if body:
             self.on_body(body)
 
     def _h_body(self, body: bytes) -> None:
         self.on_body(body)
+
+    def _h_withhold(self, size: int) -> None:
+        """A read the direct path wrote filled the client's buffer: stop reading (on_body's
+        backpressure, for the bytes C sent)."""
+        attempt = self.attempt
+        if attempt is not None and attempt.conn is self:
+            attempt.withheld += size
+            if not self.reading_paused and self.transport is not None:
+                self.reading_paused = True
+                self.transport.pause_reading()
+
+    def _release(self, attempt: Attempt) -> None:
+        self.undirect()
+        _H1Base._release(self, attempt)
 
     def _h_end(self, body: bytes) -> None:
         """The last body bytes of a response whose head came in an earlier read (reported as
