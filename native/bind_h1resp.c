@@ -60,6 +60,7 @@ typedef struct {
     PyObject *names[HR_NAMES];
     PyObject *sink[HS_N];  /* the direct path, all NULL when off */
     int sink_chunked;      /* the client's answer is chunked (not HTTP/1.0) */
+    int sink_strip;        /* the meter removes the usage the gateway asked for (sse.strip) */
     PyObject *two_lf;      /* b"\n\n" */
 } H1Reader;
 
@@ -219,9 +220,11 @@ static PyObject *hr_body(H1Reader *self, const char *p, const vx_hr_span *one, i
  * A streamed answer's read that the relay would pass through untouched goes from here to the
  * client's transport: framed as one chunk, one transport.write, no Python frame. That is the
  * case when (checked per read, on the objects the Python path keeps up to date):
- *   - the read ends on an event boundary ("\n\n") and, when the answer is metered, holds no
- *     "usage" (velox.relay.usage.SSEUsage.feed's first case: such a read is returned as is)
- *     and the meter holds no unfinished event (pending empty, not skipping);
+ *   - the read ends on an event boundary ("\n\n") and, when the answer is metered, is one of
+ *     the two plain cases of velox.relay.usage.SSEUsage.feed: no "usage" in it (returned as
+ *     is), or one event whose ',"usage":null' the meter strips (the gateway asked for the
+ *     usage on the client's behalf: every OpenAI chunk then carries it); and the meter holds
+ *     no unfinished event (pending empty, not skipping);
  *   - the client connection writes at once: nothing queued (_out None, _q None), its head
  *     written (_out_head empty), not paused, not closed.
  * The meter's counts (events, relayed), the connection's byte count (_stream_bytes), the
@@ -291,6 +294,42 @@ static int hr_has_usage(const char *p, size_t n)
     return 0;
 }
 
+/* The first ',"usage":null' in p[0 .. n), or -1. */
+static Py_ssize_t hr_null_usage(const char *p, size_t n)
+{
+    static const char needle[] = ",\"usage\":null";
+    for (const char *q = p; (q = memchr(q, ',', n - (size_t)(q - p))) != NULL; q++) {
+        if ((size_t)(p + n - q) >= sizeof needle - 1 && memcmp(q, needle, sizeof needle - 1) == 0)
+            return q - p;
+        if (q + 1 >= p + n)
+            break;
+    }
+    return -1;
+}
+
+/* What the meter's feed would make of the read p[0 .. n) (ending with "\n\n"), when it is one
+ * of its two plain cases: 1 with *cut = -1 (passed as is: no "usage" in it), 1 with *cut the
+ * offset of 13 bytes to leave out (one event whose ',"usage":null' the gateway's own
+ * include_usage added), 0 for anything else (the Python path reads it). */
+static int hr_plain(H1Reader *self, const char *p, size_t n, Py_ssize_t *cut)
+{
+    *cut = -1;
+    if (self->sink[HS_SSE] == Py_None || !hr_has_usage(p, n))
+        return 1;
+    if (!self->sink_strip)
+        return 0;
+    const char *first = NULL;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '\n' && p[i + 1] == '\n') {
+            first = p + i;
+            break;
+        }
+    if (first != p + n - 2) /* more than one event */
+        return 0;
+    *cut = hr_null_usage(p, n);
+    return *cut >= 0;
+}
+
 /* 1: the read went to the client here; 0: it takes the Python path; -1: error. */
 static int hr_direct(H1Reader *self, const char *p, size_t n)
 {
@@ -298,10 +337,12 @@ static int hr_direct(H1Reader *self, const char *p, size_t n)
     /* Over a read buffer's worth (data_received only) ingress's send queue writes it. */
     if (conn == NULL || n < 2 || n > HR_READ_BUFFER || p[n - 2] != '\n' || p[n - 1] != '\n')
         return 0;
-    if (sse != Py_None && hr_has_usage(p, n))
+    Py_ssize_t cut;
+    if (!hr_plain(self, p, n, &cut))
         return 0;
     int ok;
-    if ((ok = hr_is(self, conn, HN_OUT, Py_None)) != 1 || (ok = hr_is(self, conn, HN_Q, Py_None)) != 1 ||
+    if ((ok = hr_is(self, conn, HN_OUT, Py_None)) != 1 ||
+        (ok = hr_is(self, conn, HN_Q, Py_None)) != 1 ||
         (ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_False)) != 1 ||
         (ok = hr_is(self, conn, HN_CLOSED, Py_False)) != 1 ||
         (ok = hr_empty(self, conn, HN_OUT_HEAD)) != 1)
@@ -309,18 +350,24 @@ static int hr_direct(H1Reader *self, const char *p, size_t n)
     if (sse != Py_None && ((ok = hr_empty(self, sse, HN_PENDING)) != 1 ||
                            (ok = hr_is(self, sse, HN_SKIPPING, Py_False)) != 1))
         return ok;
-    /* The chunk: "%x\r\n" data "\r\n" (h1write.chunks' framing of one piece). */
+    /* The piece the client gets: p without the cut, framed as h1write.chunks frames one. */
+    size_t m = cut < 0 ? n : n - 13;
     char line[24];
-    int hl = self->sink_chunked ? snprintf(line, sizeof line, "%zx\r\n", n) : 0;
-    size_t total = (size_t)hl + n + (self->sink_chunked ? 2 : 0);
+    int hl = self->sink_chunked ? snprintf(line, sizeof line, "%zx\r\n", m) : 0;
+    size_t total = (size_t)hl + m + (self->sink_chunked ? 2 : 0);
     PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (frame == NULL)
         return -1;
     char *out = PyBytes_AS_STRING(frame);
     memcpy(out, line, (size_t)hl);
-    memcpy(out + hl, p, n);
+    if (cut < 0) {
+        memcpy(out + hl, p, n);
+    } else {
+        memcpy(out + hl, p, (size_t)cut);
+        memcpy(out + hl + cut, p + cut + 13, n - (size_t)cut - 13);
+    }
     if (self->sink_chunked)
-        memcpy(out + hl + n, "\r\n", 2);
+        memcpy(out + hl + m, "\r\n", 2);
     PyObject *r = PyObject_CallOneArg(self->sink[HS_WRITE], frame);
     Py_DECREF(frame);
     if (r == NULL)
@@ -336,16 +383,15 @@ static int hr_direct(H1Reader *self, const char *p, size_t n)
     if (rc < 0 || hr_add(conn, self->names[HN_STREAM_BYTES], (Py_ssize_t)total) < 0 ||
         PyObject_SetAttr(self->sink[HS_EXCHANGE], self->names[HN_TAIL], self->two_lf) < 0)
         return -1;
-    if (sse != Py_None && (hr_add(sse, self->names[HN_EVENTS], hr_events(p, n)) < 0 ||
-                           hr_add(sse, self->names[HN_RELAYED], (Py_ssize_t)n) < 0))
+    if (sse != Py_None && (hr_add(sse, self->names[HN_EVENTS], cut < 0 ? hr_events(p, n) : 1) < 0 ||
+                           hr_add(sse, self->names[HN_RELAYED], (Py_ssize_t)m) < 0))
         return -1;
     /* The write may have filled the client's buffer (pause_writing ran inside it): the
      * connection withholds, as after the Python path's send. */
     if ((ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_True)) != 0) {
         if (ok < 0)
             return -1;
-        PyObject *size = PyLong_FromSize_t(n);
-        if (hr_call1(self, HR_WITHHOLD, size) < 0)
+        if (hr_call1(self, HR_WITHHOLD, PyLong_FromSize_t(n)) < 0)
             return -1;
     }
     return 1;
@@ -547,10 +593,21 @@ static PyObject *H1R_direct(H1Reader *self, PyObject *const *args, Py_ssize_t na
     int chunked = PyObject_IsTrue(args[HS_N]);
     if (chunked < 0)
         return NULL;
+    int strip = 0;
+    if (args[HS_SSE] != Py_None) {
+        PyObject *v = PyObject_GetAttrString(args[HS_SSE], "strip");
+        if (v == NULL)
+            return NULL;
+        strip = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (strip < 0)
+            return NULL;
+    }
     hr_unsink(self);
     for (int i = 0; i < HS_N; i++)
         self->sink[i] = Py_NewRef(args[i]);
     self->sink_chunked = chunked;
+    self->sink_strip = strip;
     Py_RETURN_NONE;
 }
 
