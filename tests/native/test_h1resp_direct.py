@@ -12,6 +12,7 @@ pauses the client makes the reader withhold.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given, settings
@@ -114,7 +115,7 @@ def stream(draw: st.DrawFn) -> tuple[list[bytes], str]:
     else:  # cut anywhere
         cuts = sorted(set(draw(st.lists(st.integers(1, len(data) - 1), max_size=8))))
         bounds = [0, *cuts, len(data)]
-        reads = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        reads = [data[a:b] for a, b in itertools.pairwise(bounds)]
     return reads, draw(st.sampled_from(["strip", "keep", "none"]))
 
 

@@ -15,6 +15,7 @@ are the same.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -171,7 +172,7 @@ def stream(draw: st.DrawFn) -> tuple[bytes, list[int]]:
 
 def _reads(data: bytes, cuts: list[int]) -> list[bytes]:
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def _agreed(native: _Events, reference: _Events) -> None:

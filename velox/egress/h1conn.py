@@ -7,7 +7,7 @@ socket (the attempt is marked as withholding) until it reads again, or the attem
 `_release` (the one exit of an attempt) turns back on. A large request body is written a slice
 per loop pass, as on HTTP/2, since TLS encrypts inside transport.write.
 
-Two readers share everything else (`_H1Base`): `H1Connection`, whose reads are parsed in C
+Two readers share everything else (`H1Base`): `H1Connection`, whose reads are parsed in C
 (`velox._native.H1Reader`: uvloop's get_buffer/buffer_updated are C methods, the head is read by
 vx_h1resp, the body's framing decoded there, and Python is called at most once per read, e.g.
 once per streamed event), and its twin `PyH1Connection`, httptools throughout (VELOX_NATIVE=0,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
@@ -51,10 +51,10 @@ class H1Owner(Protocol):
     @property
     def tally(self) -> Tally: ...
 
-    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+    def on_idle(self, conn: H1Base, answered: bool = True) -> None:
         """The connection finished a response (answered) and can be reused."""
 
-    def on_closed(self, conn: H1Connection) -> None: ...
+    def on_closed(self, conn: H1Base) -> None: ...
 
 
 _SLOTS = (
@@ -64,14 +64,15 @@ _SLOTS = (
 )
 
 
-class _H1Base(asyncio.BufferedProtocol):
+class H1Base(asyncio.BufferedProtocol):
     """Sending, backpressure, the attempt's end and httptools' callbacks: both readers'."""
 
-    __slots__ = ()
+    if not TYPE_CHECKING:  # no slots of its own: the C base of H1Connection has the layout
+        __slots__ = ()
     if TYPE_CHECKING:  # the concrete classes' slots
         pool: H1Owner
         transport: asyncio.Transport | None
-        parser: httptools.HttpResponseParser | None
+        parser: Any  # httptools.HttpResponseParser, or None until the native reader falls back
         attempt: Attempt | None
         headers: list[tuple[bytes, bytes]]
         status: int
@@ -87,7 +88,7 @@ class _H1Base(asyncio.BufferedProtocol):
         held: bool
         held_body: list[bytes]
 
-    def _setup(self, pool: H1Owner) -> None:
+    def __init__(self, pool: H1Owner) -> None:
         self.pool = pool
         self.transport = None
         self.parser = None
@@ -306,13 +307,13 @@ class _H1Base(asyncio.BufferedProtocol):
         return [] if self.attempt is None else [self.attempt]
 
 
-class PyH1Connection(_H1Base):
+class PyH1Connection(H1Base):
     """The twin: every read parsed by httptools, through its per-field callbacks."""
 
     __slots__ = (*_SLOTS, "read_buffer")
 
     def __init__(self, pool: H1Owner) -> None:
-        self._setup(pool)
+        super().__init__(pool)
         self.parser = httptools.HttpResponseParser(self)
         self.read_buffer = memoryview(bytearray(_READ_BUFFER))
 
@@ -328,18 +329,15 @@ class PyH1Connection(_H1Base):
         self._feed_py(data)
 
 
-class H1Connection(_native.H1Reader, _H1Base):  # type: ignore[misc]
+class H1Connection(_native.H1Reader, H1Base):
     """The native reader (velox._native.H1Reader: get_buffer, buffer_updated, data_received
     and `read_buffer` are C); it reports each read here in one call."""
 
     __slots__ = _SLOTS
 
-    def __init__(self, pool: H1Owner) -> None:
-        self._setup(pool)
-
     def send(self, attempt: Attempt) -> None:
         self.no_body = attempt.client.method == b"HEAD"  # its answer's framing fields lie
-        _H1Base.send(self, attempt)
+        H1Base.send(self, attempt)
 
     def _h_answer(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
                   body: bytes) -> None:
@@ -393,7 +391,7 @@ class H1Connection(_native.H1Reader, _H1Base):  # type: ignore[misc]
 
     def _release(self, attempt: Attempt) -> None:
         self.undirect()
-        _H1Base._release(self, attempt)
+        H1Base._release(self, attempt)
 
     def _h_end(self, body: bytes) -> None:
         """The last body bytes of a response whose head came in an earlier read (reported as
