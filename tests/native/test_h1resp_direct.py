@@ -83,6 +83,19 @@ class Reader(_native.H1Reader):
     def _h_withhold(self, size: int) -> None:
         self.withheld += size
 
+    def _h_answer(self, status: int, headers: Any, keep_alive: bool, body: bytes) -> None:
+        pass
+
+    def _h_end(self, body: bytes) -> None:
+        if body:
+            self._h_body(body)
+
+    def _h_error(self, message: str) -> None:
+        self.error = message
+
+    def _h_fallback(self, data: bytes) -> None:
+        self.fallen = data
+
 
 def _python_path(reads: list[bytes], sse: SSEUsage | None) -> Client:
     client = Client()
@@ -162,3 +175,45 @@ def test_plain_reads_never_reach_python_and_a_full_client_withholds() -> None:
     client.write_paused = False
     reader.data_received(b"%x\r\n%b\r\n" % (len(event), event))
     assert reader.python_reads == 2  # no target: Python
+
+
+def test_readers_and_their_reads_keep_refcounts_and_rss_flat() -> None:
+    """200k answers (whole, streamed through C and through Python, a fallback, an error) and
+    20k readers made and dropped: the objects handed to C keep their refcounts, RSS stays."""
+    import gc
+    import sys
+
+    import psutil
+
+    def rss() -> int:
+        gc.collect()
+        return int(psutil.Process().memory_info().rss)
+
+    client, sse = Client(), SSEUsage(True)
+    reader = Reader(client, sse)
+    whole = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-a: 1\r\n\r\n{}"
+    plain = CHUNK % (b"t", NULL)
+    held = [client, client.write, sse, reader.exchange, reader.attempt]
+
+    def rounds(n: int) -> None:
+        for _ in range(n):
+            reader.data_received(whole)
+            reader.data_received(HEAD)
+            reader.data_received(b"%x\r\n%b\r\n" % (len(plain), plain))  # C
+            reader.data_received(b"5\r\ndata:\r\n")  # Python (half an event)
+            reader.data_received(b"2\r\n\n\n\r\n0\r\n\r\n")  # its end, and the answer's
+            reader.undirect()
+            client.written.clear()
+        for _ in range(n // 10):
+            other = Reader(Client(), None)
+            other.data_received(b"HTTP/1.1 100 Continue\r\n\r\n")  # fallback: httptools
+            broken = Reader(Client(), None)
+            broken.data_received(HEAD + b"zz\r\n")  # a broken chunk size: _h_error
+
+    rounds(2_000)  # warm up allocator and caches
+    assert reader.python_reads == 2 * 2_000 and not sse.pending  # the C read never reached it
+    before = [sys.getrefcount(o) for o in held]
+    base = rss()
+    rounds(20_000)
+    assert [sys.getrefcount(o) for o in held] == before
+    assert rss() - base < 8 << 20
