@@ -27,7 +27,7 @@ import httptools
 from velox import _native
 from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
 from velox.egress.h2conn import WRITE_SLICE
-from velox.egress.interfaces import Attempt
+from velox.egress.interfaces import UpstreamCall
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Front, Tally
@@ -73,7 +73,7 @@ class H1Base(asyncio.BufferedProtocol):
         pool: H1Owner
         transport: asyncio.Transport | None
         parser: Any  # httptools.HttpResponseParser, or None until the native reader falls back
-        attempt: Attempt | None
+        attempt: UpstreamCall | None
         headers: list[tuple[bytes, bytes]]
         status: int
         keep_alive: bool
@@ -113,7 +113,7 @@ class H1Base(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, attempt: Attempt) -> None:
+    def send(self, attempt: UpstreamCall) -> None:
         client = attempt.client
         method, body = client.method, client.body
         self.attempt = attempt
@@ -268,7 +268,7 @@ class H1Base(asyncio.BufferedProtocol):
             self._release(attempt)
             attempt.client.on_error(exc)
 
-    def _release(self, attempt: Attempt) -> None:
+    def _release(self, attempt: UpstreamCall) -> None:
         """The one exit of an attempt: forget it and read again if it held reading back."""
         self.attempt = None
         attempt.conn = None
@@ -280,14 +280,14 @@ class H1Base(asyncio.BufferedProtocol):
 
     # --- Carrier: called through the attempt ----------------------------------------------------
 
-    def credit(self, attempt: Attempt) -> None:
+    def credit(self, attempt: UpstreamCall) -> None:
         if attempt is self.attempt and attempt.withheld:
             attempt.withheld = 0
             if self.reading_paused and self.transport is not None:
                 self.reading_paused = False
                 self.transport.resume_reading()
 
-    def cancel(self, attempt: Attempt) -> None:
+    def cancel(self, attempt: UpstreamCall) -> None:
         # HTTP/1.1 cannot cancel one request: the connection has to go.
         if attempt is self.attempt:
             self._release(attempt)
@@ -303,7 +303,7 @@ class H1Base(asyncio.BufferedProtocol):
 
     # --- for the pool -------------------------------------------------------------------------
 
-    def live(self) -> list[Attempt]:
+    def live(self) -> list[UpstreamCall]:
         return [] if self.attempt is None else [self.attempt]
 
 
@@ -335,7 +335,7 @@ class H1Connection(_native.H1Reader, H1Base):
 
     __slots__ = _SLOTS
 
-    def send(self, attempt: Attempt) -> None:
+    def send(self, attempt: UpstreamCall) -> None:
         self.no_body = attempt.client.method == b"HEAD"  # its answer's framing fields lie
         H1Base.send(self, attempt)
 
@@ -389,7 +389,7 @@ class H1Connection(_native.H1Reader, H1Base):
                 self.reading_paused = True
                 self.transport.pause_reading()
 
-    def _release(self, attempt: Attempt) -> None:
+    def _release(self, attempt: UpstreamCall) -> None:
         self.undirect()
         H1Base._release(self, attempt)
 
