@@ -13,10 +13,8 @@ readers; many concurrent streams all complete.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
@@ -25,7 +23,7 @@ import pytest
 
 from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, client_for, gateway_env, wait_for
-from tests.e2e.test_routing import admin_stats
+from tests.e2e.test_tokens import access_lines, leave_a_stream, normal, tokens
 from velox.relay import usage
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
@@ -58,46 +56,30 @@ def _direct(mock: MockUpstream) -> openai.OpenAI:
     return client
 
 
-def _normal(chunk: Any) -> dict[str, Any]:
-    doc = chunk.model_dump(exclude_unset=True)
-    doc.pop("id", None)
-    doc.pop("created", None)
-    return doc
-
-
-def _tokens(gw: GatewayProcess) -> dict[tuple[str, str], tuple[int, int]]:
-    return {(r["key"], r["route"]): (r["input"], r["output"]) for r in admin_stats(gw)["tokens"]}
-
-
-def _access(gw: GatewayProcess) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in gw.log().splitlines()
-            if line.startswith("{") and '"log":"access"' in line]
-
-
 def test_streams_relay_the_upstreams_chunks_and_count_its_usage(
         gw: GatewayProcess, plain_mock: MockUpstream) -> None:
     via, direct = client_for(gw), _direct(plain_mock)
-    got = [_normal(c) for c in via.chat.completions.create(
+    got = [normal(c) for c in via.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         extra_headers=PACED)]
-    want = [_normal(c) for c in direct.chat.completions.create(
+    want = [normal(c) for c in direct.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         extra_headers=PACED)]
     assert len(got) > 3 and got == want
     assert all("usage" not in c for c in got)  # the usage the gateway asked for: stripped
-    asked = [_normal(c) for c in via.chat.completions.create(
+    asked = [normal(c) for c in via.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True}, extra_headers=PACED)]
-    want_asked = [_normal(c) for c in direct.chat.completions.create(
+    want_asked = [normal(c) for c in direct.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True}, extra_headers=PACED)]
     assert asked == want_asked and asked[-1]["usage"]["completion_tokens"] > 0
     real = asked[-1]["usage"]
     once = (real["prompt_tokens"], real["completion_tokens"])
-    assert wait_for(lambda: _tokens(gw).get(("-", "*")) == (2 * once[0], 2 * once[1])), \
-        _tokens(gw)
-    lines = wait_for(lambda: [a for a in _access(gw) if a["path"] == "/v1/chat/completions"]
-                     if len(_access(gw)) >= 2 else None)
+    assert wait_for(lambda: tokens(gw).get(("-", "*")) == (2 * once[0], 2 * once[1])), \
+        tokens(gw)
+    lines = wait_for(lambda: [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"]
+                     if len(access_lines(gw)) >= 2 else None)
     assert [a["usage"] for a in lines] == [
         {"input": once[0], "output": once[1], "exact": True}] * 2
 
@@ -111,7 +93,7 @@ def test_the_access_log_counts_the_bytes_the_client_received(gw: GatewayProcess)
         assert r.status_code == 200
         received = sum(len(piece) for piece in r.iter_raw())  # the body, unframed
         head = r.headers
-    line = wait_for(lambda: [a for a in _access(gw) if a["path"] == "/v1/chat/completions"])
+    line = wait_for(lambda: [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"])
     assert head["transfer-encoding"] == "chunked"
     # The log's bytes are the head's and the chunked body's (each of the 30 events framed):
     # more than the body's, by less than a head and the framing.
@@ -120,21 +102,8 @@ def test_the_access_log_counts_the_bytes_the_client_received(gw: GatewayProcess)
 
 def test_a_stream_the_client_leaves_is_charged_alike_on_both_readers(
         gw: GatewayProcess) -> None:
-    body = orjson.dumps({"model": "gpt-4o", "messages": MESSAGES, "stream": True,
-                         "max_tokens": 500})
-    headers = {**AUTH, "content-type": "application/json", "x-mock-chunks": "40",
-               "x-mock-chunk-delay-ms": "100"}
-    with httpx.Client(timeout=20) as client, client.stream(
-            "POST", gw.base_url + "/v1/chat/completions", content=body,
-            headers=headers) as r:
-        assert r.status_code == 200
-        seen = 0
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                seen += 1
-                if seen == 3:
-                    break
-    got = wait_for(lambda: _tokens(gw).get(("-", "*")))
+    body = leave_a_stream(gw.base_url, 100)
+    got = wait_for(lambda: tokens(gw).get(("-", "*")))
     assert got[0] == usage.input_tokens(body)
     assert 3 <= got[1] <= 10, got  # what was relayed before the client left
 

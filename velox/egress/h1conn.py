@@ -339,9 +339,9 @@ class H1Connection(_native.H1Reader, H1Base):
         self.no_body = attempt.client.method == b"HEAD"  # its answer's framing fields lie
         H1Base.send(self, attempt)
 
-    def _h_answer(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
-                  body: bytes) -> None:
-        """A whole response in this read: one call to the client (on_answer)."""
+    def _take_head(self, status: int, headers: list[tuple[bytes, bytes]],
+                   keep_alive: bool) -> UpstreamCall | None:
+        """A response head: kept, and timed on the attempt it answers (returned, if any)."""
         self.status = status
         self.headers = headers
         self.keep_alive = keep_alive
@@ -349,6 +349,13 @@ class H1Connection(_native.H1Reader, H1Base):
         if attempt is not None:
             attempt.t_headers = time.perf_counter_ns()
             attempt.last_activity = time.monotonic()
+        return attempt
+
+    def _h_answer(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
+                  body: bytes) -> None:
+        """A whole response in this read: one call to the client (on_answer)."""
+        attempt = self._take_head(status, headers, keep_alive)
+        if attempt is not None:
             self._release(attempt)
             attempt.client.on_answer(status, headers, body)
         self._message_done()
@@ -356,14 +363,9 @@ class H1Connection(_native.H1Reader, H1Base):
     def _h_head(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
                 body: bytes) -> None:
         """A head whose body goes on past this read: the head, then the body so far."""
-        self.status = status
-        self.headers = headers
-        self.keep_alive = keep_alive
-        attempt = self.attempt
+        attempt = self._take_head(status, headers, keep_alive)
         if attempt is None:
             return
-        attempt.t_headers = time.perf_counter_ns()
-        attempt.last_activity = time.monotonic()
         client = attempt.client
         client.on_response(status, headers, False)
         # A stream the relay passes through: its plain reads go from C to the client.
