@@ -38,7 +38,9 @@ test-native:
 ASAN_DIFF_TESTS := tests/native/test_reqhead_fuzz.py tests/native/test_reqhead.py \
 	tests/native/test_json_scan.py tests/native/test_http1.py tests/unit/test_books.py \
 	tests/egress/test_codec_fuzz.py tests/egress/test_codec_robustness.py \
-	tests/native/test_keytable.py tests/unit/test_usage_scan.py tests/spend/test_wire.py
+	tests/native/test_keytable.py tests/unit/test_usage_scan.py \
+	tests/native/test_h1resp_fuzz.py tests/native/test_h1resp_direct.py tests/egress/test_pool_h1.py \
+	tests/spend/test_wire.py
 test-native-ext: $(STAMP)
 	$(MAKE) -C native ext-asan PYTHON=$(abspath $(PY))
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \

@@ -72,6 +72,7 @@ int vxb_http1_exec(PyObject *module, module_state *st);
 int vxb_reqhead_exec(PyObject *module, module_state *st);
 int vxb_relay_exec(PyObject *module, module_state *st);
 int vxb_books_exec(PyObject *module, module_state *st);
+int vxb_h1resp_exec(PyObject *module, module_state *st);
 int vxb_budgets_exec(PyObject *module, module_state *st);
 
 /* The core behind a Limits / Counters object, for a binding that drives several cores in one

@@ -523,6 +523,23 @@ H2_DATA_PER_CALL: Final[int]
 H2_DEFAULT_MAX_CONCURRENT_STREAMS: Final[int]
 H2_MAX_CONCURRENT_STREAMS_CAP: Final[int]
 
+class H1Reader:
+    """The reading half of an HTTP/1.1 upstream connection (velox.egress.h1conn subclasses it
+    with asyncio.BufferedProtocol): responses parsed by vx_h1resp, reported to the subclass's
+    _h_answer/_h_head/_h_body/_h_end/_h_error/_h_fallback (and _h_withhold) once per read."""
+
+    read_buffer: memoryview  # read-only attribute: the buffer uvloop reads into
+    no_body: int  # nonzero while the request answered is HEAD
+    native_fallback: int  # read-only: nonzero once httptools reads the connection
+
+    def get_buffer(self, sizehint: int, /) -> memoryview: ...
+    def buffer_updated(self, nbytes: int, /) -> None: ...
+    def data_received(self, data: Buffer, /) -> None: ...
+    def direct(self, conn: Any, write: Any, sse: Any, exchange: Any, attempt: Any,
+               chunked: bool, /) -> None:
+        """A streamed answer's plain reads go to write (the client transport's) from here on."""
+    def undirect(self) -> None: ...
+
 @final
 class H2Client:
     """velox.egress.codec.Codec in C; errors are raised as error_class(code, message, events)."""
