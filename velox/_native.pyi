@@ -592,16 +592,18 @@ class KeyTicket:
     def settled(self) -> bool: ...
 
 # Bookkeeping (native/vx_books.c): the access log's line, the usage and the token estimate.
-def access_line(item: tuple[int, object, object, int, int], wall_offset_ns: int, worker: int,
+# The access record's layout (velox.relay.records.ACCESS_FIELDS), as the C reads it.
+ACCESS_FIELDS: tuple[str, ...]
+def access_line(record: tuple[object, ...] | None, wall_offset_ns: int, worker: int,
                 prefix: bytes, seq: int, key_names: tuple[str, ...], /) -> bytes:
-    """One access-log line of (t_end_ns, request, exchange_or_None, status, bytes_out): the
-    bytes orjson makes of the line's dict, newline included (velox.admin.accesslog)."""
-def access_lines(items: list[tuple[int, object, object, int, int]], wall_offset_ns: int,
+    """One access-log line of a record (velox.relay.records.AccessRecord): the bytes orjson
+    makes of the line's dict, newline included (velox.admin.accesslog)."""
+def access_lines(items: list[Any], wall_offset_ns: int,
                  worker: int, prefix: bytes, seq: int, key_names: tuple[str, ...], limit: int,
                  /) -> tuple[list[bytes], int]:
-    """access_line of every item (item i with seq + 1 + i) joined into chunks of whole lines
-    of at most `limit` bytes (a longer line alone); items that fail are skipped. Returns the
-    chunks and the number of lines."""
+    """access_line of every record (item i with seq + 1 + i) joined into chunks of whole lines
+    of at most `limit` bytes (a longer line alone); items that fail (None) are skipped.
+    Returns the chunks and the number of lines."""
 def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""
