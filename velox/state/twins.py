@@ -1,4 +1,4 @@
-"""Pure-Python reference twins of the native shared counters and latency histograms.
+"""Pure-Python reference twins of the native shared state: counters, histograms, limits.
 
 `Counters` and `Histogram` (native/vx_stats.c) live in shared memory so every worker adds to
 one table; these twins hold the same numbers in plain lists of one process. They state what the
@@ -6,11 +6,16 @@ C does in a few lines each, and the differential tests (tests/native/test_stats_
 both with the same generated operations and compare every read. They are references, not
 replacements: a per-process list cannot be shared by the workers, so VELOX_NATIVE=0 keeps the
 native tables for these two.
+
+`PyLimits` is the same for the shared token buckets and gauges (native/vx_limits.c: keys,
+upstreams and the gateway's global rate): one process's integers, with the C's units, refill
+clamps, debt floor and admit packing; tests/native/test_limits_twins.py compares them.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 MAX_SLOTS = 4096  # slots and fields: at most this many (vx_stats.h: VX_STATS_MAX_SLOTS)
@@ -172,3 +177,238 @@ class PyHistogram:
 
     def buckets(self, slot: int = -1) -> list[tuple[int, int]]:
         return [(bucket_upper(i), n) for i, n in enumerate(self._merged(slot)) if n]
+
+
+# --- Limits (native/vx_limits.c): token buckets and concurrency gauges ----------------------
+
+UNITS_PER_TOKEN = 60_000_000  # vx_units.h: microseconds per minute, so rate r adds r units/us
+MAX_ENTRIES = 1_000_000
+MAX_RATE = MAX_BURST = 1_000_000_000
+MAX_TOKENS = 10_000_000_000  # one give/refund/charge, and the deepest debt
+LEASE_WAIT_US = PARALLEL_WAIT_US = 1_000_000
+NEVER = -1
+ADMIT_REQUESTS, ADMIT_TOKENS, ADMIT_PARALLEL = 1, 2, 3
+_DEBT_FLOOR = -MAX_TOKENS * UNITS_PER_TOKEN
+
+
+def _saturate(value: int) -> int:
+    """to_i64: an integer past int64 saturates (the callers then clamp or refuse)."""
+    return min(max(value, _INT64[0]), _INT64[1])
+
+
+def _in_range(value: int, name: str, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _index(value: int, name: str, n: int) -> int:
+    if not 0 <= value < n:
+        raise IndexError(f"{name} {value!r} out of range [0, {n})")
+    return value
+
+
+def _tokens(value: int, lo: int) -> int:
+    n = _saturate(value)
+    if n < lo:
+        raise ValueError(f"n must be >= {lo}, got {value!r}")
+    return n
+
+
+class _Entry:
+    __slots__ = ("rate", "burst", "level", "last_us", "taken", "refused", "largest", "active",
+                 "entered")
+
+    def __init__(self) -> None:
+        self.rate = self.burst = self.level = self.last_us = 0
+        self.taken = self.refused = self.largest = self.active = self.entered = 0
+
+    def refill(self, rate: int, cap: int, now_us: int) -> None:
+        """Credit (last_us, now_us] at rate, at most up to cap; leased (rate 0): nothing."""
+        if rate <= 0 or now_us <= self.last_us:
+            return
+        elapsed = min(now_us - self.last_us, (cap - _DEBT_FLOOR) // rate + 1)
+        self.last_us = now_us
+        self.add_capped(elapsed * rate, cap)
+
+    def add_capped(self, add: int, cap: int) -> int:
+        room = cap - self.level
+        if room <= 0 or add <= 0:
+            return 0
+        added = min(add, room)
+        self.level += added
+        return added
+
+
+class PyLimits:
+    """The native Limits' API (without memfd and the test hammer), one process's numbers.
+    `now_us` None reads CLOCK_MONOTONIC like the C; the differential tests pass it always."""
+
+    def __init__(self, n: int, slots: int = 64) -> None:
+        self.n = _in_range(n, "n", 1, MAX_ENTRIES)
+        self.slots = _in_range(slots, "slots", 1, MAX_SLOTS)
+        self._e = [_Entry() for _ in range(n)]
+        self._held = [[0] * n for _ in range(slots)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    @staticmethod
+    def _now(now_us: int | None) -> int:
+        if now_us is None:
+            return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return _in_range(now_us, "now_us", *_INT64)
+
+    def configure(self, i: int, rate_per_minute: int, burst: int,
+                  now_us: int | None = None, /) -> None:
+        e = self._e[_index(i, "index", self.n)]
+        rate = _in_range(rate_per_minute, "rate_per_minute", 0, MAX_RATE)
+        burst = _in_range(burst, "burst", 1, MAX_BURST)
+        now = self._now(now_us)
+        cap = burst * UNITS_PER_TOKEN
+        if e.burst == 0:  # first configuration: full, or empty when leased
+            e.level = cap if rate > 0 else 0
+            e.last_us = now
+        else:
+            e.refill(e.rate, e.burst * UNITS_PER_TOKEN, now)  # the old rate up to now
+            e.last_us = max(e.last_us, now)  # leased time is not credited at the new rate
+            e.level = min(e.level, cap)  # capped at the new burst; debt kept
+        e.rate, e.burst = rate, burst
+
+    def config(self, i: int, /) -> tuple[int, int]:
+        e = self._e[_index(i, "index", self.n)]
+        return e.rate, e.burst
+
+    def take(self, i: int, n: int, now_us: int | None = None, /) -> int:
+        e = self._e[_index(i, "index", self.n)]
+        n = _tokens(n, 1)
+        now = self._now(now_us)
+        if n > e.burst:
+            return NEVER
+        need = n * UNITS_PER_TOKEN
+        e.largest = max(e.largest, n)
+        e.refill(e.rate, e.burst * UNITS_PER_TOKEN, now)
+        if e.level >= need:
+            e.level -= need
+            e.taken += n
+            return 0
+        e.refused += n
+        if e.rate == 0:
+            return LEASE_WAIT_US
+        return -(-(need - e.level) // e.rate)  # microseconds until need, rounded up
+
+    def give(self, i: int, n: int, /) -> int:
+        e = self._e[_index(i, "index", self.n)]
+        n = min(_tokens(n, 0), MAX_TOKENS)
+        if n < 1:
+            return 0
+        return e.add_capped(n * UNITS_PER_TOKEN, e.burst * UNITS_PER_TOKEN) // UNITS_PER_TOKEN
+
+    def refund(self, i: int, n: int, /) -> int:
+        e = self._e[_index(i, "index", self.n)]
+        n = min(_tokens(n, 0), MAX_TOKENS)
+        if n < 1:
+            return 0
+        added = self.give(i, n)
+        e.taken -= n
+        return added
+
+    def charge(self, i: int, n: int, /) -> None:
+        e = self._e[_index(i, "index", self.n)]
+        n = min(_tokens(n, 0), MAX_TOKENS)
+        if n < 1:
+            return
+        lowered = max(e.level - n * UNITS_PER_TOKEN, _DEBT_FLOOR)  # debt stops at the floor
+        e.level = min(e.level, lowered)
+        e.taken += n
+
+    def level(self, i: int, now_us: int | None = None, /) -> int:
+        e = self._e[_index(i, "index", self.n)]
+        now = self._now(now_us)
+        cap = e.burst * UNITS_PER_TOKEN
+        cur = e.level
+        if e.rate > 0 and cur < cap:
+            pending = min(max(now - e.last_us, 0), (cap - cur) // e.rate + 1)
+            cur = min(cur + pending * e.rate, cap)
+        return cur // UNITS_PER_TOKEN
+
+    def taken(self, i: int, /) -> int:
+        return self._e[_index(i, "index", self.n)].taken
+
+    def refused(self, i: int, /) -> int:
+        return self._e[_index(i, "index", self.n)].refused
+
+    def pop_largest(self, i: int, /) -> int:
+        e = self._e[_index(i, "index", self.n)]
+        largest, e.largest = e.largest, 0
+        return largest
+
+    def enter(self, i: int, limit: int, slot: int, /) -> bool:
+        e = self._e[_index(i, "index", self.n)]
+        _in_range(limit, "limit", *_INT64)
+        row = self._held[_index(slot, "slot", self.slots)]
+        if 0 < limit <= e.active:
+            return False
+        e.active += 1
+        row[i] += 1
+        e.entered += 1
+        return True
+
+    def leave(self, i: int, slot: int, /) -> bool:
+        e = self._e[_index(i, "index", self.n)]
+        row = self._held[_index(slot, "slot", self.slots)]
+        if row[i] <= 0:
+            return False
+        row[i] -= 1
+        e.active -= 1
+        return True
+
+    def active(self, i: int, /) -> int:
+        return self._e[_index(i, "index", self.n)].active
+
+    def held(self, i: int, slot: int, /) -> int:
+        _index(i, "index", self.n)
+        return self._held[_index(slot, "slot", self.slots)][i]
+
+    def entered(self, i: int, /) -> int:
+        return self._e[_index(i, "index", self.n)].entered
+
+    def forget_slot(self, slot: int, /) -> int:
+        row = self._held[_index(slot, "slot", self.slots)]
+        total = 0
+        for i, h in enumerate(row):
+            if h > 0:
+                self._e[i].active -= h
+                total += h
+            row[i] = 0
+        return total
+
+    def admit(self, req_i: int, tok_i: int, tokens: int, gauge_i: int, limit: int, slot: int,
+              now_us: int | None = None, /) -> int:
+        """All or nothing; admitted: ~(left_req | left_tok << 32); refused:
+        wait_us * 4 + reason (wait 0 for never)."""
+        for value, name in ((req_i, "req_i"), (tok_i, "tok_i")):
+            if value != -1:
+                _index(value, name, self.n)
+        _in_range(tokens, "tokens", 0, MAX_TOKENS)
+        if gauge_i != -1:
+            _index(gauge_i, "gauge_i", self.n)
+        _in_range(limit, "limit", *_INT64)
+        _index(slot, "slot", self.slots)
+        now = self._now(now_us)
+        if req_i >= 0 and (wait := self.take(req_i, 1, now)) != 0:
+            return max(wait, 0) * 4 + ADMIT_REQUESTS
+        tokens_step = tok_i >= 0 and tokens > 0
+        if tokens_step and (wait := self.take(tok_i, tokens, now)) != 0:
+            if req_i >= 0:
+                self.refund(req_i, 1)
+            return max(wait, 0) * 4 + ADMIT_TOKENS
+        if gauge_i >= 0 and not self.enter(gauge_i, limit, slot):
+            if req_i >= 0:
+                self.refund(req_i, 1)
+            if tokens_step:
+                self.refund(tok_i, tokens)
+            return PARALLEL_WAIT_US * 4 + ADMIT_PARALLEL
+        left_req = max(self._e[req_i].level, 0) // UNITS_PER_TOKEN if req_i >= 0 else 0
+        left_tok = max(self._e[tok_i].level, 0) // UNITS_PER_TOKEN if tokens_step else 0
+        return ~(left_req | left_tok << 32)
