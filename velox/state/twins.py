@@ -10,6 +10,9 @@ native tables for these two.
 `PyLimits` is the same for the shared token buckets and gauges (native/vx_limits.c: keys,
 upstreams and the gateway's global rate): one process's integers, with the C's units, refill
 clamps, debt floor and admit packing; tests/native/test_limits_twins.py compares them.
+`PyHealth` restates the breakers (native/vx_health.c: the state word's fields, the doubling open
+time, probe slots and their lease, stale tickets), the in-flight gauges and the transitions a
+process keeps; tests/native/test_health_twins.py compares them.
 """
 
 from __future__ import annotations
@@ -412,3 +415,252 @@ class PyLimits:
         left_req = max(self._e[req_i].level, 0) // UNITS_PER_TOKEN if req_i >= 0 else 0
         left_tok = max(self._e[tok_i].level, 0) // UNITS_PER_TOKEN if tokens_step else 0
         return ~(left_req | left_tok << 32)
+
+
+# --- Health (native/vx_health.c): breakers, in-flight gauges, per-upstream counters ----------
+
+CLOSED, OPEN, HALF_OPEN = 0, 1, 2  # breaker states
+PEEK_CLOSED, PEEK_PROBE, PEEK_OPEN, PEEK_PROBING = 0, 1, 2, 3
+SUCCESS, FAILURE, NEUTRAL = 0, 1, 2  # outcomes
+TR_NONE, TR_OPENED, TR_REOPENED, TR_CLOSED, TR_HALF_OPENED = 0, 1, 2, 3, 4
+UP_REQUESTS, UP_SUCCESSES, UP_FAILURES, UP_RETRIES, UP_PANICS, UP_FULL = range(6)
+_UP_COUNTERS = 6
+MAX_UPSTREAMS = 4096
+MAX_COUNT = 255  # failures / successes thresholds, and the counts the breaker word holds
+MAX_PROBES = 63
+MAX_OPEN_MS = 1 << 31
+MAX_NOW_MS = (1 << 40) - 1
+PENDING = 64  # transitions one process keeps until drained
+
+
+class _Breaker:
+    """The breaker word's fields (state, count, probes, streak, stamp) and its side counters."""
+
+    __slots__ = ("state", "count", "probes", "streak", "stamp", "opened_at", "opens",
+                 "in_flight", "cap", "counters")
+
+    def __init__(self, cap: int) -> None:
+        self.state = CLOSED
+        self.count = self.probes = self.streak = self.stamp = 0
+        self.opened_at = -1
+        self.opens = 0
+        self.in_flight = 0
+        self.cap = cap
+        self.counters = [0] * _UP_COUNTERS
+
+    def set(self, state: int, count: int, probes: int, streak: int, stamp: int) -> None:
+        """w_make: count and streak saturate at 255 (8 bits each)."""
+        self.state, self.count, self.probes = state, min(count, MAX_COUNT), probes
+        self.streak, self.stamp = min(streak, MAX_COUNT), stamp
+
+
+class PyHealth:
+    """The native Health's API, one process's breakers. now_ms None reads CLOCK_MONOTONIC."""
+
+    def __init__(self, max_in_flight: Sequence[int], failures: int, successes: int,
+                 open_ms: int, max_open_ms: int, probes: int, probe_lease_ms: int) -> None:
+        self.failures = _in_range(failures, "failures", 1, MAX_COUNT)
+        self.successes = _in_range(successes, "successes", 1, MAX_COUNT)
+        self.open_ms = _in_range(open_ms, "open_ms", 1, MAX_OPEN_MS)
+        self.max_open_ms = _in_range(max_open_ms, "max_open_ms", open_ms, MAX_OPEN_MS)
+        self.probes = _in_range(probes, "probes", 1, MAX_PROBES)
+        self.probe_lease_ms = _in_range(probe_lease_ms, "probe_lease_ms", 1, MAX_OPEN_MS)
+        if not 1 <= len(max_in_flight) <= MAX_UPSTREAMS:
+            raise ValueError(f"max_in_flight must hold 1 to {MAX_UPSTREAMS} entries")
+        caps = [_in_range(c, "max_in_flight[i]", 0, _INT64[1]) for c in max_in_flight]
+        self._up = [_Breaker(c) for c in caps]
+        self._pending: list[tuple[int, int, int, int]] = []
+        self._overflow = 0
+
+    def __len__(self) -> int:
+        return len(self._up)
+
+    def _at(self, upstream: int) -> _Breaker:
+        return self._up[_index(upstream, "upstream", len(self._up))]
+
+    @staticmethod
+    def _now(now_ms: int | None) -> int:
+        if now_ms is None:
+            return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1_000_000
+        return _in_range(now_ms, "now_ms", 0, MAX_NOW_MS)
+
+    def open_time(self, streak: int) -> int:
+        """vx_breaker_open_ms: open_ms doubled per consecutive opening, capped."""
+        ms = self.open_ms
+        for _ in range(1, streak):
+            if ms >= self.max_open_ms:
+                break
+            ms *= 2
+        return min(ms, self.max_open_ms)
+
+    def _peek(self, b: _Breaker, now: int) -> int:
+        if b.state == CLOSED:
+            return PEEK_CLOSED
+        if b.state == OPEN:
+            return PEEK_PROBE if now - b.stamp >= self.open_time(b.streak) else PEEK_OPEN
+        if b.probes < self.probes or now - b.stamp >= self.probe_lease_ms:
+            return PEEK_PROBE
+        return PEEK_PROBING
+
+    def _enter(self, b: _Breaker, now: int) -> tuple[int, int]:
+        """(ticket, transition): -1 denied, 0 closed, else stamp + 1 of the half-open period."""
+        if b.state == CLOSED:
+            return 0, TR_NONE
+        if b.state == OPEN:
+            if now - b.stamp < self.open_time(b.streak):
+                return -1, TR_NONE
+            b.set(HALF_OPEN, 0, 1, b.streak, now)  # this caller is the first probe
+            return now + 1, TR_HALF_OPENED
+        if b.probes < self.probes:
+            b.probes += 1
+            return b.stamp + 1, TR_NONE
+        if now - b.stamp >= self.probe_lease_ms:  # every slot held past the lease: start over
+            b.set(HALF_OPEN, b.count, 1, b.streak, now)
+            return now + 1, TR_NONE
+        return -1, TR_NONE
+
+    def _report(self, b: _Breaker, ticket: int, outcome: int, now: int) -> int:
+        tr = TR_NONE
+        if b.state == CLOSED:
+            if outcome == SUCCESS:
+                if b.count:
+                    b.set(CLOSED, 0, 0, b.streak, 0)
+            elif outcome == FAILURE:
+                if b.count + 1 >= self.failures:
+                    b.set(OPEN, 0, 0, b.streak + 1, now)
+                    tr = TR_OPENED
+                else:
+                    b.set(CLOSED, b.count + 1, 0, b.streak, 0)
+        elif b.state == HALF_OPEN and ticket == b.stamp + 1:  # a probe of this period
+            probes = max(b.probes - 1, 0)
+            if outcome == SUCCESS:
+                if b.count + 1 >= self.successes:
+                    b.set(CLOSED, 0, 0, 0, 0)
+                    tr = TR_CLOSED
+                else:
+                    b.set(HALF_OPEN, b.count + 1, probes, b.streak, b.stamp)
+            elif outcome == FAILURE:
+                b.set(OPEN, 0, 0, b.streak + 1, now)
+                tr = TR_REOPENED
+            else:
+                b.set(HALF_OPEN, b.count, probes, b.streak, b.stamp)
+        if tr in (TR_OPENED, TR_REOPENED):
+            b.opened_at = now
+            b.opens += 1
+        return tr
+
+    def _note(self, upstream: int, tr: int, now: int) -> None:
+        if tr == TR_NONE:
+            return
+        if len(self._pending) == PENDING:
+            self._overflow += 1
+            return
+        b = self._up[upstream]
+        opened = tr in (TR_OPENED, TR_REOPENED)
+        self._pending.append((upstream, tr, now, self.open_time(max(b.streak, 1)) if opened
+                              else 0))
+
+    def _full(self, b: _Breaker) -> bool:
+        return b.cap > 0 and max(b.in_flight, 0) >= b.cap
+
+    def peek(self, upstream: int, now_ms: int | None = None, /) -> int:
+        b = self._at(upstream)
+        return self._peek(b, self._now(now_ms))
+
+    def check(self, upstream: int, now_ms: int | None = None, /) -> int:
+        b = self._at(upstream)
+        if self._peek(b, self._now(now_ms)) >= PEEK_OPEN:
+            return 1
+        return 2 if self._full(b) else 0
+
+    def usable_mask(self, upstreams: tuple[int, ...], now_ms: int | None, /) -> int:
+        now = self._now(now_ms)
+        if type(upstreams) is not tuple or len(upstreams) > 64:
+            raise TypeError("upstreams must be a tuple of at most 64 indices")
+        mask = 0
+        for k, upstream in enumerate(upstreams):
+            b = self._at(upstream)
+            if self._peek(b, now) < PEEK_OPEN and not self._full(b):
+                mask |= 1 << k
+        return mask
+
+    def in_flight_sum(self, upstreams: tuple[int, ...], /) -> int:
+        return sum(self.in_flight(u) for u in upstreams)
+
+    def admit(self, upstream: int, now_ms: int | None, /) -> int:
+        b = self._at(upstream)
+        now = self._now(now_ms)
+        ticket, tr = self._enter(b, now)
+        if ticket < 0:
+            return -1
+        self._note(upstream, tr, now)
+        if not self.acquire(upstream):
+            self._report(b, ticket, NEUTRAL, now)  # its probe slot back
+            return -2
+        b.counters[UP_REQUESTS] += 1
+        return ticket
+
+    def finish(self, upstream: int, ticket: int, outcome: int, now_ms: int | None, /) -> None:
+        b = self._at(upstream)
+        _in_range(ticket, "ticket", 0, _INT64[1])
+        _in_range(outcome, "outcome", 0, 2)
+        now = self._now(now_ms)
+        b.in_flight -= 1
+        self._note(upstream, self._report(b, ticket, outcome, now), now)
+        if outcome == SUCCESS:
+            b.counters[UP_SUCCESSES] += 1
+        elif outcome == FAILURE:
+            b.counters[UP_FAILURES] += 1
+
+    def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
+        b = self._at(upstream)
+        now = self._now(now_ms)
+        ticket, tr = self._enter(b, now)
+        self._note(upstream, tr, now)
+        return ticket
+
+    def report(self, upstream: int, ticket: int, outcome: int,
+               now_ms: int | None = None, /) -> int:
+        b = self._at(upstream)
+        _in_range(ticket, "ticket", 0, _INT64[1])
+        _in_range(outcome, "outcome", 0, 2)
+        now = self._now(now_ms)
+        tr = self._report(b, ticket, outcome, now)
+        self._note(upstream, tr, now)
+        return tr
+
+    def breaker(self, upstream: int, now_ms: int | None = None, /
+                ) -> tuple[int, int, int, int, int, int, int, int]:
+        b = self._at(upstream)
+        now = self._now(now_ms)
+        until = max(b.stamp + self.open_time(b.streak) - now, 0) if b.state == OPEN else 0
+        return (b.state, b.count, b.probes, b.streak, b.stamp, b.opened_at, b.opens, until)
+
+    def transitions(self) -> tuple[list[tuple[int, int, int, int]], int]:
+        out = (self._pending, self._overflow)
+        self._pending, self._overflow = [], 0
+        return out
+
+    def acquire(self, upstream: int, /) -> bool:
+        b = self._at(upstream)
+        if b.cap > 0 and b.in_flight >= b.cap:
+            b.counters[UP_FULL] += 1
+            return False
+        b.in_flight += 1
+        return True
+
+    def release(self, upstream: int, /) -> None:
+        self._at(upstream).in_flight -= 1
+
+    def in_flight(self, upstream: int, /) -> int:
+        return max(self._at(upstream).in_flight, 0)
+
+    def max_in_flight(self, upstream: int, /) -> int:
+        return self._at(upstream).cap
+
+    def count(self, upstream: int, field: int, n: int = 1, /) -> None:
+        b = self._at(upstream)
+        b.counters[_index(field, "field", _UP_COUNTERS)] += _in_range(n, "n", 0, _INT64[1])
+
+    def counter(self, upstream: int, field: int, /) -> int:
+        return self._at(upstream).counters[_index(field, "field", _UP_COUNTERS)]
