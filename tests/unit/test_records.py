@@ -11,7 +11,7 @@ from typing import Any, get_args
 import orjson
 
 from velox import _native
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.relay.records import ACCESS_FIELDS, AccessRecord, access_record, access_records
 from velox_lab.pipeline import Pipeline
 
@@ -32,7 +32,7 @@ def _logged_items() -> list[tuple[Any, ...]]:
 
 def test_every_field_is_read_from_its_own_position() -> None:
     items = _logged_items()
-    request = Request(None, b"GET", b"/v1/models", Route.FORWARD, [], b"", True,  # type: ignore[arg-type]
+    request = Request(None, b"GET", b"/v1/models", Kind.FORWARD, [], b"", True,  # type: ignore[arg-type]
                       5_000)
     items.append((9_000_000, request, None, 404, 12))
     meter = SimpleNamespace(done=True, input=7, output=3, exact=False)
