@@ -257,7 +257,7 @@ class _Exchange:
         self.status = status
         self.size = size
         self.attempts = 1
-        self.route_attempt = None
+        self.routing = None
 
 
 def _settle(kind: type, request: Request, status: int, answer: bytes | None,

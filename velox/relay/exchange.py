@@ -30,7 +30,7 @@ and before the route attempt is finished, that the request is over, whatever end
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from velox.core.errors import to_response
 from velox.core.types import Headers, Request
@@ -38,7 +38,7 @@ from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 
 if TYPE_CHECKING:
-    from velox.config.tables import UpstreamSpec
+    from velox.config.tables import RouteSpec, UpstreamSpec
     from velox.egress.edge import Translation
     from velox.egress.interfaces import AttemptHandle
     from velox.providers.base import Translator
@@ -82,9 +82,9 @@ class Exchange:
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
-        # failover (velox.routing.dispatch): the plan, its current attempt and what to tell the
-        # client
-        "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
+        # failover (velox.routing.dispatch) and routing's state of this request (its plan, the
+        # attempt open, the last one's upstream and number, the outcome): None until planned
+        "dispatch", "routing",
         "headers_base", "passthrough",
         "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
         "observer",  # cache (velox.cache.front): sees the committed answer; None on uncached routes
@@ -118,11 +118,7 @@ class Exchange:
         self.body: bytes | bytearray | memoryview = request.body  # per attempt: model rewritten
         request.exchange = self
         self.dispatch = dispatch
-        self.plan: Any = None
-        self.route_attempt: Any = None  # balance.Attempt while one is open
-        self.attempts = 0
-        self.upstream_name = b""
-        self.outcome = 0
+        self.routing: RouteState | None = None  # velox.routing.balance.RoutePlan, by dispatch
         self.headers_base: Headers = headers_out  # the client's headers without credentials
         self.passthrough: Headers = []  # the client's credential, when the upstream has none
         self.attempt: AttemptHandle | None = None  # egress's current try; set by egress
@@ -145,6 +141,18 @@ class Exchange:
         self.feed: Callable[[bytes], bytes] | None = None
 
     # --- what the request carries upstream ------------------------------------------------
+
+    # What the answer's route was, read by name by the native access line (and the batch's
+    # members): b"" and 0 for an exchange refused before it had a plan.
+    @property
+    def upstream_name(self) -> bytes:
+        routing = self.routing
+        return b"" if routing is None else routing.upstream_name
+
+    @property
+    def attempts(self) -> int:
+        routing = self.routing
+        return 0 if routing is None else routing.attempts
 
     @property
     def paused(self) -> bool:
@@ -391,7 +399,6 @@ class Exchange:
             self.meter.finish(self, status)  # before the route attempt is finished: it settles
         if self.dispatch is not None:
             self.dispatch.finish(self, broken)  # releases the route attempt, reports its outcome
-            self.plan = None
         observer = self.observer
         if observer is not None:
             self.observer = None
@@ -438,6 +445,37 @@ class Observer(Protocol):
     def client_gone(self, exchange: Exchange) -> bool:
         """The client left: True keeps the upstream call running (others wait for it);
         the observer then points `exchange.conn` somewhere harmless."""
+
+
+class RouteAttemptView(Protocol):
+    """What the relay and the meters read of the attempt open (velox.routing.balance.
+    RouteAttempt): its upstream, the model sent there and its route, its row in the targets'
+    stats, and the tokens it reserved on that upstream's tpm bucket (the meter settles them)."""
+
+    upstream: int
+    tokens: int
+    model: str
+    index: int
+
+    @property
+    def route(self) -> RouteSpec: ...
+
+
+class RouteState(Protocol):
+    """Routing's state of one request (velox.routing.balance.RoutePlan, written by dispatch):
+    what the relay, the meters, the spend and the access log read of it."""
+
+    @property
+    def attempt(self) -> RouteAttemptView | None:
+        """The attempt open now; None once it is finished."""
+
+    @property
+    def upstream_name(self) -> bytes:
+        """The upstream of the last attempt sent (b"" before any)."""
+
+    @property
+    def attempts(self) -> int:
+        """The number of the last attempt sent (1 for the first; 0 before any)."""
 
 
 class Failover(Protocol):

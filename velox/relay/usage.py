@@ -759,7 +759,8 @@ class TokenMeter:
             ticket.settle(used)
             if used:
                 ticket.key.used(self.input, self.output)  # its own token count (any key)
-        attempt = exchange.route_attempt
+        routing = exchange.routing
+        attempt = routing.attempt if routing is not None else None
         ledger = self.ledger
         if attempt is not None and attempt.tokens:
             reserved, attempt.tokens = attempt.tokens, 0

@@ -442,10 +442,11 @@ class Spend:
         return PricedMeter(self, exchange.request, inner, self.held.pop(exchange.request, None))
 
     def price(self, exchange: Any, usage: _Usage) -> int | None:
-        attempt = exchange.route_attempt
+        routing = exchange.routing
+        attempt = routing.attempt if routing is not None else None
         request = exchange.request
         model = attempt.model if attempt is not None and attempt.model else request.model or ""
-        upstream = _name(exchange.upstream_name)
+        upstream = _name(routing.upstream_name if routing is not None else b"")
         if usage.cached_input or usage.cache_write or usage.reasoning:
             return self.prices.cost(upstream, model, usage)
         price = self.prices.price_for(upstream, model)  # memoised
@@ -482,7 +483,7 @@ class Spend:
         hold = self.held.pop(request, None)
         if hold is not None:
             self._settle(hold, cost or 0)
-        self.book(exchange.route_attempt, request.key, cost)
+        self.book(_attempt(exchange), request.key, cost)
         self.row(exchange, 200, usage, cost, request)
 
     def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None,
@@ -493,14 +494,15 @@ class Spend:
         if feed is None:
             return
         request = exchange.request if request is None else request
-        attempt = exchange.route_attempt
+        routing = exchange.routing
+        attempt = routing.attempt if routing is not None else None
         k = request.key
         names = self.key_names
         feed.add((time.time_ns() // 1_000_000,
                   names[k] if 0 <= k < len(names) else "",
                   self.team_of[k] if 0 <= k < self.book_keys else "",
                   attempt.route.model if attempt is not None else request.model or "",
-                  _name(exchange.upstream_name),
+                  _name(routing.upstream_name if routing is not None else b""),
                   attempt.model if attempt is not None and attempt.model else
                   request.model or "",
                   _api(request.upstream_path),
@@ -676,9 +678,15 @@ class PricedMeter:
             self.hold = None
             spend._settle(hold, self.cost or 0)
         if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
-            spend.book(exchange.route_attempt, self.request.key, self.cost)
+            spend.book(_attempt(exchange), self.request.key, self.cost)
             spend.row(exchange, status, usage, self.cost)
         self.done = True
+
+
+def _attempt(exchange: Any) -> Any:
+    """The route attempt open on `exchange` (velox.routing.balance.RouteAttempt), or None."""
+    routing = exchange.routing
+    return routing.attempt if routing is not None else None
 
 
 def _token_meter(meter: Any) -> Any:
