@@ -47,7 +47,7 @@ from velox.admission.parse import (
 )
 from velox.admission.ratelimit import Limiter
 from velox.admission.runtime import RuntimeKeys
-from velox.batching.batch import Batcher
+from velox.batching.batch import BatchCall, Batcher, Member
 from velox.cache.front import CacheFront
 from velox.cache.wait import Waiting
 from velox.config.settings import Settings
@@ -56,7 +56,17 @@ from velox.core.api import COUNT_TOKENS_PATH, MESSAGES_PATH, OPENAI, client_api
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.core.types import ADMITTED, ENTERABLE, PARSED, SENT, Holder, Request, Route, Stage
+from velox.core.types import (
+    ADMITTED,
+    BATCHED,
+    ENTERABLE,
+    PARSED,
+    SENT,
+    Holder,
+    Request,
+    Route,
+    Stage,
+)
 from velox.egress.interfaces import Egress, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
@@ -99,6 +109,7 @@ _BATCHES_FULL, _BYTES_IN = int(F.BATCHES_FULL), int(F.BYTES_IN)
 _ROOT = Route.ROOT
 # The lifecycle's moves of the hot path, checked in line (velox.core.types.ENTERABLE).
 _TO_PARSED, _TO_ADMITTED, _TO_SENT = ENTERABLE[PARSED], ENTERABLE[ADMITTED], ENTERABLE[SENT]
+_BATCHED = BATCHED
 
 
 class Worker:
@@ -222,9 +233,8 @@ class Worker:
         self.ledger: Ledger | None = None
         if self.meter_all or any(k.tpm for k in self.tables.keys):
             self.want_ledger()
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self._flush_upstreams,
-                               loop, self.counters, self.slot, self.book_tokens) \
-            if Batcher.wanted(self.tables) else None
+        self.batcher = Batcher(self.tables, self, loop, self.counters, self.slot,
+                               self.book_tokens) if Batcher.wanted(self.tables) else None
         self.stages = self._stage_list()
         self._index_stages()
         self.traced = install_tracing(self, settings)
@@ -479,6 +489,8 @@ class Worker:
         if self.cache is not None:  # hits answered here; followers wait for their leader
             stages.append(("cache", self.cache.front))
         stages.append(("limit", self._limit))
+        if self.batcher is not None:  # embeddings calls join a batch (velox.batching.batch)
+            stages.append(("batch", self._batch))
         stages.append(("send", self._send_on))
         return stages
 
@@ -596,13 +608,27 @@ class Worker:
             request.state = ADMITTED
         return parsed
 
+    def _batch(self, admitted: list[Request]) -> list[Request]:
+        """Embeddings batching (velox.batching.batch): a request the batcher takes is BATCHED
+        (the batcher moves it) and in flight from now; it ends answered its part of a merged
+        call, or leaves the batch through run(..., "send") as its own request. A request the
+        cache is recording goes alone: its answer must pass its observer."""
+        batcher = self.batcher
+        assert batcher is not None  # the stage is listed only with a batcher
+        rest: list[Request] = []
+        for request in admitted:
+            if request.cache is None and batcher.offer(request):
+                self.in_flight += 1
+            else:
+                rest.append(request)
+        return rest
+
     def _send_on(self, admitted: list[Request]) -> list[Request]:
         """The last stage: the model list answered here, a cached miss leads or follows an
-        identical call, embeddings join a batch, the rest go through dispatch."""
+        identical call, the rest go through dispatch (with them, what leaves a batch)."""
         cache = self.cache
         dispatch = self.dispatch
         models_body = self.models_body
-        batcher = self.batcher
         on_done = self.on_done  # bound once per batch, not per request
         for request in admitted:
             if models_body is not None and request.route is _FORWARD and \
@@ -613,20 +639,19 @@ class Worker:
             if ticket is not None and cache is not None and cache.follows(request):
                 request.advance(SENT)  # an identical request of this batch is being sent:
                 continue  # it waits for that one's answer
-            # Embeddings batching (velox.batching.batch): a taken request is answered by the
-            # batcher, which ends it through on_done exactly once, like an exchange. A request the
-            # cache is recording (ticket) goes alone: its answer must pass its observer.
-            if batcher is not None and ticket is None and batcher.offer(request):
-                request.advance(SENT)
-                self.in_flight += 1
-                continue
-            if not (_TO_SENT >> request.state) & 1:  # request.advance, in line
+            state = request.state
+            if not (_TO_SENT >> state) & 1:  # request.advance, in line
                 raise request.illegal(SENT)
             request.state = SENT
-            exchange = self._exchange(request, on_done)
-            if ticket is not None and cache is not None:
-                cache.observe(exchange)  # records the answer, serves those who wait for it
-            self.in_flight += 1
+            if state != _BATCHED:
+                exchange = self._exchange(request, on_done)
+                if ticket is not None and cache is not None:
+                    cache.observe(exchange)  # records the answer, serves those who wait for it
+                self.in_flight += 1
+            elif type(request.conn) is BatchCall:  # a merged call: no client's request
+                exchange = self._exchange(request, _unaccounted)
+            else:  # a member leaving its batch alone: in flight since the batch took it
+                exchange = self._exchange(request, on_done)
             dispatch.send(exchange)
         return []
 
@@ -658,17 +683,6 @@ class Worker:
             if self.spend is not None:
                 exchange.meter = self.spend.meter(exchange, exchange.meter)
         return exchange
-
-    def _send(self, request: Request, on_done: Any) -> Exchange:
-        """Send one request through dispatch with its own exchange (the batching stage's
-        merged calls, lone members and split retries)."""
-        exchange = self._exchange(request, on_done)
-        self.dispatch.send(exchange)
-        return exchange
-
-    def _flush_upstreams(self) -> None:
-        for upstream in self.upstreams:
-            upstream.flush()
 
     def _answer_models(self, request: Request) -> None:
         """GET /v1/models[/ID] with a tables file: the routes' public names, OpenAI's shape."""
@@ -745,6 +759,8 @@ class Worker:
                                RESPONSE_FIELD[cls] if 0 <= cls < 10 else RESPONSE_FIELD[9], 1,
                                _BYTES_OUT, bytes_out)
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
+        if self.batcher is not None and type(holder) is Member:  # answered by its batch, or
+            self.on_done(holder, status)  # its client left while batched: as on_done's
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log's timer formats and writes
             if holder is not None and type(holder) is Waiting:
@@ -761,7 +777,7 @@ class Worker:
         if self.spend is not None and exchange is not None:
             self.spend.member(request, inp, out, exchange)
 
-    def on_done(self, exchange: Exchange, status: int) -> None:
+    def on_done(self, exchange: Exchange | Member, status: int) -> None:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the
         latency histograms. The request's own end is `finished`."""
         self.in_flight -= 1
@@ -782,6 +798,11 @@ class Worker:
         self._record_upstream(slot, upstream // 1000)
         self._record_overhead(slot, (total - upstream) // 1000)
         self.counters.add(slot, _UPSTREAM_REQUESTS, 1)
+
+
+def _unaccounted(exchange: Exchange, status: int) -> None:
+    """A merged batch call's exchange is over: its request's end is its own (BatchCall); the
+    worker accounts for its members, one by one."""
 
 
 def _lower_priority() -> None:
