@@ -381,9 +381,8 @@ class Spend:
         flight (each reserves its estimate, which without max_tokens assumes
         VELOX_TOKENS_DEFAULT_OUTPUT): the same error, saying so, with Retry-After 1."""
         ticket = request.ticket
-        if ticket is not None:  # the key stage's reservations: nothing was used
-            ticket.settle(0)
-            ticket.release()
+        if ticket is not None:  # the key stage's tokens: nothing was used (its place goes
+            ticket.settle(0)  # back at the request's end, Worker.finished)
         what = f"team budget {budget.name!r}" if budget.team else \
             f"budget of gateway key {budget.name!r}"
         period = "in total" if budget.period == "total" else f"this {budget.period} (UTC)"
