@@ -11,11 +11,12 @@ writes each upstream connection's frames once. Answers come back through the rel
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
 
-The stages are one list (`Worker.stages`: parse, keys, cache, limit, send; a new stage is one
-entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts at
-"parse", and the requests a stage held and lets go on (a follower whose leader failed, a Redis
-lookup that missed) continue from "limit". This is the only module that runs the stages in
-sequence; each stage knows nothing of the others.
+The stages are one list (`Worker.stages`: parse, keys, cache, limit, batch, send; a new stage
+is one entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts
+at "parse", and the requests a stage held and lets go on (a follower whose leader failed, a
+Redis lookup that missed) continue from "limit", those leaving an embeddings batch from
+"send". This is the only module that runs the stages in sequence; each stage knows nothing of
+the others.
 
 Every request ends through `Request.finish` (velox.core.types), which calls `finished` here:
 the one place its body and its key's place go back and it is counted and logged.
@@ -534,8 +535,8 @@ class Worker:
 
     def run(self, requests: list[Request], from_stage: str) -> None:
         """The one entry of the pipeline: `requests` through the stages from `from_stage` on
-        (a batch from the ring from "parse"; those the cache held, from "limit"), then every
-        upstream writes what was submitted."""
+        (a batch from the ring from "parse"; those the cache held, from "limit"; what leaves
+        an embeddings batch, from "send"), then every upstream writes what was submitted."""
         for stage in self._from[from_stage]:
             requests = stage(requests)
             if not requests:
