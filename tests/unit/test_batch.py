@@ -204,7 +204,7 @@ class Harness:
     # The worker's side: its stage list (Pipeline) and the requests' end (Lifecycle).
 
     def run(self, requests: list[Request], from_stage: str) -> None:
-        assert from_stage == "send"
+        assert from_stage == "send-batched"
         for request in requests:
             request.advance(SENT)  # from BATCHED: the table says a member may leave so
             self.sent.append(Sent(request))

@@ -10,6 +10,7 @@ import pytest
 
 from velox.core.types import Request, Route
 from velox.relay import usage
+from velox.relay.exchange import UNROUTED
 from velox_lab.mock import payloads
 
 
@@ -257,7 +258,7 @@ class _Exchange:
         self.status = status
         self.size = size
         self.attempts = 1
-        self.routing = None
+        self.routing = UNROUTED
 
 
 def _settle(kind: type, request: Request, status: int, answer: bytes | None,

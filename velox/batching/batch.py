@@ -30,7 +30,7 @@ Batching is per worker: requests spread over N workers form up to N groups.
 
 The merged call is a normal relay `Exchange` of a synthetic request whose `conn` is a
 `BatchCall` (a `_types.Responder`, and the request's `Lifecycle`: its end is the call's),
-sent like every request through the stage list's one entry (`Pipeline.run(..., "send")`):
+sent like all that leaves a batch through the stage list (`Pipeline.run(..., "send-batched")`):
 dispatch's routing, retries, failover and breakers apply unchanged, and a member whose client
 leaves never cancels the call the others need (the call is cancelled only when every member has
 left). The answer is split back: each member gets
@@ -242,7 +242,7 @@ class Batcher:
                    for r in tables.routes}
         self.catch_all = entries.pop(CATCH_ALL, None)
         self.routes = entries
-        # The worker's stage list: what leaves is sent from its "send" stage, and written
+        # The worker's stage list: what leaves is sent from its "send-batched" stage, and written
         # upstream by the run's end.
         self.pipeline = pipeline
         self.loop = loop
@@ -355,7 +355,7 @@ class Batcher:
             member.done = True
             request = member.request
             request.ends = LoneEnd(self, group, request.ends)  # its end is the group's call's
-            self.pipeline.run([request], "send")
+            self.pipeline.run([request], "send-batched")
             return
         call = BatchCall(self, group, members)
         for member in members:
@@ -378,7 +378,7 @@ class Batcher:
         merged.allowed = first.allowed
         merged.t_popped = merged.t_parsed = merged.t_admitted = now
         call.request = merged
-        self.pipeline.run([merged], "send")
+        self.pipeline.run([merged], "send-batched")
 
     def call_done(self, group: Group) -> None:
         """One of the group's calls in flight is over (its request finished)."""
@@ -402,7 +402,7 @@ class Batcher:
                 alone.append(member.request)
         if alone:
             self.counters.add(self.slot, F.EMB_SPLIT_RETRIES, len(alone))
-            self.pipeline.run(alone, "send")
+            self.pipeline.run(alone, "send-batched")
 
 
 class LoneEnd:

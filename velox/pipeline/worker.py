@@ -15,8 +15,8 @@ The stages are one list (`Worker.stages`: parse, keys, cache, limit, batch, send
 is one entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts
 at "parse", and the requests a stage held and lets go on (a follower whose leader failed, a
 Redis lookup that missed) continue from "limit", those leaving an embeddings batch from
-"send". This is the only module that runs the stages in sequence; each stage knows nothing of
-the others.
+"send-batched". This is the only module that runs the stages in sequence; each stage knows
+nothing of the others.
 
 Every request ends through `Request.finish` (velox.core.types), which calls `finished` here:
 the one place its body and its key's place go back and it is counted and logged.
@@ -59,7 +59,6 @@ from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
 from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
 from velox.core.types import (
     ADMITTED,
-    BATCHED,
     ENTERABLE,
     PARSED,
     SENT,
@@ -110,7 +109,6 @@ _BATCHES_FULL, _BYTES_IN = int(F.BATCHES_FULL), int(F.BYTES_IN)
 _ROOT = Route.ROOT
 # The lifecycle's moves of the hot path, checked in line (velox.core.types.ENTERABLE).
 _TO_PARSED, _TO_ADMITTED, _TO_SENT = ENTERABLE[PARSED], ENTERABLE[ADMITTED], ENTERABLE[SENT]
-_BATCHED = BATCHED
 
 
 class Worker:
@@ -236,6 +234,8 @@ class Worker:
             self.want_ledger()
         self.batcher = Batcher(self.tables, self, loop, self.counters, self.slot,
                                self.book_tokens) if Batcher.wanted(self.tables) else None
+        if self.batcher is not None:  # the instance attribute shadows the method (as traces'
+            self.finished = self._finished_batching  # type: ignore[method-assign]  # wrapper)
         self.stages = self._stage_list()
         self._index_stages()
         self.traced = install_tracing(self, settings)
@@ -493,6 +493,9 @@ class Worker:
         if self.batcher is not None:  # embeddings calls join a batch (velox.batching.batch)
             stages.append(("batch", self._batch))
         stages.append(("send", self._send_on))
+        if self.batcher is not None:
+            # What leaves a batch enters here: after "send", which passes nothing on.
+            stages.append(("send-batched", self._send_batched))
         return stages
 
     def keys_stage(self) -> KeyStage:
@@ -536,7 +539,8 @@ class Worker:
     def run(self, requests: list[Request], from_stage: str) -> None:
         """The one entry of the pipeline: `requests` through the stages from `from_stage` on
         (a batch from the ring from "parse"; those the cache held, from "limit"; what leaves
-        an embeddings batch, from "send"), then every upstream writes what was submitted."""
+        an embeddings batch, from "send-batched"), then every upstream writes what was
+        submitted."""
         for stage in self._from[from_stage]:
             requests = stage(requests)
             if not requests:
@@ -626,7 +630,7 @@ class Worker:
 
     def _send_on(self, admitted: list[Request]) -> list[Request]:
         """The last stage: the model list answered here, a cached miss leads or follows an
-        identical call, the rest go through dispatch (with them, what leaves a batch)."""
+        identical call, the rest go through dispatch."""
         cache = self.cache
         dispatch = self.dispatch
         models_body = self.models_body
@@ -640,20 +644,25 @@ class Worker:
             if ticket is not None and cache is not None and cache.follows(request):
                 request.advance(SENT)  # an identical request of this batch is being sent:
                 continue  # it waits for that one's answer
-            state = request.state
-            if not (_TO_SENT >> state) & 1:  # request.advance, in line
+            if not (_TO_SENT >> request.state) & 1:  # request.advance, in line
                 raise request.illegal(SENT)
             request.state = SENT
-            if state != _BATCHED:
-                exchange = self._exchange(request, on_done)
-                if ticket is not None and cache is not None:
-                    cache.observe(exchange)  # records the answer, serves those who wait for it
-                self.in_flight += 1
-            elif type(request.conn) is BatchCall:  # a merged call: no client's request
-                exchange = self._exchange(request, _unaccounted)
-            else:  # a member leaving its batch alone: in flight since the batch took it
-                exchange = self._exchange(request, on_done)
+            exchange = self._exchange(request, on_done)
+            if ticket is not None and cache is not None:
+                cache.observe(exchange)  # records the answer, serves those who wait for it
+            self.in_flight += 1
             dispatch.send(exchange)
+        return []
+
+    def _send_batched(self, leaving: list[Request]) -> list[Request]:
+        """What leaves an embeddings batch, BATCHED -> SENT, through dispatch: a member on its
+        own (in flight since the batch took it), or a merged call, which is no client's
+        request (the worker accounts for its members; its end is its own, BatchCall's)."""
+        dispatch = self.dispatch
+        for request in leaving:
+            request.advance(SENT)
+            alone = type(request.conn) is not BatchCall
+            dispatch.send(self._exchange(request, self.on_done if alone else _unaccounted))
         return []
 
     def _exchange(self, request: Request, on_done: Any) -> Exchange:
@@ -760,13 +769,20 @@ class Worker:
                                RESPONSE_FIELD[cls] if 0 <= cls < 10 else RESPONSE_FIELD[9], 1,
                                _BYTES_OUT, bytes_out)
         self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
-        if self.batcher is not None and type(holder) is Member:  # answered by its batch, or
-            self.on_done(holder, status)  # its client left while batched: as on_done's
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log's timer formats and writes
             if holder is not None and type(holder) is Waiting:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
+
+    def _finished_batching(self, request: Request, status: int, bytes_out: int,
+                           holder: Holder | None) -> None:
+        """`finished` when a route batches: a member answered by its batch, or whose client
+        left while it was batched, also ends its place in flight and its latencies, as
+        on_done does for an exchange (its holder is its Member then)."""
+        if type(holder) is Member:
+            self.on_done(holder, status)
+        Worker.finished(self, request, status, bytes_out, holder)
 
     def book_tokens(self, request: Request, inp: int, out: int, exchange: Any = None) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the

@@ -759,8 +759,7 @@ class TokenMeter:
             ticket.settle(used)
             if used:
                 ticket.key.used(self.input, self.output)  # its own token count (any key)
-        routing = exchange.routing
-        attempt = routing.attempt if routing is not None else None
+        attempt = exchange.routing.attempt
         ledger = self.ledger
         if attempt is not None and attempt.tokens:
             reserved, attempt.tokens = attempt.tokens, 0

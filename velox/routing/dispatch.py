@@ -205,9 +205,7 @@ class Dispatch:
     def response(self, exchange: Exchange, status: int, headers: Headers) -> bool:
         """Response headers arrived (before the commit point): True when the request is being
         sent again instead of answered with them."""
-        plan: RoutePlan | None = exchange.routing  # type: ignore[assignment]  # send's
-        if plan is None:
-            return False
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
         attempt = plan.attempt
         if attempt is None:
             return False
@@ -234,9 +232,7 @@ class Dispatch:
 
     def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
         """The attempt failed before anything reached the client: True when sent again."""
-        plan: RoutePlan | None = exchange.routing  # type: ignore[assignment]  # send's
-        if plan is None:
-            return False
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
         attempt = plan.attempt
         if attempt is None:
             return False
@@ -282,9 +278,7 @@ class Dispatch:
 
     def finish(self, exchange: Exchange, broken: bool) -> None:
         """The exchange is over: finish its attempt (releases it, reports to the breaker)."""
-        plan: RoutePlan | None = exchange.routing  # type: ignore[assignment]  # send's
-        if plan is None:
-            return
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
         attempt = plan.attempt
         if attempt is None:
             return

@@ -442,10 +442,10 @@ class Spend:
 
     def price(self, exchange: Any, usage: _Usage) -> int | None:
         routing = exchange.routing
-        attempt = routing.attempt if routing is not None else None
+        attempt = routing.attempt
         request = exchange.request
         model = attempt.model if attempt is not None and attempt.model else request.model or ""
-        upstream = _name(routing.upstream_name if routing is not None else b"")
+        upstream = _name(routing.upstream_name)
         if usage.cached_input or usage.cache_write or usage.reasoning:
             return self.prices.cost(upstream, model, usage)
         price = self.prices.price_for(upstream, model)  # memoised
@@ -482,7 +482,7 @@ class Spend:
         hold = self.held.pop(request, None)
         if hold is not None:
             self._settle(hold, cost or 0)
-        self.book(_attempt(exchange), request.key, cost)
+        self.book(exchange.routing.attempt, request.key, cost)
         self.row(exchange, 200, usage, cost, request)
 
     def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None,
@@ -494,14 +494,14 @@ class Spend:
             return
         request = exchange.request if request is None else request
         routing = exchange.routing
-        attempt = routing.attempt if routing is not None else None
+        attempt = routing.attempt
         k = request.key
         names = self.key_names
         feed.add((time.time_ns() // 1_000_000,
                   names[k] if 0 <= k < len(names) else "",
                   self.team_of[k] if 0 <= k < self.book_keys else "",
                   attempt.route.model if attempt is not None else request.model or "",
-                  _name(routing.upstream_name if routing is not None else b""),
+                  _name(routing.upstream_name),
                   attempt.model if attempt is not None and attempt.model else
                   request.model or "",
                   _api(request.upstream_path),
@@ -677,15 +677,9 @@ class PricedMeter:
             self.hold = None
             spend._settle(hold, self.cost or 0)
         if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
-            spend.book(_attempt(exchange), self.request.key, self.cost)
+            spend.book(exchange.routing.attempt, self.request.key, self.cost)
             spend.row(exchange, status, usage, self.cost)
         self.done = True
-
-
-def _attempt(exchange: Any) -> Any:
-    """The route attempt open on `exchange` (velox.routing.balance.RouteAttempt), or None."""
-    routing = exchange.routing
-    return routing.attempt if routing is not None else None
 
 
 def _token_meter(meter: Any) -> Any:
