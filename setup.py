@@ -8,7 +8,8 @@ from setuptools import Extension, setup
 
 # The module file (state and init), one binding file per core, then the Python-free cores.
 BINDINGS = ["ring", "bucket", "stats", "health", "cache", "h2", "hash", "json", "limits",
-            "http1", "reqhead", "relay", "books"]
+            "http1", "reqhead", "relay", "books", "h1resp",
+            "budgets"]
 NATIVE_SOURCES = [
     "native/_velox_native.c",
     *(f"native/bind_{name}.c" for name in BINDINGS),
@@ -25,6 +26,7 @@ NATIVE_SOURCES = [
     "native/vx_http1.c",
     "native/vx_reqhead.c",
     "native/vx_books.c",
+    "native/vx_h1resp.c",
 ]
 
 setup(

@@ -1,7 +1,7 @@
 /* velox._native: the CPython extension of the native core, reduced to its module state and
  * init. Each C core has its binding file (bind_<core>.c: ring, bucket, stats, health, cache,
- * h2, hash, json, limits, http1, reqhead, relay, books), sharing bind.h; the cores themselves
- * (vx_*.c) are plain C11 with no Python header.
+ * h2, hash, json, limits, http1, reqhead, relay, books; budgets drives limits + stats),
+ * sharing bind.h; the cores themselves (vx_*.c) are plain C11 with no Python header.
  *
  * Heap types created per module (PyType_FromModuleAndSpec) and multi-phase init, so the
  * module holds no process-global Python state.
@@ -41,6 +41,7 @@ static int (*const binding_exec[])(PyObject *, module_state *) = {
     vxb_ring_exec,  vxb_bucket_exec, vxb_stats_exec,  vxb_health_exec, vxb_cache_exec,
     vxb_h2_exec,    vxb_hash_exec,   vxb_json_exec,   vxb_limits_exec, vxb_http1_exec,
     vxb_reqhead_exec, vxb_relay_exec, vxb_books_exec,
+    vxb_h1resp_exec, vxb_budgets_exec,
 };
 
 static int module_exec(PyObject *module)
@@ -67,6 +68,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->cache_type);
     Py_VISIT(st->limits_type);
     Py_VISIT(st->h2_type);
+    Py_VISIT(st->gate_type);
     for (int m = 0; m < VX_RH_METHODS; m++)
         Py_VISIT(st->methods[m]);
     for (size_t i = 0; i < VXB_RH_NAMES; i++)
@@ -89,6 +91,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->cache_type);
     Py_CLEAR(st->limits_type);
     Py_CLEAR(st->h2_type);
+    Py_CLEAR(st->gate_type);
     for (int m = 0; m < VX_RH_METHODS; m++)
         Py_CLEAR(st->methods[m]);
     for (size_t i = 0; i < VXB_RH_NAMES; i++)

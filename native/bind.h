@@ -36,6 +36,7 @@ typedef struct {
     PyTypeObject *cache_type;
     PyTypeObject *limits_type;
     PyTypeObject *h2_type;
+    PyTypeObject *gate_type;
     PyObject *methods[VX_RH_METHODS]; /* reqhead: one bytes object per method, shared */
     PyObject *names[VXB_RH_NAMES];    /* reqhead: the lower-case common names, shared */
 } module_state;
@@ -71,6 +72,15 @@ int vxb_http1_exec(PyObject *module, module_state *st);
 int vxb_reqhead_exec(PyObject *module, module_state *st);
 int vxb_relay_exec(PyObject *module, module_state *st);
 int vxb_books_exec(PyObject *module, module_state *st);
+int vxb_h1resp_exec(PyObject *module, module_state *st);
+int vxb_budgets_exec(PyObject *module, module_state *st);
+
+/* The core behind a Limits / Counters object, for a binding that drives several cores in one
+ * call (bind_budgets.c); NULL with TypeError when o is not of that type. */
+struct vx_limits;
+struct vx_counters;
+struct vx_limits *vxb_limits_core(PyObject *o, module_state *st);
+struct vx_counters *vxb_counters_core(PyObject *o, module_state *st);
 
 /* ---------------------------------------------------------------- integer arguments */
 

@@ -491,6 +491,24 @@ class Limits:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
         most 60 s); return the tokens admitted."""
 
+@final
+class BudgetGate:
+    """One worker's admission to and settlement of spend budgets (native/bind_budgets.c):
+    budget b is bucket b of `limits`, counting units of units[b] nano-USD, and field b of row
+    `slot` of `in_flight` the units its requests in flight reserve."""
+
+    def __init__(self, limits: Limits, in_flight: Counters, units: tuple[int, ...],
+                 slot: int) -> None: ...
+    @property
+    def carry(self) -> tuple[int, ...]:
+        """Per budget, nano-USD of settled costs below one unit, not yet charged."""
+    def admit(self, budgets: tuple[int, ...], estimate: int, /) -> bytes | int:
+        """Refused (nothing taken) while a budget has nothing left: that budget's index. Else
+        ceil(estimate / unit) taken from each (into debt when less is left) and counted in
+        the slot's row; returns what the tightest budget had left, as USD text."""
+    def settle(self, budgets: tuple[int, ...], estimate: int, cost: int, /) -> None:
+        """The reservation of a request admitted with `estimate` becomes its `cost`."""
+
 # The native HTTP/2 client codec (native/vx_h2.c); velox.egress.nativecodec is its face.
 H2_RESPONSE: Final[int]  # 1, as velox.egress.codec.RESPONSE
 H2_DATA: Final[int]  # 2
@@ -506,6 +524,23 @@ H2_LOCAL_MAX_HEADER_LIST_SIZE: Final[int]
 H2_DATA_PER_CALL: Final[int]
 H2_DEFAULT_MAX_CONCURRENT_STREAMS: Final[int]
 H2_MAX_CONCURRENT_STREAMS_CAP: Final[int]
+
+class H1Reader:
+    """The reading half of an HTTP/1.1 upstream connection (velox.egress.h1conn subclasses it
+    with asyncio.BufferedProtocol): responses parsed by vx_h1resp, reported to the subclass's
+    _h_answer/_h_head/_h_body/_h_end/_h_error/_h_fallback (and _h_withhold) once per read."""
+
+    read_buffer: memoryview  # read-only attribute: the buffer uvloop reads into
+    no_body: int  # nonzero while the request answered is HEAD
+    native_fallback: int  # read-only: nonzero once httptools reads the connection
+
+    def get_buffer(self, sizehint: int, /) -> memoryview: ...
+    def buffer_updated(self, nbytes: int, /) -> None: ...
+    def data_received(self, data: Buffer, /) -> None: ...
+    def direct(self, conn: Any, write: Any, sse: Any, exchange: Any, attempt: Any,
+               chunked: bool, /) -> None:
+        """A streamed answer's plain reads go to write (the client transport's) from here on."""
+    def undirect(self) -> None: ...
 
 @final
 class H2Client:
