@@ -145,8 +145,9 @@ class Exchange:
 
     # --- what the request carries upstream ------------------------------------------------
 
-    # What the answer's route was, read by name by the native access line (and the batch's
-    # members): b"" and 0 for an exchange refused before it had a plan.
+    # What the answer's route was, as the access log's record reads it of whatever answered
+    # (velox.relay.records.Logged: an exchange or a batch member): b"" and 0 for an exchange
+    # refused before it had a plan.
     @property
     def upstream_name(self) -> bytes:
         return self.routing.upstream_name
