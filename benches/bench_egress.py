@@ -35,7 +35,7 @@ import uvloop
 
 from benches.e2e.machine import tree_cpu
 from velox.config.settings import load
-from velox.egress.interfaces import AttemptHandle
+from velox.egress.interfaces import CallHandle
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
 from velox_lab.codecs import factory
@@ -68,7 +68,7 @@ class _Exchange:
 
     def __init__(self, driver: _Driver) -> None:
         self.driver = driver
-        self.attempt: AttemptHandle | None = None
+        self.attempt: CallHandle | None = None
         self.finished = False
         self.status = 0
 

@@ -31,7 +31,7 @@ import pytest
 
 from velox.admission.keys import KeyStage
 from velox.config.settings import load
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.state.keys import SharedKeys
 from velox_lab.pipeline import CHAT_BODY, Pipeline
 
@@ -82,7 +82,7 @@ def _batch(key: bytes | None) -> list[Request]:
     out = []
     for _ in range(BATCH):
         request = Request(_Conn(), b"POST", b"/v1/chat/completions",  # type: ignore[arg-type]
-                          Route.MODEL_CALL, headers, CHAT_BODY, True, 0)
+                          Kind.MODEL_CALL, headers, CHAT_BODY, True, 0)
         request.model = "gpt-4o-mini"
         # As ingress leaves it: the digest made by the auth check.
         request.caller = hashlib.sha256(key).digest() if key else b""
@@ -103,7 +103,7 @@ def test_keys_stage(benchmark: Any, tmp_path: Path, variant: str) -> None:
         return (_batch(key),), {}
 
     def run(batch: list[Request]) -> None:
-        for request in stage.admit(batch):
+        for request in stage.run(batch):
             ticket = request.ticket
             if ticket is not None:
                 ticket.settle(10)
@@ -221,7 +221,7 @@ def test_keys_stage_ten_keys(benchmark: Any, tmp_path: Path, source: str) -> Non
         return (_batch(CLIENT_KEY),), {}
 
     def run(batch: list[Request]) -> None:
-        for request in stage.admit(batch):
+        for request in stage.run(batch):
             ticket = request.ticket
             assert ticket is not None
             ticket.settle(10)

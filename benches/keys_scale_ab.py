@@ -20,7 +20,7 @@ from typing import Any
 from velox.admission.keys import KeyStage
 from velox.admission.runtime import spec_of
 from velox.config.settings import load
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.state.keys import SharedKeys
 from velox_lab.pipeline import CHAT_BODY
 
@@ -60,7 +60,7 @@ def batch(digests: list[bytes]) -> list[Request]:
     out = []
     for digest in digests:
         request = Request(_Conn(), b"POST", b"/v1/chat/completions",  # type: ignore[arg-type]
-                          Route.MODEL_CALL, [], CHAT_BODY, True, 0)
+                          Kind.MODEL_CALL, [], CHAT_BODY, True, 0)
         request.model = "gpt-4o-mini"
         request.caller = digest  # as ingress leaves it: the digest the auth check made
         out.append(request)
@@ -76,7 +76,7 @@ def measure(keys: int) -> float | None:
     for _ in range(ROUNDS):
         requests = batch(digests)
         start = time.perf_counter_ns()
-        for request in stage.admit(requests):
+        for request in stage.run(requests):
             ticket = request.ticket
             ticket.settle(10)
             ticket.release()

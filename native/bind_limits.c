@@ -434,7 +434,7 @@ static PyObject *Limits_get_slots(LimitsObject *self, void *Py_UNUSED(closure))
 
 /* ---------------------------------------------------------------- books: key tickets */
 
-/* What one admitted keyed request holds (velox.keys.Ticket's native form): a place of its
+/* What one admitted keyed request holds (velox.core.types.KeyTicket): a place of its
  * key's gauge and `reserved` tokens of its token bucket. release() and settle() act once
  * each; made by Limits.ticket. In C because every keyed request makes one and ends it: the
  * Python class cost ~1.3 us a request (construction, release, settle), this ~0.3. */

@@ -32,7 +32,7 @@ static int rh_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* Add the names a Connection value lists to the set `names`, as velox.route.connection_tokens
+/* Add the names a Connection value lists to the set `names`, as velox.ingress.headers.connection_tokens
  * does: split at commas, ASCII whitespace stripped, ASCII-lowercased, empty ones skipped. */
 static int rh_connection_tokens(PyObject *names, const char *v, Py_ssize_t n)
 {

@@ -55,7 +55,7 @@ PyDoc_STRVAR(reqhead_doc,
              "absent, authorization the one Authorization value (the same object as in headers)\n"
              "or None (a head with two is False), end the offset just past the blank line.\n"
              "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
-             "headers' tuples whose name is not in `drop` (the upstream's share, route.Auth's\n"
+             "headers' tuples whose name is not in `drop` (the upstream's share, auth.Auth's\n"
              "client_headers done in the same pass), or None when a Connection header lists\n"
              "more than keep-alive / close (the caller then filters in Python).");
 

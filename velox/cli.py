@@ -149,7 +149,7 @@ def _hash(argument: str | None) -> int:
     from velox.admin.keystore import sha256_hex
 
     text = argument.encode() if argument is not None else sys.stdin.buffer.read()
-    # The same stripping as the gateway applies to what a client presents (route.caller_of).
+    # The same stripping as the gateway applies to what a client presents (auth.caller_of).
     key_bytes = text.strip()
     if not key_bytes:
         where = "the argument is empty" if argument is not None else "no key on stdin"

@@ -192,10 +192,13 @@ def test_admin_under_load(start_gateway: GatewayFactory) -> None:
     assert stats["requests"]["by_route"]["model_call"] == sent
     assert stats["rate_limit"]["enabled"] and stats["rate_limit"]["rpm"] == 30000
     assert {w["worker"] for w in stats["workers"]} == {0, 1}
-    for worker in stats["workers"]:
+    # A worker that does not answer the snapshot's question within its deadline is "busy"
+    # (a busy host's loop a moment behind): asked again until both have answered.
+    workers = wait_for(lambda: (lambda ws: all(isinstance(w["state"], dict) for w in ws) and ws)(
+        client.get("/stats").json()["workers"]))
+    for worker in workers:
         assert worker["pid"] > 0 and worker["ready"]
         state = worker["state"]
-        assert state != "busy" and isinstance(state, dict), state
         conns = state["upstream"]["connections"]
         assert len(conns) == 2 and all(c["state"] == "READY" for c in conns), conns
 

@@ -22,7 +22,7 @@ from h2.events import Event, RequestReceived
 from velox.config.tables import UpstreamSpec
 from velox.egress.h2conn import H2Connection, State
 from velox.egress.h2pool import H2Pool
-from velox.egress.interfaces import AttemptHandle, Tally
+from velox.egress.interfaces import CallHandle, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
 from velox.state.stats import SharedStats
@@ -107,7 +107,7 @@ class FakeClient:
     """An egress `Client` that records what it is told; `paused` is set by the test."""
 
     def __init__(self, path: bytes = b"/v1/chat/completions", body: bytes = b'{"model":"m"}'):
-        self.attempt: AttemptHandle | None = None
+        self.attempt: CallHandle | None = None
         self.method = b"POST"
         self.path = path
         self.headers_out = [(b"content-type", b"application/json")]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from h2.events import StreamReset
 
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.relay.exchange import Exchange
 
 from ..ends import RecordingEnds
@@ -51,7 +51,7 @@ class FakeResponder:
 
 
 def _exchange(responder: FakeResponder, done: list[int]) -> Exchange:
-    request = Request(responder, b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
+    request = Request(responder, b"POST", b"/v1/chat/completions", Kind.MODEL_CALL,
                       [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0)
     return Exchange(request, request.path, [(b"content-type", b"application/json")],
                     lambda exchange, status: done.append(status))
@@ -165,7 +165,7 @@ def test_a_plain_answer_cut_after_its_headers_is_sent_again_before_anything_reac
     server_a, server_b = first.connect(0), second.connect(0)
     responder, done, ends = FakeResponder(), [], RecordingEnds()
     released = ends.segments
-    request = Request(responder, b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
+    request = Request(responder, b"POST", b"/v1/chat/completions", Kind.MODEL_CALL,
                       [(b"content-type", b"application/json")], b'{"model":"m"}', True, 0,
                       7, ends)  # its body in arena segment 7
     dispatch = _RetryElsewhere(second)

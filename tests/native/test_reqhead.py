@@ -14,7 +14,7 @@ import pytest
 
 from velox import _native
 from velox.config.settings import load
-from velox.core.types import Route
+from velox.core.types import Kind
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
 from velox.ingress.connection import ClientConnection, IngressState
@@ -101,7 +101,7 @@ def test_sdk_requests_stay_on_the_native_path() -> None:
     for piece in writes:
         conn.data_received(piece)
     assert conn._native and len(ring.pushed) == 6
-    assert {r.route for r in ring.pushed} == {Route.MODEL_CALL}
+    assert {r.kind for r in ring.pushed} == {Kind.MODEL_CALL}
     assert len({repr(_seen(r)) for r in ring.pushed}) == 1  # the same, however split
     run_both(writes)
 
@@ -236,9 +236,9 @@ def test_an_absolute_form_target_is_served_as_its_path(target: bytes, path: byte
     for parser in ("native", "httptools"):
         conn, _, ring = make(parser)
         conn.data_received(raw + _GOOD)
-        assert [(r.method, r.path, r.route) for r in ring.pushed] == [
-            (b"POST", path, Route.MODEL_CALL),
-            (b"GET", b"/v1/models", Route.FORWARD)]
+        assert [(r.method, r.path, r.kind) for r in ring.pushed] == [
+            (b"POST", path, Kind.MODEL_CALL),
+            (b"GET", b"/v1/models", Kind.FORWARD)]
     run_both([raw + _GOOD])
 
 

@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 import httptools
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -360,7 +361,7 @@ def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport
 
 
 def _seen(request: Request) -> tuple[Any, ...]:
-    return (request.method, request.path, request.route, request.headers, bytes(request.body),
+    return (request.method, request.path, request.kind, request.headers, bytes(request.body),
             request.keep_alive, request.caller, request.arena_segment)
 
 
@@ -458,3 +459,15 @@ def test_ingress_agrees_at_every_byte_boundary(conversation: tuple[bytes, list[b
         run_both([data[:cut], data[cut:]])
     if len(data) <= 400:
         run_both([data[i:i + 1] for i in range(len(data))])
+
+
+@pytest.mark.parametrize("auth", [b"Authorization: Bearer wrong\r\n", b""])
+def test_bytes_after_an_http10_body_that_came_in_a_later_read_are_data_after_close(
+        auth: bytes) -> None:
+    """An HTTP/1.0 request (no keep-alive) whose body arrives in a later read than its head,
+    followed in that read by more bytes: httptools refuses those as data after `Connection:
+    close`; the native path parsed them as the start of a next request (its receive deadline
+    started, a next request could be served)."""
+    head = b"POST /v1/chat/completions HTTP/1.0\r\n" + auth + b"Content-Length: 5\r\n\r\n"
+    run_both([head, b'{"mod \nGET / HTTP/1.1\r\n\r\n'])
+    run_both([head, b'{"mod' + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"], hold=True)

@@ -1,5 +1,5 @@
 """The upstream's share of a request's headers made by the native head parser (reqhead's
-`drop` argument, ingress's native path) against route.Auth.client_headers, which the httptools
+`drop` argument, ingress's native path) against auth.Auth.client_headers, which the httptools
 path and every request made elsewhere still use: the same list and the same credential to pass
 on, for the heads clients send and for generated ones."""
 

@@ -18,7 +18,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from tests.otlp import Receiver, closed_port, silent_collector
 from velox.spend import trace
 from velox.spend.trace import (
-    Attempt,
+    AttemptSpan,
     RequestRecord,
     Tracer,
     format_traceparent,
@@ -55,7 +55,7 @@ def _record(t: Tracer, traceparent: bytes | None = TRACEPARENT, attempts: int = 
     for n in range(attempts):
         last = n == attempts - 1
         status = 200 if last else (0 if n == 0 else 503)
-        tries.append(Attempt(
+        tries.append(AttemptSpan(
             rt.new_span_id(), f"up{n}", "openai" if n % 2 == 0 else "anthropic",
             f"upstream{n}.example", 443, f"model-{n}", t0 + 1_000_000 * (n + 1),
             t0 + 1_000_000 * (n + 2), status=status, error="connect" if status == 0 else "",

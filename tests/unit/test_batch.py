@@ -21,7 +21,7 @@ from velox.config import settings as config
 from velox.config.settings import ConfigError
 from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.fields import F
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.state.keys import SharedKeys, tpm_index
 
 from .test_keys import load_keys, sha
@@ -211,7 +211,7 @@ class Harness:
 
     def request(self, inputs: Any, model: str = "emb", key: str = "k", **extra: Any) -> Request:
         body = orjson.dumps({"model": model, "input": inputs, **extra})
-        request = Request(FakeConn(), b"POST", b"/v1/embeddings", Route.MODEL_CALL,  # type: ignore
+        request = Request(FakeConn(), b"POST", b"/v1/embeddings", Kind.MODEL_CALL,  # type: ignore
                           [(b"authorization", b"Bearer " + key.encode())], body, True, 0)
         request.model = model
         return request
@@ -383,7 +383,7 @@ def test_a_member_leaving_settles_its_keys_token_reservation(tmp_path: Path) -> 
         h.batcher.offer(h.request("first"))  # in flight: what follows waits in the group
         await asyncio.sleep(0)
         queued, carried, stays = (h.request(text) for text in ("queued", "carried", "stays"))
-        assert stage.admit([queued, carried, stays]) == [queued, carried, stays]
+        assert stage.run([queued, carried, stays]) == [queued, carried, stays]
         reserved = sum(r.ticket.reserved for r in (queued, carried, stays))  # type: ignore
         assert limits.taken(tpm_index(0)) == reserved
         h.batcher.offer(queued)

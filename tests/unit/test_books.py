@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.relay.twins import usage_scan as scan_twin
 from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
@@ -79,7 +79,7 @@ HOSTILE_TEXT = [
 
 
 def _request(path: bytes, model: str | None, key: int, method: bytes = b"POST") -> Request:
-    request = Request(None, method, path, Route.MODEL_CALL, [], b"{}" * 7,  # type: ignore[arg-type]
+    request = Request(None, method, path, Kind.MODEL_CALL, [], b"{}" * 7,  # type: ignore[arg-type]
                       True, 1_000_000)
     request.model = model
     request.key = key

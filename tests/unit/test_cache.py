@@ -33,7 +33,7 @@ from velox.cache.wait import FOLLOWER_LAG_BYTES
 from velox.config.settings import Settings
 from velox.core.clock import now_ms
 from velox.core.fields import F
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.ingress.connection import WHOLE_BYTES
 from velox.relay.exchange import Exchange
 from velox.state.stats import SharedStats
@@ -265,7 +265,7 @@ BODY = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"
 
 def make_request(body: bytes = BODY, headers: list[tuple[bytes, bytes]] | None = None,
                  stream: bool = False) -> Request:
-    request = Request(FakeConn(), b"POST", b"/v1/chat/completions", Route.MODEL_CALL,
+    request = Request(FakeConn(), b"POST", b"/v1/chat/completions", Kind.MODEL_CALL,
                       [(b"authorization", b"Bearer k1")] + (headers or []), body, True, 0)
     request.model = "m"
     request.stream = stream
@@ -429,7 +429,7 @@ def _run(harness: Harness, seconds: float) -> None:
 
 def test_a_remote_waiter_goes_alone_as_soon_as_its_leaders_process_is_gone(
         harness: Harness) -> None:
-    key = harness.front.ticket(make_request()).key
+    key = harness.front.intent(make_request()).key
     harness.store.pid = 2  # another worker leads, with a lease far longer than this test
     assert harness.store.claim(key, now_ms(), 3_600_000)
     harness.store.pid = 1
@@ -445,7 +445,7 @@ def test_a_remote_waiter_goes_alone_as_soon_as_its_leaders_process_is_gone(
 
 def test_a_remote_waiter_whose_client_leaves_is_released_and_the_wait_ends(
         harness: Harness) -> None:
-    key = harness.front.ticket(make_request()).key
+    key = harness.front.intent(make_request()).key
     harness.store.pid = 2
     assert harness.store.claim(key, now_ms(), 3_600_000)
     harness.store.pid = 1

@@ -103,7 +103,7 @@ def test_value_format() -> None:
 
 def test_a_redis_hit_is_answered_and_copied_locally(rig: Rig) -> None:
     first, second = make_request(), make_request()
-    key = rig.h.front.ticket(first).key
+    key = rig.h.front.intent(first).key
     rig.client.data[redis_key(key)] = encode_value(cache_redis.wall_ms() - 3000, ENTRY)
     assert rig.h.front.front([first, second]) == []  # both wait on one lookup
     rig.run(0.01)
@@ -119,7 +119,7 @@ def test_a_redis_hit_is_answered_and_copied_locally(rig: Rig) -> None:
 
 def test_max_age_and_a_missing_entry_go_on_as_misses(rig: Rig) -> None:
     old = make_request(headers=[(b"cache-control", b"max-age=1")])
-    key = rig.h.front.ticket(old).key
+    key = rig.h.front.intent(old).key
     rig.client.data[redis_key(key)] = encode_value(cache_redis.wall_ms() - 5000, ENTRY)
     other = make_request(body=b'{"model": "m", "messages": [], "n": 2}')
     assert rig.h.front.front([old, other]) == []
@@ -130,7 +130,7 @@ def test_max_age_and_a_missing_entry_go_on_as_misses(rig: Rig) -> None:
 
 def test_a_slow_redis_times_out_and_a_late_reply_only_fills_the_local_store(rig: Rig) -> None:
     request = make_request()
-    key = rig.h.front.ticket(request).key
+    key = rig.h.front.intent(request).key
     rig.client.data[redis_key(key)] = encode_value(cache_redis.wall_ms(), ENTRY)
     rig.client.delay = 0.2
     assert rig.h.front.front([request]) == []
@@ -169,7 +169,7 @@ def test_a_failed_call_marks_redis_down_and_drops_writes(rig: Rig) -> None:
 
 def test_a_client_leaving_a_redis_lookup_is_released_and_never_answered(rig: Rig) -> None:
     leaving, staying = make_request(), make_request()
-    key = rig.h.front.ticket(leaving).key
+    key = rig.h.front.intent(leaving).key
     rig.client.delay = 0.02
     assert rig.h.front.front([leaving, staying]) == []
     leaving.conn.closed = True  # type: ignore[attr-defined]

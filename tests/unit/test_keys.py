@@ -18,7 +18,7 @@ from velox.config.settings import ConfigError, load
 from velox.config.tables import KeySpec, describe
 from velox.core.errors import Unauthorized, to_response
 from velox.core.fields import KF
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth, caller_of
 from velox.ingress.connection import ClientConnection, IngressState
@@ -183,11 +183,11 @@ class FakeConn:
 
 
 def make_request(key: str | None, model: str | None = "m", body: bytes = b"{}",
-                 route: Route = Route.MODEL_CALL, method: bytes = b"POST",
+                 route: Kind = Kind.MODEL_CALL, method: bytes = b"POST",
                  path: bytes = b"/v1/chat/completions") -> Request:
     headers = [(b"authorization", b"Bearer " + key.encode())] if key else []
     request = Request(FakeConn(), method, path, route, headers, body, True, 0)
-    request.model = model if route is not Route.FORWARD else None
+    request.model = model if route is not Kind.FORWARD else None
     return request
 
 
@@ -205,7 +205,7 @@ def answer(request: Request) -> tuple[int, dict, dict]:
 def test_requests_of_no_key_pass_untouched(tmp_path: Path) -> None:
     stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 1\n')
     batch = [make_request(None), make_request("other"), make_request("other")]
-    assert stage.admit(batch) == batch
+    assert stage.run(batch) == batch
     assert all(r.key == -1 and r.ticket is None and r.extra_headers is None for r in batch)
     assert shared.limits.level(rpm_index(0)) == 1  # nothing taken from the key
 
@@ -215,8 +215,8 @@ def test_forbidden_model_is_403_and_takes_nothing(tmp_path: Path) -> None:
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 5\nmodels = ["m"]\n')
     ok, bad, unknown = make_request("k"), make_request("k", "other"), make_request("k", "gpt-x")
     # The gateway's own model list: no model to check, and no forward.
-    forward = make_request("k", route=Route.FORWARD, method=b"GET", path=b"/v1/models")
-    assert stage.admit([ok, bad, unknown, forward]) == [ok, forward]
+    forward = make_request("k", route=Kind.FORWARD, method=b"GET", path=b"/v1/models")
+    assert stage.run([ok, bad, unknown, forward]) == [ok, forward]
     for refused in (bad, unknown):  # "gpt-x" is served by no named route, hence by "*"
         status, headers, body = answer(refused)
         assert status == 403 and body["error"]["code"] == "model_not_allowed"
@@ -232,9 +232,9 @@ def test_forwards_need_a_key_that_may_forward(tmp_path: Path) -> None:
         f'[[key]]\nname = "{name}"\nsha256 = "{sha(name)}"\n{extra}\n' for name, extra in (
             ("models", 'models = ["m"]'), ("tpm", "tpm = 100"), ("plain", "rpm = 5"),
             ("allowed", 'models = ["m"]\nforward = true'), ("closed", "forward = false"))))
-    files = {name: make_request(name, route=Route.FORWARD, path=b"/v1/files?purpose=batch")
+    files = {name: make_request(name, route=Kind.FORWARD, path=b"/v1/files?purpose=batch")
              for name in ("models", "tpm", "plain", "allowed", "closed")}
-    admitted = stage.admit(list(files.values()))
+    admitted = stage.run(list(files.values()))
     assert admitted == [files["plain"], files["allowed"]]
     for name in ("models", "tpm", "closed"):
         status, _, body = answer(files[name])
@@ -250,11 +250,11 @@ def test_forwards_need_a_key_that_may_forward(tmp_path: Path) -> None:
 def test_images_and_audio_are_checked_by_model_and_reserve_one_token(tmp_path: Path) -> None:
     stage, _shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n'
                               'tpm = 1000\nmodels = ["m"]\n')
-    other = Route.MODEL_OTHER
+    other = Kind.MODEL_OTHER
     named = make_request("k", "m", route=other, path=b"/v1/images/generations")
     denied = make_request("k", "other", route=other, path=b"/v1/audio/speech")
     default = make_request("k", None, route=other, path=b"/v1/moderations")  # takes "*"
-    assert stage.admit([named, denied, default]) == [named]
+    assert stage.run([named, denied, default]) == [named]
     assert named.ticket.reserved == 1
     assert [answer(r)[2]["error"]["code"] for r in (denied, default)] == \
         ["model_not_allowed"] * 2
@@ -263,7 +263,7 @@ def test_images_and_audio_are_checked_by_model_and_reserve_one_token(tmp_path: P
 def test_rpm_refusal_has_retry_after_and_headers(tmp_path: Path) -> None:
     stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 2\n')
     batch = [make_request("k") for _ in range(3)]
-    admitted = stage.admit(batch)
+    admitted = stage.run(batch)
     assert admitted == batch[:2]
     assert [r.extra_headers for r in admitted] == [
         [(b"x-ratelimit-limit-requests", b"2"), (b"x-ratelimit-remaining-requests", b"1")],
@@ -283,7 +283,7 @@ def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
         tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\nrpm = 10\ntpm = 1000\n')
     big = b'{"model": "m", "max_tokens": 900}'  # 9 + 900 tokens (velox.relay.usage.estimate)
     first, second = make_request("k", body=big), make_request("k", body=big)
-    assert stage.admit([first, second]) == [first]
+    assert stage.run([first, second]) == [first]
     assert first.ticket.reserved == estimate(first) == -(-len(big) // 4) + 900
     assert first.extra_headers == [
         (b"x-ratelimit-limit-requests", b"10"), (b"x-ratelimit-remaining-requests", b"9"),
@@ -296,7 +296,7 @@ def test_tpm_refusal_gives_the_request_back(tmp_path: Path) -> None:
     # full bucket, the difference is settled later.
     huge = make_request("k", body=b'{"max_tokens": 5000}')
     shared.limits.give(tpm_index(0), 1000)
-    assert stage.admit([huge]) == [huge] and huge.ticket.reserved == 1000
+    assert stage.run([huge]) == [huge] and huge.ticket.reserved == 1000
 
 
 def test_max_parallel_refusal_gives_back_request_and_tokens(tmp_path: Path) -> None:
@@ -304,7 +304,7 @@ def test_max_parallel_refusal_gives_back_request_and_tokens(tmp_path: Path) -> N
                                         "rpm = 10\ntpm = 1000\nmax_parallel = 1\n")
     small = b'{"max_tokens": 1}'  # 5 + 1 tokens: the reservation cannot be what refuses
     first, second = make_request("k", body=small), make_request("k", body=small)
-    assert stage.admit([first, second]) == [first]
+    assert stage.run([first, second]) == [first]
     status, headers, body = answer(second)
     assert status == 429 and headers[b"retry-after"] == b"1"
     assert "max_parallel" in body["error"]["message"]
@@ -317,14 +317,14 @@ def test_max_parallel_refusal_gives_back_request_and_tokens(tmp_path: Path) -> N
     first.ticket.release()  # idempotent: the second call gives nothing back
     assert limits.active(rpm_index(0)) == 0
     third = make_request("k", body=small)
-    assert stage.admit([third]) == [third]
+    assert stage.run([third]) == [third]
     assert limits.active(rpm_index(0)) == 1
 
 
 def test_every_key_counts_its_requests_in_flight(tmp_path: Path) -> None:
     stage, shared = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n', slot=3)
     batch = [make_request("k") for _ in range(5)]
-    assert stage.admit(batch) == batch  # no limits: all pass, no headers
+    assert stage.run(batch) == batch  # no limits: all pass, no headers
     assert all(r.extra_headers is None for r in batch)
     assert shared.limits.active(rpm_index(0)) == 5
     assert shared.forget_slot(3) == 5  # what a dead worker in slot 3 held
@@ -339,19 +339,19 @@ def test_settle_refunds_or_charges_once(tmp_path: Path) -> None:
                                         "tpm = 1000\n")
     limits = shared.limits
     one = make_request("k", body=b'{"max_tokens": 100}')
-    assert stage.admit([one]) == [one]
+    assert stage.run([one]) == [one]
     reserved = one.ticket.reserved
     assert limits.level(tpm_index(0)) == 1000 - reserved
     one.ticket.settle(30)  # used less: the rest goes back
     one.ticket.settle(999)  # a second settle changes nothing
     assert limits.taken(tpm_index(0)) == 30
     two = make_request("k", body=b'{"max_tokens": 100}')
-    assert stage.admit([two]) == [two]
+    assert stage.run([two]) == [two]
     two.ticket.release()
     two.ticket.settle(2000)  # after release still settles: over-use becomes debt
     assert limits.level(tpm_index(0)) < 0
     three = make_request("k", body=b"{}")
-    assert stage.admit([three]) == []  # in debt: refused until repaid
+    assert stage.run([three]) == []  # in debt: refused until repaid
     assert answer(three)[0] == 429
 
 
@@ -359,7 +359,7 @@ def test_caller_digest_from_ingress_is_used(tmp_path: Path) -> None:
     stage, _ = stage_for(tmp_path, f'[[key]]\nname = "a"\nsha256 = "{sha("k")}"\n')
     request = make_request(None)
     request.caller = hashlib.sha256(b"k").digest()  # as ingress sets it after Auth.check
-    assert stage.admit([request]) == [request] and request.key == 0
+    assert stage.run([request]) == [request] and request.key == 0
     plain = make_request("k")
     assert caller_of(plain) == hashlib.sha256(b"k").digest()
 
@@ -388,7 +388,7 @@ def test_ingress_appends_extra_headers_to_every_answer() -> None:
         conn = ClientConnection(state)
         transport = FakeTransport(keep=True)
         conn.connection_made(transport)  # type: ignore[arg-type]
-        request = Request(conn, b"POST", b"/v1/x", Route.MODEL_CALL, [], b"", True, 0)
+        request = Request(conn, b"POST", b"/v1/x", Kind.MODEL_CALL, [], b"", True, 0)
         request.extra_headers = [(b"x-ratelimit-limit-requests", b"7")]
         conn.current = request
         if kind == "respond":

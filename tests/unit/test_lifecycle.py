@@ -16,9 +16,9 @@ from velox.core.types import (
     SENT,
     STATE_NAMES,
     TRANSITIONS,
+    Kind,
     LifecycleError,
     Request,
-    Route,
 )
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
@@ -52,7 +52,7 @@ def connected() -> tuple[ClientConnection, Ring, RecordingEnds]:
 
 
 def request() -> Request:
-    return Request(None, b"POST", b"/v1/x", Route.MODEL_CALL, [], b"", True, 0)  # type: ignore[arg-type]
+    return Request(None, b"POST", b"/v1/x", Kind.MODEL_CALL, [], b"", True, 0)  # type: ignore[arg-type]
 
 
 def test_every_state_but_done_may_end_and_nothing_leaves_done() -> None:

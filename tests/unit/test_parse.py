@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from velox.admission.parse import parse_model_call, parse_other, scan_model_call
 from velox.core.errors import BadRequest, VeloxError
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.routing.dispatch import rewrite_model
 
 
 def on_loop(body: bytes) -> tuple[str, bool] | tuple[str, str]:
-    request = Request(None, b"POST", b"/v1/chat/completions", Route.MODEL_CALL, [], body,  # type: ignore[arg-type]
+    request = Request(None, b"POST", b"/v1/chat/completions", Kind.MODEL_CALL, [], body,  # type: ignore[arg-type]
                       True, 0)
     try:
         parse_model_call(request)
@@ -82,7 +82,7 @@ MULTIPART = b"multipart/form-data; boundary=XyZ"
 def _other(body: bytes, content_type: bytes | None = b"application/json") -> Request:
     headers = [(b"content-type", content_type)] if content_type else []
     request = Request(None, b"POST", b"/v1/audio/transcriptions",  # type: ignore[arg-type]
-                      Route.MODEL_OTHER, headers, body, True, 0)
+                      Kind.MODEL_OTHER, headers, body, True, 0)
     parse_other(request)
     return request
 

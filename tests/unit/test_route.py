@@ -4,7 +4,7 @@ import pytest
 
 from velox.config.settings import load
 from velox.core.errors import InvalidPath, MethodNotAllowed, NotFound, Unauthorized
-from velox.core.types import Route
+from velox.core.types import Kind
 from velox.ingress.auth import Auth
 from velox.ingress.classify import classify, normal_target
 
@@ -12,26 +12,26 @@ from velox.ingress.classify import classify, normal_target
 @pytest.mark.parametrize(
     ("method", "path", "route"),
     [
-        (b"POST", b"/v1/chat/completions", Route.MODEL_CALL),
-        (b"POST", b"/v1/completions", Route.MODEL_CALL),
-        (b"POST", b"/v1/embeddings", Route.MODEL_CALL),
-        (b"POST", b"/v1/responses?x=1", Route.MODEL_CALL),
-        (b"GET", b"/v1/chat/completions", Route.FORWARD),  # lists stored completions
-        (b"GET", b"/v1/models", Route.FORWARD),
-        (b"GET", b"/v1/models/gpt-4o", Route.FORWARD),
-        (b"DELETE", b"/v1/files/file-1", Route.FORWARD),
-        (b"POST", b"/v1/audio/speech", Route.MODEL_OTHER),
-        (b"POST", b"/v1/audio/transcriptions", Route.MODEL_OTHER),
-        (b"POST", b"/v1/images/generations?x=1", Route.MODEL_OTHER),
-        (b"POST", b"/v1/moderations", Route.MODEL_OTHER),
-        (b"POST", b"/v1/batches", Route.FORWARD),
-        (b"POST", b"/v1/files", Route.FORWARD),
-        (b"POST", b"/", Route.ROOT),
-        (b"GET", b"/healthz", Route.HEALTH),
-        (b"HEAD", b"/readyz", Route.READY),
+        (b"POST", b"/v1/chat/completions", Kind.MODEL_CALL),
+        (b"POST", b"/v1/completions", Kind.MODEL_CALL),
+        (b"POST", b"/v1/embeddings", Kind.MODEL_CALL),
+        (b"POST", b"/v1/responses?x=1", Kind.MODEL_CALL),
+        (b"GET", b"/v1/chat/completions", Kind.FORWARD),  # lists stored completions
+        (b"GET", b"/v1/models", Kind.FORWARD),
+        (b"GET", b"/v1/models/gpt-4o", Kind.FORWARD),
+        (b"DELETE", b"/v1/files/file-1", Kind.FORWARD),
+        (b"POST", b"/v1/audio/speech", Kind.MODEL_OTHER),
+        (b"POST", b"/v1/audio/transcriptions", Kind.MODEL_OTHER),
+        (b"POST", b"/v1/images/generations?x=1", Kind.MODEL_OTHER),
+        (b"POST", b"/v1/moderations", Kind.MODEL_OTHER),
+        (b"POST", b"/v1/batches", Kind.FORWARD),
+        (b"POST", b"/v1/files", Kind.FORWARD),
+        (b"POST", b"/", Kind.ROOT),
+        (b"GET", b"/healthz", Kind.HEALTH),
+        (b"HEAD", b"/readyz", Kind.READY),
     ],
 )
-def test_classify(method: bytes, path: bytes, route: Route) -> None:
+def test_classify(method: bytes, path: bytes, route: Kind) -> None:
     assert classify(method, path) is route
 
 
@@ -66,7 +66,7 @@ def test_azure_deployment_paths_are_404(path: bytes) -> None:
     # An Azure upstream would take the deployment from the client's path, not the route.
     with pytest.raises(NotFound, match="deployment"):
         classify(b"POST", path)
-    assert classify(b"GET", b"/v1/deploymentsx") is Route.FORWARD
+    assert classify(b"GET", b"/v1/deploymentsx") is Kind.FORWARD
 
 
 @pytest.mark.parametrize(("target", "normal"), [
@@ -106,14 +106,14 @@ def test_unnormalised_paths_are_400_before_routing(method: bytes, path: bytes) -
 
 
 @pytest.mark.parametrize(("path", "route"), [
-    (b"/v1/models?after=/../x;%2e//", Route.FORWARD),  # queries are not inspected
-    (b"/v1/files/file.jsonl", Route.FORWARD),
-    (b"/v1/files/..hidden", Route.FORWARD),  # a name starting with dots is not a dot segment
-    (b"/v1/a%2Db", Route.FORWARD),  # other escapes are the upstream's business
-    (b"/", Route.ROOT),
+    (b"/v1/models?after=/../x;%2e//", Kind.FORWARD),  # queries are not inspected
+    (b"/v1/files/file.jsonl", Kind.FORWARD),
+    (b"/v1/files/..hidden", Kind.FORWARD),  # a name starting with dots is not a dot segment
+    (b"/v1/a%2Db", Kind.FORWARD),  # other escapes are the upstream's business
+    (b"/", Kind.ROOT),
 ])
-def test_normal_paths_still_route(path: bytes, route: Route) -> None:
-    assert classify(b"POST" if route is Route.ROOT else b"GET", path) is route
+def test_normal_paths_still_route(path: bytes, route: Kind) -> None:
+    assert classify(b"POST" if route is Kind.ROOT else b"GET", path) is route
 
 
 def _auth(**env: str) -> Auth:
@@ -167,7 +167,7 @@ def test_caller_of_is_the_digest_of_the_presented_credential():
     from velox.ingress.auth import caller_of
 
     def req(headers):
-        return Request(None, b"POST", b"/v1/embeddings", Route.MODEL_CALL, headers, b"", True, 0)
+        return Request(None, b"POST", b"/v1/embeddings", Kind.MODEL_CALL, headers, b"", True, 0)
 
     digest = hashlib.sha256(b"sk-one").digest()
     assert caller_of(req([(b"authorization", b"Bearer sk-one")])) == digest

@@ -8,13 +8,13 @@ import base64
 import orjson
 import pytest
 
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.relay import usage
 from velox_lab.mock import payloads
 
 
 def _request(path: bytes, body: bytes) -> Request:
-    return Request(None, b"POST", path, Route.MODEL_CALL, [], body, True, 0)  # type: ignore[arg-type]
+    return Request(None, b"POST", path, Kind.MODEL_CALL, [], body, True, 0)  # type: ignore[arg-type]
 
 
 def _chat(**extra: object) -> bytes:

@@ -31,10 +31,10 @@ from velox import __version__
 from velox.config.settings import DEFAULT_METRICS_KEYS
 from velox.core.clock import now_ms
 from velox.core.fields import (
+    KIND_NAMES,
+    KIND_STATUS_FIELD,
     OTHER_KEYS,
     RETRY_REASONS,
-    ROUTE_NAMES,
-    ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
     F,
@@ -361,8 +361,8 @@ class VeloxCollector(Collector):
         every = self.shared.routes.snapshot()
         workers = [str(s) for s in slots]
         rows = [every[s] for s in slots]
-        for route, route_name in ROUTE_NAMES.items():
-            fields = ROUTE_STATUS_FIELD[route]
+        for route, route_name in KIND_NAMES.items():
+            fields = KIND_STATUS_FIELD[route]
             for cls_index, cls in enumerate(STATUS_CLASSES):
                 field = fields[2 + cls_index]  # indexed by status // 100: 2xx is 2
                 for w, row in zip(workers, rows, strict=False):

@@ -16,9 +16,9 @@ from velox import __version__
 from velox.admin.control import ControlError, ControlHub, ControlTimeout
 from velox.core.clock import now_ms
 from velox.core.fields import (
+    KIND_NAMES,
+    KIND_STATUS_FIELD,
     RETRY_REASONS,
-    ROUTE_NAMES,
-    ROUTE_STATUS_FIELD,
     STATUS_CLASSES,
     UPSTREAM_CLASSES,
     F,
@@ -67,8 +67,8 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
     states = worker_states(hub, serving)
 
     by_route = {}
-    for route, name in ROUTE_NAMES.items():
-        fields = ROUTE_STATUS_FIELD[route]
+    for route, name in KIND_NAMES.items():
+        fields = KIND_STATUS_FIELD[route]
         by_route[name] = sum(routes[fields[2 + i]] for i in range(len(STATUS_CLASSES)))
     bucket = getattr(limiter, "bucket", None)
     limited = bool(getattr(limiter, "enabled", bucket is not None))  # shared (Redis) mode too

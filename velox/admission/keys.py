@@ -1,7 +1,7 @@
 """Keys stage: who the caller is among the `[[key]]` gateway keys, and its own limits.
 
 Runs in the worker after parse and before the gateway's global limiter (worker.process). For
-each request of the batch: one dict lookup of the caller's digest (route.caller_of: the SHA-256
+each request of the batch: one dict lookup of the caller's digest (auth.caller_of: the SHA-256
 of the credential it presented; ingress computed it already when it checked the key), so the
 cost does not grow with the number of keys. A request of no `[[key]]` (VELOX_API_KEYS, or no
 client auth) passes untouched with `request.key = -1`. For a keyed request, in order:
@@ -17,7 +17,7 @@ client auth) passes untouched with `request.key = -1`. For a keyed request, in o
      request's estimated tokens (velox.relay.usage.estimate), at least 1 (a key in debt is refused
      whatever the request) and at most the key's tpm (one large request can still pass a full
      bucket); the difference to the real usage is settled later
-     (`Ticket.settle`), and over-use becomes debt the key's next requests repay first.
+     (the ticket's `settle`), and over-use becomes debt the key's next requests repay first.
   4. `max_parallel`: one place of the key's gauge (every key's gauge counts, so /stats shows
      each key's requests in flight; only keys with max_parallel refuse).
 A refusal gives back what the earlier steps took and answers 429 rate_limit_error with
@@ -30,10 +30,9 @@ The state is shared: `velox.state.keys.SharedKeys` holds a table of native `Limi
 entries per key: 2k is key k's request bucket and its gauge, 2k+1 its token bucket, k its place
 in its segment; buckets hold one minute's worth (burst = the limit). Each `_Key` keeps its
 segment's bound methods, so the lookup and the admission cost what one table cost. Each admitted
-keyed request holds a `Ticket` until it ends; `Ticket.release` is idempotent and is called from
-every place a request's end is seen (worker.on_response: its answer was written; worker.on_done: its
-exchange ended, whatever way; ingress's connection_lost: the client left while the request waited
-without an exchange). A worker killed with requests in flight cannot release: the supervisor calls
+keyed request holds a ticket (`request.ticket`, a native `Limits.ticket`: see
+velox.core.types.KeyTicket) until it ends; the request's one `finish()` releases it, whichever way
+it ends. A worker killed with requests in flight cannot release: the supervisor calls
 `SharedKeys.forget_slot` for its slot after reaping it.
 
 A reload keeps the keys' buckets and gauges when their names are unchanged (velox.state.keys).
@@ -54,7 +53,7 @@ from typing import Any
 from velox.config.tables import CATCH_ALL, KeySpec, Tables
 from velox.core.errors import EndpointNotAllowed, ModelNotAllowed, RateLimited
 from velox.core.fields import KF
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.ingress.auth import caller_of
 from velox.ingress.classify import is_model_list
 from velox.relay.usage import estimate
@@ -62,17 +61,6 @@ from velox.state.keys import SharedKeys, rpm_index, tpm_index
 from velox.state.limits import Admit, refusal, remaining
 
 # --- per request ----------------------------------------------------------------------------
-
-
-def Ticket(key: _Key, reserved: int) -> Any:
-    """What one admitted keyed request holds: a place of its key's gauge and `reserved`
-    tokens. `release()` gives the place back, once, whatever calls it first. `settle(used)`
-    corrects the reservation once: tokens not used go back, over-use is charged (debt).
-    Until settle is called, the reservation stays charged; a key without tpm has no token
-    bucket, so its tickets are settled from the start. Native (Limits.ticket, a KeyTicket
-    with `key`, `reserved`, `released`, `settled`): every keyed request makes and ends one,
-    and the Python class cost ~1 us more per request."""
-    return key.ticket(key, key.rpm_i, key.tok_i, key.slot, reserved)
 
 
 class _Key:
@@ -161,7 +149,7 @@ class KeyNames:
 
 
 class KeyStage:
-    """The stage, per worker: `admit(batch)` returns the requests that go on."""
+    """The stage, per worker: `run(batch)` returns the requests that go on."""
 
     __slots__ = ("by_digest", "file_digest", "keys", "shared", "slot", "named_routes", "names")
 
@@ -184,13 +172,13 @@ class KeyStage:
         a batch sees the old set or the new one, never half of one."""
         self.by_digest = {**keys, **self.file_digest} if keys else self.file_digest
 
-    def admit(self, requests: list[Request]) -> list[Request]:
+    def run(self, requests: list[Request]) -> list[Request]:
         """Decide every request of the batch; answer the refused ones (403/429) here."""
         by_digest = self.by_digest
         named = self.named_routes
         slot = self.slot
-        model_call = Route.MODEL_CALL
-        forward = Route.FORWARD
+        model_call = Kind.MODEL_CALL
+        forward = Kind.FORWARD
         out: list[Request] = []
         for request in requests:
             caller = request.caller
@@ -201,8 +189,8 @@ class KeyStage:
             request.key = key.book
             allowed = request.allowed = key.allowed
             model = request.model
-            route = request.route
-            if route is forward:
+            kind = request.kind
+            if kind is forward:
                 # Nothing of such a request can be checked against models or tpm: only keys
                 # that allow it explicitly (or have neither) reach it. The gateway's own
                 # answer to GET /v1/models is no forward.
@@ -216,12 +204,12 @@ class KeyStage:
             reserved = 0
             tok_i = key.tok_i
             if tok_i >= 0:
-                if route is model_call:
+                if kind is model_call:
                     # At least one token, so a key in debt is refused however small the
                     # request; at most the tpm, so a large one can still pass a full bucket.
                     reserved = estimate(request)
                     reserved = key.tpm if reserved > key.tpm else reserved if reserved > 0 else 1
-                elif route is forward:
+                elif kind is forward:
                     tok_i = -1  # forwarded calls (GET /v1/models, files...) carry no tokens
                 else:
                     reserved = 1  # images, audio: settled from the usage they report

@@ -96,7 +96,7 @@ def parse_messages(request: Request, api: int) -> None:
 
 
 def parse_other(request: Request) -> None:
-    """The other model-bearing endpoints (route.Route.MODEL_OTHER): a multipart form's `model`
+    """The other model-bearing endpoints (route.Kind.MODEL_OTHER): a multipart form's `model`
     field (form_model), else a JSON body's `model`; either may be absent (the upstream's
     default model: the request takes the catch-all route)."""
     content_type = None

@@ -3,7 +3,7 @@
 The state is entry 0 of a native `Limits` (velox.state.limits: the one token bucket of the
 native core, as the keys' and upstreams' limits are), which lives in a shared mapping created
 by the supervisor before it forks the workers, so all of them draw from ONE bucket. A worker
-asks once per batch (`admit(n)`) and admits the first k requests of the batch in arrival
+asks once per batch (`take(n)`) and admits the first k requests of the batch in arrival
 order; the rest are refused with a Retry-After computed from the bucket's rate.
 
 Alone, the entry refills from the clock (rate per minute, at most burst held, starting full).
@@ -56,7 +56,7 @@ class Limiter:
     def enabled(self) -> bool:
         return self.limits is not None
 
-    def admit(self, n: int) -> int:
+    def take(self, n: int) -> int:
         """How many of the next n requests may go now (all or a prefix)."""
         limits = self.limits
         if limits is None:

@@ -24,7 +24,7 @@ without the hop-by-hop ones, the credential and `accept-encoding`, which the mer
 replaces, and without those that only describe the client's software: `user-agent`, `accept`
 and the SDKs' `x-stainless-*`), and callers allowed to share: when every upstream the route
 can reach has the gateway's own key, any callers; when the client's credential is passed
-through, only requests presenting the same credential (`route.caller_of`). Clients that send
+through, only requests presenting the same credential (`auth.caller_of`). Clients that send
 other headers (a trace header per request, an idempotency key) are therefore not merged.
 Batching is per worker: requests spread over N workers form up to N groups.
 
@@ -66,7 +66,7 @@ import orjson
 from velox.config.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 from velox.core.errors import UpstreamProtocolError
 from velox.core.fields import F
-from velox.core.types import Headers, Request, Route
+from velox.core.types import Headers, Kind, Request
 from velox.ingress.auth import caller_of
 from velox.ingress.headers import HOP_BY_HOP
 from velox.relay.usage import NOT_BOOKED, input_estimate, usage_of
@@ -350,7 +350,7 @@ class Batcher:
         now = time.perf_counter_ns()
         # The answer is parsed and split here, so it must come back uncompressed.
         headers = [h for h in first.headers if h[0] != _ACCEPT_ENCODING]
-        merged = Request(call, b"POST", first.path, Route.MODEL_CALL, headers, body, True, now)
+        merged = Request(call, b"POST", first.path, Kind.MODEL_CALL, headers, body, True, now)
         merged.model = first.model
         merged.upstream_path = first.upstream_path
         merged.affinity = first.affinity

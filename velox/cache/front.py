@@ -17,7 +17,7 @@ and before the global rate limiter (worker.process):
   `data: [DONE]` and carries no error event), and serves the requests that wait for it.
 
 The key (`cache_key`): BLAKE2b-256 over the path (query included), the model the client named,
-the caller's identity (route.caller_of: SHA-256 of the credential it presented; one tenant is
+the caller's identity (auth.caller_of: SHA-256 of the credential it presented; one tenant is
 never served another's answer), whether it streams, and the body in canonical form
 (`canonical_body`: orjson with sorted keys, no insignificant whitespace, without `user`,
 `stream_options` and `metadata`).
@@ -92,7 +92,7 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.clock import now_ms
 from velox.core.errors import UpstreamProtocolError, to_response
 from velox.core.fields import F, H
-from velox.core.types import CacheTicket, Headers, Pipeline, Request, Route
+from velox.core.types import CacheIntent, Headers, Kind, Pipeline, Request
 from velox.ingress.auth import caller_of
 from velox.ingress.connection import WHOLE_BYTES
 from velox.relay.usage import SSEUsage
@@ -140,7 +140,7 @@ def _age(age_ms: int) -> bytes:
 # --- per request -------------------------------------------------------------------------------
 
 
-class Ticket:
+class Intent:
     """A cached route's model call on its way (request.cache)."""
 
     __slots__ = ("key", "follow", "store", "max_age_ms", "alone", "marker")
@@ -154,7 +154,7 @@ class Ticket:
         self.marker = False  # took the store's in-flight marker: it leads across workers
 
 
-_BYPASS = Ticket(b"", False, False)
+_BYPASS = Intent(b"", False, False)
 
 
 class _Detached:
@@ -211,14 +211,14 @@ class Flight:
     """One upstream call whose answer is recorded (and stored), with the requests waiting for
     it. The relay's observer of that call's exchange."""
 
-    __slots__ = ("front", "key", "exchange", "ticket", "status", "headers", "chunks", "size",
+    __slots__ = ("front", "key", "exchange", "intent", "status", "headers", "chunks", "size",
                  "sse", "tail", "overflow", "followers", "marker", "registered", "leader_gone")
 
-    def __init__(self, front: CacheFront, exchange: Exchange, ticket: CacheTicket) -> None:
+    def __init__(self, front: CacheFront, exchange: Exchange, intent: CacheIntent) -> None:
         self.front = front
-        self.key = ticket.key
+        self.key = intent.key
         self.exchange: Exchange | None = exchange
-        self.ticket = ticket
+        self.intent = intent
         self.status = 0
         self.headers: Headers = []  # as stored: without the gateway's own and momentary ones
         self.chunks: list[bytes] = []
@@ -306,7 +306,7 @@ class Flight:
         body = b"".join(self.chunks)
         self.chunks = []
         ok = error is None and self.status == 200
-        if ok and self.ticket.store and not self.overflow and storable(
+        if ok and self.intent.store and not self.overflow and storable(
                 self.status, self.headers, body):
             front.put(self.key, encode_entry(self.sse, self.headers, body))
         if self.marker:
@@ -455,20 +455,20 @@ class CacheFront:
         counters, slot = self.counters, self.slot
         for request in batch:
             model = request.model
-            if request.route is not Route.MODEL_CALL or model is None or not self.cached(model):
+            if request.kind is not Kind.MODEL_CALL or model is None or not self.cached(model):
                 out.append(request)
                 continue
-            ticket = self.ticket(request)
-            request.cache = ticket
-            if ticket is _BYPASS:
+            intent = self.intent(request)
+            request.cache = intent
+            if intent is _BYPASS:
                 counters.add(slot, F.CACHE_BYPASSES, 1)
                 out.append(request)
                 continue
-            key = ticket.key
+            key = intent.key
             if not now:
                 now = now_ms()
-            if ticket.follow:  # neither no-cache nor no-store
-                got = self.lookup(key, now, ticket.max_age_ms)
+            if intent.follow:  # neither no-cache nor no-store
+                got = self.lookup(key, now, intent.max_age_ms)
                 if got is not None:
                     counters.add(slot, F.CACHE_HITS, 1)
                     self.answer(request, key, got[0], got[1], now)
@@ -485,7 +485,7 @@ class CacheFront:
             out.append(request)
         return out
 
-    def ticket(self, request: Request) -> Ticket:
+    def intent(self, request: Request) -> Intent:
         bare = request.path.split(b"?", 1)[0]
         if bare not in CACHEABLE_PATHS:
             return _BYPASS
@@ -497,7 +497,7 @@ class CacheFront:
             return _BYPASS
         key = cache_key(request.path, request.model or "", caller_of(request), request.stream,
                         canonical)
-        return Ticket(key, not no_cache, True, max_age_ms)
+        return Intent(key, not no_cache, True, max_age_ms)
 
     def _wait_remote(self, request: Request, key: bytes, now: int) -> bool:
         wait = self.waits.get(key)
@@ -575,10 +575,10 @@ class CacheFront:
         admitted before it in this batch, or one another worker started meanwhile), which it
         now waits for instead of being sent. Otherwise it leads: it takes the store's
         in-flight marker here, atomically, so two workers never both lead one key."""
-        ticket = request.cache
-        if ticket is None or not ticket.follow:  # None: the worker asks only with a ticket
+        intent = request.cache
+        if intent is None or not intent.follow:  # None: the worker asks only with an intent
             return False
-        key = ticket.key
+        key = intent.key
         flight = self.flights.get(key)
         if flight is not None:
             if not flight.joinable:
@@ -591,7 +591,7 @@ class CacheFront:
         if wait is None:
             now = now_ms()
             if self.store.claim(key, now, LEASE_MS):
-                ticket.marker = True
+                intent.marker = True
                 return False
             wait = RemoteWait(self, key, time.monotonic() + self.wait_ms / 1000)
             self.waits[key] = wait
@@ -599,21 +599,21 @@ class CacheFront:
         return True
 
     def observe(self, exchange: Exchange) -> None:
-        """Give the exchange of a request with a ticket its observer."""
-        ticket = exchange.request.cache
-        assert ticket is not None  # the worker asks only for a request with a ticket
-        if ticket is _BYPASS:
+        """Give the exchange of a request with an intent its observer."""
+        intent = exchange.request.cache
+        assert intent is not None  # the worker asks only for a request with an intent
+        if intent is _BYPASS:
             exchange.observer = _TAG
             return
         self.counters.add(self.slot, F.CACHE_MISSES, 1)
-        flight = Flight(self, exchange, ticket)
+        flight = Flight(self, exchange, intent)
         exchange.observer = flight
-        key = ticket.key
-        if ticket.follow and key not in self.flights:
+        key = intent.key
+        if intent.follow and key not in self.flights:
             flight.registered = True
             self.flights[key] = flight
-        if ticket.marker:
-            ticket.marker = False
+        if intent.marker:
+            intent.marker = False
             flight.marker = True
             self.held[key] = flight
             if self.renewing is None:
@@ -668,9 +668,9 @@ class CacheFront:
         stored, but leads no one)."""
         live = self._live(requests)
         for request in live:
-            ticket = request.cache
-            assert ticket is not None  # every follower has one
-            alone = Ticket(ticket.key, False, ticket.store)
+            intent = request.cache
+            assert intent is not None  # every follower has one
+            alone = Intent(intent.key, False, intent.store)
             alone.alone = True
             request.cache = alone
         if live:

@@ -159,9 +159,9 @@ class RedisLookup(WaitList[Front]):
         now = now_ms()
         replay = body = None
         for request in requests:
-            ticket = request.cache
-            assert ticket is not None  # only misses with a ticket ask the tier
-            max_age = ticket.max_age_ms
+            intent = request.cache
+            assert intent is not None  # only misses with an intent ask the tier
+            max_age = intent.max_age_ms
             if found is not None and (max_age < 0 or age_ms <= max_age):
                 hits += 1
                 if replay is None:

@@ -257,7 +257,7 @@ class KeySpec:
 
     @property
     def digest(self) -> bytes:
-        """The raw 32-byte digest, as route.caller_of computes it for a request."""
+        """The raw 32-byte digest, as auth.caller_of computes it for a request."""
         return bytes.fromhex(self.sha256)
 
 

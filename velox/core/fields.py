@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from velox.core.types import Route
+from velox.core.types import Kind
 
 
 class F(IntEnum):
@@ -102,16 +102,16 @@ class H(IntEnum):
 # counts with 2xx; a status below 100 or past 599 is no valid answer and counts with 5xx.
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 STATUS_CLASS = (3, 0, 0, 1, 2, 3, 3, 3, 3, 3)
-# Responses by route and status class live in their own Counters: field = route * 4 + class.
-# Label of each route in /metrics and /stats. Requests refused before routing (404, 405, bad
-# HTTP) are counted as FORWARD, since ingress gives them that route.
-ROUTE_NAMES = {Route.MODEL_CALL: "model_call", Route.MODEL_OTHER: "model_other",
-               Route.FORWARD: "forward", Route.ROOT: "root",
-               Route.HEALTH: "healthz", Route.READY: "readyz"}
-ROUTE_FIELDS = (max(Route) + 1) * len(STATUS_CLASSES)
-# ROUTE_STATUS_FIELD[route][status // 100]: one tuple index on the hot path, no arithmetic.
-ROUTE_STATUS_FIELD = tuple(
-    tuple(route * len(STATUS_CLASSES) + c for c in STATUS_CLASS) for route in range(max(Route) + 1)
+# Responses by request kind and status class live in their own Counters: field = kind * 4 + class.
+# Label of each kind in /metrics and /stats (named `route` there, as it always was). Requests
+# refused before routing (404, 405, bad HTTP) are counted as FORWARD: ingress gives them that kind.
+KIND_NAMES = {Kind.MODEL_CALL: "model_call", Kind.MODEL_OTHER: "model_other",
+              Kind.FORWARD: "forward", Kind.ROOT: "root",
+              Kind.HEALTH: "healthz", Kind.READY: "readyz"}
+KIND_FIELDS = (max(Kind) + 1) * len(STATUS_CLASSES)
+# KIND_STATUS_FIELD[kind][status // 100]: one tuple index on the hot path, no arithmetic.
+KIND_STATUS_FIELD = tuple(
+    tuple(kind * len(STATUS_CLASSES) + c for c in STATUS_CLASS) for kind in range(max(Kind) + 1)
 )
 # RESPONSE_FIELD[status // 100]: the F field counting an answer of that class, as a plain int
 # (an IntEnum member costs a class attribute lookup and a conversion in every Counters.add,

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 Headers = list[tuple[bytes, bytes]]
 
 
-class Route(IntEnum):
-    """What a request path is, as far as the gateway cares (decided by route.classify)."""
+class Kind(IntEnum):
+    """What a request path is, as far as the gateway cares (decided by ingress.classify)."""
 
     MODEL_CALL = 1  # chat/completions, completions, embeddings, responses: JSON with a model
     # images, audio, moderations: the model read (JSON, or a multipart form's field; it may
@@ -106,8 +106,11 @@ class Holder(Protocol):
 
 
 class KeyTicket(Protocol):
-    """What a keyed request's admission holds (velox.admission.keys.Ticket): its place among
-    the key's max_parallel, given back once, and its token reservation, settled once."""
+    """What a keyed request's admission holds (native `Limits.ticket`, made by
+    velox.admission.keys): its place of the key's gauge, given back once by `release()`, and its
+    token reservation, corrected once by `settle(used)` (tokens not used go back, over-use is
+    charged as debt; a key without tpm has no token bucket: settled from the start). Native
+    because every keyed request makes and ends one: a Python class cost ~1 us more a request."""
 
     @property
     def released(self) -> bool: ...
@@ -124,8 +127,8 @@ class KeyTicket(Protocol):
     def settle(self, used: int, /) -> None: ...
 
 
-class CacheTicket(Protocol):
-    """A cached route's model call on its way (velox.cache.front.Ticket, set by the cache
+class CacheIntent(Protocol):
+    """A cached route's model call on its way (velox.cache.front.Intent, set by the cache
     stage as `Request.cache`)."""
 
     key: bytes  # b"" for a bypass
@@ -160,13 +163,13 @@ class Request:
 
     __slots__ = (
         "state", "ends",
-        "conn", "method", "path", "route", "headers", "body", "keep_alive", "http10",
+        "conn", "method", "path", "kind", "headers", "body", "keep_alive", "http10",
         "t_received", "t_popped", "t_parsed", "t_admitted",
         "model", "stream", "upstream_path", "exchange", "arena_segment", "affinity",
-        "caller",  # route.caller_of: digest of the presented credential, computed once
-        "cache",  # cache: the request's velox.cache.front.Ticket on a cached route, else None
+        "caller",  # auth.caller_of: digest of the presented credential, computed once
+        "cache",  # cache: the request's velox.cache.front.Intent on a cached route, else None
         # keys stage (velox.admission.keys): the caller's [[key]] index (-1: none), what its
-        # admission holds (a keys.Ticket, released once when the request ends), and response headers
+        # admission holds (a KeyTicket, released once when the request ends), and response headers
         # every answer to it carries (x-ratelimit-*: ingress appends them to the head)
         "key", "ticket", "extra_headers",
         # the routes the caller's key may use (its `models`; None: any): dispatch takes no
@@ -176,7 +179,7 @@ class Request:
         # route's model rewrite; None for JSON bodies
         "model_span",
         # the headers sent upstream apart from any credential, and the client's credential to
-        # pass on (route.Auth.client_headers' pair), when ingress's native parser made them
+        # pass on (auth.Auth.client_headers' pair), when ingress's native parser made them
         # while parsing the head; None: the worker makes them
         "upstream_headers",
     )
@@ -186,7 +189,7 @@ class Request:
         conn: Responder,
         method: bytes,
         path: bytes,
-        route: Route,
+        kind: Kind,
         headers: Headers,
         body: bytes | bytearray | memoryview,
         keep_alive: bool,
@@ -199,7 +202,7 @@ class Request:
         self.conn = conn
         self.method = method
         self.path = path
-        self.route = route
+        self.kind = kind
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
@@ -216,8 +219,8 @@ class Request:
         self.affinity: str | None = None  # the body's prompt_cache_key, else its user
         self.exchange: Holder | None = None
         self.arena_segment = arena_segment  # arena segment holding the body, -1 if none
-        self.caller: bytes | None = None  # None until route.caller_of computes it
-        self.cache: CacheTicket | None = None  # set by the cache stage
+        self.caller: bytes | None = None  # None until auth.caller_of computes it
+        self.cache: CacheIntent | None = None  # set by the cache stage
         self.key = -1
         self.ticket: KeyTicket | None = None
         self.extra_headers: list[tuple[bytes, bytes]] | None = None

@@ -19,7 +19,7 @@ import httptools
 
 from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
 from velox.egress.h2conn import WRITE_SLICE
-from velox.egress.interfaces import Attempt
+from velox.egress.interfaces import UpstreamCall
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import Front, Tally
@@ -61,7 +61,7 @@ class H1Connection(asyncio.BufferedProtocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.attempt: Attempt | None = None
+        self.attempt: UpstreamCall | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.status = 0
         self.keep_alive = True
@@ -83,7 +83,7 @@ class H1Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, attempt: Attempt) -> None:
+    def send(self, attempt: UpstreamCall) -> None:
         client = attempt.client
         method, body = client.method, client.body
         self.attempt = attempt
@@ -245,7 +245,7 @@ class H1Connection(asyncio.BufferedProtocol):
             self._release(attempt)
             attempt.client.on_error(exc)
 
-    def _release(self, attempt: Attempt) -> None:
+    def _release(self, attempt: UpstreamCall) -> None:
         """The one exit of an attempt: forget it and read again if it held reading back."""
         self.attempt = None
         attempt.conn = None
@@ -257,14 +257,14 @@ class H1Connection(asyncio.BufferedProtocol):
 
     # --- Carrier: called through the attempt ----------------------------------------------------
 
-    def credit(self, attempt: Attempt) -> None:
+    def credit(self, attempt: UpstreamCall) -> None:
         if attempt is self.attempt and attempt.withheld:
             attempt.withheld = 0
             if self.reading_paused and self.transport is not None:
                 self.reading_paused = False
                 self.transport.resume_reading()
 
-    def cancel(self, attempt: Attempt) -> None:
+    def cancel(self, attempt: UpstreamCall) -> None:
         # HTTP/1.1 cannot cancel one request: the connection has to go.
         if attempt is self.attempt:
             self._release(attempt)
@@ -280,5 +280,5 @@ class H1Connection(asyncio.BufferedProtocol):
 
     # --- for the pool -------------------------------------------------------------------------
 
-    def live(self) -> list[Attempt]:
+    def live(self) -> list[UpstreamCall]:
         return [] if self.attempt is None else [self.attempt]

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
 from velox.egress.h1conn import H1Connection
-from velox.egress.interfaces import Attempt
+from velox.egress.interfaces import UpstreamCall
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import AttemptHandle, Front, Headers
+    from velox.egress.interfaces import CallHandle, Front, Headers
 
 log = logging.getLogger("velox.egress")
 
@@ -76,7 +76,7 @@ class H1Pool(BasePool):
 
     # --- sending -------------------------------------------------------------------------------
 
-    def dispatch(self, attempt: Attempt) -> None:
+    def dispatch(self, attempt: UpstreamCall) -> None:
         if self.idle_conns:
             self.idle_conns.pop().send(attempt)
             return
@@ -90,7 +90,7 @@ class H1Pool(BasePool):
     def flush(self) -> None:
         """Nothing batched: each request was written as it was sent."""
 
-    def _live(self) -> Iterator[Attempt]:
+    def _live(self) -> Iterator[UpstreamCall]:
         for conn in self.conns:
             if conn.attempt is not None:
                 yield conn.attempt
@@ -202,7 +202,7 @@ class _Warmup:
     def __init__(self, pool: H1Pool, conn: H1Connection) -> None:
         self.pool = pool
         self.conn = conn
-        self.attempt: AttemptHandle | None = None
+        self.attempt: CallHandle | None = None
         self.method = b"GET"
         self.path = pool.warmup_path
         self.headers_out: Headers = pool.warmup_headers

@@ -2,7 +2,7 @@
 
 All protocol work happens in the codec (`codec.py` and its implementations); this class only
 moves bytes between the codec and the transport and turns the codec's events into calls on the
-client of each stream's `Attempt`. Requests of one micro-batch are encoded into the codec's
+client of each stream's `UpstreamCall`. Requests of one micro-batch are encoded into the codec's
 buffer and written with one `transport.write` when the pool flushes, which is where batching
 pays off in Python (one TLS record and one syscall for many requests).
 
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.egress import codec as ev
-from velox.egress.interfaces import Attempt
+from velox.egress.interfaces import UpstreamCall
 
 if TYPE_CHECKING:
-    from velox.egress.interfaces import AttemptHandle, Client, Front, Headers, Tally
+    from velox.egress.interfaces import CallHandle, Client, Front, Headers, Tally
 
 log = logging.getLogger("velox.egress")
 
@@ -135,7 +135,7 @@ class H2Owner(Protocol):
     @property
     def warmup_headers(self) -> Headers: ...
 
-    def warmup_attempt(self, client: Client) -> Attempt:
+    def warmup_attempt(self, client: Client) -> UpstreamCall:
         """The attempt for a new connection's warm-up request (its deadline: connect timeout)."""
 
     def warmup_expired(self, what: str) -> None:
@@ -176,7 +176,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.codec = codec
         self.transport: asyncio.Transport | None = None
         self.state = State.CONNECTING
-        self.streams: dict[int, Attempt] = {}  # stream id → attempt (the warm-up's included)
+        self.streams: dict[int, UpstreamCall] = {}  # stream id → attempt (the warm-up's included)
         self.active = 0
         self.last_stream_id = -1  # from GOAWAY: streams above it were never processed
         self.flush_pending = False
@@ -334,7 +334,7 @@ class H2Connection(asyncio.BufferedProtocol):
             return 0
         return self.codec.max_concurrent_streams - self.active
 
-    def send(self, attempt: Attempt) -> None:
+    def send(self, attempt: UpstreamCall) -> None:
         """Encode the request into the codec's buffer; the pool flushes once per batch."""
         client = attempt.client
         try:
@@ -408,7 +408,7 @@ class H2Connection(asyncio.BufferedProtocol):
 
     # --- Carrier: called through the attempt ----------------------------------------------------
 
-    def credit(self, attempt: Attempt) -> None:
+    def credit(self, attempt: UpstreamCall) -> None:
         """The attempt's client reads again: give the upstream back what it withheld."""
         if attempt.conn is self and attempt.withheld:
             n, attempt.withheld = attempt.withheld, 0
@@ -416,7 +416,7 @@ class H2Connection(asyncio.BufferedProtocol):
             if not self.receiving:  # inside data_received the frames go out with its own flush
                 self.pool.mark_dirty(self)
 
-    def cancel(self, attempt: Attempt) -> None:
+    def cancel(self, attempt: UpstreamCall) -> None:
         """Abandon the attempt (client gone, deadline, retried elsewhere): reset the stream now
         so the upstream stops generating (and billing)."""
         if attempt.conn is not self:
@@ -451,7 +451,7 @@ class H2Connection(asyncio.BufferedProtocol):
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _release(self, attempt: Attempt) -> None:
+    def _release(self, attempt: UpstreamCall) -> None:
         """The one exit of a stream: forget it and return the credit its attempt withheld."""
         del self.streams[attempt.stream_id]
         self.active -= 1
@@ -565,7 +565,7 @@ class _Warmup:
 
     def __init__(self, conn: H2Connection) -> None:
         self.conn = conn
-        self.attempt: AttemptHandle | None = None
+        self.attempt: CallHandle | None = None
         self.status = 0
         self.method = b"GET"
         self.path = conn.pool.warmup_path

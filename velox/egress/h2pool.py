@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from velox.core.errors import UpstreamUnavailable
 from velox.egress.h2conn import BACKLOG_LIMIT, H2Connection, State
-from velox.egress.interfaces import Attempt
+from velox.egress.interfaces import UpstreamCall
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class H2Pool(BasePool):
 
     # --- sending -------------------------------------------------------------------------------
 
-    def dispatch(self, attempt: Attempt) -> None:
+    def dispatch(self, attempt: UpstreamCall) -> None:
         """Encode the attempt on a connection with room (else queue it); its frames go out
         with the caller's `flush`, which every submitter calls after its submits (the
         worker after each micro-batch). Scheduling a flush here as well cost a loop callback
@@ -162,7 +162,7 @@ class H2Pool(BasePool):
         if isinstance(conn, H2Connection):
             conn.request_timed_out()
 
-    def _live(self) -> Iterator[Attempt]:
+    def _live(self) -> Iterator[UpstreamCall]:
         for conn in self.conns:
             if conn is not None:
                 yield from conn.streams.values()

@@ -6,8 +6,8 @@ instead of failing at run time. Reading top down:
 
 * `Client`: one client request as egress sees it (implemented by `relay.Exchange`, and by the
   warm-up request of each connection). Egress reads what to send, reports what the upstream
-  answers, and points the client at its current `AttemptHandle`.
-* `AttemptHandle`: one try at sending that request (implemented by `attempt.Attempt`). A client
+  answers, and points the client at its current `CallHandle`.
+* `CallHandle`: one try (attempt) at sending that request (implemented by `UpstreamCall`). A client
   request may see several, one after another, on the same or different upstreams; the client
   only ever talks to the current one (to cancel it or to return withheld flow-control credit).
 * `Carrier`: what an attempt needs of the connection carrying it (both connection kinds).
@@ -15,12 +15,12 @@ instead of failing at run time. Reading top down:
 * `Pool`: an HTTP/2 or HTTP/1.1 pool behind an `Upstream` (`h2pool.H2Pool`, `h1pool.H1Pool`).
 * `Front`: what a pool needs of its `Upstream` (retries, the TLS contexts, the counters).
 
-And the records they pass: `Attempt`, egress's own record of one send of a client request
+And the records they pass: `UpstreamCall`, egress's own record of one send of a client request
 (which connection and stream carry it, its number among the tries, its deadline, when it was
 sent and when the response headers came, the flow-control credit it withholds while its client
 is not reading), and `Tally`, the per-upstream event counts. A client request knows only its
 current attempt; when an attempt is abandoned (cancelled, refused, caught by a GOAWAY) and the
-request is sent again, a new Attempt is made for the same client, on any connection of any
+request is sent again, a new UpstreamCall is made for the same client, on any connection of any
 pool. Withheld credit is bounded by construction: it grows only while the attempt is open on
 its connection (`conn` is set), and the connection's single release point for a stream (H2:
 `H2Connection._release`, H1: `H1Connection._release`) gives it back, whatever ended the attempt
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 Headers = list[tuple[bytes, bytes]]
 
 
-class AttemptHandle(Protocol):
+class CallHandle(Protocol):
     """The client's view of the attempt currently carrying its request."""
 
     @property
@@ -67,7 +67,7 @@ class AttemptHandle(Protocol):
 class Client(Protocol):
     """One client request, as egress sees it (relay.Exchange; a connection's warm-up)."""
 
-    attempt: AttemptHandle | None  # set by egress to each new attempt; never cleared by it
+    attempt: CallHandle | None  # set by egress to each new attempt; never cleared by it
 
     @property
     def method(self) -> bytes: ...
@@ -104,10 +104,10 @@ class Client(Protocol):
 class Carrier(Protocol):
     """A connection as the attempt on it sees it (h2conn.H2Connection, h1conn.H1Connection)."""
 
-    def cancel(self, attempt: Attempt) -> None:
+    def cancel(self, attempt: UpstreamCall) -> None:
         """End the attempt now (RST_STREAM on HTTP/2, close on HTTP/1.1), silently."""
 
-    def credit(self, attempt: Attempt) -> None:
+    def credit(self, attempt: UpstreamCall) -> None:
         """Give back the credit the attempt withholds (its client is reading again)."""
 
 
@@ -150,12 +150,12 @@ class Pool(Protocol):
 
     def start(self) -> None: ...
 
-    def dispatch(self, attempt: Attempt) -> None:
+    def dispatch(self, attempt: UpstreamCall) -> None:
         """Send the attempt on a connection with room, else queue it (or fail it: overloaded)."""
 
     def flush(self) -> None: ...
 
-    def take_waiting(self) -> list[Attempt]:
+    def take_waiting(self) -> list[UpstreamCall]:
         """Hand over the queued attempts (the upstream is switching pools)."""
 
     def describe(self) -> dict[str, Any]: ...
@@ -179,7 +179,7 @@ class Front(Protocol):
     @property
     def closing(self) -> bool: ...
 
-    def retry(self, attempt: Attempt) -> bool:
+    def retry(self, attempt: UpstreamCall) -> bool:
         """Re-send a request the upstream provably did not process; False: fail it instead."""
 
     def tls(self, alpn: tuple[str, ...]) -> ssl.SSLContext: ...
@@ -193,7 +193,7 @@ class Front(Protocol):
 MAX_ATTEMPTS = 5
 
 
-class Attempt:
+class UpstreamCall:
     """One send of one client request; slotted, one per try (the only per-request egress object)."""
 
     __slots__ = ("client", "conn", "queue", "stream_id", "number", "deadline",
@@ -202,7 +202,7 @@ class Attempt:
     def __init__(self, client: Client, number: int, deadline: float) -> None:
         self.client = client
         self.conn: Carrier | None = None  # set while a connection carries it
-        self.queue: deque[Attempt] | None = None  # set while it waits for a connection
+        self.queue: deque[UpstreamCall] | None = None  # set while it waits for a connection
         self.stream_id = 0
         self.number = number  # 0 for the first try
         self.deadline = deadline  # time.monotonic() by which the response headers must come
@@ -230,7 +230,7 @@ class Attempt:
     def __repr__(self) -> str:
         where = "queued" if self.queue is not None else f"stream {self.stream_id}" \
             if self.conn is not None else "ended"
-        return f"<Attempt #{self.number} {where} withheld={self.withheld}>"
+        return f"<UpstreamCall #{self.number} {where} withheld={self.withheld}>"
 
 
 class Tally:

@@ -29,7 +29,7 @@ from velox.config.tables import DEFAULT_UPSTREAM
 from velox.core.errors import Overloaded, UpstreamTimeout, VeloxError
 from velox.egress.codec import Codec
 from velox.egress.framer import Framer
-from velox.egress.interfaces import MAX_ATTEMPTS, Attempt
+from velox.egress.interfaces import MAX_ATTEMPTS, UpstreamCall
 from velox.egress.nativecodec import NativeCodec
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class BasePool:
         self.connect_timeout_name = ("VELOX_CONNECT_TIMEOUT_MS" if spec.name == DEFAULT_UPSTREAM
                                      else f"connect_timeout_ms of upstream {spec.name!r}")
         self.idle_timeout_s = options.stream_idle_timeout_s
-        self.waiting: deque[Attempt] = deque()
+        self.waiting: deque[UpstreamCall] = deque()
         self.closing = False
         self.ready_once = False
         self.tasks: set[asyncio.Task[None]] = set()
@@ -125,21 +125,21 @@ class BasePool:
 
     # --- the queue ------------------------------------------------------------------------------
 
-    def _enqueue(self, attempt: Attempt) -> None:
+    def _enqueue(self, attempt: UpstreamCall) -> None:
         if len(self.waiting) >= self.options.queue_limit:
             attempt.client.on_error(Overloaded(retry_after_s=1))
             return
         attempt.queue = self.waiting
         self.waiting.append(attempt)
 
-    def _next_waiting(self) -> Attempt | None:
+    def _next_waiting(self) -> UpstreamCall | None:
         if not self.waiting:
             return None
         attempt = self.waiting.popleft()
         attempt.queue = None
         return attempt
 
-    def take_waiting(self) -> list[Attempt]:
+    def take_waiting(self) -> list[UpstreamCall]:
         taken = []
         while (attempt := self._next_waiting()) is not None:
             taken.append(attempt)
@@ -173,10 +173,10 @@ class BasePool:
                     f"{spec.connect_timeout_ms} ms ({self.connect_timeout_name})")
         return str(exc) or type(exc).__name__
 
-    def warmup_attempt(self, client: Client) -> Attempt:
+    def warmup_attempt(self, client: Client) -> UpstreamCall:
         """The warm-up request's attempt: the connect timeout is its deadline, so an upstream
         that accepts the connection but never answers cannot keep it warming forever."""
-        return Attempt(client, MAX_ATTEMPTS, time.monotonic() + self.connect_timeout_s)
+        return UpstreamCall(client, MAX_ATTEMPTS, time.monotonic() + self.connect_timeout_s)
 
     def warmup_expired(self, what: str) -> None:
         self.tally.warmup_timeout()
@@ -209,7 +209,7 @@ class BasePool:
 
     # --- deadlines ------------------------------------------------------------------------------
 
-    def _live(self) -> Iterator[Attempt]:
+    def _live(self) -> Iterator[UpstreamCall]:
         """Every attempt a connection of this pool carries."""
         raise NotImplementedError
 

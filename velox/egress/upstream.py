@@ -6,7 +6,7 @@ origin. When an `auto` upstream's ALPN picks HTTP/1.1, the front switches to an 
 once, moving the queued attempts over. The worker makes one `Upstream` per upstream it sends to;
 today that is `settings.tables.upstreams[0]`.
 
-The front makes the first `Attempt` of every client request and every further one: requests the
+The front makes the first `UpstreamCall` of every client request and every further one: requests the
 upstream provably did not process come back through `retry`, which sends them again on this
 upstream's current pool. That is also where sending them to another upstream would go.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from velox.config.tables import UpstreamSpec
 from velox.egress.h1pool import H1Pool
 from velox.egress.h2pool import H2Pool
-from velox.egress.interfaces import MAX_ATTEMPTS, Attempt, Tally
+from velox.egress.interfaces import MAX_ATTEMPTS, Tally, UpstreamCall
 from velox.egress.pool import EgressOptions, ssl_context
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Upstream:
         self.pool.start()
 
     def submit(self, client: Client, number: int = 0) -> None:
-        attempt = Attempt(client, number, time.monotonic() + self.request_timeout_s)
+        attempt = UpstreamCall(client, number, time.monotonic() + self.request_timeout_s)
         client.attempt = attempt
         self.pool.dispatch(attempt)
 
@@ -86,13 +86,13 @@ class Upstream:
 
     # --- Front: what the pools use ---------------------------------------------------------
 
-    def retry(self, attempt: Attempt) -> bool:
+    def retry(self, attempt: UpstreamCall) -> bool:
         """Send again a request whose attempt the upstream provably did not process."""
         client = attempt.client
         if (self.closing or attempt.number + 1 >= MAX_ATTEMPTS
                 or client.attempt is not attempt):
             return False  # given up, or the client already moved on (cancelled, answered)
-        again = Attempt(client, attempt.number + 1, attempt.deadline)
+        again = UpstreamCall(client, attempt.number + 1, attempt.deadline)
         client.attempt = again
         self.tally.retry()
         self.pool.dispatch(again)

@@ -1,7 +1,7 @@
 """What a request is: which paths exist and which are refused, decided at header time.
 
 A pure function of the request line, with no I/O: `classify` decides whether a path is
-served, forwarded or refused (400/404/405) and gives it its `Route`.
+served, forwarded or refused (400/404/405) and gives it its `Kind`.
 
 Paths are refused, not normalised: a path that is not already in normal form gets 400
 invalid_path before routing, so what is checked is what goes upstream (with the upstream's
@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from velox.core.errors import InvalidPath, MethodNotAllowed, NotFound
-from velox.core.types import Route
+from velox.core.types import Kind
 
 # OpenAI endpoints whose POST body must be JSON naming a model; other methods on them are
 # either real OpenAI calls (GET /v1/chat/completions lists stored completions) or 405.
@@ -62,15 +62,15 @@ _PROBES = (b"GET", b"HEAD")
 # \ ; # anywhere, %2e %2f %5c in any case, an empty segment (// or a trailing /), a . or ..
 # segment. "/" alone is the root and is allowed (see classify).
 _NOT_NORMAL = re.compile(rb"[\\;#]|%(?:2[eEfF]|5[cC])|//|/\.{1,2}(?:/|$)|./$")
-# Route's members as globals for the per-request paths: on Python 3.11 reading a member off
+# Kind's members as globals for the per-request paths: on Python 3.11 reading a member off
 # its Enum class takes EnumType.__getattr__'s slow path (~0.3 us against ~0.04 for a global).
-_MODEL_CALL, _FORWARD, _ROOT = Route.MODEL_CALL, Route.FORWARD, Route.ROOT
-_MODEL_OTHER = Route.MODEL_OTHER
-_HEALTH, _READY = Route.HEALTH, Route.READY
+_MODEL_CALL, _FORWARD, _ROOT = Kind.MODEL_CALL, Kind.FORWARD, Kind.ROOT
+_MODEL_OTHER = Kind.MODEL_OTHER
+_HEALTH, _READY = Kind.HEALTH, Kind.READY
 
 
-def classify(method: bytes, path: bytes) -> Route:
-    """Route of a request line, or raise InvalidPath / NotFound / MethodNotAllowed."""
+def classify(method: bytes, path: bytes) -> Kind:
+    """Kind of a request line, or raise InvalidPath / NotFound / MethodNotAllowed."""
     bare = path.split(b"?", 1)[0]
     allowed = _MODEL_CALLS.get(bare)
     if allowed is None and _NOT_NORMAL.search(bare) is not None:

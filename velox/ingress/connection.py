@@ -92,7 +92,7 @@ from velox.core.errors import (
     VersionNotSupported,
     to_response,
 )
-from velox.core.types import ANSWERING, DONE, Lifecycle, Request, Route
+from velox.core.types import ANSWERING, DONE, Kind, Lifecycle, Request
 from velox.ingress import h1write, reqhead
 from velox.ingress.arena import Arena
 from velox.ingress.auth import Auth
@@ -126,12 +126,12 @@ _ABSOLUTE = re.compile(rb"(?i:https?)://([^/?]*)(.*)", re.S)
 _TWO_CREDENTIALS = "The request has more than one Authorization header; send exactly one."
 # Pipelined requests queued behind the one in flight before reading pauses.
 _PIPELINE_DEPTH = 8
-# Route's members as globals on the per-request path: reading one off its Enum class takes
+# Kind's members as globals on the per-request path: reading one off its Enum class takes
 # EnumType.__getattr__'s slow path on Python 3.11 (~0.3 us against ~0.04 for a global).
-_ROOT, _FORWARD, _HEALTH = Route.ROOT, Route.FORWARD, Route.HEALTH
+_ROOT, _FORWARD, _HEALTH = Kind.ROOT, Kind.FORWARD, Kind.HEALTH
 _reqhead = reqhead.parse
 # What the native parser leaves out of the upstream's share of the headers, in the same pass
-# (route.Auth.client_headers' rule: hop-by-hop fields and the client's credential); a second
+# (auth.Auth.client_headers' rule: hop-by-hop fields and the client's credential); a second
 # walk over the SDK's 15 fields in Python cost ~2.3 us per request.
 _UPSTREAM_DROP = HOP_BY_HOP | {b"authorization"}
 # Bodies declared larger than this are appended to one growing bytearray as they arrive, so
@@ -232,7 +232,7 @@ class ClientConnection(asyncio.Protocol):
         "state", "transport", "parser", "closed", "last_active", "write_paused",
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
-        "_content_length", "_authorization", "_expect", "_reject", "_route", "_caller",
+        "_content_length", "_authorization", "_expect", "_reject", "_kind", "_caller",
         # httptools only: trailer fields seen, a Host seen; the last Host value found valid on
         # this connection
         "_trailers", "_host", "_valid_host",
@@ -395,7 +395,7 @@ class ClientConnection(asyncio.Protocol):
         self._authorization: bytes | None = None
         self._expect = False
         self._reject: VeloxError | None = None
-        self._route: Route | None = None
+        self._kind: Kind | None = None
         self._caller: bytes | None = None  # digest of the key, when the auth check made it
         self._upstream: list[tuple[bytes, bytes]] | None = None
         self._in_body = False
@@ -480,15 +480,15 @@ class ClientConnection(asyncio.Protocol):
         state = self.state
         try:
             url = self._url
-            if b"%" in url:  # escaped unreserved characters are routed decoded (route.py)
+            if b"%" in url:  # escaped unreserved characters are routed decoded (classify.py)
                 url = self._url = normal_target(url)
-            route = classify(method, url)
-            if route <= _ROOT:
+            kind = classify(method, url)
+            if kind <= _ROOT:
                 authorization = self._authorization
                 if authorization is None and url.startswith(MESSAGES_PATH):
                     authorization = _x_api_key(self._headers)  # the Anthropic SDK's header
                 self._caller = state.auth.check(authorization)
-            self._route = route
+            self._kind = kind
         except VeloxError as exc:
             self._reject = exc
         if self._content_length > state.max_body:
@@ -537,13 +537,13 @@ class ClientConnection(asyncio.Protocol):
             else:
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         request = Request(
-            self, method, self._url, self._route or _FORWARD, self._headers, body,
+            self, method, self._url, self._kind or _FORWARD, self._headers, body,
             keep_alive, time.perf_counter_ns(), segment, state.ends,
         )
         if self._http10:
             request.http10 = True
         if self._caller is not None:
-            request.caller = self._caller  # route.caller_of's digest, already made
+            request.caller = self._caller  # auth.caller_of's digest, already made
         upstream = self._upstream
         if upstream is not None:
             request.upstream_headers = (upstream, state.auth.passthrough_of(self._authorization))
@@ -578,6 +578,8 @@ class ClientConnection(asyncio.Protocol):
             if n == left or self.refused:
                 return
             data = data[left:]
+            if not self._keep_alive:
+                self._after_close = True  # as below: llhttp takes only empty lines after it
         if self._after_close:
             self._data_after_close(data)
             return
@@ -605,7 +607,7 @@ class ClientConnection(asyncio.Protocol):
             self._assembled = None
             self._body_size = 0
             self._reject = None
-            self._route = None
+            self._kind = None
             self._caller = None
             (method, self._url, self._headers, length, self._authorization, self._expect,
              keep_alive, self._http10, pos, self._upstream) = head
@@ -651,7 +653,7 @@ class ClientConnection(asyncio.Protocol):
             self.respond_error(request, reject)
         elif state.draining and not state.handoff:
             self.respond_error(request, ShuttingDown())
-        elif request.route <= _ROOT:
+        elif request.kind <= _ROOT:
             if state.ring.try_push(request):
                 if state.reading:
                     state.pushed += 1  # the drain is woken when the read ends
@@ -660,7 +662,7 @@ class ClientConnection(asyncio.Protocol):
             else:
                 state.overloaded += 1
                 self.respond_error(request, Overloaded(retry_after_s=1))
-        elif request.route is _HEALTH:
+        elif request.kind is _HEALTH:
             self.respond(request, 200, _JSON, _HEALTH_BODY)
         elif state.is_ready():
             self.respond(request, 200, _JSON, _READY_BODY)
@@ -706,7 +708,7 @@ class ClientConnection(asyncio.Protocol):
         # The native path: the method of the last head parsed (see expire_receive).
         method = self._method if self._native else \
             self.parser.get_method() if method_known else b""
-        request = Request(self, method, self._url, Route.FORWARD, [], b"", False,
+        request = Request(self, method, self._url, Kind.FORWARD, [], b"", False,
                           time.perf_counter_ns(), -1, self.state.ends)
         if self.current is None:
             self._start(request, error)

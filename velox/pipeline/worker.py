@@ -55,8 +55,8 @@ from velox.config.tables import CATCH_ALL, Tables
 from velox.core.api import COUNT_TOKENS_PATH, MESSAGES_PATH, OPENAI, client_api
 from velox.core.clock import now_ms
 from velox.core.errors import ModelNotFound, Overloaded, RateLimited, VeloxError
-from velox.core.fields import RESPONSE_FIELD, ROUTE_STATUS_FIELD, F, H
-from velox.core.types import ADMITTED, ENTERABLE, PARSED, SENT, Holder, Request, Route, Stage
+from velox.core.fields import KIND_STATUS_FIELD, RESPONSE_FIELD, F, H
+from velox.core.types import ADMITTED, ENTERABLE, PARSED, SENT, Holder, Kind, Request, Stage
 from velox.egress.interfaces import Egress, Tally
 from velox.egress.pool import EgressOptions
 from velox.egress.upstream import Upstream
@@ -85,10 +85,10 @@ _TICK_S = 0.25
 _ACCEPT_POLL_S = 0.05
 # At most one "out of file descriptors" warning per this many seconds per worker.
 _FD_WARN_EVERY_S = 10.0
-# Route.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
+# Kind.FORWARD as a global: an Enum member lookup costs ~0.25 us on Python 3.11
 # (EnumType.__getattr__ puts the class on the slow attribute path).
-_FORWARD = Route.FORWARD
-_MODEL_OTHER = Route.MODEL_OTHER
+_FORWARD = Kind.FORWARD
+_MODEL_OTHER = Kind.MODEL_OTHER
 _REQUESTS = int(F.REQUESTS)
 _BYTES_OUT = int(F.BYTES_OUT)
 _UPSTREAM_REQUESTS = int(F.UPSTREAM_REQUESTS)
@@ -96,7 +96,7 @@ _UPSTREAM_ERRORS = int(F.UPSTREAM_ERRORS)
 # Once per batch, so once per request at low load: the same plain-int reasoning.
 _BATCHES, _BATCH_ITEMS = int(F.BATCHES), int(F.BATCH_ITEMS)
 _BATCHES_FULL, _BYTES_IN = int(F.BATCHES_FULL), int(F.BYTES_IN)
-_ROOT = Route.ROOT
+_ROOT = Kind.ROOT
 # The lifecycle's moves of the hot path, checked in line (velox.core.types.ENTERABLE).
 _TO_PARSED, _TO_ADMITTED, _TO_SENT = ENTERABLE[PARSED], ENTERABLE[ADMITTED], ENTERABLE[SENT]
 
@@ -472,10 +472,10 @@ class Worker:
         if self.keys is not None:
             # 403 for a model the key may not use, the key's rpm / tpm / max_parallel (429).
             # Before the cache: a hit counts against the caller's own request limit.
-            stages.append(("keys", self.keys.admit))
+            stages.append(("keys", self.keys.run))
             spend = self.spend
             if spend is not None and spend.budgets:  # 429 insufficient_quota for spent budgets
-                stages.append(("budget", spend.admit))
+                stages.append(("budget", spend.run))
         if self.cache is not None:  # hits answered here; followers wait for their leader
             stages.append(("cache", self.cache.front))
         stages.append(("limit", self._limit))
@@ -489,7 +489,7 @@ class Worker:
         if self.keys is None:
             self.keys = KeyStage(self.tables, self.shared.keys, self.slot)
             names = [n for n, _ in self.stages]
-            self.add_stage("keys", self.keys.admit, "cache" if "cache" in names else "limit")
+            self.add_stage("keys", self.keys.run, "cache" if "cache" in names else "limit")
         return self.keys
 
     def publish_key_names(self, names: tuple[str, ...]) -> None:
@@ -556,13 +556,13 @@ class Worker:
             if request.model is None:
                 request.t_popped = now
                 bytes_in += len(request.body)
-                route = request.route
-                if route is not _FORWARD:
-                    if route is not _MODEL_OTHER and len(request.body) >= self.off_loop_min:
+                kind = request.kind
+                if kind is not _FORWARD:
+                    if kind is not _MODEL_OTHER and len(request.body) >= self.off_loop_min:
                         self._scan_off_loop(request)
                         continue
                     try:
-                        if route is _MODEL_OTHER:
+                        if kind is _MODEL_OTHER:
                             parse_other(request)
                         elif request.path.startswith(MESSAGES_PATH):  # velox.core.api
                             parse_messages(request, client_api(request.path))
@@ -574,7 +574,7 @@ class Worker:
                 if not (_TO_PARSED >> request.state) & 1:  # request.advance, in line
                     raise request.illegal(PARSED)
                 request.state = PARSED
-            if request.route is _ROOT:
+            if request.kind is _ROOT:
                 request.upstream_path = self.upstream_root_path
             parsed.append(request)
         self.counters.add(self.slot, _BYTES_IN, bytes_in)
@@ -583,7 +583,7 @@ class Worker:
     def _limit(self, parsed: list[Request]) -> list[Request]:
         """The shared request bucket: one acquire for the batch, 429 for its tail."""
         t_parsed = time.perf_counter_ns()
-        admitted = self.limiter.admit(len(parsed))
+        admitted = self.limiter.take(len(parsed))
         t_admitted = time.perf_counter_ns()
         if admitted < len(parsed):
             self._refuse_rate_limited(parsed[admitted:])
@@ -605,7 +605,7 @@ class Worker:
         batcher = self.batcher
         on_done = self.on_done  # bound once per batch, not per request
         for request in admitted:
-            if models_body is not None and request.route is _FORWARD and \
+            if models_body is not None and request.kind is _FORWARD and \
                     is_model_list(request.method, request.path):
                 self._answer_models(request)
                 continue
@@ -645,10 +645,10 @@ class Worker:
             exchange = Exchange(request, request.upstream_path, base, on_done, self.dispatch)
             exchange.passthrough = passthrough
         ledger = self.ledger
-        if ledger is not None and request.route is not _FORWARD and (
+        if ledger is not None and request.kind is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
             # images, audio, count_tokens: only what the answer reports
-            if request.route is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
+            if request.kind is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
                 exchange.meter = ReportedMeter(ledger, request)
             # The common case (velox.relay.usage.CountMeter): only the counters need the numbers.
             elif not request.stream and request.ticket is None and ledger.tpm is None:
@@ -744,7 +744,7 @@ class Worker:
         self.counters.add_many(slot, _REQUESTS, 1,
                                RESPONSE_FIELD[cls] if 0 <= cls < 10 else RESPONSE_FIELD[9], 1,
                                _BYTES_OUT, bytes_out)
-        self.routes.add(slot, ROUTE_STATUS_FIELD[request.route][cls], 1)
+        self.routes.add(slot, KIND_STATUS_FIELD[request.kind][cls], 1)
         log_access = self.log_access
         if log_access is not None:  # a deque append: the log's timer formats and writes
             if holder is not None and type(holder) is Waiting:

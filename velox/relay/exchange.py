@@ -40,7 +40,7 @@ from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 if TYPE_CHECKING:
     from velox.config.tables import UpstreamSpec
     from velox.egress.edge import Translation
-    from velox.egress.interfaces import AttemptHandle
+    from velox.egress.interfaces import CallHandle
     from velox.providers.base import Translator
     from velox.relay.usage import Meter
 
@@ -125,7 +125,7 @@ class Exchange:
         self.outcome = 0
         self.headers_base: Headers = headers_out  # the client's headers without credentials
         self.passthrough: Headers = []  # the client's credential, when the upstream has none
-        self.attempt: AttemptHandle | None = None  # egress's current try; set by egress
+        self.attempt: CallHandle | None = None  # egress's current try; set by egress
         self.on_done = on_done  # (exchange, status) once the client has its full answer
         self.status = 0
         self.headers: Headers = []

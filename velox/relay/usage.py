@@ -755,7 +755,7 @@ class TokenMeter:
                 self.input = self.output = 0  # refused or failed: nothing was generated
         used = self.input + self.output
         ticket = self.request.ticket
-        if ticket is not None:  # the key's reservation (velox.admission.keys.Ticket: settles once)
+        if ticket is not None:  # the key's reservation (a KeyTicket: settles once)
             ticket.settle(used)
             if used:
                 ticket.key.used(self.input, self.output)  # its own token count (any key)

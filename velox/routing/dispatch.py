@@ -59,7 +59,7 @@ from velox.state.stats import SharedStats
 
 if TYPE_CHECKING:
     from velox.core.types import Request
-    from velox.egress.interfaces import AttemptHandle, Egress, Headers
+    from velox.egress.interfaces import CallHandle, Egress, Headers
     from velox.relay.exchange import Exchange
 
 log = logging.getLogger("velox.dispatch")
@@ -161,7 +161,7 @@ class Dispatch:
         exchange.path = request.upstream_path if self._plain[u] else \
             self.tables.upstreams[u].upstream_path(request.upstream_path, attempt.model)
         # The upstream's own credential; without one, the client's (passed through only when
-        # the gateway has no keys of its own: route.Auth decided that in `passthrough`).
+        # the gateway has no keys of its own: auth.Auth decided that in `passthrough`).
         exchange.headers_out = exchange.headers_base + (self.credentials[u]
                                                         or exchange.passthrough)
         body = request.body if request.model is None or attempt.model == request.model \
@@ -365,7 +365,7 @@ class Probe:
         self.ticket = ticket
         self.path = path
         self.headers_out = list(headers)
-        self.attempt: AttemptHandle | None = None
+        self.attempt: CallHandle | None = None
         self.done = False
 
     def _end(self, status: int, why: str = "") -> None:

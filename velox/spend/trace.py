@@ -11,7 +11,7 @@ and then a worker pays on its loop only for what a sampled request needs:
 * Each upstream attempt takes a span id up front (`RequestTrace.new_span_id`) and sends
   `RequestTrace.traceparent(span_id)` upstream, so the provider's side joins the trace.
 * When the request is settled, the worker (velox.spend.traced) hands `Tracer.record` a plain
-  `RequestRecord` (timestamps of queueing, parsing, limits and the cache; one `Attempt` per
+  `RequestRecord` (timestamps of queueing, parsing, limits and the cache; one `AttemptSpan` per
   upstream try, retries and fallbacks included). Only a sampled record is turned into spans:
   one SERVER span for the request with an event per stage, one CLIENT span per attempt, named
   and attributed as the GenAI conventions say (`{operation} {model}`; `gen_ai.operation.name`,
@@ -112,7 +112,7 @@ class RequestTrace:
 
 
 @dataclass(slots=True)
-class Attempt:
+class AttemptSpan:
     """One try of one upstream (times: time.perf_counter_ns)."""
 
     span_id: int
@@ -157,7 +157,7 @@ class RequestRecord:
     output_tokens: int | None = None
     cost_nanos: int | None = None
     error: str = ""  # error.type of the answer when it failed
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[AttemptSpan] = field(default_factory=list)
 
     def span_name(self, model: str) -> str:
         """`{gen_ai.operation.name} {model}` (the GenAI conventions), else `{method} {path}`
@@ -289,7 +289,7 @@ class Tracer:
             kind=sdk.SERVER, status=status, start_time=rec.start_ns + offset,
             end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
 
-    def _client_span(self, rec: RequestRecord, attempt: Attempt, offset: int) -> Any:
+    def _client_span(self, rec: RequestRecord, attempt: AttemptSpan, offset: int) -> Any:
         sdk = self._sdk
         provider = PROVIDERS.get(attempt.kind, attempt.kind)
         attrs: dict[str, Any] = {

@@ -37,7 +37,7 @@ import orjson
 from velox.cache.wait import Waiting
 from velox.core.fields import F
 from velox.relay.exchange import Exchange
-from velox.spend.trace import Attempt, RequestRecord, RequestTrace, Tracer, sample_bound
+from velox.spend.trace import AttemptSpan, RequestRecord, RequestTrace, Tracer, sample_bound
 
 if TYPE_CHECKING:
     from velox.config.tables import UpstreamSpec
@@ -76,7 +76,7 @@ class _Live:
     def __init__(self, trace: RequestTrace, parented: bool) -> None:
         self.trace = trace
         self.parented = parented  # the client sent a traceparent (replaced upstream)
-        self.attempts: list[Attempt] = []
+        self.attempts: list[AttemptSpan] = []
         self.keeper: _Keeper | None = None
         self.cache_ns = 0
 
@@ -156,7 +156,7 @@ class Traced:
         route_attempt = exchange.route_attempt
         model = route_attempt.model if route_attempt is not None else \
             exchange.request.model or ""
-        live.attempts.append(Attempt(span_id, up.name, up.kind, up.address, up.port, model,
+        live.attempts.append(AttemptSpan(span_id, up.name, up.kind, up.address, up.port, model,
                                      time.perf_counter_ns(), 0))
 
     def attempt_failed(self, exchange: Any, status: int, error: str) -> None:

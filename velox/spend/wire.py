@@ -3,7 +3,7 @@
 Three narrow call sites in the worker, so they can move into a request's single end when the
 lifecycle has one:
 
-* `Spend.admit(batch)` after the keys stage: a request of a key under a budget (its own
+* `Spend.run(batch)` after the keys stage: a request of a key under a budget (its own
   `budget_usd`, or a `[[budget]]` team it is in) reserves its estimated cost, or is refused with
   429 `insufficient_quota` when a budget has nothing left.
 * `Spend.meter(exchange, inner)` wraps the exchange's token meter (velox.relay.usage) in a
@@ -53,7 +53,7 @@ import orjson
 from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.fields import TOKEN_BLOCK
-from velox.core.types import Request, Route
+from velox.core.types import Kind, Request
 from velox.providers.anthropic import usage_of as anthropic_usage
 from velox.relay.usage import NOT_BOOKED, estimate_scan, usage_of
 from velox.spend.ledger import Store, connect, period_start, state_file
@@ -76,7 +76,7 @@ _BLOCK_MASK = TOKEN_BLOCK - 1
 COST_HEADER = b"x-velox-cost-usd"
 REMAINING_HEADER = b"x-velox-budget-remaining-usd"
 _NO_RETRY = ((b"x-should-retry", b"false"),)
-_MODEL_CALL = Route.MODEL_CALL
+_MODEL_CALL = Kind.MODEL_CALL
 # A non-zero cached, cache-write or reasoning count (OpenAI's names, a translated answer's
 # cache_write_tokens, Anthropic's cache_*_input_tokens): only then is the body parsed for its
 # parts (OpenAI sends both members, as 0, in nearly every answer; a parse costs ~2 us, the
@@ -306,7 +306,7 @@ class Spend:
 
     # --- admission ------------------------------------------------------------------------
 
-    def admit(self, requests: list[Request]) -> list[Request]:
+    def run(self, requests: list[Request]) -> list[Request]:
         """Reserve the estimated cost of each budgeted request; refuse those whose budget is
         spent (429 insufficient_quota). Requests of no budget pass untouched."""
         key_budgets = self.key_budgets
@@ -362,7 +362,7 @@ class Spend:
         """Nano-USD a model call may cost: its estimated input and output (velox.relay.usage's
         rule: body bytes / 4, max_*tokens or VELOX_TOKENS_DEFAULT_OUTPUT) at its first
         target's price; 0 when it has no price or is no model call."""
-        if request.route is not _MODEL_CALL:
+        if request.kind is not _MODEL_CALL:
             return 0
         model = request.model or ""
         first = self._first.get(model, self._catch_all)

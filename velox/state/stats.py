@@ -14,9 +14,9 @@ from velox._native import Counters as Counters  # re-exported: the type the stag
 from velox._native import Histogram
 from velox.config.tables import DEFAULT_UPSTREAM, Tables, UpstreamSpec, single_upstream
 from velox.core.fields import (
+    KIND_FIELDS,
     OTHER_KEYS,
     RETRY_REASONS,
-    ROUTE_FIELDS,
     TOKEN_BLOCK,
     UPSTREAM_CLASSES,
     F,
@@ -62,7 +62,7 @@ class SharedStats:
             self.active.set(0, slot, 1)
         self.counters = Counters(slots, len(F))
         self.histograms = tuple(Histogram(slots) for _ in H)
-        self.routes = Counters(slots, ROUTE_FIELDS)
+        self.routes = Counters(slots, KIND_FIELDS)
         self.retries = Counters(slots, len(RETRY_REASONS))
         # The response cache's shared store (velox.cache.front.create_store), set by the supervisor
         # before it forks when caching is on anywhere; None otherwise.
