@@ -27,7 +27,6 @@
 /* Per-module state (multi-phase init: no process-global Python objects). */
 typedef struct {
     PyTypeObject *ring_type;
-    PyTypeObject *bucket_type;
     PyTypeObject *counters_type;
     PyTypeObject *hist_type;
     PyTypeObject *health_type;
@@ -36,6 +35,7 @@ typedef struct {
     PyTypeObject *cache_type;
     PyTypeObject *limits_type;
     PyTypeObject *h2_type;
+    PyTypeObject *gate_type;
     PyObject *methods[VX_RH_METHODS]; /* reqhead: one bytes object per method, shared */
     PyObject *names[VXB_RH_NAMES];    /* reqhead: the lower-case common names, shared */
 } module_state;
@@ -52,14 +52,28 @@ typedef struct {
     long value;
 } vxb_int_const;
 
-/* In _velox_native.c: create a heap type from spec, keep it in *slot, add it to module. */
-int vxb_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot);
-/* In _velox_native.c: add n int constants. */
-int vxb_add_ints(PyObject *module, const vxb_int_const *table, size_t n);
+/* Create a heap type from spec, keep it in *slot, add it to module (inline: the lab's bucket
+ * module shares it). */
+static inline int vxb_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+    /* New reference, kept in the module state; PyModule_AddType adds its own. */
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+    if (*slot == NULL)
+        return -1;
+    return PyModule_AddType(module, *slot);
+}
+
+/* Add n int constants. */
+static inline int vxb_add_ints(PyObject *module, const vxb_int_const *table, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (PyModule_AddIntConstant(module, table[i].name, table[i].value) < 0)
+            return -1;
+    return 0;
+}
 
 /* One per binding file: add its types, functions and constants. 0, or -1 with an exception. */
 int vxb_ring_exec(PyObject *module, module_state *st);
-int vxb_bucket_exec(PyObject *module, module_state *st);
 int vxb_stats_exec(PyObject *module, module_state *st);
 int vxb_health_exec(PyObject *module, module_state *st);
 int vxb_cache_exec(PyObject *module, module_state *st);
@@ -71,6 +85,15 @@ int vxb_http1_exec(PyObject *module, module_state *st);
 int vxb_reqhead_exec(PyObject *module, module_state *st);
 int vxb_relay_exec(PyObject *module, module_state *st);
 int vxb_books_exec(PyObject *module, module_state *st);
+int vxb_h1resp_exec(PyObject *module, module_state *st);
+int vxb_budgets_exec(PyObject *module, module_state *st);
+
+/* The core behind a Limits / Counters object, for a binding that drives several cores in one
+ * call (bind_budgets.c); NULL with TypeError when o is not of that type. */
+struct vx_limits;
+struct vx_counters;
+struct vx_limits *vxb_limits_core(PyObject *o, module_state *st);
+struct vx_counters *vxb_counters_core(PyObject *o, module_state *st);
 
 /* ---------------------------------------------------------------- integer arguments */
 

@@ -627,6 +627,15 @@ static PyType_Spec Limits_spec = {
     .slots = Limits_slots,
 };
 
+vx_limits *vxb_limits_core(PyObject *o, module_state *st)
+{
+    if (!PyObject_TypeCheck(o, st->limits_type)) {
+        PyErr_Format(PyExc_TypeError, "a Limits is needed, got %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return ((LimitsObject *)o)->l;
+}
+
 /* ---------------------------------------------------------------- init */
 
 /* Mirrors of the core's header, so Python code never hard-codes the numbers. */

@@ -471,6 +471,15 @@ static PyType_Spec Hist_spec = {
     .slots = Hist_slots,
 };
 
+vx_counters *vxb_counters_core(PyObject *o, module_state *st)
+{
+    if (!PyObject_TypeCheck(o, st->counters_type)) {
+        PyErr_Format(PyExc_TypeError, "a Counters is needed, got %s", Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    return &((CountersObject *)o)->c;
+}
+
 /* ---------------------------------------------------------------- init */
 
 int vxb_stats_exec(PyObject *module, module_state *st)

@@ -38,40 +38,6 @@ class Ring:
     def capacity(self) -> int: ...
 
 @final
-class TokenBucket:
-    """Lock-free integer token bucket in an anonymous shared mapping.
-
-    Starts full. A bucket created before fork() is one bucket for the parent and every
-    child. Refill is lazy (credited when a take comes up short), integer-only, with
-    microsecond precision.
-    """
-
-    def __init__(self, rate_per_minute: int, burst: int) -> None:
-        """Both in [1, 10**9]; otherwise ValueError naming the argument."""
-    def acquire(self, n: int = 1, /) -> bool:
-        """Take n tokens at once or none. n > burst: False at once. n < 1: ValueError."""
-    def acquire_up_to(self, n: int, /) -> int:
-        """Take min(n, whole tokens available); return how many (0 for n == 0).
-
-        n < 0: ValueError. Huge n is clamped to burst."""
-    def wait_hint_us(self, n: int = 1, /) -> int:
-        """Microseconds until n tokens can be available: 0 if now, -1 if n > burst."""
-    def available(self) -> int:
-        """Whole tokens available now, pending refill included (approximate; for metrics)."""
-    @property
-    def rate_per_minute(self) -> int: ...
-    @property
-    def burst(self) -> int: ...
-    # Test hooks, not API: explicit clocks and a GIL-free hammer for exactness tests.
-    def _acquire_at(self, n: int, now_us: int, /) -> bool:
-        """Test hook: acquire(n) with an explicit CLOCK_MONOTONIC time in microseconds."""
-    def _acquire_up_to_at(self, n: int, now_us: int, /) -> int:
-        """Test hook: acquire_up_to(n) with an explicit clock."""
-    def _hammer(self, duration_us: int, n: int, /) -> int:
-        """Test hook: with the GIL released, call acquire(n) in a tight loop for duration_us
-        (at most 60 s); return the number of tokens admitted."""
-
-@final
 class Counters:
     """slots x fields int64 counters in an anonymous shared mapping (shared across fork).
 
@@ -489,6 +455,24 @@ class Limits:
         """With the GIL released, take(i, n) on the real clock in a loop for duration_us (at
         most 60 s); return the tokens admitted."""
 
+@final
+class BudgetGate:
+    """One worker's admission to and settlement of spend budgets (native/bind_budgets.c):
+    budget b is bucket b of `limits`, counting units of units[b] nano-USD, and field b of row
+    `slot` of `in_flight` the units its requests in flight reserve."""
+
+    def __init__(self, limits: Limits, in_flight: Counters, units: tuple[int, ...],
+                 slot: int) -> None: ...
+    @property
+    def carry(self) -> tuple[int, ...]:
+        """Per budget, nano-USD of settled costs below one unit, not yet charged."""
+    def admit(self, budgets: tuple[int, ...], estimate: int, /) -> bytes | int:
+        """Refused (nothing taken) while a budget has nothing left: that budget's index. Else
+        ceil(estimate / unit) taken from each (into debt when less is left) and counted in
+        the slot's row; returns what the tightest budget had left, as USD text."""
+    def settle(self, budgets: tuple[int, ...], estimate: int, cost: int, /) -> None:
+        """The reservation of a request admitted with `estimate` becomes its `cost`."""
+
 # The native HTTP/2 client codec (native/vx_h2.c); velox.egress.nativecodec is its face.
 H2_RESPONSE: Final[int]  # 1, as velox.egress.codec.RESPONSE
 H2_DATA: Final[int]  # 2
@@ -504,6 +488,23 @@ H2_LOCAL_MAX_HEADER_LIST_SIZE: Final[int]
 H2_DATA_PER_CALL: Final[int]
 H2_DEFAULT_MAX_CONCURRENT_STREAMS: Final[int]
 H2_MAX_CONCURRENT_STREAMS_CAP: Final[int]
+
+class H1Reader:
+    """The reading half of an HTTP/1.1 upstream connection (velox.egress.h1conn subclasses it
+    with asyncio.BufferedProtocol): responses parsed by vx_h1resp, reported to the subclass's
+    _h_answer/_h_head/_h_body/_h_end/_h_error/_h_fallback (and _h_withhold) once per read."""
+
+    read_buffer: memoryview  # read-only attribute: the buffer uvloop reads into
+    no_body: int  # nonzero while the request answered is HEAD
+    native_fallback: int  # read-only: nonzero once httptools reads the connection
+
+    def get_buffer(self, sizehint: int, /) -> memoryview: ...
+    def buffer_updated(self, nbytes: int, /) -> None: ...
+    def data_received(self, data: Buffer, /) -> None: ...
+    def direct(self, conn: Any, write: Any, sse: Any, exchange: Any, attempt: Any,
+               chunked: bool, /) -> None:
+        """A streamed answer's plain reads go to write (the client transport's) from here on."""
+    def undirect(self) -> None: ...
 
 @final
 class H2Client:
@@ -592,16 +593,18 @@ class KeyTicket:
     def settled(self) -> bool: ...
 
 # Bookkeeping (native/vx_books.c): the access log's line, the usage and the token estimate.
-def access_line(item: tuple[int, object, object, int, int], wall_offset_ns: int, worker: int,
+# The access record's layout (velox.relay.records.ACCESS_FIELDS), as the C reads it.
+ACCESS_FIELDS: tuple[str, ...]
+def access_line(record: tuple[object, ...] | None, wall_offset_ns: int, worker: int,
                 prefix: bytes, seq: int, key_names: tuple[str, ...], /) -> bytes:
-    """One access-log line of (t_end_ns, request, exchange_or_None, status, bytes_out): the
-    bytes orjson makes of the line's dict, newline included (velox.admin.accesslog)."""
-def access_lines(items: list[tuple[int, object, object, int, int]], wall_offset_ns: int,
+    """One access-log line of a record (velox.relay.records.AccessRecord): the bytes orjson
+    makes of the line's dict, newline included (velox.admin.accesslog)."""
+def access_lines(items: list[Any], wall_offset_ns: int,
                  worker: int, prefix: bytes, seq: int, key_names: tuple[str, ...], limit: int,
                  /) -> tuple[list[bytes], int]:
-    """access_line of every item (item i with seq + 1 + i) joined into chunks of whole lines
-    of at most `limit` bytes (a longer line alone); items that fail are skipped. Returns the
-    chunks and the number of lines."""
+    """access_line of every record (item i with seq + 1 + i) joined into chunks of whole lines
+    of at most `limit` bytes (a longer line alone); items that fail (None) are skipped.
+    Returns the chunks and the number of lines."""
 def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""

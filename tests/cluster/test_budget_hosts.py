@@ -233,3 +233,50 @@ def test_a_restarted_host_reports_under_its_name_and_resumes_from_its_ledger(
     spent = sum(ledger(tmp_path / f"state{i}")[0] for i in range(2))
     used = sum(int(v) for k, v in fields.items() if k.startswith("u:"))
     assert spent > 0 and abs(used * 1000 - spent) <= 2 * WORKERS * 1000 + 1000, (used, spent)
+
+
+def grants(gw: GatewayProcess) -> dict[str, float]:
+    """The shared budget's allowance figures in one host's /metrics, by metric name."""
+    _, body = gw.admin_get("/metrics", timeout=5.0)
+    out = {}
+    for line in body.decode().splitlines():
+        name, _, rest = line.partition('{budget="shared",kind="key"} ')
+        if rest and name.startswith("velox_budget_"):
+            out[name] = float(rest)
+    return out
+
+
+def test_budget_grants_are_in_metrics(tmp_path: Path, mock: MockUpstream) -> None:
+    """Two hosts spend one budget past its end (one SDK load process each): each host's
+    /metrics tells the asks for an allowance it sent to Redis, how many were granted some or
+    nothing, the USD granted (together within the budget) and the allowance it holds."""
+    redis = RedisProcess(log_path=tmp_path / "redis.log").start()
+    gateways: list[GatewayProcess] = []
+    try:
+        gateways = start_hosts(tmp_path, mock, redis.url, hosts=2)
+        wait_for(lambda: all(metric(gw, "velox_redis_hosts") == 2 for gw in gateways), 30)
+        duration = 6.0  # the budget lasts ~110 requests: twice that over the run
+        start = time.time() + 2.0
+        procs = [paced.spawn(gw.base_url + "/v1", CLIENT_KEY, 220 / duration / 2, duration,
+                             start) for gw in gateways]
+        docs = [paced.collect(p, duration + 120) for p in procs]
+        # The refresher's last call is at most a heartbeat old: its asks are counted.
+        figures = [grants(gw) for gw in gateways]
+    finally:
+        for gw in gateways:
+            gw.stop()
+        redis.stop()
+    statuses = [status for doc in docs for _, status in doc["records"]]
+    assert 429 in statuses and set(statuses) <= {200, 429}, statuses
+    for host in figures:
+        asks = host["velox_budget_grant_asks_total"]
+        assert host["velox_budget_grants_total"] >= 1, figures
+        assert asks == host["velox_budget_grants_total"] + \
+            host["velox_budget_grant_refusals_total"], figures
+        assert 0 <= host["velox_budget_allowance_usd"] <= BUDGET_USD, figures
+    # The budget ran out while the hosts still asked: some asks got nothing.
+    assert sum(h["velox_budget_grant_refusals_total"] for h in figures) >= 1, figures
+    granted = sum(h["velox_budget_granted_usd_total"] for h in figures)
+    # Grants never pass the budget; the hosts spent most of it through them (a first request
+    # may borrow one estimate before its host's first grant).
+    assert BUDGET_USD / 2 <= granted <= BUDGET_USD + 1e-9, figures

@@ -181,24 +181,28 @@ def payloads_completion_usage(prompt: str) -> bytes:
     return events[-2][len(b"data: "):]
 
 
+def leave_a_stream(base_url: str, delay_ms: int) -> bytes:
+    """A stream of 40 events `delay_ms` apart whose client reads three and leaves; its body."""
+    body = orjson.dumps({"model": "gpt-4o", "messages": MESSAGES, "stream": True,
+                         "max_tokens": 500})
+    headers = {**AUTH, "content-type": "application/json", "x-mock-chunks": "40",
+               "x-mock-chunk-delay-ms": str(delay_ms)}
+    with httpx.Client(timeout=20) as client, client.stream(
+            "POST", base_url + "/v1/chat/completions", content=body, headers=headers) as r:
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+                if seen == 3:
+                    break
+    return body
+
+
 def test_stream_cut_short_is_charged_input_and_relayed_output(
         start_gateway: GatewayFactory, upstream: MockUpstream) -> None:
     gw = start_gateway(VELOX_WORKERS="1")
-    body = orjson.dumps({"model": "gpt-4o", "messages": MESSAGES, "stream": True,
-                         "max_tokens": 500})
-    # 40 events, 150 ms apart: the client reads three and leaves.
-    headers = {**AUTH, "content-type": "application/json", "x-mock-chunks": "40",
-               "x-mock-chunk-delay-ms": "150"}
-    with httpx.Client(timeout=20) as client:
-        with client.stream("POST", gw.base_url + "/v1/chat/completions", content=body,
-                           headers=headers) as r:
-            assert r.status_code == 200
-            seen = 0
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    seen += 1
-                    if seen == 3:
-                        break
+    body = leave_a_stream(gw.base_url, 150)
     estimated_input = usage.input_tokens(body)  # the client's body, as it was estimated
     got = wait_for(lambda: tokens(gw).get(("-", "*")))
     assert got[0] == estimated_input

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from velox._native import (
+    BudgetGate,
     Counters,
     Health,
     Histogram,
@@ -24,9 +25,9 @@ from velox._native import (
     RetryBudget,
     Ring,
     SharedCache,
-    TokenBucket,
     hash64,
 )
+from velox_lab._bucket import TokenBucket
 
 MB = 1 << 20
 
@@ -270,6 +271,44 @@ def test_limits_entry_points_keep_refcounts_and_mappings_flat() -> None:
     # A leaked mapping per object would be 2000 mappings and 2000 x (6.4 + 12.8) KB.
     assert mapping_count() <= maps_before + 2
     assert rss() - rss_before < 8 * MB
+
+def test_budget_gate_keeps_refcounts_and_memory_flat() -> None:
+    # A budgeted request's two calls (velox.spend.gate), a million times each, the remaining
+    # figure's bytes made every admission; refusals and bad arguments; gates made and dropped
+    # keep their Limits and Counters alive only while they live.
+    lim, in_flight = Limits(2, slots=2), Counters(2, 2)
+    for b in range(2):
+        lim.configure(b, 0, 10**9)
+        lim.give(b, 10**9)
+    gate = BudgetGate(lim, in_flight, (1000, 10**6), 1)
+    budgets = (0, 1)
+    big = 2**100
+    base_big, base_lim = sys.getrefcount(big), sys.getrefcount(lim)
+    for _ in range(10_000):  # warm-up
+        gate.admit(budgets, 5_000)
+        gate.settle(budgets, 5_000, 4_321)
+    before = rss()
+    for i in range(1_000_000):
+        assert type(gate.admit(budgets, 5_000 + i % 7)) is bytes
+        gate.settle(budgets, 5_000 + i % 7, 4_321)
+    empty = Limits(1, slots=2)
+    empty.configure(0, 0, 10)
+    refusing = BudgetGate(empty, in_flight, (1000,), 0)
+    for _ in range(10_000):
+        assert refusing.admit((0,), 1000) == 0
+        with pytest.raises(ValueError):
+            gate.admit(budgets, big)
+        with pytest.raises(ValueError):
+            gate.settle((5,), 1, 1)
+        type_error(gate.admit, [0], 1)
+        type_error(BudgetGate, in_flight, lim, (1,), 0)
+    assert sys.getrefcount(big) == base_big
+    assert in_flight.get(1, 0) == 0 and in_flight.get(1, 1) == 0  # every reservation settled
+    assert rss() - before < 8 * MB
+    del gate, refusing
+    gc.collect()
+    assert sys.getrefcount(lim) == base_lim - 1  # the gate's reference went with it
+
 
 def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.spend.test_wire import SHA, tables
 from velox.config.tables import KeySpec
+from velox.spend.gate import GateTwin
 from velox.spend.hosts import BudgetLeases, allowance_cap, bound, host_id
 from velox.spend.wire import SharedBudgets
 
@@ -31,11 +32,13 @@ def test_used_is_what_was_given_less_what_is_held() -> None:
     shared = leased()
     host = BudgetLeases(shared, "h")
     host.states[0].given += shared.limits.give(0, 500)
-    shared.reserve(0, 0, 120)  # a request in flight reserves 120
+    slot0, slot1 = (GateTwin(shared.limits, shared.in_flight, shared.units, s) for s in (0, 1))
+    assert shared.units == (1000,)
+    slot0.reserve(0, 120)  # a request in flight reserves 120
     assert host.used(0) == 120
-    shared.settle(0, 0, 120, 30)  # it cost 30
+    slot0.settle((0,), 120_000, 30_000)  # it cost 30
     assert host.used(0) == 30
-    shared.reserve(1, 0, 600)  # admitted while anything was left: into debt
+    slot1.reserve(0, 600)  # admitted while anything was left: into debt
     assert host.used(0) == 630 and shared.limits.level(0) == -130
 
 
@@ -70,8 +73,9 @@ def test_a_new_period_takes_the_allowance_back_and_starts_from_zero() -> None:
     key = host.states[0].key
     assert key == "velox:budget:key:a:day:2026-11-26"
     host.states[0].given += shared.limits.give(0, 500)
-    shared.reserve(0, 0, 200)
-    shared.settle(0, 0, 200, 200)
+    worker = GateTwin(shared.limits, shared.in_flight, shared.units, 0)
+    worker.reserve(0, 200)
+    worker.settle((0,), 200_000, 200_000)
     assert host.used(0) == 200
     assert not host._roll(NOON + 3600)
     assert host._roll(NOON + 86_400)

@@ -40,7 +40,7 @@ from velox.core.fields import (
     F,
     H,
 )
-from velox.spend.wire import NANOS_PER_USD
+from velox.spend.gate import NANOS_PER_USD
 from velox.state.stats import SharedStats
 
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -410,6 +410,7 @@ class VeloxCollector(Collector):
                                   "due at once).", value=m["commands"])
         yield CounterMetricFamily("velox_redis_errors", "Redis calls that failed or timed out.",
                                   value=m["errors"])
+        yield from _budget_grants(cluster)
 
     def _cache(self) -> Iterator[Metric]:
         """The response cache (velox.cache): outcomes summed over workers, the store's state."""
@@ -471,3 +472,32 @@ def make_registry(collector: VeloxCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry
+
+
+# Budgets across hosts (velox.spend.hosts.BudgetLeases.metrics): name, help, field, counter.
+_GRANTS = (
+    ("velox_budget_grant_asks", "Asks for a budget's allowance this host sent to Redis.",
+     "asked", True),
+    ("velox_budget_grants", "Asks Redis granted some allowance.", "granted", True),
+    ("velox_budget_grant_refusals", "Asks Redis granted nothing (the budget had nothing "
+     "left to allocate, or grants were held after a data loss).", "refused", True),
+    ("velox_budget_granted_usd", "USD of allowance Redis granted this host.", "granted_usd",
+     True),
+    ("velox_budget_allowance_usd", "USD of allowance this host holds unused now.", "held_usd",
+     False),
+)
+
+
+def _budget_grants(cluster: Any) -> Iterator[Metric]:
+    """The budgets' allowances across hosts, per budget (labels budget and kind)."""
+    rows = [row for extra in cluster.extras if hasattr(extra, "metrics")
+            for row in extra.metrics()]
+    if not rows:
+        return
+    for name, doc, field, counter in _GRANTS:
+        family: CounterMetricFamily | GaugeMetricFamily = \
+            CounterMetricFamily(name, doc, labels=("budget", "kind")) if counter else \
+            GaugeMetricFamily(name, doc, labels=("budget", "kind"))
+        for row in rows:
+            family.add_metric((row["budget"], row["kind"]), row[field])
+        yield family

@@ -6,6 +6,13 @@ HTTP/2 path does. Backpressure: when the client stops reading, we stop reading t
 socket (the attempt is marked as withholding) until it reads again, or the attempt ends, which
 `_release` (the one exit of an attempt) turns back on. A large request body is written a slice
 per loop pass, as on HTTP/2, since TLS encrypts inside transport.write.
+
+Two readers share everything else (`H1Base`): `H1Connection`, whose reads are parsed in C
+(`velox._native.H1Reader`: uvloop's get_buffer/buffer_updated are C methods, the head is read by
+vx_h1resp, the body's framing decoded there, and Python is called at most once per read, e.g.
+once per streamed event), and its twin `PyH1Connection`, httptools throughout (VELOX_NATIVE=0,
+and what the native reader hands a connection to on a head outside its subset: 1xx interim
+answers, HTTP/1.0, close-delimited bodies, odd framing fields).
 """
 
 from __future__ import annotations
@@ -13,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
 
+from velox import _native
 from velox.core.errors import UpstreamProtocolError, UpstreamUnavailable
 from velox.egress.h2conn import WRITE_SLICE
 from velox.egress.interfaces import UpstreamCall
@@ -43,26 +51,49 @@ class H1Owner(Protocol):
     @property
     def tally(self) -> Tally: ...
 
-    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+    def on_idle(self, conn: H1Base, answered: bool = True) -> None:
         """The connection finished a response (answered) and can be reused."""
 
-    def on_closed(self, conn: H1Connection) -> None: ...
+    def on_closed(self, conn: H1Base) -> None: ...
 
 
-class H1Connection(asyncio.BufferedProtocol):
-    __slots__ = (
-        "read_buffer",
-        "pool", "transport", "parser", "attempt", "headers", "status", "keep_alive",
-        "closed", "reading_paused", "warm", "authority", "idle_since",
-        "body_rest", "write_paused", "write_scheduled", "held", "held_body",
-    )
+_SLOTS = (
+    "pool", "transport", "parser", "attempt", "headers", "status", "keep_alive",
+    "closed", "reading_paused", "warm", "authority", "idle_since",
+    "body_rest", "write_paused", "write_scheduled", "held", "held_body",
+)
+
+
+class H1Base(asyncio.BufferedProtocol):
+    """Sending, backpressure, the attempt's end and httptools' callbacks: both readers'."""
+
+    if not TYPE_CHECKING:  # no slots of its own: the C base of H1Connection has the layout
+        __slots__ = ()
+    if TYPE_CHECKING:  # the concrete classes' slots
+        pool: H1Owner
+        transport: asyncio.Transport | None
+        parser: Any  # httptools.HttpResponseParser, or None until the native reader falls back
+        attempt: UpstreamCall | None
+        headers: list[tuple[bytes, bytes]]
+        status: int
+        keep_alive: bool
+        closed: bool
+        reading_paused: bool
+        warm: bool
+        idle_since: float
+        authority: bytes
+        body_rest: memoryview | None
+        write_paused: bool
+        write_scheduled: bool
+        held: bool
+        held_body: list[bytes]
 
     def __init__(self, pool: H1Owner) -> None:
         self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.attempt: UpstreamCall | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.transport = None
+        self.parser = None
+        self.attempt = None
+        self.headers = []
         self.status = 0
         self.keep_alive = True
         self.closed = False
@@ -70,15 +101,14 @@ class H1Connection(asyncio.BufferedProtocol):
         self.warm = False
         self.idle_since = 0.0
         self.authority = pool.front.spec.authority.encode()
-        self.read_buffer = memoryview(bytearray(_READ_BUFFER))
-        self.body_rest: memoryview | None = None  # the part of a large body not yet written
+        self.body_rest = None  # the part of a large body not yet written
         self.write_paused = False
         self.write_scheduled = False
         # A response head read but not yet reported: if its body ends within the same read
         # (the common short answer), the client gets it all at once (Client.on_answer, as the
         # HTTP/2 codec's ANSWER event); else head and body so far go out when the read ends.
         self.held = False
-        self.held_body: list[bytes] = []
+        self.held_body = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -192,6 +222,10 @@ class H1Connection(asyncio.BufferedProtocol):
                 attempt.client.on_answer(self.status, self.headers, body)
             else:
                 attempt.client.on_data(b"", True)
+        self._message_done()
+
+    def _message_done(self) -> None:
+        """A response ended: the connection takes the next request, or closes."""
         if self.body_rest is not None:
             # The upstream answered before the whole body was sent: the rest would be read
             # as the next request, so this connection cannot be reused.
@@ -202,28 +236,17 @@ class H1Connection(asyncio.BufferedProtocol):
         else:
             self.close()
 
-    # --- transport callbacks ------------------------------------------------------------------
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        # httptools parses the view in place; the callbacks receive their own bytes. Not
-        # through data_received: one Python frame less per read, i.e. per streamed event.
-        try:
-            self.parser.feed_data(self.read_buffer[:nbytes])
-        except httptools.HttpParserError as exc:
-            self._protocol_error(exc)
-        if self.held:
-            self._report_head()
-
-    def data_received(self, data: bytes) -> None:
+    def _feed_py(self, data: bytes | memoryview) -> None:
+        """Bytes for httptools (the twin's every read; the native reader's after a fallback)."""
+        assert self.parser is not None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._protocol_error(exc)
         if self.held:
             self._report_head()
+
+    # --- transport callbacks ------------------------------------------------------------------
 
     def _protocol_error(self, exc: Exception) -> None:
         log.warning("upstream HTTP/1.1 protocol error: %s", exc)
@@ -282,3 +305,114 @@ class H1Connection(asyncio.BufferedProtocol):
 
     def live(self) -> list[UpstreamCall]:
         return [] if self.attempt is None else [self.attempt]
+
+
+class PyH1Connection(H1Base):
+    """The twin: every read parsed by httptools, through its per-field callbacks."""
+
+    __slots__ = (*_SLOTS, "read_buffer")
+
+    def __init__(self, pool: H1Owner) -> None:
+        super().__init__(pool)
+        self.parser = httptools.HttpResponseParser(self)
+        self.read_buffer = memoryview(bytearray(_READ_BUFFER))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # httptools parses the view in place; the callbacks receive their own bytes. Not
+        # through data_received: one Python frame less per read, i.e. per streamed event.
+        self._feed_py(self.read_buffer[:nbytes])
+
+    def data_received(self, data: bytes) -> None:
+        self._feed_py(data)
+
+
+class H1Connection(_native.H1Reader, H1Base):
+    """The native reader (velox._native.H1Reader: get_buffer, buffer_updated, data_received
+    and `read_buffer` are C); it reports each read here in one call."""
+
+    __slots__ = _SLOTS
+
+    def send(self, attempt: UpstreamCall) -> None:
+        self.no_body = attempt.client.method == b"HEAD"  # its answer's framing fields lie
+        H1Base.send(self, attempt)
+
+    def _take_head(self, status: int, headers: list[tuple[bytes, bytes]],
+                   keep_alive: bool) -> UpstreamCall | None:
+        """A response head: kept, and timed on the attempt it answers (returned, if any)."""
+        self.status = status
+        self.headers = headers
+        self.keep_alive = keep_alive
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.t_headers = time.perf_counter_ns()
+            attempt.last_activity = time.monotonic()
+        return attempt
+
+    def _h_answer(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
+                  body: bytes) -> None:
+        """A whole response in this read: one call to the client (on_answer)."""
+        attempt = self._take_head(status, headers, keep_alive)
+        if attempt is not None:
+            self._release(attempt)
+            attempt.client.on_answer(status, headers, body)
+        self._message_done()
+
+    def _h_head(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
+                body: bytes) -> None:
+        """A head whose body goes on past this read: the head, then the body so far."""
+        attempt = self._take_head(status, headers, keep_alive)
+        if attempt is None:
+            return
+        client = attempt.client
+        client.on_response(status, headers, False)
+        # A stream the relay passes through: its plain reads go from C to the client.
+        route = getattr(client, "direct_route", None)
+        if route is not None and attempt.conn is self:
+            target = route()
+            if target is not None:
+                conn, write, sse, chunked = target
+                self.direct(conn, write, sse, client, attempt, chunked)
+        if body:
+            self.on_body(body)
+
+    def _h_body(self, body: bytes) -> None:
+        self.on_body(body)
+
+    def _h_withhold(self, size: int) -> None:
+        """A read the direct path wrote filled the client's buffer: stop reading (on_body's
+        backpressure, for the bytes C sent)."""
+        attempt = self.attempt
+        if attempt is not None and attempt.conn is self:
+            attempt.withheld += size
+            if not self.reading_paused and self.transport is not None:
+                self.reading_paused = True
+                self.transport.pause_reading()
+
+    def _release(self, attempt: UpstreamCall) -> None:
+        self.undirect()
+        H1Base._release(self, attempt)
+
+    def _h_end(self, body: bytes) -> None:
+        """The last body bytes of a response whose head came in an earlier read (reported as
+        httptools' callbacks do: the piece, then the end)."""
+        if body:
+            self.on_body(body)
+        attempt = self.attempt
+        if attempt is not None:
+            self._release(attempt)
+            attempt.client.on_data(b"", True)
+        self._message_done()
+
+    def _h_error(self, message: str) -> None:
+        self._protocol_error(ValueError(message))
+
+    def _h_fallback(self, data: bytes) -> None:
+        """A head outside the native subset: httptools reads the connection from here on."""
+        if self.closed:
+            return
+        if self.parser is None:
+            self.parser = httptools.HttpResponseParser(self)
+        self._feed_py(data)

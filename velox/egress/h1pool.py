@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
-from velox.egress.h1conn import H1Connection
+from velox.egress.h1conn import H1Base, H1Connection, PyH1Connection
 from velox.egress.interfaces import UpstreamCall
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
@@ -42,11 +42,12 @@ class H1Pool(BasePool):
 
     def __init__(self, front: Front, options: EgressOptions) -> None:
         super().__init__(front, options)
-        self.conns: set[H1Connection] = set()  # open, idle or busy
-        self.idle_conns: list[H1Connection] = []  # most recently used last
+        self.conns: set[H1Base] = set()  # open, idle or busy
+        self.idle_conns: list[H1Base] = []  # most recently used last
         self.total = 0  # open or opening
         self.connecting = 0
         self.backoff = 0.0  # seconds before the next warm connection is opened again
+        self.conn_class: type[H1Base] = H1Connection if options.native_h1 else PyH1Connection
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class H1Pool(BasePool):
 
     # --- connection events ---------------------------------------------------------------------
 
-    def on_idle(self, conn: H1Connection, answered: bool = True) -> None:
+    def on_idle(self, conn: H1Base, answered: bool = True) -> None:
         """`conn` can take a request: after a response (answered), or freshly opened."""
         conn.warm = True
         if answered:
@@ -117,7 +118,7 @@ class H1Pool(BasePool):
             log.info("upstream pool warm: %d HTTP/1.1 connection(s) to %s",
                      self.size, self.authority)
 
-    def on_closed(self, conn: H1Connection) -> None:
+    def on_closed(self, conn: H1Base) -> None:
         self.total -= 1
         self.conns.discard(conn)
         try:
@@ -145,7 +146,7 @@ class H1Pool(BasePool):
             ctx = self.front.tls(("http/1.1",)) if spec.scheme == "https" else None
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(
-                    lambda: H1Connection(self), spec.host, spec.port,
+                    lambda: self.conn_class(self), spec.host, spec.port,
                     ssl=ctx, server_hostname=spec.host if ctx else None),
                 self.connect_timeout_s,
             )
@@ -199,7 +200,7 @@ class _Warmup:
 
     __slots__ = ("pool", "conn", "attempt", "method", "path", "headers_out", "body")
 
-    def __init__(self, pool: H1Pool, conn: H1Connection) -> None:
+    def __init__(self, pool: H1Pool, conn: H1Base) -> None:
         self.pool = pool
         self.conn = conn
         self.attempt: CallHandle | None = None

@@ -49,6 +49,9 @@ class EgressOptions:
 
     # The native codec, or with VELOX_NATIVE=0 its Python twin, the framer (it was ported from).
     codec: CodecFactory = NativeCodec
+    # HTTP/1.1 responses read by the native reader (h1conn.H1Connection), or with
+    # VELOX_NATIVE=0 by its twin, httptools alone (h1conn.PyH1Connection).
+    native_h1: bool = True
     stream_idle_timeout_s: float = 60.0
     ssl_cert_file: str = ""  # SSL_CERT_FILE: trusted for every upstream
     queue_limit: int = 16_384  # attempts an upstream queues before refusing (VELOX_RING_DEPTH)
@@ -67,6 +70,7 @@ class EgressOptions:
     def from_settings(cls, settings: Settings) -> EgressOptions:
         return cls(
             codec=NativeCodec if settings.native else Framer,
+            native_h1=settings.native,
             stream_idle_timeout_s=settings.stream_idle_timeout_ms / 1000,
             ssl_cert_file=settings.ssl_cert_file,
             queue_limit=settings.ring_depth,

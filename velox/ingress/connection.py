@@ -781,6 +781,17 @@ class ClientConnection(asyncio.Protocol):
         self._out = []
         self.state.flush_soon(self)
 
+    def direct_target(self, request: Request) -> tuple[Callable[[bytes], object], bool] | None:
+        """Where egress's native HTTP/1.1 reader may write this stream's plain reads itself
+        (velox.relay.exchange.Exchange.direct_route): the transport's write and whether the
+        answer is chunked. The reader writes only while nothing is queued here (_out, _q
+        None, _out_head written), the client reads (write_paused False) and the connection
+        is open, and counts its bytes into _stream_bytes, so the answer's bytes stay in order
+        and in the access log."""
+        if request is not self.current or self.closed or not self._streaming:
+            return None
+        return self.transport.write, self._chunked  # type: ignore[union-attr]
+
     def send_chunk(self, data: bytes) -> None:
         """Queue data for the end of this loop pass: every chunk of one upstream read (an SSE
         answer's events often arrive several to a read) is framed by one native call and

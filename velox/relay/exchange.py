@@ -36,6 +36,7 @@ from velox.core.errors import to_response
 from velox.core.types import Headers, Request
 from velox.ingress import h1write
 from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
+from velox.relay.usage import SSEUsage
 
 if TYPE_CHECKING:
     from velox.config.tables import UpstreamSpec
@@ -258,6 +259,28 @@ class Exchange:
                 self._start_streaming()
         if end_stream:
             self._complete()
+
+    def direct_route(self) -> tuple[Any, Callable[[bytes], object], Any, bool] | None:
+        """For egress, once the head is in: where a streamed answer's reads may go without
+        this exchange, when it would pass them through untouched (no observer, no
+        translation; the meter, if any, only reads them: `feed` is an SSEUsage's). Returns
+        (the client connection, its transport's write, the SSEUsage or None, chunked) for
+        the native HTTP/1.1 reader (velox._native.H1Reader.direct), which checks per read
+        that the piece is one the Python path would pass as is; None: keep calling on_data."""
+        if not self.streaming or self.finished or self.observer is not None or \
+                self.edge is not None:
+            return None
+        sse = None
+        if self.meter is not None:
+            sse = getattr(self.feed, "__self__", None)  # the feed is SSEUsage.feed or None
+            if type(sse) is not SSEUsage:
+                return None
+        direct_target = getattr(self.conn, "direct_target", None)  # ingress's HTTP/1.1 only
+        target = None if direct_target is None else direct_target(self.request)
+        if target is None:
+            return None
+        write, chunked = target
+        return self.conn, write, sse, chunked
 
     def _relay(self, data: bytes) -> None:
         """One piece of a streamed answer to the client (through the observer and meter)."""

@@ -86,6 +86,7 @@ from velox.cluster.leases import (
     ReplyShapeError,
     script_sha,
 )
+from velox.spend.gate import NANOS_PER_USD
 from velox.spend.ledger import EARLIER, period_start
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ class BudgetsLike(Protocol):
     sizes: tuple[int, ...]  # each budget in its units
     base: list[int]  # units spent in the current period before this start (the ledger)
     limits: Any  # the native buckets
+    units: tuple[int, ...]  # nano-USD per unit, each budget
     across: Any  # Counters(1, n): left unallocated across hosts, per budget
 
 
@@ -233,6 +235,11 @@ class _State:
     last_taken: int = 0
     last_refused: int = 0
     next_ask: float = 0.0  # monotonic time before which no ask (the budget was short)
+    # /metrics (velox.admin.metrics): asks sent, answered with some or none, units granted.
+    asked: int = 0
+    granted: int = 0
+    refused: int = 0
+    granted_units: int = 0
 
 
 class BudgetLeases:
@@ -277,9 +284,16 @@ class BudgetLeases:
         for b, (want, (granted, left, held)) in enumerate(zip(asks, replies, strict=True)):
             st = self.states[b]
             st.known = True
+            if want:
+                st.asked += 1
+                if granted:
+                    st.granted += 1
+                else:
+                    st.refused += 1
             if granted:
                 st.given += limits.give(b, granted)
                 self.granted += granted
+                st.granted_units += granted
             if want and granted < want:  # short (or held): ask again in a while, not each tick
                 st.next_ask = now + (TICK_S if held else LEASE_S)
             self.held_back += held
@@ -378,6 +392,20 @@ class BudgetLeases:
                     raise
                 self.sha = ""
         return replies(results, [len(c) for c in chunks])
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Per budget, for /metrics: its name and kind, the asks for an allowance sent to
+        Redis and how many were granted something or nothing, the USD granted, and the
+        allowance this host holds unused now (its bucket's level)."""
+        shared, out = self.shared, []
+        for b, st in enumerate(self.states):
+            budget = shared.budgets[b]
+            unit = shared.units[b]
+            out.append({"budget": budget.name, "kind": "team" if budget.team else "key",
+                        "asked": st.asked, "granted": st.granted, "refused": st.refused,
+                        "granted_usd": st.granted_units * unit / NANOS_PER_USD,
+                        "held_usd": max(0, shared.limits.level(b)) * unit / NANOS_PER_USD})
+        return out
 
     # --- Redis went away, the host stops ------------------------------------------------------
 

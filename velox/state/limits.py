@@ -5,7 +5,8 @@ for every worker.
 `Limits` is n buckets and n gauges in one shared mapping: the keys' rpm/tpm/max_parallel,
 the upstreams' rpm, and the gateway's global rate (entry 0 of its own, clock-refilled or
 leased from Redis: velox.admission.ratelimit). `Admit` names what refused a `Limits.admit`,
-and `refusal`/`remaining` decode its packed result by name. Only velox.state imports the
+and `refusal`/`remaining` decode its packed result by name. `BudgetGate` drives a Limits and
+a Counters together for spend budgets (velox.spend.gate). Only velox.state imports the
 extension for them (the import contract in pyproject.toml).
 """
 
@@ -21,10 +22,12 @@ from velox._native import (
     ADMIT_TOKENS,
     LIMITS_LEASE_WAIT_US,
     LIMITS_NEVER,
+    BudgetGate,
     Limits,
 )
 
-__all__ = ["LIMITS_LEASE_WAIT_US", "LIMITS_NEVER", "Admit", "Limits", "refusal", "remaining"]
+__all__ = ["LIMITS_LEASE_WAIT_US", "LIMITS_NEVER", "Admit", "BudgetGate", "Limits", "refusal",
+           "remaining"]
 
 
 class Admit(enum.IntEnum):
