@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conns", default="1,64")
     p.add_argument("--seconds", type=float, default=8.0, help="sampled seconds per count")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--env", action="append", default=[], metavar="VELOX_X=VALUE",
+                   help="a setting of the profiled gateway (repeatable)")
     p.add_argument("--raw", action="store_true",
                    help="keep py-spy's collapsed stacks beside --out (one file per count)")
     args = p.parse_args(argv)
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     velox = GatewayProcess({"VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
                             "VELOX_UPSTREAM_ORIGIN": mock.origin,
                             "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",
-                            "OPENAI_API_KEY": workload.API_KEY, "VELOX_LOG_LEVEL": "warning"},
+                            "OPENAI_API_KEY": workload.API_KEY, "VELOX_LOG_LEVEL": "warning",
+                            **dict(kv.partition("=")[::2] for kv in args.env)},
                            log_path=logdir / "velox.log")
     results = []
     try:
