@@ -31,7 +31,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from benches.paired import paired_cpu_us
-from velox.spend.trace import Attempt, RequestRecord, RequestTrace, Tracer
+from velox.spend.trace import AttemptSpan, RequestRecord, RequestTrace, Tracer
 from velox_lab.pipeline import Pipeline
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -63,7 +63,7 @@ def _record(tracer: Tracer, attempts: int, parent: bytes | None,
             rt: RequestTrace | None = None) -> RequestRecord:
     rt = rt or tracer.start(parent)
     t0 = time.perf_counter_ns()
-    tries = [Attempt(rt.new_span_id(), "openai", "openai", "api.openai.com", 443, "gpt-4o",
+    tries = [AttemptSpan(rt.new_span_id(), "openai", "openai", "api.openai.com", 443, "gpt-4o",
                      t0 + 1000, t0 + 900_000, status=200 if n == attempts - 1 else 503,
                      response_model="gpt-4o-2024-08-06", finish_reasons=("stop",),
                      input_tokens=120, output_tokens=40) for n in range(attempts)]
