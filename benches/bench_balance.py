@@ -35,11 +35,12 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from velox._native import Rendezvous, TokenBucket, hash64
+from velox._native import Rendezvous, hash64
 from velox.config.tables import RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.clock import now_ms
 from velox.routing.balance import Router, target_seed
 from velox.state.health import SUCCESS, SharedHealth
+from velox_lab._bucket import TokenBucket
 
 N = 1000
 KEYS = 100_000

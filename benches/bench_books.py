@@ -3,8 +3,9 @@
 Groups:
 
 * books-pieces: one call of each piece a request pays for, the native one beside the Python
-  it replaced (kept here as the reference): the access-log line (`access_line` against the
-  line's dict through orjson with the Python attribute walk), the usage of an answer
+  it replaced (kept here as the reference): the access-log line (its declared record built
+  and `access_line` of it, against the line's dict through orjson with the Python attribute
+  walk), the usage of an answer
   (`usage_scan` against the regular expression), the token estimate (`estimate_scan` against
   input_tokens + output_limit), and Counters.add with an IntEnum field against a plain int.
 * books-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
@@ -33,6 +34,7 @@ import pytest
 from velox._native import access_line, estimate_scan, usage_scan
 from velox.admin.accesslog import AccessLog
 from velox.core.fields import F
+from velox.relay.records import access_record
 from velox.relay.usage import input_tokens, output_limit
 from velox.state.stats import SharedStats
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
@@ -94,11 +96,15 @@ def _regex_usage(body: bytes) -> tuple[int, int] | None:
 
 def _pieces() -> dict[str, Any]:
     item = _logged_item()
+    record = access_record(item)
     offset = 1_700_000_000_000_000_000
     counters = SharedStats(1).counters
     plain = int(F.REQUESTS)
     return {
-        "access line: native access_line": lambda: access_line(item, offset, 0, b"p-", 1, ()),
+        "access line: access_record + native access_line":
+            lambda: access_line(access_record(item), offset, 0, b"p-", 1, ()),
+        "access line: native access_line of a record": lambda: access_line(record, offset, 0,
+                                                                           b"p-", 1, ()),
         "access line: dict through orjson (before)": lambda: _orjson_line(item, offset),
         "usage: native usage_scan": lambda: usage_scan(REPLY_BODY),
         "usage: regular expression (before)": lambda: _regex_usage(REPLY_BODY),

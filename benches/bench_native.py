@@ -40,7 +40,8 @@ import aiolimiter
 import orjson
 import pytest
 
-from velox._native import JSON_OK, Counters, Histogram, Ring, TokenBucket, scan_json
+from velox._native import JSON_OK, Counters, Histogram, Ring, scan_json
+from velox_lab._bucket import TokenBucket
 
 N = 1000  # items per call in the loop benchmarks
 BATCH = 64

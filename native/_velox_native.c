@@ -1,6 +1,6 @@
 /* velox._native: the CPython extension of the native core, reduced to its module state and
- * init. Each C core has its binding file (bind_<core>.c: ring, bucket, stats, health, cache,
- * h2, hash, json, limits, http1, reqhead, relay, books; budgets drives limits + stats),
+ * init. Each C core has its binding file (bind_<core>.c: ring, stats, health, cache, h2,
+ * hash, json, limits, http1, reqhead, relay, books, h1resp; budgets drives limits + stats),
  * sharing bind.h; the cores themselves (vx_*.c) are plain C11 with no Python header.
  *
  * Heap types created per module (PyType_FromModuleAndSpec) and multi-phase init, so the
@@ -9,8 +9,8 @@
 #include "bind.h"
 
 PyDoc_STRVAR(module_doc,
-             "Private native core of Velox: bounded MPMC ring, shared token bucket, shared\n"
-             "counters and latency histograms, GIL-free JSON request scanner, shared\n"
+             "Private native core of Velox: bounded MPMC ring, shared limits (token buckets\n"
+             "and gauges), shared counters and latency histograms, GIL-free JSON request scanner, shared\n"
              "circuit breakers and retry budget, stable hashes, shared response cache store.\n\n"
              "Do not import this module directly: one facade module per core is its public\n"
              "face (velox.state.*, velox.ingress.ring/reqhead/h1write/scan, ...; the list is\n"
@@ -19,26 +19,9 @@ PyDoc_STRVAR(module_doc,
 
 /* ---------------------------------------------------------------- module */
 
-int vxb_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
-{
-    /* New reference, kept in the module state; PyModule_AddType adds its own. */
-    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
-    if (*slot == NULL)
-        return -1;
-    return PyModule_AddType(module, *slot);
-}
-
-int vxb_add_ints(PyObject *module, const vxb_int_const *table, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (PyModule_AddIntConstant(module, table[i].name, table[i].value) < 0)
-            return -1;
-    return 0;
-}
-
 /* One entry per binding file; the order is only the order of the module's attributes. */
 static int (*const binding_exec[])(PyObject *, module_state *) = {
-    vxb_ring_exec,  vxb_bucket_exec, vxb_stats_exec,  vxb_health_exec, vxb_cache_exec,
+    vxb_ring_exec,  vxb_stats_exec,  vxb_health_exec, vxb_cache_exec,
     vxb_h2_exec,    vxb_hash_exec,   vxb_json_exec,   vxb_limits_exec, vxb_http1_exec,
     vxb_reqhead_exec, vxb_relay_exec, vxb_books_exec,
     vxb_h1resp_exec, vxb_budgets_exec,
@@ -59,7 +42,6 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     if (st == NULL)
         return 0;
     Py_VISIT(st->ring_type);
-    Py_VISIT(st->bucket_type);
     Py_VISIT(st->counters_type);
     Py_VISIT(st->hist_type);
     Py_VISIT(st->health_type);
@@ -82,7 +64,6 @@ static int module_clear(PyObject *module)
     if (st == NULL)
         return 0;
     Py_CLEAR(st->ring_type);
-    Py_CLEAR(st->bucket_type);
     Py_CLEAR(st->counters_type);
     Py_CLEAR(st->hist_type);
     Py_CLEAR(st->health_type);

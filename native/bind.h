@@ -27,7 +27,6 @@
 /* Per-module state (multi-phase init: no process-global Python objects). */
 typedef struct {
     PyTypeObject *ring_type;
-    PyTypeObject *bucket_type;
     PyTypeObject *counters_type;
     PyTypeObject *hist_type;
     PyTypeObject *health_type;
@@ -53,14 +52,28 @@ typedef struct {
     long value;
 } vxb_int_const;
 
-/* In _velox_native.c: create a heap type from spec, keep it in *slot, add it to module. */
-int vxb_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot);
-/* In _velox_native.c: add n int constants. */
-int vxb_add_ints(PyObject *module, const vxb_int_const *table, size_t n);
+/* Create a heap type from spec, keep it in *slot, add it to module (inline: the lab's bucket
+ * module shares it). */
+static inline int vxb_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+    /* New reference, kept in the module state; PyModule_AddType adds its own. */
+    *slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+    if (*slot == NULL)
+        return -1;
+    return PyModule_AddType(module, *slot);
+}
+
+/* Add n int constants. */
+static inline int vxb_add_ints(PyObject *module, const vxb_int_const *table, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (PyModule_AddIntConstant(module, table[i].name, table[i].value) < 0)
+            return -1;
+    return 0;
+}
 
 /* One per binding file: add its types, functions and constants. 0, or -1 with an exception. */
 int vxb_ring_exec(PyObject *module, module_state *st);
-int vxb_bucket_exec(PyObject *module, module_state *st);
 int vxb_stats_exec(PyObject *module, module_state *st);
 int vxb_health_exec(PyObject *module, module_state *st);
 int vxb_cache_exec(PyObject *module, module_state *st);

@@ -4,38 +4,35 @@
 
 #include "vx_books.h"
 
-/* Attributes the access line reads, interned once (first call; the GIL is held). */
-enum {
-    B_PATH, B_METHOD, B_MODEL, B_BODY, B_T_RECEIVED, B_KEY, B_METER, B_DONE, B_INPUT,
-    B_OUTPUT, B_EXACT, B_UPSTREAM_NAME, B_ATTEMPTS, B_T_HEADERS, B_T_SENT, B_HEADERS, B_COUNT
+/* The access record's fields by position: the layout velox/relay/records.py states as
+ * ACCESS_FIELDS (exported below; tests/unit/test_records.py compares the two). Python builds
+ * the record, C only reads it: no attribute names are looked up here. */
+enum access_field {
+    R_T_END, R_STATUS, R_BYTES_OUT, R_METHOD, R_PATH, R_MODEL, R_BYTES_IN, R_T_RECEIVED, R_KEY,
+    R_UPSTREAM, R_ATTEMPTS, R_T_SENT, R_T_HEADERS, R_HEADERS, R_USAGE_INPUT, R_USAGE_OUTPUT,
+    R_USAGE_EXACT, R_COUNT
 };
-static const char *const books_attr_names[B_COUNT] = {
-    "path", "method", "model", "body", "t_received", "key", "meter", "done", "input",
-    "output", "exact", "upstream_name", "attempts", "t_headers", "t_sent", "headers",
+static const char *const access_field_names[R_COUNT] = {
+    "t_end", "status", "bytes_out", "method", "path", "model", "bytes_in", "t_received", "key",
+    "upstream", "attempts", "t_sent", "t_headers", "headers", "usage_input", "usage_output",
+    "usage_exact",
 };
-static PyObject *books_attrs[B_COUNT];
 
-static int books_ready(void)
-{
-    if (books_attrs[B_COUNT - 1] != NULL)
-        return 0;
-    for (int i = 0; i < B_COUNT; i++)
-        if (books_attrs[i] == NULL &&
-            (books_attrs[i] = PyUnicode_InternFromString(books_attr_names[i])) == NULL)
-            return -1;
-    return 0;
-}
+/* The record's integer fields, in one pass (-1 with an exception set on failure). */
+static const int record_ints[] = {
+    R_T_END, R_STATUS, R_BYTES_OUT, R_BYTES_IN, R_T_RECEIVED, R_KEY, R_ATTEMPTS, R_T_SENT,
+    R_T_HEADERS, R_USAGE_INPUT, R_USAGE_OUTPUT,
+};
 
-/* obj.<attr> as an int64 (-1 with an exception set on failure). */
-static int books_i64(PyObject *obj, int attr, int64_t *out)
+static int record_i64(PyObject *record, int64_t out[R_COUNT])
 {
-    PyObject *v = PyObject_GetAttr(obj, books_attrs[attr]);
-    if (v == NULL)
-        return -1;
     int overflow;
-    int rc = to_i64(v, out, &overflow);
-    Py_DECREF(v);
-    return rc;
+    for (size_t i = 0; i < sizeof(record_ints) / sizeof(record_ints[0]); i++) {
+        int f = record_ints[i];
+        if (to_i64(PyTuple_GET_ITEM(record, f), &out[f], &overflow) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 static int64_t floor_div(int64_t a, int64_t b)
@@ -55,47 +52,43 @@ static char books_stamp[VX_BOOKS_TIME_LEN];
 #define BOOKS_MAX_FIELD 512 /* accesslog._MAX_FIELD */
 
 PyDoc_STRVAR(access_line_doc,
-             "access_line(item, wall_offset_ns, worker, prefix, seq, key_names, /) -> bytes\n"
+             "access_line(record, wall_offset_ns, worker, prefix, seq, key_names, /) -> bytes\n"
              "--\n\n"
-             "One access-log line (velox.admin.accesslog) of item = (t_end_ns, request,\n"
-             "exchange_or_None, status, bytes_out): the JSON orjson makes of the line's dict,\n"
-             "newline included. The request id is the exchange's x-request-id header, else\n"
+             "One access-log line (velox.admin.accesslog) of a record laid out as\n"
+             "ACCESS_FIELDS (velox.relay.records): the JSON orjson makes of the line's dict,\n"
+             "newline included. The request id is the record's x-request-id header, else\n"
              "prefix + hex(seq).");
 
-/* One line of `item`; the caller checked prefix (bytes) and key_names (a tuple). */
-static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
+/* One line of `record`; the caller checked prefix (bytes) and key_names (a tuple). */
+static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worker,
                             PyObject *prefix, int64_t seq, PyObject *key_names)
 {
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
-        PyErr_SetString(PyExc_TypeError, "access_line: an item must be a 5-tuple");
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != R_COUNT) {
+        PyErr_Format(PyExc_TypeError, "access_line: a record must be a %d-tuple (ACCESS_FIELDS)",
+                     (int)R_COUNT);
         return NULL;
     }
-    int overflow;
-    int64_t t_end, status, bytes_out;
-    if (to_i64(PyTuple_GET_ITEM(item, 0), &t_end, &overflow) < 0 ||
-        to_i64(PyTuple_GET_ITEM(item, 3), &status, &overflow) < 0 ||
-        to_i64(PyTuple_GET_ITEM(item, 4), &bytes_out, &overflow) < 0)
+    int64_t v[R_COUNT];
+    if (record_i64(record, v) < 0)
         return NULL;
-    PyObject *request = PyTuple_GET_ITEM(item, 1), *exchange = PyTuple_GET_ITEM(item, 2);
+    int64_t t_end = v[R_T_END], status = v[R_STATUS], bytes_out = v[R_BYTES_OUT];
+    int64_t t_received = v[R_T_RECEIVED], key = v[R_KEY], attempts = v[R_ATTEMPTS];
+    int64_t t_headers = v[R_T_HEADERS], t_sent = v[R_T_SENT], body_n = v[R_BYTES_IN];
+    int64_t usage_in = v[R_USAGE_INPUT], usage_out = v[R_USAGE_OUTPUT];
+    PyObject *path = PyTuple_GET_ITEM(record, R_PATH), *method = PyTuple_GET_ITEM(record, R_METHOD);
+    PyObject *model = PyTuple_GET_ITEM(record, R_MODEL);
+    PyObject *upstream = PyTuple_GET_ITEM(record, R_UPSTREAM);
+    PyObject *headers = PyTuple_GET_ITEM(record, R_HEADERS);
+    PyObject *usage_exact = PyTuple_GET_ITEM(record, R_USAGE_EXACT);
+    int usage = usage_exact != Py_None, exact = usage_exact == Py_True;
 
-    /* Everything borrowed or owned below is released at `done`. */
-    PyObject *path = NULL, *method = NULL, *model = NULL, *body = NULL, *meter = NULL,
-             *upstream = NULL, *headers = NULL, *fast = NULL, *result = NULL;
+    PyObject *fast = NULL, *result = NULL; /* released at `done` */
     const char *model_s = NULL, *key_s = NULL, *id_s = NULL;
-    Py_ssize_t model_n = 0, key_n = 0, id_n = 0, body_n;
-    int64_t t_received, key, attempts = 0, t_headers = 0, t_sent = 0;
-    int64_t usage_in = 0, usage_out = 0;
-    int usage = 0, exact = 0; /* usage: the meter is done */
+    Py_ssize_t model_n = 0, key_n = 0, id_n = 0;
 
-    path = PyObject_GetAttr(request, books_attrs[B_PATH]);
-    method = path ? PyObject_GetAttr(request, books_attrs[B_METHOD]) : NULL;
-    model = method ? PyObject_GetAttr(request, books_attrs[B_MODEL]) : NULL;
-    body = model ? PyObject_GetAttr(request, books_attrs[B_BODY]) : NULL;
-    if (body == NULL || (body_n = PyObject_Size(body)) < 0 ||
-        books_i64(request, B_T_RECEIVED, &t_received) < 0 || books_i64(request, B_KEY, &key) < 0)
-        goto done;
-    if (!PyBytes_Check(path) || !PyBytes_Check(method)) {
-        PyErr_SetString(PyExc_TypeError, "access_line: request.path and .method must be bytes");
+    if (!PyBytes_Check(path) || !PyBytes_Check(method) || !PyBytes_Check(upstream)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "access_line: a record's path, method and upstream must be bytes");
         goto done;
     }
     if (model != Py_None && PyUnicode_Check(model) && PyUnicode_GET_LENGTH(model) > 0) {
@@ -113,58 +106,22 @@ static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
         if (PyUnicode_Check(name) && (key_s = PyUnicode_AsUTF8AndSize(name, &key_n)) == NULL)
             goto done;
     }
-    if (exchange != Py_None) {
-        meter = PyObject_GetAttr(exchange, books_attrs[B_METER]);
-        if (meter == NULL)
-            goto done;
-        if (meter != Py_None) {
-            PyObject *done_flag = PyObject_GetAttr(meter, books_attrs[B_DONE]);
-            if (done_flag == NULL)
-                goto done;
-            usage = PyObject_IsTrue(done_flag);
-            Py_DECREF(done_flag);
-            if (usage < 0)
-                goto done;
-            if (usage) {
-                PyObject *exact_flag = PyObject_GetAttr(meter, books_attrs[B_EXACT]);
-                if (exact_flag == NULL)
-                    goto done;
-                exact = PyObject_IsTrue(exact_flag);
-                Py_DECREF(exact_flag);
-                if (exact < 0 || books_i64(meter, B_INPUT, &usage_in) < 0 ||
-                    books_i64(meter, B_OUTPUT, &usage_out) < 0)
-                    goto done;
-            }
-        }
-        upstream = PyObject_GetAttr(exchange, books_attrs[B_UPSTREAM_NAME]);
-        if (upstream == NULL || books_i64(exchange, B_ATTEMPTS, &attempts) < 0 ||
-            books_i64(exchange, B_T_HEADERS, &t_headers) < 0 ||
-            books_i64(exchange, B_T_SENT, &t_sent) < 0)
-            goto done;
-        if (!PyBytes_Check(upstream)) {
-            PyErr_SetString(PyExc_TypeError, "access_line: exchange.upstream_name must be bytes");
-            goto done;
-        }
-        headers = PyObject_GetAttr(exchange, books_attrs[B_HEADERS]);
-        if (headers == NULL ||
-            (fast = PySequence_Fast(headers, "access_line: exchange.headers")) == NULL)
-            goto done;
-        Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-        PyObject **pairs = PySequence_Fast_ITEMS(fast);
-        for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *pair = pairs[i];
-            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
-                continue;
-            PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-            if (PyBytes_Check(name) && PyBytes_GET_SIZE(name) == 12 &&
-                memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0 &&
-                PyBytes_Check(value)) {
-                id_s = PyBytes_AS_STRING(value);
-                id_n = PyBytes_GET_SIZE(value);
-                if (id_n > BOOKS_MAX_FIELD)
-                    id_n = BOOKS_MAX_FIELD;
-                break;
-            }
+    if ((fast = PySequence_Fast(headers, "access_line: a record's headers")) == NULL)
+        goto done;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject **pairs = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *pair = pairs[i];
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
+            continue;
+        PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+        if (PyBytes_Check(name) && PyBytes_GET_SIZE(name) == 12 &&
+            memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0 && PyBytes_Check(value)) {
+            id_s = PyBytes_AS_STRING(value);
+            id_n = PyBytes_GET_SIZE(value);
+            if (id_n > BOOKS_MAX_FIELD)
+                id_n = BOOKS_MAX_FIELD;
+            break;
         }
     }
 
@@ -177,7 +134,7 @@ static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
         path_n = BOOKS_MAX_FIELD;
     if (method_n > 16)
         method_n = 16;
-    Py_ssize_t upstream_n = upstream != NULL ? PyBytes_GET_SIZE(upstream) : 0;
+    Py_ssize_t upstream_n = PyBytes_GET_SIZE(upstream);
     size_t bound = 512 + 12 * VX_BOOKS_I64_MAX + VX_BOOKS_STR_MAX(path_n) +
                    VX_BOOKS_STR_MAX(method_n) + VX_BOOKS_STR_MAX(model_n) +
                    VX_BOOKS_STR_MAX(upstream_n) + VX_BOOKS_STR_MAX(key_n) +
@@ -276,13 +233,6 @@ static PyObject *books_line(PyObject *item, int64_t wall_offset, int64_t worker,
     if (_PyBytes_Resize(&result, p - start) < 0)
         result = NULL;
 done:
-    Py_XDECREF(path);
-    Py_XDECREF(method);
-    Py_XDECREF(model);
-    Py_XDECREF(body);
-    Py_XDECREF(meter);
-    Py_XDECREF(upstream);
-    Py_XDECREF(headers);
     Py_XDECREF(fast);
     return result;
 }
@@ -305,8 +255,7 @@ static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const
                                     Py_ssize_t nargs)
 {
     int64_t wall_offset, worker, seq;
-    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_ready() < 0 ||
-        books_args(args, &wall_offset, &worker, &seq) < 0)
+    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_args(args, &wall_offset, &worker, &seq) < 0)
         return NULL;
     return books_line(args[0], wall_offset, worker, args[3], seq, args[5]);
 }
@@ -314,10 +263,10 @@ static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const
 PyDoc_STRVAR(access_lines_doc,
              "access_lines(items, wall_offset_ns, worker, prefix, seq, key_names, limit, /)\n"
              "-> (list[bytes], int)\n--\n\n"
-             "access_line for every item of the list `items` (item i gets seq + 1 + i), the\n"
+             "access_line for every record of the list `items` (item i gets seq + 1 + i), the\n"
              "lines joined into chunks of at most `limit` bytes of whole lines (a longer line\n"
              "is a chunk of its own): one write per chunk keeps lines whole on a shared pipe.\n"
-             "An item that cannot be formatted is skipped. Returns the chunks and the number\n"
+             "An item that cannot be formatted (None: no record) is skipped. Returns the chunks and the number\n"
              "of lines in them.");
 
 /* Append the chunk held in buf[0..*size) to chunks and empty it. */
@@ -337,8 +286,7 @@ static PyObject *native_access_lines(PyObject *Py_UNUSED(module), PyObject *cons
 {
     int64_t wall_offset, worker, seq, limit;
     int overflow;
-    if (check_nargs("access_lines", nargs, 7, 7) < 0 || books_ready() < 0 ||
-        books_args(args, &wall_offset, &worker, &seq) < 0 ||
+    if (check_nargs("access_lines", nargs, 7, 7) < 0 || books_args(args, &wall_offset, &worker, &seq) < 0 ||
         to_i64(args[6], &limit, &overflow) < 0)
         return NULL;
     if (!PyList_Check(args[0]) || limit < 1 || limit > (1 << 24)) {
@@ -444,5 +392,18 @@ int vxb_books_exec(PyObject *module, module_state *st)
     (void)st;
     if (PyModule_AddFunctions(module, functions) < 0)
         return -1;
-    return 0;
+    PyObject *names = PyTuple_New(R_COUNT); /* the record's layout, for the test that checks it */
+    if (names == NULL)
+        return -1;
+    for (int i = 0; i < R_COUNT; i++) {
+        PyObject *name = PyUnicode_FromString(access_field_names[i]);
+        if (name == NULL) {
+            Py_DECREF(names);
+            return -1;
+        }
+        PyTuple_SET_ITEM(names, i, name);
+    }
+    int rc = PyModule_AddObjectRef(module, "ACCESS_FIELDS", names);
+    Py_DECREF(names);
+    return rc;
 }

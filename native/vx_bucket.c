@@ -76,7 +76,7 @@ vx_bucket *vx_bucket_create(int64_t rate_per_minute, int64_t burst, int64_t now_
     vx_bucket *b = mem;
     b->rate = rate_per_minute;
     b->burst = burst;
-    b->cap = burst * VX_BUCKET_UNITS_PER_TOKEN;
+    b->cap = burst * VX_UNITS_PER_TOKEN;
     b->fill_us = (b->cap + rate_per_minute - 1) / rate_per_minute;
     /* The mapping reaches other threads/processes only through thread creation, fork or a
      * pointer handover that orders these initialising stores before any use. */
@@ -157,7 +157,7 @@ static bool acquire_impl(vx_bucket *b, int64_t n, int64_t now_us, bool have_now)
 {
     if (n < 1 || n > b->burst)
         return false;
-    const int64_t need = n * VX_BUCKET_UNITS_PER_TOKEN;
+    const int64_t need = n * VX_UNITS_PER_TOKEN;
     for (int round = 0; round < VX_BUCKET_MAX_ROUNDS; round++) {
         if (take(b, need, now_us, have_now))
             return true;
@@ -190,7 +190,7 @@ static int64_t acquire_up_to_impl(vx_bucket *b, int64_t n, int64_t now_us, bool 
         return 0;
     if (n > b->burst)
         n = b->burst; /* the bucket never holds more than burst whole tokens */
-    const int64_t need = n * VX_BUCKET_UNITS_PER_TOKEN;
+    const int64_t need = n * VX_UNITS_PER_TOKEN;
     /* Called once per batch: refill first (one clock read and one CAS per batch), so the
      * count is current and no time the bucket spent full is credited later. */
     if (!have_now) {
@@ -203,8 +203,8 @@ static int64_t acquire_up_to_impl(vx_bucket *b, int64_t n, int64_t now_us, bool 
          * fetch_add. `old` is never more than what is really there (other callers' in-flight
          * withdrawals only make it smaller), so the sum of grants never exceeds the bucket. */
         int64_t old = atomic_fetch_sub_explicit(&b->tokens, need, memory_order_relaxed);
-        int64_t got = old >= need ? n : (old > 0 ? old / VX_BUCKET_UNITS_PER_TOKEN : 0);
-        int64_t excess = need - got * VX_BUCKET_UNITS_PER_TOKEN;
+        int64_t got = old >= need ? n : (old > 0 ? old / VX_UNITS_PER_TOKEN : 0);
+        int64_t excess = need - got * VX_UNITS_PER_TOKEN;
         if (excess != 0)
             atomic_fetch_add_explicit(&b->tokens, excess, memory_order_relaxed);
         if (got > 0 || round == 1)
@@ -244,7 +244,7 @@ int64_t vx_bucket_wait_hint_us(const vx_bucket *b, int64_t n, int64_t now_us)
         return 0;
     if (n > b->burst)
         return -1;
-    const int64_t need = n * VX_BUCKET_UNITS_PER_TOKEN;
+    const int64_t need = n * VX_UNITS_PER_TOKEN;
     int64_t have = projected_units(b, now_us);
     if (have >= need)
         return 0;
@@ -254,5 +254,5 @@ int64_t vx_bucket_wait_hint_us(const vx_bucket *b, int64_t n, int64_t now_us)
 int64_t vx_bucket_available(const vx_bucket *b, int64_t now_us)
 {
     int64_t have = projected_units(b, now_us);
-    return have > 0 ? have / VX_BUCKET_UNITS_PER_TOKEN : 0;
+    return have > 0 ? have / VX_UNITS_PER_TOKEN : 0;
 }

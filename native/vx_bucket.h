@@ -6,7 +6,7 @@
  * see vx_now_us) so tests can drive the clock; the variants without `_at` read the clock
  * themselves, and only on the slow path.
  *
- * Units: 1 token = VX_BUCKET_UNITS_PER_TOKEN units = the number of microseconds in a minute.
+ * Units: 1 token = VX_UNITS_PER_TOKEN units = the number of microseconds in a minute.
  * A rate of r tokens per minute is then exactly r units per microsecond, so a refill of
  * `elapsed_us` adds `elapsed_us * r` units with no division and no remainder to lose.
  *
@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VX_BUCKET_UNITS_PER_TOKEN INT64_C(60000000)
+#include "vx_units.h"
 /* Upper bounds keep every product inside int64: the cap is at most 6e16 units, so the
  * counter has room for ~150 concurrent burst-sized withdrawals below zero (each is given
  * back at once) before it could wrap, and a refill adds at most cap + rate units. */

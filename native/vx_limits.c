@@ -19,7 +19,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#define U VX_LIMITS_UNITS_PER_TOKEN
+#define U VX_UNITS_PER_TOKEN
 #define DEBT_FLOOR (-VX_LIMITS_MAX_DEBT * U)
 
 int64_t vx_limits_now_us(void)

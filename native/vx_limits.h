@@ -7,7 +7,7 @@
  * minute) and a gauge of requests in flight (max_parallel). Like vx_bucket, everything lives in
  * an anonymous MAP_SHARED mapping, so the parent and every forked worker share one state.
  *
- * Bucket. Integer tokens; internally units, 1 token = VX_LIMITS_UNITS_PER_TOKEN units = the
+ * Bucket. Integer tokens; internally units, 1 token = VX_UNITS_PER_TOKEN units = the
  * number of microseconds in a minute, so a rate of r tokens per minute is exactly r units per
  * microsecond (no division, no remainder lost). Every take refills first, from the time it is
  * given (CLOCK_MONOTONIC microseconds, vx_limits_now_us): the count it draws from is never
@@ -61,7 +61,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define VX_LIMITS_UNITS_PER_TOKEN INT64_C(60000000)
+#include "vx_units.h"
 #define VX_LIMITS_LINE 64
 #define VX_LIMITS_MAX_N 1000000            /* entries */
 #define VX_LIMITS_MAX_SLOTS 4096           /* worker slots */

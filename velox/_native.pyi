@@ -38,40 +38,6 @@ class Ring:
     def capacity(self) -> int: ...
 
 @final
-class TokenBucket:
-    """Lock-free integer token bucket in an anonymous shared mapping.
-
-    Starts full. A bucket created before fork() is one bucket for the parent and every
-    child. Refill is lazy (credited when a take comes up short), integer-only, with
-    microsecond precision.
-    """
-
-    def __init__(self, rate_per_minute: int, burst: int) -> None:
-        """Both in [1, 10**9]; otherwise ValueError naming the argument."""
-    def acquire(self, n: int = 1, /) -> bool:
-        """Take n tokens at once or none. n > burst: False at once. n < 1: ValueError."""
-    def acquire_up_to(self, n: int, /) -> int:
-        """Take min(n, whole tokens available); return how many (0 for n == 0).
-
-        n < 0: ValueError. Huge n is clamped to burst."""
-    def wait_hint_us(self, n: int = 1, /) -> int:
-        """Microseconds until n tokens can be available: 0 if now, -1 if n > burst."""
-    def available(self) -> int:
-        """Whole tokens available now, pending refill included (approximate; for metrics)."""
-    @property
-    def rate_per_minute(self) -> int: ...
-    @property
-    def burst(self) -> int: ...
-    # Test hooks, not API: explicit clocks and a GIL-free hammer for exactness tests.
-    def _acquire_at(self, n: int, now_us: int, /) -> bool:
-        """Test hook: acquire(n) with an explicit CLOCK_MONOTONIC time in microseconds."""
-    def _acquire_up_to_at(self, n: int, now_us: int, /) -> int:
-        """Test hook: acquire_up_to(n) with an explicit clock."""
-    def _hammer(self, duration_us: int, n: int, /) -> int:
-        """Test hook: with the GIL released, call acquire(n) in a tight loop for duration_us
-        (at most 60 s); return the number of tokens admitted."""
-
-@final
 class Counters:
     """slots x fields int64 counters in an anonymous shared mapping (shared across fork).
 
@@ -627,16 +593,18 @@ class KeyTicket:
     def settled(self) -> bool: ...
 
 # Bookkeeping (native/vx_books.c): the access log's line, the usage and the token estimate.
-def access_line(item: tuple[int, object, object, int, int], wall_offset_ns: int, worker: int,
+# The access record's layout (velox.relay.records.ACCESS_FIELDS), as the C reads it.
+ACCESS_FIELDS: tuple[str, ...]
+def access_line(record: tuple[object, ...] | None, wall_offset_ns: int, worker: int,
                 prefix: bytes, seq: int, key_names: tuple[str, ...], /) -> bytes:
-    """One access-log line of (t_end_ns, request, exchange_or_None, status, bytes_out): the
-    bytes orjson makes of the line's dict, newline included (velox.admin.accesslog)."""
-def access_lines(items: list[tuple[int, object, object, int, int]], wall_offset_ns: int,
+    """One access-log line of a record (velox.relay.records.AccessRecord): the bytes orjson
+    makes of the line's dict, newline included (velox.admin.accesslog)."""
+def access_lines(items: list[Any], wall_offset_ns: int,
                  worker: int, prefix: bytes, seq: int, key_names: tuple[str, ...], limit: int,
                  /) -> tuple[list[bytes], int]:
-    """access_line of every item (item i with seq + 1 + i) joined into chunks of whole lines
-    of at most `limit` bytes (a longer line alone); items that fail are skipped. Returns the
-    chunks and the number of lines."""
+    """access_line of every record (item i with seq + 1 + i) joined into chunks of whole lines
+    of at most `limit` bytes (a longer line alone); items that fail (None) are skipped.
+    Returns the chunks and the number of lines."""
 def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define U VX_LIMITS_UNITS_PER_TOKEN
+#define U VX_UNITS_PER_TOKEN
 #define T0 INT64_C(1000000000000) /* an arbitrary "boot + 11.6 days" in microseconds */
 
 static int64_t units_of(vx_limits *l, int64_t i)

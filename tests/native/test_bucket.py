@@ -1,5 +1,6 @@
-"""velox._native.TokenBucket: bad input, exact integer refill, clock going backwards, and
-exactness under contention from threads (GIL released) and from forked processes.
+"""velox_lab._bucket.TokenBucket (the lone bucket, outside the product): bad input, exact
+integer refill, clock going backwards, and exactness under contention from threads (GIL
+released) and from forked processes.
 
 The exactness bounds, in integer units (1 token = 60,000,000 units = microseconds per
 minute, so a rate of r tokens per minute adds exactly r units per microsecond):
@@ -24,7 +25,7 @@ from collections.abc import Callable
 
 import pytest
 
-from velox._native import TokenBucket
+from velox_lab._bucket import TokenBucket
 
 U = 60_000_000  # units per token
 MAX = 10**9

@@ -25,9 +25,9 @@ from velox._native import (
     RetryBudget,
     Ring,
     SharedCache,
-    TokenBucket,
     hash64,
 )
+from velox_lab._bucket import TokenBucket
 
 MB = 1 << 20
 

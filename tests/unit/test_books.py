@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from velox._native import Counters, Limits, access_line, access_lines, estimate_scan, usage_scan
 from velox.admin.accesslog import _MAX_FIELD, AccessLog
 from velox.core.types import Kind, Request
+from velox.relay.records import access_records
 from velox.relay.twins import usage_scan as scan_twin
 from velox.relay.usage import estimate, input_tokens, output_limit, usage_of
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
@@ -169,13 +170,15 @@ def test_access_lines_chunks_whole_lines_and_skips_a_bad_item() -> None:
     items: list[Any] = [(2_000_000 + n, _request(b"/v1/%d" % n + b"y" * (n * 37 % 300),
                                                   "m", n % 2 - 1), None, 200, n)
                         for n in range(40)]
-    items.insert(7, ("not", "an", "item"))
     items.append((2_000_000, _request(b"/v1/" + b"z" * 3000, "m", -1), None, 200, 1))  # long
+    records: list[Any] = access_records(items)
+    records.insert(7, None)  # an item whose fields could not be read
+    records.insert(9, ("not", "a", "record"))
     offset = 10**18
-    chunks, count = access_lines(items, offset, 1, b"p-", 100, names, 700)
+    chunks, count = access_lines(records, offset, 1, b"p-", 100, names, 700)
     assert count == 41
-    good = [(i, item) for i, item in enumerate(items) if len(item) == 5 and item[0] != "not"]
-    expected = [access_line(item, offset, 1, b"p-", 100 + 1 + i, names) for i, item in good]
+    good = [(i, r) for i, r in enumerate(records) if r is not None and r[0] != "not"]
+    expected = [access_line(r, offset, 1, b"p-", 100 + 1 + i, names) for i, r in good]
     assert b"".join(chunks) == b"".join(expected)  # every line, in order, ids as access_line's
     for chunk in chunks:
         assert chunk.endswith(b"\n")

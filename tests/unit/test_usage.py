@@ -236,7 +236,7 @@ def test_an_over_long_event_passes_unread_and_memory_stays_bounded(strip: bool) 
         assert (meter.input, meter.output) == (7, 3)
 
 
-# --- CountMeter: the common case's meter does what a TokenMeter does --------------------------
+# --- early: the common case's meter, counting at the body, does what settling at the end does --
 
 
 class _Counters:
@@ -260,16 +260,17 @@ class _Exchange:
         self.route_attempt = None
 
 
-def _settle(kind: type, request: Request, status: int, answer: bytes | None,
+def _settle(early: bool, request: Request, status: int, answer: bytes | None,
             sse: list[bytes] | None = None, answered: bool = True,
-            seen: dict[type, tuple[object, ...]] | None = None) -> dict[tuple[int, int], int]:
-    """What a meter of `kind` counts for one request answered as given, driven as the relay
-    drives it (response only for an event stream, body for a plain answer, finish once);
-    `seen[kind]` gets what the access log reads of the meter afterwards."""
+            seen: dict[bool, tuple[object, ...]] | None = None) -> dict[tuple[int, int], int]:
+    """What a meter settling `early` or at the end counts for one request answered as given,
+    driven as the relay drives it (response only for an event stream, body for a plain answer,
+    finish once); `seen[early]` gets what the access log reads of the meter afterwards."""
     counters = _Counters()
     ledger = usage.Ledger((counters,), 3, ("gpt-4o", "*"), None)
-    meter = kind(ledger, request) if kind is usage.CountMeter else \
-        usage.TokenMeter.for_request(ledger, request)
+    meter = usage.TokenMeter.for_request(ledger, request)
+    assert meter.early  # not streamed, no ticket, no tpm: the common case
+    meter.early = early
     assert meter.for_attempt(request.body, True) is request.body
     size = 0
     if sse is not None:
@@ -283,7 +284,7 @@ def _settle(kind: type, request: Request, status: int, answer: bytes | None,
     meter.finish(_Exchange(status, size, answered), status)
     meter.finish(_Exchange(status, size, answered), status)  # a second call changes nothing
     if seen is not None:
-        seen[kind] = (meter.done, meter.input, meter.output, meter.exact)
+        seen[early] = (meter.done, meter.input, meter.output, meter.exact)
     return counters.added
 
 
@@ -306,20 +307,35 @@ _IMAGE = _chat(image="data:image/png;base64," + "A" * 4000)
     ("gpt-4o", _chat(), 502, None, None, False),  # failed: nothing generated
     ("gpt-4o", _chat(), 500, b'{"error":{}}', None, True),  # an error answer: nothing
 ])
-def test_count_meter_counts_what_a_token_meter_counts(
+def test_counting_early_counts_what_settling_at_the_end_counts(
         model: str | None, body: bytes, status: int, answer: bytes | None,
         sse: list[bytes] | None, answered: bool) -> None:
-    got: dict[type, dict[tuple[int, int], int]] = {}
-    seen: dict[type, tuple[object, ...]] = {}
-    for kind in (usage.CountMeter, usage.TokenMeter):
+    got: dict[bool, dict[tuple[int, int], int]] = {}
+    seen: dict[bool, tuple[object, ...]] = {}
+    for early in (True, False):
         request = _request(b"/v1/chat/completions", body)
         request.model = model
-        got[kind] = _settle(kind, request, status, answer, sse, answered, seen)
-    assert got[usage.CountMeter] == got[usage.TokenMeter]
-    # The access log's usage (done, input, output, exact) is the same from either meter.
-    assert seen[usage.CountMeter] == seen[usage.TokenMeter]
+        got[early] = _settle(early, request, status, answer, sse, answered, seen)
+    assert got[True] == got[False]
+    # The access log's usage (done, input, output, exact) is the same either way.
+    assert seen[True] == seen[False]
     if answer is _OPENAI:  # read by the native scan alone, and counted
         assert type(usage.usage_scan(_OPENAI)) is tuple
-        assert sorted(got[usage.CountMeter].values()) == [4, 31]
+        assert sorted(got[True].values()) == [4, 31]
     # Refused or failed answers generate nothing; every other case counts something.
-    assert bool(got[usage.CountMeter]) == (status < 300 or status == 499)
+    assert bool(got[True]) == (status < 300 or status == 499)
+
+
+def test_only_the_common_case_settles_early() -> None:
+    ledger = usage.Ledger((_Counters(),), 3, ("gpt-4o", "*"), None)
+    plain = _request(b"/v1/chat/completions", _chat())
+    assert usage.TokenMeter.for_request(ledger, plain).early
+    streamed = _request(b"/v1/chat/completions", _chat())
+    streamed.stream = True
+    assert not usage.TokenMeter.for_request(ledger, streamed).early
+    keyed = _request(b"/v1/chat/completions", _chat())
+    keyed.ticket = object()  # type: ignore[assignment]
+    assert not usage.TokenMeter.for_request(ledger, keyed).early
+    counted = usage.TokenMeter.for_request(ledger, plain)
+    counted.body(_OPENAI)  # counted at the body: the settlement has nothing left to do
+    assert counted.done and (counted.input, counted.output, counted.exact) == (31, 4, True)

@@ -6,9 +6,9 @@ writes it with a non-blocking write: a few hundred lines a flush at one connecti
 at 64, so one write call per PIPE_BUF of lines and never one per request. No thread: a log
 thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a context switch
 in the middle of the loop's work. The formatting is native
-(`access_lines`, native/vx_books.h: one call per 1,024 lines reads each request's fields and
-writes its JSON, byte for byte what orjson made of the line's dict): about 1.5 us a line
-against 6 for the dict through orjson (benches/bench_books.py).
+(`access_lines`, native/vx_books.h: one call per 1,024 lines writes the JSON of each request's
+declared record, velox.relay.records, byte for byte what orjson made of the line's dict): about
+1.5 us a line against 6 for the dict through orjson (benches/bench_books.py).
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
 "bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
@@ -56,6 +56,7 @@ from typing import Any
 
 from velox._native import access_line, access_lines
 from velox.core.fields import F
+from velox.relay.records import AccessRecord, LogItem, access_record, access_records
 
 log = logging.getLogger("velox.accesslog")
 
@@ -85,7 +86,7 @@ class AccessLog:
         self.fd = fd
         # Unbounded, yet bounded by the timer: it empties the deque every FLUSH_INTERVAL_S on
         # the loop that fills it (what a flush cannot hold is dropped and counted).
-        self.queue: deque[tuple[Any, ...]] = deque()
+        self.queue: deque[LogItem] = deque()
         self.append = self.queue.append
         self.written = 0
         self.dropped = 0
@@ -165,18 +166,20 @@ class AccessLog:
         popleft = queue.popleft
         dropped = 0
         # Lines are formatted natively a batch at a time (access_lines: one call, chunks of
-        # whole lines up to PIPE_BUF). Only the loop appends, and it is running this.
+        # whole lines up to PIPE_BUF) from the batch's declared records (velox.relay.records).
+        # Only the loop appends, and it is running this.
         while queue:
             if self.held_bytes >= held_max:  # full: drop without formatting
                 dropped += len(queue)
                 queue.clear()
                 break
             items = [popleft() for _ in range(min(len(queue), _BATCH))]
+            records = access_records(items)
             if self.cost_of is None:
-                chunks, lines = access_lines(items, offset, slot, prefix, self._seq, names,
+                chunks, lines = access_lines(records, offset, slot, prefix, self._seq, names,
                                              _PIPE_BUF)
             else:
-                chunks, lines = self._priced_lines(items, offset)
+                chunks, lines = self._priced_lines(items, records, offset)
             self._seq += len(items)  # item i's request id, when made here: seq + 1 + i
             for chunk in chunks:
                 if self.held_bytes + len(chunk) > held_max:
@@ -218,7 +221,7 @@ class AccessLog:
         self._sent = 0
         return lines
 
-    def _priced_lines(self, items: list[tuple[Any, ...]],
+    def _priced_lines(self, items: list[LogItem], records: list[AccessRecord | None],
                       offset: int) -> tuple[list[bytes], int]:
         """access_lines with `"cost_usd"` added as each line's last member (the native
         line is made, then the member spliced before its closing brace),
@@ -228,9 +231,9 @@ class AccessLog:
         chunks: list[bytes] = []
         chunk = b""
         lines = 0
-        for i, item in enumerate(items):
+        for i, (item, record) in enumerate(zip(items, records, strict=True)):
             try:
-                line = access_line(item, offset, self.slot, self._prefix, self._seq + 1 + i,
+                line = access_line(record, offset, self.slot, self._prefix, self._seq + 1 + i,
                                    self.key_names)
             except Exception:
                 continue
@@ -244,24 +247,25 @@ class AccessLog:
             chunks.append(chunk)
         return chunks, lines
 
-    def _tell(self, items: list[tuple[Any, ...]], offset: int) -> None:
+    def _tell(self, items: list[LogItem], offset: int) -> None:
         """Log, once per worker, why a line could not be formatted (access_lines skips such an
         item so the others are written; F.ACCESS_LOG_LINES shows how many went missing)."""
         self._told = True
         for item in items:
             try:
-                access_line(item, offset, self.slot, self._prefix, 0, self.key_names)
+                access_line(access_record(item), offset, self.slot, self._prefix, 0,
+                            self.key_names)
             except Exception:
                 log.exception("access log: a line could not be formatted (more are not told)")
                 return
 
-    def line(self, item: tuple[Any, ...], wall_offset_ns: int) -> bytes:
-        """One line (see the module docstring), formatted natively (vx_books): the request's
-        and exchange's fields read and written as JSON in one call, exactly the bytes orjson
-        makes of the line's dict (tests/unit/test_books.py), about 5x cheaper."""
+    def line(self, item: LogItem, wall_offset_ns: int) -> bytes:
+        """One line (see the module docstring), formatted natively (vx_books) from the item's
+        record: exactly the bytes orjson makes of the line's dict (tests/unit/test_books.py),
+        about 5x cheaper."""
         self._seq += 1  # the request id made here when the upstream gave none
-        return access_line(item, wall_offset_ns, self.slot, self._prefix, self._seq,
-                           self.key_names)
+        return access_line(access_record(item), wall_offset_ns, self.slot, self._prefix,
+                           self._seq, self.key_names)
 
 
 

@@ -68,7 +68,7 @@ from velox.ingress.connection import ClientConnection, IngressState
 from velox.ingress.ring import Ring
 from velox.relay.exchange import Exchange
 from velox.relay.messages import MessagesExchange
-from velox.relay.usage import CountMeter, Ledger, ReportedMeter, TokenMeter, set_default_output
+from velox.relay.usage import Ledger, ReportedMeter, TokenMeter, set_default_output
 from velox.routing.dispatch import Dispatch
 from velox.spend.traced import Traced
 from velox.spend.traced import install as install_tracing
@@ -650,11 +650,10 @@ class Worker:
             # images, audio, count_tokens: only what the answer reports
             if request.kind is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
                 exchange.meter = ReportedMeter(ledger, request)
-            # The common case (velox.relay.usage.CountMeter): only the counters need the numbers.
-            elif not request.stream and request.ticket is None and ledger.tpm is None:
-                exchange.meter = CountMeter(ledger, request)
-            else:
+            elif request.stream:  # asked for its usage unless the client asked
                 exchange.meter = TokenMeter.for_request(ledger, request)
+            else:  # most settle early: only the counters need the numbers (TokenMeter.early)
+                exchange.meter = TokenMeter(ledger, request)
             if self.spend is not None:
                 exchange.meter = self.spend.meter(exchange, exchange.meter)
         return exchange
@@ -757,7 +756,7 @@ class Worker:
         meter would be); priced as its own request (the merged call is not)."""
         ledger = self.ledger
         if ledger is not None and (self.meter_all or request.ticket is not None):
-            ledger.count(request.key, ledger.route_of(request.model), inp, out)
+            ledger.count(request, inp, out)
         if self.spend is not None and exchange is not None:
             self.spend.member(request, inp, out, exchange)
 

@@ -649,7 +649,7 @@ class PricedMeter:
 
     def end(self) -> bytes:
         rest: bytes = self.inner.end()
-        sse = getattr(_token_meter(self.inner), "sse", None)
+        sse = getattr(self.inner, "sse", None)
         if sse is not None and sse.found:  # priced before the access log's line is made
             self._priced(_details(sse.usage_data, _Usage(sse.input, sse.output)))
         return rest
@@ -663,7 +663,7 @@ class PricedMeter:
     def body(self, body: bytes) -> None:
         inner = self.inner
         inner.body(body)
-        # The token meter has read the usage (a CountMeter, natively): only the details are
+        # The token meter has read the usage (natively, most often): only the details are
         # left to find, and only when the body has any.
         if not inner.exact:
             usage = usage_details(body)
@@ -706,12 +706,6 @@ class PricedMeter:
             spend.book(exchange.route_attempt, self.request.key, self.cost)
             spend.row(exchange, status, usage, self.cost)
         self.done = True
-
-
-def _token_meter(meter: Any) -> Any:
-    """The TokenMeter doing the work (a CountMeter hands over to one, velox.relay.usage)."""
-    full = getattr(meter, "full", None)
-    return full if full is not None and hasattr(full, "sse") else meter
 
 
 def _add_header(request: Request, name: bytes, value: bytes) -> None:

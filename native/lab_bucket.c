@@ -1,3 +1,10 @@
+/* velox_lab._bucket: the lone shared token bucket (vx_bucket), outside the product's extension.
+ *
+ * The gateway's limits, its global rate included, are vx_limits entries (velox._native.Limits);
+ * this bucket is kept for what measures and tests it: benches/bench_native.py (against
+ * aiolimiter), benches/bench_balance.py (a reference cost) and tests/native/test_bucket.py.
+ * Built beside the product's extension (setup.py) into the lab package.
+ */
 #include "bind.h"
 #include "vx_bucket.h"
 
@@ -199,17 +206,62 @@ static PyType_Slot Bucket_slots[] = {
 };
 
 static PyType_Spec Bucket_spec = {
-    .name = "velox._native.TokenBucket",
+    .name = "velox_lab._bucket.TokenBucket",
     .basicsize = sizeof(BucketObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = Bucket_slots,
 };
 
-/* ---------------------------------------------------------------- init */
+/* ---------------------------------------------------------------- module */
 
-int vxb_bucket_exec(PyObject *module, module_state *st)
+typedef struct {
+    PyTypeObject *bucket_type;
+} bucket_state;
+
+static int bucket_exec(PyObject *module)
 {
-    if (vxb_add_type(module, &Bucket_spec, &st->bucket_type) < 0)
-        return -1;
+    bucket_state *st = PyModule_GetState(module);
+    return vxb_add_type(module, &Bucket_spec, &st->bucket_type);
+}
+
+static int bucket_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    bucket_state *st = PyModule_GetState(module);
+    if (st != NULL)
+        Py_VISIT(st->bucket_type);
     return 0;
+}
+
+static int bucket_clear(PyObject *module)
+{
+    bucket_state *st = PyModule_GetState(module);
+    if (st != NULL)
+        Py_CLEAR(st->bucket_type);
+    return 0;
+}
+
+static void bucket_free(void *module)
+{
+    bucket_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot bucket_slots[] = {
+    {Py_mod_exec, bucket_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef bucket_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "velox_lab._bucket",
+    .m_doc = "The lone shared token bucket (native/vx_bucket.h), for benchmarks and tests.",
+    .m_size = sizeof(bucket_state),
+    .m_slots = bucket_slots,
+    .m_traverse = bucket_traverse,
+    .m_clear = bucket_clear,
+    .m_free = bucket_free,
+};
+
+PyMODINIT_FUNC PyInit__bucket(void)
+{
+    return PyModuleDef_Init(&bucket_module);
 }
