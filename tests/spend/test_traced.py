@@ -5,6 +5,7 @@ when it is on, and start-up refused when the endpoint is set without the extra."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -14,7 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from velox.config import settings as settings_module
 from velox.config.settings import ConfigError, load
 from velox.core.fields import F
-from velox.spend.trace import Tracer
+from velox.spend.trace import Tracer, parse_traceparent
 from velox.spend.traced import _answer_fields, _Keeper
 from velox_lab.pipeline import Pipeline
 
@@ -127,3 +128,39 @@ def test_an_endpoint_without_the_extra_stops_start_up(monkeypatch: pytest.Monkey
         load(env, dotenv=None)
     del env["VELOX_OTEL_ENDPOINT"]
     assert load(env, dotenv=None).otel_endpoint == ""  # no endpoint: the extra is not needed
+
+
+class _Sent:
+    """An upstream recording the headers of each attempt submitted to it."""
+
+    def __init__(self) -> None:
+        self.headers: list[list[tuple[bytes, bytes]]] = []
+
+    def submit(self, client: Any, number: int = 0) -> None:
+        self.headers.append(list(client.headers_out))
+
+
+def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
+    pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
+                        VELOX_OTEL_SAMPLE="0")
+    traced = pipeline.worker.traced
+    assert traced is not None
+    upstream = pipeline.worker.dispatch.upstreams[0]
+    sent = _Sent()
+    upstream.inner = sent
+    request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object())
+    base = [(b"content-type", b"application/json")]
+    shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
+    for edge, headers in ((None, base), (None, base), (object(), shared)):
+        # dispatch makes each plain attempt's list anew
+        exchange = SimpleNamespace(request=request, edge=edge,
+                                   headers_out=list(headers) if edge is None else headers)
+        upstream.submit(exchange)
+    assert shared == [(b"x-api-key", b"k")]  # not written into
+    parents = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
+    assert all(p is not None and not p.sampled for p in parents)
+    assert len({p.trace_id for p in parents if p}) == 1  # one trace
+    assert len({p.span_id for p in parents if p}) == 3  # a span per attempt
+    assert all(len(h) == 2 for h in sent.headers)  # one traceparent each, nothing else added
+    del traced.live[id(request)]
+    traced.tracer.close(timeout_s=1)
