@@ -3,7 +3,7 @@ request path, put in place by `Traced.install` only when tracing is on. A gatewa
 runs none of this: no stage, no wrapper, no per-request state (the worker tests one attribute,
 at build and on its tick).
 
-When on, four hooks, each taking the place of a call the worker makes anyway:
+When on, these hooks, each taking the place of a call the worker makes anyway:
 
 * every upstream of the dispatcher is wrapped (`_TracedUpstream.submit`): a request's trace is
   decided at its first attempt (a client's `traceparent` followed, else sampled at
@@ -13,6 +13,9 @@ When on, four hooks, each taking the place of a call the worker makes anyway:
   retried or answered as it failed;
 * with a cache, a stage after it notes when a request left it (a miss); one answered without
   reaching that stage or any upstream was the cache's (a hit, or coalesced);
+* a merged batch call (velox.batching) gets a trace of its own when any of its members is
+  sampled: a CLIENT span per attempt, made when its exchange ends, linked to the members'
+  SERVER spans, which link back to it;
 * the worker's `finished` is wrapped: once the request is counted and logged, its record is
   built from the timestamps it carries and handed to the tracer, which turns only a sampled
   one into spans (queued in memory for the exporter's thread).
@@ -69,8 +72,9 @@ class _Live:
     """One request's trace while it runs: its attempts (sampled only) and what it kept.
 
     The common unsampled request (no traceparent of its client's) has none: its entry in
-    `Traced.live` is the start of its traceparent, `00-{trace id}-`, all its attempts need
-    (an object and its ids cost ~1.5 us a request more; measured with bench_trace.py)."""
+    `Traced.live` is its first attempt's traceparent, whose first 36 bytes (`00-{trace id}-`)
+    are all a retry needs (an object and its ids cost ~1.5 us a request more; measured with
+    bench_trace.py)."""
 
     __slots__ = ("trace", "parented", "attempts", "keeper", "cache_ns", "links")
 
