@@ -164,3 +164,31 @@ def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -
     assert all(len(h) == 2 for h in sent.headers)  # one traceparent each, nothing else added
     del traced.live[id(request)]
     traced.tracer.close(timeout_s=1)
+
+
+def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
+    """A merged call is no client's request (no `finished` ends it): its trace entry goes
+    when its exchange ends, sampled or not."""
+    pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
+                        VELOX_OTEL_SAMPLE="0")
+    traced = pipeline.worker.traced
+    assert traced is not None
+    upstream = pipeline.worker.dispatch.upstreams[0]
+    sent = _Sent()
+    upstream.inner = sent
+    members = [SimpleNamespace(live=True, request=SimpleNamespace(headers=[], ends=object()))
+               for _ in range(3)]
+    merged = SimpleNamespace(conn=SimpleNamespace(members=members), ends=None,
+                             headers=[], model="emb")
+    ended: list[int] = []
+    exchange = SimpleNamespace(request=merged, edge=None, headers_out=[], observer=None,
+                               on_done=lambda ex, status: ended.append(status))
+    upstream.submit(exchange)
+    (call,) = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
+    assert call is not None and not call.sampled
+    exchange.on_done(exchange, 200)
+    assert ended == [200]  # the call's own end still runs
+    for member in members:  # the members' entries go at their own ends
+        assert isinstance(traced.live.pop(id(member.request)), bytes)
+    assert not traced.live
+    traced.tracer.close(timeout_s=1)

@@ -190,9 +190,10 @@ class Traced:
             live = self.live[id(request)] = _Live(RequestTrace(trace_id, 0, 0, bool(sampled)),
                                                   False)
             live.links = [(e.trace.trace_id, e.trace.span_id) for e in sampled]
-            if sampled:  # its spans are made when the call ends (its exchange's on_done)
-                on_done = exchange.on_done
-                exchange.on_done = lambda ex, status: self._batch_done(ex, status, on_done)
+            # Its spans are made, and its entry dropped, when the call ends (its exchange's
+            # on_done; no `finished` ends a call of the gateway's own).
+            on_done = exchange.on_done
+            exchange.on_done = lambda ex, status: self._batch_done(ex, status, on_done)
         elif type(live) is not _Live:
             return
         self.attempt(exchange, live, up)
@@ -204,10 +205,10 @@ class Traced:
                     own.links.append(link)
 
     def _batch_done(self, exchange: Any, status: int, on_done: Any) -> None:
-        """A sampled merged call is over: its spans, then the call's own end."""
+        """A merged call is over: its spans when sampled, then the call's own end."""
         request = exchange.request
         live = self.live.pop(id(request), None)
-        if type(live) is _Live:
+        if type(live) is _Live and live.trace.sampled:
             try:
                 self.tracer.record(self._call_record(request, exchange, status, live))
             except Exception:  # a tracing bug costs spans, never the worker
