@@ -79,3 +79,25 @@ def test_the_store_does_what_its_twin_does(steps: list[tuple[tuple[Any, ...], in
         stats = native.stats()
         assert {k: stats[k] for k in twin.stats()} == twin.stats(), op
     assert native._check() == 0
+
+
+def test_a_hit_keeps_its_entry_through_evictions_in_both() -> None:
+    """Directed (the generated runs seldom read an entry just before the store is full): an
+    entry read before every put outlives entries never read, in the store and in its twin
+    alike; a twin that did not move a hit to the recent end fails here."""
+    native = SharedCache(1 << 16)
+    geometry = native.stats()
+    twin = PyCache(geometry["blocks"], geometry["max_value"], geometry["marker_slots"])
+    keys = [k.to_bytes(2, "big") * 16 for k in range(400)]
+    value = b"v" * 2000  # several blocks each: the 64 KiB store holds a few dozen
+    for store in (native, twin):
+        now = 1_000
+        assert store.put(keys[0], value, now, 1 << 40)
+        for key in keys[1:]:
+            now += 1
+            assert store.get(keys[0], now, -1) is not None, "the entry read before every put"
+            assert store.put(key, value, now, 1 << 40)
+        assert store.get(keys[1], now, -1) is None  # never read: evicted long ago
+        assert store.stats()["evictions"] > 300
+    stats = native.stats()
+    assert {k: stats[k] for k in twin.stats()} == twin.stats()
