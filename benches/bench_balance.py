@@ -190,7 +190,7 @@ def test_breaker_check(benchmark: Any) -> None:
 def test_admit_finish(benchmark: Any) -> None:
     benchmark.group = "breaker"
     state = SharedHealth.create(_tables("weighted"))
-    admit, finish, t = state.admit, state.finish, now_ms()
+    admit, finish, t = state.allow, state.finish, now_ms()
 
     def run() -> None:
         for _ in repeat(None, N):

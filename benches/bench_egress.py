@@ -105,6 +105,7 @@ class _Driver:
     def start(self) -> None:
         for _ in range(min(IN_FLIGHT, self.total)):
             self._send()
+        self.pool.flush()
 
     def _send(self) -> None:
         self.sent += 1
@@ -116,6 +117,7 @@ class _Driver:
         self.done += 1
         if self.sent < self.total:
             self._send()
+            self.pool.flush()  # as the worker does after each batch
         elif self.done == self.total and not self.future.done():
             self.future.set_result(None)
 

@@ -9,6 +9,7 @@ for the whole round and for its two phases (client request -> upstream frames, u
 answer -> client).
 
     python -m benches.pipeline_ab before=../old-checkout after=. [--codec native] [--blocks 15]
+        [--env VELOX_SPEND=0 ...]
 
 The first tree is the reference for the deltas. Nothing here asserts a speed.
 """
@@ -38,7 +39,8 @@ def _harness(root: str) -> Any:
     return pipeline
 
 
-def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
+def load(root: str, clients: int, codec: str,
+         env: dict[str, str] | None = None) -> tuple[Any, dict[str, Any]]:
     """The warmed pipeline of the tree at `root`, and that tree's modules."""
     for name in [n for n in sys.modules if _ours(n)]:
         del sys.modules[name]
@@ -48,7 +50,7 @@ def load(root: str, clients: int, codec: str) -> tuple[Any, dict[str, Any]]:
         harness = _harness(root)
         if not str(Path(harness.__file__).resolve()).startswith(root):
             raise SystemExit(f"{root}: imported {harness.__file__} instead")
-        pipeline = harness.Pipeline(clients=clients, codec=codec)
+        pipeline = harness.Pipeline(clients=clients, codec=codec, **(env or {}))
         for _ in range(50):
             pipeline.round()
     finally:
@@ -61,7 +63,8 @@ def load_all(args: argparse.Namespace) -> list[tuple[str, Any, dict[str, Any]]]:
     variants = []
     for spec in args.trees:
         name, _, root = spec.partition("=")
-        variants.append((name, *load(root, args.clients, args.codec)))
+        variants.append((name, *load(root, args.clients, args.codec,
+                                     dict(e.split("=", 1) for e in args.env))))
     gc.collect()
     gc.freeze()
     return variants
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--codec", default="native")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=15)
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting of every tree's pipeline (e.g. VELOX_SPEND=0)")
     ap.add_argument("--rounds", type=int, default=20, help="rounds per block")
     ap.add_argument("--stream", type=int, default=0, metavar="EVENTS",
                     help="streamed answers of EVENTS events instead (Pipeline.stream_round); "

@@ -210,45 +210,46 @@ static PyObject *Health_in_flight_sum(HealthObject *self, PyObject *arg)
     return PyLong_FromLongLong(sum);
 }
 
-PyDoc_STRVAR(Health_admit_doc,
-             "admit($self, upstream, now_ms, /)\n--\n\n"
-             "enter() + acquire() + count(UP_REQUESTS) in one call: a ticket >= 0, or -1 (breaker\n"
-             "refuses) / -2 (max_in_flight reached), having taken nothing.");
+PyDoc_STRVAR(Health_allow_doc,
+             "allow($self, upstream, now_ms, /)\n--\n\n"
+             "enter() + acquire() + count(UP_REQUESTS) in one call: a probe slot >= 0 (0: the\n"
+             "breaker is closed), or -1 (breaker refuses) / -2 (max_in_flight reached), having\n"
+             "taken nothing.");
 
-static PyObject *Health_admit(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Health_allow(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t i, now;
-    if (check_nargs("admit", nargs, 2, 2) < 0 || health_index(self, args, &i) < 0 ||
+    if (check_nargs("allow", nargs, 2, 2) < 0 || health_index(self, args, &i) < 0 ||
         health_now(args, nargs, 1, &now) < 0)
         return NULL;
     int tr;
-    int64_t ticket = vx_breaker_enter(self->h, i, now, &tr);
-    if (ticket < 0)
+    int64_t probe_slot = vx_breaker_enter(self->h, i, now, &tr);
+    if (probe_slot < 0)
         return PyLong_FromLong(-1);
     health_note(self, i, tr, now);
     if (!vx_inflight_acquire(self->h, i)) {
-        vx_breaker_report(self->h, i, ticket, VX_OUTCOME_NEUTRAL, now); /* a probe slot back */
+        vx_breaker_report(self->h, i, probe_slot, VX_OUTCOME_NEUTRAL, now); /* a probe slot back */
         return PyLong_FromLong(-2);
     }
     vx_health_count(self->h, i, VX_UP_REQUESTS, 1);
-    return PyLong_FromLongLong(ticket);
+    return PyLong_FromLongLong(probe_slot);
 }
 
 PyDoc_STRVAR(Health_finish_doc,
-             "finish($self, upstream, ticket, outcome, now_ms, /)\n--\n\n"
+             "finish($self, upstream, probe_slot, outcome, now_ms, /)\n--\n\n"
              "release() + report() + count the success or failure, in one call (the\n"
              "transition it caused, if any, is kept for transitions()).");
 
 static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t i, ticket, outcome, now;
+    int64_t i, probe_slot, outcome, now;
     if (check_nargs("finish", nargs, 4, 4) < 0 || health_index(self, args, &i) < 0 ||
-        arg_in_range(args[1], "ticket", 0, INT64_MAX, &ticket) < 0 ||
+        arg_in_range(args[1], "probe_slot", 0, INT64_MAX, &probe_slot) < 0 ||
         arg_in_range(args[2], "outcome", 0, 2, &outcome) < 0 ||
         health_now(args, nargs, 3, &now) < 0)
         return NULL;
     vx_inflight_release(self->h, i);
-    health_note(self, i, vx_breaker_report(self->h, i, ticket, (int)outcome, now), now);
+    health_note(self, i, vx_breaker_report(self->h, i, probe_slot, (int)outcome, now), now);
     if (outcome == VX_OUTCOME_SUCCESS)
         vx_health_count(self->h, i, VX_UP_SUCCESSES, 1);
     else if (outcome == VX_OUTCOME_FAILURE)
@@ -258,9 +259,9 @@ static PyObject *Health_finish(HealthObject *self, PyObject *const *args, Py_ssi
 
 PyDoc_STRVAR(Health_enter_doc,
              "enter($self, upstream, now_ms=None, /)\n--\n\n"
-             "Pass the breaker: -1 refused, 0 admitted (closed), > 0 a probe ticket. Every\n"
-             "ticket >= 0 must go back through report(). A call that turns the breaker\n"
-             "half-open keeps TR_HALF_OPENED for transitions(); so does admit().");
+             "Pass the breaker: -1 refused, 0 admitted (closed), > 0 a probe slot. Every\n"
+             "probe slot >= 0 must go back through report(). A call that turns the breaker\n"
+             "half-open keeps TR_HALF_OPENED for transitions(); so does allow().");
 
 static PyObject *Health_enter(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -269,26 +270,26 @@ static PyObject *Health_enter(HealthObject *self, PyObject *const *args, Py_ssiz
         health_now(args, nargs, 1, &now) < 0)
         return NULL;
     int tr;
-    int64_t ticket = vx_breaker_enter(self->h, i, now, &tr);
+    int64_t probe_slot = vx_breaker_enter(self->h, i, now, &tr);
     health_note(self, i, tr, now);
-    return PyLong_FromLongLong(ticket);
+    return PyLong_FromLongLong(probe_slot);
 }
 
 PyDoc_STRVAR(Health_report_doc,
-             "report($self, upstream, ticket, outcome, now_ms=None, /)\n--\n\n"
+             "report($self, upstream, probe_slot, outcome, now_ms=None, /)\n--\n\n"
              "The outcome (OUTCOME_SUCCESS, _FAILURE, _NEUTRAL) of a request admitted with\n"
-             "ticket; returns the transition it caused (TR_NONE, TR_OPENED, TR_REOPENED,\n"
+             "probe_slot; returns the transition it caused (TR_NONE, TR_OPENED, TR_REOPENED,\n"
              "TR_CLOSED), which transitions() also lists.");
 
 static PyObject *Health_report(HealthObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    int64_t i, ticket, outcome, now;
+    int64_t i, probe_slot, outcome, now;
     if (check_nargs("report", nargs, 3, 4) < 0 || health_index(self, args, &i) < 0 ||
-        arg_in_range(args[1], "ticket", 0, INT64_MAX, &ticket) < 0 ||
+        arg_in_range(args[1], "probe_slot", 0, INT64_MAX, &probe_slot) < 0 ||
         arg_in_range(args[2], "outcome", 0, 2, &outcome) < 0 ||
         health_now(args, nargs, 3, &now) < 0)
         return NULL;
-    int tr = vx_breaker_report(self->h, i, ticket, (int)outcome, now);
+    int tr = vx_breaker_report(self->h, i, probe_slot, (int)outcome, now);
     health_note(self, i, tr, now);
     return PyLong_FromLong(tr);
 }
@@ -433,7 +434,7 @@ static PyMethodDef Health_methods[] = {
     {"check", FASTCALL(Health_check), METH_FASTCALL, Health_check_doc},
     {"usable_mask", FASTCALL(Health_usable_mask), METH_FASTCALL, Health_usable_mask_doc},
     {"in_flight_sum", (PyCFunction)Health_in_flight_sum, METH_O, Health_in_flight_sum_doc},
-    {"admit", FASTCALL(Health_admit), METH_FASTCALL, Health_admit_doc},
+    {"allow", FASTCALL(Health_allow), METH_FASTCALL, Health_allow_doc},
     {"finish", FASTCALL(Health_finish), METH_FASTCALL, Health_finish_doc},
     {"enter", FASTCALL(Health_enter), METH_FASTCALL, Health_enter_doc},
     {"report", FASTCALL(Health_report), METH_FASTCALL, Health_report_doc},

@@ -199,15 +199,17 @@ class Health:
         """Bit k set when check(upstreams[k], now_ms) == 0 (at most 64 upstreams)."""
     def in_flight_sum(self, upstreams: tuple[int, ...], /) -> int:
         """Sum of in_flight() over the upstreams, in one call."""
-    def admit(self, upstream: int, now_ms: int | None, /) -> int:
-        """enter() + acquire() + count(UP_REQUESTS): a ticket >= 0, or -1 (breaker refuses) /
+    def allow(self, upstream: int, now_ms: int | None, /) -> int:
+        """enter() + acquire() + count(UP_REQUESTS): a probe slot >= 0, or -1 (breaker refuses) /
         -2 (max_in_flight reached), having taken nothing."""
-    def finish(self, upstream: int, ticket: int, outcome: int, now_ms: int | None, /) -> None:
+    def finish(self, upstream: int, probe_slot: int, outcome: int, now_ms: int | None, /) -> None:
         """release() + report() + count UP_SUCCESSES / UP_FAILURES."""
     def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
-        """-1 refused, 0 admitted (closed), > 0 a probe ticket; tickets >= 0 go to report()."""
-    def report(self, upstream: int, ticket: int, outcome: int, now_ms: int | None = None, /) -> int:
-        """Outcome (OUTCOME_*) of a request admitted with ticket; returns the TR_* it caused."""
+        """-1 refused, 0 admitted (closed), > 0 a probe slot; probe slots >= 0 go to report()."""
+    def report(
+        self, upstream: int, probe_slot: int, outcome: int, now_ms: int | None = None, /
+    ) -> int:
+        """Outcome (OUTCOME_*) of a request admitted with probe_slot; returns the TR_* it caused."""
     def breaker(
         self, upstream: int, now_ms: int | None = None, /
     ) -> tuple[int, int, int, int, int, int, int, int]:

@@ -38,23 +38,35 @@ from velox_lab.mock import MockUpstream
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "profile.json"
 
-# (stage, test on "file:function" of a frame), tried from the innermost frame outwards; the
-# first match names the sample's stage. Order matters only within one frame.
+# (stage, test on "package/file.py:function" of a frame, the path taken from velox/ on), tried
+# from the innermost frame outwards; the first match names the sample's stage. Order matters only
+# within one frame. tests/unit/test_profile_stages.py checks that every file named here exists,
+# so a move of the tree cannot silently send samples to the wrong stage.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("client write (respond / stream, syscall included)",
-     ("ingress.py:respond", "ingress.py:start_stream", "ingress.py:send_chunk",
-      "ingress.py:end_stream", "ingress.py:respond_error")),
-    ("relay (response head, server-timing, accounting)", ("relay.py:",)),
-    ("HTTP/2 codec (frames, HPACK, both ways)", ("framer.py:", "codec.py:", "h2lib.py:",
-                                                  "hpack")),
-    ("h2 connection (events, flow control, flush, TLS write)", ("h2conn.py:",)),
-    ("pool, attempts, dispatch, routing", ("pool.py:", "h2pool.py:", "attempt.py:",
-                                           "upstream.py:", "dispatch.py:", "balance.py:",
-                                           "health.py:", "route.py:")),
-    ("worker drain (parse, upstream headers, batch)", ("worker.py:", "parse.py:", "arena.py:",
-                                                      "ratelimit.py:", "ring.py:")),
-    ("ingress (httptools callbacks, routing, ring push)", ("ingress.py:",)),
-    ("stats and access log", ("stats.py:", "accesslog.py:")),
+     ("ingress/connection.py:respond", "ingress/connection.py:start_stream",
+      "ingress/connection.py:send_chunk", "ingress/connection.py:flush_stream",
+      "ingress/connection.py:end_stream", "ingress/connection.py:respond_error",
+      "ingress/h1write.py:")),
+    ("relay (response head, server-timing, accounting)", ("relay/exchange.py:",
+                                                          "relay/usage.py:")),
+    ("spend (prices, ledger rows, cost headers)", ("spend/",)),
+    ("HTTP/2 codec (frames, HPACK, both ways)", ("egress/framer.py:", "egress/codec.py:",
+                                                  "egress/nativecodec.py:",
+                                                  "egress/hpack_static.py:")),
+    ("h2 connection (events, flow control, flush, TLS write)", ("egress/h2conn.py:",)),
+    ("pool, attempts, dispatch, routing", ("egress/pool.py:", "egress/h2pool.py:",
+                                           "egress/interfaces.py:", "egress/upstream.py:",
+                                           "routing/dispatch.py:", "routing/balance.py:",
+                                           "state/health.py:")),
+    ("worker drain (parse, upstream headers, batch)", ("pipeline/worker.py:",
+                                                      "admission/parse.py:",
+                                                      "ingress/arena.py:",
+                                                      "admission/ratelimit.py:",
+                                                      "ingress/ring.py:")),
+    ("ingress (httptools callbacks, routing, ring push)", ("ingress/",)),
+    ("stats and access log", ("state/stats.py:", "admin/accesslog.py:",
+                              "admin/ledgerfeed.py:")),
 )
 
 
@@ -65,7 +77,9 @@ def stage_of(stack: list[str]) -> str:
         # py-spy names methods "Class.method" (and closures "f.<locals>.g"): the stages are
         # told apart by file and function name alone.
         name = name.split(".<locals>", 1)[0].rsplit(".", 1)[-1]
-        key = f"{Path(where.split(':')[0]).name}:{name}"
+        path = where.split(":")[0]
+        package = path.rpartition("velox/")[2] if "velox/" in path else Path(path).name
+        key = f"{package}:{name}"
         for stage, tests in STAGES:
             if any(key.startswith(t) for t in tests):
                 return stage

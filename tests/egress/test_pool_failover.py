@@ -64,6 +64,7 @@ def test_an_exchange_abandoned_on_one_upstream_is_answered_by_another() -> None:
     exchange = _exchange(responder, done)
 
     first.upstream.submit(exchange)
+    first.upstream.flush()  # as the worker does after each batch
     first.pump()
     assert server_a.requests == [3]
     tried = exchange.attempt
@@ -93,6 +94,7 @@ def test_a_paused_client_resumes_the_attempt_it_has_now() -> None:
     responder, done = FakeResponder(), []
     exchange = _exchange(responder, done)
     first.upstream.submit(exchange)
+    first.upstream.flush()  # as the worker does after each batch
     first.pump()
     assert exchange.attempt is not None
     exchange.attempt.cancel()
@@ -172,6 +174,7 @@ def test_a_plain_answer_cut_after_its_headers_is_sent_again_before_anything_reac
     observer = exchange.observer = _Recorder()
 
     first.upstream.submit(exchange)
+    first.upstream.flush()  # as the worker does after each batch
     first.pump()
     server_a.respond(server_a.requests[0], body=b'{"half":', end=False)
     first.pump()

@@ -174,12 +174,12 @@ def test_transitions_are_kept_by_the_process_that_made_them() -> None:
     h = health(failures=2, successes=2)
     assert h.transitions() == ([], 0)
     for k in range(2):  # the second failure in a row opens it
-        assert h.admit(0, T0 + k) == 0
+        assert h.allow(0, T0 + k) == 0
         h.finish(0, 0, FAILURE, T0 + k)
     assert h.transitions() == ([(0, _native.TR_OPENED, T0 + 1, 30_000)], 0)
     assert h.transitions() == ([], 0)  # drained
-    ticket = h.admit(0, T0 + 30_001)  # due: this admission turns it half-open
-    assert ticket > 0 and h.admit(0, T0 + 30_001) == -1
+    ticket = h.allow(0, T0 + 30_001)  # due: this admission turns it half-open
+    assert ticket > 0 and h.allow(0, T0 + 30_001) == -1
     h.finish(0, ticket, FAILURE, T0 + 30_002)
     assert h.transitions()[0] == [(0, _native.TR_HALF_OPENED, T0 + 30_001, 0),
                                   (0, _native.TR_REOPENED, T0 + 30_002, 60_000)]
@@ -211,7 +211,7 @@ def _hammer_transitions(h: Health, seed: int, steps: int) -> dict[int, int]:
     t = T0
     for step in range(steps):
         t += rng.randrange(3)
-        ticket = h.admit(0, t)
+        ticket = h.allow(0, t)
         if ticket >= 0:
             h.finish(0, ticket, FAILURE if rng.random() < 0.6 else SUCCESS, t)
         if step % 8 == 0 or step == steps - 1:
@@ -369,9 +369,9 @@ def make_tables(n: int = 2, rpm: int = 0, max_in_flight: int = 0, failures: int 
 def test_shared_health_admit_finish_round_trip_and_snapshot() -> None:
     h = SharedHealth.create(make_tables(max_in_flight=1))
     t = now_ms()
-    ticket = h.admit(0, t)
+    ticket = h.allow(0, t)
     assert ticket == 0 and h.in_flight(0) == 1
-    assert h.admit(0, t) == -REASON_FULL and h.check(0, t) == REASON_FULL
+    assert h.allow(0, t) == -REASON_FULL and h.check(0, t) == REASON_FULL
     h.finish(0, ticket, SUCCESS, t)
     snap = h.snapshot(t)
     row = snap["upstreams"]["u0"]
@@ -391,7 +391,7 @@ def test_shared_health_rpm_bucket_refuses_then_429() -> None:
     refused = router.plan("m").first()  # type: ignore[union-attr]
     assert isinstance(refused, RateLimited) and 1 <= refused.retry_after_s <= 10
     assert h.in_flight(0) == 0
-    assert h.admit(0, now_ms()) == -REASON_RATE
+    assert h.allow(0, now_ms()) == -REASON_RATE
 
 
 def _worker_fails(h: SharedHealth, tables: Tables, n: int) -> list[int]:
@@ -431,8 +431,8 @@ def test_panic_through_shared_health_when_all_open() -> None:
     tables = make_tables(n=2, failures=1)
     h = SharedHealth.create(tables)
     t = now_ms()
-    h.finish(1, h.admit(1, t), FAILURE, t - 1000)  # u1 opened first (at t - 1000)
-    h.finish(0, h.admit(0, t), FAILURE, t)
+    h.finish(1, h.allow(1, t), FAILURE, t - 1000)  # u1 opened first (at t - 1000)
+    h.finish(0, h.allow(0, t), FAILURE, t)
     router = Router(tables, h)
     plan = router.plan("m")
     a = plan.first(t)  # type: ignore[union-attr]
@@ -448,10 +448,10 @@ def test_needs_probe_lists_due_breakers_and_a_probe_closes_it() -> None:
     h = SharedHealth.create(tables)
     t = now_ms()
     assert h.needs_probe(t) == []
-    h.finish(0, h.admit(0, t), FAILURE, t)
+    h.finish(0, h.allow(0, t), FAILURE, t)
     assert h.needs_probe(t) == [] and h.needs_probe(t + 29_999) == []
     assert h.needs_probe(t + 30_000) == [0]
-    ticket = h.admit(0, t + 30_000)
+    ticket = h.allow(0, t + 30_000)
     assert ticket > 0 and h.needs_probe(t + 30_001) == []  # the probe slot is taken
     h.finish(0, ticket, SUCCESS, t + 30_002)  # successes=1 in make_tables
     assert h.snapshot(t + 30_002)["upstreams"]["u0"]["state"] == "closed"
@@ -471,13 +471,13 @@ def test_bad_policies_in_tables_name_the_table() -> None:
 def test_group_calls_match_single_calls_and_refuse_bad_input() -> None:
     h = health(3, caps=[1, 0, 0])
     assert h.usable_mask((0, 1, 2), T0) == 0b111
-    assert h.admit(0, T0) == 0 and h.in_flight_sum((0, 1, 2)) == 1
+    assert h.allow(0, T0) == 0 and h.in_flight_sum((0, 1, 2)) == 1
     assert h.usable_mask((0, 1, 2), T0) == 0b110  # 0 is full
     assert h.usable_mask((2, 0), T0) == 0b01  # bits follow the tuple's order
-    assert h.admit(0, T0) == -REASON_FULL
+    assert h.allow(0, T0) == -REASON_FULL
     for _ in range(5):
         h.report(1, 0, FAILURE, T0)
-    assert h.usable_mask((0, 1, 2), T0) == 0b100 and h.admit(1, T0) == -REASON_OPEN
+    assert h.usable_mask((0, 1, 2), T0) == 0b100 and h.allow(1, T0) == -REASON_OPEN
     h.finish(0, 0, SUCCESS, None)
     assert h.in_flight_sum((0, 1, 2)) == 0 and h.counter(0, _native.UP_SUCCESSES) == 1
     with pytest.raises(TypeError):

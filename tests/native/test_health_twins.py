@@ -2,8 +2,8 @@
 (velox.state.twins.PyHealth).
 
 Hypothesis drives both with the same generated operations on three upstreams (no cap, cap 1,
-cap 2) under generated policies: admit and finish with every outcome, enter and report with
-right, stale and made-up tickets, peek, check, usable_mask, acquire and release, counters, and
+cap 2) under generated policies: allow and finish with every outcome, enter and report with
+right, stale and made-up probe slots, peek, check, usable_mask, acquire and release, counters, and
 a clock that moves by small steps, to 1 ms around the open time's and the probe lease's ends, and
 by huge jumps.
 Every answer, every breaker read and the drained transitions must be the same.
@@ -41,10 +41,10 @@ MOVES = st.one_of(
 )
 OPS = st.one_of(
     MOVES, MOVES, MOVES,
-    st.tuples(st.just("admit"), UP),
-    st.tuples(st.just("finish"), UP, OUTCOME),  # the ticket of the last admit there
+    st.tuples(st.just("allow"), UP),
+    st.tuples(st.just("finish"), UP, OUTCOME),  # the probe slot of the last allow there
     st.tuples(st.just("enter"), UP),
-    st.tuples(st.just("report"), UP, TICKET, OUTCOME),  # a made-up or last ticket
+    st.tuples(st.just("report"), UP, TICKET, OUTCOME),  # a made-up or last probe slot
     st.tuples(st.just("peek"), UP),
     st.tuples(st.just("check"), UP),
     st.tuples(st.just("usable_mask"), st.lists(UP, max_size=4).map(tuple)),
@@ -54,9 +54,9 @@ OPS = st.one_of(
     st.tuples(st.just("counter"), UP, st.integers(-1, 6)),
     st.tuples(st.just("breaker"), UP),
 )
-MACROS = {"fail": [("admit", 0), ("finish", 0, 1)], "ok": [("admit", 0), ("finish", 0, 0)],
-          "neutral": [("admit", 0), ("finish", 0, 2)], "lost": [("enter", 0)]}
-TIMED = {"admit", "finish", "enter", "report", "peek", "check", "usable_mask", "breaker"}
+MACROS = {"fail": [("allow", 0), ("finish", 0, 1)], "ok": [("allow", 0), ("finish", 0, 0)],
+          "neutral": [("allow", 0), ("finish", 0, 2)], "lost": [("enter", 0)]}
+TIMED = {"allow", "finish", "enter", "report", "peek", "check", "usable_mask", "breaker"}
 
 
 def outcome(call: Any) -> Any:
@@ -67,17 +67,17 @@ def outcome(call: Any) -> Any:
 
 
 def _prepare(name: str, args: list[Any], now: int, native: Any, twin: PyHealth, lease: int,
-             tickets: dict[int, int]) -> tuple[str, list[Any], int]:
+             probe_slots: dict[int, int]) -> tuple[str, list[Any], int]:
     """A step's call: "edge" moves the clock to just around when upstream's breaker changes
-    (and peeks); finish takes the last ticket its upstream gave, report it when asked (3)."""
+    (and peeks); finish takes the last probe slot its upstream gave, report it when asked (3)."""
     if name == "edge":
         state = native.breaker(args[0] % 3, now)
         due = state[4] + (twin.open_time(state[3]) if state[0] == 1 else lease)
         return "peek", [args[0]], max(now, due + args[1])
     if name == "finish":
-        return name, [args[0], tickets.get(args[0], 0), args[1]], now
-    if name == "report" and args[1] == 3:  # the last real ticket, else a made-up one
-        return name, [args[0], tickets.get(args[0], 0), args[2]], now
+        return name, [args[0], probe_slots.get(args[0], 0), args[1]], now
+    if name == "report" and args[1] == 3:  # the last real probe slot, else a made-up one
+        return name, [args[0], probe_slots.get(args[0], 0), args[2]], now
     return name, args, now
 
 
@@ -89,17 +89,17 @@ def test_health_does_what_its_twin_does(policy: tuple[int, ...],
     shape = (CAPS, failures, successes, open_ms, open_ms + extra, probes, lease)
     native, twin = Health(*shape), PyHealth(*shape)
     now = 1_000
-    tickets: dict[int, int] = {}  # the last ticket each upstream gave (native's = twin's)
+    probe_slots: dict[int, int] = {}  # the last probe slot each upstream gave (native's = twin's)
     calls = [(call, step if k == 0 else 0) for op, step in steps
              for k, call in enumerate(MACROS.get(op[0], [op]))]
     for (op, *raw), step in calls:
-        name, args, now = _prepare(op, raw, now + step, native, twin, lease, tickets)
+        name, args, now = _prepare(op, raw, now + step, native, twin, lease, probe_slots)
         call_args = (*args, now) if name in TIMED else tuple(args)
         got = outcome(lambda: getattr(native, name)(*call_args))
         want = outcome(lambda: getattr(twin, name)(*call_args))
         assert got == want, (name, call_args)
-        if name in ("admit", "enter") and got[0] == "value" and got[1] >= 0:
-            tickets[args[0]] = got[1]
+        if name in ("allow", "enter") and got[0] == "value" and got[1] >= 0:
+            probe_slots[args[0]] = got[1]
         assert native.transitions() == twin.transitions(), (name, call_args)
     for u in range(len(CAPS)):
         assert native.breaker(u, now) == twin.breaker(u, now)

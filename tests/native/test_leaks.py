@@ -156,14 +156,14 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
     key = b"x-velox-affinity value"
     base_us, base_key = sys.getrefcount(us), sys.getrefcount(key)
     for i in range(10_000):  # warm-up
-        ticket = health.admit(i % 3, i)
+        ticket = health.allow(i % 3, i)
         if ticket >= 0:
             health.finish(i % 3, ticket, 1, i)
     before = rss()
     for i in range(1_000_000):
         health.usable_mask(us, i)
         health.in_flight_sum(us)
-        ticket = health.admit(i % 3, i)
+        ticket = health.allow(i % 3, i)
         if ticket >= 0:
             health.finish(i % 3, ticket, 1, i)
         rendezvous.rank(hash64(key))
@@ -175,7 +175,7 @@ def test_health_entry_points_keep_refcounts_and_mappings_flat() -> None:
     def churn() -> None:
         for _ in range(2000):
             Health([1, 2], failures=5, successes=2, open_ms=1000, max_open_ms=8000, probes=1,
-                   probe_lease_ms=2000).admit(0, 1)
+                   probe_lease_ms=2000).allow(0, 1)
             RetryBudget(20, 10, 10).record_request(1)
             Rendezvous([1, 2, 3], [1.0, 1.0, 1.0]).first(7)
 

@@ -39,11 +39,11 @@ def test_rpm_buckets_are_one_limits_with_the_same_bursts() -> None:
     assert h.rpm.config(2) == (6, 1)
     t = now_ms()
     for _ in range(100):  # the burst, then refused without a refill to speak of (10/s)
-        h.finish(0, h.admit(0, t), SUCCESS, t)
-    assert h.admit(0, t) == -REASON_RATE
+        h.finish(0, h.allow(0, t), SUCCESS, t)
+    assert h.allow(0, t) == -REASON_RATE
     assert h.in_flight(0) == 0  # a refusal holds no place
     for _ in range(200):  # no bucket: never refused for rate
-        assert h.admit(1, t) >= 0
+        assert h.allow(1, t) >= 0
         h.finish(1, 0, SUCCESS, t)
     assert h.rpm.taken(1) == 0
 
@@ -51,7 +51,7 @@ def test_rpm_buckets_are_one_limits_with_the_same_bursts() -> None:
 def _take_all(h: SharedHealth) -> int:
     t = now_ms()
     n = 0
-    while n < 1000 and h.admit(0, t) >= 0:
+    while n < 1000 and h.allow(0, t) >= 0:
         h.finish(0, 0, SUCCESS, t)
         n += 1
     return n
@@ -89,7 +89,7 @@ def test_a_leased_rpm_bucket_admits_what_was_given_then_429_retry_after_1() -> N
 def test_retry_after_of_a_clock_bucket_counts_whole_seconds_to_the_next_token() -> None:
     h = SharedHealth.create(tables((6, 0)))  # burst 1, one token every 10 s
     t = now_ms()
-    assert h.admit(0, t) >= 0
+    assert h.allow(0, t) >= 0
     assert 1 <= h.retry_after_s(0) <= 10
 
 

@@ -25,9 +25,9 @@ from velox.core.errors import (
 from velox.routing.balance import (
     BOUNDED_LOAD,
     EVENT_TABLE,
-    Attempt,
     Event,
-    Plan,
+    RouteAttempt,
+    RoutePlan,
     Router,
     Verdict,
     target_seed,
@@ -70,7 +70,7 @@ class FakeState:
     def in_flight_sum(self, us: tuple[int, ...]) -> int:
         return sum(self.in_flight_[u] for u in us)
 
-    def admit(self, u: int, now: int) -> int:
+    def allow(self, u: int, now: int) -> int:
         reason = self.check(u, now)
         if reason:
             return -reason
@@ -79,7 +79,7 @@ class FakeState:
         self.in_flight_[u] += 1
         return 0
 
-    def admit_panic(self, u: int, now: int) -> int:
+    def allow_panic(self, u: int, now: int) -> int:
         if self.max[u] and self.in_flight_[u] >= self.max[u]:
             return -REASON_FULL
         if u in self.rate_empty:
@@ -148,7 +148,7 @@ def pick(router: Router, model: str = "m", key: bytes | None = None) -> int:
     return attempt.upstream
 
 
-def held(router: Router, model: str = "m", key: bytes | None = None) -> tuple[Plan, int]:
+def held(router: Router, model: str = "m", key: bytes | None = None) -> tuple[RoutePlan, int]:
     """One request left in flight: its plan and upstream."""
     plan = router.plan(model, key)
     assert plan is not None
@@ -471,16 +471,17 @@ def test_bad_tables_are_refused_with_the_route_named() -> None:
 # ------------------------------------------------------------------------------ retries
 
 
-def start(router: Router, model: str = "m") -> tuple[Plan, Attempt]:
+def start(router: Router, model: str = "m") -> tuple[RoutePlan, RouteAttempt]:
     plan = router.plan(model)
     assert plan is not None
     attempt = plan.first(NOW)
-    assert isinstance(attempt, Attempt), attempt
+    assert isinstance(attempt, RouteAttempt), attempt
     return plan, attempt
 
 
-def fail(plan: Plan, attempt: Attempt, status: int = 502, retry_after: float | None = None,
-         committed: bool = False, now: int = NOW) -> Attempt | None:
+def fail(plan: RoutePlan, attempt: RouteAttempt, status: int = 502,
+         retry_after: float | None = None,
+         committed: bool = False, now: int = NOW) -> RouteAttempt | None:
     verdict = verdict_of(Event.RESPONSE, status, retry_after)
     return plan.retry(attempt, verdict, committed=committed, now=now)
 

@@ -21,7 +21,7 @@ from velox.config import settings as config
 from velox.config.settings import ConfigError
 from velox.config.tables import BatchSpec, RouteSpec, Tables, TargetSpec, UpstreamSpec
 from velox.core.fields import F
-from velox.core.types import Kind, Request
+from velox.core.types import ADMITTED, SENT, Kind, Request
 from velox.state.keys import SharedKeys, tpm_index
 
 from .test_keys import load_keys, sha
@@ -156,9 +156,12 @@ class FakeConn:
 
     def respond(self, request: Request, status: int, headers: Any, body: bytes) -> None:
         self.answers.append((status, bytes(body)))
+        request.finish(status, len(body), request.exchange)  # as ingress does once written
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
-        self.answers.append((getattr(exc, "status", 500), b"error"))
+        status = getattr(exc, "status", 500)
+        self.answers.append((status, b"error"))
+        request.finish(status, 5, request.exchange)
 
 
 class FakeCounters:
@@ -170,11 +173,10 @@ class FakeCounters:
 
 
 class Sent:
-    """What the batcher handed to dispatch: one request and the on_done to call at its end."""
+    """What the batcher sent through the stage list: one request's exchange."""
 
-    def __init__(self, request: Request, on_done: Any) -> None:
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self.on_done = on_done
         self.doc = orjson.loads(request.body)
         request.exchange = self
         self.t_sent = self.t_headers = 0
@@ -184,7 +186,6 @@ class Sent:
 
     def answer(self, status: int, body: bytes) -> None:
         self.request.conn.respond(self.request, status, [], body)
-        self.on_done(self, status)
 
 
 def _tables(api_key: str = "sk-x", **batch: int) -> Tables:
@@ -196,23 +197,45 @@ def _tables(api_key: str = "sk-x", **batch: int) -> Tables:
 class Harness:
     def __init__(self, loop: asyncio.AbstractEventLoop, tables: Tables) -> None:
         self.sent: list[Sent] = []
-        self.done: list[tuple[Any, int]] = []
+        self.done: list[tuple[Any, int]] = []  # each client request's end: (holder, status)
         self.counters = FakeCounters()
-        self.batcher = Batcher(tables, self._send, self._on_done,
-                               lambda: None, loop, self.counters, 0)
+        self.batcher = Batcher(tables, self, loop, self.counters, 0)
 
-    def _send(self, request: Request, on_done: Any) -> Sent:
-        sent = Sent(request, on_done)
-        self.sent.append(sent)
-        return sent
+    # The worker's side: its stage list (Pipeline) and the requests' end (Lifecycle).
 
-    def _on_done(self, exchange: Any, status: int) -> None:
-        self.done.append((exchange, status))
+    def run(self, requests: list[Request], from_stage: str) -> None:
+        assert from_stage == "send-batched"
+        for request in requests:
+            request.advance(SENT)  # from BATCHED: the table says a member may leave so
+            self.sent.append(Sent(request))
+
+    def release_segment(self, segment: int) -> None:
+        pass
+
+    def finished(self, request: Request, status: int, bytes_out: int, holder: Any) -> None:
+        self.done.append((holder, status))
+
+    def offer(self, request: Request) -> bool:
+        """The worker's batch stage for one request (the batcher makes it BATCHED)."""
+        taken = self.batcher.offer(request)
+        assert taken == (request.state != ADMITTED)
+        return taken
+
+    def leave(self, request: Request) -> None:
+        """Its client disconnects: what ingress does (the holder told, then the request
+        finished with a 499 unless it was over)."""
+        holder = request.exchange
+        assert holder is not None
+        holder.client_gone()
+        if not request.done:
+            request.finish(499, 0, holder)
 
     def request(self, inputs: Any, model: str = "emb", key: str = "k", **extra: Any) -> Request:
         body = orjson.dumps({"model": model, "input": inputs, **extra})
         request = Request(FakeConn(), b"POST", b"/v1/embeddings", Kind.MODEL_CALL,  # type: ignore
-                          [(b"authorization", b"Bearer " + key.encode())], body, True, 0)
+                          [(b"authorization", b"Bearer " + key.encode())], body, True, 0,
+                          ends=self)
+        request.state = ADMITTED  # past the stages before the batch
         request.model = model
         return request
 
@@ -228,12 +251,12 @@ def test_group_commit_first_alone_then_full_batch_then_timer() -> None:
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=3, max_wait_ms=30))
         first = h.request("a")
-        assert h.batcher.offer(first)
+        assert h.offer(first)
         await asyncio.sleep(0)  # the end of this loop pass
         assert len(h.sent) == 1 and h.sent[0].request is first  # at once, unchanged
         waiting = [h.request(s) for s in ("bb", "ccc", "dddd", "eeeee")]
         for r in waiting:
-            assert h.batcher.offer(r)
+            assert h.offer(r)
         assert len(h.sent) == 2  # three arrived while one was in flight: full, one call
         assert h.sent[1].doc["input"] == ["bb", "ccc", "dddd"]
         await asyncio.sleep(0.1)  # the fourth left alone on the timer
@@ -259,12 +282,12 @@ def test_a_burst_with_nothing_in_flight_leaves_as_one_call_and_idle_upstream_end
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=8, max_wait_ms=5000))
         burst = [h.request(s) for s in ("p", "q", "r")]
         for r in burst:  # arrived in the same loop pass, nothing of the group in flight
-            h.batcher.offer(r)
+            h.offer(r)
         assert not h.sent
         await asyncio.sleep(0)  # the end of the pass: one call, at once
         assert [s.doc["input"] for s in h.sent] == [["p", "q", "r"]]
         late = h.request("s")
-        h.batcher.offer(late)  # a call is in flight: waits (max_wait_ms is 5 s) ...
+        h.offer(late)  # a call is in flight: waits (max_wait_ms is 5 s) ...
         await asyncio.sleep(0.05)
         assert len(h.sent) == 1
         h.sent[0].answer(200, _embeddings(h.sent[0].doc))  # ... until the group is idle
@@ -280,19 +303,19 @@ def test_not_merged_across_parameters_callers_and_kinds() -> None:
     async def run() -> None:
         tables = _tables(api_key="", max_requests=2, max_wait_ms=1000)  # passthrough upstream
         h = Harness(asyncio.get_running_loop(), tables)
-        assert h.batcher.offer(h.request("x"))  # in flight: the next ones of ITS group wait
+        assert h.offer(h.request("x"))  # in flight: the next ones of ITS group wait
         await asyncio.sleep(0)
-        assert not h.batcher.offer(h.request("x", model="plain"))  # not a batching route
+        assert not h.offer(h.request("x", model="plain"))  # not a batching route
         for r in (h.request("y", dimensions=4), h.request("y", encoding_format="base64"),
                   h.request("y", user="u1"), h.request("y", key="other"),
                   h.request([1, 2, 3])):
-            assert h.batcher.offer(r)
+            assert h.offer(r)
         await asyncio.sleep(0)
         assert len(h.sent) == 6  # each found no call of its own group in flight
         assert all(not isinstance(s.doc["input"], list) or s.doc["input"] == [1, 2, 3]
                    for s in h.sent)
-        assert h.batcher.offer(h.request("z"))  # same group as the first: waits, then ...
-        assert h.batcher.offer(h.request("w"))  # ... full with this one: one call
+        assert h.offer(h.request("z"))  # same group as the first: waits, then ...
+        assert h.offer(h.request("w"))  # ... full with this one: one call
         assert h.sent[-1].doc["input"] == ["z", "w"]
         for t in h.batcher.groups.values():
             if t.timer:
@@ -304,11 +327,11 @@ def test_not_merged_across_parameters_callers_and_kinds() -> None:
 def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=3, max_wait_ms=1000))
-        h.batcher.offer(h.request("first"))
+        h.offer(h.request("first"))
         await asyncio.sleep(0)
         members = [h.request(s) for s in ("ok1", "", "ok2")]
         for r in members:
-            h.batcher.offer(r)
+            h.offer(r)
         merged = h.sent[1]
         merged.answer(400, b'{"error": {"message": "bad", "param": "input"}}')
         assert [s.request for s in h.sent[2:]] == members  # each alone, its own request
@@ -323,7 +346,7 @@ def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
         # A 503 (after dispatch gave up) reaches every member as it is.
         more = [h.request(s) for s in ("a", "b", "c")]
         for r in more:
-            h.batcher.offer(r)
+            h.offer(r)
         h.sent[-1].answer(503, b'{"error": {"message": "down"}}')
         assert [r.conn.answers for r in more] == [[(503, b'{"error": {"message": "down"}}')]] * 3  # type: ignore
         h.sent[0].answer(200, _embeddings(h.sent[0].doc))
@@ -335,32 +358,32 @@ def test_400_sends_each_member_again_alone_and_other_errors_reach_all() -> None:
 def test_a_member_that_leaves_is_skipped_and_the_last_one_leaving_cancels() -> None:
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=1000))
-        h.batcher.offer(h.request("first"))
+        h.offer(h.request("first"))
         await asyncio.sleep(0)
         a, b, c = h.request("a"), h.request("b"), h.request("c")
-        h.batcher.offer(a)
-        a.exchange.client_gone()  # type: ignore[union-attr]  # left while waiting
+        h.offer(a)
+        h.leave(a)  # left while waiting
         assert h.done[-1][1] == 499  # its accounting ended at once
-        h.batcher.offer(b)
+        h.offer(b)
         assert len(h.sent) == 1  # a no longer counts: b waits alone
-        h.batcher.offer(c)  # full: b and c leave as one call, a skipped
+        h.offer(c)  # full: b and c leave as one call, a skipped
         merged = h.sent[-1]
         assert merged.doc["input"] == ["b", "c"]
         cancelled: list[bool] = []
         merged.client_gone = lambda: cancelled.append(True)  # type: ignore[attr-defined]
-        b.exchange.client_gone()  # type: ignore[union-attr]  # left during the call
+        h.leave(b)  # left during the call
         assert not cancelled  # c still wants it
         merged.answer(200, _embeddings(merged.doc))
         assert not b.conn.answers  # type: ignore[attr-defined]
         assert orjson.loads(c.conn.answers[0][1])["data"][0]["embedding"] == [1]  # type: ignore
         assert sorted(s for _, s in h.done) == [200, 499, 499]
         d, e = h.request("d"), h.request("e")
-        h.batcher.offer(d)
-        h.batcher.offer(e)
+        h.offer(d)
+        h.offer(e)
         last = h.sent[-1]
         last.client_gone = lambda: cancelled.append(True)  # type: ignore[attr-defined]
-        d.exchange.client_gone()  # type: ignore[union-attr]
-        e.exchange.client_gone()  # type: ignore[union-attr]
+        h.leave(d)
+        h.leave(e)
         assert cancelled == [True]  # nobody needs the call any more: cancelled
 
     asyncio.run(run())
@@ -380,21 +403,21 @@ def test_a_member_leaving_settles_its_keys_token_reservation(tmp_path: Path) -> 
 
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=5000))
-        h.batcher.offer(h.request("first"))  # in flight: what follows waits in the group
+        h.offer(h.request("first"))  # in flight: what follows waits in the group
         await asyncio.sleep(0)
         queued, carried, stays = (h.request(text) for text in ("queued", "carried", "stays"))
         assert stage.run([queued, carried, stays]) == [queued, carried, stays]
         reserved = sum(r.ticket.reserved for r in (queued, carried, stays))  # type: ignore
         assert limits.taken(tpm_index(0)) == reserved
-        h.batcher.offer(queued)
-        queued.exchange.client_gone()  # type: ignore[union-attr]  # left while waiting
+        h.offer(queued)
+        h.leave(queued)  # left while waiting
         assert queued.ticket.settled  # type: ignore[union-attr]
         assert limits.taken(tpm_index(0)) == reserved - queued.ticket.reserved  # type: ignore
-        h.batcher.offer(carried)
-        h.batcher.offer(stays)  # full: the two leave as one call
+        h.offer(carried)
+        h.offer(stays)  # full: the two leave as one call
         merged = h.sent[-1]
         assert merged.doc["input"] == ["carried", "stays"]
-        carried.exchange.client_gone()  # type: ignore[union-attr]  # left during the call
+        h.leave(carried)  # left during the call
         assert carried.ticket.settled  # type: ignore[union-attr]
         input_tokens = -(-len(carried.body) // 4)  # a small body: bytes / 4
         merged.answer(200, _embeddings(merged.doc))  # stays: settled from its own share
@@ -417,19 +440,18 @@ def test_merged_call_asks_for_an_uncompressed_answer_and_decodes_a_compressed_on
 
     async def run() -> None:
         h = Harness(asyncio.get_running_loop(), _tables(max_requests=2, max_wait_ms=1000))
-        h.batcher.offer(h.request("first"))
+        h.offer(h.request("first"))
         await asyncio.sleep(0)
         members = [h.request(s) for s in ("aa", "bbb")]
         for r in members:
             r.headers.append((b"accept-encoding", b"gzip, deflate"))
-            h.batcher.offer(r)
+            h.offer(r)
         merged = h.sent[-1]
         assert merged.doc["input"] == ["aa", "bbb"]
         assert all(name != b"accept-encoding" for name, _ in merged.request.headers)
         # An upstream that compresses anyway: decoded, split, sent without content-encoding.
         body = gzip.compress(_embeddings(merged.doc))
         merged.request.conn.respond(merged.request, 200, [(b"content-encoding", b"gzip")], body)
-        merged.on_done(merged, 200)
         answers = [orjson.loads(r.conn.answers[0][1]) for r in members]  # type: ignore
         assert [a["data"][0]["embedding"] for a in answers] == [[2], [3]]
 
@@ -441,3 +463,25 @@ def test_print_config_shows_the_batch_of_a_route(tmp_path: Path) -> None:
 
     text = describe(_load(tmp_path, "batch = { max_requests = 8 }").tables)
     assert "batch = { max_requests = 8, max_inputs = 2048, max_wait_ms = 20 }" in text
+
+
+def test_the_last_waiting_member_leaving_stops_its_groups_timer() -> None:
+    """A member waiting behind its group's call in flight arms the group's max_wait timer; when
+    it was the only one waiting and its client leaves, nothing is left to send: the timer goes
+    too (it held the group until it fired), and the group is forgotten with its last call."""
+    async def run() -> None:
+        h = Harness(asyncio.get_running_loop(), _tables(max_requests=8, max_wait_ms=60_000))
+        first = h.request("first")
+        h.offer(first)
+        await asyncio.sleep(0)  # leaves alone: the group has a call in flight
+        waiting = h.request("waiting")
+        h.offer(waiting)
+        (group,) = h.batcher.groups.values()
+        assert group.timer is not None  # armed for the waiting member
+        h.leave(waiting)
+        assert group.timer is None and not group.pending
+        h.sent[0].answer(200, _embeddings(h.sent[0].doc))
+        assert not h.batcher.groups
+        assert sorted(status for _, status in h.done) == [200, 499]
+
+    asyncio.run(run())

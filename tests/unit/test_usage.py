@@ -10,6 +10,7 @@ import pytest
 
 from velox.core.types import Kind, Request
 from velox.relay import usage
+from velox.relay.exchange import UNROUTED
 from velox_lab.mock import payloads
 
 
@@ -257,7 +258,7 @@ class _Exchange:
         self.status = status
         self.size = size
         self.attempts = 1
-        self.route_attempt = None
+        self.routing = UNROUTED
 
 
 def _settle(early: bool, request: Request, status: int, answer: bytes | None,

@@ -290,10 +290,3 @@ class KeyStage:
         request.conn.respond_error(request, RateLimited(
             f"Rate limit reached for gateway key {key.name!r} on {what}: limit {limit}. "
             f"Please try again in {retry_after}s.", retry_after_s=retry_after))
-
-
-def release(request: Request) -> None:
-    """The request has ended (any way): give back its key's place (idempotent)."""
-    ticket = request.ticket
-    if ticket is not None:
-        ticket.release()

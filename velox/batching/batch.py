@@ -29,9 +29,11 @@ other headers (a trace header per request, an idempotency key) are therefore not
 Batching is per worker: requests spread over N workers form up to N groups.
 
 The merged call is a normal relay `Exchange` of a synthetic request whose `conn` is a
-`BatchCall` (a `_types.Responder`): dispatch's routing, retries, failover and breakers apply
-unchanged, and a member whose client leaves never cancels the call the others need (the call
-is cancelled only when every member has left). The answer is split back: each member gets
+`BatchCall` (a `_types.Responder`, and the request's `Lifecycle`: its end is the call's),
+sent like all that leaves a batch through the stage list (`Pipeline.run(..., "send-batched")`):
+dispatch's routing, retries, failover and breakers apply unchanged, and a member whose client
+leaves never cancels the call the others need (the call is cancelled only when every member has
+left). The answer is split back: each member gets
 exactly its own embeddings, in its order, `index` renumbered from 0 as if it had called
 alone, `model` as upstream returned it, and `usage` shared in proportion to its input size
 (characters of its strings, or its token count) with largest-remainder rounding, so the
@@ -44,9 +46,13 @@ never fails its neighbours. Any other failure reaches every member as the error 
 had alone: the same status, headers and OpenAI-shaped body. Every member is answered exactly
 once; a member whose client left is skipped.
 
-Accounting: the worker counts a taken request in its in_flight; the batcher ends each member
-through the worker's `on_done` exactly once (with a `Member` carrying the merged call's
-timings, so the latency histograms and the access log see the member's own wait). Tokens: the
+Lifecycle: a taken request is BATCHED (velox.core.types) and the worker counts it in flight.
+It ends like any request, through its one `Request.finish`: answered its part or an error by
+its merged call, or its client gone, with its `Member` as the holder (carrying the merged
+call's timings, so the worker's latency histograms and the access log see the member's own
+wait); or it leaves the batch BATCHED -> SENT through the stage list as its own request (a
+batch of one, whose end is also its group's call's end: `LoneEnd`; or sent again after its
+merged call's 400) and ends as any sent request does. Tokens: the
 merged call's own meter settles the upstream's tpm for the whole call and books nothing
 (`usage.NOT_BOOKED`); each member's share of the usage (`split`) settles its gateway key's
 reservation and goes into its own key's token books (`book`, the worker's), and is the usage
@@ -66,7 +72,18 @@ import orjson
 from velox.config.tables import CATCH_ALL, BatchSpec, RouteSpec, Tables
 from velox.core.errors import UpstreamProtocolError
 from velox.core.fields import F
-from velox.core.types import Headers, Kind, Request
+from velox.core.types import (
+    ADMITTED,
+    BATCHED,
+    DONE,
+    PARSED,
+    Headers,
+    Holder,
+    Kind,
+    Lifecycle,
+    Pipeline,
+    Request,
+)
 from velox.ingress.auth import caller_of
 from velox.ingress.headers import HOP_BY_HOP
 from velox.relay.usage import NOT_BOOKED, input_estimate, usage_of
@@ -83,22 +100,23 @@ _PLAIN = (b"identity", b"")
 # software (the SDKs send their version, OS and runtime, and a retry count, on every request).
 _NOT_KEYED = HOP_BY_HOP | {b"authorization", _ACCEPT_ENCODING, b"user-agent", b"accept"}
 _SDK_INFO = b"x-stainless-"
+# A merged call's request is admitted by its members' admission: its way to BATCHED.
+_MERGED_WAY = (PARSED, ADMITTED, BATCHED)
 
 
 class Member:
     """One client request waiting in, or carried by, a merged call.
 
     It stands in for the request's exchange while the batcher holds the request: ingress
-    calls `client_gone` on it when the client leaves, and the worker's `on_done` and the
-    access log read the answering call's attributes from it."""
+    calls `client_gone` on it when the client leaves, and the request's end (the worker's
+    accounting, the access log) reads the answering call's attributes from it."""
 
-    __slots__ = ("request", "items", "weight", "group", "call", "gone", "done", "on_done",
+    __slots__ = ("request", "items", "weight", "group", "call", "gone", "done",
                  "t_sent", "t_headers", "upstream_name", "attempts", "headers", "meter", "book")
 
     streaming = False
 
     def __init__(self, request: Request, items: list[Any], weight: int,
-                 on_done: Callable[[Any, int], None],
                  book: Callable[[Request, int, int, Any], None] | None = None) -> None:
         self.request = request
         self.items = items
@@ -107,7 +125,6 @@ class Member:
         self.call: BatchCall | None = None  # while carried by a merged call
         self.gone = False  # the client left
         self.done = False  # answered (or handed to an exchange of its own)
-        self.on_done = on_done
         self.t_sent = 0
         self.t_headers = 0
         self.upstream_name = b""
@@ -133,12 +150,14 @@ class Member:
             # Carried by a call: the upstream reads its input (as a lone request's meter
             # charges a client gone mid-call); still waiting: nothing of it was sent.
             ticket.settle(input_estimate(request.body) if self.call is not None else 0)
-        self.on_done(self, 499)
         group = self.group
         if group is not None:  # still waiting: it no longer counts towards a full batch
             self.group = None
             group.pending.remove(self)
             group.inputs -= len(self.items)
+            if not group.pending and group.timer is not None:  # nobody left to send: its
+                group.timer.cancel()  # max_wait timer would only hold the group until then
+                group.timer = None
         call = self.call
         if call is not None:
             call.member_left()
@@ -165,9 +184,8 @@ class Member:
             ticket.settle(used[0] + used[1] if used is not None else 0)
             if used is not None:
                 ticket.key.used(*used)  # its own token count (any key)
-        request.conn.respond(request, status, headers, body)
+        request.conn.respond(request, status, headers, body)  # its end (Request.finish)
         request.exchange = None
-        self.on_done(self, status)
 
     def fail(self, exc: BaseException) -> None:
         if not self.live:
@@ -176,9 +194,8 @@ class Member:
         request = self.request
         if request.ticket is not None:
             request.ticket.settle(0)  # no answer: nothing generated for it
-        request.conn.respond_error(request, exc)
+        request.conn.respond_error(request, exc)  # its end (Request.finish)
         request.exchange = None
-        self.on_done(self, getattr(exc, "status", 502))
 
 
 class Share:
@@ -214,22 +231,20 @@ class Group:
 class Batcher:
     """One worker's batching stage (see the module docstring)."""
 
-    __slots__ = ("routes", "catch_all", "send", "on_done", "flush", "loop",
-                 "counters", "slot", "groups", "book")
+    __slots__ = ("routes", "catch_all", "pipeline", "loop", "counters", "slot", "groups", "book")
 
-    def __init__(self, tables: Tables, send: Callable[[Request, Callable[[Any, int], None]], Any],
-                 on_done: Callable[[Any, int], None],
-                 flush: Callable[[], None], loop: asyncio.AbstractEventLoop, counters: Any,
-                 slot: int, book: Callable[[Request, int, int, Any], None] | None = None) -> None:
+    def __init__(self, tables: Tables, pipeline: Pipeline, loop: asyncio.AbstractEventLoop,
+                 counters: Any, slot: int,
+                 book: Callable[[Request, int, int, Any], None] | None = None) -> None:
         # Public model -> (spec, may callers share) for routes that batch; None for the others.
         by_model = {r.model: r for r in tables.routes}
         entries = {r.model: (r.batch, _shared(r, by_model, tables)) if r.batch else None
                    for r in tables.routes}
         self.catch_all = entries.pop(CATCH_ALL, None)
         self.routes = entries
-        self.send = send  # (request, on_done) -> the Exchange sent through dispatch
-        self.on_done = on_done  # the worker's: ends one client request's accounting
-        self.flush = flush  # writes what was submitted to every upstream
+        # The worker's stage list: what leaves is sent from its "send-batched" stage, and written
+        # upstream by the run's end.
+        self.pipeline = pipeline
         self.loop = loop
         self.counters = counters
         self.slot = slot
@@ -277,7 +292,9 @@ class Batcher:
         # (a split retry sends it again) and release the segment now.
         request.body = bytes(request.body)
         request.release_body()
-        member = Member(request, items, _weight(items), self.on_done, self.book)
+        # BATCHED before it may leave (a batch full with it: it may be a batch of one).
+        request.advance(BATCHED)
+        member = Member(request, items, _weight(items), self.book)
         request.exchange = member
         group = self.groups.get(key)
         if group is None:
@@ -308,14 +325,12 @@ class Batcher:
         group.soon = False
         if group.calls == 0 and group.pending:
             self._leave(group, F.EMB_IMMEDIATE_BATCHES)
-            self.flush()
         else:
             self._forget(group)
 
     def _timed_out(self, group: Group) -> None:
         group.timer = None
         self._leave(group, F.EMB_TIMEOUT_BATCHES)
-        self.flush()
 
     def _leave(self, group: Group, reason: int) -> None:
         """The pending members leave now, as one call (or alone when only one is left)."""
@@ -338,8 +353,9 @@ class Batcher:
         if len(members) == 1:  # its own request, unchanged: nothing to merge or split
             member = members[0]
             member.done = True
-            self.send(member.request, lambda exchange, status: self._call_done(
-                group, exchange, status, True))
+            request = member.request
+            request.ends = LoneEnd(self, group, request.ends)  # its end is the group's call's
+            self.pipeline.run([request], "send-batched")
             return
         call = BatchCall(self, group, members)
         for member in members:
@@ -350,7 +366,10 @@ class Batcher:
         now = time.perf_counter_ns()
         # The answer is parsed and split here, so it must come back uncompressed.
         headers = [h for h in first.headers if h[0] != _ACCEPT_ENCODING]
-        merged = Request(call, b"POST", first.path, Kind.MODEL_CALL, headers, body, True, now)
+        merged = Request(call, b"POST", first.path, Kind.MODEL_CALL, headers, body, True, now,
+                         ends=call)
+        for state in _MERGED_WAY:  # admitted by its members' admission
+            merged.advance(state)
         merged.model = first.model
         merged.upstream_path = first.upstream_path
         merged.affinity = first.affinity
@@ -359,12 +378,11 @@ class Batcher:
         merged.allowed = first.allowed
         merged.t_popped = merged.t_parsed = merged.t_admitted = now
         call.request = merged
-        self.send(merged, call.done)
+        self.pipeline.run([merged], "send-batched")
 
-    def _call_done(self, group: Group, exchange: Any, status: int, member: bool) -> None:
+    def call_done(self, group: Group) -> None:
+        """One of the group's calls in flight is over (its request finished)."""
         group.calls -= 1
-        if member:
-            self.on_done(exchange, status)
         if group.calls == 0 and group.pending:
             self._soon(group)  # the upstream is idle for this group: no reason to wait on
         self._forget(group)
@@ -376,24 +394,47 @@ class Batcher:
 
     def split_retry(self, members: list[Member]) -> None:
         """Send each member again on its own (after a 400 of their merged call)."""
-        sent = 0
+        alone = []
         for member in members:
             if member.live:
                 member.done = True
                 member.call = None
-                self.send(member.request, self.on_done)
-                sent += 1
-        if sent:
-            self.counters.add(self.slot, F.EMB_SPLIT_RETRIES, sent)
-            self.flush()
+                alone.append(member.request)
+        if alone:
+            self.counters.add(self.slot, F.EMB_SPLIT_RETRIES, len(alone))
+            self.pipeline.run(alone, "send-batched")
+
+
+class LoneEnd:
+    """The end (`Lifecycle`) of a batch of one sent as its own request: its group's call is
+    over, then the request's own end (the worker's) follows."""
+
+    __slots__ = ("batcher", "group", "ends")
+
+    def __init__(self, batcher: Batcher, group: Group, ends: Lifecycle | None) -> None:
+        self.batcher = batcher
+        self.group = group
+        self.ends = ends
+
+    def release_segment(self, segment: int) -> None:
+        if self.ends is not None:
+            self.ends.release_segment(segment)
+
+    def finished(self, request: Request, status: int, bytes_out: int,
+                 holder: Holder | None) -> None:
+        self.batcher.call_done(self.group)
+        if self.ends is not None:
+            self.ends.finished(request, status, bytes_out, holder)
 
 
 class BatchCall:
     """The client side (`_types.Responder`) of one merged call: receives the upstream's whole
-    answer and gives each member its part."""
+    answer and gives each member its part. It is also its request's `Lifecycle`: the call's
+    request finishes (once, whichever way the call ended) when the answer or error has been
+    handed to the members, or when the last member left, and that ends the group's call."""
 
     __slots__ = ("batcher", "group", "members", "request", "status", "headers", "chunks",
-                 "finished")
+                 "over")
 
     closed = False
     write_paused = False
@@ -407,30 +448,45 @@ class BatchCall:
         self.status = 0
         self.headers: Headers = []
         self.chunks: list[bytes] = []
-        self.finished = False
-
-    def done(self, exchange: Any, status: int) -> None:
-        """The merged call's exchange is over (its on_done)."""
-        if not self.finished:  # ended without an answer reaching us (cancelled)
-            self.finished = True
-        self.batcher._call_done(self.group, exchange, status, False)
+        self.over = False  # the answer (or its failure) reached the members
 
     def member_left(self) -> None:
         """A member's client left: when none is left, cancel the call (nobody needs it)."""
-        if self.finished or any(m.live for m in self.members):
+        if self.over or any(m.live for m in self.members):
             return
+        self.over = True
         request = self.request
         exchange = request.exchange if request is not None else None
         if exchange is not None:
             exchange.client_gone()
+        self._end(499)
+
+    def _end(self, status: int) -> None:
+        request = self.request
+        if request is not None and request.state != DONE:
+            request.finish(status, 0, request.exchange)
+
+    # --- Lifecycle (of the merged call's request) ------------------------------------------
+
+    def release_segment(self, segment: int) -> None:
+        """Its body is its own bytes, never an arena segment."""
+
+    def finished(self, request: Request, status: int, bytes_out: int,
+                 holder: Holder | None) -> None:
+        self.batcher.call_done(self.group)
 
     # --- Responder ----------------------------------------------------------------------------
 
     def respond(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
                 body: bytes | memoryview) -> None:
-        if self.finished:
+        if self.over:
             return
-        self.finished = True
+        self.over = True
+        self._answer(request, status, headers, body)
+        self._end(status)
+
+    def _answer(self, request: Request, status: int, headers: Sequence[tuple[bytes, bytes]],
+                body: bytes | memoryview) -> None:
         exchange = request.exchange
         members = self.members
         if status == 400:
@@ -457,17 +513,19 @@ class BatchCall:
             member.answer(status, out, parts[k] if parts is not None else whole, exchange)
 
     def respond_error(self, request: Request, exc: BaseException) -> None:
-        if self.finished:
+        if self.over:
             return
-        self.finished = True
-        if getattr(exc, "status", 0) == 400:
+        self.over = True
+        status = getattr(exc, "status", 502)
+        if status == 400:
             # Refused before sending: the merged call is what its upstream cannot take (over
             # Cohere Embed's 96 texts on a bedrock route), not necessarily any member: each
             # goes alone, as after an upstream's 400.
             self.batcher.split_retry(self.members)
-            return
-        for member in self.members:
-            member.fail(exc)
+        else:
+            for member in self.members:
+                member.fail(exc)
+        self._end(status)
 
     def start_stream(self, request: Request, status: int,
                      headers: Sequence[tuple[bytes, bytes]]) -> None:
@@ -487,13 +545,14 @@ class BatchCall:
         self.chunks = []
 
     def abort(self) -> None:
-        if self.finished:
+        if self.over:
             return
-        self.finished = True
+        self.over = True
         error = UpstreamProtocolError("The upstream's answer to a batched embeddings call "
                                       "broke off.")
         for member in self.members:
             member.fail(error)
+        self._end(error.status)
 
 
 # --- the split (pure) ---------------------------------------------------------------------------

@@ -70,15 +70,21 @@ class Responder(Protocol):
 QUEUED = 0  # built by ingress: in the ring, or waiting behind a pipelined answer
 PARSED = 1  # past the parse stage (a body scanned off the loop comes back PARSED)
 ADMITTED = 2  # past the keys, the cache's front and the limiter: on its way upstream
-SENT = 3  # handed on: an exchange, a batch, or an identical request's call answers it
-ANSWERING = 4  # the client has the head of a streamed answer: only the end is left
-DONE = 5  # finished: everything it held is released, its counters and log line written
-STATE_NAMES = ("QUEUED", "PARSED", "ADMITTED", "SENT", "ANSWERING", "DONE")
+# Taken by the embeddings batcher (velox.batching.batch): waiting in its group, or carried by
+# a merged call that answers it its part; a merged call's own request is BATCHED too.
+BATCHED = 3
+SENT = 4  # handed on: an exchange, or an identical request's call answers it
+ANSWERING = 5  # the client has the head of a streamed answer: only the end is left
+DONE = 6  # finished: everything it held is released, its counters and log line written
+STATE_NAMES = ("QUEUED", "PARSED", "ADMITTED", "BATCHED", "SENT", "ANSWERING", "DONE")
 # Where each state may go (DONE: from anywhere but DONE, so it is not listed per state).
 TRANSITIONS: dict[int, tuple[int, ...]] = {
     QUEUED: (PARSED,),
     PARSED: (ADMITTED, ANSWERING),  # a cache hit or the Redis tier answers a parsed request
-    ADMITTED: (SENT,),
+    ADMITTED: (SENT, BATCHED),
+    # A batch member leaves alone through the stage list's "send" (a batch of one, or a merged
+    # call's 400 sent again per member); a member answered its part goes to DONE.
+    BATCHED: (SENT,),
     # A follower whose leader failed is admitted again and sent alone (velox.cache.front).
     SENT: (ADMITTED, ANSWERING),
     ANSWERING: (),

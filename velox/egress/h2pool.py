@@ -96,13 +96,18 @@ class H2Pool(BasePool):
     # --- sending -------------------------------------------------------------------------------
 
     def dispatch(self, attempt: UpstreamCall) -> None:
+        """Encode the attempt on a connection with room (else queue it); its frames go out
+        with the caller's `flush`, which every submitter calls after its submits (the
+        worker after each micro-batch). Scheduling a flush here as well cost a loop callback
+        per request (~0.7 us on uvloop) that found nothing left to write."""
         conn = self._pick()
         if conn is None:
             self._enqueue(attempt)
         else:
             conn.send(attempt)
             if not conn.flush_pending:
-                self.mark_dirty(conn)
+                conn.flush_pending = True
+                self.dirty.append(conn)
 
     def _pick(self) -> H2Connection | None:
         """Round-robin over connections with free streams, passing over any that is busy
@@ -134,6 +139,9 @@ class H2Pool(BasePool):
                 conn.flush()
 
     def mark_dirty(self, conn: H2Connection) -> None:
+        """Flush conn at the end of this loop pass: for frames made by connection events
+        (window updates, resets, PINGs, queued attempts given capacity), which no batch's
+        flush follows."""
         if not conn.flush_pending:
             conn.flush_pending = True
             self.dirty.append(conn)

@@ -125,7 +125,8 @@ class Egress(Protocol):
 
     def submit(self, client: Client, number: int = 0) -> None:
         """Make the client's next attempt (its `number`-th try, counted across upstreams) and
-        send it now if a connection has room, else queue it; never raises. To move a request
+        send it now if a connection has room, else queue it; never raises. What is sent goes
+        out with the next `flush`, which the caller makes after its submits. To move a request
         to another upstream: cancel its current attempt, then submit it there."""
 
     def flush(self) -> None:

@@ -96,6 +96,9 @@ class Upstream:
         client.attempt = again
         self.tally.retry()
         self.pool.dispatch(again)
+        # Called from a connection's events, which no batch's flush follows: write at the end
+        # of this pass (retries are rare; the per-request path flushes after its batch).
+        self.loop.call_soon(self.pool.flush)
         return True
 
     def tls(self, alpn: tuple[str, ...]) -> ssl.SSLContext:

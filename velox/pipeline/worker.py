@@ -11,11 +11,12 @@ writes each upstream connection's frames once. Answers come back through the rel
 VELOX_PARSE_OFF_LOOP_BYTES or more is validated in a scanner thread instead of on the loop and
 re-enters the ring, parsed, when the scan is done.
 
-The stages are one list (`Worker.stages`: parse, keys, cache, limit, send; a new stage is one
-entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts at
-"parse", and the requests a stage held and lets go on (a follower whose leader failed, a Redis
-lookup that missed) continue from "limit". This is the only module that runs the stages in
-sequence; each stage knows nothing of the others.
+The stages are one list (`Worker.stages`: parse, keys, cache, limit, batch, send; a new stage
+is one entry) with one entry point, `run(requests, from_stage)`: a batch from the ring starts
+at "parse", and the requests a stage held and lets go on (a follower whose leader failed, a
+Redis lookup that missed) continue from "limit", those leaving an embeddings batch from
+"send-batched". This is the only module that runs the stages in sequence; each stage knows
+nothing of the others.
 
 Every request ends through `Request.finish` (velox.core.types), which calls `finished` here:
 the one place its body and its key's place go back and it is counted and logged.
@@ -47,7 +48,7 @@ from velox.admission.parse import (
 )
 from velox.admission.ratelimit import Limiter
 from velox.admission.runtime import RuntimeKeys
-from velox.batching.batch import Batcher
+from velox.batching.batch import BatchCall, Batcher, Member
 from velox.cache.front import CacheFront
 from velox.cache.wait import Waiting
 from velox.config.settings import Settings
@@ -222,9 +223,10 @@ class Worker:
         self.ledger: Ledger | None = None
         if self.meter_all or any(k.tpm for k in self.tables.keys):
             self.want_ledger()
-        self.batcher = Batcher(self.tables, self._send, self.on_done, self._flush_upstreams,
-                               loop, self.counters, self.slot, self.book_tokens) \
-            if Batcher.wanted(self.tables) else None
+        self.batcher = Batcher(self.tables, self, loop, self.counters, self.slot,
+                               self.book_tokens) if Batcher.wanted(self.tables) else None
+        if self.batcher is not None:  # the instance attribute shadows the method (as traces'
+            self.finished = self._finished_batching  # type: ignore[method-assign]  # wrapper)
         self.stages = self._stage_list()
         self._index_stages()
         self.traced = install_tracing(self, settings)
@@ -479,7 +481,12 @@ class Worker:
         if self.cache is not None:  # hits answered here; followers wait for their leader
             stages.append(("cache", self.cache.front))
         stages.append(("limit", self._limit))
+        if self.batcher is not None:  # embeddings calls join a batch (velox.batching.batch)
+            stages.append(("batch", self._batch))
         stages.append(("send", self._send_on))
+        if self.batcher is not None:
+            # What leaves a batch enters here: after "send", which passes nothing on.
+            stages.append(("send-batched", self._send_batched))
         return stages
 
     def keys_stage(self) -> KeyStage:
@@ -522,8 +529,9 @@ class Worker:
 
     def run(self, requests: list[Request], from_stage: str) -> None:
         """The one entry of the pipeline: `requests` through the stages from `from_stage` on
-        (a batch from the ring from "parse"; those the cache held, from "limit"), then every
-        upstream writes what was submitted."""
+        (a batch from the ring from "parse"; those the cache held, from "limit"; what leaves
+        an embeddings batch, from "send-batched"), then every upstream writes what was
+        submitted."""
         for stage in self._from[from_stage]:
             requests = stage(requests)
             if not requests:
@@ -596,13 +604,27 @@ class Worker:
             request.state = ADMITTED
         return parsed
 
+    def _batch(self, admitted: list[Request]) -> list[Request]:
+        """Embeddings batching (velox.batching.batch): a request the batcher takes is BATCHED
+        (the batcher moves it) and in flight from now; it ends answered its part of a merged
+        call, or leaves the batch through run(..., "send") as its own request. A request the
+        cache is recording goes alone: its answer must pass its observer."""
+        batcher = self.batcher
+        assert batcher is not None  # the stage is listed only with a batcher
+        rest: list[Request] = []
+        for request in admitted:
+            if request.cache is None and batcher.offer(request):
+                self.in_flight += 1
+            else:
+                rest.append(request)
+        return rest
+
     def _send_on(self, admitted: list[Request]) -> list[Request]:
         """The last stage: the model list answered here, a cached miss leads or follows an
-        identical call, embeddings join a batch, the rest go through dispatch."""
+        identical call, the rest go through dispatch."""
         cache = self.cache
         dispatch = self.dispatch
         models_body = self.models_body
-        batcher = self.batcher
         on_done = self.on_done  # bound once per batch, not per request
         for request in admitted:
             if models_body is not None and request.kind is _FORWARD and \
@@ -613,13 +635,6 @@ class Worker:
             if ticket is not None and cache is not None and cache.follows(request):
                 request.advance(SENT)  # an identical request of this batch is being sent:
                 continue  # it waits for that one's answer
-            # Embeddings batching (velox.batching.batch): a taken request is answered by the
-            # batcher, which ends it through on_done exactly once, like an exchange. A request the
-            # cache is recording (ticket) goes alone: its answer must pass its observer.
-            if batcher is not None and ticket is None and batcher.offer(request):
-                request.advance(SENT)
-                self.in_flight += 1
-                continue
             if not (_TO_SENT >> request.state) & 1:  # request.advance, in line
                 raise request.illegal(SENT)
             request.state = SENT
@@ -628,6 +643,17 @@ class Worker:
                 cache.observe(exchange)  # records the answer, serves those who wait for it
             self.in_flight += 1
             dispatch.send(exchange)
+        return []
+
+    def _send_batched(self, leaving: list[Request]) -> list[Request]:
+        """What leaves an embeddings batch, BATCHED -> SENT, through dispatch: a member on its
+        own (in flight since the batch took it), or a merged call, which is no client's
+        request (the worker accounts for its members; its end is its own, BatchCall's)."""
+        dispatch = self.dispatch
+        for request in leaving:
+            request.advance(SENT)
+            alone = type(request.conn) is not BatchCall
+            dispatch.send(self._exchange(request, self.on_done if alone else _unaccounted))
         return []
 
     def _exchange(self, request: Request, on_done: Any) -> Exchange:
@@ -657,17 +683,6 @@ class Worker:
             if self.spend is not None:
                 exchange.meter = self.spend.meter(exchange, exchange.meter)
         return exchange
-
-    def _send(self, request: Request, on_done: Any) -> Exchange:
-        """Send one request through dispatch with its own exchange (the batching stage's
-        merged calls, lone members and split retries)."""
-        exchange = self._exchange(request, on_done)
-        self.dispatch.send(exchange)
-        return exchange
-
-    def _flush_upstreams(self) -> None:
-        for upstream in self.upstreams:
-            upstream.flush()
 
     def _answer_models(self, request: Request) -> None:
         """GET /v1/models[/ID] with a tables file: the routes' public names, OpenAI's shape."""
@@ -750,6 +765,15 @@ class Worker:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
 
+    def _finished_batching(self, request: Request, status: int, bytes_out: int,
+                           holder: Holder | None) -> None:
+        """`finished` when a route batches: a member answered by its batch, or whose client
+        left while it was batched, also ends its place in flight and its latencies, as
+        on_done does for an exchange (its holder is its Member then)."""
+        if type(holder) is Member:
+            self.on_done(holder, status)
+        Worker.finished(self, request, status, bytes_out, holder)
+
     def book_tokens(self, request: Request, inp: int, out: int, exchange: Any = None) -> None:
         """A batched member's share of its merged call's usage, into its own key's books (the
         merged call's meter books nothing), when its tokens are accounted (as _exchange's
@@ -760,7 +784,7 @@ class Worker:
         if self.spend is not None and exchange is not None:
             self.spend.member(request, inp, out, exchange)
 
-    def on_done(self, exchange: Exchange, status: int) -> None:
+    def on_done(self, exchange: Exchange | Member, status: int) -> None:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the
         latency histograms. The request's own end is `finished`."""
         self.in_flight -= 1
@@ -781,6 +805,11 @@ class Worker:
         self._record_upstream(slot, upstream // 1000)
         self._record_overhead(slot, (total - upstream) // 1000)
         self.counters.add(slot, _UPSTREAM_REQUESTS, 1)
+
+
+def _unaccounted(exchange: Exchange, status: int) -> None:
+    """A merged batch call's exchange is over: its request's end is its own (BatchCall); the
+    worker accounts for its members, one by one."""
 
 
 def _lower_priority() -> None:

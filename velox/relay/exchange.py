@@ -39,7 +39,7 @@ from velox.ingress.headers import PLAIN_CONNECTION, connection_tokens
 from velox.relay.usage import SSEUsage
 
 if TYPE_CHECKING:
-    from velox.config.tables import UpstreamSpec
+    from velox.config.tables import RouteSpec, UpstreamSpec
     from velox.egress.edge import Translation
     from velox.egress.interfaces import CallHandle
     from velox.providers.base import Translator
@@ -83,9 +83,9 @@ class Exchange:
         "status", "headers", "chunks", "size", "streaming", "sse", "tail", "started",
         "finished",
         "t_sent", "t_headers",
-        # failover (velox.routing.dispatch): the plan, its current attempt and what to tell the
-        # client
-        "dispatch", "plan", "route_attempt", "attempts", "upstream_name", "outcome",
+        # failover (velox.routing.dispatch) and routing's state of this request (its plan, the
+        # attempt open, the last one's upstream and number, the outcome): UNROUTED until planned
+        "dispatch", "routing",
         "headers_base", "passthrough",
         "extra",  # headers added to the answer (dispatch: x-velox-upstream, x-velox-attempts)
         "observer",  # cache (velox.cache.front): sees the committed answer; None on uncached routes
@@ -119,11 +119,9 @@ class Exchange:
         self.body: bytes | bytearray | memoryview = request.body  # per attempt: model rewritten
         request.exchange = self
         self.dispatch = dispatch
-        self.plan: Any = None
-        self.route_attempt: Any = None  # balance.Attempt while one is open
-        self.attempts = 0
-        self.upstream_name = b""
-        self.outcome = 0
+        # velox.routing.balance.RoutePlan, set by dispatch; never None, so its readers (the
+        # meters, the spend, once per request each) test no None first
+        self.routing: RouteState = UNROUTED
         self.headers_base: Headers = headers_out  # the client's headers without credentials
         self.passthrough: Headers = []  # the client's credential, when the upstream has none
         self.attempt: CallHandle | None = None  # egress's current try; set by egress
@@ -146,6 +144,17 @@ class Exchange:
         self.feed: Callable[[bytes], bytes] | None = None
 
     # --- what the request carries upstream ------------------------------------------------
+
+    # What the answer's route was, as the access log's record reads it of whatever answered
+    # (velox.relay.records.Logged: an exchange or a batch member): b"" and 0 for an exchange
+    # refused before it had a plan.
+    @property
+    def upstream_name(self) -> bytes:
+        return self.routing.upstream_name
+
+    @property
+    def attempts(self) -> int:
+        return self.routing.attempts
 
     @property
     def paused(self) -> bool:
@@ -414,7 +423,6 @@ class Exchange:
             self.meter.finish(self, status)  # before the route attempt is finished: it settles
         if self.dispatch is not None:
             self.dispatch.finish(self, broken)  # releases the route attempt, reports its outcome
-            self.plan = None
         observer = self.observer
         if observer is not None:
             self.observer = None
@@ -461,6 +469,50 @@ class Observer(Protocol):
     def client_gone(self, exchange: Exchange) -> bool:
         """The client left: True keeps the upstream call running (others wait for it);
         the observer then points `exchange.conn` somewhere harmless."""
+
+
+class RouteAttemptView(Protocol):
+    """What the relay and the meters read of the attempt open (velox.routing.balance.
+    RouteAttempt): its upstream, the model sent there and its route, its row in the targets'
+    stats, and the tokens it reserved on that upstream's tpm bucket (the meter settles them)."""
+
+    upstream: int
+    tokens: int
+    model: str
+    index: int
+
+    @property
+    def route(self) -> RouteSpec: ...
+
+
+class RouteState(Protocol):
+    """Routing's state of one request (velox.routing.balance.RoutePlan, written by dispatch):
+    what the relay, the meters, the spend and the access log read of it."""
+
+    @property
+    def attempt(self) -> RouteAttemptView | None:
+        """The attempt open now; None once it is finished."""
+
+    @property
+    def upstream_name(self) -> bytes:
+        """The upstream of the last attempt sent (b"" before any)."""
+
+    @property
+    def attempts(self) -> int:
+        """The number of the last attempt sent (1 for the first; 0 before any)."""
+
+
+class _Unrouted:
+    """The routing state of an exchange that has no plan (yet, or refused before one)."""
+
+    __slots__ = ()
+
+    attempt: RouteAttemptView | None = None
+    upstream_name = b""
+    attempts = 0
+
+
+UNROUTED: RouteState = _Unrouted()
 
 
 class Failover(Protocol):

@@ -165,8 +165,7 @@ class MessagesExchange(Exchange):
     def _answer_here(self, status: int, headers: Headers, body: bytes) -> None:
         self.finished = True
         self.started = True
-        self.request.release_body()
-        self.conn.respond(self.request, status, headers, body)
+        self.conn.respond(self.request, status, headers, body)  # its end gives the body back
         self._done(status, False, None)
 
     def reset_for_retry(self) -> None:

@@ -771,7 +771,7 @@ class TokenMeter:
             ticket.settle(used)
             if used:
                 ticket.key.used(self.input, self.output)  # its own token count (any key)
-        attempt = exchange.route_attempt
+        attempt = exchange.routing.attempt
         ledger = self.ledger
         if attempt is not None and attempt.tokens:
             reserved, attempt.tokens = attempt.tokens, 0

@@ -7,16 +7,16 @@ tests), so nothing here needs shared memory or sockets.
 Per request, the worker does (the API the lead wires in):
 
     plan = router.plan(model, affinity_key)        # None: no route serves the model (404)
-    attempt = plan.first()                         # an Attempt, or a VeloxError to answer
+    attempt = plan.first()                         # a RouteAttempt, or a VeloxError to answer
     ... send to attempt.upstream (index) / attempt.target.upstream (name) as attempt.model ...
     on an answer or error:  verdict = verdict_of(event, status, retry_after_s, policy)
         nxt = plan.retry(attempt, verdict, committed=<bytes already sent to the client>)
         # retry() finishes `attempt` (releases its in-flight place, reports to its breaker)
-        # and returns the next Attempt (sleep attempt.delay_ms first), or None: answer with
+        # and returns the next RouteAttempt (sleep attempt.delay_ms first), or None: answer with
         # what the failed attempt got (plan.stop_reason says why no retry).
     on success or a neutral end (client left):  plan.finish(attempt, verdict.outcome)
 
-Every Attempt is finished exactly once (finish() and retry() are no-ops on a finished one),
+Every RouteAttempt is finished exactly once (finish() and retry() are no-ops on a finished one),
 which releases everything it held; first() and retry() never block and never loop without
 bound: each pass tries each target at most once.
 
@@ -103,16 +103,16 @@ class LiveState(Protocol):
 
     def in_flight_sum(self, us: tuple[int, ...], /) -> int: ...
 
-    def admit(self, u: int, now: int, /) -> int:
-        """Take breaker passage, an in-flight place and an rpm token: a ticket >= 0, or
+    def allow(self, u: int, now: int, /) -> int:
+        """Take breaker passage, an in-flight place and an rpm token: a probe_slot >= 0, or
         -REASON_* having taken nothing."""
         ...
 
-    def admit_panic(self, u: int, now: int, /) -> int:
-        """admit() ignoring the breaker: ticket 0 or -REASON_FULL / -REASON_RATE."""
+    def allow_panic(self, u: int, now: int, /) -> int:
+        """allow() ignoring the breaker: probe_slot 0 or -REASON_FULL / -REASON_RATE."""
         ...
 
-    def finish(self, u: int, ticket: int, outcome: int, now: int | None, /) -> None:
+    def finish(self, u: int, probe_slot: int, outcome: int, now: int | None, /) -> None:
         """Release an admission and report its outcome (health.SUCCESS/FAILURE/NEUTRAL);
         now None: read the clock."""
         ...
@@ -127,7 +127,7 @@ class LiveState(Protocol):
 
     def count_full(self, u: int, /) -> None:
         """Count a request u refused because it was at max_in_flight (found by check(),
-        which takes nothing and so counts nothing; admit() counts its own refusals)."""
+        which takes nothing and so counts nothing; allow() counts its own refusals)."""
         ...
 
 
@@ -427,7 +427,7 @@ class Router:
         self.limited: dict[tuple[str, frozenset[str]], tuple[Picker, ...]] = {}
 
     def plan(self, model: str, key: bytes | None = None,
-             allowed: frozenset[str] | None = None) -> Plan | None:
+             allowed: frozenset[str] | None = None) -> RoutePlan | None:
         """The attempt plan of one request for `model`; None when no route serves it.
         `allowed`: the routes the caller's key may use (None: any); fallbacks to others are
         left out of its plan (its own route was checked before it got here)."""
@@ -438,7 +438,7 @@ class Router:
             chain = self._within(chain, allowed)
             if not chain:
                 return None
-        return Plan(self, chain, model, None if key is None else hash64(key))
+        return RoutePlan(self, chain, model, None if key is None else hash64(key))
 
     def _within(self, chain: tuple[Picker, ...], allowed: frozenset[str]
                 ) -> tuple[Picker, ...]:
@@ -452,19 +452,19 @@ class Router:
         return limited
 
 
-class Attempt:
+class RouteAttempt:
     """One try: which route and target, and what it holds until it is finished."""
 
-    __slots__ = ("route", "target", "upstream", "model", "ticket", "number", "panic",
+    __slots__ = ("route", "target", "upstream", "model", "probe_slot", "number", "panic",
                  "delay_ms", "started_ms", "finished", "tokens", "index")
 
-    def __init__(self, target: Target, model: str, ticket: int, number: int, panic: bool,
+    def __init__(self, target: Target, model: str, probe_slot: int, number: int, panic: bool,
                  delay_ms: int, now: int) -> None:
         self.route = target.route
         self.target = target.spec
         self.upstream = target.u  # index in tables.upstreams (the target's name is target.upstream)
         self.model = target.model or model  # the name to send upstream
-        self.ticket = ticket
+        self.probe_slot = probe_slot
         self.number = number  # 1 for the first attempt
         self.panic = panic
         self.delay_ms = delay_ms  # wait this long before sending (a same-target retry)
@@ -474,15 +474,22 @@ class Attempt:
         self.index = target.index  # the target's row in stats.targets (-1: none)
 
     def __repr__(self) -> str:
-        return (f"Attempt(#{self.number} {self.route.model!r} -> {self.target.upstream!r}"
+        return (f"RouteAttempt(#{self.number} {self.route.model!r} -> {self.target.upstream!r}"
                 f"{' panic' if self.panic else ''})")
 
 
-class Plan:
-    """The attempts of one request, each chosen when it is needed."""
+class RoutePlan:
+    """Routing's state of one request: its attempts, each chosen when it is needed, the one
+    open now, and how the last one went. The relay's exchange holds it (`Exchange.routing`);
+    only dispatch (velox.routing.dispatch) writes the per-request part, which is also what
+    the access log and the spend read of the answer's route."""
 
     __slots__ = ("router", "chain", "model", "key_hash", "tried", "hard", "count", "stop_reason",
-                 "tokens", "held", "tpm_wait")
+                 "tokens", "held", "tpm_wait",
+                 # dispatch's: the attempt open now (None once finished), the upstream and
+                 # number of the last one sent, and its outcome for the breaker (NEUTRAL,
+                 # SUCCESS, FAILURE: velox.state.health)
+                 "attempt", "upstream_name", "attempts", "outcome")
 
     def __init__(self, router: Router, chain: tuple[Picker, ...], model: str,
                  key_hash: int | None) -> None:
@@ -497,15 +504,19 @@ class Plan:
         self.tokens = 0  # the request's estimated tokens (reserved on tpm upstreams)
         self.held = 0  # tokens the last admission reserved
         self.tpm_wait: dict[int, int] | None = None  # µs until each refusing tpm bucket could
+        self.attempt: RouteAttempt | None = None
+        self.upstream_name = b""
+        self.attempts = 0
+        self.outcome = 0  # NEUTRAL
 
-    def _admitter(self) -> Callable[[int, int], int]:
+    def _allower(self) -> Callable[[int, int], int]:
         router = self.router
         if self.tokens and router.tpm is not None:
-            return self._admit_tokens
-        return router.state.admit
+            return self._allow_tokens
+        return router.state.allow
 
-    def _admit_tokens(self, u: int, now: int, panic: bool = False) -> int:
-        """admit() that first reserves the estimate on u's tpm bucket (given back if the
+    def _allow_tokens(self, u: int, now: int, panic: bool = False) -> int:
+        """allow() that first reserves the estimate on u's tpm bucket (given back if the
         admission fails); -REASON_RATE when the bucket cannot cover it."""
         router = self.router
         tpm = router.tpm
@@ -517,14 +528,14 @@ class Plan:
             self.tpm_wait[u] = wait
             return -REASON_RATE
         state = router.state
-        ticket = state.admit_panic(u, now) if panic else state.admit(u, now)
-        if ticket < 0:
+        probe_slot = state.allow_panic(u, now) if panic else state.allow(u, now)
+        if probe_slot < 0:
             tpm.give(u, reserved)
-            return ticket
+            return probe_slot
         self.held = reserved
-        return ticket
+        return probe_slot
 
-    def first(self, now: int | None = None) -> Attempt | VeloxError:
+    def first(self, now: int | None = None) -> RouteAttempt | VeloxError:
         """The first attempt, or the error to answer when no target can take the request."""
         t = now_ms() if now is None else now
         router = self.router
@@ -542,22 +553,22 @@ class Plan:
             else:
                 target = _select(state, picker.strategy, tier, targets, self.key_hash,
                                  router.rng)
-            ticket = state.admit(target.u, t) if not self.tokens or router.tpm is None \
-                else self._admit_tokens(target.u, t)
-            if ticket >= 0:
+            probe_slot = state.allow(target.u, t) if not self.tokens or router.tpm is None \
+                else self._allow_tokens(target.u, t)
+            if probe_slot >= 0:
                 self.tried.append(target)
                 self.count = 1
-                attempt = Attempt(target, self.model, ticket, 1, False, 0, t)
+                attempt = RouteAttempt(target, self.model, probe_slot, 1, False, 0, t)
                 attempt.tokens, self.held = self.held, 0
                 return attempt
             got = self._choose(t)  # the tier's weights moved once more: harmless
         else:
             got = self._choose(t)
-        if isinstance(got, Attempt):
+        if isinstance(got, RouteAttempt):
             return got
         return self._refusal(got)
 
-    def finish(self, attempt: Attempt, outcome: int, now: int | None = None) -> None:
+    def finish(self, attempt: RouteAttempt, outcome: int, now: int | None = None) -> None:
         """End an attempt: release its in-flight place and report outcome to its breaker."""
         if attempt.finished:
             return
@@ -567,10 +578,10 @@ class Plan:
             assert tpm is not None
             tpm.give(attempt.upstream, attempt.tokens)
             attempt.tokens = 0
-        self.router.state.finish(attempt.upstream, attempt.ticket, outcome, now)
+        self.router.state.finish(attempt.upstream, attempt.probe_slot, outcome, now)
 
-    def retry(self, attempt: Attempt, verdict: Verdict, *, committed: bool = False,
-              now: int | None = None) -> Attempt | None:
+    def retry(self, attempt: RouteAttempt, verdict: Verdict, *, committed: bool = False,
+              now: int | None = None) -> RouteAttempt | None:
         """Finish a failed attempt and choose the next one; None when there is none (the
         client gets what `attempt` got; stop_reason says why)."""
         t = now_ms() if now is None else now
@@ -592,7 +603,7 @@ class Plan:
         if failed is not None and not verdict.same_target and failed not in self.hard:
             self.hard.append(failed)
         got = self._choose(t, verdict.retry_after_s)
-        if not isinstance(got, Attempt):
+        if not isinstance(got, RouteAttempt):
             self._stop("no_target")
             return None
         if not self.router.state.try_retry(got.upstream, t):
@@ -607,21 +618,21 @@ class Plan:
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason
 
-    def _target_of(self, attempt: Attempt) -> Target | None:
+    def _target_of(self, attempt: RouteAttempt) -> Target | None:
         for t in self.tried:
             if t.spec is attempt.target and t.route is attempt.route:
                 return t
         return None
 
-    def _choose(self, now: int, retry_after_s: float | None = None) -> Attempt | Outcome:
+    def _choose(self, now: int, retry_after_s: float | None = None) -> RouteAttempt | Outcome:
         state = self.router.state
         # Untried targets first; tried ones (except the hard-excluded) when none is left.
         got = self._pass(now, skip_tried=True)
         if self.tried and not isinstance(got, tuple):
             got = self._pass(now, skip_tried=False)
         if isinstance(got, tuple):
-            target, ticket = got
-            return self._attempt(target, ticket, False, now, retry_after_s)
+            target, probe_slot = got
+            return self._attempt(target, probe_slot, False, now, retry_after_s)
         outcome = got
         if outcome.open and not outcome.full and not outcome.rate:
             # Panic: every candidate is refused by its breaker. The one open longest first;
@@ -629,15 +640,15 @@ class Plan:
             panic = [x for x in outcome.open if x not in self.tried]
             tokens = self.tokens and self.router.tpm is not None
             for target in sorted(panic, key=lambda x: state.open_since(x.u, now)):
-                ticket = self._admit_tokens(target.u, now, True) if tokens else \
-                    state.admit_panic(target.u, now)
-                if ticket >= 0:
-                    return self._attempt(target, ticket, True, now, retry_after_s)
-                (outcome.full if ticket == -REASON_FULL else outcome.rate).append(target)
+                probe_slot = self._allow_tokens(target.u, now, True) if tokens else \
+                    state.allow_panic(target.u, now)
+                if probe_slot >= 0:
+                    return self._attempt(target, probe_slot, True, now, retry_after_s)
+                (outcome.full if probe_slot == -REASON_FULL else outcome.rate).append(target)
         return outcome
 
-    def _attempt(self, target: Target, ticket: int, panic: bool, now: int,
-                 retry_after_s: float | None) -> Attempt:
+    def _attempt(self, target: Target, probe_slot: int, panic: bool, now: int,
+                 retry_after_s: float | None) -> RouteAttempt:
         delay = 0
         if target in self.tried:
             if retry_after_s is not None:
@@ -648,7 +659,7 @@ class Plan:
         else:
             self.tried.append(target)
         self.count += 1
-        attempt = Attempt(target, self.model, ticket, self.count, panic, delay, now)
+        attempt = RouteAttempt(target, self.model, probe_slot, self.count, panic, delay, now)
         attempt.tokens, self.held = self.held, 0
         return attempt
 
@@ -657,7 +668,7 @@ class Plan:
         admitted at most once."""
         state = self.router.state
         usable_mask = state.usable_mask
-        admit = self._admitter()
+        allow = self._allower()
         hard = self.hard
         tried = self.tried if skip_tried else None
         refused: dict[Target, int] | None = None  # admissions refused in this pass
@@ -676,9 +687,9 @@ class Plan:
                     shared = False
                 while cands:
                     t = _select(state, strategy, tier, cands, self.key_hash, self.router.rng)
-                    ticket = admit(t.u, now)
-                    if ticket >= 0:
-                        return t, ticket
+                    probe_slot = allow(t.u, now)
+                    if probe_slot >= 0:
+                        return t, probe_slot
                     # Lost a race for it, or its rpm bucket is empty: the next candidate.
                     if shared:
                         cands = list(cands)
@@ -686,7 +697,7 @@ class Plan:
                     cands.remove(t)
                     if refused is None:
                         refused = {}
-                    refused[t] = -ticket
+                    refused[t] = -probe_slot
         return self._outcome(now, tried, refused)
 
     def _outcome(self, now: int, tried: list[Target] | None,

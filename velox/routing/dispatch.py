@@ -24,7 +24,7 @@ client gets one answer instead of a 502 that the OpenAI and Anthropic SDKs retry
 holds nothing. Past the commit point nothing is retried; the relay ends a broken event stream
 with an error event instead.
 
-Every attempt is finished exactly once (`balance.Plan.finish`), whatever ends it: answered,
+Every attempt is finished exactly once (`balance.RoutePlan.finish`), whatever ends it: answered,
 failed, retried, cancelled by a client that left. That releases its in-flight place and reports
 its outcome to the upstream's shared breaker.
 
@@ -53,7 +53,7 @@ from velox.core.fields import STATUS_CLASS, UPSTREAM_CLASSES, UPSTREAM_ERROR
 from velox.egress.edge import Edge
 from velox.ingress.scan import scan_json
 from velox.providers.base import Untranslatable
-from velox.routing.balance import Attempt, Event, Plan, Router, Verdict, verdict_of
+from velox.routing.balance import Event, RouteAttempt, RoutePlan, Router, Verdict, verdict_of
 from velox.state.health import FAILURE, NEUTRAL, SUCCESS, TR_CLOSED, TR_HALF_OPENED, TR_OPENED
 from velox.state.stats import SharedStats
 
@@ -138,17 +138,17 @@ class Dispatch:
         if isinstance(attempt, VeloxError):
             exchange.refuse(attempt)
             return
-        exchange.plan = plan
-        self._submit(exchange, attempt)
+        exchange.routing = plan
+        self._submit(exchange, plan, attempt)
 
-    def _submit(self, exchange: Exchange, attempt: Attempt) -> None:
+    def _submit(self, exchange: Exchange, plan: RoutePlan, attempt: RouteAttempt) -> None:
         request = exchange.request
         u = attempt.upstream
-        exchange.route_attempt = attempt
-        exchange.attempts = n = attempt.number
-        exchange.upstream_name = self.names[u]
+        plan.attempt = attempt
+        plan.attempts = n = attempt.number
+        plan.upstream_name = self.names[u]
+        plan.outcome = NEUTRAL
         exchange.extra = self._extra[u][n] if n < _EXTRA_MADE else head_extra(self.names[u], n)
-        exchange.outcome = NEUTRAL
         translator = self.edge.translators[u]
         if translator is not None and not exchange.front:
             self._submit_translated(exchange, attempt)
@@ -180,7 +180,7 @@ class Dispatch:
             self._targets.add(self.slot, attempt.index, 1)
         self.upstreams[u].submit(exchange, attempt.number - 1)
 
-    def _submit_translated(self, exchange: Exchange, attempt: Attempt) -> None:
+    def _submit_translated(self, exchange: Exchange, attempt: RouteAttempt) -> None:
         """_submit for an upstream of another API: the call in its API, or a 400 before
         anything is sent when the request cannot be expressed there."""
         u = attempt.upstream
@@ -205,32 +205,35 @@ class Dispatch:
     def response(self, exchange: Exchange, status: int, headers: Headers) -> bool:
         """Response headers arrived (before the commit point): True when the request is being
         sent again instead of answered with them."""
-        attempt: Attempt | None = exchange.route_attempt
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
+        attempt = plan.attempt
         if attempt is None:
             return False
         if 100 <= status < 500 and status != 429:  # the upstream works (a 4xx is the client's)
             # _count_status, inlined: this runs once per answer
             self._status.add(self.slot, attempt.upstream * _WIDTH + STATUS_CLASS[status // 100],
                              1)
-            exchange.outcome = SUCCESS
+            plan.outcome = SUCCESS
             return False
         self._count_status(attempt.upstream, status)
         if self.tracer is not None:
             self.tracer.attempt_failed(exchange, status, "")
         if status < 500 and status != 429:
-            exchange.outcome = SUCCESS
+            plan.outcome = SUCCESS
             return False
         self._last_failure[attempt.upstream] = (attempt.route.model, f"HTTP {status}")
         retry_after = _retry_after(headers) if status == 429 else None
         verdict = verdict_of(Event.RESPONSE, status, retry_after, self.tables.retry)
-        exchange.outcome = verdict.outcome
+        plan.outcome = verdict.outcome
         if not verdict.retryable:
             return False
-        return self._again(exchange, attempt, verdict, _R_429 if status == 429 else _R_5XX)
+        return self._again(exchange, plan, attempt, verdict,
+                           _R_429 if status == 429 else _R_5XX)
 
     def error_failed(self, exchange: Exchange, exc: BaseException) -> bool:
         """The attempt failed before anything reached the client: True when sent again."""
-        attempt: Attempt | None = exchange.route_attempt
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
+        attempt = plan.attempt
         if attempt is None:
             return False
         self._count_status(attempt.upstream, 0)
@@ -239,16 +242,16 @@ class Dispatch:
             self.tracer.attempt_failed(exchange, exchange.status, type(exc).__name__)
         event, reason = _event_of(exc, exchange.status != 0)
         verdict = verdict_of(event)
-        exchange.outcome = verdict.outcome
+        plan.outcome = verdict.outcome
         if not verdict.retryable:
             return False
-        return self._again(exchange, attempt, verdict, reason)
+        return self._again(exchange, plan, attempt, verdict, reason)
 
-    def _again(self, exchange: Exchange, attempt: Attempt, verdict: Verdict, reason: int) -> bool:
-        plan: Plan = exchange.plan
+    def _again(self, exchange: Exchange, plan: RoutePlan, attempt: RouteAttempt,
+               verdict: Verdict, reason: int) -> bool:
         nxt = plan.retry(attempt, verdict)  # finishes `attempt` with the verdict's outcome
         if nxt is None:
-            exchange.route_attempt = None  # finished: the answer goes out as it is
+            plan.attempt = None  # finished: the answer goes out as it is
             return False
         self._retries.add(self.slot, reason, 1)
         current = exchange.attempt
@@ -258,32 +261,33 @@ class Dispatch:
         if nxt.delay_ms:
             # The next attempt is the exchange's from now on: a client that leaves while we
             # wait out the Retry-After finishes it (relay._done → finish), releasing its place.
-            exchange.route_attempt = nxt
-            self.loop.call_later(nxt.delay_ms / 1000, self._resend, exchange, nxt)
+            plan.attempt = nxt
+            self.loop.call_later(nxt.delay_ms / 1000, self._resend, exchange, plan, nxt)
         else:
-            self._submit(exchange, nxt)
+            self._submit(exchange, plan, nxt)
             self.upstreams[nxt.upstream].flush()
         return True
 
-    def _resend(self, exchange: Exchange, attempt: Attempt) -> None:
-        if exchange.finished or exchange.route_attempt is not attempt:
+    def _resend(self, exchange: Exchange, plan: RoutePlan, attempt: RouteAttempt) -> None:
+        if exchange.finished or plan.attempt is not attempt:
             return  # the client left meanwhile: finish() already released the attempt
-        self._submit(exchange, attempt)
+        self._submit(exchange, plan, attempt)
         self.upstreams[attempt.upstream].flush()
 
     # --- the end ------------------------------------------------------------------------------
 
     def finish(self, exchange: Exchange, broken: bool) -> None:
         """The exchange is over: finish its attempt (releases it, reports to the breaker)."""
-        attempt: Attempt | None = exchange.route_attempt
+        plan: RoutePlan = exchange.routing  # type: ignore[assignment]  # send's (attempt set)
+        attempt = plan.attempt
         if attempt is None:
             return
-        exchange.route_attempt = None
+        plan.attempt = None
         if broken:
             self._last_failure[attempt.upstream] = (attempt.route.model,
                                                     "the answer broke after it had started")
-        outcome = FAILURE if broken else exchange.outcome
-        exchange.plan.finish(attempt, outcome)
+        outcome = FAILURE if broken else plan.outcome
+        plan.finish(attempt, outcome)
         t_sent, t_headers = exchange.t_sent, exchange.t_headers
         if t_headers and t_sent:
             self._latency[attempt.upstream].record(self.slot, (t_headers - t_sent) // 1000)
@@ -301,12 +305,12 @@ class Dispatch:
         for u in health.needs_probe(now):
             if u in self.probes:
                 continue
-            ticket = health.admit(u, now)
-            if ticket < 0:
+            probe_slot = health.allow(u, now)
+            if probe_slot < 0:
                 continue  # another worker's probe holds the slot
             self.probes.add(u)
             spec = self.tables.upstreams[u]
-            probe = Probe(self, u, ticket, spec.warmup_path.encode(), self.credentials[u])
+            probe = Probe(self, u, probe_slot, spec.warmup_path.encode(), self.credentials[u])
             self.upstreams[u].submit(probe, 0)
             self.upstreams[u].flush()
 
@@ -314,7 +318,7 @@ class Dispatch:
         self.probes.discard(probe.u)
         if outcome == FAILURE:  # logged as the breaker's re-opening (log_breakers)
             self._last_failure[probe.u] = ("", why)
-        self.stats.health.finish(probe.u, probe.ticket, outcome, now_ms())
+        self.stats.health.finish(probe.u, probe.probe_slot, outcome, now_ms())
 
     # --- breaker transitions --------------------------------------------------------------------
 
@@ -352,17 +356,17 @@ class Dispatch:
 class Probe:
     """A breaker probe: the upstream's warm-up request, as an egress client of its own."""
 
-    __slots__ = ("dispatch", "u", "ticket", "path", "headers_out", "attempt", "done")
+    __slots__ = ("dispatch", "u", "probe_slot", "path", "headers_out", "attempt", "done")
 
     method = b"GET"
     body = b""
     paused = False
 
-    def __init__(self, dispatch: Dispatch, u: int, ticket: int, path: bytes,
+    def __init__(self, dispatch: Dispatch, u: int, probe_slot: int, path: bytes,
                  headers: Headers) -> None:
         self.dispatch = dispatch
         self.u = u
-        self.ticket = ticket
+        self.probe_slot = probe_slot
         self.path = path
         self.headers_out = list(headers)
         self.attempt: CallHandle | None = None

@@ -167,7 +167,7 @@ class Traced:
             return
         if live.keeper is None:
             live.keeper = exchange.observer = _Keeper(exchange.observer)
-        route_attempt = exchange.route_attempt
+        route_attempt = exchange.routing.attempt
         model = route_attempt.model if route_attempt is not None else \
             exchange.request.model or ""
         live.attempts.append(AttemptSpan(span_id, up.name, up.kind, up.address, up.port, model,
@@ -260,7 +260,7 @@ class Traced:
                 and (holder is None or type(holder) is Waiting):
             cache_ns, cache_hit = end, True  # answered from the cache, or coalesced
         exchange = holder if isinstance(holder, Exchange) else None
-        route_attempt = exchange.route_attempt if exchange is not None else None
+        route_attempt = exchange.routing.attempt if exchange is not None else None
         # The priced meter's (or a batched member's share's) nano-USD; None: unknown or unpriced.
         meter = getattr(holder, "meter", None) if holder is not None else None
         cost = getattr(meter, "cost", None)

@@ -395,9 +395,8 @@ class Spend:
         flight (each reserves its estimate, which without max_tokens assumes
         VELOX_TOKENS_DEFAULT_OUTPUT): the same error, saying so, with Retry-After 1."""
         ticket = request.ticket
-        if ticket is not None:  # the key stage's reservations: nothing was used
-            ticket.settle(0)
-            ticket.release()
+        if ticket is not None:  # the key stage's tokens: nothing was used (its place goes
+            ticket.settle(0)  # back at the request's end, Worker.finished)
         what = f"team budget {budget.name!r}" if budget.team else \
             f"budget of gateway key {budget.name!r}"
         period = "in total" if budget.period == "total" else f"this {budget.period} (UTC)"
@@ -463,13 +462,14 @@ class Spend:
         its first answer and kept per target: a target's upstream and model are fixed, but
         for a `*` route's target naming no model, kept while the request's model is the same
         (one dict lookup a request instead of three calls, ~0.3 us)."""
-        attempt = exchange.route_attempt
+        routing = exchange.routing
+        attempt = routing.attempt
         model = attempt.model if attempt is not None and attempt.model else \
             exchange.request.model or ""
         index = attempt.index if attempt is not None else -1
         hit = self._targets.get(index)
         if hit is None or hit[0] != model:
-            upstream = _name(exchange.upstream_name)
+            upstream = _name(routing.upstream_name)
             hit = (model, upstream, self.prices.price_for(upstream, model))
             if index >= 0:
                 self._targets[index] = hit
@@ -504,7 +504,7 @@ class Spend:
         hold = self.held.pop(request, None)
         if hold is not None:
             self._settle(hold, cost or 0)
-        self.book(exchange.route_attempt, request.key, cost)
+        self.book(exchange.routing.attempt, request.key, cost)
         self.row(exchange, 200, usage, cost, request)
 
     def row(self, exchange: Any, status: int, usage: _Usage, cost: int | None,
@@ -515,7 +515,7 @@ class Spend:
         if feed is None:
             return
         request = exchange.request if request is None else request
-        attempt = exchange.route_attempt
+        attempt = exchange.routing.attempt
         k = request.key
         names = self.key_names
         model, upstream, _ = self.target(exchange)
@@ -703,7 +703,7 @@ class PricedMeter:
             self.hold = None
             spend.gate.settle(hold[0], hold[1], self.cost or 0)  # type: ignore[union-attr]
         if self.request.key != NOT_BOOKED:  # a merged call's members are priced (member)
-            spend.book(exchange.route_attempt, self.request.key, self.cost)
+            spend.book(exchange.routing.attempt, self.request.key, self.cost)
             spend.row(exchange, status, usage, self.cost)
         self.done = True
 

@@ -33,7 +33,7 @@ and tpm bucket is shared by every host as `upstream:<name>:rpm|tpm`); the check 
 Per-upstream tpm (`tpm` of an [[upstream]]): `UpstreamTokens`, one shared token bucket per such
 upstream (the native `Limits`, its own instance, indexed by upstream), rate tpm per minute and
 burst one minute's worth (providers meter tokens per minute). The balancer takes the request's
-estimated tokens from it after admit() (a target that cannot cover them is skipped like one
+estimated tokens from it after allow() (a target that cannot cover them is skipped like one
 whose rpm bucket is empty); the relay's meter settles the reservation with the real usage when
 the attempt's answer ends (`settle`: over-use is charged, leaving the bucket in debt until the
 refill repays it; under-use is given back), and an attempt finished without an answer (failed,
@@ -58,7 +58,7 @@ from velox._native import Health, Limits, RetryBudget
 from velox.config.tables import TableError, Tables
 from velox.core.clock import now_ms
 
-# Why an upstream cannot take a request now (admit() returns the negative).
+# Why an upstream cannot take a request now (allow() returns the negative).
 REASON_OPEN = 1  # breaker open, or half-open with its probe slot taken
 REASON_FULL = 2  # max_in_flight reached
 REASON_RATE = 3  # the upstream's own rpm bucket is empty
@@ -129,11 +129,11 @@ class SharedHealth:
     """The live state of every upstream, shared by all workers (balance.LiveState).
 
     The per-request calls are bound native methods stored on the instance (no Python frame
-    between the balancer and C): check, usable_mask, in_flight, admit, finish, record_request.
+    between the balancer and C): check, usable_mask, in_flight, allow, finish, record_request.
     """
 
     __slots__ = ("names", "index", "native", "budget", "rpm", "rpms", "take", "tpm",
-                 "check", "usable_mask", "in_flight", "in_flight_sum", "admit", "finish",
+                 "check", "usable_mask", "in_flight", "in_flight_sum", "allow", "finish",
                  "record_request")
 
     def __init__(self, names: tuple[str, ...], native: Health, budget: RetryBudget,
@@ -157,10 +157,10 @@ class SharedHealth:
         self.usable_mask = native.usable_mask
         self.in_flight = native.in_flight
         self.in_flight_sum = native.in_flight_sum  # (tuple of u) -> their in_flight summed
-        # (u, now) -> ticket >= 0, or -REASON_*: breaker passage, an in-flight place, an rpm
+        # (u, now) -> probe_slot >= 0, or -REASON_*: breaker passage, an in-flight place, an rpm
         # token. Native alone when no upstream has an rpm bucket.
-        self.admit = self._admit_rated if any(self.rpms) else native.admit
-        # (u, ticket, outcome, now): the one end of every admission; releases its place and
+        self.allow = self._allow_rated if any(self.rpms) else native.allow
+        # (u, probe_slot, outcome, now): the one end of every admission; releases its place and
         # reports the outcome to the breaker.
         self.finish = native.finish
         self.record_request = budget.record_request  # (now) -> the second charged
@@ -190,25 +190,25 @@ class SharedHealth:
 
     # --- balance.LiveState -----------------------------------------------------------------
 
-    def _admit_rated(self, u: int, now: int) -> int:
-        """admit() for tables with rpm buckets: the token is taken last, so a refusal by the
+    def _allow_rated(self, u: int, now: int) -> int:
+        """allow() for tables with rpm buckets: the token is taken last, so a refusal by the
         breaker or the cap never spends one."""
         native = self.native
-        ticket = native.enter(u, now)
-        if ticket < 0:
+        probe_slot = native.enter(u, now)
+        if probe_slot < 0:
             return -REASON_OPEN
         if not native.acquire(u):
-            native.report(u, ticket, NEUTRAL, now)  # a probe slot back
+            native.report(u, probe_slot, NEUTRAL, now)  # a probe slot back
             return -REASON_FULL
         if self.rpms[u] and self.take(u, 1):
             native.release(u)
-            native.report(u, ticket, NEUTRAL, now)
+            native.report(u, probe_slot, NEUTRAL, now)
             return -REASON_RATE
         native.count(u, _UP_REQUESTS)
-        return ticket
+        return probe_slot
 
-    def admit_panic(self, u: int, now: int) -> int:
-        """admit() ignoring the breaker (every target is open): ticket 0 or -REASON_*."""
+    def allow_panic(self, u: int, now: int) -> int:
+        """allow() ignoring the breaker (every target is open): probe_slot 0 or -REASON_*."""
         native = self.native
         if not native.acquire(u):
             return -REASON_FULL
@@ -257,7 +257,7 @@ class SharedHealth:
 
     def needs_probe(self, now: int | None = None) -> list[int]:
         """Upstreams whose breaker is not closed and would admit a probe now: what a background
-        prober (every [breaker] probe_interval_s) sends its probe to, via admit() and finish(),
+        prober (every [breaker] probe_interval_s) sends its probe to, via allow() and finish(),
         so an idle upstream recovers without waiting for a user request to be its probe."""
         t = now_ms() if now is None else now
         peek = self.native.peek

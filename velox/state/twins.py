@@ -11,7 +11,7 @@ native tables for these two.
 upstreams and the gateway's global rate): one process's integers, with the C's units, refill
 clamps, debt floor and admit packing; tests/native/test_limits_twins.py compares them.
 `PyHealth` restates the breakers (native/vx_health.c: the state word's fields, the doubling open
-time, probe slots and their lease, stale tickets), the in-flight gauges and the transitions a
+time, probe slots and their lease, stale probe slots), the in-flight gauges and the transitions a
 process keeps; tests/native/test_health_twins.py compares them.
 """
 
@@ -503,7 +503,7 @@ class PyHealth:
         return PEEK_PROBING
 
     def _enter(self, b: _Breaker, now: int) -> tuple[int, int]:
-        """(ticket, transition): -1 denied, 0 closed, else stamp + 1 of the half-open period."""
+        """(probe_slot, transition): -1 denied, 0 closed, else stamp + 1 of the half-open period."""
         if b.state == CLOSED:
             return 0, TR_NONE
         if b.state == OPEN:
@@ -519,7 +519,7 @@ class PyHealth:
             return now + 1, TR_NONE
         return -1, TR_NONE
 
-    def _report(self, b: _Breaker, ticket: int, outcome: int, now: int) -> int:
+    def _report(self, b: _Breaker, probe_slot: int, outcome: int, now: int) -> int:
         tr = TR_NONE
         if b.state == CLOSED:
             if outcome == SUCCESS:
@@ -531,7 +531,7 @@ class PyHealth:
                     tr = TR_OPENED
                 else:
                     b.set(CLOSED, b.count + 1, 0, b.streak, 0)
-        elif b.state == HALF_OPEN and ticket == b.stamp + 1:  # a probe of this period
+        elif b.state == HALF_OPEN and probe_slot == b.stamp + 1:  # a probe of this period
             probes = max(b.probes - 1, 0)
             if outcome == SUCCESS:
                 if b.count + 1 >= self.successes:
@@ -587,26 +587,26 @@ class PyHealth:
     def in_flight_sum(self, upstreams: tuple[int, ...], /) -> int:
         return sum(self.in_flight(u) for u in upstreams)
 
-    def admit(self, upstream: int, now_ms: int | None, /) -> int:
+    def allow(self, upstream: int, now_ms: int | None, /) -> int:
         b = self._at(upstream)
         now = self._now(now_ms)
-        ticket, tr = self._enter(b, now)
-        if ticket < 0:
+        probe_slot, tr = self._enter(b, now)
+        if probe_slot < 0:
             return -1
         self._note(upstream, tr, now)
         if not self.acquire(upstream):
-            self._report(b, ticket, NEUTRAL, now)  # its probe slot back
+            self._report(b, probe_slot, NEUTRAL, now)  # its probe slot back
             return -2
         b.counters[UP_REQUESTS] += 1
-        return ticket
+        return probe_slot
 
-    def finish(self, upstream: int, ticket: int, outcome: int, now_ms: int | None, /) -> None:
+    def finish(self, upstream: int, probe_slot: int, outcome: int, now_ms: int | None, /) -> None:
         b = self._at(upstream)
-        _in_range(ticket, "ticket", 0, _INT64[1])
+        _in_range(probe_slot, "probe_slot", 0, _INT64[1])
         _in_range(outcome, "outcome", 0, 2)
         now = self._now(now_ms)
         b.in_flight -= 1
-        self._note(upstream, self._report(b, ticket, outcome, now), now)
+        self._note(upstream, self._report(b, probe_slot, outcome, now), now)
         if outcome == SUCCESS:
             b.counters[UP_SUCCESSES] += 1
         elif outcome == FAILURE:
@@ -615,17 +615,17 @@ class PyHealth:
     def enter(self, upstream: int, now_ms: int | None = None, /) -> int:
         b = self._at(upstream)
         now = self._now(now_ms)
-        ticket, tr = self._enter(b, now)
+        probe_slot, tr = self._enter(b, now)
         self._note(upstream, tr, now)
-        return ticket
+        return probe_slot
 
-    def report(self, upstream: int, ticket: int, outcome: int,
+    def report(self, upstream: int, probe_slot: int, outcome: int,
                now_ms: int | None = None, /) -> int:
         b = self._at(upstream)
-        _in_range(ticket, "ticket", 0, _INT64[1])
+        _in_range(probe_slot, "probe_slot", 0, _INT64[1])
         _in_range(outcome, "outcome", 0, 2)
         now = self._now(now_ms)
-        tr = self._report(b, ticket, outcome, now)
+        tr = self._report(b, probe_slot, outcome, now)
         self._note(upstream, tr, now)
         return tr
 
