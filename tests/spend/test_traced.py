@@ -140,14 +140,21 @@ class _Sent:
         self.headers.append(list(client.headers_out))
 
 
-def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
+def _unsampled_upstream() -> tuple[Any, Any, _Sent]:
+    """A worker's tracing at VELOX_OTEL_SAMPLE=0, its first traced upstream, and what that
+    upstream was given to send."""
     pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
                         VELOX_OTEL_SAMPLE="0")
     traced = pipeline.worker.traced
     assert traced is not None
-    upstream = pipeline.worker.dispatch.upstreams[0]
+    upstream: Any = pipeline.worker.dispatch.upstreams[0]
     sent = _Sent()
     upstream.inner = sent
+    return traced, upstream, sent
+
+
+def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
+    traced, upstream, sent = _unsampled_upstream()
     request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object())
     base = [(b"content-type", b"application/json")]
     shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
@@ -169,13 +176,7 @@ def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -
 def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
     """A merged call is no client's request (no `finished` ends it): its trace entry goes
     when its exchange ends, sampled or not."""
-    pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
-                        VELOX_OTEL_SAMPLE="0")
-    traced = pipeline.worker.traced
-    assert traced is not None
-    upstream = pipeline.worker.dispatch.upstreams[0]
-    sent = _Sent()
-    upstream.inner = sent
+    traced, upstream, sent = _unsampled_upstream()
     members = [SimpleNamespace(live=True, request=SimpleNamespace(headers=[], ends=object()))
                for _ in range(3)]
     merged = SimpleNamespace(conn=SimpleNamespace(members=members), ends=None,
