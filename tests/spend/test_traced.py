@@ -12,6 +12,7 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from velox.batching.batch import BatchCall
 from velox.config import settings as settings_module
 from velox.config.settings import ConfigError, load
 from velox.core.fields import F
@@ -155,7 +156,8 @@ def _unsampled_upstream() -> tuple[Any, Any, _Sent]:
 
 def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
     traced, upstream, sent = _unsampled_upstream()
-    request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object())
+    request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object(),
+                              conn=None)
     base = [(b"content-type", b"application/json")]
     shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
     for edge, headers in ((None, base), (None, base), (object(), shared)):
@@ -179,14 +181,14 @@ def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
     traced, upstream, sent = _unsampled_upstream()
     members = [SimpleNamespace(live=True, request=SimpleNamespace(headers=[], ends=object()))
                for _ in range(3)]
-    merged = SimpleNamespace(conn=SimpleNamespace(members=members), ends=None,
-                             headers=[], model="emb")
+    call = BatchCall(None, None, members)  # type: ignore[arg-type]  # its members alone
+    merged = SimpleNamespace(conn=call, ends=call, headers=[], model="emb")
     ended: list[int] = []
     exchange = SimpleNamespace(request=merged, edge=None, headers_out=[], observer=None,
                                on_done=lambda ex, status: ended.append(status))
     upstream.submit(exchange)
-    (call,) = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
-    assert call is not None and not call.sampled
+    (upstream_saw,) = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
+    assert upstream_saw is not None and not upstream_saw.sampled
     exchange.on_done(exchange, 200)
     assert ended == [200]  # the call's own end still runs
     for member in members:  # the members' entries go at their own ends

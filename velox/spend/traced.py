@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from velox.batching.batch import BatchCall
 from velox.cache.wait import Waiting
 from velox.core.fields import F
 from velox.relay.exchange import Exchange
@@ -178,7 +179,7 @@ class Traced:
         """An attempt of a merged batch call (velox.batching.batch.BatchCall) is about to be
         sent. The call has a trace of its own, sampled when any member is: its CLIENT spans
         (one per attempt) link to the sampled members' SERVER spans, and those link back."""
-        members = getattr(request.conn, "members", ())
+        members = request.conn.members  # type: ignore[attr-defined]  # a BatchCall
         if live is None:
             sampled = []
             for member in members:
@@ -289,7 +290,7 @@ class Traced:
             path.decode("latin-1"), request.model or "", status, request.t_received, end,
             response_model=model, finish_reasons=finish, input_tokens=tokens_in,
             output_tokens=tokens_out, attempts=live.attempts, links=live.links,
-            members=len(getattr(request.conn, "members", ())))
+            members=len(request.conn.members))  # type: ignore[attr-defined]  # a BatchCall
 
     # --- the rest ------------------------------------------------------------------------------
 
@@ -326,10 +327,10 @@ class _TracedUpstream:
 
     def submit(self, client: Any, number: int = 0) -> None:
         request = getattr(client, "request", None)  # a breaker probe has none
-        if request is not None:
+        if request is not None and request.ends is not None:  # None: a test's own request
             traced = self.traced
             live = traced.live.get(id(request))
-            if request.ends is None:  # a merged batch call (velox.batching)
+            if type(request.conn) is BatchCall:  # a merged batch call: no client's request
                 traced.batch_attempt(client, request, live, self)
             elif live is None:
                 live = traced._begin(request)
