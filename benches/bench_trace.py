@@ -5,19 +5,17 @@ Groups:
 * trace-request: per request, on the recording thread: `Tracer.start` (the sampling decision
   and ids) + `Tracer.record` of a settled request, against building the record alone
   (`record-only`, what the pipeline pays anyway), three ways: unsampled (VELOX_OTEL_SAMPLE=0:
-  start and an early return), sampled with one attempt (its record queued: the two spans are
-  built in the export thread),
+  start and an early return), sampled with one attempt (two ReadableSpans built and queued),
   sampled with three attempts (four spans). Interleaved round by round, timed with the
   thread's CPU clock; `extra_info` has what each adds to `record-only`, in us per request.
-* trace-export: the batch processor's thread building those spans from the records and
-  encoding them to OTLP protobuf (the official encoder; the bytes are discarded instead of
-  sent), per request of two spans. It
+* trace-export: the batch processor's thread encoding those spans to OTLP protobuf (the
+  official encoder; the bytes are discarded instead of sent), per request of two spans. It
   runs off the loop, but in the same process, so it is CPU the worker's process pays.
 * trace-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, one attempt each) with tracing off (VELOX_OTEL_ENDPOINT unset), on at 1% and on at
   100% (VELOX_OTEL_SAMPLE), interleaved round by round on the loop thread's CPU clock; the
-  export thread builds and encodes what is sampled as the OTLP exporter would (its whole CPU
-  is counted apart, on its own thread's clock, and added per request in `extra_info`).
+  export thread encodes what is sampled as the OTLP exporter would (its whole CPU is counted
+  apart, on its own thread's clock, and added per request in `extra_info`).
 
 Run: `.venv/bin/pytest --benchmark benches/bench_trace.py`.
 """
@@ -44,7 +42,7 @@ BATCH = 64
 class Encoding:
     """An exporter that encodes like the OTLP/HTTP one and sends nothing. `cpu_ns`: all the
     CPU of the threads that exported (the processor's, and the one closing it), since they
-    started: building the spans from records, encoding them, and the queue's handling."""
+    started: encoding the spans, and the queue's handling."""
 
     def __init__(self) -> None:
         self.spans = 0
@@ -133,16 +131,16 @@ def test_trace_request_paired(benchmark: Any) -> None:
 def test_trace_export_encoding(benchmark: Any) -> None:
     """The export thread's OTLP encoding of one request's two spans (thread CPU clock)."""
     tracer = Tracer(exporter=Encoding(), max_queue=1 << 16, schedule_delay_ms=3_600_000)
-    pending: list[Any] = []
-    tracer.processor.on_end = pending.append  # type: ignore[method-assign]
+    spans: list[Any] = []
+    tracer.processor.on_end = spans.append  # type: ignore[method-assign]
     for _ in range(BATCH):
         tracer.record(_record(tracer, 1, TRACEPARENT))
     exporter = Encoding()
     samples: list[float] = []
 
-    def run() -> None:  # the spans built from the records, then encoded
+    def run() -> None:
         t0 = time.thread_time_ns()
-        exporter.export([s for p in pending for s in tracer.spans(p.record, p.offset)])
+        exporter.export(spans)
         samples.append((time.thread_time_ns() - t0) / BATCH / 1000)
 
     benchmark.group = "trace-export: OTLP encoding, per request of 2 spans"

@@ -20,12 +20,11 @@ and then a worker pays on its loop only for what a sampled request needs:
   `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
   `server.address` / `server.port`, `error.type`, HTTP status codes).
 
-A sampled record is handed to the SDK's `BatchSpanProcessor` as it is; the processor's thread
-builds its spans, as the SDK's own `ReadableSpan` with the ids chosen during the request (an
+Spans are built as the SDK's own `ReadableSpan` with the ids chosen during the request (an
 SDK `Tracer` would pick its own ids, and a span built after the fact must carry the ids sent
-upstream), and gives them in batches to the official OTLP/HTTP exporter; the SDK's
-`OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` settings (schedule delay, queue size, timeout,
-headers) apply as usual.
+upstream), and handed to the SDK's `BatchSpanProcessor`, whose thread batches them to the
+official OTLP/HTTP exporter; the SDK's `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` settings
+(schedule delay, queue size, timeout, headers) apply as usual.
 
 A dead or silent collector costs no request anything: `record` only appends to the processor's
 queue. At most `max_queue` spans wait (sent or not); past that `record` drops the request's
@@ -203,7 +202,7 @@ class Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + TRACES_PATH)
-        self.exporter = _Counting(exporter, self.spans)
+        self.exporter = _Counting(exporter)
         # Unset sizes are the SDK's (its OTEL_BSP_* variables, else 2,048 and 512); the queue
         # size is read back from the SDK so `record` can keep within it.
         defaults: Any = BatchSpanProcessor  # its default-size helpers are untyped
@@ -245,20 +244,14 @@ class Tracer:
         if self.submitted - self.exporter.done + count > self.max_queue:
             self.dropped += count
             return 0
-        # The spans are built in the export thread (`_Counting.export`): ~20 us a request
-        # (two spans) off the event loop.
-        pending = _Pending(rec, time.time_ns() - time.perf_counter_ns(), count)
-        self.processor.on_end(pending)  # type: ignore[arg-type]  # a span to be: _Pending
-        self.submitted += count
-        return count
-
-    def spans(self, rec: RequestRecord, offset: int) -> list[Any]:
-        """A record's spans (`offset`: time.time_ns() - time.perf_counter_ns() when it was
-        recorded): the SERVER span, unless it is a merged call's, and a CLIENT span per
-        attempt."""
+        offset = time.time_ns() - time.perf_counter_ns()
         spans = [] if rec.members else [self._server_span(rec, offset)]
         spans += [self._client_span(rec, a, offset) for a in rec.attempts]
-        return spans
+        on_end = self.processor.on_end
+        for span in spans:
+            on_end(span)
+        self.submitted += count
+        return count
 
     # --- spans -----------------------------------------------------------------------------
 
@@ -375,37 +368,13 @@ def _usage_attrs(attrs: dict[str, Any], response_model: str, finish: Sequence[st
         attrs["gen_ai.usage.output_tokens"] = tokens_out
 
 
-class _SampledFlags:
-    sampled = True
-
-
-class _SampledContext:
-    trace_flags = _SampledFlags
-
-
-class _Pending:
-    """A sampled record in the batch processor's queue, its spans not built yet. The processor
-    queues what `on_end` is given when `item.context.trace_flags.sampled` says so."""
-
-    __slots__ = ("record", "offset", "count")
-
-    context = _SampledContext
-
-    def __init__(self, record: RequestRecord, offset: int, count: int) -> None:
-        self.record = record
-        self.offset = offset
-        self.count = count  # its spans
-
-
 class _Counting:
-    """The real exporter, given the spans of the records queued (built here, in the export
-    thread), counting what it exported and what failed (done = both)."""
+    """The real exporter, counting what it exported and what failed (done = both)."""
 
-    def __init__(self, inner: Any, build: Any) -> None:
+    def __init__(self, inner: Any) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         self.inner = inner
-        self.build = build  # (record, offset) -> its spans: Tracer.spans
         self.success = SpanExportResult.SUCCESS
         self.exported = 0
         self.failed = 0
@@ -414,19 +383,16 @@ class _Counting:
     def done(self) -> int:
         return self.exported + self.failed
 
-    def export(self, items: Sequence[_Pending]) -> Any:
-        count = sum(item.count for item in items)
+    def export(self, spans: Sequence[Any]) -> Any:
         try:
-            build = self.build
-            spans = [span for item in items for span in build(item.record, item.offset)]
             result = self.inner.export(spans)
-        except Exception:  # the processor logs it; the spans are counted as failed
-            self.failed += count
+        except Exception:
+            self.failed += len(spans)
             raise
         if result == self.success:
-            self.exported += count
+            self.exported += len(spans)
         else:
-            self.failed += count
+            self.failed += len(spans)
         return result
 
     def shutdown(self) -> None:
