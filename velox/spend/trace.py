@@ -294,7 +294,7 @@ class Tracer:
         return sdk.ReadableSpan(
             rec.span_name(rec.model), context=self._context(trace.span_id, trace),
             parent=parent, resource=self.resource, attributes=attrs, events=events,
-            links=self._links(rec), kind=sdk.SERVER, status=status,
+            links=self._links(rec) if rec.links else (), kind=sdk.SERVER, status=status,
             start_time=rec.start_ns + offset,
             end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
 
