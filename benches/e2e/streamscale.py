@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="A/B: a gateway per source tree (its native extension built in place), "
-                        "measured in turn every round; default: this checkout")
+                        "measured in turn every round; PATH@VELOX_X=0,VELOX_Y=1 adds settings "
+                        "to that gateway; default: this checkout")
     args = p.parse_args(argv)
     logdir = Path(tempfile.mkdtemp(prefix="velox-streamscale-"))
     mock = Mock(tls=args.egress == "h2", workers=1, logdir=logdir)
@@ -241,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_nginx and shutil.which("nginx"):
             services.append(Nginx(mock).start())
         protocol = {} if args.egress == "h2" else {"VELOX_UPSTREAM_PROTOCOL": "http1"}
-        for name, path in [t.partition("=")[::2] for t in args.tree] or [("velox", "")]:
-            env = {**protocol, **({"PYTHONPATH": path} if path else {})}
+        for name, spec in [t.partition("=")[::2] for t in args.tree] or [("velox", "")]:
+            path, _, settings = spec.partition("@")  # PATH@VELOX_X=1,VELOX_Y=2
+            extra = dict(kv.partition("=")[::2] for kv in settings.split(",") if kv)
+            env = {**protocol, **({"PYTHONPATH": path} if path else {}), **extra}
             services.append(Velox(mock, logdir, name, env).start())
         counts = [int(c) for c in args.streams.split(",")]
         with bench_lock() as waited:
