@@ -78,6 +78,8 @@ class Receiver:
                         "events": [(e.name, e.time_unix_nano,
                                     {a.key: _value(a.value) for a in e.attributes})
                                    for e in s.events],
+                        "links": [(link.trace_id.hex(), link.span_id.hex())
+                                  for link in s.links],
                         "status": s.status.code, "resource": resource,
                         "scope": ss.scope.name})
         with self.cond:

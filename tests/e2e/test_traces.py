@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e import test_batching as batching
 from tests.e2e import test_routing as routing
 from tests.e2e.conftest import CLIENT_KEY, client_for, wait_for
 from tests.e2e.test_routing import KEYS, upstream_table, write_config
@@ -43,10 +45,7 @@ FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 certdir, mocks, fresh, gateways = routing.certdir, routing.mocks, routing.fresh, routing.gateways
 
 
-def _gateway(tmp_path: Path, gateways: list[GatewayProcess], fresh: dict[str, MockUpstream],
-             **env: str) -> GatewayProcess:
-    """Route "m": a, then b, then c (priorities), each tried once before the next."""
-    config = write_config(tmp_path, "".join(upstream_table(n, fresh[n]) for n in "abc") + """
+ROUTE_M = """
 [[route]]
 model = "m"
 targets = [{ upstream = "a" }, { upstream = "b", priority = 1 }, { upstream = "c", priority = 2 }]
@@ -55,7 +54,13 @@ targets = [{ upstream = "a" }, { upstream = "b", priority = 1 }, { upstream = "c
 model = "m"
 input = 1.0
 output = 2.0
-""")
+"""
+
+
+def _gateway(tmp_path: Path, gateways: list[GatewayProcess], fresh: dict[str, MockUpstream],
+             routes: str = ROUTE_M, **env: str) -> GatewayProcess:
+    """By default route "m": a, then b, then c (priorities), each tried once before the next."""
+    config = write_config(tmp_path, "".join(upstream_table(n, fresh[n]) for n in "abc") + routes)
     gw = GatewayProcess({
         "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
         "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}",
@@ -68,8 +73,9 @@ output = 2.0
 def traced(tmp_path: Path, fresh: dict[str, MockUpstream], receiver: Receiver,
            gateways: list[GatewayProcess]) -> Callable[..., GatewayProcess]:
     """Starts a gateway of route "m" exporting its traces to the test's receiver."""
-    def start(**env: str) -> GatewayProcess:
-        return _gateway(tmp_path, gateways, fresh, VELOX_OTEL_ENDPOINT=receiver.endpoint, **env)
+    def start(routes: str = ROUTE_M, **env: str) -> GatewayProcess:
+        return _gateway(tmp_path, gateways, fresh, routes,
+                        VELOX_OTEL_ENDPOINT=receiver.endpoint, **env)
 
     return start
 
@@ -207,6 +213,64 @@ def test_sample_0_exports_nothing_and_still_propagates(
     spans = receiver.wait_for(2)
     wait_for(lambda: _counter(gw, "velox_trace_spans_exported_total") == 2)
     assert len(receiver.spans) == 2 and {s["trace_id"] for s in spans} == {CLIENT_TRACE}
+
+
+def test_a_merged_batch_call_is_one_client_span_linked_from_each_member(
+        traced: Callable[..., GatewayProcess], fresh: dict[str, MockUpstream],
+        receiver: Receiver) -> None:
+    """One worker, so the members meet: a slow first request of the group goes out alone,
+    and three more wait behind it and leave as one merged call (max_requests = 3)."""
+    gw = traced(routes="""
+[[route]]
+model = "emb"
+targets = [{ upstream = "a" }]
+batch = { max_requests = 3, max_wait_ms = 5000 }
+""", VELOX_WORKERS="1")
+    texts = ["the first member", "the second", "a third member's text"]
+
+    async def run() -> list[Any]:
+        first = await batching.blocker(gw, fresh["a"], "emb", "traced")
+        c = batching.client(gw)
+        members = await asyncio.gather(*(c.embeddings.create(
+            model="emb", input=t, user="traced", encoding_format="float") for t in texts))
+        await first
+        return members
+
+    answers = batching.arun(run())
+    merged = [r for r in fresh["a"].requests(limit=50)
+              if r["path"] == batching.EMBED and r["inputs"] == 3]
+    assert len(merged) == 1, "the three members did not leave as one call"
+    # The blocker: a server span and its attempt; the members: a server span each; the
+    # merged call: one client span.
+    spans = receiver.wait_for(6)
+    (call,) = [s for s in spans if s["kind"] == CLIENT and s["parent"] == ""]
+    servers = {s["span_id"]: s for s in spans if s["kind"] == SERVER}
+    members = [s for s in servers.values() if s["links"]]
+    assert len(servers) == 4 and len(members) == 3, spans
+    assert call["name"] == "embeddings emb" and call["attrs"]["velox.batch.members"] == 3
+    assert call["attrs"]["gen_ai.operation.name"] == "embeddings"
+    assert call["attrs"]["velox.upstream"] == "a"
+    assert call["attrs"]["http.response.status_code"] == 200
+    assert call["attrs"]["gen_ai.usage.input_tokens"] == sum(
+        a.usage.prompt_tokens for a in answers)
+    # Each member links to the call's span, and the call to each member's server span.
+    assert sorted(call["links"]) == sorted((m["trace_id"], m["span_id"]) for m in members)
+    for member in members:
+        assert member["links"] == [(call["trace_id"], call["span_id"])]
+        assert member["trace_id"] != call["trace_id"]
+        assert member["attrs"]["velox.attempts"] == 0
+        assert member["attrs"]["gen_ai.operation.name"] == "embeddings"
+    assert sorted(m["attrs"]["gen_ai.usage.input_tokens"] for m in members) == sorted(
+        a.usage.prompt_tokens for a in answers)
+    # The upstream saw the merged call in the call's trace, naming the call's span.
+    sent = parse_traceparent(dict(merged[0]["headers"]).get("traceparent", ""))
+    assert sent is not None and sent.sampled
+    assert (f"{sent.trace_id:032x}", f"{sent.span_id:016x}") == (call["trace_id"],
+                                                                 call["span_id"])
+    # The blocker went alone: a request like any other, its attempt a child of its span.
+    (alone,) = [s for s in servers.values() if not s["links"]]
+    (attempt,) = [s for s in spans if s["kind"] == CLIENT and s["parent"]]
+    assert attempt["parent"] == alone["span_id"] and not attempt["links"]
 
 
 @pytest.mark.parametrize("collector", ["closed", "silent"])

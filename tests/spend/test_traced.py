@@ -5,16 +5,18 @@ when it is on, and start-up refused when the endpoint is set without the extra."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from velox.batching.batch import BatchCall
 from velox.config import settings as settings_module
 from velox.config.settings import ConfigError, load
 from velox.core.fields import F
-from velox.spend.trace import Tracer
+from velox.spend.trace import Tracer, parse_traceparent
 from velox.spend.traced import _answer_fields, _Keeper
 from velox_lab.pipeline import Pipeline
 
@@ -127,3 +129,69 @@ def test_an_endpoint_without_the_extra_stops_start_up(monkeypatch: pytest.Monkey
         load(env, dotenv=None)
     del env["VELOX_OTEL_ENDPOINT"]
     assert load(env, dotenv=None).otel_endpoint == ""  # no endpoint: the extra is not needed
+
+
+class _Sent:
+    """An upstream recording the headers of each attempt submitted to it."""
+
+    def __init__(self) -> None:
+        self.headers: list[list[tuple[bytes, bytes]]] = []
+
+    def submit(self, client: Any, number: int = 0) -> None:
+        self.headers.append(list(client.headers_out))
+
+
+def _unsampled_upstream() -> tuple[Any, Any, _Sent]:
+    """A worker's tracing at VELOX_OTEL_SAMPLE=0, its first traced upstream, and what that
+    upstream was given to send."""
+    pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
+                        VELOX_OTEL_SAMPLE="0")
+    traced = pipeline.worker.traced
+    assert traced is not None
+    upstream: Any = pipeline.worker.dispatch.upstreams[0]
+    sent = _Sent()
+    upstream.inner = sent
+    return traced, upstream, sent
+
+
+def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
+    traced, upstream, sent = _unsampled_upstream()
+    request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object(),
+                              conn=None)
+    base = [(b"content-type", b"application/json")]
+    shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
+    for edge, headers in ((None, base), (None, base), (object(), shared)):
+        # dispatch makes each plain attempt's list anew
+        exchange = SimpleNamespace(request=request, edge=edge,
+                                   headers_out=list(headers) if edge is None else headers)
+        upstream.submit(exchange)
+    assert shared == [(b"x-api-key", b"k")]  # not written into
+    parents = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
+    assert all(p is not None and not p.sampled for p in parents)
+    assert len({p.trace_id for p in parents if p}) == 1  # one trace
+    assert len({p.span_id for p in parents if p}) == 3  # a span per attempt
+    assert all(len(h) == 2 for h in sent.headers)  # one traceparent each, nothing else added
+    del traced.live[id(request)]
+    traced.tracer.close(timeout_s=1)
+
+
+def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
+    """A merged call is no client's request (no `finished` ends it): its trace entry goes
+    when its exchange ends, sampled or not."""
+    traced, upstream, sent = _unsampled_upstream()
+    members = [SimpleNamespace(live=True, request=SimpleNamespace(headers=[], ends=object()))
+               for _ in range(3)]
+    call = BatchCall(None, None, members)  # type: ignore[arg-type]  # its members alone
+    merged = SimpleNamespace(conn=call, ends=call, headers=[], model="emb")
+    ended: list[int] = []
+    exchange = SimpleNamespace(request=merged, edge=None, headers_out=[], observer=None,
+                               on_done=lambda ex, status: ended.append(status))
+    upstream.submit(exchange)
+    (upstream_saw,) = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
+    assert upstream_saw is not None and not upstream_saw.sampled
+    exchange.on_done(exchange, 200)
+    assert ended == [200]  # the call's own end still runs
+    for member in members:  # the members' entries go at their own ends
+        assert isinstance(traced.live.pop(id(member.request)), bytes)
+    assert not traced.live
+    traced.tracer.close(timeout_s=1)

@@ -158,6 +158,14 @@ class RequestRecord:
     cost_nanos: int | None = None
     error: str = ""  # error.type of the answer when it failed
     attempts: list[AttemptSpan] = field(default_factory=list)
+    # Spans of other traces this one's spans link to (trace id, span id): a batched member's
+    # server span names its merged call's client spans, and that call's spans name the
+    # members' server spans.
+    links: Sequence[tuple[int, int]] = ()
+    # A merged batch call's members (velox.batching): a call the gateway made on behalf of
+    # several requests has no SERVER span, its CLIENT spans (one per attempt) start its trace.
+    # 0: a client's request.
+    members: int = 0
 
     def span_name(self, model: str) -> str:
         """`{gen_ai.operation.name} {model}` (the GenAI conventions), else `{method} {path}`
@@ -232,12 +240,12 @@ class Tracer:
         (0 when unsampled, or dropped because `max_queue` spans already wait)."""
         if not rec.trace.sampled:
             return 0
-        count = 1 + len(rec.attempts)
+        count = (not rec.members) + len(rec.attempts)
         if self.submitted - self.exporter.done + count > self.max_queue:
             self.dropped += count
             return 0
         offset = time.time_ns() - time.perf_counter_ns()
-        spans = [self._server_span(rec, offset)]
+        spans = [] if rec.members else [self._server_span(rec, offset)]
         spans += [self._client_span(rec, a, offset) for a in rec.attempts]
         on_end = self.processor.on_end
         for span in spans:
@@ -286,7 +294,8 @@ class Tracer:
         return sdk.ReadableSpan(
             rec.span_name(rec.model), context=self._context(trace.span_id, trace),
             parent=parent, resource=self.resource, attributes=attrs, events=events,
-            kind=sdk.SERVER, status=status, start_time=rec.start_ns + offset,
+            links=self._links(rec) if rec.links else (), kind=sdk.SERVER, status=status,
+            start_time=rec.start_ns + offset,
             end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
 
     def _client_span(self, rec: RequestRecord, attempt: AttemptSpan, offset: int) -> Any:
@@ -307,13 +316,21 @@ class Tracer:
         if error:
             attrs["error.type"] = error
         parent = sdk.SpanContext(rec.trace.trace_id, rec.trace.span_id, is_remote=False,
-                                 trace_flags=sdk.SAMPLED)
+                                 trace_flags=sdk.SAMPLED) if not rec.members else None
+        if rec.members:  # a merged call: how many requests it carried
+            attrs["velox.batch.members"] = rec.members
         return sdk.ReadableSpan(
             rec.span_name(attempt.model), context=self._context(attempt.span_id, rec.trace),
             parent=parent, resource=self.resource, attributes=attrs, kind=sdk.CLIENT,
+            links=self._links(rec) if rec.members else (),
             status=sdk.Status(sdk.ERROR) if error else sdk.UNSET_STATUS,
             start_time=attempt.start_ns + offset, end_time=attempt.end_ns + offset,
             instrumentation_scope=self.scope)
+
+    def _links(self, rec: RequestRecord) -> list[Any]:
+        sdk = self._sdk
+        return [sdk.Link(sdk.SpanContext(trace, span, is_remote=False, trace_flags=sdk.SAMPLED))
+                for trace, span in rec.links]
 
     def _context(self, span_id: int, trace: RequestTrace) -> Any:
         return self._sdk.SpanContext(trace.trace_id, span_id, is_remote=False,
@@ -390,10 +407,11 @@ class _SdkNames:
 
     def __init__(self) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+        from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
         from opentelemetry.trace.status import Status, StatusCode
 
         self.Event, self.ReadableSpan, self.SpanContext = Event, ReadableSpan, SpanContext
+        self.Link = Link
         self.Status = Status
         self.SERVER, self.CLIENT = SpanKind.SERVER, SpanKind.CLIENT
         self.SAMPLED = TraceFlags(TraceFlags.SAMPLED)
