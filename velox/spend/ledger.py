@@ -73,6 +73,12 @@ _KEY_AT, _TEAM_AT = COLUMNS.index("key"), COLUMNS.index("team")
 _IN_AT, _OUT_AT = COLUMNS.index("input_tokens"), COLUMNS.index("output_tokens")
 _COST_AT = COLUMNS.index("cost_nanos")
 Row = Sequence[Any]  # a tuple in COLUMNS order (a list once it has crossed a socket)
+_WIDTH = len(COLUMNS)
+# The field types of a well-formed row once its names are ids: integers, the cost an integer
+# or None (unknown), the request id a string.
+_ROW_TYPES = frozenset(
+    tuple(str if at == _WIDTH - 1 else cost if at == _COST_AT else int for at in range(_WIDTH))
+    for cost in (int, type(None)))
 
 FILE_NAME = "ledger.sqlite3"
 STREAM = "velox:ledger"
@@ -235,6 +241,22 @@ class Store:
         return len(good)
 
     def _checked(self, row: Row) -> tuple[Any, ...] | None:
+        """`row` with its names as ids, or None (skipped and counted) when it does not fit
+        the schema. Every row the gateway writes takes the first test: its fields' types
+        compared as one tuple (the field-by-field check below cost ~2 us of the writer's ~4 us
+        a row; it stays for the rows that fail, to name what is wrong)."""
+        if len(row) == _WIDTH:
+            values = list(row)
+            ids = self._ids
+            for at in _NAMED_AT:
+                name = values[at]
+                found = ids.get(name) if type(name) is str else None
+                values[at] = found if found is not None else self._id(name)
+            if tuple(map(type, values)) in _ROW_TYPES:
+                return tuple(values)
+        return self._checked_slowly(row)
+
+    def _checked_slowly(self, row: Row) -> tuple[Any, ...] | None:
         try:
             if len(row) != len(COLUMNS):
                 raise ValueError(f"{len(row)} fields, not {len(COLUMNS)}")
