@@ -167,7 +167,7 @@ class H2Connection(asyncio.BufferedProtocol):
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
         "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
-        "timeouts", "dead", "receive",
+        "timeouts", "dead", "receive", "direct",
     )
 
     def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
@@ -201,6 +201,9 @@ class H2Connection(asyncio.BufferedProtocol):
         # one dispatch and no acknowledge call instead of two events per response.
         # Looked up at the first read (bound once).
         self.receive: Callable[[bytes], list[tuple[Any, ...]]] | None = None
+        # The native codec writes a streamed answer's plain DATA to its client itself once
+        # told where (its `direct`; see _direct): None for the Python codecs.
+        self.direct: Callable[..., bool] | None = getattr(codec, "direct", None)
 
     def _move(self, event: Input) -> None:
         try:
@@ -295,11 +298,27 @@ class H2Connection(asyncio.BufferedProtocol):
                 if end:
                     self._release(attempt)
                 attempt.client.on_response(event[2], event[3], end)
+                if not end and self.direct is not None:
+                    self._direct(attempt)
             else:
                 self._control(event)
         self.receiving = False
         if not self.flush_pending:
             self.flush()
+
+    def _direct(self, attempt: UpstreamCall) -> None:
+        """A stream the relay passes through untouched: from here on the codec writes its plain
+        DATA to the client itself (velox._native.H2Client.direct: one write per read, no
+        event), and its flow-control credit; the rest still comes here as events."""
+        client = attempt.client
+        route = getattr(client, "direct_route", None)
+        if route is None or attempt.conn is not self:
+            return
+        target = route()
+        if target is not None:
+            conn, write, sse, chunked = target
+            self.direct(attempt.stream_id, conn, write, sse,  # type: ignore[misc]
+                        client, attempt, chunked)
 
     def _control(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
@@ -456,6 +475,8 @@ class H2Connection(asyncio.BufferedProtocol):
         del self.streams[attempt.stream_id]
         self.active -= 1
         attempt.conn = None
+        if self.direct is not None:
+            self.codec.undirect(attempt.stream_id)  # type: ignore[attr-defined]
         if attempt.withheld:
             n, attempt.withheld = attempt.withheld, 0
             if self.state is not _CLOSED:
