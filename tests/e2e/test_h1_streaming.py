@@ -17,13 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import orjson
 import pytest
 
-from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, client_for, gateway_env, wait_for
-from tests.e2e.test_tokens import access_lines, leave_a_stream, normal, tokens
+from tests.e2e.test_tokens import access_lines, direct_client, leave_a_stream, normal, tokens
 from velox.relay import usage
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
@@ -49,16 +47,9 @@ def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
         yield gateway
 
 
-def _direct(mock: MockUpstream) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=mock.origin + "/v1", api_key="sk-direct", max_retries=0,
-                           timeout=20)
-    closed_after_the_test(client)
-    return client
-
-
 def test_streams_relay_the_upstreams_chunks_and_count_its_usage(
         gw: GatewayProcess, plain_mock: MockUpstream) -> None:
-    via, direct = client_for(gw), _direct(plain_mock)
+    via, direct = client_for(gw), direct_client(plain_mock)
     got = [normal(c) for c in via.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         extra_headers=PACED)]
