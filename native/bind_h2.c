@@ -481,14 +481,13 @@ static int h2_direct(H2Object *self, const vx_h2_event *ev, size_t n)
     return 0;
 }
 
-static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
+/* The events of one read p[0 .. n) (see receive_answers when merge); p is only read during
+ * the call. */
+static PyObject *h2_receive_bytes(H2Object *self, const uint8_t *p, size_t len, bool merge)
 {
     if (vx_h2_failed(self->c))
         return h2_raise(self, vx_h2_error_code(self->c), "connection already failed", NULL);
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    int rc = vx_h2_receive(self->c, view.buf, (size_t)view.len);
+    int rc = vx_h2_receive(self->c, p, len);
     size_t n;
     const vx_h2_event *ev = vx_h2_events(self->c, &n);
     const vx_hfield *fields = vx_h2_fields(self->c);
@@ -510,11 +509,20 @@ static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
             Py_CLEAR(events);
         Py_XDECREF(t);
     }
-    PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     if (events == NULL)
         return NULL;
     if (rc != VX_H2_OK)
         return h2_raise(self, vx_h2_error_code(self->c), vx_h2_error_message(self->c), events);
+    return events;
+}
+
+static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *events = h2_receive_bytes(self, view.buf, (size_t)view.len, merge);
+    PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     return events;
 }
 
@@ -747,6 +755,172 @@ static PyType_Spec H2_spec = {
     .slots = H2_slots,
 };
 
+/* ---------------------------------------------------------------- H2Reader */
+
+/* The reading half of an HTTP/2 upstream connection (velox/egress/h2conn.py's H2Connection
+ * subclasses it with asyncio.BufferedProtocol). uvloop calls get_buffer and buffer_updated,
+ * both here: with the native codec a read is parsed in C (receive_answers) and, when it left
+ * no event for Python (every DATA frame in it went to its client through the direct path)
+ * and nothing to send, Python is not entered at all; else the subclass gets one call:
+ *   _h_events(events)   the read's events (dispatched, then the connection flushes)
+ *   _h_failed(exc)      the codec's CodecError: the connection is unusable
+ * With another codec each read goes to the subclass's data_received as bytes. */
+
+/* Reads land in this buffer: h2conn.READ_BUFFER says why it is ours and this large. */
+#define H2R_READ_BUFFER (256 * 1024)
+
+enum { H2R_EVENTS, H2R_FAILED, H2R_DATA_RECEIVED, H2R_NAMES };
+static const char *const h2r_names[H2R_NAMES] = {"_h_events", "_h_failed", "data_received"};
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    PyObject *view;   /* a writable memoryview of buf: read_buffer */
+    PyObject *codec;  /* the connection's codec (any Codec; C reads only an H2Client) */
+    unsigned long long reads; /* reads so far (the pool's liveness check compares them) */
+    PyObject *names[H2R_NAMES];
+} H2Reader;
+
+static PyObject *H2R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)args;
+    (void)kwds;
+    H2Reader *self = (H2Reader *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    if ((self->buf = PyMem_Malloc(H2R_READ_BUFFER)) == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->view = PyMemoryView_FromMemory(self->buf, H2R_READ_BUFFER, PyBUF_WRITE);
+    if (self->view == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    for (int i = 0; i < H2R_NAMES; i++)
+        if ((self->names[i] = PyUnicode_InternFromString(h2r_names[i])) == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    return (PyObject *)self;
+}
+
+static int H2R_traverse(H2Reader *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->view);
+    Py_VISIT(self->codec);
+    return 0;
+}
+
+static int H2R_clear(H2Reader *self)
+{
+    Py_CLEAR(self->view);
+    Py_CLEAR(self->codec);
+    return 0;
+}
+
+static void H2R_dealloc(H2Reader *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    H2R_clear(self);
+    for (int i = 0; i < H2R_NAMES; i++)
+        Py_CLEAR(self->names[i]);
+    PyMem_Free(self->buf); /* after the view, as H1Reader's (see H1R_dealloc) */
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Call the subclass's method `which` with one argument (stolen). */
+static PyObject *h2r_call(H2Reader *self, int which, PyObject *arg)
+{
+    if (arg == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, self->names[which], arg);
+    Py_DECREF(arg);
+    return r;
+}
+
+static PyObject *H2R_get_buffer(H2Reader *self, PyObject *sizehint)
+{
+    (void)sizehint;
+    return Py_NewRef(self->view);
+}
+
+static PyObject *H2R_buffer_updated(H2Reader *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > H2R_READ_BUFFER) {
+        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
+        return NULL;
+    }
+    PyObject *codec = self->codec;
+    if (codec == NULL || Py_TYPE(codec)->tp_dealloc != (destructor)H2_dealloc)
+        return h2r_call(self, H2R_DATA_RECEIVED, PyBytes_FromStringAndSize(self->buf, n));
+    H2Object *h2 = (H2Object *)Py_NewRef(codec); /* Python below may drop the connection's */
+    self->reads++;
+    PyObject *r, *events = h2_receive_bytes(h2, (const uint8_t *)self->buf, (size_t)n, true);
+    if (events == NULL) {
+        if (h2->error_class == NULL || !PyErr_ExceptionMatches(h2->error_class)) {
+            r = NULL;
+        } else {
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb); /* 3.11's spelling of PyErr_GetRaisedException */
+            PyErr_NormalizeException(&type, &exc, &tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            r = h2r_call(self, H2R_FAILED, exc);
+        }
+    } else if (PyList_GET_SIZE(events) == 0 && !vx_h2_has_output(h2->c)) {
+        Py_DECREF(events); /* all of it went to clients from C: nothing for Python */
+        r = Py_NewRef(Py_None);
+    } else {
+        r = h2r_call(self, H2R_EVENTS, events);
+    }
+    Py_DECREF(h2);
+    return r;
+}
+
+static PyMethodDef H2R_methods[] = {
+    {"get_buffer", (PyCFunction)H2R_get_buffer, METH_O,
+     "get_buffer(sizehint, /) -> memoryview: the read buffer (BufferedProtocol)."},
+    {"buffer_updated", (PyCFunction)H2R_buffer_updated, METH_O,
+     "buffer_updated(nbytes, /): the first nbytes of the read buffer through the codec."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef H2R_members[] = {
+    {"read_buffer", T_OBJECT_EX, offsetof(H2Reader, view), READONLY,
+     "The buffer uvloop reads into (a writable memoryview)."},
+    {"codec", T_OBJECT, offsetof(H2Reader, codec), 0, "The connection's codec."},
+    {"reads", T_ULONGLONG, offsetof(H2Reader, reads), 0, "Reads so far."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(H2R_doc, "H2Reader()\n\nThe native reading half of an HTTP/2 upstream connection "
+                      "(see velox/egress/h2conn.py).");
+
+static PyType_Slot H2R_slots[] = {
+    {Py_tp_doc, (void *)H2R_doc},
+    {Py_tp_new, H2R_new},
+    {Py_tp_dealloc, H2R_dealloc},
+    {Py_tp_traverse, H2R_traverse},
+    {Py_tp_clear, H2R_clear},
+    {Py_tp_methods, H2R_methods},
+    {Py_tp_members, H2R_members},
+    {0, NULL},
+};
+
+static PyType_Spec H2R_spec = {
+    .name = "velox._native.H2Reader",
+    .basicsize = sizeof(H2Reader),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = H2R_slots,
+};
+
 /* ---------------------------------------------------------------- init */
 
 /* Mirrors of the core's header, so Python code never hard-codes the numbers. */
@@ -769,7 +943,12 @@ static const vxb_int_const constants[] = {
 
 int vxb_h2_exec(PyObject *module, module_state *st)
 {
-    if (vxb_add_type(module, &H2_spec, &st->h2_type) < 0 ||
+    PyObject *reader = PyType_FromModuleAndSpec(module, &H2R_spec, NULL);
+    if (reader == NULL)
+        return -1;
+    int rc = PyModule_AddType(module, (PyTypeObject *)reader);
+    Py_DECREF(reader);
+    if (rc < 0 || vxb_add_type(module, &H2_spec, &st->h2_type) < 0 ||
         vxb_add_ints(module, constants, sizeof constants / sizeof constants[0]) < 0)
         return -1;
     return 0;

@@ -630,6 +630,11 @@ bool vx_h2_data_pending(const vx_h2 *c)
     return c->deferred;
 }
 
+bool vx_h2_has_output(const vx_h2 *c)
+{
+    return c->out.len > 0 || c->deferred;
+}
+
 static void credit_connection(vx_h2 *c, int64_t n)
 {
     int64_t credit = c->conn_unacked + n;

@@ -125,6 +125,8 @@ const uint8_t *vx_h2_arena(const vx_h2 *c);
 const uint8_t *vx_h2_output(vx_h2 *c, size_t *n);
 void vx_h2_output_done(vx_h2 *c);
 bool vx_h2_data_pending(const vx_h2 *c);
+/* Anything for vx_h2_output to return: queued frames, or deferred body data. */
+bool vx_h2_has_output(const vx_h2 *c);
 
 /* VX_H2_OK, or VX_H2_ERROR when `sid` was never opened on this connection. */
 int vx_h2_acknowledge(vx_h2 *c, uint32_t sid, int64_t n);

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sized
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from velox import _native
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.egress import codec as ev
 from velox.egress.interfaces import UpstreamCall
@@ -47,9 +48,9 @@ WRITE_SLICE = 256 * 1024
 # A connection with more than this still queued is skipped by the pool when another can take
 # the request, so small calls do not wait behind a large upload's bytes.
 BACKLOG_LIMIT = 1024 * 1024
-# Reads land in this per-connection buffer (BufferedProtocol). With a plain Protocol, uvloop's
-# TLS layer allocates a fresh 256 KiB bytes object for every read and shrinks it, which costs
-# three syscalls (mmap, mremap, munmap) per response.
+# Reads land in a per-connection buffer of this size (BufferedProtocol; the C base's). With a
+# plain Protocol, uvloop's TLS layer allocates a fresh 256 KiB bytes object for every read and
+# shrinks it, which costs three syscalls (mmap, mremap, munmap) per response.
 READ_BUFFER = 256 * 1024
 # Requests in a row on one connection that get no response headers within the request timeout
 # before the connection is retired: one slow model is normal, three in a row with no response
@@ -160,15 +161,21 @@ class H2Owner(Protocol):
     def on_closed(self, conn: H2Connection, was_ready: bool) -> None: ...
 
 
-class H2Connection(asyncio.BufferedProtocol):
+class H2Connection(_native.H2Reader, asyncio.BufferedProtocol):
+    """The connection. Its reads arrive in C (velox._native.H2Reader: get_buffer,
+    buffer_updated, `read_buffer`, `codec` and `reads` are C's): with the native codec a read
+    whose DATA all went to clients from C (the direct path) and that left nothing to send never
+    enters Python; any other read comes to `_h_events` in one call. With the Python framer
+    every read comes to `data_received`."""
+
     __slots__ = (
-        "read_buffer",
-        "pool", "index", "codec", "transport", "state", "streams", "active",
+        "pool", "index", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
-        "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
+        "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
         "timeouts", "dead", "receive", "direct",
     )
+    codec: ev.Codec  # (the C base's attribute)
 
     def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
         self.pool = pool
@@ -183,7 +190,6 @@ class H2Connection(asyncio.BufferedProtocol):
         self.opened_at = 0.0
         self.goaway_received = False
         self.receiving = False
-        self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.backlog: deque[memoryview] = deque()  # bytes the codec produced, not yet written
         self.backlog_bytes = 0
         self.write_paused = False
@@ -229,13 +235,8 @@ class H2Connection(asyncio.BufferedProtocol):
         self.send(self.pool.warmup_attempt(_Warmup(self)))
         self.flush()
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(self.read_buffer[:nbytes]))
-
     def data_received(self, data: bytes) -> None:
+        """A read, with a codec other than the native one (whose reads C takes)."""
         self.reads += 1  # one increment per read, not per frame: all liveness costs here
         codec = self.codec
         receive = self.receive
@@ -244,10 +245,19 @@ class H2Connection(asyncio.BufferedProtocol):
         try:
             events = receive(data)
         except ev.CodecError as exc:
-            log.warning("upstream connection %d: protocol error: %s", self.index, exc)
-            self.flush()
-            self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
+            self._h_failed(exc)
             return
+        self._h_events(events)
+
+    def _h_failed(self, exc: ev.CodecError) -> None:
+        """The read broke the protocol: the codec queued a GOAWAY; the connection goes."""
+        log.warning("upstream connection %d: protocol error: %s", self.index, exc)
+        self.flush()
+        self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
+
+    def _h_events(self, events: list[tuple[Any, ...]]) -> None:
+        """One read's events to the streams' clients; then what the codec queued goes out."""
+        codec = self.codec
         streams = self.streams
         now = time.monotonic()
         self.receiving = True
