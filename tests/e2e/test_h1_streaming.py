@@ -38,13 +38,19 @@ def plain_mock() -> Iterator[MockUpstream]:
         yield mock
 
 
+def one_worker(mock: MockUpstream, protocol: str, native: bool,
+               tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A one-worker gateway on `mock` over `protocol`, native or on the Python twins."""
+    env = gateway_env(mock, VELOX_WORKERS="1", VELOX_UPSTREAM_PROTOCOL=protocol,
+                      VELOX_NATIVE="1" if native else "0")
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gateway:
+        yield gateway
+
+
 @pytest.fixture(params=["native", "httptools"])
 def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
        tmp_path: Path) -> Iterator[GatewayProcess]:
-    env = gateway_env(plain_mock, VELOX_WORKERS="1", VELOX_UPSTREAM_PROTOCOL="http1",
-                      VELOX_NATIVE="1" if request.param == "native" else "0")
-    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gateway:
-        yield gateway
+    yield from one_worker(plain_mock, "http1", request.param == "native", tmp_path)
 
 
 def test_streams_relay_the_upstreams_chunks_and_count_its_usage(

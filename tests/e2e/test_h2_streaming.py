@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import client_for, gateway_env, wait_for
+from tests.e2e.conftest import client_for, wait_for
 from tests.e2e.test_h1_streaming import (  # noqa: F401 - collected here, on HTTP/2
     MESSAGES,
     PACED,
+    one_worker,
     test_a_stream_the_client_leaves_is_charged_alike_on_both_readers,
     test_many_concurrent_streams_all_complete,
     test_streams_relay_the_upstreams_chunks_and_count_its_usage,
@@ -45,10 +46,7 @@ def plain_mock(upstream: MockUpstream) -> MockUpstream:
 @pytest.fixture(params=["native", "framer"])
 def gw(request: pytest.FixtureRequest, upstream: MockUpstream,
        tmp_path: Path) -> Iterator[GatewayProcess]:
-    env = gateway_env(upstream, VELOX_WORKERS="1", VELOX_UPSTREAM_PROTOCOL="h2",
-                      VELOX_NATIVE="1" if request.param == "native" else "0")
-    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gateway:
-        yield gateway
+    yield from one_worker(upstream, "h2", request.param == "native", tmp_path)
 
 
 def test_a_client_that_reads_nothing_while_the_stream_passes_gets_it_all_in_order(

@@ -210,3 +210,58 @@ def test_a_client_that_fills_up_makes_the_codec_withhold_the_credit() -> None:
     assert withheld >= (5 << 20) - 3 * 16_000
     codec.acknowledge(sid, withheld)  # the client reads again: Exchange.resume -> credit
     assert any(sid_ == sid for sid_, _ in _window_updates(codec.data_to_send()))
+
+
+def test_directed_streams_keep_refcounts_flat_and_their_slots_are_reused() -> None:
+    """4,000 streams directed, streamed (through C and Python), ended and undirected, some
+    reset or left directed until the codec is dropped: the objects handed to C keep their
+    refcounts and a dropped codec lets go of what it held."""
+    import gc
+    import sys
+    import weakref
+
+    peer = Peer("native")
+    codec: Any = peer.codec
+    peer.pump()
+    s = Stream("strip")
+    held = [s.client, s.client.write, s.sse, s.exchange, s.attempt]
+    event = CHUNK % (b"t", NULL)
+
+    def one(i: int) -> None:
+        sid = codec.send_request(b"POST", b"/v1/chat/completions", [], b"{}")
+        peer.up()
+        peer.server.send_headers(sid, [(b":status", b"200"), *SSE])
+        codec.receive_answers(peer.server.data_to_send())
+        assert codec.direct(sid, s.client, s.client.write, s.sse, s.exchange, s.attempt, True)
+        assert not codec.direct(sid, s.client, s.client.write, s.sse, s.exchange, s.attempt,
+                                True)  # once per stream
+        peer.server.send_data(sid, event)
+        assert codec.receive_answers(peer.server.data_to_send()) == []  # C wrote it
+        if i % 3 == 0:
+            codec.reset_stream(sid)
+        else:
+            peer.server.send_data(sid, b"data: [DONE]\n\n", end_stream=True)
+            (data,) = codec.receive_answers(peer.server.data_to_send())
+            assert data[0] == DATA and data[4]
+        codec.undirect(sid)
+        s.client.written.clear()
+        s.sse.pending = b""  # type: ignore[union-attr]
+        peer.server.receive_data(codec.data_to_send())
+        peer.server.data_to_send()
+
+    for i in range(500):
+        one(i)
+    before = [sys.getrefcount(o) for o in held]
+    for i in range(4_000):
+        one(i)
+    assert [sys.getrefcount(o) for o in held] == before
+    # A stream left directed is let go with the codec.
+    sid = codec.send_request(b"POST", b"/v1/chat/completions", [], b"{}")
+    probe = Holder()
+    assert codec.direct(sid, s.client, s.client.write, s.sse, s.exchange, probe, True)
+    gone = weakref.ref(probe)
+    del probe
+    codec = peer.codec = None  # type: ignore[assignment]
+    gc.collect()
+    assert gone() is None
+    assert [sys.getrefcount(o) for o in held] == before

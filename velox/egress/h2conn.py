@@ -31,10 +31,10 @@ from collections.abc import Callable, Sized
 from enum import Enum, IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from velox import _native
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.egress import codec as ev
 from velox.egress.interfaces import UpstreamCall
+from velox.egress.nativecodec import H2Reader
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import CallHandle, Client, Front, Headers, Tally
@@ -161,8 +161,8 @@ class H2Owner(Protocol):
     def on_closed(self, conn: H2Connection, was_ready: bool) -> None: ...
 
 
-class H2Connection(_native.H2Reader, asyncio.BufferedProtocol):
-    """The connection. Its reads arrive in C (velox._native.H2Reader: get_buffer,
+class H2Connection(H2Reader, asyncio.BufferedProtocol):
+    """The connection. Its reads arrive in C (nativecodec.H2Reader: get_buffer,
     buffer_updated, `read_buffer`, `codec` and `reads` are C's): with the native codec a read
     whose DATA all went to clients from C (the direct path) and that left nothing to send never
     enters Python; any other read comes to `_h_events` in one call. With the Python framer
