@@ -471,8 +471,10 @@ static int h2_direct(H2Object *self, const vx_h2_event *ev, size_t n)
                 self->marks[i].written = true;
             if (paused)
                 rc = vxb_add(attempt, self->sink_names.name[SN_WITHHELD], (Py_ssize_t)flow);
-            else if (vx_h2_acknowledge(self->c, sid, flow) != VX_H2_OK)
-                rc = -1, PyErr_Format(PyExc_ValueError, "stream %u was never opened", sid);
+            else if (vx_h2_acknowledge(self->c, sid, flow) != VX_H2_OK) {
+                PyErr_Format(PyExc_ValueError, "stream %u was never opened", sid);
+                rc = -1;
+            }
         }
         Py_DECREF(attempt);
         if (rc < 0)
