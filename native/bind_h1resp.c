@@ -62,28 +62,16 @@ static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     H1Reader *self = (H1Reader *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->buf = PyMem_Malloc(HR_READ_BUFFER);
-    self->hold = PyMem_Malloc(HR_MAX_HEAD);
-    if (self->buf == NULL || self->hold == NULL) {
+    self->keep_alive = 1;
+    if ((self->hold = PyMem_Malloc(HR_MAX_HEAD)) == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    self->keep_alive = 1;
-    if (vxb_sink_names_init(&self->sink_names) < 0) {
+    if (vxb_reader_buffer(HR_READ_BUFFER, &self->buf, &self->view) < 0 ||
+        vxb_sink_names_init(&self->sink_names) < 0 ||
+        vxb_intern(self->names, hr_names, HR_NAMES) < 0) {
         Py_DECREF(self);
         return NULL;
-    }
-    self->view = PyMemoryView_FromMemory(self->buf, HR_READ_BUFFER, PyBUF_WRITE);
-    if (self->view == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    for (int i = 0; i < HR_NAMES; i++) {
-        self->names[i] = PyUnicode_InternFromString(hr_names[i]);
-        if (self->names[i] == NULL) {
-            Py_DECREF(self);
-            return NULL;
-        }
     }
     return (PyObject *)self;
 }
@@ -378,14 +366,10 @@ static PyObject *H1R_get_buffer(H1Reader *self, PyObject *sizehint)
 
 static PyObject *H1R_buffer_updated(H1Reader *self, PyObject *arg)
 {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
+    size_t n;
+    if (vxb_reader_nbytes(arg, HR_READ_BUFFER, &n) < 0)
         return NULL;
-    if (n < 0 || n > HR_READ_BUFFER) {
-        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
-        return NULL;
-    }
-    return hr_feed(self, self->buf, (size_t)n);
+    return hr_feed(self, self->buf, n);
 }
 
 static PyObject *H1R_data_received(H1Reader *self, PyObject *arg)

@@ -790,20 +790,11 @@ static PyObject *H2R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     H2Reader *self = (H2Reader *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    if ((self->buf = PyMem_Malloc(H2R_READ_BUFFER)) == NULL) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    self->view = PyMemoryView_FromMemory(self->buf, H2R_READ_BUFFER, PyBUF_WRITE);
-    if (self->view == NULL) {
+    if (vxb_reader_buffer(H2R_READ_BUFFER, &self->buf, &self->view) < 0 ||
+        vxb_intern(self->names, h2r_names, H2R_NAMES) < 0) {
         Py_DECREF(self);
         return NULL;
     }
-    for (int i = 0; i < H2R_NAMES; i++)
-        if ((self->names[i] = PyUnicode_InternFromString(h2r_names[i])) == NULL) {
-            Py_DECREF(self);
-            return NULL;
-        }
     return (PyObject *)self;
 }
 
@@ -852,19 +843,16 @@ static PyObject *H2R_get_buffer(H2Reader *self, PyObject *sizehint)
 
 static PyObject *H2R_buffer_updated(H2Reader *self, PyObject *arg)
 {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
+    size_t n;
+    if (vxb_reader_nbytes(arg, H2R_READ_BUFFER, &n) < 0)
         return NULL;
-    if (n < 0 || n > H2R_READ_BUFFER) {
-        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
-        return NULL;
-    }
     PyObject *codec = self->codec;
     if (codec == NULL || Py_TYPE(codec)->tp_dealloc != (destructor)H2_dealloc)
-        return h2r_call(self, H2R_DATA_RECEIVED, PyBytes_FromStringAndSize(self->buf, n));
+        return h2r_call(self, H2R_DATA_RECEIVED,
+                        PyBytes_FromStringAndSize(self->buf, (Py_ssize_t)n));
     H2Object *h2 = (H2Object *)Py_NewRef(codec); /* Python below may drop the connection's */
     self->reads++;
-    PyObject *r, *events = h2_receive_bytes(h2, (const uint8_t *)self->buf, (size_t)n, true);
+    PyObject *r, *events = h2_receive_bytes(h2, (const uint8_t *)self->buf, n, true);
     if (events == NULL) {
         if (h2->error_class == NULL || !PyErr_ExceptionMatches(h2->error_class)) {
             r = NULL;

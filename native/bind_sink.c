@@ -10,9 +10,8 @@ static const char *const sink_names[SN_NAMES] = {
 
 int vxb_sink_names_init(vxb_sink_names *names)
 {
-    for (int i = 0; i < SN_NAMES; i++)
-        if ((names->name[i] = PyUnicode_InternFromString(sink_names[i])) == NULL)
-            return -1;
+    if (vxb_intern(names->name, sink_names, SN_NAMES) < 0)
+        return -1;
     names->two_lf = PyBytes_FromStringAndSize("\n\n", 2);
     return names->two_lf == NULL ? -1 : 0;
 }
@@ -223,6 +222,37 @@ int vxb_sink_write(const vxb_sink *sink, const vxb_sink_names *names, const char
         return -1;
     *paused = ok;
     return 1;
+}
+
+int vxb_reader_buffer(size_t n, char **buf, PyObject **view)
+{
+    if ((*buf = PyMem_Malloc(n)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *view = PyMemoryView_FromMemory(*buf, (Py_ssize_t)n, PyBUF_WRITE);
+    return *view == NULL ? -1 : 0;
+}
+
+int vxb_reader_nbytes(PyObject *arg, size_t max, size_t *n)
+{
+    Py_ssize_t v = PyLong_AsSsize_t(arg);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || (size_t)v > max) {
+        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
+        return -1;
+    }
+    *n = (size_t)v;
+    return 0;
+}
+
+int vxb_intern(PyObject **out, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((out[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return -1;
+    return 0;
 }
 
 /* sink_piece(data, metered, strip, /) -> bytes | None: the piece the direct path would write

@@ -1,4 +1,5 @@
-/* bind_sink.h: a streamed answer's reads written to the client from C (the "direct path").
+/* bind_sink.h: a streamed answer's reads written to the client from C (the "direct path"),
+ * and the read buffer of the native upstream readers.
  *
  * Both native upstream readers use it: the HTTP/1.1 reader (bind_h1resp.c, one sink per
  * connection) and the HTTP/2 codec (bind_h2.c, one sink per stream). Egress asks the relay for
@@ -53,5 +54,13 @@ int vxb_sink_write(const vxb_sink *sink, const vxb_sink_names *names, const char
 
 /* Add n to the int attribute `name` of o. 0 or -1. */
 int vxb_add(PyObject *o, PyObject *name, Py_ssize_t n);
+
+/* What both readers (uvloop's BufferedProtocol in C) need besides: their read buffer of n
+ * bytes and its writable memoryview (0, or -1 with an exception; the caller frees buf after
+ * the view), buffer_updated's argument checked against it (0 or -1), and their method names
+ * interned. */
+int vxb_reader_buffer(size_t n, char **buf, PyObject **view);
+int vxb_reader_nbytes(PyObject *arg, size_t max, size_t *n);
+int vxb_intern(PyObject **out, const char *const *names, int n);
 
 #endif
