@@ -6,6 +6,13 @@ client of each stream's `UpstreamCall`. Requests of one micro-batch are encoded 
 buffer and written with one `transport.write` when the pool flushes, which is where batching
 pays off in Python (one TLS record and one syscall for many requests).
 
+With the native codec, reads arrive in C (the `H2Reader` base) and a streamed answer the relay
+passes through untouched is *directed* once its head is in (`_direct`): the codec writes its
+plain DATA to the client itself, one write per read, and credits the window as the Python path
+would (or withholds the credit on the attempt when the write paused the client). Only the head,
+the end, resets and the reads the direct path leaves (usage chunks, half events, a paused
+client) come here as events; `_release` undirects.
+
 Liveness (`check_liveness`, `request_timed_out`) is driven by the pool's sweep: see h2pool.
 
 States move by one transition table (`TRANSITIONS`, as h2's connection state machine): a
@@ -18,7 +25,7 @@ connection CLOSED.
 
 Every way a stream ends goes through `_release` (end of response, trailers, reset, GOAWAY,
 cancel, deadline, connection loss), which is the one place that gives back the flow-control
-credit its attempt withholds for a client that stopped reading.
+credit its attempt withholds for a client that stopped reading, and that ends a direct path.
 """
 
 from __future__ import annotations
