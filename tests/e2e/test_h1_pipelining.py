@@ -30,12 +30,6 @@ CLIENTS = 24
 MAX_ROUNDS = 40
 
 
-@pytest.fixture(scope="module")
-def plain_mock() -> Iterator[MockUpstream]:
-    with MockUpstream(tls=False) as mock:
-        yield mock
-
-
 @pytest.fixture(params=["native", "httptools"])
 def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
        tmp_path: Path) -> Iterator[GatewayProcess]:
@@ -155,3 +149,33 @@ def test_a_server_dropping_the_connection_mid_pipeline_costs_one_answer_each(
     # And the pool still serves: a new connection replaces the dropped ones.
     assert client.chat.completions.create(model="gpt-4o", messages=_prompt(0)).choices
     assert "Traceback" not in gw.log()
+
+
+def test_streams_and_plain_answers_share_pipelined_connections(gw: GatewayProcess) -> None:
+    # A streamed answer's reads go from C straight to its client (native reader); the answer
+    # pipelined behind it starts in the read its last chunk came in.
+    client = client_for(gw, timeout=30)
+
+    def one(i: int) -> tuple[str, int]:
+        if i % 2:
+            answer = client.chat.completions.create(model="gpt-4o", messages=_prompt(i))
+            return answer.choices[0].message.content or "", \
+                answer.usage.prompt_tokens  # type: ignore[union-attr]
+        text, tokens = [], 0
+        for chunk in client.chat.completions.create(
+                model="gpt-4o", messages=_prompt(i), stream=True,
+                stream_options={"include_usage": True}):
+            if chunk.choices:
+                text.append(chunk.choices[0].delta.content or "")
+            if chunk.usage is not None:
+                tokens = chunk.usage.prompt_tokens
+        return "".join(text), tokens
+
+    def check(outcomes: list[Any]) -> None:
+        assert all(isinstance(o, tuple) and o[0] for o in outcomes), outcomes
+        tokens = [t for _, t in outcomes]
+        assert tokens == sorted(set(tokens)), tokens
+        assert len({text for text, _ in outcomes}) == 1  # the mock's one answer, whole
+
+    _until_pipelined(gw, one, check)
+    wait_for(lambda: _idle(gw))

@@ -16,6 +16,7 @@ from velox.egress.h1conn import H1Base, H1Connection, PyH1Connection
 from velox.egress.h1pool import H1Pool
 
 from ._pool_peer import REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
+from .test_pool_h1 import _connection
 
 READERS = [H1Connection, PyH1Connection]
 DEPTH = 4
@@ -31,16 +32,7 @@ def _pool(kind: type[H1Base], idle: int = 1) -> tuple[PoolPeer, H1Pool, list[Fak
     peer = PoolPeer(protocol="http1", pipeline=DEPTH)
     pool = peer.upstream.pool
     assert isinstance(pool, H1Pool)
-    transports = []
-    for _ in range(idle):
-        conn = kind(pool)
-        transport = FakeTransport()
-        conn.connection_made(transport)  # type: ignore[arg-type]
-        pool.total += 1
-        pool.conns.add(conn)
-        pool.on_idle(conn)
-        transports.append(transport)
-    return peer, pool, transports
+    return peer, pool, [_connection(pool, kind)[1] for _ in range(idle)]
 
 
 def _batch(peer: PoolPeer, n: int) -> list[FakeClient]:
@@ -197,11 +189,6 @@ def test_without_the_setting_nothing_is_pipelined() -> None:
     peer = PoolPeer(protocol="http1")
     pool = peer.upstream.pool
     assert isinstance(pool, H1Pool) and pool.depth == 1
-    conn = H1Connection(pool)
-    transport = FakeTransport()
-    conn.connection_made(transport)  # type: ignore[arg-type]
-    pool.total += 1
-    pool.conns.add(conn)
-    pool.on_idle(conn)
+    _, transport = _connection(pool)
     _batch(peer, 3)
     assert transport.take().count(b" HTTP/1.1\r\n") == 1 and len(pool.waiting) == 2
