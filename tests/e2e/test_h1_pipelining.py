@@ -151,9 +151,9 @@ def test_a_server_dropping_the_connection_mid_pipeline_costs_one_answer_each(
     assert "Traceback" not in gw.log()
 
 
-def test_streams_and_plain_answers_share_pipelined_connections(gw: GatewayProcess) -> None:
-    # A streamed answer's reads go from C straight to its client (native reader); the answer
-    # pipelined behind it starts in the read its last chunk came in.
+def test_streams_beside_pipelined_answers_are_whole_and_their_own(gw: GatewayProcess) -> None:
+    # Streams go alone (a connection each, their reads from C straight to their clients on the
+    # native reader) while the plain answers of the same batches are pipelined.
     client = client_for(gw, timeout=30)
 
     def one(i: int) -> tuple[str, int]:
@@ -177,5 +177,7 @@ def test_streams_and_plain_answers_share_pipelined_connections(gw: GatewayProces
         assert tokens == sorted(set(tokens)), tokens
         assert len({text for text, _ in outcomes}) == 1  # the mock's one answer, whole
 
+    check(_burst(CLIENTS, lambda i: one(2 * i)))  # streams only: none pipelined
+    assert _upstream(gw)["pipelined"] == 0
     _until_pipelined(gw, one, check)
     wait_for(lambda: _idle(gw))

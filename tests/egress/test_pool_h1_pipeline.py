@@ -8,6 +8,7 @@ leaves does not cost the requests behind it their connection."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -173,16 +174,28 @@ def test_a_stuck_answer_times_out_and_its_connection_ends_with_the_rest(
 
 
 @pytest.mark.parametrize("kind", READERS)
-def test_head_and_large_bodies_are_never_pipelined(kind: type[H1Base]) -> None:
-    peer, _, (transport, other) = _pool(kind, idle=2)
+def test_streams_head_and_large_bodies_are_never_pipelined(kind: type[H1Base]) -> None:
+    # Each after a plain request that would take the ones behind it: all go alone.
+    peer, _, transports = _pool(kind, idle=4)
     head = FakeClient()
     head.method = b"HEAD"
     large = FakeClient(body=b"x" * (1 << 20))
-    for client in (head, large):
+    for client in (FakeClient(), _Streamed(), head, large):
         peer.upstream.submit(client)  # type: ignore[arg-type]
     peer.upstream.flush()
     assert peer.tally.pipelined == 0
-    assert sorted(t.take()[:5] for t in (transport, other)) == [b"HEAD ", b"POST "]
+    assert sorted(t.take()[:24] for t in transports) == [
+        b"GET /v1/stream HTTP/1.1\r", b"HEAD /v1/chat/completion", b"POST /v1/chat/completion",
+        b"POST /v1/chat/completion"]
+
+
+class _Streamed(FakeClient):
+    """A client whose request asked for a stream (the relay's exchange has its request)."""
+
+    def __init__(self) -> None:
+        super().__init__(path=b"/v1/stream")
+        self.method = b"GET"
+        self.request = SimpleNamespace(stream=True)
 
 
 def test_without_the_setting_nothing_is_pipelined() -> None:

@@ -15,7 +15,10 @@ Pipelining (`http1_pipeline` above 1, opt-in per upstream: a server that mishand
 mix answers up, and none says whether it supports it): the requests of one micro-batch share a
 connection, up to that many on one, written with one write at the batch's flush; a connection
 takes a new batch only once idle, so a slow answer holds at most the requests that came with
-it. HEAD requests and bodies larger than a write slice are sent alone, as without it.
+it. Streamed requests are sent alone, as without it: a stream holds its connection for the
+whole generation, and whatever waited behind it would get its first token only after that (the
+latency a client of a stream notices most). So are HEAD requests and bodies larger than a
+write slice.
 """
 
 from __future__ import annotations
@@ -101,9 +104,11 @@ class H1Pool(BasePool):
 
     def _pipeline(self, attempt: UpstreamCall) -> bool:
         """Queue the attempt on the connection this batch fills, or on an idle one; False
-        when it is to go alone (HEAD, a large body) or no connection has room."""
+        when it is to go alone (a stream, HEAD, a large body) or no connection has room."""
         client = attempt.client
-        if client.method == b"HEAD" or (client.body and len(client.body) > WRITE_SLICE):
+        request = getattr(client, "request", None)  # the relay's exchange has it
+        if client.method == b"HEAD" or (client.body and len(client.body) > WRITE_SLICE) or \
+                (request is not None and request.stream):
             return False
         dirty = self.dirty
         if dirty:
