@@ -89,7 +89,7 @@ from velox.spend.wire import SharedBudgets, SpendHost
 from velox.state.stats import SharedStats
 from velox.system.fork import fork_child
 from velox.system.ports import listeners
-from velox.system.topology import ask_slice, oversubscribed, pin, plan
+from velox.system.topology import oversubscribed, pin, plan
 
 if TYPE_CHECKING:
     from velox.admin.keyfeed import KeyFeed
@@ -675,8 +675,6 @@ def run_worker(settings: Settings, slot: int, sock: socket.socket, shared: Share
     core, node = placement
     if core >= 0:
         pin(core)
-    if settings.worker_slice_us:
-        ask_slice(settings.worker_slice_us)  # a no-op where the kernel has no such request
     counters = shared.counters
     counters.set(slot, F.PID, os.getpid())
     counters.set(slot, F.CORE, core)

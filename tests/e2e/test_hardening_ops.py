@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from velox.admin.server import MAX_CONNECTIONS, READ_TIMEOUT_S
 from velox.system.ports import listening_inodes
-from velox.system.topology import ask_slice, read_slice
 from velox_lab.launch import GatewayProcess, free_port, http_get, raw_request
 from velox_lab.mock import MockUpstream
 
@@ -318,25 +316,6 @@ def test_more_workers_than_cores_warns_and_pins_none(upstream: MockUpstream,
         chat_ok(gw)
     finally:
         gw.stop()
-
-
-def test_workers_ask_for_a_short_time_slice_and_zero_leaves_the_kernels(
-        start_gateway: GatewayFactory) -> None:
-    # The supervisor and the tests keep the kernel's default; each worker asks for 100 us
-    # (VELOX_WORKER_SLICE_US), read back from the kernel for each real worker process.
-    default = read_slice(os.getpid())
-    probe: list[int] = []
-    thread = threading.Thread(target=lambda: probe.append(ask_slice(200)))
-    thread.start()
-    thread.join()
-    if probe != [200_000]:
-        pytest.skip("this kernel takes no time slice request (Linux 6.12 and later do)")
-    gw = start_gateway(VELOX_WORKERS="2")
-    assert [read_slice(pid) for pid in worker_pids(gw)] == [100_000, 100_000]
-    assert read_slice(gw.pid) == default
-    chat_ok(gw)
-    kept = start_gateway(VELOX_WORKERS="1", VELOX_WORKER_SLICE_US="0")
-    assert [read_slice(pid) for pid in worker_pids(kept)] == [default]
 
 
 # --- doctor and the token ------------------------------------------------------------------

@@ -275,9 +275,6 @@ FIELDS: tuple[Field, ...] = (
           "worker processes (empty: one per usable core)"),
     Field("VELOX_PIN_WORKERS", "pin_workers", _bool, "1",
           "pin each worker to its own core, NUMA node by node"),
-    Field("VELOX_WORKER_SLICE_US", "worker_slice_us", _int_in(0, 100_000), "100",
-          "time slice each worker asks the kernel's scheduler for (Linux 6.12 and later; 0: "
-          "the kernel's default): a short one is preempted less by the processes it wakes"),
     Field("VELOX_RING_DEPTH", "ring_depth", _power_of_two(2, 1 << 20), str(DEFAULT_RING_DEPTH),
           "requests a worker queues before answering 503 overloaded (power of two)"),
     Field("VELOX_BATCH_MAX", "batch_max", _int_in(1, 1024), str(DEFAULT_BATCH_MAX),
@@ -436,7 +433,6 @@ class Settings:
     port: int = DEFAULT_PORT
     workers: int = 1
     pin_workers: bool = True
-    worker_slice_us: int = 100
     ring_depth: int = DEFAULT_RING_DEPTH
     batch_max: int = DEFAULT_BATCH_MAX
     arena_bytes: int = DEFAULT_ARENA_BYTES
