@@ -32,12 +32,6 @@ AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 PACED = {"x-mock-chunk-delay-ms": "5"}
 
 
-@pytest.fixture(scope="module")
-def plain_mock() -> Iterator[MockUpstream]:
-    with MockUpstream(tls=False) as mock:
-        yield mock
-
-
 def one_worker(mock: MockUpstream, protocol: str, native: bool,
                tmp_path: Path) -> Iterator[GatewayProcess]:
     """A one-worker gateway on `mock` over `protocol`, native or on the Python twins."""
