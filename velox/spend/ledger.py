@@ -57,18 +57,23 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from velox.spend import rowframe
+from velox.spend.rowframe import COLUMNS, BadFrame
+
 log = logging.getLogger("velox.ledger")
 
-COLUMNS = ("ts_ms", "key", "team", "route", "upstream", "model", "api", "status",
-           "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens",
-           "reasoning_tokens", "cost_nanos", "latency_us", "request_id")
 NAMED = ("key", "team", "route", "upstream", "model", "api")  # stored as ids into `names`
-_NAMED_AT = tuple(COLUMNS.index(c) for c in NAMED)
+_NAMED_AT = rowframe.NAMED_AT
+# New names get their ids in this order, the fewest distinct first: an id under 128 is stored
+# in one byte, so the API, upstream and model ids of every row stay small (+5 bytes a row
+# when a frame's 200 keys came first).
+_NEW_NAMES_AT = tuple(COLUMNS.index(c)
+                      for c in ("api", "upstream", "model", "route", "team", "key"))
 _KEY_AT, _TEAM_AT = COLUMNS.index("key"), COLUMNS.index("team")
 _IN_AT, _OUT_AT = COLUMNS.index("input_tokens"), COLUMNS.index("output_tokens")
 _COST_AT = COLUMNS.index("cost_nanos")
@@ -80,6 +85,7 @@ _ROW_TYPES = frozenset(
     tuple(str if at == _WIDTH - 1 else cost if at == _COST_AT else int for at in range(_WIDTH))
     for cost in (int, type(None)))
 
+DAY_MS = 86_400_000
 FILE_NAME = "ledger.sqlite3"
 STREAM = "velox:ledger"
 # A batch is one transaction: 4,096 rows take ~10 ms to insert on this machine
@@ -225,12 +231,26 @@ class Store:
         """Insert `rows` and their daily totals in one transaction (plus `extra`, run inside
         it); return how many were written. A row that does not fit the schema is skipped
         and logged, never allowed to fail its whole batch."""
+        return self.write([rows], extra)
+
+    def write(self, parts: Sequence[Sequence[Row] | Columns],
+              extra: Callable[[], None] | None = None) -> int:
+        """`append` for several parts in one transaction: lists of rows, or a frame's
+        columns (rowframe.unpack: their types are the encoding's, only names need ids)."""
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            good = [r for r in (self._checked(row) for row in rows) if r is not None]
-            conn.executemany(_INSERT, good)
-            conn.executemany(_ADD_DAILY, _daily(good))
+            daily = _Daily()
+            written = 0
+            for part in parts:
+                columns = (self._id_columns(part) if isinstance(part, Columns)
+                           else self._row_columns(part))
+                if not columns:
+                    continue
+                conn.executemany(_INSERT, zip(*columns, strict=True))
+                daily.add(columns)
+                written += len(columns[0])
+            conn.executemany(_ADD_DAILY, daily.rows())
             if extra is not None:
                 extra()
             conn.execute("COMMIT")
@@ -238,7 +258,24 @@ class Store:
             conn.execute("ROLLBACK")
             self._load_names()  # names inserted by the batch are gone with it
             raise
-        return len(good)
+        return written
+
+    def _id_columns(self, part: Columns) -> list[Sequence[Any]]:
+        """A frame's columns with its names as ids: one dict lookup per name at C speed
+        (`map`), the few new names inserted first."""
+        columns = list(part.columns)
+        ids = self._ids
+        for at in _NEW_NAMES_AT:
+            for name in set(columns[at]).difference(ids):
+                self._id(name)
+        for at in _NAMED_AT:
+            columns[at] = list(map(ids.__getitem__, columns[at]))
+        columns[_COST_AT] = list(rowframe.costs(columns[_COST_AT]))
+        return columns
+
+    def _row_columns(self, rows: Sequence[Row]) -> list[Sequence[Any]]:
+        good = [r for r in (self._checked(row) for row in rows) if r is not None]
+        return list(zip(*good, strict=True))
 
     def _checked(self, row: Row) -> tuple[Any, ...] | None:
         """`row` with its names as ids, or None (skipped and counted) when it does not fit
@@ -348,25 +385,51 @@ class Spent:
     cost_nanos: int
 
 
-def _daily(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The batch's spend per (UTC day, key, team), for the upsert into spend_daily."""
-    sums: dict[tuple[str, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    day_of: dict[int, str] = {}
-    for row in rows:
-        ts_day = row[0] // 86_400_000
-        day = day_of.get(ts_day)
+class _Daily:
+    """A transaction's spend per (UTC day, key, team), for the upsert into spend_daily."""
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+        self.day_of: dict[int, str] = {}
+
+    def add(self, columns: list[Sequence[Any]]) -> None:
+        ts = columns[0]
+        first = min(ts) // DAY_MS
+        if max(ts) // DAY_MS != first:  # a batch across midnight (UTC): row by row
+            for at, day_ms in enumerate(ts):
+                self._add(day_ms // DAY_MS, [c[at:at + 1] for c in columns])
+            return
+        self._add(first, columns)
+
+    def _add(self, day_number: int, columns: list[Sequence[Any]]) -> None:
+        day = self.day_of.get(day_number)
         if day is None:
-            day = day_of[ts_day] = utc_day(row[0])
-        acc = sums[day, row[_KEY_AT], row[_TEAM_AT]]
-        acc[0] += 1
-        cost = row[_COST_AT]
-        if cost is None:
-            acc[1] += 1
-        else:
-            acc[2] += cost
-        acc[3] += row[_IN_AT]
-        acc[4] += row[_OUT_AT]
-    return [(*k, *v) for k, v in sums.items()]
+            day = self.day_of[day_number] = utc_day(day_number * DAY_MS)
+        sums = self.sums
+        for key, team, cost, inp, out in zip(
+                columns[_KEY_AT], columns[_TEAM_AT], columns[_COST_AT], columns[_IN_AT],
+                columns[_OUT_AT], strict=True):
+            acc = sums[day, key, team]
+            acc[0] += 1
+            if cost is None:
+                acc[1] += 1
+            else:
+                acc[2] += cost
+            acc[3] += inp
+            acc[4] += out
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [(*k, *v) for k, v in self.sums.items()]
+
+
+class Columns:
+    """A worker's frame, decoded (rowframe.unpack), waiting in the writer's queue."""
+
+    __slots__ = ("columns", "rows")
+
+    def __init__(self, body: bytes) -> None:
+        self.columns = rowframe.unpack(body)
+        self.rows = len(self.columns[0])
 
 
 def period_start(period: str, now_ms: int) -> str:
@@ -404,7 +467,9 @@ class LedgerWriter:
         self.mirror = (StreamMirror(redis_url, stream, stream_maxlen, self.host)
                        if redis_url else None)
         self.store: Store | None = None
-        self._queue: list[Row] = []
+        # Lists of rows (submit) and frames (submit_frame), `_queued` rows in all.
+        self._queue: list[Sequence[Row] | Columns] = []
+        self._queued = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -412,7 +477,7 @@ class LedgerWriter:
         self.purge_rows = PURGE_ROWS_START
         self._next_purge = 0.0
         self.counts = {"written": 0, "dropped": 0, "skipped": 0, "failed": 0, "batches": 0,
-                       "purged": 0, "purge_batches": 0, "purge_max_s": 0.0}
+                       "bad_frames": 0, "purged": 0, "purge_batches": 0, "purge_max_s": 0.0}
 
     def open(self) -> None:
         """Create the directory, the file and its schema now, so a bad VELOX_STATE_DIR
@@ -429,14 +494,38 @@ class LedgerWriter:
         """Queue rows for the next batch (any thread); return how many were accepted. Past
         `queue_max` queued rows the rest are dropped and counted."""
         with self._lock:
-            room = self.queue_max - len(self._queue)
+            room = self.queue_max - self._queued
             taken = rows if len(rows) <= room else rows[:max(room, 0)]
-            self._queue.extend(taken)
+            self._queue.append(taken)
+            self._queued += len(taken)
             self.counts["dropped"] += len(rows) - len(taken)
-            ready = len(self._queue) >= self.batch_rows
+            ready = self._queued >= self.batch_rows
         if ready:
             self._wake.set()
         return len(taken)
+
+    def submit_frame(self, body: bytes) -> int:
+        """Queue a worker's frame of rows (velox.spend.rowframe; any thread): all of it, or
+        none when the queue is full or the frame is not one (both counted)."""
+        try:
+            part = Columns(body)
+        except BadFrame as exc:
+            with self._lock:
+                self.counts["bad_frames"] += 1
+                tell = self.counts["bad_frames"] <= _TELL_SKIPPED
+            if tell:  # a buggy producer must not flood the log
+                log.warning("ledger: a frame of rows was dropped (%s)", exc)
+            return 0
+        with self._lock:
+            if self._queued + part.rows > self.queue_max:
+                self.counts["dropped"] += part.rows
+                return 0
+            self._queue.append(part)
+            self._queued += part.rows
+            ready = self._queued >= self.batch_rows
+        if ready:
+            self._wake.set()
+        return part.rows
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued and stop (the supervisor calls this after its workers)."""
@@ -449,7 +538,7 @@ class LedgerWriter:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            queued = len(self._queue)
+            queued = self._queued
         out: dict[str, Any] = {**self.counts, "queued": queued, "path": str(self.path)}
         if self.mirror is not None:
             out["redis"] = self.mirror.stats()
@@ -475,21 +564,42 @@ class LedgerWriter:
 
     def _drain(self) -> None:
         with self._lock:
-            rows, self._queue = self._queue, []
-        store = self.store
-        assert store is not None
-        for start in range(0, len(rows), self.batch_rows):
-            batch = rows[start:start + self.batch_rows]
+            parts, self._queue, self._queued = self._queue, [], 0
+        for batch, rows in self._batches(parts):
             try:
-                written = store.append(batch)
+                written = self._store().write(batch)
             except sqlite3.Error:
-                self.counts["failed"] += len(batch)
+                self.counts["failed"] += rows
                 raise
             self.counts["written"] += written
-            self.counts["skipped"] += len(batch) - written
+            self.counts["skipped"] += rows - written
             self.counts["batches"] += 1
             if self.mirror is not None:
                 self._ship()
+
+    def _batches(self, parts: list[Sequence[Row] | Columns]
+                 ) -> Iterator[tuple[list[Sequence[Row] | Columns], int]]:
+        """The queued parts as transactions of about `batch_rows` rows (a frame is never
+        split: a worker's frame is at most a FLUSH_S of its requests) and their row counts."""
+        batch: list[Sequence[Row] | Columns] = []
+        count = 0
+        for part in parts:
+            pieces = ([part] if isinstance(part, Columns) else
+                      [part[at:at + self.batch_rows] for at in range(0, len(part),
+                                                                     self.batch_rows)])
+            for piece in pieces:
+                size = piece.rows if isinstance(piece, Columns) else len(piece)
+                if batch and count + size > self.batch_rows:
+                    yield batch, count
+                    batch, count = [], 0
+                batch.append(piece)
+                count += size
+        if batch:
+            yield batch, count
+
+    def _store(self) -> Store:
+        assert self.store is not None
+        return self.store
 
     def _housekeep(self) -> None:
         now = self.clock()
