@@ -139,4 +139,11 @@ def test_names_of_frequent_columns_get_small_ids(tmp_path: Path) -> None:
     writer._drain()
     ids = dict(store.conn.execute("SELECT name, id FROM names"))
     assert max(ids["chat"], ids["u"], ids["m"], ids["r"]) < 128
+    assert set(ids) == {"chat", "u", "m", "r"} | {f"key{i}" for i in range(300)} | {
+        f"team{i}" for i in range(300)}
+    # A frame with one new name after known ones: only that name is added.
+    writer.submit_frame(pack([make_row(ts_ms=2, key="key1", team="team1", route="r",
+                                       upstream="u", model="m2", request_id="x")])[0])
+    writer._drain()
+    assert len(dict(store.conn.execute("SELECT name, id FROM names"))) == len(ids) + 1
     store.conn.close()
