@@ -1,21 +1,21 @@
 """The usage ledger: one row per settled request, in one SQLite file per host.
 
-A row (`COLUMNS`, a plain tuple: it is built on the hot path and shipped as JSON) holds the
-time, the gateway key and its team, the route, upstream, model and API (chat, messages,
-embeddings, ...), the status, the input / output / cached / cache-write / reasoning tokens,
-the cost in nano-USD (None: the model has no price, velox.spend.prices), the latency in
-microseconds and the request id.
+A row (`COLUMNS`, a plain tuple: it is built on the hot path and shipped by column in a
+binary frame, velox.spend.rowframe) holds the time, the gateway key and its team, the route,
+upstream, model and API (chat, messages, embeddings, ...), the status, the input / output /
+cached / cache-write / reasoning tokens, the cost in nano-USD (None: the model has no price,
+velox.spend.prices), the latency in microseconds and the request id.
 
 Who writes: the supervisor, one `LedgerWriter` thread per host, fed by the workers over their
 control channels (velox.admin.ledgerfeed builds the frames in a worker; control.py hands them to
-`LedgerWriter.submit`). Why not a writer thread in each worker:
+`LedgerWriter.submit_frame`). Why not a writer thread in each worker:
 
 * One writer per file. SQLite (WAL or not) lets one connection write at a time; N workers
   writing one file would queue on its write lock and sleep in its busy handler, and each
   would run the checkpoints and the retention purge, or need an election to decide who does.
   One writer also makes "one file per host" true by construction.
 * The workers' CPU is what serves requests. A worker only appends a tuple (~0.1 us) and,
-  every `feed.FLUSH_S`, encodes its rows in one orjson call and writes one frame to the
+  every `feed.FLUSH_S`, packs its rows by column (~0.5 us a row) and writes one frame to the
   socket it already has (never blocking: a full socket drops rows, counted). The inserts,
   index updates, checkpoints, purges and the Redis mirror cost the supervisor's thread.
 * SIGKILL. A worker killed loses only the rows it had not yet flushed (at most one
@@ -34,7 +34,8 @@ transactions with inserts between them: it never stalls the writer, nor grows it
 
 Storage: repeated names (keys, teams, routes, upstreams, models, APIs) are stored once in
 `names` and referenced by id, which keeps rows small (`benches/bench_ledger.py` measures the
-file size per million rows); the `ledger` view joins them back for people and exports.
+file size per million rows); the `ledger` view joins them back for people and exports. No
+index on ts_ms: `segments` (SEGMENT_MS) find a period's rows by id.
 `spend_daily` keeps the spend per UTC day, key and team, updated in the same transaction as
 the rows, and kept after the rows are purged (days older than `DAILY_KEEP_DAYS` are folded
 into one "earlier" row per key and team): budgets resume from it after a restart (`spent`).
@@ -56,7 +57,6 @@ import socket
 import sqlite3
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -485,8 +485,8 @@ class _Daily:
     """A transaction's spend per (UTC day, key, team), for the upsert into spend_daily."""
 
     def __init__(self) -> None:
-        self.sums: dict[tuple[str, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-        self.day_of: dict[int, str] = {}
+        # Per day: per (key id, team id): requests, unpriced, cost, input and output tokens.
+        self.days: dict[str, dict[tuple[int, int], list[int]]] = {}
 
     def add(self, columns: list[Sequence[Any]]) -> None:
         ts = columns[0]
@@ -498,14 +498,14 @@ class _Daily:
         self._add(first, columns)
 
     def _add(self, day_number: int, columns: list[Sequence[Any]]) -> None:
-        day = self.day_of.get(day_number)
-        if day is None:
-            day = self.day_of[day_number] = utc_day(day_number * DAY_MS)
-        sums = self.sums
-        for key, team, cost, inp, out in zip(
-                columns[_KEY_AT], columns[_TEAM_AT], columns[_COST_AT], columns[_IN_AT],
-                columns[_OUT_AT], strict=True):
-            acc = sums[day, key, team]
+        sums = self.days.setdefault(utc_day(day_number * DAY_MS), {})
+        get = sums.get
+        for pair, cost, inp, out in zip(
+                zip(columns[_KEY_AT], columns[_TEAM_AT], strict=True), columns[_COST_AT],
+                columns[_IN_AT], columns[_OUT_AT], strict=True):
+            acc = get(pair)
+            if acc is None:
+                acc = sums[pair] = [0, 0, 0, 0, 0]
             acc[0] += 1
             if cost is None:
                 acc[1] += 1
@@ -515,7 +515,8 @@ class _Daily:
             acc[4] += out
 
     def rows(self) -> list[tuple[Any, ...]]:
-        return [(*k, *v) for k, v in self.sums.items()]
+        return [(day, *pair, *sums) for day, by_pair in self.days.items()
+                for pair, sums in by_pair.items()]
 
 
 class Columns:
