@@ -44,7 +44,7 @@ import uvloop
 
 from benches.e2e import workload, wrk
 from benches.e2e.loadgen import percentiles
-from benches.e2e.machine import TICK, bench_lock, cpu_seconds, facts, tree
+from benches.e2e.machine import TICK, bench_lock, facts, tree
 from benches.e2e.targets import Mock, Nginx, Service, Velox
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "streamscale.json"
@@ -185,8 +185,6 @@ def _user_system(roots: list[int]) -> tuple[float, float]:
 def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
             streams: int, profile_pid: int = 0) -> dict[str, object]:
     cpu0 = _user_system(roots)
-    # The root process alone (Velox's supervisor: its ledger writer, control channels, admin)
-    own0 = cpu_seconds(roots[0]) if roots else 0.0
     prof: dict[str, float] = {}
     spy = None
     if profile_pid:
@@ -211,7 +209,6 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         events = max(1, row["events"])  # type: ignore[call-overload]
         row["cpu_us_per_event"] = round((user + system) / events * 1e6, 2)
         row["system_us_per_event"] = round(system / events * 1e6, 2)
-        row["root_us_per_event"] = round((cpu_seconds(roots[0]) - own0) / events * 1e6, 2)
     if prof:
         row["py_spy_top"] = prof
     return row
