@@ -293,7 +293,7 @@ def test_a_run_time_keys_requests_are_named_in_the_access_log_and_the_ledger(
                      if '"log":"access"' in line and '"key":"rt-named"' in line]
             return found if len(found) >= calls else None
 
-        named = wait_for(lines, timeout=10)
+        named = wait_for(lines, timeout=30)
         assert len(named) == calls and all('"status":200' in line for line in named), named
         assert len({orjson.loads(line[line.index("{"):])["worker"] for line in named}) == 2
 
@@ -302,4 +302,4 @@ def test_a_run_time_keys_requests_are_named_in_the_access_log_and_the_ledger(
             mine = [r for r in rows if r["key"] == "rt-named"]
             return mine[0] if mine and mine[0]["requests"] >= calls else None
 
-        assert wait_for(row, timeout=10)["requests"] == calls
+        assert wait_for(row, timeout=30)["requests"] == calls
