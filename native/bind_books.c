@@ -9,12 +9,12 @@
  * the record, C only reads it: no attribute names are looked up here. */
 enum access_field {
     R_T_END, R_STATUS, R_BYTES_OUT, R_METHOD, R_PATH, R_MODEL, R_BYTES_IN, R_T_RECEIVED, R_KEY,
-    R_UPSTREAM, R_ATTEMPTS, R_T_SENT, R_T_HEADERS, R_HEADERS, R_USAGE_INPUT, R_USAGE_OUTPUT,
+    R_UPSTREAM, R_ATTEMPTS, R_T_SENT, R_T_HEADERS, R_REQUEST_ID, R_USAGE_INPUT, R_USAGE_OUTPUT,
     R_USAGE_EXACT, R_COST, R_COUNT
 };
 static const char *const access_field_names[R_COUNT] = {
     "t_end", "status", "bytes_out", "method", "path", "model", "bytes_in", "t_received", "key",
-    "upstream", "attempts", "t_sent", "t_headers", "headers", "usage_input", "usage_output",
+    "upstream", "attempts", "t_sent", "t_headers", "request_id", "usage_input", "usage_output",
     "usage_exact", "cost",
 };
 
@@ -56,7 +56,7 @@ PyDoc_STRVAR(access_line_doc,
              "-> bytes\n--\n\n"
              "One access-log line (velox.admin.accesslog) of a record laid out as\n"
              "ACCESS_FIELDS (velox.relay.records): the JSON orjson makes of the line's dict,\n"
-             "newline included. The request id is the record's x-request-id header, else\n"
+             "newline included. The request id is the record's (the upstream's), else\n"
              "prefix + hex(seq). `priced`: the line ends with cost_usd, the record's cost\n"
              "(nano-USD) in USD, or null.");
 
@@ -79,7 +79,7 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
     PyObject *path = PyTuple_GET_ITEM(record, R_PATH), *method = PyTuple_GET_ITEM(record, R_METHOD);
     PyObject *model = PyTuple_GET_ITEM(record, R_MODEL);
     PyObject *upstream = PyTuple_GET_ITEM(record, R_UPSTREAM);
-    PyObject *headers = PyTuple_GET_ITEM(record, R_HEADERS);
+    PyObject *request_id = PyTuple_GET_ITEM(record, R_REQUEST_ID);
     PyObject *usage_exact = PyTuple_GET_ITEM(record, R_USAGE_EXACT);
     int usage = usage_exact != Py_None, exact = usage_exact == Py_True;
     int64_t cost = 0;
@@ -94,7 +94,7 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
         }
     }
 
-    PyObject *fast = NULL, *result = NULL; /* released at `done` */
+    PyObject *result = NULL; /* released at `done` */
     const char *model_s = NULL, *key_s = NULL, *id_s = NULL;
     Py_ssize_t model_n = 0, key_n = 0, id_n = 0;
 
@@ -118,23 +118,14 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
         if (PyUnicode_Check(name) && (key_s = PyUnicode_AsUTF8AndSize(name, &key_n)) == NULL)
             goto done;
     }
-    if ((fast = PySequence_Fast(headers, "access_line: a record's headers")) == NULL)
+    if (PyBytes_Check(request_id)) { /* the upstream's x-request-id */
+        id_s = PyBytes_AS_STRING(request_id);
+        id_n = PyBytes_GET_SIZE(request_id);
+        if (id_n > BOOKS_MAX_FIELD)
+            id_n = BOOKS_MAX_FIELD;
+    } else if (request_id != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "access_line: a record's request_id must be bytes or None");
         goto done;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    PyObject **pairs = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *pair = pairs[i];
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
-            continue;
-        PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-        if (PyBytes_Check(name) && PyBytes_GET_SIZE(name) == 12 &&
-            memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0 && PyBytes_Check(value)) {
-            id_s = PyBytes_AS_STRING(value);
-            id_n = PyBytes_GET_SIZE(value);
-            if (id_n > BOOKS_MAX_FIELD)
-                id_n = BOOKS_MAX_FIELD;
-            break;
-        }
     }
 
     Py_ssize_t path_n = PyBytes_GET_SIZE(path), method_n = PyBytes_GET_SIZE(method);
@@ -253,7 +244,6 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
     if (_PyBytes_Resize(&result, p - start) < 0)
         result = NULL;
 done:
-    Py_XDECREF(fast);
     return result;
 }
 

@@ -35,11 +35,11 @@ def _model(model: object) -> str | None:
     return model[:MAX_FIELD]
 
 
-def _request_id(headers: Any, prefix: bytes, seq: int) -> str:
-    for pair in headers:
-        if type(pair) is tuple and len(pair) == 2 and pair[0] == b"x-request-id" and \
-                isinstance(pair[1], bytes):
-            return pair[1][:MAX_FIELD].decode("latin-1")
+def _request_id(request_id: bytes | None, prefix: bytes, seq: int) -> str:
+    if request_id is not None:
+        if not isinstance(request_id, bytes):
+            raise TypeError("access_line: a record's request_id must be bytes or None")
+        return request_id[:MAX_FIELD].decode("latin-1")
     return prefix.decode("latin-1") + format(seq & ((1 << 64) - 1), "x")
 
 
@@ -62,7 +62,7 @@ def access_line(record: tuple[Any, ...], wall_offset_ns: int, worker: int, prefi
         "attempts": f["attempts"],
         "upstream_us": (t_headers - t_sent) // 1000 if t_headers and t_sent else None,
         "total_us": (t_end - f["t_received"]) // 1000 if t_end > f["t_received"] else 0,
-        "request_id": _request_id(f["headers"], prefix, seq),
+        "request_id": _request_id(f["request_id"], prefix, seq),
         "key": name if isinstance(name, str) else None,
         "usage": None if exact is None else {"input": f["usage_input"],
                                              "output": f["usage_output"],

@@ -20,23 +20,25 @@ and the timer's write holds scalars, not the request and its exchange.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol
 
 from velox.core.types import Headers, Request
 
 # The record's fields in order (native/bind_books.c: enum access_field). `usage_exact`: None
 # when no usage was accounted, else whether usage_input/usage_output are the upstream's own.
-# `cost`: nano-USD when the meter priced the request (velox.spend), else None; a priced log
-# writes it as cost_usd.
+# `request_id`: the upstream's x-request-id, None for none (the log makes one). `cost`: nano-USD
+# when the meter priced the request (velox.spend), else None; a priced log writes it as
+# cost_usd. Scalars only: a record waits in the log's queue up to 50 ms, and one holding a list
+# (the answer's headers, as it once did) stays tracked by the cyclic GC all that time.
 ACCESS_FIELDS = (
     "t_end", "status", "bytes_out", "method", "path", "model", "bytes_in", "t_received", "key",
-    "upstream", "attempts", "t_sent", "t_headers", "headers", "usage_input", "usage_output",
+    "upstream", "attempts", "t_sent", "t_headers", "request_id", "usage_input", "usage_output",
     "usage_exact", "cost",
 )
 
 AccessRecord = tuple[int, int, int, bytes, bytes, "str | None", int, int, int, bytes, int, int,
-                     int, Sequence[tuple[bytes, bytes]], int, int, "bool | None", "int | None"]
+                     int, "bytes | None", int, int, "bool | None", "int | None"]
 
 
 class LoggedMeter(Protocol):
@@ -89,7 +91,7 @@ def access_record(item: LogItem) -> AccessRecord:
     t_end, request, holder, status, bytes_out = item
     if holder is None:
         return (t_end, status, bytes_out, request.method, request.path, request.model,
-                len(request.body), request.t_received, request.key, b"", 0, 0, 0, (), 0, 0, None,
+                len(request.body), request.t_received, request.key, b"", 0, 0, 0, None, 0, 0, None,
                 None)
     meter = holder.meter
     if meter is not None and meter.done:
@@ -98,10 +100,16 @@ def access_record(item: LogItem) -> AccessRecord:
         inp = out = 0
         exact = None
     cost = None if meter is None else getattr(meter, "cost", None)  # priced meters only
+    upstream, attempts, t_sent = holder.upstream_name, holder.attempts, holder.t_sent
+    t_headers = holder.t_headers
+    request_id = None
+    for name, value in holder.headers:
+        if name == b"x-request-id":
+            request_id = value
+            break
     return (t_end, status, bytes_out, request.method, request.path, request.model,
-            len(request.body), request.t_received, request.key, holder.upstream_name,
-            holder.attempts, holder.t_sent, holder.t_headers, holder.headers, inp, out, exact,
-            cost)
+            len(request.body), request.t_received, request.key, upstream, attempts, t_sent,
+            t_headers, request_id, inp, out, exact, cost)
 
 
 def access_records(items: Iterable[LogItem]) -> list[AccessRecord | None]:
