@@ -34,12 +34,6 @@ AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 PACED = {"x-mock-chunk-delay-ms": "5"}
 
 
-@pytest.fixture(scope="module")
-def plain_mock() -> Iterator[MockUpstream]:
-    with MockUpstream(tls=False) as mock:
-        yield mock
-
-
 @pytest.fixture(params=["native", "httptools"])
 def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
        tmp_path: Path) -> Iterator[GatewayProcess]:

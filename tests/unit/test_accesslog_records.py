@@ -100,6 +100,20 @@ def test_a_line_waits_for_its_meter_and_a_holder_never_done_is_read_a_flush_late
     assert second["cost_usd"] == 0.0000015
 
 
+def test_a_priced_line_takes_the_cost_set_when_the_exchange_ends(out: tuple[int, Any]) -> None:
+    # Tokens counted at the body (the meter done early), priced only at the exchange's end
+    # (an answer the body could not price): the line has the final cost, not null.
+    fd, path = out
+    log = AccessLog(0, fd=fd, priced=True)
+    holder = _holder(True)
+    holder.meter.cost = None
+    log.append(_item(holder, 1))
+    holder.meter.cost = 2_000_000_000
+    log.done(holder)
+    log.flush()
+    assert _lines(path)[0]["cost_usd"] == 2
+
+
 def test_one_holder_for_two_requests_loses_neither_and_close_writes_what_waits(
         out: tuple[int, Any]) -> None:
     fd, path = out

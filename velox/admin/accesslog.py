@@ -125,7 +125,9 @@ class AccessLog:
         if holder is not None:
             try:
                 meter = holder.meter
-                settled = meter is None or meter.done
+                # A done meter's tokens are final; its price may still be set when its
+                # exchange ends (an answer priced at finish): a priced line waits for that.
+                settled = meter is None or (meter.done and not self.priced)
             except Exception:  # _make tells what is missing
                 settled = True
             if not settled:
