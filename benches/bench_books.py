@@ -16,6 +16,11 @@ Groups:
   thread's own CPU clock; `extra_info` has each variant's CPU us per request and its
   difference to the bare one.
 
+* books-writer: what one worker's log sustains: 64 real pipeline records (spend on, so
+  priced) formatted and written per flush of 1,024, to /dev/null and to a regular file
+  (64 KiB writes) and to a pipe read by a thread (PIPE_BUF writes); lines/s of the loop's
+  CPU in `extra_info`.
+
 Run: `.venv/bin/pytest --benchmark benches/bench_books.py`.
 """
 
@@ -25,6 +30,7 @@ import gc
 import os
 import re
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -143,6 +149,7 @@ def test_books_pipeline_paired(benchmark: Any) -> None:
             access = AccessLog(0, pipeline.worker.counters, fd=devnull) if log else None
             if access is not None:
                 pipeline.worker.log_access = access.append
+                pipeline.worker.log_done = access.done
 
             def round_(pipeline: Pipeline = pipeline, access: AccessLog | None = access) -> None:
                 pipeline.round()
@@ -186,3 +193,49 @@ def test_books_pipeline_paired(benchmark: Any) -> None:
     print()
     for name, value in per_request_us.items():
         print(f"  {name:44s} {value:7.2f} us/request CPU  ({value - base:+.2f})")
+
+
+WRITER_LINES = 100_000
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "file", "pipe"])
+def test_books_writer(benchmark: Any, target: str, tmp_path: Any) -> None:
+    pipeline = Pipeline(clients=BATCH, codec="native", VELOX_STATE_DIR="off")
+    records: list[Any] = []
+    pipeline.worker.log_access = lambda item: records.append(access_record(item))
+    pipeline.worker.log_done = None
+    for _ in range(3):
+        pipeline.round()
+    records = (records * (WRITER_LINES // len(records) + 1))[:WRITER_LINES]
+    reader = None
+    if target == "/dev/null":
+        fd = os.open(os.devnull, os.O_WRONLY)
+    elif target == "file":
+        fd = os.open(tmp_path / "access.log", os.O_WRONLY | os.O_CREAT)
+    else:
+        r, fd = os.pipe()
+        reader = threading.Thread(
+            target=lambda: [None for _ in iter(lambda: os.read(r, 1 << 16), b"")])
+        reader.start()
+    try:
+        log = AccessLog(0, fd=fd, priced=True, held_max=1 << 30)
+
+        def run() -> None:
+            for start in range(0, WRITER_LINES, 1024):
+                log.queue.extend(records[start:start + 1024])
+                log.flush()
+
+        clock = time.thread_time_ns
+        t0 = clock()
+        benchmark.group = "books-writer: lines formatted and written, one thread"
+        benchmark.pedantic(run, rounds=1, iterations=1)
+        cpu = clock() - t0
+        log.close(timeout=10)
+        assert log.written == WRITER_LINES
+    finally:
+        os.close(fd)
+        if reader is not None:
+            reader.join()
+            os.close(r)
+    benchmark.extra_info["lines_per_cpu_second"] = round(WRITER_LINES / (cpu / 1e9))
+    print(f"\n  {target}: {WRITER_LINES / (cpu / 1e9):,.0f} lines/s of CPU")

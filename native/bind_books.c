@@ -9,13 +9,13 @@
  * the record, C only reads it: no attribute names are looked up here. */
 enum access_field {
     R_T_END, R_STATUS, R_BYTES_OUT, R_METHOD, R_PATH, R_MODEL, R_BYTES_IN, R_T_RECEIVED, R_KEY,
-    R_UPSTREAM, R_ATTEMPTS, R_T_SENT, R_T_HEADERS, R_HEADERS, R_USAGE_INPUT, R_USAGE_OUTPUT,
-    R_USAGE_EXACT, R_COUNT
+    R_UPSTREAM, R_ATTEMPTS, R_T_SENT, R_T_HEADERS, R_REQUEST_ID, R_USAGE_INPUT, R_USAGE_OUTPUT,
+    R_USAGE_EXACT, R_COST, R_COUNT
 };
 static const char *const access_field_names[R_COUNT] = {
     "t_end", "status", "bytes_out", "method", "path", "model", "bytes_in", "t_received", "key",
-    "upstream", "attempts", "t_sent", "t_headers", "headers", "usage_input", "usage_output",
-    "usage_exact",
+    "upstream", "attempts", "t_sent", "t_headers", "request_id", "usage_input", "usage_output",
+    "usage_exact", "cost",
 };
 
 /* The record's integer fields, in one pass (-1 with an exception set on failure). */
@@ -52,16 +52,17 @@ static char books_stamp[VX_BOOKS_TIME_LEN];
 #define BOOKS_MAX_FIELD 512 /* accesslog._MAX_FIELD */
 
 PyDoc_STRVAR(access_line_doc,
-             "access_line(record, wall_offset_ns, worker, prefix, seq, key_names, /) -> bytes\n"
-             "--\n\n"
+             "access_line(record, wall_offset_ns, worker, prefix, seq, key_names, priced=False, /)\n"
+             "-> bytes\n--\n\n"
              "One access-log line (velox.admin.accesslog) of a record laid out as\n"
              "ACCESS_FIELDS (velox.relay.records): the JSON orjson makes of the line's dict,\n"
-             "newline included. The request id is the record's x-request-id header, else\n"
-             "prefix + hex(seq).");
+             "newline included. The request id is the record's (the upstream's), else\n"
+             "prefix + hex(seq). `priced`: the line ends with cost_usd, the record's cost\n"
+             "(nano-USD) in USD, or null.");
 
 /* One line of `record`; the caller checked prefix (bytes) and key_names (a tuple). */
 static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worker,
-                            PyObject *prefix, int64_t seq, PyObject *key_names)
+                            PyObject *prefix, int64_t seq, PyObject *key_names, int priced)
 {
     if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != R_COUNT) {
         PyErr_Format(PyExc_TypeError, "access_line: a record must be a %d-tuple (ACCESS_FIELDS)",
@@ -78,11 +79,22 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
     PyObject *path = PyTuple_GET_ITEM(record, R_PATH), *method = PyTuple_GET_ITEM(record, R_METHOD);
     PyObject *model = PyTuple_GET_ITEM(record, R_MODEL);
     PyObject *upstream = PyTuple_GET_ITEM(record, R_UPSTREAM);
-    PyObject *headers = PyTuple_GET_ITEM(record, R_HEADERS);
+    PyObject *request_id = PyTuple_GET_ITEM(record, R_REQUEST_ID);
     PyObject *usage_exact = PyTuple_GET_ITEM(record, R_USAGE_EXACT);
     int usage = usage_exact != Py_None, exact = usage_exact == Py_True;
+    int64_t cost = 0;
+    PyObject *cost_o = PyTuple_GET_ITEM(record, R_COST);
+    int overflow;
+    if (priced && cost_o != Py_None) {
+        if (to_i64(cost_o, &cost, &overflow) < 0)
+            return NULL;
+        if (overflow) { /* a wrong figure would be worse than a missing line */
+            PyErr_SetString(PyExc_OverflowError, "access_line: a cost must fit in 64 bits");
+            return NULL;
+        }
+    }
 
-    PyObject *fast = NULL, *result = NULL; /* released at `done` */
+    PyObject *result = NULL; /* released at `done` */
     const char *model_s = NULL, *key_s = NULL, *id_s = NULL;
     Py_ssize_t model_n = 0, key_n = 0, id_n = 0;
 
@@ -106,23 +118,14 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
         if (PyUnicode_Check(name) && (key_s = PyUnicode_AsUTF8AndSize(name, &key_n)) == NULL)
             goto done;
     }
-    if ((fast = PySequence_Fast(headers, "access_line: a record's headers")) == NULL)
+    if (PyBytes_Check(request_id)) { /* the upstream's x-request-id */
+        id_s = PyBytes_AS_STRING(request_id);
+        id_n = PyBytes_GET_SIZE(request_id);
+        if (id_n > BOOKS_MAX_FIELD)
+            id_n = BOOKS_MAX_FIELD;
+    } else if (request_id != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "access_line: a record's request_id must be bytes or None");
         goto done;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    PyObject **pairs = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *pair = pairs[i];
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2)
-            continue;
-        PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-        if (PyBytes_Check(name) && PyBytes_GET_SIZE(name) == 12 &&
-            memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0 && PyBytes_Check(value)) {
-            id_s = PyBytes_AS_STRING(value);
-            id_n = PyBytes_GET_SIZE(value);
-            if (id_n > BOOKS_MAX_FIELD)
-                id_n = BOOKS_MAX_FIELD;
-            break;
-        }
     }
 
     Py_ssize_t path_n = PyBytes_GET_SIZE(path), method_n = PyBytes_GET_SIZE(method);
@@ -138,7 +141,8 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
     size_t bound = 512 + 12 * VX_BOOKS_I64_MAX + VX_BOOKS_STR_MAX(path_n) +
                    VX_BOOKS_STR_MAX(method_n) + VX_BOOKS_STR_MAX(model_n) +
                    VX_BOOKS_STR_MAX(upstream_n) + VX_BOOKS_STR_MAX(key_n) +
-                   VX_BOOKS_STR_MAX(id_n) + (size_t)PyBytes_GET_SIZE(prefix);
+                   VX_BOOKS_STR_MAX(id_n) + (size_t)PyBytes_GET_SIZE(prefix) +
+                   VX_BOOKS_USD_MAX;
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound);
     if (result == NULL)
         goto done;
@@ -229,16 +233,22 @@ static PyObject *books_line(PyObject *record, int64_t wall_offset, int64_t worke
     } else {
         p = BOOKS_PUT(p, "null");
     }
+    if (priced) { /* velox.spend: what the request cost, null when unknown or not priced */
+        p = BOOKS_PUT(p, ",\"cost_usd\":");
+        if (cost_o != Py_None)
+            p = vx_books_usd(p, cost);
+        else
+            p = BOOKS_PUT(p, "null");
+    }
     p = BOOKS_PUT(p, "}\n");
     if (_PyBytes_Resize(&result, p - start) < 0)
         result = NULL;
 done:
-    Py_XDECREF(fast);
     return result;
 }
 
 static int books_args(PyObject *const *args, int64_t *wall_offset, int64_t *worker,
-                      int64_t *seq)
+                      int64_t *seq, PyObject *priced_o, int *priced)
 {
     int overflow;
     if (!PyBytes_Check(args[3]) || !PyTuple_Check(args[5])) {
@@ -248,20 +258,24 @@ static int books_args(PyObject *const *args, int64_t *wall_offset, int64_t *work
     if (to_i64(args[1], wall_offset, &overflow) < 0 || to_i64(args[2], worker, &overflow) < 0 ||
         to_i64(args[4], seq, &overflow) < 0)
         return -1;
-    return 0;
+    *priced = priced_o != NULL ? PyObject_IsTrue(priced_o) : 0;
+    return *priced < 0 ? -1 : 0;
 }
 
 static PyObject *native_access_line(PyObject *Py_UNUSED(module), PyObject *const *args,
                                     Py_ssize_t nargs)
 {
     int64_t wall_offset, worker, seq;
-    if (check_nargs("access_line", nargs, 6, 6) < 0 || books_args(args, &wall_offset, &worker, &seq) < 0)
+    int priced;
+    if (check_nargs("access_line", nargs, 6, 7) < 0 ||
+        books_args(args, &wall_offset, &worker, &seq, nargs > 6 ? args[6] : NULL, &priced) < 0)
         return NULL;
-    return books_line(args[0], wall_offset, worker, args[3], seq, args[5]);
+    return books_line(args[0], wall_offset, worker, args[3], seq, args[5], priced);
 }
 
 PyDoc_STRVAR(access_lines_doc,
-             "access_lines(items, wall_offset_ns, worker, prefix, seq, key_names, limit, /)\n"
+             "access_lines(items, wall_offset_ns, worker, prefix, seq, key_names, limit,\n"
+             "             priced=False, /)\n"
              "-> (list[bytes], int)\n--\n\n"
              "access_line for every record of the list `items` (item i gets seq + 1 + i), the\n"
              "lines joined into chunks of at most `limit` bytes of whole lines (a longer line\n"
@@ -285,8 +299,9 @@ static PyObject *native_access_lines(PyObject *Py_UNUSED(module), PyObject *cons
                                      Py_ssize_t nargs)
 {
     int64_t wall_offset, worker, seq, limit;
-    int overflow;
-    if (check_nargs("access_lines", nargs, 7, 7) < 0 || books_args(args, &wall_offset, &worker, &seq) < 0 ||
+    int overflow, priced;
+    if (check_nargs("access_lines", nargs, 7, 8) < 0 ||
+        books_args(args, &wall_offset, &worker, &seq, nargs > 7 ? args[7] : NULL, &priced) < 0 ||
         to_i64(args[6], &limit, &overflow) < 0)
         return NULL;
     if (!PyList_Check(args[0]) || limit < 1 || limit > (1 << 24)) {
@@ -303,7 +318,7 @@ static PyObject *native_access_lines(PyObject *Py_UNUSED(module), PyObject *cons
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *line = books_line(PyList_GET_ITEM(items, i), wall_offset, worker, args[3],
-                                    seq + 1 + i, args[5]);
+                                    seq + 1 + i, args[5], priced);
         if (line == NULL) { /* one bad item must not cost the others their lines */
             PyErr_Clear();
             continue;

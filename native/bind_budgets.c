@@ -14,12 +14,12 @@
  * worker's settled costs below one unit, charged with its next settlement.
  */
 #include "bind.h"
+#include "vx_books.h"
 #include "vx_limits.h"
 #include "vx_stats.h"
 
 /* At most this many budgets a key is under (its own and its teams'): a stack array. */
 #define GATE_MAX_PER_KEY 64
-#define NANOS_PER_USD INT64_C(1000000000)
 
 typedef struct {
     PyObject_HEAD
@@ -116,21 +116,12 @@ static int64_t units_of(int64_t nanos, int64_t unit)
     return nanos > 0 ? (nanos + unit - 1) / unit : 0;
 }
 
-/* Nano-USD as a decimal of USD, 9 places at most, trailing zeros cut (velox.spend.wire's
- * usd_text, which the tests compare it with). */
+/* Nano-USD as a decimal of USD, 9 places at most, trailing zeros cut (velox.spend.gate's
+ * usd_text, which the tests compare it with; vx_books writes it). */
 static PyObject *usd_bytes(int64_t nanos)
 {
-    char text[48];
-    long long whole = nanos / NANOS_PER_USD, frac = nanos % NANOS_PER_USD; /* nanos >= 0 */
-    int len;
-    if (frac == 0)
-        len = snprintf(text, sizeof text, "%lld", whole);
-    else {
-        len = snprintf(text, sizeof text, "%lld.%09lld", whole, frac);
-        while (text[len - 1] == '0')
-            len--;
-    }
-    return PyBytes_FromStringAndSize(text, len);
+    char text[VX_BOOKS_USD_MAX];
+    return PyBytes_FromStringAndSize(text, vx_books_usd(text, nanos) - text);
 }
 
 PyDoc_STRVAR(Gate_admit_doc,

@@ -96,6 +96,27 @@ char *vx_books_i64(char *out, int64_t v)
     return out;
 }
 
+char *vx_books_usd(char *out, int64_t nanos)
+{
+    int64_t whole = nanos / VX_BOOKS_NANOS_PER_USD, frac = nanos % VX_BOOKS_NANOS_PER_USD;
+    if (frac < 0) { /* floor, as Python's divmod: the fraction is never negative */
+        whole -= 1;
+        frac += VX_BOOKS_NANOS_PER_USD;
+    }
+    out = vx_books_i64(out, whole);
+    if (frac == 0)
+        return out;
+    *out++ = '.';
+    char digits[9];
+    for (int i = 8; i >= 0; i--, frac /= 10)
+        digits[i] = (char)('0' + frac % 10);
+    int n = 9;
+    while (digits[n - 1] == '0') /* frac != 0: a digit other than 0 stops this */
+        n--;
+    memcpy(out, digits, (size_t)n);
+    return out + n;
+}
+
 static char *put2(char *out, int v)
 {
     *out++ = (char)('0' + v / 10);

@@ -34,6 +34,12 @@ char *vx_books_utf8(char *out, const unsigned char *s, size_t n);
 size_t vx_books_utf8_prefix(const unsigned char *s, size_t n, size_t chars);
 /* v in decimal. */
 char *vx_books_i64(char *out, int64_t v);
+/* nanos nano-USD as a decimal of USD: the whole part, then (when there is one) '.' and the
+ * nine-digit fraction with its trailing zeros cut; Python's divmod by 10^9 for negative nanos
+ * (velox.spend.gate.usd_text, which the tests compare it with). */
+#define VX_BOOKS_USD_MAX (VX_BOOKS_I64_MAX + 10)
+#define VX_BOOKS_NANOS_PER_USD INT64_C(1000000000)
+char *vx_books_usd(char *out, int64_t nanos);
 /* The UTC time of ms milliseconds after the epoch (0 <= ms, year <= 9999) as
  * "YYYY-MM-DDTHH:MM:SS.mmmZ": VX_BOOKS_TIME_LEN bytes at out, no terminator. 0, or -1 when
  * out of range (nothing written). */

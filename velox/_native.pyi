@@ -620,12 +620,14 @@ class KeyTicket:
 # The access record's layout (velox.relay.records.ACCESS_FIELDS), as the C reads it.
 ACCESS_FIELDS: tuple[str, ...]
 def access_line(record: tuple[object, ...] | None, wall_offset_ns: int, worker: int,
-                prefix: bytes, seq: int, key_names: tuple[str, ...], /) -> bytes:
+                prefix: bytes, seq: int, key_names: tuple[str, ...], priced: bool = False,
+                /) -> bytes:
     """One access-log line of a record (velox.relay.records.AccessRecord): the bytes orjson
-    makes of the line's dict, newline included (velox.admin.accesslog)."""
+    makes of the line's dict, newline included (velox.admin.accesslog); `priced`: ending with
+    cost_usd."""
 def access_lines(items: list[Any], wall_offset_ns: int,
                  worker: int, prefix: bytes, seq: int, key_names: tuple[str, ...], limit: int,
-                 /) -> tuple[list[bytes], int]:
+                 priced: bool = False, /) -> tuple[list[bytes], int]:
     """access_line of every record (item i with seq + 1 + i) joined into chunks of whole lines
     of at most `limit` bytes (a longer line alone); items that fail (None) are skipped.
     Returns the chunks and the number of lines."""

@@ -48,6 +48,21 @@ static void test_numbers_and_time(void)
     CHECK(str_is(buf, end, "-9223372036854775808"));
     end = vx_books_i64(buf, INT64_MAX);
     CHECK(str_is(buf, end, "9223372036854775807"));
+    end = vx_books_usd(buf, 0);
+    CHECK(str_is(buf, end, "0"));
+    end = vx_books_usd(buf, INT64_C(3000000000));
+    CHECK(str_is(buf, end, "3"));
+    end = vx_books_usd(buf, INT64_C(1500));
+    CHECK(str_is(buf, end, "0.0000015"));
+    end = vx_books_usd(buf, INT64_C(12000000001));
+    CHECK(str_is(buf, end, "12.000000001"));
+    end = vx_books_usd(buf, -1); /* Python's divmod: -1 and 999999999 */
+    CHECK(str_is(buf, end, "-1.999999999"));
+    end = vx_books_usd(buf, INT64_MIN);
+    CHECK(str_is(buf, end, "-9223372037.145224192"));
+    CHECK((size_t)(end - buf) <= VX_BOOKS_USD_MAX);
+    end = vx_books_usd(buf, INT64_MAX);
+    CHECK(str_is(buf, end, "9223372036.854775807"));
     CHECK(vx_books_time(buf, INT64_C(1764000000123)) == 0);
     CHECK(memcmp(buf, "2025-11-24T16:00:00.123Z", VX_BOOKS_TIME_LEN) == 0);
     CHECK(vx_books_time(buf, 0) == 0);

@@ -1,14 +1,19 @@
 """The access log: one JSON line per request on stdout, written from the worker's loop.
 
-The worker's hot path only appends a 5-tuple to a deque (`AccessLog.append`, a C call). Every
+When a request ends, the worker hands its item (`AccessLog.append`) and the log turns it into
+its declared record (velox.relay.records: a tuple of scalars) at once, or, when its meter has
+not settled yet (it settles right after, when the exchange ends: `AccessLog.done`), as soon
+as it has. The queue holds records only: holding each request and its exchange until the flush
+kept thousands of live objects for the cyclic GC to walk (at 64 connections: ~1,500 gen-0 and
+~130 gen-1 collections per worker in 8 s against ~60 and 6 without the log). Every
 `FLUSH_INTERVAL_S` a timer on the worker's own event loop formats what has accumulated and
 writes it with a non-blocking write: a few hundred lines a flush at one connection, thousands
-at 64, so one write call per PIPE_BUF of lines and never one per request. No thread: a log
+at 64, so one write call per chunk of lines and never one per request. No thread: a log
 thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a context switch
 in the middle of the loop's work. The formatting is native
-(`access_lines`, native/vx_books.h: one call per 1,024 lines writes the JSON of each request's
-declared record, velox.relay.records, byte for byte what orjson made of the line's dict): about
-1.5 us a line against 6 for the dict through orjson (benches/bench_books.py).
+(`access_lines`, native/vx_books.h: one call per 1,024 lines writes the JSON of each record,
+byte for byte what orjson made of the line's dict, `cost_usd` included): about 1.5 us a line
+against 6 for the dict through orjson (benches/bench_books.py).
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
 "bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
@@ -21,11 +26,14 @@ headers and bodies are never read, so keys cannot leak. `request_id` is the upst
 `x-request-id` (what its support asks for), else one made here. `upstream_us` is the time to
 the upstream's response headers (null when the gateway answered alone); `total_us` runs from
 the request's last byte to the response's last byte, streams included. With pricing on
-(VELOX_SPEND) each line ends with `cost_usd` (velox.spend.wire: USD, null when unknown or not a
-model call), spliced in after the native formatter made the line.
+(VELOX_SPEND) each line ends with `cost_usd` (the meter's price in USD, null when unknown or
+not a model call).
 
-Writes hold whole lines and at most PIPE_BUF bytes, so lines from several workers sharing one
-stdout pipe never interleave mid-line (a pipe takes such a write whole or not at all).
+Writes to a pipe, terminal or socket hold whole lines and at most PIPE_BUF bytes, so lines from
+several workers sharing one stdout pipe never interleave mid-line (a pipe takes such a write
+whole or not at all). A regular file or /dev/null needs no such bound (a write to a file shares
+its offset under the kernel's lock, so writes do not interleave either): up to 64 KiB a write,
+~190 lines, where PIPE_BUF takes 12.
 
 When stdout would block (a pipe nobody reads, a stopped terminal), formatted lines are held, up
 to VELOX_ACCESS_LOG_BUFFER_BYTES per worker (1 MiB: about 3,000 lines), and written in order as
@@ -56,7 +64,7 @@ from typing import Any
 
 from velox._native import access_line, access_lines
 from velox.core.fields import F
-from velox.relay.records import AccessRecord, LogItem, access_record, access_records
+from velox.relay.records import AccessRecord, LogItem, access_record
 
 log = logging.getLogger("velox.accesslog")
 
@@ -65,6 +73,7 @@ FLUSH_INTERVAL_S = 0.05
 # ~350 bytes, a second and a half of one worker's log at 2,000 requests/s.
 HELD_MAX_BYTES = 1 << 20
 _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
+_FILE_CHUNK = 1 << 16  # bytes a write to a regular file or /dev/null (no atomicity to keep)
 # Longest path/model/request id kept (bytes of path and id, characters of model): a log line
 # must stay small. The native formatter (native/vx_books.h) has the same constant.
 _MAX_FIELD = 512
@@ -72,22 +81,28 @@ _BATCH = 1024  # queued items formatted per native call
 
 
 class AccessLog:
-    """Per worker. `append((t_end_ns, request, exchange_or_None, status, bytes_out))`."""
+    """Per worker. `append((t_end_ns, request, exchange_or_None, status, bytes_out))` when a
+    request ends; `done(exchange)` when an exchange has ended (its meter settled)."""
 
     def __init__(self, slot: int, counters: Any = None, fd: int = 1,
-                 key_names: tuple[str, ...] = (),
-                 cost_of: Callable[[Any], bytes] | None = None,
+                 key_names: tuple[str, ...] = (), priced: bool = False,
                  held_max: int = HELD_MAX_BYTES) -> None:
         self.slot = slot
-        # With pricing on (velox.spend.wire.cost_field): each line gains `cost_usd`.
-        self.cost_of = cost_of
+        # With pricing on (velox.spend): each line gains `cost_usd`.
+        self.priced = priced
         self.key_names = key_names  # [[key]] names by index (request.key)
         self.counters = counters
         self.fd = fd
-        # Unbounded, yet bounded by the timer: it empties the deque every FLUSH_INTERVAL_S on
-        # the loop that fills it (what a flush cannot hold is dropped and counted).
-        self.queue: deque[LogItem] = deque()
-        self.append = self.queue.append
+        # Records (None: one that could not be made, skipped by the formatter). Unbounded, yet
+        # bounded by the timer: it empties the deque every FLUSH_INTERVAL_S on the loop that
+        # fills it (what a flush cannot hold is dropped and counted).
+        self.queue: deque[AccessRecord | None] = deque()
+        self._record = self.queue.append
+        # Items whose meter had not settled when their request ended, by id of their holder
+        # (the item keeps it alive): made into records by `done`, or by the second flush
+        # after they came (a holder that is never `done`), reading what is there then.
+        self.waiting: dict[int, LogItem] = {}
+        self.stale: dict[int, LogItem] = {}
         self.written = 0
         self.dropped = 0
         # Formatted chunks (whole lines, at most PIPE_BUF bytes each unless one line is
@@ -97,11 +112,52 @@ class AccessLog:
         self.held_max = held_max
         self._sent = 0
         self._out = _Out(fd)
+        self._chunk = self._out.chunk
         self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
         self._seq = 0
         self._told = False  # why a line could not be formatted was logged (_tell)
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def append(self, item: LogItem) -> None:
+        """A request ended: its record now, or once its meter has settled (`done`)."""
+        holder = item[2]
+        if holder is not None:
+            try:
+                meter = holder.meter
+                # A done meter's tokens are final; its price may still be set when its
+                # exchange ends (an answer priced at finish): a priced line waits for that.
+                settled = meter is None or (meter.done and not self.priced)
+            except Exception:  # _make tells what is missing
+                settled = True
+            if not settled:
+                key = id(holder)
+                earlier = self.waiting.pop(key, None)
+                if earlier is not None:  # one holder, two requests: the first as it stands
+                    self._make(earlier)
+                self.waiting[key] = item
+                return
+        self._make(item)
+
+    def done(self, holder: object) -> None:
+        """`holder` (an exchange) has ended, its meter settled: the line of the request it
+        answered, if that one is waiting."""
+        key = id(holder)
+        item = self.waiting.pop(key, None)
+        if item is None and self.stale:
+            item = self.stale.pop(key, None)
+        if item is not None:
+            self._make(item)
+
+    def _make(self, item: LogItem) -> None:
+        try:
+            record: AccessRecord | None = access_record(item)
+        except Exception:  # a holder or meter lacking a field: skipped, told once
+            record = None
+            if not self._told:
+                self._told = True
+                log.exception("access log: a line could not be formatted (more are not told)")
+        self._record(record)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Flush every FLUSH_INTERVAL_S from `loop` (the worker's) until `close`."""
@@ -125,6 +181,10 @@ class AccessLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        for waiting in (self.stale, self.waiting):  # what their meters say now
+            for item in waiting.values():
+                self._make(item)
+            waiting.clear()
         self.flush()
         deadline = time.monotonic() + timeout
         while self.held:
@@ -140,6 +200,12 @@ class AccessLog:
         """Format every queued line and write what stdout takes now; return how many lines
         were written."""
         written = self._write() if self.held else 0  # room first, so fewer lines are dropped
+        stale = self.stale
+        if stale:  # waited a whole interval: what their meter says now
+            for item in stale.values():
+                self._make(item)
+            stale.clear()
+        self.stale, self.waiting = self.waiting, stale
         dropped = self._format() if self.queue else 0
         if self.held:
             written += self._write()
@@ -162,33 +228,28 @@ class AccessLog:
         # One clock pair per flush turns each line's perf_counter_ns into wall time, so the
         # hot path never reads the wall clock.
         offset = time.time_ns() - time.perf_counter_ns()
-        slot, prefix, names = self.slot, self._prefix, self.key_names
+        slot, prefix, names, chunk_max = self.slot, self._prefix, self.key_names, self._chunk
         popleft = queue.popleft
         dropped = 0
         # Lines are formatted natively a batch at a time (access_lines: one call, chunks of
-        # whole lines up to PIPE_BUF) from the batch's declared records (velox.relay.records).
-        # Only the loop appends, and it is running this.
+        # whole lines up to chunk_max). Only the loop appends, and it is running this.
         while queue:
             if self.held_bytes >= held_max:  # full: drop without formatting
                 dropped += len(queue)
                 queue.clear()
                 break
-            items = [popleft() for _ in range(min(len(queue), _BATCH))]
-            records = access_records(items)
-            if self.cost_of is None:
-                chunks, lines = access_lines(records, offset, slot, prefix, self._seq, names,
-                                             _PIPE_BUF)
-            else:
-                chunks, lines = self._priced_lines(items, records, offset)
-            self._seq += len(items)  # item i's request id, when made here: seq + 1 + i
+            records = [popleft() for _ in range(min(len(queue), _BATCH))]
+            chunks, lines = access_lines(records, offset, slot, prefix, self._seq, names,
+                                         chunk_max, self.priced)
+            self._seq += len(records)  # record i's request id, when made here: seq + 1 + i
             for chunk in chunks:
                 if self.held_bytes + len(chunk) > held_max:
                     dropped += chunk.count(b"\n")
                     continue
                 held.append((chunk, chunk.count(b"\n")))
                 self.held_bytes += len(chunk)
-            if lines < len(items) and not self._told:
-                self._tell(items, offset)
+            if lines < len(records) - records.count(None) and not self._told:
+                self._tell(records, offset)
         return dropped
 
     def _write(self) -> int:
@@ -221,40 +282,16 @@ class AccessLog:
         self._sent = 0
         return lines
 
-    def _priced_lines(self, items: list[LogItem], records: list[AccessRecord | None],
-                      offset: int) -> tuple[list[bytes], int]:
-        """access_lines with `"cost_usd"` added as each line's last member (the native
-        line is made, then the member spliced before its closing brace),
-        joined into chunks of whole lines of at most PIPE_BUF bytes."""
-        cost_of = self.cost_of
-        assert cost_of is not None
-        chunks: list[bytes] = []
-        chunk = b""
-        lines = 0
-        for i, (item, record) in enumerate(zip(items, records, strict=True)):
-            try:
-                line = access_line(record, offset, self.slot, self._prefix, self._seq + 1 + i,
-                                   self.key_names)
-            except Exception:
-                continue
-            line = line[:-2] + b',"cost_usd":' + cost_of(item[2]) + b"}\n"
-            lines += 1
-            if chunk and len(chunk) + len(line) > _PIPE_BUF:
-                chunks.append(chunk)
-                chunk = b""
-            chunk += line
-        if chunk:
-            chunks.append(chunk)
-        return chunks, lines
-
-    def _tell(self, items: list[LogItem], offset: int) -> None:
-        """Log, once per worker, why a line could not be formatted (access_lines skips such an
-        item so the others are written; F.ACCESS_LOG_LINES shows how many went missing)."""
+    def _tell(self, records: list[AccessRecord | None], offset: int) -> None:
+        """Log, once per worker, why a line could not be formatted (access_lines skips such a
+        record so the others are written; F.ACCESS_LOG_LINES shows how many went missing)."""
         self._told = True
-        for item in items:
+        for record in records:
+            if record is None:
+                continue
             try:
-                access_line(access_record(item), offset, self.slot, self._prefix, 0,
-                            self.key_names)
+                access_line(record, offset, self.slot, self._prefix, 0, self.key_names,
+                            self.priced)
             except Exception:
                 log.exception("access log: a line could not be formatted (more are not told)")
                 return
@@ -265,7 +302,7 @@ class AccessLog:
         about 5x cheaper."""
         self._seq += 1  # the request id made here when the upstream gave none
         return access_line(access_record(item), wall_offset_ns, self.slot, self._prefix,
-                           self._seq, self.key_names)
+                           self._seq, self.key_names, self.priced)
 
 
 
@@ -278,11 +315,16 @@ class _Out:
         self.own: int | None = None  # a descriptor opened here, closed by close()
         self.sock: socket.socket | None = None
         self.write: Callable[[Any], int] = partial(os.write, fd)
+        # Bytes of lines a write may hold: PIPE_BUF where several writers' lines could
+        # interleave (a pipe, a terminal, a socket), more to a regular file or /dev/null.
+        self.chunk = _PIPE_BUF
         try:
             mode = os.fstat(fd).st_mode
         except OSError:
             return  # closed: writes fail and lines are dropped and counted
-        if stat.S_ISSOCK(mode):
+        if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not os.isatty(fd)):
+            self.chunk = _FILE_CHUNK
+        elif stat.S_ISSOCK(mode):
             self.sock = socket.socket(fileno=os.dup(fd))
             send = self.sock.send
             self.write = lambda data: send(data, socket.MSG_DONTWAIT)

@@ -31,7 +31,6 @@ from velox.admin.accesslog import AccessLog
 from velox.admin.control import ControlError, FrameReader, encode, take_fds
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import state_file
-from velox.spend.wire import cost_field
 
 log = logging.getLogger("velox.admin")
 
@@ -51,10 +50,11 @@ class Agent:
         if worker.settings.access_log:
             self.access_log = AccessLog(worker.slot, worker.counters,
                                         key_names=tuple(k.name for k in worker.tables.keys),
-                                        cost_of=cost_field if spend is not None else None,
+                                        priced=spend is not None,
                                         held_max=worker.settings.access_log_buffer_bytes)
             self.access_log.start(worker.loop)
             worker.log_access = self.access_log.append
+            worker.log_done = self.access_log.done
             worker.add_key_name_reader(self.access_log)
         sock = worker.control_sock
         if sock is not None:
@@ -82,7 +82,7 @@ class Agent:
         if self.transport is not None:
             self.transport.close()
         self.worker.runtime_keys.close()
-        self.worker.log_access = None
+        self.worker.log_access = self.worker.log_done = None
         if self.access_log is not None:
             self.access_log.close()
 

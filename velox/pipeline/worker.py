@@ -145,6 +145,7 @@ class Worker:
         self.control_sock: Any = None
         self.fd_sock: Any = None  # key-table segments' descriptors (velox.admin.control)
         self.log_access: Any = None
+        self.log_done: Any = None  # the access log's `done`: an exchange's meter has settled
         # Spend (velox.spend.wire): prices, budgets, ledger rows; None with VELOX_SPEND=0. The
         # budgets' shared memory is the supervisor's, set before serve().
         self.budgets: SharedBudgets | None = None
@@ -761,7 +762,7 @@ class Worker:
                                _BYTES_OUT, bytes_out)
         self.routes.add(slot, KIND_STATUS_FIELD[request.kind][cls], 1)
         log_access = self.log_access
-        if log_access is not None:  # a deque append: the log's timer formats and writes
+        if log_access is not None:  # its record: the log's timer formats and writes
             if holder is not None and type(holder) is Waiting:
                 holder = None  # a cache follower's client left: no call of its own to log
             log_access((time.perf_counter_ns(), request, holder, status, bytes_out))
@@ -789,6 +790,9 @@ class Worker:
         """An upstream exchange (or a batch member's share of one) is over: in flight and the
         latency histograms. The request's own end is `finished`."""
         self.in_flight -= 1
+        log_done = self.log_done
+        if log_done is not None:  # its request's line waits for the settled meter
+            log_done(exchange)
         if not exchange.t_headers:
             if status >= 500:
                 self.counters.add(self.slot, _UPSTREAM_ERRORS, 1)

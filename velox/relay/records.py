@@ -13,33 +13,37 @@ taking a tuple (184 ns for `time.struct_time`'s 11) and a named tuple a Python `
 ns for 17); C reads all three the same way. The whole line, record included, costs ~0.52 us
 against 0.61 when C read the sixteen attributes itself (1,024 real pipeline items per call).
 
-`access_records` is the one place a log line's fields are gathered: the log's timer calls it
-for each batch it formats (velox.admin.accesslog), 50 ms after the request ended, when its
-meter has settled.
+`access_record` is the one place a log line's fields are gathered: the log calls it when the
+request has ended and its meter has settled (velox.admin.accesslog), so the queue between that
+and the timer's write holds scalars, not the request and its exchange.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol
 
 from velox.core.types import Headers, Request
 
 # The record's fields in order (native/bind_books.c: enum access_field). `usage_exact`: None
 # when no usage was accounted, else whether usage_input/usage_output are the upstream's own.
+# `request_id`: the upstream's x-request-id, None for none (the log makes one). `cost`: nano-USD
+# when the meter priced the request (velox.spend), else None; a priced log writes it as
+# cost_usd. Scalars only: a record waits in the log's queue up to 50 ms, and one holding a list
+# (the answer's headers, as it once did) stays tracked by the cyclic GC all that time.
 ACCESS_FIELDS = (
     "t_end", "status", "bytes_out", "method", "path", "model", "bytes_in", "t_received", "key",
-    "upstream", "attempts", "t_sent", "t_headers", "headers", "usage_input", "usage_output",
-    "usage_exact",
+    "upstream", "attempts", "t_sent", "t_headers", "request_id", "usage_input", "usage_output",
+    "usage_exact", "cost",
 )
 
 AccessRecord = tuple[int, int, int, bytes, bytes, "str | None", int, int, int, bytes, int, int,
-                     int, Sequence[tuple[bytes, bytes]], int, int, "bool | None"]
+                     int, "bytes | None", int, int, "bool | None", "int | None"]
 
 
 class LoggedMeter(Protocol):
     """What a line reads of a request's token meter (velox.relay.usage.TokenMeter, a batch
-    member's Share, pricing's wrapper)."""
+    member's Share, pricing's wrapper; the last two also have `cost`, read when present)."""
 
     @property
     def done(self) -> bool: ...
@@ -87,16 +91,25 @@ def access_record(item: LogItem) -> AccessRecord:
     t_end, request, holder, status, bytes_out = item
     if holder is None:
         return (t_end, status, bytes_out, request.method, request.path, request.model,
-                len(request.body), request.t_received, request.key, b"", 0, 0, 0, (), 0, 0, None)
+                len(request.body), request.t_received, request.key, b"", 0, 0, 0, None, 0, 0, None,
+                None)
     meter = holder.meter
     if meter is not None and meter.done:
         inp, out, exact = meter.input, meter.output, bool(meter.exact)
     else:
         inp = out = 0
         exact = None
+    cost = None if meter is None else getattr(meter, "cost", None)  # priced meters only
+    upstream, attempts, t_sent = holder.upstream_name, holder.attempts, holder.t_sent
+    t_headers = holder.t_headers
+    request_id = None
+    for name, value in holder.headers:
+        if name == b"x-request-id":
+            request_id = value
+            break
     return (t_end, status, bytes_out, request.method, request.path, request.model,
-            len(request.body), request.t_received, request.key, holder.upstream_name,
-            holder.attempts, holder.t_sent, holder.t_headers, holder.headers, inp, out, exact)
+            len(request.body), request.t_received, request.key, upstream, attempts, t_sent,
+            t_headers, request_id, inp, out, exact, cost)
 
 
 def access_records(items: Iterable[LogItem]) -> list[AccessRecord | None]:

@@ -515,7 +515,7 @@ class Spend:
             _add_header(request, COST_HEADER, usd_text(cost))
             share = getattr(request.exchange, "meter", None)  # the Member's Share
             if share is not None:
-                share.cost = cost  # the access log's cost_usd (cost_field)
+                share.cost = cost  # the access log's cost_usd (velox.relay.records)
         hold = self.held.pop(request, None)
         if hold is not None:
             self._settle(hold, cost or 0)
@@ -763,17 +763,6 @@ def _add_header(request: Request, name: bytes, value: bytes) -> None:
         request.extra_headers = [(name, value)]
     else:
         extra.append((name, value))
-
-
-def cost_field(exchange: Any) -> bytes:
-    """The access log's `cost_usd` of a request: a number, or null (unknown or not priced)."""
-    meter = getattr(exchange, "meter", None) if exchange is not None else None
-    if meter is None:
-        return b"null"
-    # A PricedMeter, or a batched member's share (velox.batching.batch.Share, priced by
-    # Spend.member); any other meter has no price.
-    cost = getattr(meter, "cost", None)
-    return b"null" if cost is None else usd_text(cost)
 
 
 def _api(path: bytes) -> str:
