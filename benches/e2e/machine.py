@@ -187,6 +187,20 @@ def rss_kib(pid: int) -> int:
         return 0
 
 
+def pss_kib(pid: int) -> int:
+    """Proportional set size: the process's private pages plus its share of the pages it
+    shares (a forked worker shares its parent's imports with its siblings; RSS counts them
+    whole in each)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy CPU seconds, wall-clock seconds) summed over all cores since boot."""
     with open("/proc/stat") as fh:

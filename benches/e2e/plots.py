@@ -179,11 +179,14 @@ def soak_plot(out: Path, soak: dict[str, Any]) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.4))
     workers = len(samples[0]["rss_mib"])
+    xs = [s["requests"] / 1e6 for s in samples]
     for w in range(workers):
-        ax.plot([s["requests"] / 1e6 for s in samples], [s["rss_mib"][w] for s in samples],
-                "o-", ms=3, label=f"worker {w}")
+        ax.plot(xs, [s["rss_mib"][w] for s in samples], "o-", ms=3, label=f"worker {w} RSS")
+        if all(s.get("pss_mib") for s in samples):
+            ax.plot(xs, [s["pss_mib"][w] for s in samples], "s--", ms=2,
+                    label=f"worker {w} PSS")
     ax.set_xlabel("requests served (millions)")
-    ax.set_ylabel("RSS MiB")
+    ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

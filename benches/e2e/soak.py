@@ -2,7 +2,8 @@
 
 Velox (2 workers, HTTP/2 + TLS egress to the mock) takes blocks of wrk load at 64 connections,
 with a block of streamed requests every few blocks, until `requests` non-streaming requests have
-been served. After every block the RSS of each worker is read. "Flat" is judged on the second
+been served. After every block the RSS of each worker is read (and its PSS: RSS counts whole the
+pages a worker shares with its parent and siblings). "Flat" is judged on the second
 half of the run, after allocator pools and caches have filled: the growth of the largest worker
 between the first and last sample of that half, and the slope of a least-squares line through
 it, in MiB per 100,000 requests. Each block runs under the shared benchmark lock.
@@ -16,7 +17,7 @@ from typing import Any
 
 from benches.e2e import results
 from benches.e2e.bench import Bench, Plan
-from benches.e2e.machine import bench_lock, rss_kib, wait_quiet
+from benches.e2e.machine import bench_lock, pss_kib, rss_kib, wait_quiet
 
 BLOCK_S = 10
 STREAM_EVERY = 5
@@ -42,6 +43,7 @@ def analyse(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": len(samples), "requests": samples[-1]["requests"],
         "rss_mib_first": samples[0]["rss_mib"], "rss_mib_last": samples[-1]["rss_mib"],
         "max_worker_rss_mib": max(max(s["rss_mib"]) for s in samples),
+        "max_worker_pss_mib": max(max(s.get("pss_mib") or [0]) for s in samples),
         "growth_mib": round(ys[-1] - ys[0], 2),
         "slope_mib_per_100k": round(_slope(xs, ys), 3),
     }
@@ -59,7 +61,8 @@ def run(total: int, logdir: Path, outdir: Path = results.RESULTS) -> dict[str, A
 
         def sample() -> None:
             samples.append({"requests": served, "seconds": round(time.monotonic() - t0, 1),
-                            "rss_mib": [round(rss_kib(p) / 1024, 2) for p in velox.workers]})
+                            "rss_mib": [round(rss_kib(p) / 1024, 2) for p in velox.workers],
+                            "pss_mib": [round(pss_kib(p) / 1024, 2) for p in velox.workers]})
 
         sample()
         while served < total:

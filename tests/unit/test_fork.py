@@ -8,6 +8,7 @@ child would go on to exit 0; held until the default action is back, it ends the 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -68,3 +69,26 @@ def test_the_parent_keeps_its_handlers_and_gets_its_signals(parent_handler: list
             break
         time.sleep(0.01)
     assert parent_handler == [signal.SIGTERM]
+
+
+def test_the_child_starts_with_its_parents_objects_frozen() -> None:
+    """The child's collections never walk what it inherited (no copy-on-write of their pages);
+    the parent is thawed again, its own collections unchanged."""
+    gc.unfreeze()  # this suite freezes what collection made (conftest); a supervisor has not
+    inherited = [[i] for i in range(1000)]  # containers the collector tracks
+    read, write = os.pipe()
+
+    def body() -> int:
+        os.close(read)
+        os.write(write, str(gc.get_freeze_count()).encode())
+        os.close(write)
+        return 0
+
+    pid = fork_child(lambda: None, body)
+    os.close(write)
+    frozen = int(os.read(read, 64) or b"0")
+    os.close(read)
+    assert _wait(pid) == 0
+    assert frozen >= len(inherited)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
