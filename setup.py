@@ -8,7 +8,7 @@ from setuptools import Extension, setup
 
 # The module file (state and init), one binding file per core, then the Python-free cores.
 BINDINGS = ["ring", "stats", "health", "cache", "h2", "hash", "json", "limits",
-            "http1", "reqhead", "relay", "books", "h1resp", "budgets"]
+            "http1", "reqhead", "relay", "books", "h1resp", "budgets", "sink"]
 NATIVE_SOURCES = [
     "native/_velox_native.c",
     *(f"native/bind_{name}.c" for name in BINDINGS),

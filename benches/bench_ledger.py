@@ -3,13 +3,15 @@
 Groups:
 
 * ledger-writer: the supervisor's writer thread end to end: 1,000,000 rows submitted in frames
-  of 1,000 (as the control channel delivers them) until all are committed, one transaction per
-  4,096 rows, WAL, with the time index and the daily totals. `extra_info`: rows per second
+  of 1,000 (as the control channel delivers them: velox.spend.rowframe's binary, decoded by
+  `submit_frame`) until all are committed, one transaction per ~4,096 rows, WAL, with the
+  daily totals. `extra_info`: rows per second
   (wall clock, and per CPU second of the process), and the file's size per million rows
   (database + WAL after the writer closed).
 * ledger-worker: what a worker pays per request: `LedgerFeed.add` of a row plus its share of
-  the flush that encodes 1,000 rows into one control frame (orjson); and the supervisor's
-  side, decoding that frame (FrameReader). Per row.
+  the flush that packs 1,000 rows into one control frame (rowframe.pack); and the
+  supervisor's side, splitting that frame off the stream and decoding it (FrameReader,
+  rowframe.unpack). Per row.
 
 Run: `.venv/bin/pytest --benchmark benches/bench_ledger.py`.
 """
@@ -26,6 +28,7 @@ from typing import Any
 from velox.admin.control import FrameReader
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import LedgerWriter, make_row
+from velox.spend.rowframe import pack, unpack
 
 ROWS = 1_000_000
 FRAME = 1000
@@ -53,7 +56,7 @@ def _rows(n: int, seed: int = 7) -> list[tuple[Any, ...]]:
 
 def test_ledger_writer_throughput(benchmark: Any, tmp_path: Path) -> None:
     rows = _rows(ROWS)
-    frames = [rows[i:i + FRAME] for i in range(0, ROWS, FRAME)]
+    frames = [pack(rows[i:i + FRAME])[0] for i in range(0, ROWS, FRAME)]
     result: dict[str, float] = {}
 
     def run() -> None:
@@ -62,7 +65,7 @@ def test_ledger_writer_throughput(benchmark: Any, tmp_path: Path) -> None:
         writer.start()
         wall, cpu = time.perf_counter(), time.process_time()
         for frame in frames:
-            if writer.submit(frame) < len(frame):  # never expected: the queue holds 262k
+            if writer.submit_frame(frame) < FRAME:  # never expected: the queue holds 262k
                 raise AssertionError("the writer's queue overflowed")
             while writer.stats()["queued"] > 8 * 4096:
                 time.sleep(0.001)  # frames arrive as fast as the writer takes them
@@ -112,8 +115,8 @@ def test_ledger_supervisor_decode_per_row(benchmark: Any) -> None:
     frame = frames[0]
 
     def run() -> None:
-        (message,) = FrameReader().feed(frame)
-        assert len(message["ledger"]) == FRAME
+        (body,) = FrameReader().feed(frame)
+        assert len(unpack(body)[0]) == FRAME
 
     benchmark.group = "ledger-worker: per row"
     benchmark.pedantic(run, rounds=300, warmup_rounds=20)

@@ -1,4 +1,5 @@
 #include "bind.h"
+#include "bind_sink.h"
 #include "vx_h1resp.h"
 #include "vx_reqhead.h" /* vx_reqhead_lower */
 
@@ -31,18 +32,10 @@
 #define HR_SPANS 64
 
 enum {
-    HR_ANSWER, HR_HEAD, HR_BODY, HR_END, HR_ERROR, HR_FALLBACK, HR_WITHHOLD,
-    /* the direct path's attributes (see hr_direct) */
-    HN_OUT, HN_Q, HN_WRITE_PAUSED, HN_CLOSED, HN_OUT_HEAD, HN_PENDING, HN_SKIPPING, HN_EVENTS,
-    HN_RELAYED, HN_STREAM_BYTES, HN_TAIL, HN_LAST_ACTIVITY, HR_NAMES
+    HR_ANSWER, HR_HEAD, HR_BODY, HR_END, HR_ERROR, HR_FALLBACK, HR_WITHHOLD, HR_NAMES
 };
 static const char *const hr_names[HR_NAMES] = {
-    "_h_answer", "_h_head", "_h_body", "_h_end", "_h_error", "_h_fallback", "_h_withhold",
-    "_out", "_q", "write_paused", "closed", "_out_head", "pending", "skipping", "events",
-    "relayed", "_stream_bytes", "tail", "last_activity"};
-
-/* The direct path of a streamed answer (H1Reader.direct): where its plain reads go. */
-enum { HS_CONN, HS_WRITE, HS_SSE, HS_EXCHANGE, HS_ATTEMPT, HS_N };
+    "_h_answer", "_h_head", "_h_body", "_h_end", "_h_error", "_h_fallback", "_h_withhold"};
 
 typedef struct {
     PyObject_HEAD
@@ -58,10 +51,8 @@ typedef struct {
     int keep_alive;        /* of the last head: without it, nothing may follow its message */
     vx_hr_body body;
     PyObject *names[HR_NAMES];
-    PyObject *sink[HS_N];  /* the direct path, all NULL when off */
-    int sink_chunked;      /* the client's answer is chunked (not HTTP/1.0) */
-    int sink_strip;        /* the meter removes the usage the gateway asked for (sse.strip) */
-    PyObject *two_lf;      /* b"\n\n" */
+    vxb_sink sink;         /* the direct path (bind_sink.h), off until direct() */
+    vxb_sink_names sink_names;
 } H1Reader;
 
 static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -71,29 +62,16 @@ static PyObject *H1R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     H1Reader *self = (H1Reader *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->buf = PyMem_Malloc(HR_READ_BUFFER);
-    self->hold = PyMem_Malloc(HR_MAX_HEAD);
-    if (self->buf == NULL || self->hold == NULL) {
+    self->keep_alive = 1;
+    if ((self->hold = PyMem_Malloc(HR_MAX_HEAD)) == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
-    self->keep_alive = 1;
-    self->two_lf = PyBytes_FromStringAndSize("\n\n", 2);
-    if (self->two_lf == NULL) {
+    if (vxb_reader_buffer(HR_READ_BUFFER, &self->buf, &self->view) < 0 ||
+        vxb_sink_names_init(&self->sink_names) < 0 ||
+        vxb_intern(self->names, hr_names, HR_NAMES) < 0) {
         Py_DECREF(self);
         return NULL;
-    }
-    self->view = PyMemoryView_FromMemory(self->buf, HR_READ_BUFFER, PyBUF_WRITE);
-    if (self->view == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    for (int i = 0; i < HR_NAMES; i++) {
-        self->names[i] = PyUnicode_InternFromString(hr_names[i]);
-        if (self->names[i] == NULL) {
-            Py_DECREF(self);
-            return NULL;
-        }
     }
     return (PyObject *)self;
 }
@@ -102,21 +80,13 @@ static int H1R_traverse(H1Reader *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->view);
-    for (int i = 0; i < HS_N; i++)
-        Py_VISIT(self->sink[i]);
-    return 0;
-}
-
-static void hr_unsink(H1Reader *self)
-{
-    for (int i = 0; i < HS_N; i++)
-        Py_CLEAR(self->sink[i]);
+    return vxb_sink_traverse(&self->sink, visit, arg);
 }
 
 static int H1R_clear(H1Reader *self)
 {
     Py_CLEAR(self->view);
-    hr_unsink(self);
+    vxb_sink_clear(&self->sink);
     return 0;
 }
 
@@ -127,7 +97,7 @@ static void H1R_dealloc(H1Reader *self)
     H1R_clear(self);
     for (int i = 0; i < HR_NAMES; i++)
         Py_CLEAR(self->names[i]);
-    Py_CLEAR(self->two_lf);
+    vxb_sink_names_clear(&self->sink_names);
     /* The memoryview is gone above; a view exported from it by a caller (read_buffer[:n])
      * that outlives us would point at freed memory, which is why the buffer is freed after
      * the view and only here, with the object. */
@@ -218,183 +188,16 @@ static PyObject *hr_body(H1Reader *self, const char *p, const vx_hr_span *one, i
 /* ---------------------------------------------------------------- the direct path
  *
  * A streamed answer's read that the relay would pass through untouched goes from here to the
- * client's transport: framed as one chunk, one transport.write, no Python frame. That is the
- * case when (checked per read, on the objects the Python path keeps up to date):
- *   - the read ends on an event boundary ("\n\n") and, when the answer is metered, is one of
- *     the two plain cases of velox.relay.usage.SSEUsage.feed: no "usage" in it (returned as
- *     is), or one event whose ',"usage":null' the meter strips (the gateway asked for the
- *     usage on the client's behalf: every OpenAI chunk then carries it); and the meter holds
- *     no unfinished event (pending empty, not skipping);
- *   - the client connection writes at once: nothing queued (_out None, _q None), its head
- *     written (_out_head empty), not paused, not closed.
- * The meter's counts (events, relayed), the connection's byte count (_stream_bytes), the
- * exchange's tail and the attempt's last_activity are kept as the Python path keeps them. Any
- * other read takes the Python path (_h_body). */
-
-/* Add n to the int attribute `name` of o. */
-static int hr_add(PyObject *o, PyObject *name, Py_ssize_t n)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    PyObject *d = PyLong_FromSsize_t(n);
-    PyObject *sum = d == NULL ? NULL : PyNumber_Add(v, d);
-    Py_DECREF(v);
-    Py_XDECREF(d);
-    if (sum == NULL)
-        return -1;
-    int rc = PyObject_SetAttr(o, name, sum);
-    Py_DECREF(sum);
-    return rc;
-}
-
-/* 1 when attribute `name` of o is `want` (an identity test), 0 when not, -1 on error. */
-static int hr_is(H1Reader *self, PyObject *o, int name, PyObject *want)
-{
-    PyObject *v = PyObject_GetAttr(o, self->names[name]);
-    if (v == NULL)
-        return -1;
-    int rc = v == want;
-    Py_DECREF(v);
-    return rc;
-}
-
-/* 1 when attribute `name` of o is an empty bytes object. */
-static int hr_empty(H1Reader *self, PyObject *o, int name)
-{
-    PyObject *v = PyObject_GetAttr(o, self->names[name]);
-    if (v == NULL)
-        return -1;
-    int rc = PyBytes_Check(v) && PyBytes_GET_SIZE(v) == 0;
-    Py_DECREF(v);
-    return rc;
-}
-
-/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n). */
-static Py_ssize_t hr_events(const char *p, size_t n)
-{
-    Py_ssize_t k = 0;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (p[i] == '\n' && p[i + 1] == '\n') {
-            k++;
-            i++;
-        }
-    return k;
-}
-
-/* Whether the 7 bytes "usage" (quoted) occur in p[0 .. n). */
-static int hr_has_usage(const char *p, size_t n)
-{
-    for (const char *q = p; (q = memchr(q, '"', n - (size_t)(q - p))) != NULL; q++) {
-        if ((size_t)(p + n - q) >= 7 && memcmp(q, "\"usage\"", 7) == 0)
-            return 1;
-        if (q + 1 >= p + n)
-            break;
-    }
-    return 0;
-}
-
-/* The first ',"usage":null' in p[0 .. n), or -1. */
-static Py_ssize_t hr_null_usage(const char *p, size_t n)
-{
-    static const char needle[] = ",\"usage\":null";
-    for (const char *q = p; (q = memchr(q, ',', n - (size_t)(q - p))) != NULL; q++) {
-        if ((size_t)(p + n - q) >= sizeof needle - 1 && memcmp(q, needle, sizeof needle - 1) == 0)
-            return q - p;
-        if (q + 1 >= p + n)
-            break;
-    }
-    return -1;
-}
-
-/* What the meter's feed would make of the read p[0 .. n) (ending with "\n\n"), when it is one
- * of its two plain cases: 1 with *cut = -1 (passed as is: no "usage" in it), 1 with *cut the
- * offset of 13 bytes to leave out (one event whose ',"usage":null' the gateway's own
- * include_usage added), 0 for anything else (the Python path reads it). */
-static int hr_plain(H1Reader *self, const char *p, size_t n, Py_ssize_t *cut)
-{
-    *cut = -1;
-    if (self->sink[HS_SSE] == Py_None || !hr_has_usage(p, n))
-        return 1;
-    if (!self->sink_strip)
-        return 0;
-    const char *first = NULL;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (p[i] == '\n' && p[i + 1] == '\n') {
-            first = p + i;
-            break;
-        }
-    if (first != p + n - 2) /* more than one event */
-        return 0;
-    *cut = hr_null_usage(p, n);
-    return *cut >= 0;
-}
+ * client's transport (bind_sink.h says when); any other read takes the Python path (_h_body). */
 
 /* 1: the read went to the client here; 0: it takes the Python path; -1: error. */
 static int hr_direct(H1Reader *self, const char *p, size_t n)
 {
-    PyObject *conn = self->sink[HS_CONN], *sse = self->sink[HS_SSE];
-    /* Over a read buffer's worth (data_received only) ingress's send queue writes it. */
-    if (conn == NULL || n < 2 || n > HR_READ_BUFFER || p[n - 2] != '\n' || p[n - 1] != '\n')
-        return 0;
-    Py_ssize_t cut;
-    if (!hr_plain(self, p, n, &cut))
-        return 0;
-    int ok;
-    if ((ok = hr_is(self, conn, HN_OUT, Py_None)) != 1 ||
-        (ok = hr_is(self, conn, HN_Q, Py_None)) != 1 ||
-        (ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_False)) != 1 ||
-        (ok = hr_is(self, conn, HN_CLOSED, Py_False)) != 1 ||
-        (ok = hr_empty(self, conn, HN_OUT_HEAD)) != 1)
-        return ok;
-    if (sse != Py_None && ((ok = hr_empty(self, sse, HN_PENDING)) != 1 ||
-                           (ok = hr_is(self, sse, HN_SKIPPING, Py_False)) != 1))
-        return ok;
-    /* The piece the client gets: p without the cut, framed as h1write.chunks frames one. */
-    size_t m = cut < 0 ? n : n - 13;
-    char line[24];
-    int hl = self->sink_chunked ? snprintf(line, sizeof line, "%zx\r\n", m) : 0;
-    size_t total = (size_t)hl + m + (self->sink_chunked ? 2 : 0);
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (frame == NULL)
+    int paused;
+    int rc = vxb_sink_write(&self->sink, &self->sink_names, p, n, &paused);
+    if (rc == 1 && paused && hr_call1(self, HR_WITHHOLD, PyLong_FromSize_t(n)) < 0)
         return -1;
-    char *out = PyBytes_AS_STRING(frame);
-    memcpy(out, line, (size_t)hl);
-    if (cut < 0) {
-        memcpy(out + hl, p, n);
-    } else {
-        memcpy(out + hl, p, (size_t)cut);
-        memcpy(out + hl + cut, p + cut + 13, n - (size_t)cut - 13);
-    }
-    if (self->sink_chunked)
-        memcpy(out + hl + m, "\r\n", 2);
-    PyObject *r = PyObject_CallOneArg(self->sink[HS_WRITE], frame);
-    Py_DECREF(frame);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock on Linux */
-    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
-    if (now == NULL)
-        return -1;
-    int rc = PyObject_SetAttr(self->sink[HS_ATTEMPT], self->names[HN_LAST_ACTIVITY], now);
-    Py_DECREF(now);
-    if (rc < 0 || hr_add(conn, self->names[HN_STREAM_BYTES], (Py_ssize_t)total) < 0 ||
-        PyObject_SetAttr(self->sink[HS_EXCHANGE], self->names[HN_TAIL], self->two_lf) < 0)
-        return -1;
-    if (sse != Py_None && (hr_add(sse, self->names[HN_EVENTS], cut < 0 ? hr_events(p, n) : 1) < 0 ||
-                           hr_add(sse, self->names[HN_RELAYED], (Py_ssize_t)m) < 0))
-        return -1;
-    /* The write may have filled the client's buffer (pause_writing ran inside it): the
-     * connection withholds, as after the Python path's send. */
-    if ((ok = hr_is(self, conn, HN_WRITE_PAUSED, Py_True)) != 0) {
-        if (ok < 0)
-            return -1;
-        if (hr_call1(self, HR_WITHHOLD, PyLong_FromSize_t(n)) < 0)
-            return -1;
-    }
-    return 1;
+    return rc;
 }
 
 /* Report the head of this read (if any) with the body so far: _h_answer when the message
@@ -563,14 +366,10 @@ static PyObject *H1R_get_buffer(H1Reader *self, PyObject *sizehint)
 
 static PyObject *H1R_buffer_updated(H1Reader *self, PyObject *arg)
 {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred())
+    size_t n;
+    if (vxb_reader_nbytes(arg, HR_READ_BUFFER, &n) < 0)
         return NULL;
-    if (n < 0 || n > HR_READ_BUFFER) {
-        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
-        return NULL;
-    }
-    return hr_feed(self, self->buf, (size_t)n);
+    return hr_feed(self, self->buf, n);
 }
 
 static PyObject *H1R_data_received(H1Reader *self, PyObject *arg)
@@ -585,43 +384,27 @@ static PyObject *H1R_data_received(H1Reader *self, PyObject *arg)
 
 static PyObject *H1R_direct(H1Reader *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != HS_N + 1) {
+    if (nargs != VXS_N + 1) {
         PyErr_SetString(PyExc_TypeError,
                         "direct(conn, write, sse, exchange, attempt, chunked) takes 6 arguments");
         return NULL;
     }
-    int chunked = PyObject_IsTrue(args[HS_N]);
-    if (chunked < 0)
+    if (vxb_sink_set(&self->sink, &self->sink_names, args) < 0)
         return NULL;
-    int strip = 0;
-    if (args[HS_SSE] != Py_None) {
-        PyObject *v = PyObject_GetAttrString(args[HS_SSE], "strip");
-        if (v == NULL)
-            return NULL;
-        strip = PyObject_IsTrue(v);
-        Py_DECREF(v);
-        if (strip < 0)
-            return NULL;
-    }
-    hr_unsink(self);
-    for (int i = 0; i < HS_N; i++)
-        self->sink[i] = Py_NewRef(args[i]);
-    self->sink_chunked = chunked;
-    self->sink_strip = strip;
     Py_RETURN_NONE;
 }
 
 static PyObject *H1R_undirect(H1Reader *self, PyObject *unused)
 {
     (void)unused;
-    hr_unsink(self);
+    vxb_sink_clear(&self->sink);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef H1R_methods[] = {
     {"direct", FASTCALL(H1R_direct), METH_FASTCALL,
      "direct(conn, write, sse, exchange, attempt, chunked, /): plain reads of the streamed "
-     "answer go to write (the client transport's) from here on; see hr_direct."},
+     "answer go to write (the client transport's) from here on; see bind_sink.h."},
     {"undirect", (PyCFunction)H1R_undirect, METH_NOARGS,
      "undirect(): every read through the Python path again (the attempt ended)."},
     {"get_buffer", (PyCFunction)H1R_get_buffer, METH_O,

@@ -1,4 +1,5 @@
 #include "bind.h"
+#include "bind_sink.h"
 #include "vx_h2.h"
 
 /* ---------------------------------------------------------------- H2Client */
@@ -10,10 +11,40 @@
 /* The merged event kind receive_answers returns (after vx_h2's own kinds, 1 .. 7). */
 #define H2_ANSWER 8
 
+/* A directed stream (direct()): where its plain DATA goes, and what this read gathered of it.
+ * Its tag in the codec is its index + 1; a free slot has sid 0. */
+typedef struct {
+    vxb_sink sink;
+    uint32_t sid;
+    uint32_t next_free; /* tag of the next free slot, 0 ends the list */
+    /* this read's leading DATA frames of the stream (see h2_direct) */
+    uint64_t read;      /* the read they belong to (H2Object.reads) */
+    uint32_t first, last, frames;
+    bool open;          /* no frame ending the stream seen in this read yet */
+    size_t bytes;
+    int64_t flow;
+} h2_slot;
+
+/* Per event of one read: the next gathered frame of the same stream, and whether the direct
+ * path wrote it (then it is no event for Python). */
+typedef struct {
+    uint32_t next;
+    bool written;
+} h2_mark;
+
 typedef struct {
     PyObject_HEAD
     vx_h2 *c;
     PyObject *error_class; /* velox.egress.codec.CodecError, given by the constructor */
+    vxb_sink_names sink_names;
+    h2_slot *slots;
+    uint32_t nslots, live, free_tag;
+    uint64_t reads;
+    h2_mark *marks;
+    size_t marks_cap;
+    uint32_t *touched; /* tags gathered in this read, in order of their first frame */
+    char *scratch;     /* a stream's frames of one read joined, when they are several */
+    size_t scratch_cap;
 } H2Object;
 
 /* Borrow the bytes of a bytes or bytearray object (the header and method arguments). */
@@ -53,14 +84,44 @@ static PyObject *H2_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     Py_INCREF(error_class);
     self->error_class = error_class;
+    if (vxb_sink_names_init(&self->sink_names) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
+}
+
+static int H2_traverse(H2Object *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->error_class);
+    for (uint32_t i = 0; i < self->nslots; i++) {
+        int rc = vxb_sink_traverse(&self->slots[i].sink, visit, arg);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int H2_clear(H2Object *self)
+{
+    for (uint32_t i = 0; i < self->nslots; i++)
+        vxb_sink_clear(&self->slots[i].sink);
+    Py_CLEAR(self->error_class);
+    return 0;
 }
 
 static void H2_dealloc(H2Object *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    H2_clear(self);
+    vxb_sink_names_clear(&self->sink_names);
     vx_h2_free(self->c);
-    Py_XDECREF(self->error_class);
+    PyMem_Free(self->slots);
+    PyMem_Free(self->marks);
+    PyMem_Free(self->touched);
+    PyMem_Free(self->scratch);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -293,21 +354,152 @@ static PyObject *h2_answer(H2Object *self, const vx_h2_event *head, const vx_h2_
     return t;
 }
 
-static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
+/* ---------------------------------------------------------------- the direct path
+ *
+ * A streamed answer's DATA that the relay would pass through untouched goes from here to the
+ * client (bind_sink.h), without an event: per read and directed stream, the frames before any
+ * frame that ends the stream are joined and offered to the stream's sink in one write. What
+ * the sink takes is credited back here as h2conn's DATA path credits it (vx_h2_acknowledge
+ * while the client reads; withheld on the attempt when the write paused the client, for
+ * Exchange.resume to give back); what it leaves, and every frame after it (the end, a reset),
+ * stays an event for Python, which runs after these writes, so the client's bytes keep their
+ * order. */
+
+/* Room for n events' marks and tags, and for a joined piece of `bytes`. 0 or -1. */
+static int h2_room(H2Object *self, size_t n)
+{
+    if (n <= self->marks_cap)
+        return 0;
+    h2_mark *marks = PyMem_Realloc(self->marks, n * sizeof *marks);
+    if (marks == NULL)
+        goto nomem;
+    self->marks = marks;
+    uint32_t *touched = PyMem_Realloc(self->touched, n * sizeof *touched);
+    if (touched == NULL)
+        goto nomem;
+    self->touched = touched;
+    self->marks_cap = n;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* The gathered frames of slot s joined: their bytes (one frame: in place). NULL on error. */
+static const char *h2_joined(H2Object *self, const h2_slot *s, const vx_h2_event *ev)
+{
+    if (s->frames == 1)
+        return (const char *)ev[s->first].data;
+    if (s->bytes > self->scratch_cap) {
+        char *grown = PyMem_Realloc(self->scratch, s->bytes);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        self->scratch = grown;
+        self->scratch_cap = s->bytes;
+    }
+    size_t off = 0;
+    for (uint32_t i = s->first, k = 0; k < s->frames; k++, i = self->marks[i].next) {
+        memcpy(self->scratch + off, ev[i].data, ev[i].len);
+        off += ev[i].len;
+    }
+    return self->scratch;
+}
+
+/* Gather this read's leading DATA frames per directed stream; returns how many streams. */
+static uint32_t h2_gather(H2Object *self, const vx_h2_event *ev, size_t n)
+{
+    uint64_t read = ++self->reads;
+    uint32_t nt = 0;
+    for (size_t i = 0; i < n; i++) {
+        const vx_h2_event *e = &ev[i];
+        self->marks[i].written = false;
+        if (e->kind != VX_EV_DATA || e->tag == 0 || e->tag > self->nslots)
+            continue;
+        h2_slot *s = &self->slots[e->tag - 1];
+        if (s->sid != e->sid)
+            continue;
+        if (s->read != read) {
+            s->read = read;
+            s->frames = 0;
+            s->bytes = 0;
+            s->flow = 0;
+            s->open = true;
+            self->touched[nt++] = e->tag;
+        }
+        if (!s->open)
+            continue;
+        if (e->end_stream) { /* the end and what follows are Python's */
+            s->open = false;
+            continue;
+        }
+        if (s->frames)
+            self->marks[s->last].next = (uint32_t)i;
+        else
+            s->first = (uint32_t)i;
+        s->last = (uint32_t)i;
+        s->frames++;
+        s->bytes += e->len;
+        s->flow += e->value;
+    }
+    return nt;
+}
+
+/* Offer each directed stream's gathered frames to its sink. 0, or -1 with an exception. */
+static int h2_direct(H2Object *self, const vx_h2_event *ev, size_t n)
+{
+    if (h2_room(self, n) < 0)
+        return -1;
+    uint32_t nt = h2_gather(self, ev, n);
+    for (uint32_t k = 0; k < nt; k++) {
+        uint32_t tag = self->touched[k];
+        h2_slot *s = &self->slots[tag - 1];
+        if (s->frames == 0 || s->bytes > VXB_SINK_MAX)
+            continue;
+        const char *p = h2_joined(self, s, ev);
+        if (p == NULL)
+            return -1;
+        uint32_t sid = s->sid, first = s->first, frames = s->frames;
+        int64_t flow = s->flow;
+        PyObject *attempt = Py_NewRef(s->sink.o[VXS_ATTEMPT]);
+        int paused;
+        int rc = vxb_sink_write(&s->sink, &self->sink_names, p, s->bytes, &paused);
+        /* (s is not used past the write: Python ran, and may have moved the table) */
+        if (rc == 1) {
+            for (uint32_t i = first, j = 0; j < frames; j++, i = self->marks[i].next)
+                self->marks[i].written = true;
+            if (paused)
+                rc = vxb_add(attempt, self->sink_names.name[SN_WITHHELD], (Py_ssize_t)flow);
+            else if (vx_h2_acknowledge(self->c, sid, flow) != VX_H2_OK) {
+                PyErr_Format(PyExc_ValueError, "stream %u was never opened", sid);
+                rc = -1;
+            }
+        }
+        Py_DECREF(attempt);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The events of one read p[0 .. n) (see receive_answers when merge); p is only read during
+ * the call. */
+static PyObject *h2_receive_bytes(H2Object *self, const uint8_t *p, size_t len, bool merge)
 {
     if (vx_h2_failed(self->c))
         return h2_raise(self, vx_h2_error_code(self->c), "connection already failed", NULL);
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    int rc = vx_h2_receive(self->c, view.buf, (size_t)view.len);
+    int rc = vx_h2_receive(self->c, p, len);
     size_t n;
     const vx_h2_event *ev = vx_h2_events(self->c, &n);
     const vx_hfield *fields = vx_h2_fields(self->c);
     const uint8_t *arena = vx_h2_arena(self->c);
-    PyObject *events = PyList_New(0);
+    bool direct = self->live > 0;
+    PyObject *events = direct && h2_direct(self, ev, n) < 0 ? NULL : PyList_New(0);
     for (size_t i = 0; events != NULL && i < n; i++) {
         PyObject *t;
+        if (direct && self->marks[i].written)
+            continue;
         if (merge && ev[i].kind == VX_EV_RESPONSE && !ev[i].end_stream && i + 1 < n &&
             ev[i + 1].kind == VX_EV_DATA && ev[i + 1].end_stream && ev[i + 1].sid == ev[i].sid) {
             t = h2_answer(self, &ev[i], &ev[i + 1], fields, arena);
@@ -319,11 +511,20 @@ static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
             Py_CLEAR(events);
         Py_XDECREF(t);
     }
-    PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     if (events == NULL)
         return NULL;
     if (rc != VX_H2_OK)
         return h2_raise(self, vx_h2_error_code(self->c), vx_h2_error_message(self->c), events);
+    return events;
+}
+
+static PyObject *h2_receive(H2Object *self, PyObject *data, bool merge)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *events = h2_receive_bytes(self, view.buf, (size_t)view.len, merge);
+    PyBuffer_Release(&view); /* only now: DATA events pointed into it */
     return events;
 }
 
@@ -372,6 +573,69 @@ static PyObject *H2_acknowledge(H2Object *self, PyObject *const *args, Py_ssize_
     if (!valid || vx_h2_acknowledge(self->c, sid, n) != VX_H2_OK)
         return PyErr_Format(PyExc_ValueError, "stream %R was never opened on this connection",
                             args[0]);
+    Py_RETURN_NONE;
+}
+
+/* direct(stream_id, conn, write, sse, exchange, attempt, chunked, /) -> bool */
+static PyObject *H2_direct(H2Object *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint32_t sid;
+    bool valid;
+    if (check_nargs("direct", nargs, VXS_N + 2, VXS_N + 2) < 0 ||
+        h2_sid(args[0], &sid, &valid) < 0)
+        return NULL;
+    if (!valid || sid == 0 || vx_h2_tag(self->c, sid) != 0 ||
+        vx_h2_set_tag(self->c, sid, 0) != VX_H2_OK)
+        Py_RETURN_FALSE; /* no state held for it (over already), or directed already */
+    uint32_t tag = self->free_tag;
+    if (tag == 0) {
+        h2_slot *slots = PyMem_Realloc(self->slots, (self->nslots + 1) * sizeof *slots);
+        if (slots == NULL)
+            return PyErr_NoMemory();
+        self->slots = slots;
+        memset(&slots[self->nslots], 0, sizeof *slots);
+        tag = ++self->nslots;
+    } else {
+        self->free_tag = self->slots[tag - 1].next_free;
+    }
+    h2_slot *s = &self->slots[tag - 1];
+    if (vxb_sink_set(&s->sink, &self->sink_names, args + 1) < 0) {
+        s->next_free = self->free_tag;
+        self->free_tag = tag;
+        return NULL;
+    }
+    s->sid = sid;
+    s->read = 0;
+    self->live++;
+    vx_h2_set_tag(self->c, sid, tag);
+    Py_RETURN_TRUE;
+}
+
+/* undirect(stream_id, /): the stream's DATA are events again (its attempt ended). */
+static PyObject *H2_undirect(H2Object *self, PyObject *arg)
+{
+    if (self->live == 0)
+        Py_RETURN_NONE;
+    uint32_t sid;
+    bool valid;
+    if (h2_sid(arg, &sid, &valid) < 0)
+        return NULL;
+    if (!valid || sid == 0)
+        Py_RETURN_NONE;
+    uint32_t tag = vx_h2_tag(self->c, sid);
+    if (tag == 0) /* the codec forgot the stream already (it ended both ways): look it up */
+        for (uint32_t i = 0; i < self->nslots && tag == 0; i++)
+            if (self->slots[i].sid == sid)
+                tag = i + 1;
+    if (tag == 0)
+        Py_RETURN_NONE;
+    vx_h2_set_tag(self->c, sid, 0);
+    h2_slot *s = &self->slots[tag - 1];
+    s->sid = 0;
+    s->next_free = self->free_tag;
+    self->free_tag = tag;
+    self->live--;
+    vxb_sink_clear(&s->sink); /* last: it may run a finaliser */
     Py_RETURN_NONE;
 }
 
@@ -446,6 +710,12 @@ static PyMethodDef H2_methods[] = {
      "data_to_send($self, /)\n--\n\nEverything queued since the last call, or b''."},
     {"acknowledge", FASTCALL(H2_acknowledge), METH_FASTCALL,
      "acknowledge($self, stream_id, n, /)\n--\n\nReport n flow-controlled bytes consumed."},
+    {"direct", FASTCALL(H2_direct), METH_FASTCALL,
+     "direct($self, stream_id, conn, write, sse, exchange, attempt, chunked, /)\n--\n\n"
+     "Plain DATA of the stream go to write (the client transport's) from here on; see "
+     "bind_sink.h. False when the codec holds no state for the stream."},
+    {"undirect", (PyCFunction)H2_undirect, METH_O,
+     "undirect($self, stream_id, /)\n--\n\nThe stream's DATA are events again."},
     {"reset_stream", FASTCALL(H2_reset_stream), METH_FASTCALL,
      "reset_stream($self, stream_id, error_code=CANCEL, /)\n--\n\nQueue RST_STREAM."},
     {"send_ping", (PyCFunction)H2_send_ping, METH_O,
@@ -473,6 +743,8 @@ static PyType_Slot H2_slots[] = {
     {Py_tp_doc, (void *)H2_doc},
     {Py_tp_new, H2_new},
     {Py_tp_dealloc, H2_dealloc},
+    {Py_tp_traverse, H2_traverse},
+    {Py_tp_clear, H2_clear},
     {Py_tp_methods, H2_methods},
     {Py_tp_getset, H2_getset},
     {0, NULL},
@@ -481,8 +753,162 @@ static PyType_Slot H2_slots[] = {
 static PyType_Spec H2_spec = {
     .name = "velox._native.H2Client",
     .basicsize = sizeof(H2Object),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = H2_slots,
+};
+
+/* ---------------------------------------------------------------- H2Reader */
+
+/* The reading half of an HTTP/2 upstream connection (velox/egress/h2conn.py's H2Connection
+ * subclasses it with asyncio.BufferedProtocol). uvloop calls get_buffer and buffer_updated,
+ * both here: with the native codec a read is parsed in C (receive_answers) and, when it left
+ * no event for Python (every DATA frame in it went to its client through the direct path)
+ * and nothing to send, Python is not entered at all; else the subclass gets one call:
+ *   _h_events(events)   the read's events (dispatched, then the connection flushes)
+ *   _h_failed(exc)      the codec's CodecError: the connection is unusable
+ * With another codec each read goes to the subclass's data_received as bytes. */
+
+/* Reads land in this buffer: h2conn.READ_BUFFER says why it is ours and this large. */
+#define H2R_READ_BUFFER (256 * 1024)
+
+enum { H2R_EVENTS, H2R_FAILED, H2R_DATA_RECEIVED, H2R_NAMES };
+static const char *const h2r_names[H2R_NAMES] = {"_h_events", "_h_failed", "data_received"};
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    PyObject *view;   /* a writable memoryview of buf: read_buffer */
+    PyObject *codec;  /* the connection's codec (any Codec; C reads only an H2Client) */
+    unsigned long long reads; /* reads so far (the pool's liveness check compares them) */
+    PyObject *names[H2R_NAMES];
+} H2Reader;
+
+static PyObject *H2R_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)args;
+    (void)kwds;
+    H2Reader *self = (H2Reader *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    if (vxb_reader_buffer(H2R_READ_BUFFER, &self->buf, &self->view) < 0 ||
+        vxb_intern(self->names, h2r_names, H2R_NAMES) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int H2R_traverse(H2Reader *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->view);
+    Py_VISIT(self->codec);
+    return 0;
+}
+
+static int H2R_clear(H2Reader *self)
+{
+    Py_CLEAR(self->view);
+    Py_CLEAR(self->codec);
+    return 0;
+}
+
+static void H2R_dealloc(H2Reader *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    H2R_clear(self);
+    for (int i = 0; i < H2R_NAMES; i++)
+        Py_CLEAR(self->names[i]);
+    PyMem_Free(self->buf); /* after the view, as H1Reader's (see H1R_dealloc) */
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Call the subclass's method `which` with one argument (stolen). */
+static PyObject *h2r_call(H2Reader *self, int which, PyObject *arg)
+{
+    if (arg == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, self->names[which], arg);
+    Py_DECREF(arg);
+    return r;
+}
+
+static PyObject *H2R_get_buffer(H2Reader *self, PyObject *sizehint)
+{
+    (void)sizehint;
+    return Py_NewRef(self->view);
+}
+
+static PyObject *H2R_buffer_updated(H2Reader *self, PyObject *arg)
+{
+    size_t n;
+    if (vxb_reader_nbytes(arg, H2R_READ_BUFFER, &n) < 0)
+        return NULL;
+    PyObject *codec = self->codec;
+    if (codec == NULL || Py_TYPE(codec)->tp_dealloc != (destructor)H2_dealloc)
+        return h2r_call(self, H2R_DATA_RECEIVED,
+                        PyBytes_FromStringAndSize(self->buf, (Py_ssize_t)n));
+    H2Object *h2 = (H2Object *)Py_NewRef(codec); /* Python below may drop the connection's */
+    self->reads++;
+    PyObject *r, *events = h2_receive_bytes(h2, (const uint8_t *)self->buf, n, true);
+    if (events == NULL) {
+        if (h2->error_class == NULL || !PyErr_ExceptionMatches(h2->error_class)) {
+            r = NULL;
+        } else {
+            PyObject *type, *exc, *tb;
+            PyErr_Fetch(&type, &exc, &tb); /* 3.11's spelling of PyErr_GetRaisedException */
+            PyErr_NormalizeException(&type, &exc, &tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            r = h2r_call(self, H2R_FAILED, exc);
+        }
+    } else if (PyList_GET_SIZE(events) == 0 && !vx_h2_has_output(h2->c)) {
+        Py_DECREF(events); /* all of it went to clients from C: nothing for Python */
+        r = Py_NewRef(Py_None);
+    } else {
+        r = h2r_call(self, H2R_EVENTS, events);
+    }
+    Py_DECREF(h2);
+    return r;
+}
+
+static PyMethodDef H2R_methods[] = {
+    {"get_buffer", (PyCFunction)H2R_get_buffer, METH_O,
+     "get_buffer(sizehint, /) -> memoryview: the read buffer (BufferedProtocol)."},
+    {"buffer_updated", (PyCFunction)H2R_buffer_updated, METH_O,
+     "buffer_updated(nbytes, /): the first nbytes of the read buffer through the codec."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef H2R_members[] = {
+    {"read_buffer", T_OBJECT_EX, offsetof(H2Reader, view), READONLY,
+     "The buffer uvloop reads into (a writable memoryview)."},
+    {"codec", T_OBJECT, offsetof(H2Reader, codec), 0, "The connection's codec."},
+    {"reads", T_ULONGLONG, offsetof(H2Reader, reads), 0, "Reads so far."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(H2R_doc, "H2Reader()\n\nThe native reading half of an HTTP/2 upstream connection "
+                      "(see velox/egress/h2conn.py).");
+
+static PyType_Slot H2R_slots[] = {
+    {Py_tp_doc, (void *)H2R_doc},
+    {Py_tp_new, H2R_new},
+    {Py_tp_dealloc, H2R_dealloc},
+    {Py_tp_traverse, H2R_traverse},
+    {Py_tp_clear, H2R_clear},
+    {Py_tp_methods, H2R_methods},
+    {Py_tp_members, H2R_members},
+    {0, NULL},
+};
+
+static PyType_Spec H2R_spec = {
+    .name = "velox._native.H2Reader",
+    .basicsize = sizeof(H2Reader),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = H2R_slots,
 };
 
 /* ---------------------------------------------------------------- init */
@@ -507,7 +933,12 @@ static const vxb_int_const constants[] = {
 
 int vxb_h2_exec(PyObject *module, module_state *st)
 {
-    if (vxb_add_type(module, &H2_spec, &st->h2_type) < 0 ||
+    PyObject *reader = PyType_FromModuleAndSpec(module, &H2R_spec, NULL);
+    if (reader == NULL)
+        return -1;
+    int rc = PyModule_AddType(module, (PyTypeObject *)reader);
+    Py_DECREF(reader);
+    if (rc < 0 || vxb_add_type(module, &H2_spec, &st->h2_type) < 0 ||
         vxb_add_ints(module, constants, sizeof constants / sizeof constants[0]) < 0)
         return -1;
     return 0;

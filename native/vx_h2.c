@@ -48,6 +48,7 @@ enum { P_PREFACE, P_NORMAL, P_CONTINUATION };
 
 typedef struct vx_stream {
     uint32_t sid;
+    uint32_t tag; /* the caller's (vx_h2_set_tag), 0 until set; carried by its DATA events */
     uint8_t rx;
     bool tx_open;
     bool blocked;
@@ -629,6 +630,11 @@ bool vx_h2_data_pending(const vx_h2 *c)
     return c->deferred;
 }
 
+bool vx_h2_has_output(const vx_h2 *c)
+{
+    return c->out.len > 0 || c->deferred;
+}
+
 static void credit_connection(vx_h2 *c, int64_t n)
 {
     int64_t credit = c->conn_unacked + n;
@@ -658,6 +664,21 @@ int vx_h2_acknowledge(vx_h2 *c, uint32_t sid, int64_t n)
         s->unacked = credit;
     }
     return VX_H2_OK;
+}
+
+int vx_h2_set_tag(vx_h2 *c, uint32_t sid, uint32_t tag)
+{
+    vx_stream *s = find(c, sid);
+    if (s == NULL)
+        return VX_H2_ERROR;
+    s->tag = tag;
+    return VX_H2_OK;
+}
+
+uint32_t vx_h2_tag(const vx_h2 *c, uint32_t sid)
+{
+    const vx_stream *s = find(c, sid);
+    return s == NULL ? 0 : s->tag;
 }
 
 void vx_h2_reset_stream(vx_h2 *c, uint32_t sid, uint32_t error_code)
@@ -742,6 +763,7 @@ static int on_data(vx_h2 *c, uint8_t flags, uint32_t sid, const uint8_t *buf, si
         e->len = stop - start;
         e->value = (uint32_t)flow;
         e->end_stream = flags & FL_END_STREAM;
+        e->tag = s->tag;
     }
     if (flags & FL_END_STREAM)
         end_remote(c, s);

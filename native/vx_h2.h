@@ -79,6 +79,7 @@ typedef struct {
     size_t len;
     uint32_t first;
     uint32_t count;
+    uint32_t tag; /* DATA: the stream's tag (vx_h2_set_tag), 0 when none */
 } vx_h2_event;
 
 /* One request header field, as the caller passes it. */
@@ -124,10 +125,17 @@ const uint8_t *vx_h2_arena(const vx_h2 *c);
 const uint8_t *vx_h2_output(vx_h2 *c, size_t *n);
 void vx_h2_output_done(vx_h2 *c);
 bool vx_h2_data_pending(const vx_h2 *c);
+/* Anything for vx_h2_output to return: queued frames, or deferred body data. */
+bool vx_h2_has_output(const vx_h2 *c);
 
 /* VX_H2_OK, or VX_H2_ERROR when `sid` was never opened on this connection. */
 int vx_h2_acknowledge(vx_h2 *c, uint32_t sid, int64_t n);
 void vx_h2_reset_stream(vx_h2 *c, uint32_t sid, uint32_t error_code);
+/* Give an open stream a tag its DATA events carry (0: none): the binding's index of where the
+ * stream's body goes. VX_H2_OK, or VX_H2_ERROR when the codec holds no state for `sid`. */
+int vx_h2_set_tag(vx_h2 *c, uint32_t sid, uint32_t tag);
+/* The tag of `sid`, or 0 (none, or no state held for it any more). */
+uint32_t vx_h2_tag(const vx_h2 *c, uint32_t sid);
 void vx_h2_send_ping(vx_h2 *c, const uint8_t opaque[8]);
 void vx_h2_close(vx_h2 *c, uint32_t error_code);
 

@@ -508,6 +508,19 @@ class H1Reader:
         """A streamed answer's plain reads go to write (the client transport's) from here on."""
     def undirect(self) -> None: ...
 
+class H2Reader:
+    """The reading half of an HTTP/2 upstream connection (velox.egress.h2conn subclasses it
+    with asyncio.BufferedProtocol): with the native codec each read is parsed in C and reaches
+    the subclass's _h_events(events) only when it left events or output; a CodecError goes to
+    _h_failed(exc); with another codec every read goes to data_received(bytes)."""
+
+    read_buffer: memoryview  # read-only attribute: the buffer uvloop reads into
+    codec: Any  # the connection's codec
+    reads: int  # reads so far
+
+    def get_buffer(self, sizehint: int, /) -> memoryview: ...
+    def buffer_updated(self, nbytes: int, /) -> None: ...
+
 @final
 class H2Client:
     """velox.egress.codec.Codec in C; errors are raised as error_class(code, message, events)."""
@@ -539,6 +552,15 @@ class H2Client:
     def next_stream_id(self) -> int: ...
     @property
     def stream_state_count(self) -> int: ...
+    def direct(self, stream_id: int, conn: Any, write: Any, sse: Any, exchange: Any,
+               attempt: Any, chunked: bool, /) -> bool:
+        """The stream's plain DATA go to write (the client transport's) from here on, and
+        are credited here (native/bind_sink.h); False when the codec holds no state for it."""
+    def undirect(self, stream_id: int, /) -> None: ...
+
+def sink_piece(data: bytes, metered: bool, strip: bool, /) -> bytes | None:
+    """What the direct path writes of one streamed read (unframed), or None: the Python path
+    reads it (twin: velox.relay.twins.sink_piece)."""
 # HTTP/1.1 response writer (native/vx_http1.c); the face is velox.ingress.h1write.
 H1_LENGTH: Final[int]  # write content-length
 H1_CHUNKED: Final[int]  # write transfer-encoding: chunked

@@ -209,7 +209,7 @@ class Supervisor:
         # control channels, and the budgets' shared memory, resumed from the ledger.
         self.spend = SpendHost(settings, self.shared.slots, self.admin is not None, self.cluster)
         if self.admin is not None and self.spend.writer is not None:
-            self.admin.hub.ledger_sink = self.spend.writer.submit
+            self.admin.hub.ledger_sink = self.spend.writer.submit_frame
         self.spend.budgets_for(self.shared.tables)  # made before the first fork
 
     def _share_keys(self, shared: SharedStats) -> None:

@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--env", action="append", default=[], metavar="VELOX_X=VALUE",
                    help="a setting of the profiled gateway (repeatable)")
+    p.add_argument("--cleartext", action="store_true",
+                   help="the mock without TLS, Velox to it over HTTP/1.1 (the self-hosted case)")
     p.add_argument("--raw", action="store_true",
                    help="keep py-spy's collapsed stacks beside --out (one file per count)")
     args = p.parse_args(argv)
@@ -206,13 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         print("wrk is not installed", file=sys.stderr)
         return 2
     logdir = Path(tempfile.mkdtemp(prefix="velox-profile-"))
-    mock = MockUpstream(tls=True, extra_args=["--workers", "1"],
+    mock = MockUpstream(tls=not args.cleartext, extra_args=["--workers", "1"],
                         log_path=str(logdir / "mock.log"))
     mock.start()
     velox = GatewayProcess({"VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
                             "VELOX_UPSTREAM_ORIGIN": mock.origin,
                             "VELOX_UPSTREAM_CA_FILE": mock.ca_file or "",
                             "OPENAI_API_KEY": workload.API_KEY, "VELOX_LOG_LEVEL": "warning",
+                            **({"VELOX_UPSTREAM_PROTOCOL": "http1"} if args.cleartext else {}),
                             **dict(kv.partition("=")[::2] for kv in args.env)},
                            log_path=logdir / "velox.log")
     results = []

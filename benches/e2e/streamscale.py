@@ -167,19 +167,23 @@ def pyspy_top(pid: int, seconds: float) -> dict[str, float]:
     return {k: round(v / total, 3) for k, v in leaves.most_common(20)}
 
 
-def _user_system(roots: list[int]) -> tuple[float, float]:
+def _user_system(roots: list[int]) -> tuple[float, float, float]:
     """User and system CPU seconds of the process trees (the kernel's share of a proxy's
-    work is the syscalls and loopback TCP, which a faster user space does not change)."""
-    user = system = 0
-    for pid in (p for root in roots for p in tree(root)):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user += int(fields[11])
-        system += int(fields[12])
-    return user / TICK, system / TICK
+    work is the syscalls and loopback TCP, which a faster user space does not change), and
+    the roots' own (a gateway's supervisor: what its workers cost is the rest)."""
+    user = system = own = 0
+    for root in roots:
+        for pid in tree(root):
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            user += int(fields[11])
+            system += int(fields[12])
+            if pid == root:
+                own += int(fields[11]) + int(fields[12])
+    return user / TICK, system / TICK, own / TICK
 
 
 def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
@@ -203,12 +207,13 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         row = drive(port, streams, args.events, args.interval_ms, args.spread_ms)
     if spy is not None:
         spy.join()
-    user, system = (b - a for a, b in zip(cpu0, _user_system(roots), strict=True))
+    user, system, root = (b - a for a, b in zip(cpu0, _user_system(roots), strict=True))
     row["target"] = target
     if roots:
         events = max(1, row["events"])  # type: ignore[call-overload]
         row["cpu_us_per_event"] = round((user + system) / events * 1e6, 2)
         row["system_us_per_event"] = round(system / events * 1e6, 2)
+        row["root_us_per_event"] = round(root / events * 1e6, 2)  # the supervisor's share
     if prof:
         row["py_spy_top"] = prof
     return row

@@ -327,6 +327,31 @@ static void test_large_upload_and_reset(void)
     vx_h2_free(c);
 }
 
+/* A stream's tag rides on its DATA events only while the codec holds the stream; a stream
+ * reused from the free list starts untagged. */
+static void test_tags(void)
+{
+    vx_h2 *c = ready();
+    CHECK(vx_h2_tag(c, 1) == 0);
+    CHECK(vx_h2_set_tag(c, 1, 7) == VX_H2_OK);
+    CHECK(vx_h2_set_tag(c, 3, 7) == VX_H2_ERROR); /* never opened */
+    CHECK(vx_h2_tag(c, 1) == 7);
+    frame(1, 4, 1, "\x88", 1);
+    frame(0, 0, 1, "ab", 2);
+    frame(0, 1, 1, "c", 1);
+    CHECK(vx_h2_receive(c, wire.p, wire.len) == VX_H2_OK);
+    size_t n;
+    const vx_h2_event *ev = vx_h2_events(c, &n);
+    CHECK(n == 3 && ev[0].tag == 0 && ev[1].tag == 7 && ev[2].tag == 7);
+    CHECK(vx_h2_tag(c, 1) == 0); /* over both ways: forgotten */
+    uint32_t sid;
+    CHECK(vx_h2_send_request(c, (const uint8_t *)"GET", 3, (const uint8_t *)"/", 1, NULL, 0, NULL,
+                             0, &sid) == VX_H2_OK);
+    CHECK(sid == 3 && vx_h2_tag(c, 3) == 0);
+    vx_h2_free(c);
+    wire.len = 0;
+}
+
 int main(void)
 {
     test_response_every_split();
@@ -341,6 +366,7 @@ int main(void)
     test_oversized_frame_rejected_from_its_header();
     test_random_input();
     test_large_upload_and_reset();
+    test_tags();
     vx_buf_free(&wire);
     if (failures) {
         fprintf(stderr, "test_h2: %d failures\n", failures);

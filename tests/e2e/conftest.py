@@ -32,6 +32,13 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockUpstream]
         yield mock
 
 
+@pytest.fixture(scope="module")
+def plain_mock() -> Iterator[MockUpstream]:
+    """The mock without TLS: a cleartext HTTP/1.1 upstream, as self-hosted servers are."""
+    with MockUpstream(tls=False) as mock:
+        yield mock
+
+
 def gateway_env(mock: MockUpstream, **extra: str) -> dict[str, str]:
     env = {
         "VELOX_UPSTREAM_ORIGIN": mock.origin,

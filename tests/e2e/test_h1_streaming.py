@@ -17,13 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import orjson
 import pytest
 
-from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, client_for, gateway_env, wait_for
-from tests.e2e.test_tokens import access_lines, leave_a_stream, normal, tokens
+from tests.e2e.test_tokens import access_lines, direct_client, leave_a_stream, normal, tokens
 from velox.relay import usage
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
@@ -34,31 +32,24 @@ AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 PACED = {"x-mock-chunk-delay-ms": "5"}
 
 
-@pytest.fixture(scope="module")
-def plain_mock() -> Iterator[MockUpstream]:
-    with MockUpstream(tls=False) as mock:
-        yield mock
+def one_worker(mock: MockUpstream, protocol: str, native: bool,
+               tmp_path: Path) -> Iterator[GatewayProcess]:
+    """A one-worker gateway on `mock` over `protocol`, native or on the Python twins."""
+    env = gateway_env(mock, VELOX_WORKERS="1", VELOX_UPSTREAM_PROTOCOL=protocol,
+                      VELOX_NATIVE="1" if native else "0")
+    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gateway:
+        yield gateway
 
 
 @pytest.fixture(params=["native", "httptools"])
 def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
        tmp_path: Path) -> Iterator[GatewayProcess]:
-    env = gateway_env(plain_mock, VELOX_WORKERS="1", VELOX_UPSTREAM_PROTOCOL="http1",
-                      VELOX_NATIVE="1" if request.param == "native" else "0")
-    with GatewayProcess(env, log_path=tmp_path / "velox.log") as gateway:
-        yield gateway
-
-
-def _direct(mock: MockUpstream) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=mock.origin + "/v1", api_key="sk-direct", max_retries=0,
-                           timeout=20)
-    closed_after_the_test(client)
-    return client
+    yield from one_worker(plain_mock, "http1", request.param == "native", tmp_path)
 
 
 def test_streams_relay_the_upstreams_chunks_and_count_its_usage(
         gw: GatewayProcess, plain_mock: MockUpstream) -> None:
-    via, direct = client_for(gw), _direct(plain_mock)
+    via, direct = client_for(gw), direct_client(plain_mock)
     got = [normal(c) for c in via.chat.completions.create(
         model="gpt-4o", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
         extra_headers=PACED)]

@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from types import TracebackType
 
 import httpx
@@ -125,3 +126,48 @@ def test_a_dead_http1_upstream_is_retried_with_growing_backoff_and_logged_once_p
         log = gw.log()
         assert _lines(log, "is down: reconnecting").total() == workers
         assert _lines(log, "answers again after").total() == workers
+
+
+def _stamps(log: str, marker: str) -> list[float]:
+    """The times (seconds, from the log's asctime) of the lines containing `marker`."""
+    out = []
+    for line in log.splitlines():
+        if marker in line:
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            out.append(stamp.timestamp())
+    return out
+
+
+def test_a_refusing_http1_port_backs_off_to_the_h2_ceiling_and_warns_once(
+        start_gateway: GatewayFactory) -> None:
+    # A port bound but not listening: every connect is refused at once (ECONNREFUSED), the
+    # case where nothing throttles the reconnects but the pool's own backoff.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    try:
+        origin = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        gw = start_gateway(wait_ready=False, VELOX_UPSTREAM_ORIGIN=origin,
+                           VELOX_UPSTREAM_CA_FILE="", VELOX_UPSTREAM_PROTOCOL="http1",
+                           VELOX_WORKERS="1", VELOX_EGRESS_POOL_CONNECTIONS="1",
+                           VELOX_LOG_LEVEL="debug")
+        # Each failed connect after the first is one debug line; the waits before the k-th
+        # reconnect are 50 ms x 2^(k-1) x [0.5, 1], capped at 5 s. Ten failures in a row take
+        # at least 25 + 50 + ... + 2500 + 2500 ms (the cap's half) = 7.6 s however loaded the
+        # host; a pool reconnecting every 50-200 ms would make them in about a second.
+        still_down = "(upstream 'default' still down)"
+        wait_for(lambda: len(_stamps(gw.log(), still_down)) >= 9, timeout=120)
+        log = gw.log()
+        stamps = _stamps(log, "is down: reconnecting with backoff up to 5 s")[:1] + \
+            _stamps(log, still_down)[:9]
+        assert stamps[-1] - stamps[0] >= 7.0, stamps
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        assert max(gaps[-3:]) >= 2.5 > max(gaps[:3]), gaps  # it grew to the ceiling's range
+        # No wait beyond the 5 s ceiling, give or take a loaded host's stalls (5 s of margin):
+        # a coarse guard against a growth without a cap; the ceiling itself is next_backoff's,
+        # shared with the HTTP/2 pool, and the warning names it.
+        assert all(gap <= 10.0 for gap in gaps), gaps
+        warned = [line for line in log.splitlines()
+                  if "velox.egress" in line and " WARNING " in line]
+        assert len(warned) == 1 and "refused" in warned[0].lower(), warned
+    finally:
+        closed.close()

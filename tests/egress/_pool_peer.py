@@ -198,13 +198,14 @@ class Server:
 
 
 class PoolPeer:
-    def __init__(self, codec: str = "framer", connections: int = 1, protocol: str = "h2") -> None:
+    def __init__(self, codec: str = "framer", connections: int = 1, protocol: str = "h2",
+                 pipeline: int = 1) -> None:
         self.loop = FakeLoop()
         self.stats = SharedStats(1)
         self.tally = Tally(self.stats.counters, 0)
         spec = UpstreamSpec(name="test", origin=f"https://{AUTHORITY}", protocol=protocol,
                             connections=connections, request_timeout_ms=REQUEST_TIMEOUT_MS,
-                            api_key="sk-test")
+                            api_key="sk-test", http1_pipeline=pipeline)
         options = EgressOptions(codec=factory(codec), stream_idle_timeout_s=IDLE_TIMEOUT_S,
                                 queue_limit=64)
         self.codec = codec

@@ -4,10 +4,11 @@ parsing, a fake transport that records whether the connection reads."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
 from velox.core.fields import F
-from velox.egress.h1conn import H1Connection
+from velox.egress.h1conn import H1Base, H1Connection
 from velox.egress.h1pool import H1Pool, _Warmup
 
 from ._pool_peer import CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_MS, FakeClient, FakeTransport, PoolPeer
@@ -23,9 +24,9 @@ def _pool() -> tuple[PoolPeer, H1Pool]:
     return peer, pool
 
 
-def _connection(pool: H1Pool) -> tuple[H1Connection, FakeTransport]:
-    """An open, warm, idle connection, as `_open` leaves it."""
-    conn = H1Connection(pool)
+def _connection(pool: H1Pool, kind: type[H1Base] = H1Connection) -> tuple[Any, FakeTransport]:
+    """An open, warm, idle connection (of reader `kind`), as `_open` leaves it."""
+    conn = kind(pool)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     pool.total += 1

@@ -75,6 +75,35 @@ def test_a_submitted_request_goes_out_with_the_callers_flush_and_schedules_nothi
     assert client.status == 200 and client.ended
 
 
+def test_one_request_at_a_time_stays_on_one_connection_and_a_batch_spreads() -> None:
+    # With nothing in flight, each request goes where the last one went: alternating two
+    # connections at one client connection kept two TLS states and codecs warm for nothing.
+    # A micro-batch still spreads: each request to the connection with the fewest streams.
+    peer = PoolPeer(connections=2)
+    first, second = peer.connect(0), peer.connect(1)
+    for _ in range(4):  # one at a time, each answered before the next
+        before = len(first.requests)
+        client = peer.submit()
+        peer.upstream.flush()
+        peer.pump()
+        server = first if len(first.requests) > before else second
+        server.respond(server.requests[-1])
+        peer.pump()
+        assert client.status == 200 and client.ended
+    assert (len(first.requests), len(second.requests)) in ((4, 0), (0, 4))
+    busy, idle = (first, second) if first.requests else (second, first)
+    taken = len(busy.requests)
+    clients = [peer.submit() for _ in range(6)]  # one micro-batch
+    peer.upstream.flush()
+    peer.pump()
+    assert len(busy.requests) - taken == 3 and len(idle.requests) == 3
+    for server in (busy, idle):
+        for sid in server.requests[-3:]:
+            server.respond(sid)
+    peer.pump()
+    assert all(c.status == 200 and c.ended for c in clients)
+
+
 @pytest.mark.parametrize("codec", CODECS)
 def test_refused_stream_is_sent_again(codec: str) -> None:
     peer = PoolPeer(codec)

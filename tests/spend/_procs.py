@@ -37,7 +37,7 @@ def supervisor(path: str, run: str, workers: int, retention_days: int,
     writer = LedgerWriter(path, retention_days=retention_days, interval_s=0.05)
     writer.start()
     hub = ControlHub()
-    hub.ledger_sink = writer.submit
+    hub.ledger_sink = writer.submit_frame
     for slot in range(workers):
         mine, theirs = hub.pair()
         proc = subprocess.Popen([sys.executable, "-m", "tests.spend._procs", "worker",

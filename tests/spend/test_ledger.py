@@ -243,6 +243,7 @@ def test_local_totals_of_a_missing_or_disabled_ledger(tmp_path: Path) -> None:
 def test_the_feed_ships_one_frame_per_flush_and_drops_counted_rows_when_full() -> None:
     from velox.admin.control import FrameReader
     from velox.admin.ledgerfeed import LedgerFeed
+    from velox.spend.rowframe import rows_of, unpack
 
     frames: list[bytes] = []
     backlog = [0]
@@ -250,8 +251,8 @@ def test_the_feed_ships_one_frame_per_flush_and_drops_counted_rows_when_full() -
     for row in _rows(120):
         feed.add(row)
     assert feed.dropped == 20 and feed.flush() == 100 and feed.flush() == 0
-    (message,) = FrameReader().feed(frames[0])
-    assert [tuple(r) for r in message["ledger"]] == _rows(100)
+    (body,) = FrameReader().feed(frames[0])
+    assert rows_of(unpack(body)) == _rows(100)
     backlog[0] = 1000  # the supervisor stopped reading: nothing more is buffered
     for row in _rows(10):
         feed.add(row)

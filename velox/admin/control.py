@@ -17,9 +17,10 @@ socketpair that carries only them. `send(..., fds=...)` puts them there (SCM_RIG
 the frame that names them on the control socket, so the worker finds them queued when it
 reads that frame (`take_fds`).
 
-A worker may also send unasked `{"ledger": [row, ...]}` frames (its usage-ledger rows,
-velox.admin.ledgerfeed); the reader hands them to `ControlHub.ledger_sink` (the supervisor's
-LedgerWriter.submit), or drops them when there is none.
+A worker may also send unasked frames of usage-ledger rows (velox.admin.ledgerfeed), whose
+body is not JSON but velox.spend.rowframe's binary (it starts with `rowframe.TAG`, a JSON
+body with "{"): the reader hands the body undecoded to `ControlHub.ledger_sink` (the
+supervisor's LedgerWriter.submit_frame), or drops it when there is none.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from typing import Any
 
 import orjson
 
+from velox.spend.rowframe import TAG as LEDGER_TAG
+
 log = logging.getLogger("velox.admin")
 _HEADER = struct.Struct(">I")
-LEDGER_KEY = "ledger"  # an unasked frame of usage-ledger rows (velox.admin.ledgerfeed)
 # A merged profile is the largest message; this only stops a corrupt length from allocating GBs.
 MAX_FRAME = 256 * 1024 * 1024
 
@@ -52,12 +54,16 @@ class ControlTimeout(ControlError):
 
 
 def encode(message: Any) -> bytes:
-    body = orjson.dumps(message)
+    return frame(orjson.dumps(message))
+
+
+def frame(body: bytes) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
 class FrameReader:
-    """Splits a byte stream into decoded frames; feed it whatever recv() returned."""
+    """Splits a byte stream into decoded frames; feed it whatever recv() returned. A ledger
+    frame's body stays bytes (its reader decodes it)."""
 
     __slots__ = ("_buf",)
 
@@ -74,7 +80,8 @@ class FrameReader:
                 raise ControlError(f"control frame of {size} bytes is too large")
             if len(buf) < 4 + size:
                 break
-            out.append(orjson.loads(bytes(buf[4:4 + size])))
+            body = bytes(buf[4:4 + size])
+            out.append(body if body[:1] == LEDGER_TAG else orjson.loads(body))
             del buf[:4 + size]
         return out
 
@@ -111,8 +118,8 @@ class _Channel:
                 if not data:
                     break
                 for message in reader.feed(data):
-                    if LEDGER_KEY in message:
-                        self._ledger(message[LEDGER_KEY])
+                    if type(message) is bytes:
+                        self._ledger(message)
                         continue
                     with self.pending_lock:
                         waiter = self.pending.pop(message.get("id"), None)
@@ -123,12 +130,12 @@ class _Channel:
             pass
         self.fail_pending()
 
-    def _ledger(self, rows: Any) -> None:
+    def _ledger(self, body: bytes) -> None:
         sink = self.hub.ledger_sink if self.hub is not None else None
-        if sink is None or not isinstance(rows, list):
+        if sink is None:
             return
         try:
-            sink(rows)
+            sink(body)
         except Exception:
             log.exception("control channel %d: ledger rows dropped", self.slot)
 
@@ -157,8 +164,9 @@ class ControlHub:
         self._lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._ids = itertools.count(1)
-        # Where the workers' ledger rows go (LedgerWriter.submit); None: dropped.
-        self.ledger_sink: Callable[[list[Any]], object] | None = None
+        # Where the workers' frames of ledger rows go (LedgerWriter.submit_frame); None:
+        # dropped.
+        self.ledger_sink: Callable[[bytes], object] | None = None
 
     @staticmethod
     def pair() -> tuple[socket.socket, socket.socket]:

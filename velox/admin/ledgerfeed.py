@@ -1,11 +1,12 @@
 """A worker's side of the ledger: rows collected on the loop, shipped to the supervisor.
 
 The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us).
-Every `FLUSH_S` a loop timer takes the collected rows, encodes them in one orjson call as one
-control frame (`{"ledger": [row, ...]}`, admin/control.py framing) and hands the frame to
-`write` (the control channel's transport.write: never blocking, it buffers in the loop). The
-supervisor's channel reader passes the rows to its `LedgerWriter.submit` (velox.spend.ledger
-explains why the supervisor writes).
+Every `FLUSH_S` a loop timer takes the collected rows, packs them by column into one binary
+control frame (velox.spend.rowframe, admin/control.py framing; a row that does not fit is
+left out, counted in `dropped` and logged) and hands the frame to `write` (the control
+channel's transport.write: never blocking, it buffers in the loop). The supervisor's channel
+reader passes the frame to its `LedgerWriter.submit_frame` (velox.spend.ledger explains why
+the supervisor writes).
 
 Bounded: at most `ROWS_MAX` rows wait in the feed, and a frame is not written while the
 transport already buffers `BACKLOG_MAX` bytes (the supervisor is not reading); rows that find
@@ -16,10 +17,14 @@ its last `FLUSH_S` at most; what it wrote to the socket is read by the superviso
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from velox.admin.control import LEDGER_KEY, encode
+from velox.admin.control import frame
+from velox.spend.rowframe import pack
+
+log = logging.getLogger("velox.ledger")
 
 FLUSH_S = 0.1
 # A second of a worker's top rate (~10k requests/s) with room to spare.
@@ -42,6 +47,7 @@ class LedgerFeed:
         self.rows: list[Sequence[Any]] = []
         self.sent = 0
         self.dropped = 0
+        self.bad = 0  # of the dropped: rows that did not fit the columns (rowframe.pack)
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -61,9 +67,17 @@ class LedgerFeed:
         if self.backlog() >= self.backlog_max:
             self.dropped += len(rows)
             return 0
-        self.write(encode({LEDGER_KEY: rows}))
-        self.sent += len(rows)
-        return len(rows)
+        body, bad = pack(rows)
+        if bad:
+            if not self.bad:  # once: a producer's bug, not a load to report per frame
+                log.warning("ledger: %d rows did not fit the ledger's columns and were "
+                            "dropped", bad)
+            self.bad += bad
+            self.dropped += bad
+        if body:
+            self.write(frame(body))
+        self.sent += len(rows) - bad
+        return len(rows) - bad
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

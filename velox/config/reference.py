@@ -31,6 +31,7 @@ README_VARIABLES = (
 
 _FROM_VARIABLE = {
     "protocol": "`VELOX_UPSTREAM_PROTOCOL`", "connections": "`VELOX_EGRESS_POOL_CONNECTIONS`",
+    "http1_pipeline": "`VELOX_UPSTREAM_PIPELINE`",
     "ca_file": "`VELOX_UPSTREAM_CA_FILE`", "request_timeout_ms": "`VELOX_REQUEST_TIMEOUT_MS`",
     "connect_timeout_ms": "`VELOX_CONNECT_TIMEOUT_MS`",
     "warmup_path": "`VELOX_UPSTREAM_WARMUP_PATH`",
@@ -67,6 +68,9 @@ KEY_DOCS: dict[str, dict[str, str]] = {
         "protocol": "`auto` (ALPN for https, HTTP/1.1 for http), `h2` (on http: cleartext "
                     "HTTP/2 with prior knowledge) or `http1`",
         "connections": "upstream connections per worker",
+        "http1_pipeline": "HTTP/1.1 only: requests of one micro-batch written together on one "
+                          "connection, up to this many, answered in order (1: none; set it only "
+                          "for a server known to handle pipelining, e.g. vLLM, llama.cpp)",
         "ca_file": "extra CA certificates (PEM) trusted for this upstream; relative to the file",
         "request_timeout_ms": "time allowed for response headers (then 504, or a retry)",
         "connect_timeout_ms": "time allowed to open a connection and answer its warm-up GET",

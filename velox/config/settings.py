@@ -314,6 +314,9 @@ FIELDS: tuple[Field, ...] = (
           "(HTTP/1.1 to every upstream)"),
     Field("VELOX_EGRESS_POOL_CONNECTIONS", "egress_pool_connections", _int_in(1, 256), "",
           "upstream connections per worker (empty: one per usable core)"),
+    Field("VELOX_UPSTREAM_PIPELINE", "upstream_pipeline", _int_in(1, 64), "1",
+          "HTTP/1.1 requests pipelined on one upstream connection (1: none; only for a server "
+          "known to answer pipelined requests in order)"),
     Field("VELOX_REQUEST_TIMEOUT_MS", "request_timeout_ms", _int_in(1, 86_400_000),
           str(DEFAULT_REQUEST_TIMEOUT_MS), "time allowed for upstream response headers (504)"),
     Field("VELOX_CONNECT_TIMEOUT_MS", "connect_timeout_ms", _int_in(1, 600_000),
@@ -450,6 +453,7 @@ class Settings:
     api_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
     egress: str = "auto"
     egress_pool_connections: int = 1
+    upstream_pipeline: int = 1
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     connect_timeout_ms: int = DEFAULT_CONNECT_TIMEOUT_MS
     stream_idle_timeout_ms: int = DEFAULT_STREAM_IDLE_TIMEOUT_MS
@@ -503,6 +507,7 @@ class Settings:
         return UpstreamSpec(
             name=DEFAULT_UPSTREAM, origin=self.upstream_origin, api_key=self.upstream_api_key,
             protocol=protocol, connections=self.egress_pool_connections,
+            http1_pipeline=self.upstream_pipeline,
             ca_file=self.upstream_ca_file, request_timeout_ms=self.request_timeout_ms,
             connect_timeout_ms=self.connect_timeout_ms, warmup_path=self.upstream_warmup_path,
         )

@@ -97,6 +97,8 @@ class UpstreamSpec:
     api_version: str = ""  # azure only: the api-version query parameter
     protocol: str = "auto"  # auto | h2 | http1 (as VELOX_UPSTREAM_PROTOCOL)
     connections: int = 1  # per worker
+    # HTTP/1.1 requests written ahead on one connection (1: none; see egress.h1pool).
+    http1_pipeline: int = 1
     ca_file: str = ""
     request_timeout_ms: int = 600_000
     connect_timeout_ms: int = 5_000
@@ -377,14 +379,15 @@ def _azure_path(path: bytes, model: str, api_version: str) -> bytes:
 TOP_KEYS = ("upstream", "route", "retry", "breaker", "key", "price", "budget")
 UPSTREAM_KEYS = ("name", "origin", "api_key_env", "kind", "api_version", "protocol",
                  "connections", "ca_file", "request_timeout_ms", "connect_timeout_ms",
-                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage", *KIND_KEYS)
+                 "max_in_flight", "rpm", "warmup_path", "tpm", "stream_usage",
+                 "http1_pipeline", *KIND_KEYS)
 ROUTE_KEYS = ("model", "targets", "strategy", "fallbacks", "cache", "batch",
               "default_max_tokens")
 TARGET_KEYS = ("upstream", "model", "weight", "priority")
 # Inclusive bounds of every integer key. The limits mirror config.py's for the same VELOX_*
 # variables (timeouts, pool size, rpm kept inside the token bucket's int64 arithmetic).
 UPSTREAM_INTS = {
-    "connections": (1, 256), "request_timeout_ms": (1, 86_400_000),
+    "connections": (1, 256), "http1_pipeline": (1, 64), "request_timeout_ms": (1, 86_400_000),
     "connect_timeout_ms": (1, 600_000), "max_in_flight": (0, 1_000_000),
     "rpm": (0, 1_000_000_000), "tpm": (0, 1_000_000_000),
     "default_max_tokens": (1, 1_000_000),
@@ -568,6 +571,7 @@ def _upstream(source: str, index: int, table: dict[str, Any], env: Mapping[str, 
     ints: dict[str, Any] = {key: _int(source, where, table, key, default, *UPSTREAM_INTS[key])
                             for key, default in (
                                 ("connections", template.connections),
+                                ("http1_pipeline", template.http1_pipeline),
                                 ("request_timeout_ms", template.request_timeout_ms),
                                 ("connect_timeout_ms", template.connect_timeout_ms),
                                 ("max_in_flight", 0), ("rpm", 0), ("tpm", 0))}

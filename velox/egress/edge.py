@@ -119,12 +119,10 @@ class Translation:
         # Every provider's stream reports its usage, so the meter need not ask for a usage
         # chunk and strip it (velox.relay.usage) as it does for OpenAI upstreams: the numbers
         # are handed to it at the end (`end`). An earlier OpenAI attempt may have set `strip`.
-        # A priced meter (velox.spend.wire) wraps the token meter as `inner` and reads its
-        # numbers when the request settles: the token meter is the one told.
-        priced, meter = meter, getattr(meter, "inner", meter)
         self.meter = meter if self.stream and not self.include_usage else None
-        # ... and the priced one is told every part (cached, cache writes, reasoning).
-        self.priced = priced if self.meter is not None and priced is not meter else None
+        # A priced meter (velox.spend.wire) is told every part (cached, cache writes,
+        # reasoning) beside the numbers.
+        self.priced = meter if self.meter is not None and hasattr(meter, "told") else None
         if self.meter is not None and getattr(meter, "ask", False):
             meter.strip = False
         self.call = translator.chat(body, model, self.stream, headers)

@@ -1,6 +1,9 @@
 """One HTTP/1.1 keep-alive upstream connection (the fallback when the upstream has no h2).
 
-One attempt at a time per connection; the pool keeps idle connections and opens more on
+One attempt at a time per connection, unless the upstream allows pipelining (its
+`http1_pipeline` above 1: the pool then writes a micro-batch's requests on one connection with
+one write, `queue` then `flush_out`, and they are answered in order: `behind` holds those
+written after the one being answered). The pool keeps idle connections and opens more on
 demand. The response is parsed with httptools and reported to the attempt's client like the
 HTTP/2 path does. Backpressure: when the client stops reading, we stop reading the upstream
 socket (the attempt is marked as withholding) until it reads again, or the attempt ends, which
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 import httptools
@@ -61,7 +65,34 @@ _SLOTS = (
     "pool", "transport", "parser", "attempt", "headers", "status", "keep_alive",
     "closed", "reading_paused", "warm", "authority", "idle_since",
     "body_rest", "write_paused", "write_scheduled", "held", "held_body",
+    "behind", "out", "unsent",
 )
+
+
+class _Dropped:
+    """The client of an answer nobody waits for: a pipelined request whose client left (or
+    timed out). Its answer is still read, and dropped, so the requests behind it keep their
+    connection. One instance serves all (`attempt` stays None, so nothing retries it)."""
+
+    __slots__ = ()
+    attempt = None
+    method = b"POST"
+    paused = False
+
+    def on_response(self, status: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        pass
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        pass
+
+    def on_answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        pass
+
+    def on_error(self, exc: BaseException) -> None:
+        pass
+
+
+_DROPPED: Any = _Dropped()
 
 
 class H1Base(asyncio.BufferedProtocol):
@@ -87,6 +118,9 @@ class H1Base(asyncio.BufferedProtocol):
         write_scheduled: bool
         held: bool
         held_body: list[bytes]
+        behind: deque[UpstreamCall]
+        out: list[bytes]
+        unsent: int
 
     def __init__(self, pool: H1Owner) -> None:
         self.pool = pool
@@ -109,14 +143,52 @@ class H1Base(asyncio.BufferedProtocol):
         # HTTP/2 codec's ANSWER event); else head and body so far go out when the read ends.
         self.held = False
         self.held_body = []
+        # Pipelining: attempts written (or queued in `out`) after `attempt`, in order; the
+        # last `unsent` of [attempt, *behind] are still in `out`, not written.
+        self.behind = deque()
+        self.out = []
+        self.unsent = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def send(self, attempt: UpstreamCall) -> None:
+        """Write the request now (the connection carries nothing else)."""
+        body = attempt.client.body
+        self.transport.write(self._carry(attempt))  # type: ignore[union-attr]
+        if body and len(body) > WRITE_SLICE:
+            # A memoryview is the arena's and may be reused before the last slice is out.
+            self.body_rest = memoryview(bytes(body) if type(body) is memoryview else body)
+            self._write_body()
+
+    def queue(self, attempt: UpstreamCall) -> None:
+        """Pipelining: the request (a small body, not HEAD: the pool's rule) is written with
+        the others of its batch by `flush_out`, behind any the connection carries."""
+        self.out.append(self._carry(attempt))
+        self.unsent += 1
+
+    def flush_out(self) -> None:
+        """One write for every request queued since the last one."""
+        out = self.out
+        if out:
+            self.out = []
+            self.unsent = 0
+            if not self.closed and self.transport is not None:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _current(self, attempt: UpstreamCall) -> None:
+        """`attempt` is the one the next response answers."""
+        self.attempt = attempt
+
+    def _carry(self, attempt: UpstreamCall) -> bytes:
+        """Take the attempt on (answered next, or behind those in flight); the bytes of its
+        request: the head, and the body unless it is larger than a write slice."""
         client = attempt.client
         method, body = client.method, client.body
-        self.attempt = attempt
+        if self.attempt is None:
+            self._current(attempt)
+        else:
+            self.behind.append(attempt)
         attempt.conn = self
         attempt.stream_id = 0
         parts: list[bytes | bytearray | memoryview] = [
@@ -126,15 +198,10 @@ class H1Base(asyncio.BufferedProtocol):
         if body or method == b"POST":
             parts.append(b"content-length: %d\r\n" % len(body or b""))
         parts.append(b"\r\n")
-        large = len(body) > WRITE_SLICE
-        if body and not large:
+        if body and len(body) <= WRITE_SLICE:
             parts.append(body)
         attempt.t_sent = time.perf_counter_ns()
-        self.transport.write(b"".join(parts))  # type: ignore[union-attr]
-        if large:
-            # A memoryview is the arena's and may be reused before the last slice is out.
-            self.body_rest = memoryview(bytes(body) if type(body) is memoryview else body)
-            self._write_body()
+        return b"".join(parts)
 
     def _write_body(self) -> None:
         self.write_scheduled = False
@@ -232,9 +299,15 @@ class H1Base(asyncio.BufferedProtocol):
             self.body_rest = None
             self.close()
         elif self.keep_alive and not self.closed:
-            self.pool.on_idle(self)
+            if self.behind:
+                self._current(self.behind.popleft())
+            else:
+                self.pool.on_idle(self)
         else:
+            # A server that answers with "Connection: close" processes nothing after that
+            # request (RFC 9112, 9.6): the requests pipelined behind it are sent again.
             self.close()
+            self._resend_all(self._take_behind())
 
     def _feed_py(self, data: bytes | memoryview) -> None:
         """Bytes for httptools (the twin's every read; the native reader's after a fallback)."""
@@ -255,10 +328,42 @@ class H1Base(asyncio.BufferedProtocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
+        closed, self.closed = self.closed, True  # from here no retry can land on it
+        unsent = self.unsent
+        behind = self._take_behind()
+        attempt = self.attempt
+        if attempt is not None and unsent > len(behind):  # never written: send it again
+            self._release(attempt)
+            self._resend_all([attempt])
+        elif not closed:
             self._fail(UpstreamUnavailable("the upstream closed the connection"))
-        self.closed = True
+        # Pipelined behind the answer in progress: written ones may have been processed (502,
+        # which routing may retry elsewhere before anything reached the client); those still
+        # in `out` were not, and are sent again.
+        written = len(behind) - min(unsent, len(behind))
+        for waiting in behind[:written]:
+            waiting.client.on_error(UpstreamUnavailable(
+                "the upstream closed the connection with the request pipelined on it"))
+        self._resend_all(behind[written:])
         self.pool.on_closed(self)
+
+    def _take_behind(self) -> list[UpstreamCall]:
+        """The attempts pipelined behind the current one, detached from this connection."""
+        behind = list(self.behind)
+        self.behind.clear()
+        self.out = []
+        self.unsent = 0
+        for attempt in behind:
+            attempt.conn = None
+        return behind
+
+    def _resend_all(self, attempts: list[UpstreamCall]) -> None:
+        """Attempts the upstream provably did not process: to the `Upstream` to send again."""
+        front = self.pool.front
+        for attempt in attempts:
+            if not front.retry(attempt):
+                attempt.client.on_error(UpstreamUnavailable(
+                    "the upstream closed the connection before this request"))
 
     def _fail(self, exc: Exception) -> None:
         self.held = False  # a head not reported yet: the error is all the client hears
@@ -288,12 +393,22 @@ class H1Base(asyncio.BufferedProtocol):
                 self.transport.resume_reading()
 
     def cancel(self, attempt: UpstreamCall) -> None:
-        # HTTP/1.1 cannot cancel one request: the connection has to go.
+        # HTTP/1.1 cannot cancel one request: the connection has to go, unless requests are
+        # pipelined behind it; then its answer is read and dropped (a stuck one still ends
+        # the connection: the stand-in keeps its deadline).
         if attempt is self.attempt:
             self._release(attempt)
+            if self.behind and attempt.client is not _DROPPED:
+                self._current(_stand_in(self, attempt, attempt.deadline))
+                return
             if not self.closed:  # a connection we already close stops nothing more
                 self.pool.tally.cancelled()
             self.close()
+        elif attempt.conn is self and attempt.client is not _DROPPED:
+            # Pipelined behind: its answer will be dropped; its deadline is the current one's
+            # to keep (a sweep would otherwise expire the stand-in again every tick).
+            self.behind[self.behind.index(attempt)] = _stand_in(self, attempt, float("inf"))
+            attempt.conn = None
 
     def close(self) -> None:
         if not self.closed:
@@ -304,7 +419,16 @@ class H1Base(asyncio.BufferedProtocol):
     # --- for the pool -------------------------------------------------------------------------
 
     def live(self) -> list[UpstreamCall]:
-        return [] if self.attempt is None else [self.attempt]
+        return ([] if self.attempt is None else [self.attempt]) + list(self.behind)
+
+
+def _stand_in(conn: H1Base, attempt: UpstreamCall, deadline: float) -> UpstreamCall:
+    """An attempt in place of `attempt` on `conn` whose answer is dropped (see `cancel`)."""
+    stand_in = UpstreamCall(_DROPPED, attempt.number, deadline)
+    stand_in.conn = conn
+    stand_in.t_sent, stand_in.t_headers = attempt.t_sent, attempt.t_headers
+    stand_in.last_activity = attempt.last_activity
+    return stand_in
 
 
 class PyH1Connection(H1Base):
@@ -335,9 +459,9 @@ class H1Connection(_native.H1Reader, H1Base):
 
     __slots__ = _SLOTS
 
-    def send(self, attempt: UpstreamCall) -> None:
+    def _current(self, attempt: UpstreamCall) -> None:
+        self.attempt = attempt
         self.no_body = attempt.client.method == b"HEAD"  # its answer's framing fields lie
-        H1Base.send(self, attempt)
 
     def _take_head(self, status: int, headers: list[tuple[bytes, bytes]],
                    keep_alive: bool) -> UpstreamCall | None:

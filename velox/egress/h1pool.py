@@ -10,6 +10,15 @@ A warm connection that cannot be opened, or that closes before answering its war
 opened again after an exponential backoff (50 ms doubling to 5 s, jittered, as the HTTP/2
 pool's), reset once a connection answers; the pool logs the upstream going down and coming
 back, once each (BasePool.went_down, came_up).
+
+Pipelining (`http1_pipeline` above 1, opt-in per upstream: a server that mishandles it would
+mix answers up, and none says whether it supports it): the requests of one micro-batch share a
+connection, up to that many on one, written with one write at the batch's flush; a connection
+takes a new batch only once idle, so a slow answer holds at most the requests that came with
+it. Streamed requests are sent alone, as without it: a stream holds its connection for the
+whole generation, and whatever waited behind it would get its first token only after that (the
+latency a client of a stream notices most). So are HEAD requests and bodies larger than a
+write slice.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from velox.core.errors import UpstreamTimeout, UpstreamUnavailable
 from velox.egress.h1conn import H1Base, H1Connection, PyH1Connection
+from velox.egress.h2conn import WRITE_SLICE
 from velox.egress.interfaces import UpstreamCall
 from velox.egress.pool import BasePool, EgressOptions, next_backoff
 
@@ -48,6 +58,8 @@ class H1Pool(BasePool):
         self.connecting = 0
         self.backoff = 0.0  # seconds before the next warm connection is opened again
         self.conn_class: type[H1Base] = H1Connection if options.native_h1 else PyH1Connection
+        self.depth = self.spec.http1_pipeline  # requests at once on one connection
+        self.dirty: list[H1Base] = []  # connections with requests queued for the flush
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -68,7 +80,7 @@ class H1Pool(BasePool):
         return {"protocol": self.protocol, "authority": self.authority, "ready": self.ready,
                 "connections": [], "open_connections": self.total,
                 "idle_http1_connections": len(self.idle_conns), "queued": len(self.waiting),
-                "in_flight": sum(1 for c in self.conns if c.attempt is not None)}
+                "in_flight": sum(len(c.live()) for c in self.conns)}
 
     def close(self) -> None:
         self._stop(UpstreamUnavailable("the gateway is shutting down"))
@@ -78,6 +90,8 @@ class H1Pool(BasePool):
     # --- sending -------------------------------------------------------------------------------
 
     def dispatch(self, attempt: UpstreamCall) -> None:
+        if self.depth > 1 and self._pipeline(attempt):
+            return
         if self.idle_conns:
             self.idle_conns.pop().send(attempt)
             return
@@ -88,13 +102,42 @@ class H1Pool(BasePool):
                 and not self.closing):
             self._spawn(warm=False)
 
+    def _pipeline(self, attempt: UpstreamCall) -> bool:
+        """Queue the attempt on the connection this batch fills, or on an idle one; False
+        when it is to go alone (a stream, HEAD, a large body) or no connection has room."""
+        client = attempt.client
+        request = getattr(client, "request", None)  # the relay's exchange has it
+        if client.method == b"HEAD" or (client.body and len(client.body) > WRITE_SLICE) or \
+                (request is not None and request.stream):
+            return False
+        dirty = self.dirty
+        if dirty:
+            conn = dirty[-1]
+            if not conn.closed and len(conn.behind) + 1 < self.depth:
+                conn.queue(attempt)
+                self.tally.pipelined += 1
+                return True
+        if self.idle_conns:
+            conn = self.idle_conns.pop()
+            conn.queue(attempt)
+            dirty.append(conn)
+            return True
+        return False
+
     def flush(self) -> None:
-        """Nothing batched: each request was written as it was sent."""
+        """Without pipelining each request was written as it was sent; with it, each
+        connection the batch filled writes its requests at once."""
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush_out()
 
     def _live(self) -> Iterator[UpstreamCall]:
         for conn in self.conns:
             if conn.attempt is not None:
                 yield conn.attempt
+            yield from conn.behind
 
     # --- connection events ---------------------------------------------------------------------
 

@@ -6,6 +6,13 @@ client of each stream's `UpstreamCall`. Requests of one micro-batch are encoded 
 buffer and written with one `transport.write` when the pool flushes, which is where batching
 pays off in Python (one TLS record and one syscall for many requests).
 
+With the native codec, reads arrive in C (the `H2Reader` base) and a streamed answer the relay
+passes through untouched is *directed* once its head is in (`_direct`): the codec writes its
+plain DATA to the client itself, one write per read, and credits the window as the Python path
+would (or withholds the credit on the attempt when the write paused the client). Only the head,
+the end, resets and the reads the direct path leaves (usage chunks, half events, a paused
+client) come here as events; `_release` undirects.
+
 Liveness (`check_liveness`, `request_timed_out`) is driven by the pool's sweep: see h2pool.
 
 States move by one transition table (`TRANSITIONS`, as h2's connection state machine): a
@@ -18,7 +25,7 @@ connection CLOSED.
 
 Every way a stream ends goes through `_release` (end of response, trailers, reset, GOAWAY,
 cancel, deadline, connection loss), which is the one place that gives back the flow-control
-credit its attempt withholds for a client that stopped reading.
+credit its attempt withholds for a client that stopped reading, and that ends a direct path.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from velox.core.errors import UpstreamProtocolError, UpstreamTimeout, UpstreamUnavailable
 from velox.egress import codec as ev
 from velox.egress.interfaces import UpstreamCall
+from velox.egress.nativecodec import H2Reader
 
 if TYPE_CHECKING:
     from velox.egress.interfaces import CallHandle, Client, Front, Headers, Tally
@@ -47,9 +55,9 @@ WRITE_SLICE = 256 * 1024
 # A connection with more than this still queued is skipped by the pool when another can take
 # the request, so small calls do not wait behind a large upload's bytes.
 BACKLOG_LIMIT = 1024 * 1024
-# Reads land in this per-connection buffer (BufferedProtocol). With a plain Protocol, uvloop's
-# TLS layer allocates a fresh 256 KiB bytes object for every read and shrinks it, which costs
-# three syscalls (mmap, mremap, munmap) per response.
+# Reads land in a per-connection buffer of this size (BufferedProtocol; the C base's). With a
+# plain Protocol, uvloop's TLS layer allocates a fresh 256 KiB bytes object for every read and
+# shrinks it, which costs three syscalls (mmap, mremap, munmap) per response.
 READ_BUFFER = 256 * 1024
 # Requests in a row on one connection that get no response headers within the request timeout
 # before the connection is retired: one slow model is normal, three in a row with no response
@@ -160,15 +168,21 @@ class H2Owner(Protocol):
     def on_closed(self, conn: H2Connection, was_ready: bool) -> None: ...
 
 
-class H2Connection(asyncio.BufferedProtocol):
+class H2Connection(H2Reader, asyncio.BufferedProtocol):
+    """The connection. Its reads arrive in C (nativecodec.H2Reader: get_buffer,
+    buffer_updated, `read_buffer`, `codec` and `reads` are C's): with the native codec a read
+    whose DATA all went to clients from C (the direct path) and that left nothing to send never
+    enters Python; any other read comes to `_h_events` in one call. With the Python framer
+    every read comes to `data_received`."""
+
     __slots__ = (
-        "read_buffer",
-        "pool", "index", "codec", "transport", "state", "streams", "active",
+        "pool", "index", "transport", "state", "streams", "active",
         "last_stream_id", "flush_pending", "opened_at", "goaway_received", "receiving",
         "backlog", "backlog_bytes", "write_paused", "drain_scheduled",
-        "reads", "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
-        "timeouts", "dead", "receive",
+        "seen_reads", "quiet_since", "ping_sent_at", "ping_payload", "pings",
+        "timeouts", "dead", "receive", "direct",
     )
+    codec: ev.Codec  # (the C base's attribute)
 
     def __init__(self, pool: H2Owner, index: int, codec: ev.Codec) -> None:
         self.pool = pool
@@ -183,7 +197,6 @@ class H2Connection(asyncio.BufferedProtocol):
         self.opened_at = 0.0
         self.goaway_received = False
         self.receiving = False
-        self.read_buffer = memoryview(bytearray(READ_BUFFER))
         self.backlog: deque[memoryview] = deque()  # bytes the codec produced, not yet written
         self.backlog_bytes = 0
         self.write_paused = False
@@ -201,6 +214,9 @@ class H2Connection(asyncio.BufferedProtocol):
         # one dispatch and no acknowledge call instead of two events per response.
         # Looked up at the first read (bound once).
         self.receive: Callable[[bytes], list[tuple[Any, ...]]] | None = None
+        # The native codec writes a streamed answer's plain DATA to its client itself once
+        # told where (its `direct`; see _direct): None for the Python codecs.
+        self.direct: Callable[..., bool] | None = getattr(codec, "direct", None)
 
     def _move(self, event: Input) -> None:
         try:
@@ -226,13 +242,8 @@ class H2Connection(asyncio.BufferedProtocol):
         self.send(self.pool.warmup_attempt(_Warmup(self)))
         self.flush()
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(self.read_buffer[:nbytes]))
-
     def data_received(self, data: bytes) -> None:
+        """A read, with a codec other than the native one (whose reads C takes)."""
         self.reads += 1  # one increment per read, not per frame: all liveness costs here
         codec = self.codec
         receive = self.receive
@@ -241,10 +252,19 @@ class H2Connection(asyncio.BufferedProtocol):
         try:
             events = receive(data)
         except ev.CodecError as exc:
-            log.warning("upstream connection %d: protocol error: %s", self.index, exc)
-            self.flush()
-            self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
+            self._h_failed(exc)
             return
+        self._h_events(events)
+
+    def _h_failed(self, exc: ev.CodecError) -> None:
+        """The read broke the protocol: the codec queued a GOAWAY; the connection goes."""
+        log.warning("upstream connection %d: protocol error: %s", self.index, exc)
+        self.flush()
+        self._fail(UpstreamProtocolError(f"upstream HTTP/2 protocol error: {exc}"))
+
+    def _h_events(self, events: list[tuple[Any, ...]]) -> None:
+        """One read's events to the streams' clients; then what the codec queued goes out."""
+        codec = self.codec
         streams = self.streams
         now = time.monotonic()
         self.receiving = True
@@ -295,11 +315,27 @@ class H2Connection(asyncio.BufferedProtocol):
                 if end:
                     self._release(attempt)
                 attempt.client.on_response(event[2], event[3], end)
+                if not end and self.direct is not None:
+                    self._direct(attempt)
             else:
                 self._control(event)
         self.receiving = False
         if not self.flush_pending:
             self.flush()
+
+    def _direct(self, attempt: UpstreamCall) -> None:
+        """A stream the relay passes through untouched: from here on the codec writes its plain
+        DATA to the client itself (velox._native.H2Client.direct: one write per read, no
+        event), and its flow-control credit; the rest still comes here as events."""
+        client = attempt.client
+        route = getattr(client, "direct_route", None)
+        if route is None or attempt.conn is not self:
+            return
+        target = route()
+        if target is not None:
+            conn, write, sse, chunked = target
+            self.direct(attempt.stream_id, conn, write, sse,  # type: ignore[misc]
+                        client, attempt, chunked)
 
     def _control(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
@@ -456,6 +492,8 @@ class H2Connection(asyncio.BufferedProtocol):
         del self.streams[attempt.stream_id]
         self.active -= 1
         attempt.conn = None
+        if self.direct is not None:
+            self.codec.undirect(attempt.stream_id)  # type: ignore[attr-defined]
         if attempt.withheld:
             n, attempt.withheld = attempt.withheld, 0
             if self.state is not _CLOSED:

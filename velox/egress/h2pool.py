@@ -1,7 +1,8 @@
-"""The HTTP/2 pool of one upstream: pre-warmed multiplexed connections, round-robin, queueing.
+"""The HTTP/2 pool of one upstream: pre-warmed multiplexed connections, least-busy, queueing.
 
-It keeps `spec.connections` connections and spreads attempts over them round-robin, respecting each
-server's MAX_CONCURRENT_STREAMS (capped at 512) and queueing beyond it. Every connection is warmed
+It keeps `spec.connections` connections and gives each attempt to the one with the fewest open
+streams (ties to the last one used: `_pick`), respecting each server's MAX_CONCURRENT_STREAMS
+(capped at 512) and queueing beyond it. Every connection is warmed
 with a GET of the spec's warm-up path before it takes traffic; a connection that is lost or told
 GOAWAY is replaced with exponential backoff. Requests the upstream has provably not processed (above
 a GOAWAY's last stream id, refused with REFUSED_STREAM, or refused by the codec) go back to the
@@ -51,7 +52,7 @@ class H2Pool(BasePool):
         self.retired: set[H2Connection] = set()
         self.dirty: list[H2Connection] = []
         self.flush_scheduled = False
-        self.rr = 0
+        self.last_pick = 0  # the index of the connection picked last (_pick)
         self.backoff = [0.0] * self.size
         self.connecting = [False] * self.size
 
@@ -110,24 +111,30 @@ class H2Pool(BasePool):
                 self.dirty.append(conn)
 
     def _pick(self) -> H2Connection | None:
-        """Round-robin over connections with free streams, passing over any that is busy
-        writing a large upload unless no other can take the request."""
+        """The connection with the fewest open streams, ties going to the one picked last,
+        passing over any that is busy writing a large upload unless no other can take the
+        request. Under load that spreads a micro-batch over the connections as round-robin
+        did; with one request at a time it keeps every request on one connection, whose TLS
+        state, codec and buffers stay in cache (at one client connection, four end-to-end A/B
+        runs on a busy 2-core host: 0 to 6% less CPU per request, median 3%; none at 64)."""
         conns = self.conns
         n = len(conns)
-        i = self.rr
-        fallback = None
+        i = self.last_pick  # the last pick, looked at first
+        best = fallback = None
+        fewest = 1 << 31
         for _ in range(n):
             conn = conns[i]
-            i = i + 1 if i + 1 < n else 0
             # conn.capacity > 0, inlined: this runs once per request
             if conn is not None and conn.state is _READY and \
                     conn.codec.max_concurrent_streams > conn.active:
                 if conn.backlog_bytes > BACKLOG_LIMIT:
                     fallback = fallback or conn
-                    continue
-                self.rr = i
-                return conn
-        return fallback
+                elif conn.active < fewest:
+                    best, fewest, self.last_pick = conn, conn.active, i
+                    if not fewest:
+                        break  # an idle connection: none can have fewer
+            i = i + 1 if i + 1 < n else 0
+        return best or fallback
 
     def flush(self) -> None:
         """Write each connection's pending frames with one write (called after every batch)."""

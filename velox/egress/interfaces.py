@@ -237,7 +237,8 @@ class Tally:
     """Per-upstream event counts, mirrored into the shared stats slot of this worker (if any)."""
 
     __slots__ = ("counters", "slot", "goaways", "reconnects", "retries", "streams_cancelled",
-                 "connect_failures", "warmup_timeouts", "ping_timeouts", "timeout_retirements")
+                 "connect_failures", "warmup_timeouts", "ping_timeouts", "timeout_retirements",
+                 "pipelined")
 
     def __init__(self, counters: Counters | None = None, slot: int = 0) -> None:
         self.counters = counters
@@ -250,6 +251,7 @@ class Tally:
         self.warmup_timeouts = 0  # warm-ups unanswered within the connect timeout
         self.ping_timeouts = 0  # connections replaced for leaving a PING unanswered
         self.timeout_retirements = 0  # connections retired after request timeouts in a row
+        self.pipelined = 0  # HTTP/1.1 requests written behind another on one connection
 
     def goaway(self) -> None:
         self.goaways += 1
@@ -288,4 +290,4 @@ class Tally:
                 "streams_cancelled": self.streams_cancelled,
                 "connect_failures": self.connect_failures,
                 "warmup_timeouts": self.warmup_timeouts, "ping_timeouts": self.ping_timeouts,
-                "timeout_retirements": self.timeout_retirements}
+                "timeout_retirements": self.timeout_retirements, "pipelined": self.pipelined}

@@ -7,7 +7,8 @@ docs/design/codecs.md has the reasoning behind each choice). One `receive_data` 
 into C once for a whole upstream read and returns the event tuples built there.
 
 This module only checks that the C core was built with the same constants as codec.py and hands
-it `CodecError`, which it raises as ``CodecError(code, message, events)``.
+it `CodecError`, which it raises as ``CodecError(code, message, events)``; and it is where
+h2conn finds `H2Reader`, the connection's C base.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from velox import _native
 from . import codec
 from .codec import CodecError
 
-__all__ = ["NativeCodec"]
+__all__ = ["H2Reader", "NativeCodec"]
+
+# The C base of the connection (h2conn.H2Connection): its reads go into the native codec in C.
+H2Reader = _native.H2Reader
 
 # The C core hard-codes these (vx_h2.h); a mismatch would make `native` differ from the other
 # codecs silently, so it is refused at import.

@@ -90,6 +90,7 @@ _FD_WARN_EVERY_S = 10.0
 # (EnumType.__getattr__ puts the class on the slow attribute path).
 _FORWARD = Kind.FORWARD
 _MODEL_OTHER = Kind.MODEL_OTHER
+_METERS = (TokenMeter, ReportedMeter)  # without spend
 _REQUESTS = int(F.REQUESTS)
 _BYTES_OUT = int(F.BYTES_OUT)
 _UPSTREAM_REQUESTS = int(F.UPSTREAM_REQUESTS)
@@ -673,15 +674,15 @@ class Worker:
         ledger = self.ledger
         if ledger is not None and request.kind is not _FORWARD and (
                 self.meter_all or request.ticket is not None):
+            spend = self.spend  # its meters price too (velox.spend.wire.PricedMeter)
+            metered, reported = _METERS if spend is None else spend.meters
             # images, audio, count_tokens: only what the answer reports
             if request.kind is _MODEL_OTHER or request.path.startswith(COUNT_TOKENS_PATH):
-                exchange.meter = ReportedMeter(ledger, request)
+                exchange.meter = reported(ledger, request)
             elif request.stream:  # asked for its usage unless the client asked
-                exchange.meter = TokenMeter.for_request(ledger, request)
+                exchange.meter = metered.for_request(ledger, request)
             else:  # most settle early: only the counters need the numbers (TokenMeter.early)
-                exchange.meter = TokenMeter(ledger, request)
-            if self.spend is not None:
-                exchange.meter = self.spend.meter(exchange, exchange.meter)
+                exchange.meter = metered(ledger, request)
         return exchange
 
     def _answer_models(self, request: Request) -> None:

@@ -2,7 +2,8 @@
 
 `usage_scan` reads an answer's token usage without Python on every plain answer; this twin says
 the same in regular expressions, and tests/native/test_usage_twins.py drives both with
-generated bodies and compares them.
+generated bodies and compares them. `sink_piece` is the direct path's decision on one streamed
+read (native/bind_sink.c; tests/native/test_sink_twins.py).
 """
 
 from __future__ import annotations
@@ -53,3 +54,23 @@ def usage_scan(body: bytes | bytearray | memoryview) -> tuple[int, int] | bool:
         inp, writes, reads, out = found.groups()
         return int(inp) + int(writes or 0) + int(reads or 0), int(out)
     return True
+
+
+# The direct path's sink (native/bind_sink.c): a piece it writes is at most this long.
+SINK_MAX = 64 * 1024
+_NULL_USAGE = b',"usage":null'
+
+
+def sink_piece(data: bytes, metered: bool, strip: bool) -> bytes | None:
+    """What the direct path writes of one streamed read (unframed), or None when it leaves the
+    read to the Python path: whole events only; with a meter, none naming "usage", or (when the
+    meter strips) one event whose `,"usage":null` is left out, as SSEUsage.feed does with
+    nothing pending."""
+    if len(data) > SINK_MAX or not data.endswith(b"\n\n"):
+        return None
+    if not metered or b'"usage"' not in data:
+        return data
+    if not strip or data.find(b"\n\n") != len(data) - 2:
+        return None
+    i = data.find(_NULL_USAGE)
+    return None if i < 0 else data[:i] + data[i + len(_NULL_USAGE):]

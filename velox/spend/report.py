@@ -21,7 +21,7 @@ import re
 import sqlite3
 from typing import Any
 
-from velox.spend.ledger import COLUMNS, STREAM, Store, connect, state_file
+from velox.spend.ledger import COLUMNS, STREAM, Store, connect, first_id, state_file
 from velox.spend.text import aligned
 
 GROUPS = ("key", "team", "model", "upstream", "route", "api", "day")
@@ -70,7 +70,8 @@ def totals(conn: sqlite3.Connection, since_ms: int, until_ms: int,
     rows = conn.execute(
         f"SELECT {expr} AS g, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
         f"SUM(cost_nanos), SUM(cost_nanos IS NULL) FROM requests "
-        f"WHERE ts_ms >= ? AND ts_ms < ? GROUP BY g", (since_ms, until_ms)).fetchall()
+        f"WHERE id >= ? AND ts_ms >= ? AND ts_ms < ? GROUP BY g",
+        (first_id(conn, since_ms), since_ms, until_ms)).fetchall()
     store = Store(conn) if by != "day" else None
     out = []
     for group, requests, tokens_in, tokens_out, nanos, unpriced in rows:

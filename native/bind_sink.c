@@ -1,0 +1,290 @@
+#include "bind_sink.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const sink_names[SN_NAMES] = {
+    "_out", "_q", "write_paused", "closed", "_out_head", "pending", "skipping", "events",
+    "relayed", "_stream_bytes", "tail", "last_activity", "withheld", "strip"};
+
+int vxb_sink_names_init(vxb_sink_names *names)
+{
+    if (vxb_intern(names->name, sink_names, SN_NAMES) < 0)
+        return -1;
+    names->two_lf = PyBytes_FromStringAndSize("\n\n", 2);
+    return names->two_lf == NULL ? -1 : 0;
+}
+
+void vxb_sink_names_clear(vxb_sink_names *names)
+{
+    for (int i = 0; i < SN_NAMES; i++)
+        Py_CLEAR(names->name[i]);
+    Py_CLEAR(names->two_lf);
+}
+
+int vxb_sink_set(vxb_sink *sink, const vxb_sink_names *names, PyObject *const *args)
+{
+    int chunked = PyObject_IsTrue(args[VXS_N]);
+    if (chunked < 0)
+        return -1;
+    int strip = 0;
+    if (args[VXS_SSE] != Py_None) {
+        PyObject *v = PyObject_GetAttr(args[VXS_SSE], names->name[SN_STRIP]);
+        if (v == NULL)
+            return -1;
+        strip = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (strip < 0)
+            return -1;
+    }
+    vxb_sink_clear(sink);
+    for (int i = 0; i < VXS_N; i++)
+        sink->o[i] = Py_NewRef(args[i]);
+    sink->chunked = chunked;
+    sink->strip = strip;
+    return 0;
+}
+
+void vxb_sink_clear(vxb_sink *sink)
+{
+    for (int i = 0; i < VXS_N; i++)
+        Py_CLEAR(sink->o[i]);
+}
+
+int vxb_sink_traverse(const vxb_sink *sink, visitproc visit, void *arg)
+{
+    for (int i = 0; i < VXS_N; i++)
+        Py_VISIT(sink->o[i]);
+    return 0;
+}
+
+int vxb_add(PyObject *o, PyObject *name, Py_ssize_t n)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *d = PyLong_FromSsize_t(n);
+    PyObject *sum = d == NULL ? NULL : PyNumber_Add(v, d);
+    Py_DECREF(v);
+    Py_XDECREF(d);
+    if (sum == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(o, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* 1 when attribute `name` of o is `want` (an identity test), 0 when not, -1 on error. */
+static int sink_is(PyObject *o, PyObject *name, PyObject *want)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int rc = v == want;
+    Py_DECREF(v);
+    return rc;
+}
+
+/* 1 when attribute `name` of o is an empty bytes object. */
+static int sink_empty(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int rc = PyBytes_Check(v) && PyBytes_GET_SIZE(v) == 0;
+    Py_DECREF(v);
+    return rc;
+}
+
+/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n). */
+static Py_ssize_t sink_events(const char *p, size_t n)
+{
+    Py_ssize_t k = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '\n' && p[i + 1] == '\n') {
+            k++;
+            i++;
+        }
+    return k;
+}
+
+/* The first occurrence of needle[0 .. m) in p[0 .. n), or -1 (memchr on its first byte: the
+ * needles start with a byte that is rare in event text). */
+static Py_ssize_t sink_find(const char *p, size_t n, const char *needle, size_t m)
+{
+    for (const char *q = p; (q = memchr(q, needle[0], n - (size_t)(q - p))) != NULL; q++) {
+        if ((size_t)(p + n - q) >= m && memcmp(q, needle, m) == 0)
+            return q - p;
+        if (q + 1 >= p + n)
+            break;
+    }
+    return -1;
+}
+
+/* What the meter's feed (velox.relay.usage.SSEUsage.feed, with nothing pending) makes of the
+ * read p[0 .. n) when it is one of its two plain cases: 1 with *cut = -1 (whole events without
+ * "usage": passed as is), 1 with *cut the offset of 13 bytes to leave out (one event whose
+ * ',"usage":null' the gateway's own include_usage added), 0 for anything else. Without a meter
+ * (metered 0) any whole events pass as they are. The twin: velox.relay.usage.plain_piece. */
+static int sink_plain(const char *p, size_t n, int metered, int strip, Py_ssize_t *cut)
+{
+    *cut = -1;
+    if (n < 2 || p[n - 2] != '\n' || p[n - 1] != '\n')
+        return 0;
+    if (!metered || sink_find(p, n, "\"usage\"", 7) < 0)
+        return 1;
+    if (!strip || sink_find(p, n, "\n\n", 2) != (Py_ssize_t)n - 2) /* one event only */
+        return 0;
+    *cut = sink_find(p, n, ",\"usage\":null", 13);
+    return *cut >= 0;
+}
+
+/* Whether the client connection writes at once (nothing queued, its head written, reading,
+ * open) and the meter holds no unfinished event: 1, 0 or -1. */
+static int sink_ready(const vxb_sink *sink, PyObject *const *name)
+{
+    PyObject *conn = sink->o[VXS_CONN], *sse = sink->o[VXS_SSE];
+    int ok;
+    if ((ok = sink_is(conn, name[SN_OUT], Py_None)) != 1 ||
+        (ok = sink_is(conn, name[SN_Q], Py_None)) != 1 ||
+        (ok = sink_is(conn, name[SN_WRITE_PAUSED], Py_False)) != 1 ||
+        (ok = sink_is(conn, name[SN_CLOSED], Py_False)) != 1 ||
+        (ok = sink_empty(conn, name[SN_OUT_HEAD])) != 1)
+        return ok;
+    if (sse != Py_None && ((ok = sink_empty(sse, name[SN_PENDING])) != 1 ||
+                           (ok = sink_is(sse, name[SN_SKIPPING], Py_False)) != 1))
+        return ok;
+    return 1;
+}
+
+/* The piece p[0 .. n) without its cut, framed as h1write.chunks frames one when chunked. */
+static PyObject *sink_frame(const char *p, size_t n, Py_ssize_t cut, int chunked)
+{
+    size_t m = cut < 0 ? n : n - 13;
+    char line[24];
+    int hl = chunked ? snprintf(line, sizeof line, "%zx\r\n", m) : 0;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((size_t)hl + m + (chunked ? 2 : 0)));
+    if (frame == NULL)
+        return NULL;
+    char *out = PyBytes_AS_STRING(frame);
+    memcpy(out, line, (size_t)hl);
+    if (cut < 0) {
+        memcpy(out + hl, p, n);
+    } else {
+        memcpy(out + hl, p, (size_t)cut);
+        memcpy(out + hl + cut, p + cut + 13, n - (size_t)cut - 13);
+    }
+    if (chunked)
+        memcpy(out + hl + m, "\r\n", 2);
+    return frame;
+}
+
+int vxb_sink_write(const vxb_sink *sink, const vxb_sink_names *names, const char *p, size_t n,
+                   int *paused)
+{
+    PyObject *const *name = names->name;
+    PyObject *conn = sink->o[VXS_CONN], *sse = sink->o[VXS_SSE];
+    *paused = 0;
+    Py_ssize_t cut;
+    if (conn == NULL || n > VXB_SINK_MAX || !sink_plain(p, n, sse != Py_None, sink->strip, &cut))
+        return 0;
+    int ok = sink_ready(sink, name);
+    if (ok != 1)
+        return ok;
+    PyObject *frame = sink_frame(p, n, cut, sink->chunked);
+    if (frame == NULL)
+        return -1;
+    Py_ssize_t total = PyBytes_GET_SIZE(frame);
+    PyObject *r = PyObject_CallOneArg(sink->o[VXS_WRITE], frame);
+    Py_DECREF(frame);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock on Linux */
+    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    if (now == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(sink->o[VXS_ATTEMPT], name[SN_LAST_ACTIVITY], now);
+    Py_DECREF(now);
+    if (rc < 0 || vxb_add(conn, name[SN_STREAM_BYTES], total) < 0 ||
+        PyObject_SetAttr(sink->o[VXS_EXCHANGE], name[SN_TAIL], names->two_lf) < 0)
+        return -1;
+    size_t m = cut < 0 ? n : n - 13;
+    if (sse != Py_None &&
+        (vxb_add(sse, name[SN_EVENTS], cut < 0 ? sink_events(p, n) : 1) < 0 ||
+         vxb_add(sse, name[SN_RELAYED], (Py_ssize_t)m) < 0))
+        return -1;
+    /* The write may have filled the client's buffer (pause_writing ran inside it): egress
+     * withholds, as after the Python path's send. */
+    if ((ok = sink_is(conn, name[SN_WRITE_PAUSED], Py_True)) < 0)
+        return -1;
+    *paused = ok;
+    return 1;
+}
+
+int vxb_reader_buffer(size_t n, char **buf, PyObject **view)
+{
+    if ((*buf = PyMem_Malloc(n)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *view = PyMemoryView_FromMemory(*buf, (Py_ssize_t)n, PyBUF_WRITE);
+    return *view == NULL ? -1 : 0;
+}
+
+int vxb_reader_nbytes(PyObject *arg, size_t max, size_t *n)
+{
+    Py_ssize_t v = PyLong_AsSsize_t(arg);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || (size_t)v > max) {
+        PyErr_SetString(PyExc_ValueError, "nbytes out of the read buffer");
+        return -1;
+    }
+    *n = (size_t)v;
+    return 0;
+}
+
+int vxb_intern(PyObject **out, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((out[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return -1;
+    return 0;
+}
+
+/* sink_piece(data, metered, strip, /) -> bytes | None: the piece the direct path would write
+ * for one read (unframed), None when it leaves the read to the Python path; for the
+ * differential test against velox.relay.usage.plain_piece. */
+static PyObject *sink_piece(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "sink_piece(data: bytes, metered, strip)");
+        return NULL;
+    }
+    int metered = PyObject_IsTrue(args[1]), strip = PyObject_IsTrue(args[2]);
+    if (metered < 0 || strip < 0)
+        return NULL;
+    const char *p = PyBytes_AS_STRING(args[0]);
+    size_t n = (size_t)PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t cut;
+    if (n > VXB_SINK_MAX || !sink_plain(p, n, metered, strip, &cut))
+        Py_RETURN_NONE;
+    return sink_frame(p, n, cut, 0);
+}
+
+static PyMethodDef sink_functions[] = {
+    {"sink_piece", FASTCALL(sink_piece), METH_FASTCALL,
+     "sink_piece(data, metered, strip, /) -> bytes | None: what the direct path writes of one "
+     "streamed read (unframed), or None when the Python path reads it."},
+    {NULL, NULL, 0, NULL},
+};
+
+int vxb_sink_exec(PyObject *module, module_state *st)
+{
+    (void)st;
+    return PyModule_AddFunctions(module, sink_functions);
+}
