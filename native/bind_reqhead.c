@@ -50,11 +50,13 @@ PyDoc_STRVAR(reqhead_doc,
              "None: a valid beginning, call again with more bytes. False: not in the subset the\n"
              "parser accepts (or too large): hand the bytes to httptools. Otherwise\n"
              "(method, target, headers, content_length, authorization, expect_continue,\n"
-             " keep_alive, http10, end): method one shared bytes object per method, headers a\n"
-             "list of (lower-cased name, value) bytes tuples in order, content_length -1 when\n"
-             "absent, authorization the one Authorization value (the same object as in headers)\n"
-             "or None (a head with two is False), end the offset just past the blank line.\n"
-             "With a fourth argument `drop` (a set of lower-case names), a tenth item: the\n"
+             " keep_alive, http10, end, traceparent): method one shared bytes object per method,\n"
+             "headers a list of (lower-cased name, value) bytes tuples in order, content_length -1\n"
+             "when absent, authorization the one Authorization value (the same object as in\n"
+             "headers) or None (a head with two is False), end the offset just past the blank\n"
+             "line, traceparent the one traceparent value (the same object as in headers), None\n"
+             "when absent, b'' when given more than once (W3C Trace Context: a new trace).\n"
+             "With a fourth argument `drop` (a set of lower-case names), an eleventh item: the\n"
              "headers' tuples whose name is not in `drop` (the upstream's share, auth.Auth's\n"
              "client_headers done in the same pass), or None when a Connection header lists\n"
              "more than keep-alive / close (the caller then filters in Python).");
@@ -93,9 +95,16 @@ static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssiz
     module_state *st = PyModule_GetState(module);
     PyObject *headers = PyList_New((Py_ssize_t)h.nfields);
     PyObject *target = NULL, *authorization = Py_None, *result = NULL, *upstream = NULL;
+    /* Borrowed like authorization; b"" for a repeated field (rare: owned, `many`). */
+    PyObject *traceparent = Py_None, *many = NULL;
     int listed = 0; /* a Connection header names other fields: no upstream list */
     if (headers == NULL)
         goto done;
+    if (h.traceparent == VX_RH_MANY) {
+        if ((many = PyBytes_FromStringAndSize(NULL, 0)) == NULL)
+            goto done;
+        traceparent = many;
+    }
     if (drop != NULL && (upstream = PyList_New(0)) == NULL)
         goto done;
     for (size_t i = 0; i < h.nfields; i++) {
@@ -119,6 +128,8 @@ static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssiz
         PyList_SET_ITEM(headers, (Py_ssize_t)i, pair);
         if ((int)i == h.authorization)
             authorization = value; /* borrowed: the list holds it */
+        else if ((int)i == h.traceparent)
+            traceparent = value;
         if (upstream != NULL) {
             int dropped = PySet_Contains(drop, name);
             if (dropped < 0)
@@ -136,19 +147,20 @@ static PyObject *native_reqhead(PyObject *module, PyObject *const *args, Py_ssiz
     if (target == NULL)
         goto done;
     if (upstream == NULL)
-        result = Py_BuildValue("(OOOLOOOOn)", st->methods[h.method], target, headers,
-                               (long long)h.content_length, authorization,
-                               h.expect_continue ? Py_True : Py_False,
-                               h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
-                               (Py_ssize_t)(start + (int64_t)h.head_len));
-    else
         result = Py_BuildValue("(OOOLOOOOnO)", st->methods[h.method], target, headers,
                                (long long)h.content_length, authorization,
                                h.expect_continue ? Py_True : Py_False,
                                h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
-                               (Py_ssize_t)(start + (int64_t)h.head_len),
+                               (Py_ssize_t)(start + (int64_t)h.head_len), traceparent);
+    else
+        result = Py_BuildValue("(OOOLOOOOnOO)", st->methods[h.method], target, headers,
+                               (long long)h.content_length, authorization,
+                               h.expect_continue ? Py_True : Py_False,
+                               h.keep_alive ? Py_True : Py_False, h.http10 ? Py_True : Py_False,
+                               (Py_ssize_t)(start + (int64_t)h.head_len), traceparent,
                                listed ? Py_None : upstream);
 done:
+    Py_XDECREF(many);
     Py_XDECREF(upstream);
     Py_XDECREF(target);
     Py_XDECREF(headers); /* a partly filled list holds NULLs: list dealloc skips them */

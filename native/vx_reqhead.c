@@ -158,7 +158,7 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
     size_t header_bytes = out->target_len;
     size_t n = 0;
     int64_t content_length = -1;
-    int authorization = -1, expect = 0, connection = 0, close = 0, keep_alive = 0, host = 0;
+    int authorization = -1, traceparent = -1, expect = 0, connection = 0, close = 0, keep_alive = 0, host = 0;
     for (;;) {
         if (p == len)
             return more;
@@ -254,6 +254,10 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
                 authorization = (int)n;
             }
             break;
+        case 11:
+            if (IEQ(nm, name_len, "traceparent"))
+                traceparent = traceparent == -1 ? (int)n : VX_RH_MANY;
+            break;
         case 6:
             if (IEQ(nm, name_len, "expect") && IEQ(v, value_len, "100-continue"))
                 expect = 1;
@@ -273,6 +277,7 @@ int vx_reqhead_parse(const char *buf, size_t len, vx_rh_field *fields, size_t ma
     out->nfields = n;
     out->content_length = content_length;
     out->authorization = authorization;
+    out->traceparent = traceparent;
     out->expect_continue = expect;
     out->keep_alive = out->http10 ? keep_alive : !close;
     out->header_bytes = header_bytes;

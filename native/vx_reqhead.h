@@ -48,6 +48,10 @@
 #define VX_RH_MORE 1     /* what is there is a valid beginning: wait for more bytes */
 #define VX_RH_FALLBACK 2 /* not in the subset (or too large): let httptools parse it */
 
+/* vx_reqhead.traceparent when the field is repeated: the W3C Trace Context test suite
+ * expects a receiver to ignore both and start a new trace. */
+#define VX_RH_MANY (-2)
+
 /* Bytes looked at, at most (offsets are uint32_t). */
 #define VX_RH_MAX_LEN ((size_t)1 << 30)
 
@@ -76,6 +80,9 @@ typedef struct {
     int64_t content_length; /* -1 when absent */
     int authorization;     /* index of the one Authorization field, -1 if none */
     int expect_continue;   /* some Expect field is exactly "100-continue" (any case) */
+    int traceparent;       /* index of the one traceparent field (W3C Trace Context), -1 if
+                            * none, VX_RH_MANY if more than one: a tracing gateway reads it
+                            * from here instead of looking through the fields in Python */
     int keep_alive;
     size_t header_bytes;   /* ingress's count (see above) */
 } vx_reqhead;

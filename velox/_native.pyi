@@ -586,12 +586,13 @@ REQHEAD_FIELDS: Final[int]  # a head with more fields falls back to httptools
 
 def reqhead(buf: Buffer, start: int, max_header_bytes: int, drop: frozenset[bytes], /) -> tuple[
         bytes, bytes, list[tuple[bytes, bytes]], int, bytes | None, bool, bool, bool, int,
-        list[tuple[bytes, bytes]] | None,
+        bytes | None, list[tuple[bytes, bytes]] | None,
 ] | Literal[False] | None:
     """The head at buf[start:]: None (need more bytes), False (outside the subset: hand the
     bytes to httptools) or (method, target, headers with lower-case names, content_length or
     -1, the authorization value or None (a head with two: False), expect_continue, keep_alive,
-    http10, end offset, the upstream's share of the headers: those not in `drop`)."""
+    http10, end offset, the traceparent value or None (b"" when given twice), the upstream's
+    share of the headers: those not in `drop`)."""
 def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_received: int,
                t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
                extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:

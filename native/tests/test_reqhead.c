@@ -90,6 +90,7 @@ static void test_accepts(void)
     CHECK(parse("GET / HTTP/1.0\r\n\r\n", &h) == VX_RH_DONE); /* HTTP/1.0 may omit Host */
     CHECK(h.method == VX_RH_GET && h.http10 && !h.keep_alive && h.nfields == 0);
     CHECK(h.content_length == -1 && h.authorization == -1 && !h.expect_continue);
+    CHECK(h.traceparent == -1);
     CHECK(parse("HEAD /a HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", &h) == VX_RH_DONE);
     CHECK(h.method == VX_RH_HEAD && h.keep_alive);
     CHECK(parse("DELETE /a HTTP/1.1\r\nHost: a\r\nconnection: CLOSE\r\n\r\n", &h) ==
@@ -118,6 +119,28 @@ static void test_accepts(void)
     };
     for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++)
         CHECK(parse(hosts[i], &h) == VX_RH_DONE);
+}
+
+/* The traceparent field: found in any position and case, its index kept; a repeated one is
+ * VX_RH_MANY; a malformed value is still the client's field (the tracer judges the value). */
+static void test_traceparent(void)
+{
+    vx_reqhead h;
+    const char *first = "POST /v1/x HTTP/1.1\r\ntraceparent: 00-ab-cd-01\r\nHost: a\r\n\r\n";
+    CHECK(parse(first, &h) == VX_RH_DONE && h.traceparent == 0);
+    CHECK(field_is(first, 0, "traceparent", "00-ab-cd-01"));
+    const char *last = "POST /v1/x HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nTraceParent:  v \r\n\r\n";
+    CHECK(parse(last, &h) == VX_RH_DONE && h.traceparent == 2);
+    CHECK(field_is(last, 2, "TraceParent", "v "));
+    CHECK(parse("GET / HTTP/1.1\r\nTRACEPARENT:\r\nHost: a\r\n\r\n", &h) == VX_RH_DONE);
+    CHECK(h.traceparent == 0);
+    CHECK(parse("GET / HTTP/1.1\r\ntraceparent: a\r\nHost: a\r\nTraceparent: a\r\n\r\n",
+                &h) == VX_RH_DONE);
+    CHECK(h.traceparent == VX_RH_MANY);
+    /* Names that only look alike are other fields. */
+    CHECK(parse("GET / HTTP/1.1\r\ntraceparents: a\r\ntracepar: a\r\ntracestate: a\r\n"
+                "xraceparent: a\r\nHost: a\r\n\r\n", &h) == VX_RH_DONE);
+    CHECK(h.traceparent == -1);
 }
 
 static void test_falls_back(void)
@@ -221,6 +244,7 @@ static void test_limits(void)
 int main(void)
 {
     test_accepts();
+    test_traceparent();
     test_falls_back();
     test_limits();
     if (failures) {

@@ -28,17 +28,17 @@ reqhead = _native.reqhead
 def test_the_sdk_request_in_one_call() -> None:
     head_end = CLIENT_REQUEST.index(b"\r\n\r\n") + 4
     (method, target, headers, length, authorization, expect, keep_alive, http10,
-     end) = reqhead(CLIENT_REQUEST, 0, 65536)
+     end, traceparent) = reqhead(CLIENT_REQUEST, 0, 65536)
     assert (method, target, end) == (b"POST", b"/v1/chat/completions", head_end)
     assert len(headers) == 15 and headers[0] == (b"host", b"127.0.0.1:8080")
     assert all(name == name.lower() for name, _ in headers)
     assert length == len(CLIENT_REQUEST) - head_end
     assert authorization == b"Bearer sk-client-0123456789abcdef"
-    assert (expect, keep_alive, http10) == (False, True, False)
+    assert (expect, keep_alive, http10, traceparent) == (False, True, False, None)
     # One shared object per method and per common name; the values are fresh.
     again = reqhead(bytearray(CLIENT_REQUEST), 0, 65536)
     assert again[0] is method and again[2][0][0] is headers[0][0]
-    assert again[:-1] == (method, target, headers, length, authorization, expect, keep_alive,
+    assert again[:-2] == (method, target, headers, length, authorization, expect, keep_alive,
                           http10)
 
 

@@ -90,7 +90,8 @@ NAMES = (
     st.sampled_from([
         b"Host", b"content-type", b"Authorization", b"authorization", b"Content-Length",
         b"CONTENT-LENGTH", b"Connection", b"connection", b"Expect", b"Keep-Alive",
-        b"x-stainless-lang", b"Accept", b"TE", b"Trailer", b"User-Agent",
+        b"x-stainless-lang", b"Accept", b"TE", b"Trailer", b"User-Agent", b"traceparent",
+        b"TraceParent", b"TRACEPARENT", b"tracestate", b"traceparentx",
     ]) | TOKEN,
     st.sampled_from([b"Transfer-Encoding", b"Upgrade", b"Proxy-Connection", b"X Space", b"",
                      b"x-\x80", b"x(y", b"x\x00"]))
@@ -99,6 +100,7 @@ VALUES = (
         b"close", b"Close", b"keep-alive", b"Keep-Alive", b"100-continue", b"100-Continue",
         b"0", b"5", b"007", b"12", b"Bearer sk-x", b"Bearer sk-bad", b"bearer  sk-x", b"",
         b"application/json", b"\x80\xff", b"a b\tc", b"h2c", b"chunked",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ]) | st.binary(max_size=16).filter(
         lambda b: not set(b) & set(b"\r\n\x7f") and all(c > 31 or c == 9 for c in b)),
     st.sampled_from([b"upgrade", b"close, keep-alive", b"-1", b"1,1", b"+3",
@@ -207,7 +209,7 @@ def check_head(raw: bytes) -> bool:
     got = _native.reqhead(raw, 0, MAX_HEADER)
     if not isinstance(got, tuple):
         return False
-    method, target, headers, length, authorization, expect, keep_alive, http10, end = got
+    method, target, headers, length, authorization, expect, keep_alive, http10, end, tp = got
     assert 0 < end <= len(raw) and raw[end - 4:end] == b"\r\n\r\n"
     # The body httptools will read: exactly what the Content-Length says.
     body = bytes(range(48, 58)) * (max(length, 0) // 10 + 1)
@@ -228,6 +230,12 @@ def check_head(raw: bytes) -> bool:
     assert authorization == (auths[0] if auths else None)
     assert authorization is None or authorization is auths[0]
     assert expect == any(n == b"expect" and v.lower() == b"100-continue" for n, v in headers)
+    # The traceparent flag: the one field's value (that object), b"" for two or more.
+    parents = [v for n, v in headers if n == b"traceparent"]
+    if len(parents) == 1:
+        assert tp is parents[0]
+    else:
+        assert tp == (b"" if parents else None)
     count = len(target) + sum(len(n) + len(v) + 4 for n, v in headers)
     assert count <= MAX_HEADER
     # Nothing ingress's httptools path refuses at header time (RFC 9112 §3.2: one Host, none
@@ -240,7 +248,7 @@ def check_head(raw: bytes) -> bool:
     for cut in range(end):
         assert _native.reqhead(raw[:cut], 0, MAX_HEADER) is None, (raw, cut)
     shifted = _native.reqhead(b"xyz" + raw, 3, MAX_HEADER)
-    assert shifted == (*got[:-1], end + 3)
+    assert shifted == (*got[:-2], end + 3, tp)
     return True
 
 
@@ -362,7 +370,7 @@ def make(parser: str, answer: bool = True) -> tuple[ClientConnection, _Transport
 
 def _seen(request: Request) -> tuple[Any, ...]:
     return (request.method, request.path, request.kind, request.headers, bytes(request.body),
-            request.keep_alive, request.caller, request.arena_segment)
+            request.keep_alive, request.caller, request.arena_segment, request.traceparent)
 
 
 @st.composite

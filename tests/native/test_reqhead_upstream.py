@@ -26,8 +26,8 @@ def agree(raw: bytes) -> bool:
     got = _native.reqhead(raw, 0, MAX_HEADER, _UPSTREAM_DROP)
     if not isinstance(got, tuple):
         return False
-    assert got[:9] == _native.reqhead(raw, 0, MAX_HEADER)  # the first nine items unchanged
-    headers, authorization, upstream = got[2], got[4], got[9]
+    assert got[:10] == _native.reqhead(raw, 0, MAX_HEADER)  # the first ten items unchanged
+    headers, authorization, upstream = got[2], got[4], got[10]
     if upstream is None:
         connection = [v.lower() for n, v in headers if n == b"connection"]
         assert any(v not in (b"keep-alive", b"close") for v in connection), raw

@@ -157,7 +157,7 @@ def _unsampled_upstream() -> tuple[Any, Any, _Sent]:
 def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
     traced, upstream, sent = _unsampled_upstream()
     request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object(),
-                              conn=None)
+                              conn=None, traceparent=None)
     base = [(b"content-type", b"application/json")]
     shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
     for edge, headers in ((None, base), (None, base), (object(), shared)):
@@ -179,8 +179,8 @@ def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
     """A merged call is no client's request (no `finished` ends it): its trace entry goes
     when its exchange ends, sampled or not."""
     traced, upstream, sent = _unsampled_upstream()
-    members = [SimpleNamespace(live=True, request=SimpleNamespace(headers=[], ends=object()))
-               for _ in range(3)]
+    members = [SimpleNamespace(live=True, request=SimpleNamespace(
+        headers=[], ends=object(), traceparent=None)) for _ in range(3)]
     call = BatchCall(None, None, members)  # type: ignore[arg-type]  # its members alone
     merged = SimpleNamespace(conn=call, ends=call, headers=[], model="emb")
     ended: list[int] = []

@@ -188,6 +188,10 @@ class Request:
         # pass on (auth.Auth.client_headers' pair), when ingress's native parser made them
         # while parsing the head; None: the worker makes them
         "upstream_headers",
+        # the client's traceparent field (W3C Trace Context) as ingress found it while reading
+        # the head: None when absent, b"" when sent more than once (then a new trace starts);
+        # a tracing worker reads it here instead of looking through the fields per request
+        "traceparent",
     )
 
     def __init__(
@@ -233,6 +237,7 @@ class Request:
         self.allowed: frozenset[str] | None = None
         self.model_span: tuple[int, int] | None = None
         self.upstream_headers: tuple[Headers, Headers] | None = None
+        self.traceparent: bytes | None = None
 
     def advance(self, to: int) -> None:
         """Move to state `to`; LifecycleError if the table has no such move."""

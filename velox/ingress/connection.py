@@ -109,7 +109,7 @@ _READY_BODY = orjson.dumps({"status": "ready"})
 _JSON = ((b"content-type", b"application/json"),)
 # Request headers ingress itself acts on; everything else is only collected.
 _WATCHED = frozenset({b"content-length", b"authorization", b"expect", b"transfer-encoding",
-                      b"host"})
+                      b"host", b"traceparent"})
 # Header fields per request, at most (431 beyond): the native parser's room for fields, so a
 # head it cannot hold is exactly one this refuses. 100 is 6x what the SDKs send; before the
 # cap a 54 KB head of 5,500 tiny fields cost about 65 times a normal request, and every field
@@ -232,7 +232,8 @@ class ClientConnection(asyncio.Protocol):
         "state", "transport", "parser", "closed", "last_active", "write_paused",
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
-        "_content_length", "_authorization", "_expect", "_reject", "_kind", "_caller",
+        "_content_length", "_authorization", "_traceparent", "_expect", "_reject", "_kind",
+        "_caller",
         # httptools only: trailer fields seen, a Host seen; the last Host value found valid on
         # this connection
         "_trailers", "_host", "_valid_host",
@@ -393,6 +394,7 @@ class ClientConnection(asyncio.Protocol):
         self._host = False
         self._content_length = -1
         self._authorization: bytes | None = None
+        self._traceparent: bytes | None = None
         self._expect = False
         self._reject: VeloxError | None = None
         self._kind: Kind | None = None
@@ -452,6 +454,8 @@ class ClientConnection(asyncio.Protocol):
                         raise _Refuse(BadHTTP("The Host header field is not a host[:port]."))
                     self._valid_host = value
                 self._host = True
+            elif name == b"traceparent":  # b"": twice, which W3C Trace Context ignores
+                self._traceparent = value if self._traceparent is None else b""
             elif value.lower() == b"100-continue":
                 self._expect = True
 
@@ -542,6 +546,8 @@ class ClientConnection(asyncio.Protocol):
         )
         if self._http10:
             request.http10 = True
+        if self._traceparent is not None:
+            request.traceparent = self._traceparent
         if self._caller is not None:
             request.caller = self._caller  # auth.caller_of's digest, already made
         upstream = self._upstream
@@ -610,7 +616,7 @@ class ClientConnection(asyncio.Protocol):
             self._kind = None
             self._caller = None
             (method, self._url, self._headers, length, self._authorization, self._expect,
-             keep_alive, self._http10, pos, self._upstream) = head
+             keep_alive, self._http10, pos, self._traceparent, self._upstream) = head
             self._method = method
             self._keep_alive = keep_alive
             self._content_length = length
