@@ -374,6 +374,30 @@ static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
     return Py_BuildValue("(LL)", (long long)in, (long long)out);
 }
 
+PyDoc_STRVAR(usage_parts_scan_doc,
+             "usage_parts_scan(body, /) -> (int, int, int, int, int) | bool\n--\n\n"
+             "The usage of an answer in OpenAI's own order read whole, with its parts:\n"
+             "(prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens,\n"
+             "reasoning_tokens), 0 for a part not reported; False when it has no \"usage\" key;\n"
+             "True when its last one is in another form (parse it). Twin:\n"
+             "velox.relay.twins.usage_parts_scan.");
+
+static PyObject *native_usage_parts_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t v[VX_BOOKS_PARTS];
+    int rc = vx_books_usage_parts(view.buf, (size_t)view.len, v);
+    PyBuffer_Release(&view);
+    if (rc == 0)
+        Py_RETURN_FALSE;
+    if (rc < 0)
+        Py_RETURN_TRUE;
+    return Py_BuildValue("(LLLLL)", (long long)v[0], (long long)v[1], (long long)v[2],
+                         (long long)v[3], (long long)v[4]);
+}
+
 PyDoc_STRVAR(estimate_scan_doc,
              "estimate_scan(body, /) -> (int, int)\n--\n\n"
              "A JSON request body's estimated input tokens (bytes / 4 rounded up, each\n"
@@ -398,6 +422,7 @@ static PyMethodDef functions[] = {
     {"access_line", FASTCALL(native_access_line), METH_FASTCALL, access_line_doc},
     {"access_lines", FASTCALL(native_access_lines), METH_FASTCALL, access_lines_doc},
     {"usage_scan", (PyCFunction)native_usage_scan, METH_O, usage_scan_doc},
+    {"usage_parts_scan", (PyCFunction)native_usage_parts_scan, METH_O, usage_parts_scan_doc},
     {"estimate_scan", (PyCFunction)native_estimate_scan, METH_O, estimate_scan_doc},
     {NULL, NULL, 0, NULL},
 };

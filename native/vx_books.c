@@ -345,6 +345,133 @@ int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64
     return 1;
 }
 
+/* ---- usage with its parts (OpenAI's order, to the object's end) ---- */
+
+/* A member name without escapes at s[*i] (its opening quote): 1 with [*a, *b) its bytes and *i
+ * past its closing quote and the colon after it (and the space after that); 0 otherwise. */
+static int member_name(const unsigned char *s, size_t n, size_t *i, size_t *a, size_t *b)
+{
+    size_t j = *i;
+    if (!(j = expect(s, n, j, LIT("\""))))
+        return 0;
+    *a = j;
+    while (j < n && s[j] != '"' && s[j] != '\\')
+        j++;
+    *b = j;
+    if (!(j = expect(s, n, j, LIT("\""))))
+        return 0;
+    j = skip_space(s, n, j);
+    if (!(j = expect(s, n, j, LIT(":"))))
+        return 0;
+    *i = skip_space(s, n, j);
+    return 1;
+}
+
+static int name_is(const unsigned char *s, size_t a, size_t b, const char *lit, size_t len)
+{
+    return b - a == len && memcmp(s + a, lit, len) == 0;
+}
+
+/* Which parts a details object holds, by its member names (slots of v; -1: none read). */
+struct parts_of {
+    const char *name[2];
+    size_t len[2];
+    int slot[2];
+};
+
+static const struct parts_of PROMPT_PARTS = {
+    {"cached_tokens", "cache_write_tokens"}, {13, 18}, {2, 3}};
+static const struct parts_of COMPLETION_PARTS = {{"reasoning_tokens", ""}, {16, 0}, {4, -1}};
+static const struct parts_of NO_PARTS = {{"", ""}, {0, 0}, {-1, -1}};
+
+/* An object of "name":digits members at s[*i] (its '{'), the named parts stored in v: 1 with
+ * *i past its closing brace, 0 when it is anything else. */
+static int details_object(const unsigned char *s, size_t n, size_t *i, const struct parts_of *p,
+                          int64_t *v)
+{
+    size_t j = *i + 1; /* past '{' (the caller saw it) */
+    j = skip_space(s, n, j);
+    if (j < n && s[j] == '}') {
+        *i = j + 1;
+        return 1;
+    }
+    for (;;) {
+        size_t a, b;
+        if (!member_name(s, n, &j, &a, &b))
+            return 0;
+        int64_t d = digits(s, n, &j);
+        if (d < 0)
+            return 0;
+        for (int k = 0; k < 2; k++)
+            if (p->slot[k] >= 0 && name_is(s, a, b, p->name[k], p->len[k]))
+                v[p->slot[k]] = d;
+        j = skip_space(s, n, j);
+        if (j < n && s[j] == '}') {
+            *i = j + 1;
+            return 1;
+        }
+        if (!(j = expect(s, n, j, LIT(","))))
+            return 0;
+        j = skip_space(s, n, j);
+    }
+}
+
+/* The members after completion_tokens, to the usage object's closing brace. */
+static int usage_rest(const unsigned char *s, size_t n, size_t i, int64_t *v)
+{
+    for (;;) {
+        i = skip_space(s, n, i);
+        if (i < n && s[i] == '}')
+            return 1;
+        if (!(i = expect(s, n, i, LIT(","))))
+            return -1;
+        i = skip_space(s, n, i);
+        size_t a, b;
+        if (!member_name(s, n, &i, &a, &b))
+            return -1;
+        int prompt = name_is(s, a, b, LIT("prompt_tokens_details"));
+        int completion = name_is(s, a, b, LIT("completion_tokens_details"));
+        if (i < n && s[i] == '{') {
+            const struct parts_of *p = prompt ? &PROMPT_PARTS : completion ? &COMPLETION_PARTS
+                                                                          : &NO_PARTS;
+            /* A repeated details object replaces the earlier one whole. */
+            if (prompt)
+                v[2] = v[3] = 0;
+            if (completion)
+                v[4] = 0;
+            if (!details_object(s, n, &i, p, v))
+                return -1;
+            continue;
+        }
+        if (prompt || completion || name_is(s, a, b, LIT("prompt_tokens")) ||
+            name_is(s, a, b, LIT("completion_tokens")) || digits(s, n, &i) < 0)
+            return -1;
+    }
+}
+
+int vx_books_usage_parts(const unsigned char *s, size_t n, int64_t v[VX_BOOKS_PARTS])
+{
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
+    for (int k = 0; k < VX_BOOKS_PARTS; k++)
+        v[k] = 0;
+    if (!(i = expect(s, n, i, LIT("\"prompt_tokens\""))))
+        return -1;
+    i = skip_space(s, n, i);
+    if (!(i = expect(s, n, i, LIT(":"))))
+        return -1;
+    i = skip_space(s, n, i);
+    if ((v[0] = digits(s, n, &i)) < 0)
+        return -1;
+    if (!member(s, n, &i, LIT("\"completion_tokens\"")))
+        return -1;
+    if ((v[1] = digits(s, n, &i)) < 0)
+        return -1;
+    return usage_rest(s, n, i, v);
+}
+
 /* ---- estimate ----
  *
  * One forward pass over the JSON text that knows only what the estimate needs: which container

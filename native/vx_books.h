@@ -51,6 +51,20 @@ int vx_books_time(char *out, int64_t ms);
  * last one is not in that form (the caller reads it another way). */
 int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out);
 
+/* The usage of an answer in OpenAI's own order with its parts, so that pricing needs no parse
+ * of the answer: at the last `"usage"` of s, `"usage":{"prompt_tokens":N,"completion_tokens":M`
+ * as vx_books_usage reads it, then every member to the object's closing brace, each either
+ * `"name":digits` or `"name":{"name":digits, ...}` (names without escapes, JSON whitespace
+ * between tokens). v[0] = N, v[1] = M, v[2] = prompt_tokens_details.cached_tokens, v[3] =
+ * prompt_tokens_details.cache_write_tokens (a translated answer's), v[4] =
+ * completion_tokens_details.reasoning_tokens (0 when absent; a repeated name's last
+ * occurrence, a repeated details object's last, as JSON parsers keep them). 1 when read; 0
+ * when s has no "usage" key; -1 when its last one is in any other form (a string or null
+ * member, a deeper object, prompt_tokens or completion_tokens named twice, a details name
+ * holding a number): the caller parses it (velox.spend.wire.usage_parts is the meaning). */
+#define VX_BOOKS_PARTS 5
+int vx_books_usage_parts(const unsigned char *s, size_t n, int64_t v[VX_BOOKS_PARTS]);
+
 /* The usage of a Messages API answer in Anthropic's own order: at the last `"usage"` of s,
  * `"usage":{"input_tokens":N` then optionally `"cache_creation_input_tokens":C`,
  * `"cache_read_input_tokens":R`, `"cache_creation":{"name":digits, ...}`, then

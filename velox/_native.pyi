@@ -635,5 +635,9 @@ def access_lines(items: list[Any], wall_offset_ns: int,
 def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""
+def usage_parts_scan(body: Buffer, /) -> tuple[int, int, int, int, int] | bool:
+    """(prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens, reasoning_tokens)
+    of the last "usage" in OpenAI's own order read whole; False: no "usage" key; True: the last
+    one is in another form."""
 def estimate_scan(body: Buffer, /) -> tuple[int, int]:
     """(estimated input tokens, max_*tokens or -1) of a request body (velox.relay.usage)."""

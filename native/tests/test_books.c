@@ -146,6 +146,52 @@ static void test_usage_messages(void)
         CHECK(vx_books_usage_messages((const unsigned char *)good, n, &in, &out) >= -1);
 }
 
+static int usage_parts(const char *s, int64_t *v)
+{
+    return vx_books_usage_parts((const unsigned char *)s, strlen(s), v);
+}
+
+static void test_usage_parts(void)
+{
+    int64_t v[VX_BOOKS_PARTS];
+    /* OpenAI's answer as the API writes it: both details, their parts read. */
+    const char *openai = "{\"id\":\"x\",\"usage\":{\"prompt_tokens\":31,\"completion_tokens\":4,"
+                         "\"total_tokens\":35,\"prompt_tokens_details\":{\"cached_tokens\":16,"
+                         "\"audio_tokens\":0},\"completion_tokens_details\":{"
+                         "\"reasoning_tokens\":2,\"audio_tokens\":0,"
+                         "\"accepted_prediction_tokens\":0,\"rejected_prediction_tokens\":0}},"
+                         "\"system_fingerprint\":null}";
+    CHECK(usage_parts(openai, v) == 1);
+    CHECK(v[0] == 31 && v[1] == 4 && v[2] == 16 && v[3] == 0 && v[4] == 2);
+    CHECK(usage_parts("{\"usage\" : { \"prompt_tokens\" : 1 , \"completion_tokens\":2 } }", v) == 1);
+    CHECK(v[0] == 1 && v[1] == 2 && v[2] == 0 && v[3] == 0 && v[4] == 0);
+    /* A translated answer's cache writes; a repeated details object replaces the first. */
+    CHECK(usage_parts("{\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,"
+                      "\"prompt_tokens_details\":{\"cached_tokens\":3,\"cache_write_tokens\":4},"
+                      "\"prompt_tokens_details\":{\"cache_write_tokens\":5}}}", v) == 1);
+    CHECK(v[2] == 0 && v[3] == 5);
+    CHECK(usage_parts("{}", v) == 0);
+    CHECK(usage_parts("", v) == 0);
+    /* Anything else is left to Python: nulls, strings, deeper objects, repeated totals, a
+     * details name holding a number, escaped names, another order, a cut object. */
+    const char *other[] = {
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"x\":null}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"x\":\"y\"}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"x\":{\"y\":{}}}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"prompt_tokens\":3}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"prompt_tokens_details\":3}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"a\\\"b\":3}}",
+        "{\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":1}}",
+        "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,",
+        "{\"usage\":{\"input_tokens\":1,\"output_tokens\":2}}",
+    };
+    for (size_t k = 0; k < sizeof other / sizeof other[0]; k++)
+        CHECK(usage_parts(other[k], v) == -1);
+    /* Every prefix of a good body is read safely (the sanitizers watch the reads). */
+    for (size_t n = 0; n <= strlen(openai); n++)
+        CHECK(vx_books_usage_parts((const unsigned char *)openai, n, v) >= -1);
+}
+
 static void estimate(const char *s, int64_t *in, int64_t *out)
 {
     vx_books_estimate((const unsigned char *)s, strlen(s), in, out);
@@ -216,6 +262,7 @@ int main(void)
     test_strings();
     test_numbers_and_time();
     test_usage();
+    test_usage_parts();
     test_usage_messages();
     if (failures)
         fprintf(stderr, "test_books: %d failure(s)\n", failures);

@@ -56,6 +56,50 @@ def usage_scan(body: bytes | bytearray | memoryview) -> tuple[int, int] | bool:
     return True
 
 
+# usage_parts_scan: after OpenAI's first two members, each further one up to the closing brace.
+_NAME = rb'"([^"\\]*)"' + _S + b":" + _S
+_REST_MEMBER = re.compile(_S + b"," + _S + _NAME + rb"(?:([0-9]{1,15})(?![0-9])|(\{" + _S +
+                          rb"(?:\}|" + _NAME_NUMBER + rb"(?:," + _S + _NAME_NUMBER + rb")*\})))")
+_INNER = re.compile(_NAME + rb"([0-9]+)")
+_END = re.compile(_S + rb"\}")
+# Per details object: its member names read, and their places in the answer's tuple.
+_DETAILS_PARTS = {b"prompt_tokens_details": {b"cached_tokens": 2, b"cache_write_tokens": 3},
+                  b"completion_tokens_details": {b"reasoning_tokens": 4}}
+_TWO = (b"prompt_tokens", b"completion_tokens")
+
+
+def usage_parts_scan(body: bytes | bytearray | memoryview) -> tuple[int, ...] | bool:
+    """(input, output, cached, cache-write, reasoning) tokens of the last "usage" key when it
+    is in OpenAI's own order and every member after its first two is a number or an object of
+    numbers (the details: a repeated one replaces the earlier); False when there is no "usage"
+    key; True when the last one is in another form (vx_books.h)."""
+    data = bytes(body)
+    at = data.rfind(_KEY)
+    if at < 0:
+        return False
+    found = _OPENAI.match(data, at + len(_KEY))
+    if found is None:
+        return True
+    parts = [int(found[1]), int(found[2]), 0, 0, 0]
+    at = found.end()
+    while (end := _END.match(data, at)) is None:
+        member = _REST_MEMBER.match(data, at)
+        if member is None:
+            return True
+        name, number, inner = member.groups()
+        named = _DETAILS_PARTS.get(name)
+        if inner is None and (named is not None or name in _TWO):
+            return True  # a details name holding a number, or a total named twice
+        if named is not None:
+            for slot in named.values():
+                parts[slot] = 0
+            for key, value in _INNER.findall(inner):
+                if key in named:
+                    parts[named[key]] = int(value)
+        at = member.end()
+    return tuple(parts)
+
+
 # The direct path's sink (native/bind_sink.c): a piece it writes is at most this long.
 SINK_MAX = 64 * 1024
 _NULL_USAGE = b',"usage":null'
