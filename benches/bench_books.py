@@ -6,7 +6,9 @@ Groups:
   it replaced (kept here as the reference): the access-log line (its declared record built
   and `access_line` of it, against the line's dict through orjson with the Python attribute
   walk), the usage of an answer
-  (`usage_scan` against the regular expression), the token estimate (`estimate_scan` against
+  (`usage_scan` against the regular expression), the usage with its cached and reasoning
+  parts as pricing reads it (`usage_parts_scan` against usage_scan and the parts' search and
+  parse, on the mock's answer with its parts 0 and with both reported), the token estimate (`estimate_scan` against
   input_tokens + output_limit), and Counters.add with an IntEnum field against a plain int.
 * books-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, the OpenAI SDK's request), four ways: no access log and no token accounting, the
@@ -37,11 +39,13 @@ from typing import Any
 import orjson
 import pytest
 
-from velox._native import access_line, estimate_scan, usage_scan
+from velox._native import access_line, estimate_scan, usage_parts_scan, usage_scan
 from velox.admin.accesslog import AccessLog
 from velox.core.fields import F
 from velox.relay.records import access_record
 from velox.relay.usage import input_tokens, output_limit
+from velox.spend.wire import _parts
+from velox_lab.mock.payloads import chat_completion
 from velox.state.stats import SharedStats
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
@@ -100,6 +104,14 @@ def _regex_usage(body: bytes) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# The mock's chat answer as the OpenAI API writes it: its usage details with both parts 0 (most
+# answers), and with a prompt-cache hit and reasoning reported.
+_ASKED = {"messages": [{"role": "user", "content": "Say hello."}]}
+_ZERO_PARTS = chat_completion(_ASKED, "gpt-4o-mini", "b", 1, 12)
+_WITH_PARTS = chat_completion({**_ASKED, "prompt_cache_key": "k", "reasoning_effort": "low"},
+                              "gpt-4o-mini", "b", 1, 12)
+
+
 def _pieces() -> dict[str, Any]:
     item = _logged_item()
     record = access_record(item)
@@ -114,6 +126,12 @@ def _pieces() -> dict[str, Any]:
         "access line: dict through orjson (before)": lambda: _orjson_line(item, offset),
         "usage: native usage_scan": lambda: usage_scan(REPLY_BODY),
         "usage: regular expression (before)": lambda: _regex_usage(REPLY_BODY),
+        "usage with parts 0: native usage_parts_scan": lambda: usage_parts_scan(_ZERO_PARTS),
+        "usage with parts 0: usage_scan + parts search (before)":
+            lambda: (usage_scan(_ZERO_PARTS), _parts((_ZERO_PARTS,))),
+        "usage with parts: native usage_parts_scan": lambda: usage_parts_scan(_WITH_PARTS),
+        "usage with parts: usage_scan + parts search and parse (before)":
+            lambda: (usage_scan(_WITH_PARTS), _parts((_WITH_PARTS,))),
         "estimate: native estimate_scan": lambda: estimate_scan(CHAT_BODY),
         "estimate: input_tokens + output_limit (before)":
             lambda: (input_tokens(CHAT_BODY), output_limit(CHAT_BODY)),
