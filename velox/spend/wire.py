@@ -660,7 +660,12 @@ class PricedMeter(TokenMeter):
         sse = self.sse
         if sse is not None and sse.found:  # priced before the access log's line is made
             self.input, self.output = sse.input, sse.output
-            self.parts = _parts(sse.usage_data)
+            data = sse.usage_data
+            found = usage_parts_scan(data[0]) if len(data) == 1 else None
+            # OpenAI's one usage chunk read by the native scan (as a plain answer's, `body`);
+            # several usage events (Anthropic's start and delta) merged by _parts.
+            self.parts = _parts(data) if type(found) is not tuple else \
+                _Usage(*found) if found[2] or found[3] or found[4] else None
             self._price_now()
         return rest
 
