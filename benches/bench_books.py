@@ -8,8 +8,9 @@ Groups:
   walk), the usage of an answer
   (`usage_scan` against the regular expression), the usage with its cached and reasoning
   parts as pricing reads it (`usage_parts_scan` against usage_scan and the parts' search and
-  parse, on the mock's answer with its parts 0 and with both reported), the token estimate (`estimate_scan` against
-  input_tokens + output_limit), and Counters.add with an IntEnum field against a plain int.
+  parse, on the mock's answer with its parts 0 and with both reported), the token estimate
+  (`estimate_scan` against input_tokens + output_limit), and Counters.add with an IntEnum
+  field against a plain int.
 * books-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, the OpenAI SDK's request), four ways: no access log and no token accounting, the
   access log alone (formatted and written to /dev/null at the end of each round, on the
@@ -45,8 +46,8 @@ from velox.core.fields import F
 from velox.relay.records import access_record
 from velox.relay.usage import input_tokens, output_limit
 from velox.spend.wire import _parts
-from velox_lab.mock.payloads import chat_completion
 from velox.state.stats import SharedStats
+from velox_lab.mock.payloads import chat_completion
 from velox_lab.pipeline import CHAT_BODY, REPLY_BODY, Pipeline
 
 BATCH = 64

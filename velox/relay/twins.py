@@ -82,11 +82,11 @@ def usage_parts_scan(body: bytes | bytearray | memoryview) -> tuple[int, ...] | 
         return True
     parts = [int(found[1]), int(found[2]), 0, 0, 0]
     at = found.end()
-    while (end := _END.match(data, at)) is None:
+    while _END.match(data, at) is None:
         member = _REST_MEMBER.match(data, at)
         if member is None:
             return True
-        name, number, inner = member.groups()
+        name, _number, inner = member.groups()
         named = _DETAILS_PARTS.get(name)
         if inner is None and (named is not None or name in _TWO):
             return True  # a details name holding a number, or a total named twice

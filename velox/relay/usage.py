@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from velox._native import estimate_scan as estimate_scan  # re-exported: the estimate's native scan
+from velox._native import usage_parts_scan as usage_parts_scan  # re-exported: spend's pricing
 from velox._native import usage_scan
 
 if TYPE_CHECKING:

@@ -50,13 +50,12 @@ from typing import Any
 
 import orjson
 
-from velox._native import usage_parts_scan
 from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.fields import TOKEN_BLOCK
 from velox.core.types import Kind, Request
 from velox.providers.anthropic import usage_of as anthropic_usage
-from velox.relay.usage import NOT_BOOKED, TokenMeter, estimate_scan
+from velox.relay.usage import NOT_BOOKED, TokenMeter, estimate_scan, usage_parts_scan
 from velox.spend.gate import NANOS_PER_USD, BudgetGate, GateTwin, usd_text
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable, UsageLike
