@@ -350,6 +350,28 @@ fail:
     return NULL;
 }
 
+/* A usage scan's answer: False (rc 0: no "usage" key), True (rc < 0: another form), else the
+ * tuple of its n numbers. */
+static PyObject *scan_result(int rc, const int64_t *v, int n)
+{
+    if (rc == 0)
+        Py_RETURN_FALSE;
+    if (rc < 0)
+        Py_RETURN_TRUE;
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL)
+        return NULL;
+    for (int k = 0; k < n; k++) {
+        PyObject *number = PyLong_FromLongLong((long long)v[k]);
+        if (number == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, k, number);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(usage_scan_doc,
              "usage_scan(body, /) -> (int, int) | bool\n--\n\n"
              "The usage of an answer in OpenAI's own order: (prompt_tokens, completion_tokens)\n"
@@ -357,21 +379,29 @@ PyDoc_STRVAR(usage_scan_doc,
              "cache writes and reads, output_tokens); False when it has no \"usage\" key; True\n"
              "when its last one is in another form (read it another way).");
 
-static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+/* OpenAI's order, else Anthropic's (a Messages answer). */
+static int usage_two_forms(const unsigned char *s, size_t n, int64_t *v)
+{
+    int rc = vx_books_usage(s, n, &v[0], &v[1]);
+    return rc < 0 ? vx_books_usage_messages(s, n, &v[0], &v[1]) : rc;
+}
+
+/* `scan` over the buffer of arg, its answer as scan_result makes it. */
+static PyObject *scan_buffer(PyObject *arg, int (*scan)(const unsigned char *, size_t, int64_t *),
+                             int count)
 {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    int64_t in = 0, out = 0;
-    int rc = vx_books_usage(view.buf, (size_t)view.len, &in, &out);
-    if (rc < 0) /* not OpenAI's order: Anthropic's (a Messages answer) */
-        rc = vx_books_usage_messages(view.buf, (size_t)view.len, &in, &out);
+    int64_t v[VX_BOOKS_PARTS] = {0};
+    int rc = scan(view.buf, (size_t)view.len, v);
     PyBuffer_Release(&view);
-    if (rc == 0)
-        Py_RETURN_FALSE;
-    if (rc < 0)
-        Py_RETURN_TRUE;
-    return Py_BuildValue("(LL)", (long long)in, (long long)out);
+    return scan_result(rc, v, count);
+}
+
+static PyObject *native_usage_scan(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    return scan_buffer(arg, usage_two_forms, 2);
 }
 
 PyDoc_STRVAR(usage_parts_scan_doc,
@@ -384,18 +414,7 @@ PyDoc_STRVAR(usage_parts_scan_doc,
 
 static PyObject *native_usage_parts_scan(PyObject *Py_UNUSED(module), PyObject *arg)
 {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    int64_t v[VX_BOOKS_PARTS];
-    int rc = vx_books_usage_parts(view.buf, (size_t)view.len, v);
-    PyBuffer_Release(&view);
-    if (rc == 0)
-        Py_RETURN_FALSE;
-    if (rc < 0)
-        Py_RETURN_TRUE;
-    return Py_BuildValue("(LLLLL)", (long long)v[0], (long long)v[1], (long long)v[2],
-                         (long long)v[3], (long long)v[4]);
+    return scan_buffer(arg, vx_books_usage_parts, VX_BOOKS_PARTS);
 }
 
 PyDoc_STRVAR(estimate_scan_doc,

@@ -216,7 +216,9 @@ static int usage_object(const unsigned char *s, size_t n, size_t *at)
     return 1;
 }
 
-int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+/* OpenAI's first two members, from the usage object's start: 1 with *a, *b and *at past the
+ * second number; 0 when s has no "usage" key; -1 when not in that form. */
+static int openai_two(const unsigned char *s, size_t n, size_t *at, int64_t *a, int64_t *b)
 {
     size_t i = 0;
     int rc = usage_object(s, n, &i);
@@ -228,8 +230,7 @@ int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
     if (!(i = expect(s, n, i, LIT(":"))))
         return -1;
     i = skip_space(s, n, i);
-    int64_t a = digits(s, n, &i);
-    if (a < 0)
+    if ((*a = digits(s, n, &i)) < 0)
         return -1;
     i = skip_space(s, n, i);
     if (!(i = expect(s, n, i, LIT(","))))
@@ -241,9 +242,19 @@ int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
     if (!(i = expect(s, n, i, LIT(":"))))
         return -1;
     i = skip_space(s, n, i);
-    int64_t b = digits(s, n, &i);
-    if (b < 0)
+    if ((*b = digits(s, n, &i)) < 0)
         return -1;
+    *at = i;
+    return 1;
+}
+
+int vx_books_usage(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+{
+    size_t i;
+    int64_t a, b;
+    int rc = openai_two(s, n, &i, &a, &b);
+    if (rc <= 0)
+        return rc;
     *in = a;
     *out = b;
     return 1;
@@ -273,79 +284,6 @@ static int member(const unsigned char *s, size_t n, size_t *i, const char *key, 
     *i = skip_space(s, n, j);
     return 1;
 }
-
-/* An object of "name":digits members at s[i] (names without escapes): the index past its
- * closing brace, 0 when it is anything else. */
-static size_t number_object(const unsigned char *s, size_t n, size_t i)
-{
-    if (!(i = expect(s, n, i, LIT("{"))))
-        return 0;
-    i = skip_space(s, n, i);
-    if (i < n && s[i] == '}')
-        return i + 1;
-    for (;;) {
-        if (!(i = expect(s, n, i, LIT("\""))))
-            return 0;
-        while (i < n && s[i] != '"' && s[i] != '\\')
-            i++;
-        if (!(i = expect(s, n, i, LIT("\""))))
-            return 0;
-        i = skip_space(s, n, i);
-        if (!(i = expect(s, n, i, LIT(":"))))
-            return 0;
-        i = skip_space(s, n, i);
-        if (digits(s, n, &i) < 0)
-            return 0;
-        i = skip_space(s, n, i);
-        if (i < n && s[i] == '}')
-            return i + 1;
-        if (!(i = expect(s, n, i, LIT(","))))
-            return 0;
-        i = skip_space(s, n, i);
-    }
-}
-
-int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
-{
-    size_t i = 0;
-    int rc = usage_object(s, n, &i);
-    if (rc <= 0)
-        return rc;
-    if (!(i = expect(s, n, i, LIT("\"input_tokens\""))))
-        return -1;
-    i = skip_space(s, n, i);
-    if (!(i = expect(s, n, i, LIT(":"))))
-        return -1;
-    i = skip_space(s, n, i);
-    int64_t total = digits(s, n, &i);
-    if (total < 0)
-        return -1;
-    /* Cache writes and reads are parts of the input, as OpenAI's prompt_tokens count them. */
-    if (member(s, n, &i, LIT("\"cache_creation_input_tokens\""))) {
-        int64_t v = digits(s, n, &i);
-        if (v < 0)
-            return -1;
-        total += v;
-    }
-    if (member(s, n, &i, LIT("\"cache_read_input_tokens\""))) {
-        int64_t v = digits(s, n, &i);
-        if (v < 0)
-            return -1;
-        total += v;
-    }
-    if (member(s, n, &i, LIT("\"cache_creation\"")) && !(i = number_object(s, n, i)))
-        return -1;
-    if (!member(s, n, &i, LIT("\"output_tokens\"")))
-        return -1;
-    int64_t o = digits(s, n, &i);
-    if (o < 0)
-        return -1;
-    *in = total;
-    *out = o;
-    return 1;
-}
-
-/* ---- usage with its parts (OpenAI's order, to the object's end) ---- */
 
 /* A member name without escapes at s[*i] (its opening quote): 1 with [*a, *b) its bytes and *i
  * past its closing quote and the colon after it (and the space after that); 0 otherwise. */
@@ -416,6 +354,58 @@ static int details_object(const unsigned char *s, size_t n, size_t *i, const str
     }
 }
 
+/* An object of "name":digits members at s[i] (names without escapes): the index past its
+ * closing brace, 0 when it is anything else. */
+static size_t number_object(const unsigned char *s, size_t n, size_t i)
+{
+    int64_t unread[VX_BOOKS_PARTS];
+    if (i >= n || s[i] != '{' || !details_object(s, n, &i, &NO_PARTS, unread))
+        return 0;
+    return i;
+}
+
+int vx_books_usage_messages(const unsigned char *s, size_t n, int64_t *in, int64_t *out)
+{
+    size_t i = 0;
+    int rc = usage_object(s, n, &i);
+    if (rc <= 0)
+        return rc;
+    if (!(i = expect(s, n, i, LIT("\"input_tokens\""))))
+        return -1;
+    i = skip_space(s, n, i);
+    if (!(i = expect(s, n, i, LIT(":"))))
+        return -1;
+    i = skip_space(s, n, i);
+    int64_t total = digits(s, n, &i);
+    if (total < 0)
+        return -1;
+    /* Cache writes and reads are parts of the input, as OpenAI's prompt_tokens count them. */
+    if (member(s, n, &i, LIT("\"cache_creation_input_tokens\""))) {
+        int64_t v = digits(s, n, &i);
+        if (v < 0)
+            return -1;
+        total += v;
+    }
+    if (member(s, n, &i, LIT("\"cache_read_input_tokens\""))) {
+        int64_t v = digits(s, n, &i);
+        if (v < 0)
+            return -1;
+        total += v;
+    }
+    if (member(s, n, &i, LIT("\"cache_creation\"")) && !(i = number_object(s, n, i)))
+        return -1;
+    if (!member(s, n, &i, LIT("\"output_tokens\"")))
+        return -1;
+    int64_t o = digits(s, n, &i);
+    if (o < 0)
+        return -1;
+    *in = total;
+    *out = o;
+    return 1;
+}
+
+/* ---- usage with its parts (OpenAI's order, to the object's end) ---- */
+
 /* The members after completion_tokens, to the usage object's closing brace. */
 static int usage_rest(const unsigned char *s, size_t n, size_t i, int64_t *v)
 {
@@ -451,25 +441,11 @@ static int usage_rest(const unsigned char *s, size_t n, size_t i, int64_t *v)
 
 int vx_books_usage_parts(const unsigned char *s, size_t n, int64_t v[VX_BOOKS_PARTS])
 {
-    size_t i = 0;
-    int rc = usage_object(s, n, &i);
-    if (rc <= 0)
-        return rc;
     for (int k = 0; k < VX_BOOKS_PARTS; k++)
         v[k] = 0;
-    if (!(i = expect(s, n, i, LIT("\"prompt_tokens\""))))
-        return -1;
-    i = skip_space(s, n, i);
-    if (!(i = expect(s, n, i, LIT(":"))))
-        return -1;
-    i = skip_space(s, n, i);
-    if ((v[0] = digits(s, n, &i)) < 0)
-        return -1;
-    if (!member(s, n, &i, LIT("\"completion_tokens\"")))
-        return -1;
-    if ((v[1] = digits(s, n, &i)) < 0)
-        return -1;
-    return usage_rest(s, n, i, v);
+    size_t i;
+    int rc = openai_two(s, n, &i, &v[0], &v[1]);
+    return rc <= 0 ? rc : usage_rest(s, n, i, v);
 }
 
 /* ---- estimate ----
