@@ -286,16 +286,21 @@ class Store:
         # Label id by its six names, and the six names' ids by label id.
         self._labels: dict[tuple[str, ...], int] = {}
         self._label_ids: dict[int, tuple[int, ...]] = {}
+        self._pairs: dict[int, tuple[int, ...]] = {}  # label id: (key id, team id)
         self._load_names()
 
     def _load_names(self) -> None:
         self._ids = {n: i for i, n in self.conn.execute("SELECT id, name FROM names")}
         self._names = {i: n for n, i in self._ids.items()}
-        self._labels, self._label_ids = {}, {}
+        self._labels, self._label_ids, self._pairs = {}, {}, {}
         if has_labels(self.conn):
             for label_id, *ids in self.conn.execute(f"SELECT id, {_LABEL_IDS} FROM labels"):
-                self._label_ids[label_id] = tuple(ids)
-                self._labels[tuple(map(self._names.__getitem__, ids))] = label_id
+                self._add_label(label_id, tuple(map(self._names.__getitem__, ids)), tuple(ids))
+
+    def _add_label(self, label_id: int, names: tuple[Any, ...], ids: tuple[int, ...]) -> None:
+        self._labels[names] = label_id
+        self._label_ids[label_id] = ids
+        self._pairs[label_id] = ids[:2]
         try:
             last = self.conn.execute("SELECT id, min_ts, max_ts FROM segments ORDER BY id "
                                      "DESC LIMIT 1").fetchone()
@@ -324,8 +329,8 @@ class Store:
             texts = tuple("" if n is None else str(n) for n in names)
             ids = tuple(map(self._id, texts))
             found = self.conn.execute(_ADD_LABEL, ids).fetchone()[0]
-            self._labels[names] = self._labels[texts] = found
-            self._label_ids[found] = ids
+            self._add_label(found, texts, ids)
+            self._labels[names] = found
         return found
 
     def _encoded(self, row: Row) -> tuple[Any, ...]:
@@ -355,10 +360,10 @@ class Store:
                 if not columns:
                     continue
                 conn.executemany(_INSERT, zip(*columns, strict=True))
-                daily.add(columns)
+                daily.add(columns, self._pairs)
                 written += len(columns[0])
                 span = [min(columns[0]), max(columns[0]), *span]
-            conn.executemany(_ADD_DAILY, daily.rows(self._label_ids))
+            conn.executemany(_ADD_DAILY, daily.rows())
             if span:
                 self._add_segment(start, min(span), max(span))
             if extra is not None:
@@ -389,7 +394,10 @@ class Store:
         """A frame's columns as stored: its label numbers mapped to the file's label ids
         once per label (a few dozen a frame), then per row at C speed (`map`)."""
         columns = list(part.frame.columns)
-        ids = list(map(self._label, part.frame.labels))
+        labels = part.frame.labels
+        ids = dict(zip(labels, map(self._labels.get, labels.values())))  # C speed: known
+        if None in ids.values():
+            ids = dict(zip(labels, map(self._label, labels.values())))
         columns[rowframe.LABEL_AT] = list(map(ids.__getitem__, columns[rowframe.LABEL_AT]))
         columns[_COST_AT] = list(rowframe.costs(columns[_COST_AT]))
         return columns
@@ -544,11 +552,13 @@ class _Daily:
     """A transaction's spend per (UTC day, key, team), for the upsert into spend_daily."""
 
     def __init__(self) -> None:
-        # Per day: per label id: requests, unpriced, cost, input and output tokens (one int
-        # key a row; `rows` sums the labels of a key and team).
-        self.days: dict[str, dict[int, list[int]]] = {}
+        # Per day: per (key id, team id): requests, unpriced, cost, input and output tokens.
+        self.days: dict[str, dict[tuple[int, ...], list[int]]] = {}
 
-    def add(self, columns: list[Sequence[Any]]) -> None:
+    def add(self, columns: list[Sequence[Any]], pairs: dict[int, tuple[int, ...]]) -> None:
+        """Sum stored columns; `pairs`: a label id's (key id, team id), one tuple a label."""
+        columns = [*columns]
+        columns[rowframe.LABEL_AT] = list(map(pairs.__getitem__, columns[rowframe.LABEL_AT]))
         ts = columns[0]
         first = min(ts) // DAY_MS
         if max(ts) // DAY_MS != first:  # a batch across midnight (UTC): row by row
@@ -560,12 +570,12 @@ class _Daily:
     def _add(self, day_number: int, columns: list[Sequence[Any]]) -> None:
         sums = self.days.setdefault(utc_day(day_number * DAY_MS), {})
         get = sums.get
-        for label, cost, inp, out in zip(
+        for pair, cost, inp, out in zip(
                 columns[rowframe.LABEL_AT], columns[_COST_AT], columns[_IN_AT],
                 columns[_OUT_AT], strict=True):
-            acc = get(label)
+            acc = get(pair)
             if acc is None:
-                acc = sums[label] = [0, 0, 0, 0, 0]
+                acc = sums[pair] = [0, 0, 0, 0, 0]
             acc[0] += 1
             if cost is None:
                 acc[1] += 1
@@ -574,11 +584,9 @@ class _Daily:
             acc[3] += inp
             acc[4] += out
 
-    def rows(self, label_ids: dict[int, tuple[int, ...]]) -> list[tuple[Any, ...]]:
-        """Upserts per (day, key id, team id): labels of one key and team add up in
-        spend_daily's ON CONFLICT."""
-        return [(day, *label_ids[label][:2], *sums) for day, by_label in self.days.items()
-                for label, sums in by_label.items()]
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [(day, *pair, *sums) for day, by_pair in self.days.items()
+                for pair, sums in by_pair.items()]
 
 
 class Columns:

@@ -3,11 +3,11 @@
 Why not JSON: decoding a 16-field list per row made the supervisor build 16 objects a row and
 then check their types one by one (~3 us a row of its ~5 us; benches/bench_ledger.py). Here
 the worker transposes its batch once (`zip`, C speed), gives each distinct combination of the
-six names (key, team, route, upstream, model, api: a `label`) a number within the frame, and
-writes
+six names (key, team, route, upstream, model, api: a `label`) a number within the frame (the
+row where it first appears), and writes
 
-    b"M" | rows: u32 | labels: u32 | ten int64 columns | the labels' names and the request
-    ids, UTF-8, NUL-separated
+    b"M" | rows: u32 | labels: u32 | ten int64 columns | the labels' names (in the order of
+    their numbers) and the request ids, UTF-8, NUL-separated
 
 The int64 columns (`INT_COLUMNS`, native byte order: both ends are the same host) are read back
 with `array.frombytes` and never checked field by field: their type is guaranteed by the
@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, count
 from typing import Any, NamedTuple
 
 # Column order of a row (what `Spend.row` builds and `LedgerFeed.add` takes).
@@ -58,10 +58,11 @@ class BadFrame(ValueError):
 
 
 class Frame(NamedTuple):
-    """A decoded frame: its labels (six names each) and its columns in FRAME_COLUMNS order
-    (int64 arrays, the request ids a list of str; the label column indexes `labels`)."""
+    """A decoded frame: its labels (six names each, by number) and its columns in
+    FRAME_COLUMNS order (int64 arrays, the request ids a list of str; the label column holds
+    the numbers)."""
 
-    labels: list[tuple[str, ...]]
+    labels: dict[int, tuple[str, ...]]
     columns: list[Sequence[Any]]
 
 
@@ -78,14 +79,14 @@ def _pack(rows: Sequence[Sequence[Any]]) -> bytes:
     columns = list(zip(*rows, strict=True))  # ValueError: rows of different lengths
     if len(columns) != WIDTH:
         raise ValueError(f"rows of {len(columns)} fields, not {WIDTH}")
-    named = [columns[at] for at in NAMED_AT]
-    # Numbers for the frame's labels at C speed: dict.fromkeys keeps the first-seen order,
-    # the Python loop runs once per distinct label (a few dozen a frame), not per row.
-    index: dict[tuple[Any, ...], int] = dict.fromkeys(zip(*named))
-    for number, label in enumerate(index):
-        index[label] = number
+    # A label's number is the row where it first appears: one hash of each row's six names,
+    # at C speed (a frame may hold as many labels as rows: 200 keys x 12 models). The
+    # labels' names go in that order, which the reader recovers by sorting the numbers.
+    index: dict[tuple[Any, ...], int] = {}
+    numbers = array("q", map(index.setdefault, zip(*(columns[at] for at in NAMED_AT)),
+                             count()))
     cost = columns[_COST_IN_ROW]
-    ints: list[Any] = [columns[0], map(index.__getitem__, zip(*named)),
+    ints: list[Any] = [columns[0], numbers,
                        *(columns[at] for at in _COUNTS_IN_ROW), map(_TO_WIRE.get, cost, cost),
                        columns[_LATENCY_IN_ROW]]
     body = [_HEAD.pack(TAG, len(rows), len(index))]
@@ -135,10 +136,11 @@ def unpack(body: bytes) -> Frame:
     names = 6 * labels
     if len(text) != names + rows:
         raise BadFrame(f"{len(text)} names and ids for {rows} rows of {labels} labels")
-    if rows and (min(out[LABEL_AT]) < 0 or max(out[LABEL_AT]) >= labels):
-        raise BadFrame(f"a label number outside the frame's {labels}")
+    numbers = sorted(set(out[LABEL_AT]))
+    if len(numbers) != labels or (numbers and (numbers[0] < 0 or numbers[-1] >= rows)):
+        raise BadFrame(f"label numbers disagree with the frame's {labels} labels")
     out.append(text[names:])
-    return Frame([tuple(text[at:at + 6]) for at in range(0, names, 6)], out)
+    return Frame(dict(zip(numbers, zip(*[iter(text[:names])] * 6, strict=True))), out)
 
 
 def rows_of(frame: Frame) -> list[tuple[Any, ...]]:
