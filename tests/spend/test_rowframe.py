@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from velox.admin.control import FrameReader
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import LedgerWriter, Store, connect, make_row
-from velox.spend.rowframe import (COLUMNS, FRAME_COLUMNS, NO_COST, BadFrame, pack, rows_of,
-                                  unpack)
+from velox.spend.rowframe import COLUMNS, FRAME_COLUMNS, NO_COST, BadFrame, pack, rows_of, unpack
 
 DAY_MS = 86_400_000
 MIDNIGHT_MS = 1_795_737_600_000  # 2026-11-27T00:00:00Z

@@ -395,9 +395,10 @@ class Store:
         once per label (a few dozen a frame), then per row at C speed (`map`)."""
         columns = list(part.frame.columns)
         labels = part.frame.labels
-        ids = dict(zip(labels, map(self._labels.get, labels.values())))  # C speed: known
+        # Known labels at C speed; a frame with a new one takes the slow path for all.
+        ids = dict(zip(labels, map(self._labels.get, labels.values()), strict=True))
         if None in ids.values():
-            ids = dict(zip(labels, map(self._label, labels.values())))
+            ids = dict(zip(labels, map(self._label, labels.values()), strict=True))
         columns[rowframe.LABEL_AT] = list(map(ids.__getitem__, columns[rowframe.LABEL_AT]))
         columns[_COST_AT] = list(rowframe.costs(columns[_COST_AT]))
         return columns

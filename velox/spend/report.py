@@ -21,8 +21,7 @@ import re
 import sqlite3
 from typing import Any
 
-from velox.spend.ledger import (COLUMNS, STREAM, Store, connect, first_id, has_labels,
-                                state_file)
+from velox.spend.ledger import COLUMNS, STREAM, Store, connect, first_id, has_labels, state_file
 from velox.spend.text import aligned
 
 GROUPS = ("key", "team", "model", "upstream", "route", "api", "day")

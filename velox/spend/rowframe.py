@@ -83,8 +83,8 @@ def _pack(rows: Sequence[Sequence[Any]]) -> bytes:
     # at C speed (a frame may hold as many labels as rows: 200 keys x 12 models). The
     # labels' names go in that order, which the reader recovers by sorting the numbers.
     index: dict[tuple[Any, ...], int] = {}
-    numbers = array("q", map(index.setdefault, zip(*(columns[at] for at in NAMED_AT)),
-                             count()))
+    labels = zip(*(columns[at] for at in NAMED_AT), strict=True)
+    numbers = array("q", map(index.setdefault, labels, count()))
     cost = columns[_COST_IN_ROW]
     ints: list[Any] = [columns[0], numbers,
                        *(columns[at] for at in _COUNTS_IN_ROW), map(_TO_WIRE.get, cost, cost),
@@ -140,7 +140,8 @@ def unpack(body: bytes) -> Frame:
     if len(numbers) != labels or (numbers and (numbers[0] < 0 or numbers[-1] >= rows)):
         raise BadFrame(f"label numbers disagree with the frame's {labels} labels")
     out.append(text[names:])
-    return Frame(dict(zip(numbers, zip(*[iter(text[:names])] * 6, strict=True))), out)
+    names_of = zip(*[iter(text[:names])] * 6, strict=True)
+    return Frame(dict(zip(numbers, names_of, strict=True)), out)
 
 
 def rows_of(frame: Frame) -> list[tuple[Any, ...]]:
