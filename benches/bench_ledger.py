@@ -116,7 +116,7 @@ def test_ledger_supervisor_decode_per_row(benchmark: Any) -> None:
 
     def run() -> None:
         (body,) = FrameReader().feed(frame)
-        assert len(unpack(body)[0]) == FRAME
+        assert len(unpack(body).columns[0]) == FRAME
 
     benchmark.group = "ledger-worker: per row"
     benchmark.pedantic(run, rounds=300, warmup_rounds=20)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from velox.admin.control import FrameReader
 from velox.admin.ledgerfeed import LedgerFeed
 from velox.spend.ledger import LedgerWriter, Store, connect, make_row
-from velox.spend.rowframe import COLUMNS, NO_COST, BadFrame, pack, rows_of, unpack
+from velox.spend.rowframe import COLUMNS, FRAME_COLUMNS, NO_COST, BadFrame, pack, rows_of, unpack
 
 DAY_MS = 86_400_000
 MIDNIGHT_MS = 1_795_737_600_000  # 2026-11-27T00:00:00Z
@@ -122,28 +122,33 @@ def test_the_writer_fed_frames_writes_what_it_writes_fed_rows(tmp_path: Path) ->
 
 def test_an_unknown_cost_is_not_a_number_on_the_wire() -> None:
     body, _ = pack([make_row(ts_ms=1, cost_nanos=None), make_row(ts_ms=2, cost_nanos=0)])
-    columns = unpack(body)
-    assert list(columns[COLUMNS.index("cost_nanos")]) == [NO_COST, 0]
-    assert [r[COLUMNS.index("cost_nanos")] for r in rows_of(columns)] == [None, 0]
+    frame = unpack(body)
+    assert list(frame.columns[FRAME_COLUMNS.index("cost_nanos")]) == [NO_COST, 0]
+    assert [r[COLUMNS.index("cost_nanos")] for r in rows_of(frame)] == [None, 0]
 
 
-def test_names_of_frequent_columns_get_small_ids(tmp_path: Path) -> None:
-    """A frame's many keys are named after its one API, upstream and model, whose ids stay
-    under 128 (one byte in every row)."""
+def test_a_label_travels_and_is_stored_once(tmp_path: Path) -> None:
+    """Rows of a few keys and targets carry their six names once a label in the frame, and
+    once a label in the file; each row holds its label's id."""
+    rows = [make_row(ts_ms=i, key=f"key{i % 3}", team="t", route="r", upstream="u",
+                     model=f"m{i % 2}", request_id=str(i)) for i in range(300)]
+    frame = unpack(pack(rows)[0])
+    assert len(frame.labels) == 6 and len(frame.columns[FRAME_COLUMNS.index("label")]) == 300
     store = Store(connect(tmp_path / "ledger.sqlite3"))
-    rows = [make_row(ts_ms=1, key=f"key{i}", team=f"team{i}", route="r", upstream="u",
-                     model="m", request_id=str(i)) for i in range(300)]
     writer = LedgerWriter(tmp_path / "ledger.sqlite3")
     writer.store = store
     writer.submit_frame(pack(rows)[0])
     writer._drain()
-    ids = dict(store.conn.execute("SELECT name, id FROM names"))
-    assert max(ids["chat"], ids["u"], ids["m"], ids["r"]) < 128
-    assert set(ids) == {"chat", "u", "m", "r"} | {f"key{i}" for i in range(300)} | {
-        f"team{i}" for i in range(300)}
-    # A frame with one new name after known ones: only that name is added.
-    writer.submit_frame(pack([make_row(ts_ms=2, key="key1", team="team1", route="r",
+    conn = store.conn
+    assert conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0] == 6
+    assert conn.execute("SELECT COUNT(DISTINCT label_id) FROM requests").fetchone()[0] == 6
+    # A frame with one new name after known ones: one new name, one new label.
+    writer.submit_frame(pack([make_row(ts_ms=2, key="key1", team="t", route="r",
                                        upstream="u", model="m2", request_id="x")])[0])
     writer._drain()
-    assert len(dict(store.conn.execute("SELECT name, id FROM names"))) == len(ids) + 1
-    store.conn.close()
+    assert conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0] == 7
+    assert conn.execute("SELECT COUNT(*) FROM names").fetchone()[0] == 10  # 9, then m2
+    assert sorted(conn.execute("SELECT key, model, COUNT(*) FROM ledger GROUP BY 1, 2")) == [
+        ("key0", "m0", 50), ("key0", "m1", 50), ("key1", "m0", 50), ("key1", "m1", 50),
+        ("key1", "m2", 1), ("key2", "m0", 50), ("key2", "m1", 50)]
+    conn.close()

@@ -33,9 +33,12 @@ batch takes about `PURGE_BUDGET_S` (a purge of millions of rows is thousands of 
 transactions with inserts between them: it never stalls the writer, nor grows its memory).
 
 Storage: repeated names (keys, teams, routes, upstreams, models, APIs) are stored once in
-`names` and referenced by id, which keeps rows small (`benches/bench_ledger.py` measures the
-file size per million rows); the `ledger` view joins them back for people and exports. No
-index on ts_ms: `segments` (SEGMENT_MS) find a period's rows by id.
+`names`, and each combination of the six that rows use (a label: a key's requests to one
+route's upstream and model, over one API) once in `labels`; a row holds its label's id, 11
+columns instead of 16 (the insert binds ~30% fewer values, and the row is smaller:
+`benches/bench_ledger.py` measures both). The `ledger` view joins them back for people and
+exports. A file written with a column per name (an earlier version) is converted when a writer
+opens it. No index on ts_ms: `segments` (SEGMENT_MS) find a period's rows by id.
 `spend_daily` keeps the spend per UTC day, key and team, updated in the same transaction as
 the rows, and kept after the rows are purged (days older than `DAILY_KEEP_DAYS` are folded
 into one "earlier" row per key and team): budgets resume from it after a restart (`spent`).
@@ -67,23 +70,21 @@ from velox.spend.rowframe import BadFrame
 
 log = logging.getLogger("velox.ledger")
 
-NAMED = ("key", "team", "route", "upstream", "model", "api")  # stored as ids into `names`
+NAMED = rowframe.NAMED  # a row's label: ids into `names`, the combination an id into `labels`
 COLUMNS = rowframe.COLUMNS
-_NAMED_AT = rowframe.NAMED_AT
-# New names get their ids in this order, the fewest distinct first: an id under 128 is stored
-# in one byte, so the API, upstream and model ids of every row stay small (+5 bytes a row
-# when a frame's 200 keys came first).
-_NEW_NAMES_AT = tuple(COLUMNS.index(c)
-                      for c in ("api", "upstream", "model", "route", "team", "key"))
-_KEY_AT, _TEAM_AT = COLUMNS.index("key"), COLUMNS.index("team")
-_IN_AT, _OUT_AT = COLUMNS.index("input_tokens"), COLUMNS.index("output_tokens")
-_COST_AT = COLUMNS.index("cost_nanos")
+_LABEL_SLICE = slice(rowframe.NAMED_AT[0], rowframe.NAMED_AT[-1] + 1)
+# A row as stored (after its id): rowframe.FRAME_COLUMNS, the six names as one label id.
+_NARROW = rowframe.FRAME_COLUMNS
+_IN_AT, _OUT_AT = _NARROW.index("input_tokens"), _NARROW.index("output_tokens")
+_COST_AT = rowframe.COST_AT
 Row = Sequence[Any]  # a tuple in COLUMNS order (a list once it has crossed a socket)
 _WIDTH = len(COLUMNS)
-# The field types of a well-formed row once its names are ids: integers, the cost an integer
-# or None (unknown), the request id a string.
+# The field types of a well-formed stored row: integers, the cost an integer or None
+# (unknown), the request id a string.
+_LABEL_TYPES = (str,) * len(NAMED)
 _ROW_TYPES = frozenset(
-    tuple(str if at == _WIDTH - 1 else cost if at == _COST_AT else int for at in range(_WIDTH))
+    tuple(str if at == len(_NARROW) - 1 else cost if at == _COST_AT else int
+          for at in range(len(_NARROW)))
     for cost in (int, type(None)))
 
 DAY_MS = 86_400_000
@@ -119,20 +120,37 @@ REDIS_BACKOFF_S = (1.0, 60.0)
 DEFAULT_STREAM_MAXLEN = 1_000_000
 _TELL_SKIPPED = 10
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+_REQUESTS = """
 CREATE TABLE IF NOT EXISTS requests (
     id INTEGER PRIMARY KEY,
     ts_ms INTEGER NOT NULL,
-    key_id INTEGER NOT NULL, team_id INTEGER NOT NULL, route_id INTEGER NOT NULL,
-    upstream_id INTEGER NOT NULL, model_id INTEGER NOT NULL, api_id INTEGER NOT NULL,
+    label_id INTEGER NOT NULL,
     status INTEGER NOT NULL,
     input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
     cached_tokens INTEGER NOT NULL, cache_write_tokens INTEGER NOT NULL,
     reasoning_tokens INTEGER NOT NULL,
     cost_nanos INTEGER,
     latency_us INTEGER NOT NULL,
-    request_id TEXT NOT NULL);
+    request_id TEXT NOT NULL)"""
+_VIEW = """
+CREATE VIEW IF NOT EXISTS ledger AS
+    SELECT r.id, r.ts_ms, k.name AS key, t.name AS team, ro.name AS route,
+           u.name AS upstream, m.name AS model, a.name AS api, r.status,
+           r.input_tokens, r.output_tokens, r.cached_tokens, r.cache_write_tokens,
+           r.reasoning_tokens, r.cost_nanos, r.latency_us, r.request_id
+    FROM requests r JOIN labels l ON l.id = r.label_id
+    JOIN names k ON k.id = l.key_id JOIN names t ON t.id = l.team_id
+    JOIN names ro ON ro.id = l.route_id JOIN names u ON u.id = l.upstream_id
+    JOIN names m ON m.id = l.model_id JOIN names a ON a.id = l.api_id"""
+_LABEL_IDS = "key_id, team_id, route_id, upstream_id, model_id, api_id"
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS labels (
+    id INTEGER PRIMARY KEY,
+    key_id INTEGER NOT NULL, team_id INTEGER NOT NULL, route_id INTEGER NOT NULL,
+    upstream_id INTEGER NOT NULL, model_id INTEGER NOT NULL, api_id INTEGER NOT NULL,
+    UNIQUE ({_LABEL_IDS}));
+{_REQUESTS};
 CREATE TABLE IF NOT EXISTS segments (
     id INTEGER PRIMARY KEY, min_ts INTEGER NOT NULL, max_ts INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS segments_min ON segments (min_ts);
@@ -143,19 +161,12 @@ CREATE TABLE IF NOT EXISTS spend_daily (
     input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
     PRIMARY KEY (day, key_id, team_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE VIEW IF NOT EXISTS ledger AS
-    SELECT r.id, r.ts_ms, k.name AS key, t.name AS team, ro.name AS route,
-           u.name AS upstream, m.name AS model, a.name AS api, r.status,
-           r.input_tokens, r.output_tokens, r.cached_tokens, r.cache_write_tokens,
-           r.reasoning_tokens, r.cost_nanos, r.latency_us, r.request_id
-    FROM requests r JOIN names k ON k.id = r.key_id JOIN names t ON t.id = r.team_id
-    JOIN names ro ON ro.id = r.route_id JOIN names u ON u.id = r.upstream_id
-    JOIN names m ON m.id = r.model_id JOIN names a ON a.id = r.api_id;
+{_VIEW};
 """
-_INSERT = ("INSERT INTO requests (ts_ms, key_id, team_id, route_id, upstream_id, model_id, "
-           "api_id, status, input_tokens, output_tokens, cached_tokens, cache_write_tokens, "
-           "reasoning_tokens, cost_nanos, latency_us, request_id) "
-           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+_INSERT = (f"INSERT INTO requests ({', '.join(c + '_id' if c == 'label' else c for c in _NARROW)})"
+           f" VALUES ({','.join('?' * len(_NARROW))})")
+_ADD_LABEL = (f"INSERT INTO labels ({_LABEL_IDS}) VALUES (?,?,?,?,?,?) ON CONFLICT "
+              f"({_LABEL_IDS}) DO UPDATE SET key_id = key_id RETURNING id")
 _SUM_DAILY = (
     " ON CONFLICT (day, key_id, team_id) DO UPDATE SET requests = requests + "
     "excluded.requests, unpriced = unpriced + excluded.unpriced, cost_nanos = cost_nanos + "
@@ -198,10 +209,42 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
     # The WAL is truncated back to 64 MiB after a checkpoint, not left at its peak size.
     conn.execute("PRAGMA journal_size_limit = 67108864")
     conn.executescript(_SCHEMA)
-    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', '1')")
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', '2')")
     if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'requests_ts'").fetchone():
         _segments_from_index(conn)
+    if "key_id" in {c[1] for c in conn.execute("PRAGMA table_info(requests)")}:
+        _labels_from_columns(conn)
     return conn
+
+
+def _labels_from_columns(conn: sqlite3.Connection) -> None:
+    """A file with a column per name (an earlier version): its combinations become labels,
+    its rows keep their ids (segments, the Redis cursor) in one transaction; a crash leaves
+    the old file, converted again next time."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("DROP VIEW ledger")
+        conn.execute("ALTER TABLE requests RENAME TO requests_by_name")
+        conn.execute(f"INSERT OR IGNORE INTO labels ({_LABEL_IDS}) SELECT DISTINCT "
+                     f"{_LABEL_IDS} FROM requests_by_name")
+        conn.execute(_REQUESTS)
+        stored = ", ".join(f"r.{c}" if c != "label" else "l.id" for c in _NARROW)
+        conn.execute(f"INSERT INTO requests SELECT r.id, {stored} FROM requests_by_name r "
+                     f"JOIN labels l USING ({_LABEL_IDS}) ORDER BY r.id")
+        conn.execute("DROP TABLE requests_by_name")
+        conn.execute(_VIEW)
+        conn.execute("UPDATE meta SET value = '2' WHERE name = 'schema'")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def has_labels(conn: sqlite3.Connection) -> bool:
+    """Whether the file stores a label id per row (False: a file of an earlier version,
+    open read-only before any writer converted it)."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'labels'").fetchone() \
+        is not None
 
 
 def _segments_from_index(conn: sqlite3.Connection) -> None:
@@ -240,11 +283,24 @@ class Store:
         self.skipped = 0
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        # Label id by its six names, and the six names' ids by label id.
+        self._labels: dict[tuple[str, ...], int] = {}
+        self._label_ids: dict[int, tuple[int, ...]] = {}
+        self._pairs: dict[int, tuple[int, ...]] = {}  # label id: (key id, team id)
         self._load_names()
 
     def _load_names(self) -> None:
         self._ids = {n: i for i, n in self.conn.execute("SELECT id, name FROM names")}
         self._names = {i: n for n, i in self._ids.items()}
+        self._labels, self._label_ids, self._pairs = {}, {}, {}
+        if has_labels(self.conn):
+            for label_id, *ids in self.conn.execute(f"SELECT id, {_LABEL_IDS} FROM labels"):
+                self._add_label(label_id, tuple(map(self._names.__getitem__, ids)), tuple(ids))
+
+    def _add_label(self, label_id: int, names: tuple[Any, ...], ids: tuple[int, ...]) -> None:
+        self._labels[names] = label_id
+        self._label_ids[label_id] = ids
+        self._pairs[label_id] = ids[:2]
         try:
             last = self.conn.execute("SELECT id, min_ts, max_ts FROM segments ORDER BY id "
                                      "DESC LIMIT 1").fetchone()
@@ -266,11 +322,20 @@ class Store:
             self._names[found] = text
         return found
 
+    def _label(self, names: tuple[Any, ...]) -> int:
+        """The id of a label (six names, None as ""), added to `labels` when new."""
+        found = self._labels.get(names)
+        if found is None:
+            texts = tuple("" if n is None else str(n) for n in names)
+            ids = tuple(map(self._id, texts))
+            found = self.conn.execute(_ADD_LABEL, ids).fetchone()[0]
+            self._add_label(found, texts, ids)
+            self._labels[names] = found
+        return found
+
     def _encoded(self, row: Row) -> tuple[Any, ...]:
-        values = list(row)
-        for at in _NAMED_AT:
-            values[at] = self._id(values[at])
-        return tuple(values)
+        """`row` as stored (rowframe.FRAME_COLUMNS): its six names as one label id."""
+        return (row[0], self._label(tuple(row[_LABEL_SLICE])), *row[_LABEL_SLICE.stop:])
 
     def append(self, rows: Sequence[Row], extra: Callable[[], None] | None = None) -> int:
         """Insert `rows` and their daily totals in one transaction (plus `extra`, run inside
@@ -295,7 +360,7 @@ class Store:
                 if not columns:
                     continue
                 conn.executemany(_INSERT, zip(*columns, strict=True))
-                daily.add(columns)
+                daily.add(columns, self._pairs)
                 written += len(columns[0])
                 span = [min(columns[0]), max(columns[0]), *span]
             conn.executemany(_ADD_DAILY, daily.rows())
@@ -326,18 +391,15 @@ class Store:
             self._segment = (start, low, high, high)
 
     def _id_columns(self, part: Columns) -> list[Sequence[Any]]:
-        """A frame's columns with its names as ids: one dict lookup per name at C speed
-        (`map`), the few new names inserted first."""
-        columns = list(part.columns)
-        ids = self._ids
-        for at in _NAMED_AT:
-            try:
-                columns[at] = list(map(ids.__getitem__, columns[at]))
-            except KeyError:  # names new to the file: all of the frame's, fewest distinct first
-                for new_at in _NEW_NAMES_AT:
-                    for name in set(part.columns[new_at]).difference(ids):
-                        self._id(name)
-                columns[at] = list(map(ids.__getitem__, columns[at]))
+        """A frame's columns as stored: its label numbers mapped to the file's label ids
+        once per label (a few dozen a frame), then per row at C speed (`map`)."""
+        columns = list(part.frame.columns)
+        labels = part.frame.labels
+        # Known labels at C speed; a frame with a new one takes the slow path for all.
+        ids = dict(zip(labels, map(self._labels.get, labels.values()), strict=True))
+        if None in ids.values():
+            ids = dict(zip(labels, map(self._label, labels.values()), strict=True))
+        columns[rowframe.LABEL_AT] = list(map(ids.__getitem__, columns[rowframe.LABEL_AT]))
         columns[_COST_AT] = list(rowframe.costs(columns[_COST_AT]))
         return columns
 
@@ -351,14 +413,11 @@ class Store:
         compared as one tuple (the field-by-field check below cost ~2 us of the writer's ~4 us
         a row; it stays for the rows that fail, to name what is wrong)."""
         if len(row) == _WIDTH:
-            values = list(row)
-            ids = self._ids
-            for at in _NAMED_AT:
-                name = values[at]
-                found = ids.get(name) if type(name) is str else None
-                values[at] = found if found is not None else self._id(name)
-            if tuple(map(type, values)) in _ROW_TYPES:
-                return tuple(values)
+            names = tuple(row[_LABEL_SLICE])
+            if tuple(map(type, names)) == _LABEL_TYPES:
+                values = (row[0], self._label(names), *row[_LABEL_SLICE.stop:])
+                if tuple(map(type, values)) in _ROW_TYPES:
+                    return values
         return self._checked_slowly(row)
 
     def _checked_slowly(self, row: Row) -> tuple[Any, ...] | None:
@@ -367,11 +426,11 @@ class Store:
                 raise ValueError(f"{len(row)} fields, not {len(COLUMNS)}")
             encoded = self._encoded(row)
             for at, value in enumerate(encoded):
-                if at == len(COLUMNS) - 1:
+                if at == len(_NARROW) - 1:
                     if not isinstance(value, str):
                         raise ValueError("request_id must be a string")
                 elif not (isinstance(value, int) or (value is None and at == _COST_AT)):
-                    raise ValueError(f"{COLUMNS[at]} must be an integer")
+                    raise ValueError(f"{_NARROW[at]} must be an integer")
         except (TypeError, ValueError) as exc:
             self.skipped += 1
             if self.skipped <= _TELL_SKIPPED:  # a buggy producer must not flood the log
@@ -454,13 +513,22 @@ class Store:
     def rows_after(self, row_id: int, limit: int) -> list[tuple[Any, ...]]:
         """(id, *row) for rows with id > `row_id`, names decoded (for the Redis mirror)."""
         out = []
-        for raw in self.conn.execute("SELECT * FROM requests WHERE id > ? ORDER BY id LIMIT ?",
-                                     (row_id, limit)):
-            values = list(raw)
-            for at in _NAMED_AT:
-                values[at + 1] = self.name(values[at + 1])
-            out.append(tuple(values))
+        labels: dict[int, tuple[str, ...]] = {}
+        for row_id_, ts, label_id, *rest in self.conn.execute(
+                "SELECT * FROM requests WHERE id > ? ORDER BY id LIMIT ?", (row_id, limit)):
+            names = labels.get(label_id)
+            if names is None:
+                names = labels[label_id] = tuple(map(self.name, self.label_ids(label_id)))
+            out.append((row_id_, ts, *names, *rest))
         return out
+
+    def label_ids(self, label_id: int) -> tuple[int, ...]:
+        """The six name ids of a label (loaded again when another connection added it)."""
+        found = self._label_ids.get(label_id)
+        if found is None:
+            self._load_names()
+            found = self._label_ids[label_id]
+        return found
 
     def spent(self, by: str = "key", since_day: str = EARLIER) -> dict[str, Spent]:
         """The durable totals per key (or team) from `since_day` on (UTC, inclusive; the
@@ -486,9 +554,12 @@ class _Daily:
 
     def __init__(self) -> None:
         # Per day: per (key id, team id): requests, unpriced, cost, input and output tokens.
-        self.days: dict[str, dict[tuple[int, int], list[int]]] = {}
+        self.days: dict[str, dict[tuple[int, ...], list[int]]] = {}
 
-    def add(self, columns: list[Sequence[Any]]) -> None:
+    def add(self, columns: list[Sequence[Any]], pairs: dict[int, tuple[int, ...]]) -> None:
+        """Sum stored columns; `pairs`: a label id's (key id, team id), one tuple a label."""
+        columns = [*columns]
+        columns[rowframe.LABEL_AT] = list(map(pairs.__getitem__, columns[rowframe.LABEL_AT]))
         ts = columns[0]
         first = min(ts) // DAY_MS
         if max(ts) // DAY_MS != first:  # a batch across midnight (UTC): row by row
@@ -501,8 +572,8 @@ class _Daily:
         sums = self.days.setdefault(utc_day(day_number * DAY_MS), {})
         get = sums.get
         for pair, cost, inp, out in zip(
-                zip(columns[_KEY_AT], columns[_TEAM_AT], strict=True), columns[_COST_AT],
-                columns[_IN_AT], columns[_OUT_AT], strict=True):
+                columns[rowframe.LABEL_AT], columns[_COST_AT], columns[_IN_AT],
+                columns[_OUT_AT], strict=True):
             acc = get(pair)
             if acc is None:
                 acc = sums[pair] = [0, 0, 0, 0, 0]
@@ -522,11 +593,11 @@ class _Daily:
 class Columns:
     """A worker's frame, decoded (rowframe.unpack), waiting in the writer's queue."""
 
-    __slots__ = ("columns", "rows")
+    __slots__ = ("frame", "rows")
 
     def __init__(self, body: bytes) -> None:
-        self.columns = rowframe.unpack(body)
-        self.rows = len(self.columns[0])
+        self.frame = rowframe.unpack(body)
+        self.rows = len(self.frame.columns[0])
 
 
 def period_start(period: str, now_ms: int) -> str:

@@ -21,7 +21,7 @@ import re
 import sqlite3
 from typing import Any
 
-from velox.spend.ledger import COLUMNS, STREAM, Store, connect, first_id, state_file
+from velox.spend.ledger import COLUMNS, STREAM, Store, connect, first_id, has_labels, state_file
 from velox.spend.text import aligned
 
 GROUPS = ("key", "team", "model", "upstream", "route", "api", "day")
@@ -67,10 +67,15 @@ def totals(conn: sqlite3.Connection, since_ms: int, until_ms: int,
     """Per group of `by`: requests, tokens and cost over [since_ms, until_ms)."""
     check_group(by)
     expr = _DAY_SQL if by == "day" else f"{by}_id"
+    # A row's names are its label's (a file of an earlier version, not yet converted by a
+    # writer, has them in the row).
+    source = ("requests JOIN labels ON labels.id = requests.label_id"
+              if by != "day" and has_labels(conn)
+              else "requests")
     rows = conn.execute(
         f"SELECT {expr} AS g, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
-        f"SUM(cost_nanos), SUM(cost_nanos IS NULL) FROM requests "
-        f"WHERE id >= ? AND ts_ms >= ? AND ts_ms < ? GROUP BY g",
+        f"SUM(cost_nanos), SUM(cost_nanos IS NULL) FROM {source} "
+        f"WHERE requests.id >= ? AND ts_ms >= ? AND ts_ms < ? GROUP BY g",
         (first_id(conn, since_ms), since_ms, until_ms)).fetchall()
     store = Store(conn) if by != "day" else None
     out = []

@@ -2,16 +2,20 @@
 
 Why not JSON: decoding a 16-field list per row made the supervisor build 16 objects a row and
 then check their types one by one (~3 us a row of its ~5 us; benches/bench_ledger.py). Here
-the worker transposes its batch once (`zip`, C speed) and writes
+the worker transposes its batch once (`zip`, C speed), gives each distinct combination of the
+six names (key, team, route, upstream, model, api: a `label`) a number within the frame (the
+row where it first appears), and writes
 
-    b"L" | rows: u32 | nine int64 columns | the text columns, UTF-8, NUL-separated
+    b"M" | rows: u32 | labels: u32 | ten int64 columns | the labels' names (in the order of
+    their numbers) and the request ids, UTF-8, NUL-separated
 
 The int64 columns (`INT_COLUMNS`, native byte order: both ends are the same host) are read back
 with `array.frombytes` and never checked field by field: their type is guaranteed by the
 encoding, and a row that did not fit it (a None token count, a float, a 17th field) was
-refused by the worker when it packed (`pack` skips it and counts it). The text columns (the
-six names and the request id, `TEXT_COLUMNS`) are one string: `split("\0")` gives them back,
-and its count (7 x rows) is the frame's only check. A frame is self-contained: nothing carries
+refused by the worker when it packed (`pack` skips it and counts it). A frame of 1,000 rows
+has a few dozen labels (keys x targets in use), so the text is mostly the request ids, and the
+supervisor maps a label to its row in the file once a frame, not six names a row. The text's
+count (6 x labels + rows) is the frame's only check. A frame is self-contained: nothing carries
 over from one frame to the next, so a dropped frame, a restarted worker or a reloaded
 configuration never leaves the two ends disagreeing.
 """
@@ -21,20 +25,27 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
-from itertools import chain
-from typing import Any
+from itertools import chain, count
+from typing import Any, NamedTuple
 
 # Column order of a row (what `Spend.row` builds and `LedgerFeed.add` takes).
 COLUMNS = ("ts_ms", "key", "team", "route", "upstream", "model", "api", "status",
            "input_tokens", "output_tokens", "cached_tokens", "cache_write_tokens",
            "reasoning_tokens", "cost_nanos", "latency_us", "request_id")
 WIDTH = len(COLUMNS)
-COST_AT = COLUMNS.index("cost_nanos")
-NAMED_AT = tuple(COLUMNS.index(c) for c in ("key", "team", "route", "upstream", "model", "api"))
-TEXT_AT = (*NAMED_AT, COLUMNS.index("request_id"))
-INT_AT = tuple(at for at in range(WIDTH) if at not in TEXT_AT)
-TAG = b"L"  # a control frame's body that is not JSON (JSON bodies start with "{")
-_HEAD = struct.Struct("=cI")
+NAMED = ("key", "team", "route", "upstream", "model", "api")  # a row's label
+NAMED_AT = tuple(COLUMNS.index(c) for c in NAMED)
+# A frame's columns: the row's with its six names as one label number (the `requests` table
+# of velox.spend.ledger has the same order after its id).
+FRAME_COLUMNS = ("ts_ms", "label", *(c for c in COLUMNS if c not in NAMED and c != "ts_ms"))
+_COUNTS_IN_ROW = tuple(range(COLUMNS.index("status"), COLUMNS.index("cost_nanos")))
+_COST_IN_ROW, _LATENCY_IN_ROW = COLUMNS.index("cost_nanos"), COLUMNS.index("latency_us")
+LABEL_AT = FRAME_COLUMNS.index("label")
+COST_AT = FRAME_COLUMNS.index("cost_nanos")
+REQUEST_ID_AT = FRAME_COLUMNS.index("request_id")
+INT_COLUMNS = FRAME_COLUMNS[:REQUEST_ID_AT]
+TAG = b"M"  # a control frame's body that is not JSON (JSON bodies start with "{")
+_HEAD = struct.Struct("=cII")
 # An unknown cost (the model has no price) travels as the one int64 no cost can be.
 NO_COST = -(1 << 63)
 _TO_WIRE = {None: NO_COST}
@@ -46,18 +57,13 @@ class BadFrame(ValueError):
     """The bytes are not a ledger frame (truncated, or their counts disagree)."""
 
 
-def _ints(column: Sequence[Any], at: int) -> bytes:
-    if at == COST_AT:
-        return array("q", map(_TO_WIRE.get, column, column)).tobytes()
-    return array("q", column).tobytes()
+class Frame(NamedTuple):
+    """A decoded frame: its labels (six names each, by number) and its columns in
+    FRAME_COLUMNS order (int64 arrays, the request ids a list of str; the label column holds
+    the numbers)."""
 
-
-def _text(columns: list[tuple[Any, ...]], rows: int) -> str:
-    text = _SEP.join(chain.from_iterable(columns[at] for at in TEXT_AT))
-    if text.count(_SEP) != len(TEXT_AT) * rows - 1:  # a NUL inside a name: never from HTTP
-        text = _SEP.join(str(v).replace(_SEP, "\ufffd")
-                         for v in chain.from_iterable(columns[at] for at in TEXT_AT))
-    return text
+    labels: dict[int, tuple[str, ...]]
+    columns: list[Sequence[Any]]
 
 
 def pack(rows: Sequence[Sequence[Any]]) -> tuple[bytes, int]:
@@ -73,10 +79,29 @@ def _pack(rows: Sequence[Sequence[Any]]) -> bytes:
     columns = list(zip(*rows, strict=True))  # ValueError: rows of different lengths
     if len(columns) != WIDTH:
         raise ValueError(f"rows of {len(columns)} fields, not {WIDTH}")
-    body = [_HEAD.pack(TAG, len(rows))]
-    body.extend(_ints(columns[at], at) for at in INT_AT)
-    body.append(_text(columns, len(rows)).encode("utf-8", "surrogatepass"))
+    # A label's number is the row where it first appears: one hash of each row's six names,
+    # at C speed (a frame may hold as many labels as rows: 200 keys x 12 models). The
+    # labels' names go in that order, which the reader recovers by sorting the numbers.
+    index: dict[tuple[Any, ...], int] = {}
+    labels = zip(*(columns[at] for at in NAMED_AT), strict=True)
+    numbers = array("q", map(index.setdefault, labels, count()))
+    cost = columns[_COST_IN_ROW]
+    ints: list[Any] = [columns[0], numbers,
+                       *(columns[at] for at in _COUNTS_IN_ROW), map(_TO_WIRE.get, cost, cost),
+                       columns[_LATENCY_IN_ROW]]
+    body = [_HEAD.pack(TAG, len(rows), len(index))]
+    body.extend(array("q", column).tobytes() for column in ints)
+    texts = chain(chain.from_iterable(index), columns[-1])
+    body.append(_text(texts, 6 * len(index) + len(rows)).encode("utf-8", "surrogatepass"))
     return b"".join(body)
+
+
+def _text(values: Any, count: int) -> str:
+    values = list(values)
+    text = _SEP.join(values)  # TypeError: a name or id that is not text
+    if text.count(_SEP) != count - 1:  # a NUL inside a name: never from HTTP
+        text = _SEP.join(v.replace(_SEP, "\ufffd") for v in values)
+    return text
 
 
 def _packs(row: Sequence[Any]) -> bool:
@@ -87,40 +112,47 @@ def _packs(row: Sequence[Any]) -> bool:
     return True
 
 
-def unpack(body: bytes) -> list[Sequence[Any]]:
-    """The frame's columns in COLUMNS order (int64 arrays, lists of str; an unknown cost is
-    NO_COST: `costs` maps it back to None), or BadFrame."""
+def unpack(body: bytes) -> Frame:
+    """The frame's labels and columns (an unknown cost is NO_COST: `costs` maps it back to
+    None), or BadFrame."""
     if len(body) < _HEAD.size or body[:1] != TAG:
         raise BadFrame("not a ledger frame")
-    _, rows = _HEAD.unpack_from(body)
+    _, rows, labels = _HEAD.unpack_from(body)
     view = memoryview(body)
-    out: list[Sequence[Any]] = [()] * WIDTH
+    out: list[Sequence[Any]] = []
     at_byte = _HEAD.size
     size = 8 * rows
-    if len(body) < at_byte + size * len(INT_AT):
+    if len(body) < at_byte + size * len(INT_COLUMNS):
         raise BadFrame(f"a frame of {rows} rows is truncated")
-    for at in INT_AT:
+    for _ in INT_COLUMNS:
         column = array("q")
         column.frombytes(view[at_byte:at_byte + size])
-        out[at] = column
+        out.append(column)
         at_byte += size
     try:
         text = str(view[at_byte:], "utf-8", "surrogatepass").split(_SEP)
     except UnicodeDecodeError as exc:
         raise BadFrame(f"names are not UTF-8 ({exc.reason})") from None
-    if len(text) != len(TEXT_AT) * rows:
-        raise BadFrame(f"{len(text)} names and ids for {rows} rows")
-    for n, at in enumerate(TEXT_AT):
-        out[at] = text[n * rows:(n + 1) * rows]
+    names = 6 * labels
+    if len(text) != names + rows:
+        raise BadFrame(f"{len(text)} names and ids for {rows} rows of {labels} labels")
+    numbers = sorted(set(out[LABEL_AT]))
+    if len(numbers) != labels or (numbers and (numbers[0] < 0 or numbers[-1] >= rows)):
+        raise BadFrame(f"label numbers disagree with the frame's {labels} labels")
+    out.append(text[names:])
+    names_of = zip(*[iter(text[:names])] * 6, strict=True)
+    return Frame(dict(zip(numbers, names_of, strict=True)), out)
+
+
+def rows_of(frame: Frame) -> list[tuple[Any, ...]]:
+    """The rows back in COLUMNS order from `unpack` (tests and tools; the writer keeps
+    columns)."""
+    columns = frame.columns
+    out = []
+    for ts, label, status, *counts, cost, latency, request_id in zip(*columns, strict=True):
+        out.append((ts, *frame.labels[label], status, *counts, _FROM_WIRE.get(cost, cost),
+                    latency, request_id))
     return out
-
-
-def rows_of(columns: list[Sequence[Any]]) -> list[tuple[Any, ...]]:
-    """The rows back from `unpack`'s columns (tests and tools; the writer keeps columns)."""
-    cost = columns[COST_AT]
-    fixed = [*columns[:COST_AT], list(map(_FROM_WIRE.get, cost, cost)),
-             *columns[COST_AT + 1:]]
-    return list(zip(*fixed, strict=True))
 
 
 def costs(column: Sequence[int]) -> Any:
