@@ -146,7 +146,7 @@ def test_a_request_seen_before_or_over_is_left_alone_and_the_sample_goes_on() ->
     gone = _queued(state=DONE)  # its client left while it queued
     fresh, after = _queued(), _queued()
     traced.countdown = 1  # the next request is due
-    traced.sample([back, gone, fresh, after])
+    traced.decide([back, gone, fresh, after])
     assert list(traced.live) == [id(fresh)]
     assert traced.live[id(fresh)].trace.sampled and traced.countdown >= 1
     assert type(fresh.ends).__name__ == "_TracedEnd" and back.ends is not fresh.ends

@@ -174,7 +174,7 @@ def test_a_clients_unsampled_trace_is_kept_over_attempts_with_a_span_each() -> N
     assert dispatch.upstreams is traced.plain  # nothing traced in flight
     mine = (b"traceparent", CLIENT_UNSAMPLED)
     request, alone = _queued(CLIENT_UNSAMPLED, [mine]), _queued()
-    assert traced.sample([alone, request]) == [alone, request]
+    traced.decide([alone, request])
     assert list(traced.live) == [id(request)] and dispatch.upstreams is traced.wrapped
     base = [(b"content-type", b"application/json"), mine]
     shared = [(b"x-api-key", b"k"), mine]  # a translated attempt's headers may be its upstream's
@@ -201,7 +201,7 @@ def test_an_unsampled_merged_batch_call_sends_no_traceparent_and_keeps_nothing()
     request does (its exchange's end is left alone)."""
     traced, upstream, sent = _unsampled_upstream()
     members = [SimpleNamespace(live=True, request=_queued()) for _ in range(3)]
-    traced.sample([m.request for m in members])
+    traced.decide([m.request for m in members])
     call = BatchCall(None, None, members)  # type: ignore[arg-type]  # its members alone
     merged = SimpleNamespace(conn=call, ends=call, headers=[], model="emb")
     ended: list[int] = []

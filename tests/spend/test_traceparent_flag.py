@@ -71,7 +71,7 @@ def _sent_upstream(traced: Any, upstream: Any, sent: _Sent, request: Request) ->
     traced upstream; the traceparent it sent (None: it sent none)."""
     headers = [h for h in request.headers if h[0] != b"authorization"]  # as dispatch's copy
     request.ends = object()  # type: ignore[assignment]  # a worker's request (not a test's own)
-    traced.sample([request])
+    traced.decide([request])
     exchange = SimpleNamespace(request=request, edge=None, headers_out=headers, observer=None,
                                routing=SimpleNamespace(attempt=None))
     upstream.submit(exchange)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from operator import attrgetter, countOf
 from random import getrandbits, random
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,8 @@ class Traced:
         # Requests to enter the pipeline until the next sampled one (1: the next).
         self.countdown = next_sampled(tracer.sample, random())
         self.cached = False
+        # The worker's parse stage, which `sample` takes the place of.
+        self._parse: Callable[[list[Request]], list[Request]] = list
         self._counted = (0, 0)  # exported, dropped: already added to the shared counters
         self._failed_once = False
         # request.key -> the key's name (the worker publishes a longer tuple as run-time keys
@@ -141,27 +144,26 @@ class Traced:
         # Before parse, so a request it refuses (400) has its server span too. A batch enters
         # "parse" once per pass: a request scanned off the loop enters twice (`sample` leaves
         # the second pass alone).
-        parse = dict(worker.stages)["parse"]
-        sample = self.sample
-        worker.replace_stage("parse", lambda batch: parse(sample(batch)))
+        self._parse = dict(worker.stages)["parse"]
+        worker.replace_stage("parse", self.sample)
         self.key_names = tuple(k.name for k in worker.tables.keys)
         worker.add_key_name_reader(self)
 
     # --- the request path --------------------------------------------------------------------
 
     def sample(self, batch: list[Request]) -> list[Request]:
-        """The batch's traces, decided as it enters the pipeline. Most batches hold no sampled
+        """The parse stage, after the batch's traces are decided. Most batches hold no sampled
         request and no client's `traceparent`: a subtraction, a comparison and one count at C
         speed (`countOf` over the batch's `traceparent` fields, ~15 ns a request)."""
         left = self.countdown - len(batch)
         if left > 0 and countOf(map(_TRACEPARENT_OF, batch), None) == len(batch):
             self.countdown = left
-            return batch
-        self._sample_slowly(batch)
-        return batch
+        else:
+            self.decide(batch)
+        return self._parse(batch)
 
-    def _sample_slowly(self, batch: list[Request]) -> None:
-        """`sample` for a batch with a sample due or a client's `traceparent`: request by
+    def decide(self, batch: list[Request]) -> None:
+        """The traces of a batch with a sample due or a client's `traceparent`, request by
         request. A request seen before (back from the off-loop scan: its t_popped is set) or
         already over (its client left while it queued) is left as it is; a sample due on it
         goes to the next request."""
