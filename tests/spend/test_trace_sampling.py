@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 
 from velox.core.types import DONE, QUEUED
@@ -27,6 +25,8 @@ from velox.spend.trace import (
     sampled_trace_id,
 )
 from velox_lab.pipeline import CHAT_BODY, CLIENT_REQUEST, Pipeline
+
+from .test_traced import _Spans
 
 
 @pytest.mark.parametrize("ratio", [0.01, 0.3])
@@ -57,21 +57,6 @@ def test_a_sampled_trace_id_is_one_the_sdk_samples_at_that_ratio(ratio: float) -
     low = [i & ((1 << 64) - 1) for i in ids]
     assert max(low) > 0.9 * sample_bound(ratio)  # spread over the whole range below the bound
     assert len({i >> 64 for i in ids}) == len(ids)  # the high half random
-
-
-class _Spans:
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
 
 
 def _traced_pipeline(sample: str) -> tuple[Pipeline, Any, _Spans]:
