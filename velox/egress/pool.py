@@ -79,24 +79,6 @@ class EgressOptions:
         )
 
 
-class DirectSSLObject(ssl.SSLObject):
-    """The TLS state uvloop's SSL layer drives (SSLContext.wrap_bio's object), with read, write
-    and pending taken straight from the C object underneath (`_ssl._SSLObject`): the standard
-    class wraps each in a Python method that only forwards its arguments, and uvloop calls
-    them on every upstream read (pending twice, read once) and every write, so one
-    request at one client connection ran four such frames (~0.3 us each, more on a cold
-    cache). Same arguments, results and exceptions; everything else is the standard class."""
-
-    @classmethod
-    def _create(cls, *args: Any, **kwargs: Any) -> DirectSSLObject:
-        self = super()._create(*args, **kwargs)  # type: ignore[misc]
-        native = self._sslobj
-        self.read = native.read
-        self.write = native.write
-        self.pending = native.pending
-        return self  # type: ignore[no-any-return]
-
-
 def ssl_context(ca_files: Iterable[str], alpn: list[str]) -> ssl.SSLContext:
     """A verifying client context trusting the system CAs plus `ca_files` (empty ones skipped)."""
     ctx = ssl.create_default_context()
@@ -104,7 +86,6 @@ def ssl_context(ca_files: Iterable[str], alpn: list[str]) -> ssl.SSLContext:
         if extra:
             ctx.load_verify_locations(cafile=extra)
     ctx.set_alpn_protocols(alpn)
-    ctx.sslobject_class = DirectSSLObject
     return ctx
 
 
