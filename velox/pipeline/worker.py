@@ -750,7 +750,8 @@ class Worker:
         """Request.finish: the request is over, whichever way (answered, refused, its client
         gone before or during the answer, its connection cut by a timeout or the shutdown):
         its body and its key's place go back, it is counted and logged, once."""
-        request.release_body()
+        if request.arena_segment >= 0:  # (an answered request gave it back at its commit point)
+            request.release_body()
         ticket = request.ticket
         if ticket is not None and not ticket.released:  # the answer is written: the key's
             ticket.release()  # place goes back
