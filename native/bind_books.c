@@ -422,20 +422,18 @@ static PyObject *Book_add(BookObject *self, PyObject *const *args, Py_ssize_t na
     line_fields ln;
     if (line_read(args, self->key_names, self->priced, &ln) < 0)
         return NULL;
-    int64_t seq = ++self->seq;
-    if ((int64_t)self->size >= self->room) { /* full (stdout blocked): drop, never wait */
-        self->dropped++;
-        Py_RETURN_NONE;
-    }
+    /* Written past the buffer's lines, kept only if within room: the buffer never holds more
+     * than room plus one line's bound (room: at most VELOX_ACCESS_LOG_BUFFER_BYTES). */
     if (book_reserve(self, line_bound(&ln, PyBytes_GET_SIZE(self->prefix))) < 0)
         return NULL;
     char *start = self->buf + self->size;
-    char *end = line_write(start, &ln, self->wall_offset, self->worker, self->prefix, seq,
-                           self->priced);
+    char *end = line_write(start, &ln, self->wall_offset, self->worker, self->prefix,
+                           self->seq + 1, self->priced);
     if (end == NULL)
         return NULL;
+    self->seq++;
     size_t n = (size_t)(end - start);
-    if ((int64_t)(self->size + n) > self->room) {
+    if ((int64_t)(self->size + n) > self->room) { /* stdout blocked: drop, never wait */
         self->dropped++;
         Py_RETURN_NONE;
     }
@@ -611,7 +609,7 @@ static PyObject *native_access_lines(PyObject *module, PyObject *const *args, Py
     PyObject *items = args[0], *taken = NULL, *chunks = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *record = PyList_GET_ITEM(items, i);
-        book->seq = seq + i; /* item i's id, whether or not the ones before it were lines */
+        book->seq = seq + i; /* item i's id (seq + 1 + i), whatever became of the others */
         PyObject *rc = NULL;
         if (PyTuple_Check(record) && PyTuple_GET_SIZE(record) == R_COUNT)
             rc = Book_add(book, &PyTuple_GET_ITEM(record, 0), R_COUNT);

@@ -41,7 +41,9 @@ char *vx_books_latin1(char *out, const unsigned char *s, size_t n)
     *out++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
-        if (c < 0x80) {
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { /* most bytes: copied, no call */
+            *out++ = (char)c;
+        } else if (c < 0x80) {
             out = put_ascii(out, c);
         } else { /* U+0080..U+00FF: two bytes of UTF-8 */
             *out++ = (char)(0xC0 | (c >> 6));
@@ -57,10 +59,10 @@ char *vx_books_utf8(char *out, const unsigned char *s, size_t n)
     *out++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
-        if (c < 0x80)
-            out = put_ascii(out, c);
-        else
+        if (c >= 0x20 && c != '"' && c != '\\') /* most bytes, UTF-8's >= 0x80 included */
             *out++ = (char)c;
+        else
+            out = put_ascii(out, c);
     }
     *out++ = '"';
     return out;

@@ -115,7 +115,7 @@ class AccessLog:
         self._out = _Out(fd)
         self._chunk = self._out.chunk
         self._seq = 0  # line()'s request ids
-        self._told = False  # why a line could not be formatted was logged (_make)
+        self._told = False  # why a line could not be formatted was logged (_tell)
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -134,7 +134,7 @@ class AccessLog:
         self._book.key_names = names
 
     def append(self, item: LogItem) -> None:
-        """A request ended: its record now, or once its meter has settled (`done`)."""
+        """A request ended: its line now, or once its meter has settled (`done`)."""
         holder = item[2]
         if holder is not None:
             try:
@@ -142,34 +142,46 @@ class AccessLog:
                 # A done meter's tokens are final; its price may still be set when its
                 # exchange ends (an answer priced at finish): a priced line waits for that.
                 settled = meter is None or (meter.done and not self.priced)
-            except Exception:  # _make tells what is missing
+            except Exception:  # _tell says what is missing
                 settled = True
             if not settled:
-                key = id(holder)
-                earlier = self.waiting.pop(key, None)
-                if earlier is not None:  # one holder, two requests: the first as it stands
-                    self._make(earlier)
-                self.waiting[key] = item
+                waiting, key = self.waiting, id(holder)
+                if key in waiting:  # one holder, two requests: the first as it stands
+                    self._make(waiting[key])
+                waiting[key] = item
                 return
-        self._make(item)
+        try:  # the hot path calls log_fields itself: a frame less a request
+            log_fields(self._add, item)
+        except Exception:
+            self._tell()
 
     def done(self, holder: object) -> None:
         """`holder` (an exchange) has ended, its meter settled: the line of the request it
         answered, if that one is waiting."""
-        key = id(holder)
-        item = self.waiting.pop(key, None)
-        if item is None and self.stale:
-            item = self.stale.pop(key, None)
-        if item is not None:
-            self._make(item)
+        item = self.waiting.pop(id(holder), None)
+        if item is None:
+            if not self.stale:
+                return
+            item = self.stale.pop(id(holder), None)
+            if item is None:
+                return
+        try:
+            log_fields(self._add, item)
+        except Exception:
+            self._tell()
 
     def _make(self, item: LogItem) -> None:
         try:
             log_fields(self._add, item)
-        except Exception:  # a holder or meter lacking a field: skipped, told once
-            if not self._told:
-                self._told = True
-                log.exception("access log: a line could not be formatted (more are not told)")
+        except Exception:
+            self._tell()
+
+    def _tell(self) -> None:
+        """A holder or meter lacking a field: its line is skipped, the reason logged once per
+        worker (F.ACCESS_LOG_LINES shows how many went missing)."""
+        if not self._told:
+            self._told = True
+            log.exception("access log: a line could not be formatted (more are not told)")
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Flush every FLUSH_INTERVAL_S from `loop` (the worker's) until `close`."""
