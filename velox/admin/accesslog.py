@@ -146,9 +146,10 @@ class AccessLog:
                 settled = True
             if not settled:
                 waiting, key = self.waiting, id(holder)
-                if key in waiting:  # one holder, two requests: the first as it stands
-                    self._make(waiting[key])
-                waiting[key] = item
+                earlier = waiting.setdefault(key, item)  # one dict operation as a rule
+                if earlier is not item:  # one holder, two requests: the first as it stands
+                    self._make(earlier)
+                    waiting[key] = item
                 return
         try:  # the hot path calls log_fields itself: a frame less a request
             log_fields(self._add, item)
