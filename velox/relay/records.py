@@ -106,7 +106,7 @@ def log_fields(add: Callable[..., T], item: LogItem) -> T:
 
 
 def _record(*fields: Any) -> AccessRecord:
-    return fields  # type: ignore[return-value]
+    return fields
 
 
 def access_record(item: LogItem) -> AccessRecord:
