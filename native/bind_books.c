@@ -373,6 +373,21 @@ static int book_reserve(BookObject *self, size_t need)
     return 0;
 }
 
+/* A new, empty book (the caller checked prefix is bytes and names a tuple). */
+static BookObject *book_make(PyTypeObject *type, int64_t worker, PyObject *prefix,
+                             PyObject *names, int priced, int64_t room)
+{
+    BookObject *self = (BookObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->worker = worker;
+    self->room = room;
+    self->priced = priced;
+    self->prefix = Py_NewRef(prefix);
+    self->key_names = Py_NewRef(names);
+    return self;
+}
+
 static PyObject *Book_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"worker", "prefix", "key_names", "priced", "room", NULL};
@@ -386,15 +401,7 @@ static PyObject *Book_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (arg_in_range(worker_o, "worker", 0, INT32_MAX, &worker) < 0 ||
         arg_in_range(room_o, "room", 0, INT64_MAX, &room) < 0)
         return NULL;
-    BookObject *self = (BookObject *)type->tp_alloc(type, 0);
-    if (self == NULL)
-        return NULL;
-    self->worker = worker;
-    self->room = room;
-    self->priced = priced;
-    self->prefix = Py_NewRef(prefix);
-    self->key_names = Py_NewRef(names);
-    return (PyObject *)self;
+    return (PyObject *)book_make(type, worker, prefix, names, priced, room);
 }
 
 static void Book_dealloc(BookObject *self)
@@ -596,16 +603,10 @@ static PyObject *native_access_lines(PyObject *module, PyObject *const *args, Py
     }
     /* A book of unbounded room, its lines taken at once: one chunking for both. */
     module_state *st = PyModule_GetState(module);
-    PyTypeObject *type = st->book_type;
-    BookObject *book = (BookObject *)type->tp_alloc(type, 0);
+    BookObject *book = book_make(st->book_type, worker, args[3], args[5], priced, INT64_MAX);
     if (book == NULL)
         return NULL;
-    book->worker = worker;
-    book->room = INT64_MAX;
     book->wall_offset = wall_offset;
-    book->priced = priced;
-    book->prefix = Py_NewRef(args[3]);
-    book->key_names = Py_NewRef(args[5]);
     PyObject *items = args[0], *taken = NULL, *chunks = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *record = PyList_GET_ITEM(items, i);
