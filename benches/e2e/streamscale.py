@@ -63,16 +63,24 @@ _now = time.perf_counter
 
 
 class Stream(asyncio.Protocol):
-    """One client connection carrying one streamed request; records every event's arrival."""
+    """One client connection of a slot, carrying its streamed requests one after another
+    (keep-alive, as an SDK's pool reuses a connection); records every event's arrival."""
 
-    def __init__(self, done: asyncio.Future[None]) -> None:
+    def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.begin(None)
+
+    def begin(self, done: asyncio.Future[None] | None) -> None:
+        """Ready for the next response; `done` resolves when it is complete or the
+        connection ends."""
         self.done = done
         self.t_head = 0.0
         self.arrivals: list[float] = []
         self.partial = b""  # an event split across reads
         self.status = 0
-        self.transport: asyncio.Transport | None = None
+        self.complete = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -81,7 +89,7 @@ class Stream(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self._end()
+            self.close()
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -95,39 +103,39 @@ class Stream(asyncio.Protocol):
         self.partial = buf[buf.rfind(b"\n\n") + 2:] if n else buf
 
     def on_message_complete(self) -> None:
+        self.complete = True
+        if not self.parser.should_keep_alive():
+            self.close()
         self._end()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._end()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
         self._end()
 
     def _end(self) -> None:
-        if not self.done.done():
+        if self.done is not None and not self.done.done():
             self.done.set_result(None)
-        if self.transport is not None:
-            self.transport.close()
 
 
-async def _one(port: int, request: bytes, timeout: float,
-               tls: ssl.SSLContext | None = None) -> dict[str, object]:
-    """One stream on a new connection; its time to the response head counts from the request's
-    write (connected, and for the TLS floor the handshake done: the gateways' clients speak
-    cleartext, so the floor must not charge them a handshake they never make)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    try:
-        transport, proto = await loop.create_connection(
-            lambda: Stream(done), "127.0.0.1", port, ssl=tls,
-            server_hostname="localhost" if tls else None)
-    except OSError:
-        return {"error": True}
+async def _one(proto: Stream, request: bytes, timeout: float) -> dict[str, object]:
+    """One stream on the slot's connection; its time to the response head counts from the
+    request's write (connected, and for the TLS floor the handshake done: the gateways'
+    clients speak cleartext, so the floor must not charge them a handshake)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    proto.begin(done)
     t0 = _now()
-    transport.write(request)
+    proto.transport.write(request)  # type: ignore[union-attr]
     try:
         await asyncio.wait_for(done, timeout)
     except TimeoutError:
-        transport.close()
-        return {"error": True}
-    ok = proto.status == 200 and bool(proto.arrivals)
+        proto.close()
+    ok = proto.complete and proto.status == 200 and bool(proto.arrivals)
     return {"error": not ok, "ttfb": proto.t_head - t0 if ok else 0.0,
             "arrivals": proto.arrivals}
 
@@ -142,18 +150,33 @@ def event_counts(spec: str) -> tuple[int, int]:
 async def _slot(port: int, slot: int, requests: dict[int, bytes], events: tuple[int, int],
                 start: float, until: float, timeout: float,
                 tls: ssl.SSLContext | None) -> list[dict[str, object]]:
-    """One concurrent stream: streams one after another (a new connection each) until
-    `until`, at least one; each stream's event count from a generator seeded by the slot.
-    A failed stream ends the slot (counted as an error; never a tight loop of refusals)."""
+    """One concurrent stream: streams one after another on one keep-alive connection (a new
+    one if the server closed it) until `until`, at least one; each stream's event count from
+    a generator seeded by the slot. A failed stream ends the slot (counted as an error;
+    never a tight loop of refusals)."""
+    loop = asyncio.get_running_loop()
     draw = random.Random(slot)
     await asyncio.sleep(max(0.0, start - _now()))
-    rows = []
-    while True:
-        n = draw.randint(*events)
-        row = await _one(port, requests[n], timeout, tls)
-        rows.append({**row, "asked": n})
-        if row["error"] or _now() >= until:
-            return rows
+    rows: list[dict[str, object]] = []
+    proto: Stream | None = None
+    try:
+        while True:
+            n = draw.randint(*events)
+            if proto is None or proto.closed:
+                try:
+                    _, proto = await loop.create_connection(
+                        Stream, "127.0.0.1", port, ssl=tls,
+                        server_hostname="localhost" if tls else None)
+                except OSError:
+                    rows.append({"error": True, "asked": n})
+                    return rows
+            row = await _one(proto, requests[n], timeout)
+            rows.append({**row, "asked": n})
+            if row["error"] or _now() >= until:
+                return rows
+    finally:
+        if proto is not None:
+            proto.close()
 
 
 def drive(port: int, streams: int, events: tuple[int, int], interval_ms: int, spread_ms: int,
