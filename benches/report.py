@@ -6,12 +6,12 @@ Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make be
 e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with nginx in
 front of the TLS mock, with and before the native path), soak.json (`make bench-soak`), routing.json
 (`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
-cluster.json (`make bench-cluster`), streamscale.json (`make bench-streamscale`) and
-balance.json (`pytest --benchmark benches/bench_balance.py`) when present, and writes into
-the same directory: one PNG per plot, report.html (every table and plot, with the machine facts
-and commits, and the project's goals with their verdicts), and the tables of docs/benchmarks.md
-(the user docs: figures, machine and date, no goals, verdicts or commits), replaced between
-their markers:
+cluster.json (`make bench-cluster`), streamscale.json (`make bench-streamscale`), peers.json
+(`python -m benches.e2e.peers`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
+when present, and writes into the same directory: one PNG per plot, report.html (every table and
+plot, with the machine facts and commits, and the project's goals with their verdicts), and the
+tables of docs/benchmarks.md (the user docs: figures, machine and date, no goals, verdicts or
+commits), replaced between their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:native:start --> ... <!-- bench:native:end -->
@@ -21,6 +21,7 @@ their markers:
     <!-- bench:batching:start --> ... <!-- bench:batching:end -->
     <!-- bench:cluster:start --> ... <!-- bench:cluster:end -->
     <!-- bench:streamscale:start --> ... <!-- bench:streamscale:end -->
+    <!-- bench:peers:start --> ... <!-- bench:peers:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -37,7 +38,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster",
+from benches import report_peers
+
+MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster", "peers",
            "streamscale")
 # Sections of this marker (the projects' goals and verdicts) go to the developers' HTML page
 # only, never into the user docs.
@@ -584,7 +587,8 @@ DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json"
              "cache": "cache.json", "batching": "batching.json", "cluster": "cluster.json",
              "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
              "native_before": "e2e-native-before.json", "streamscale": "streamscale.json",
-             "providers": "providers.json", "messages_front": "messages_front.json"}
+             "providers": "providers.json", "messages_front": "messages_front.json",
+             "peers": "peers.json"}
 
 
 def load_docs(results: Path) -> dict[str, Any]:
@@ -672,6 +676,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
     streamscale = docs.get("streamscale")
     if streamscale:
         out += streamscale_sections(streamscale)
+    out += report_peers.sections(docs.get("peers"))
     providers, front = docs.get("providers"), docs.get("messages_front")
     if providers:
         out.append(("providers", "Translation to another provider: OpenAI SDK, 64 requests in "
@@ -741,6 +746,8 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          f"{doc['load'][0]:.2f} at its end; the run took "
                          f"{_n(doc['duration_s'] / 60, 1)} min. Medians over rounds, the "
                          "targets interleaved in each round.")
+        if marker == "peers":
+            lines += report_peers.intro(doc)
     front = docs.get("messages_front")
     if marker == "providers" and front:
         lines.append(f"The Messages API run: {machine_line(front, commit=False)}.")
