@@ -236,12 +236,13 @@ def pyspy_top(pid: int, seconds: float) -> dict[str, float]:
     return {k: round(v / total, 3) for k, v in leaves.most_common(20)}
 
 
-def perf_top(pid: int, seconds: float, limit: int = 15) -> list[dict[str, object]]:
+def perf_top(pid: int, seconds: float, limit: int = 15) -> dict[str, list[dict[str, object]]]:
     """`perf record -g` of one process for `seconds`, then `perf report --no-children`'s top
-    entries (self time by shared object and symbol): where a worker's CPU goes, C, libpython
-    and kernel included (py-spy sees only Python frames)."""
+    entries (self time by shared object and symbol) and the shares by shared object (the
+    kernel, libpython, uvloop, OpenSSL, Velox's native core): where a worker's CPU goes, C and
+    kernel included (py-spy sees only Python frames)."""
     if shutil.which("perf") is None:
-        return [{"error": "perf not installed (apt-get install linux-perf)"}]
+        return {"error": [{"why": "perf not installed (apt-get install linux-perf)"}]}
     with tempfile.TemporaryDirectory(prefix="velox-perf-") as tmp:
         data = Path(tmp) / "perf.data"
         # cpu-clock: a software event, so it works where the PMU is not exposed (VMs);
@@ -249,23 +250,30 @@ def perf_top(pid: int, seconds: float, limit: int = 15) -> list[dict[str, object
         subprocess.run(["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "999", "-p",
                         str(pid), "-o", str(data), "--", "sleep", str(max(1.0, seconds))],
                        capture_output=True, timeout=seconds + 60, check=False)
-        out = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--stdio",
-                              "-F", "overhead,dso,sym", "-g", "none", "--percent-limit", "0.3"],
-                             capture_output=True, text=True, timeout=300, check=False).stdout
-    return parse_perf_report(out)[:limit]
+        out = {}
+        for key, fields in (("symbols", "overhead,dso,sym"), ("objects", "overhead,dso")):
+            text = subprocess.run(["perf", "report", "-i", str(data), "--no-children",
+                                   "--stdio", "-F", fields, "-g", "none", "--percent-limit",
+                                   "0.3"], capture_output=True, text=True, timeout=300,
+                                  check=False).stdout
+            out[key] = parse_perf_report(text)[:limit]
+    return out
 
 
-_PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.+?)\s*$")
+_PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(\S+)(?:\s+\[(.)\]\s+(.+?))?\s*$")
 
 
 def parse_perf_report(text: str) -> list[dict[str, object]]:
-    """Rows of `perf report --stdio -F overhead,dso,sym -g none`: share, object, symbol."""
-    rows = []
+    """Rows of `perf report --stdio -F overhead,dso,sym -g none` (share, object, symbol,
+    kernel or user space) or of `-F overhead,dso` (share, object)."""
+    rows: list[dict[str, object]] = []
     for line in text.splitlines():
         m = _PERF_LINE.match(line)
         if m and not line.startswith("#"):
-            kind = "kernel" if m[3] == "k" else "user"
-            rows.append({"pct": float(m[1]), "dso": m[2], "symbol": m[4], "space": kind})
+            row: dict[str, object] = {"pct": float(m[1]), "dso": m[2]}
+            if m[4]:
+                row |= {"symbol": m[4], "space": "kernel" if m[3] == "k" else "user"}
+            rows.append(row)
     return rows
 
 
@@ -599,8 +607,11 @@ def markdown(doc: dict) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in summary(run)]
         for prof in run.get("profiles", []):
             lines += ["", f"{prof['target']} worker, {prof['streams']} streams:"]
-            lines += [f"  {e['pct']:5.1f}%  {e['dso']}  {e['symbol']}"
-                      for e in prof.get("perf", []) if "pct" in e]  # type: ignore[attr-defined]
+            perf = prof.get("perf") or {}
+            if isinstance(perf, list):  # a file from before the shares by object
+                perf = {"symbols": perf}
+            lines += [f"  {e['pct']:5.1f}%  {e['dso']}  {e.get('symbol', '')}"
+                      for part in ("objects", "symbols") for e in perf.get(part, [])]
             lines += [f"  {v:6.1%}  {k} (py-spy)"
                       for k, v in prof.get("py_spy_top", {}).items()]  # type: ignore[attr-defined]
     return "\n".join(lines)

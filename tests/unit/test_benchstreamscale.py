@@ -135,3 +135,7 @@ def test_event_counts_and_perf_report_parsing() -> None:
          "space": "kernel"},
         {"pct": 5.7, "dso": "libpython3.11.so.1.0", "symbol": "_PyEval_EvalFrameDefault",
          "space": "user"}]
+    objects = ("# Overhead  Shared Object\n#\n    61.20%  [kernel.kallsyms]\n"
+               "    20.05%  libpython3.11.so.1.0\n")
+    assert streamscale.parse_perf_report(objects) == [
+        {"pct": 61.2, "dso": "[kernel.kallsyms]"}, {"pct": 20.05, "dso": "libpython3.11.so.1.0"}]
