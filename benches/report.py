@@ -524,11 +524,12 @@ def streamscale_sections(doc: dict[str, Any]) -> list[tuple[str, str, Table | No
          None)]
     for run in runs(doc):
         events = str(run["events"]).replace("-", "–")
-        keep = (f", each slot starting its next stream as one ends, for {_n(run['seconds'])} s"
-                if run.get("seconds") else "")
+        how = (f"one keep-alive client connection per concurrent stream, each starting its "
+               f"next stream as one ends, for {_n(run['seconds'])} s" if run.get("seconds")
+               else "one client connection per stream")
         out.append(("streamscale", f"{_EGRESS[run['egress']]}: {events} events "
-                    f"{run['interval_ms']} ms apart per stream, one client connection per "
-                    f"stream{keep}", table_streamscale(run), None))
+                    f"{run['interval_ms']} ms apart per stream, {how}", table_streamscale(run),
+                    None))
     return out
 
 

@@ -546,6 +546,8 @@ def summary(run: dict) -> list[list[str]]:
     fig = figures(run)
     out = []
     for (target, streams), f in fig.items():
+        if not any(row[1] == str(streams) for row in out):
+            out.append(_floor_row(run, streams))
         ref = fig.get(("nginx", streams)) or fig.get(("nginx-tls", streams))
         ratio = {k: _ratio(f[k], ref[k] if ref else None, 0.0 if k == "cpu" else MIN_ADDED_MS)
                  for k in _RATIOS}
@@ -555,6 +557,17 @@ def summary(run: dict) -> list[list[str]]:
                     ratio["ttfb_p99"], f"{f['gap_p50']:+.2f}", f"{f['gap_p99']:+.2f}",
                     ratio["gap_p99"], str(f["stalls"]), str(f["errors"])])
     return out
+
+
+FLOOR = "direct (the mock alone)"
+
+
+def _floor_row(run: dict, streams: int) -> list[str]:
+    """The floor's row: nothing added, but its stalls and errors, which say when the host
+    itself (the mock and the client, sharing the cores) could not keep the pace."""
+    rows = [r for r in run["rows"] if r["target"] == "direct" and r["streams"] == streams]
+    return [FLOOR, str(streams), str(len(rows)), *["–"] * (len(HEADER) - 5),
+            str(sum(r["stalls"] for r in rows)), str(sum(r["errors"] for r in rows))]
 
 
 # The streaming targets against nginx (the same run, the same count): figure, the counts it

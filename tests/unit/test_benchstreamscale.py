@@ -70,6 +70,10 @@ def test_medians_added_delays_and_ratios_to_nginx() -> None:
                                       "+0.60", "3.00", "+0.90", "1.80", "+0.00", "+1.50",
                                       "1.50", "1", "0"]
     assert rows[("nginx", "512")][CPU_RATIO] == "1.00"
+    # the floor's row comes first at each count: no figures of its own but its stalls
+    assert [r[0] for r in streamscale.summary(_run("http1"))][:3] == [
+        streamscale.FLOOR, "nginx", "velox"]
+    assert rows[(streamscale.FLOOR, "512")][3:] == ["–"] * 11 + ["0", "0"]
 
 
 def test_no_ratio_to_an_added_delay_within_the_noise() -> None:
