@@ -171,7 +171,7 @@ async def _slot(port: int, slot: int, requests: dict[int, bytes], events: tuple[
                     rows.append({"error": True, "asked": n})
                     return rows
             row = await _one(proto, requests[n], timeout)
-            rows.append({**row, "asked": n})
+            rows.append({**row, "asked": n, "first": not rows})
             if row["error"] or _now() >= until:
                 return rows
     finally:
@@ -197,7 +197,7 @@ def drive(port: int, streams: int, events: tuple[int, int], interval_ms: int, sp
             for i in range(streams)))
 
     rows = [row for slot in uvloop.run(run()) for row in slot]
-    gaps, ttfbs, n_events, errors = [], [], 0, 0
+    gaps, ttfbs, firsts, nexts, n_events, errors = [], [], [], [], 0, 0
     for row in rows:
         if row["error"]:
             errors += 1
@@ -205,6 +205,7 @@ def drive(port: int, streams: int, events: tuple[int, int], interval_ms: int, sp
         arrivals: list[float] = row["arrivals"]  # type: ignore[assignment]
         n_events += len(arrivals)
         ttfbs.append(row["ttfb"])
+        (firsts if row["first"] else nexts).append(row["ttfb"])
         # The mock's `asked` chunks are the paced events (the role's, the tokens', the
         # finish_reason's); what follows is excluded: [DONE], and the usage chunk a gateway
         # asks for and strips, which the mock paces like a token where a provider sends it
@@ -214,7 +215,10 @@ def drive(port: int, streams: int, events: tuple[int, int], interval_ms: int, sp
     stall = 10 * interval_ms / 1000
     return {"streams": streams, "started": len(rows), "errors": errors, "events": n_events,
             "stalls": sum(1 for g in gaps if g > stall),
-            "ttfb_us": percentiles(ttfbs), "gap_us": percentiles(gaps)}
+            "ttfb_us": percentiles(ttfbs), "gap_us": percentiles(gaps),
+            # the slots' first streams (all starting within --spread-ms: a burst of new
+            # connections) apart from the later ones (one at a time, on warm connections)
+            "ttfb_first_us": percentiles(firsts), "ttfb_next_us": percentiles(nexts)}
 
 
 def pyspy_top(pid: int, seconds: float) -> dict[str, float]:
