@@ -389,7 +389,7 @@ def _rounds(services: list[Service], args: argparse.Namespace,
                 if not floor:
                     rows[-1]["idle_us_per_s"] = round(idle.get(service.name, 0.0), 1)
                 print(json.dumps({k: v for k, v in rows[-1].items()
-                                  if k not in ("ttfb_us", "gap_us")}), flush=True)
+                                  if not k.startswith(("ttfb_", "gap_"))}), flush=True)
     return rows
 
 
