@@ -13,6 +13,9 @@ per line, cost ~0.5 us more a request than this (benches/bench_books.py). Every
 `FLUSH_INTERVAL_S` a timer on the worker's own event loop takes what the buffer holds as chunks
 of whole lines and writes them with a non-blocking write: a few hundred lines a flush at one
 connection, thousands at 64, so one write call per chunk of lines and never one per request.
+The timer is armed by the first line after a flush and re-armed only while something is left
+(lines held, items waiting for their meter): an idle worker's log never wakes its loop, where
+a timer always armed woke it 20 times a second for nothing.
 No thread: a log thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a
 context switch in the middle of the loop's work.
 
@@ -135,6 +138,8 @@ class AccessLog:
 
     def append(self, item: LogItem) -> None:
         """A request ended: its line now, or once its meter has settled (`done`)."""
+        if self._timer is None:
+            self._arm()
         holder = item[2]
         if holder is not None:
             try:
@@ -166,6 +171,8 @@ class AccessLog:
             item = self.stale.pop(id(holder), None)
             if item is None:
                 return
+        if self._timer is None:
+            self._arm()
         try:
             log_fields(self._add, item)
         except Exception:
@@ -185,18 +192,32 @@ class AccessLog:
             log.exception("access log: a line could not be formatted (more are not told)")
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Flush every FLUSH_INTERVAL_S from `loop` (the worker's) until `close`."""
+        """Flush from `loop` (the worker's) FLUSH_INTERVAL_S after a line comes, until
+        `close`."""
         self._loop = loop
-        self._timer = loop.call_later(FLUSH_INTERVAL_S, self._tick)
+
+    def _arm(self) -> None:
+        """The first line since the last flush: flush FLUSH_INTERVAL_S from now. After an
+        idle spell the clock pair is stale (NTP may have slewed the wall clock meanwhile):
+        take a fresh one before this line is formatted with it."""
+        loop = self._loop
+        if loop is not None:
+            self._timer = loop.call_later(FLUSH_INTERVAL_S, self._tick)
+            self._book.wall_offset = time.time_ns() - time.perf_counter_ns()
 
     def _tick(self) -> None:
+        self._timer = None
+        if self.counters is not None:
+            self.counters.add(self.slot, F.TIMER_WAKES, 1)
         try:
             self.flush()
         except Exception:  # a log that cannot be written must not stop the next flushes
             log.exception("access log: flush failed")
         finally:
-            if self._loop is not None:
-                self._timer = self._loop.call_later(FLUSH_INTERVAL_S, self._tick)
+            # Lines still held (stdout blocked) or items waiting for their meter: flush
+            # again; else sleep until the next line arms the timer.
+            if self.held or self.waiting or self.stale or len(self._book):
+                self._arm()
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the timer, then write everything queued and held, waiting for stdout at most

@@ -1,7 +1,8 @@
 """A worker's side of the ledger: rows collected on the loop, shipped to the supervisor.
 
 The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us).
-Every `FLUSH_S` a loop timer takes the collected rows, packs them by column into one binary
+`FLUSH_S` after the first row since the last flush (the timer is armed by that row only, so an
+idle worker's feed never wakes its loop) a loop timer takes the collected rows, packs them by column into one binary
 control frame (velox.spend.rowframe, admin/control.py framing; a row that does not fit is
 left out, counted in `dropped` and logged) and hands the frame to `write` (the control
 channel's transport.write: never blocking, it buffers in the loop). The supervisor's channel
@@ -53,6 +54,8 @@ class LedgerFeed:
 
     def add(self, row: Sequence[Any]) -> None:
         rows = self.rows
+        if not rows and self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(self.flush_s, self._tick)
         if len(rows) < self.rows_max:
             rows.append(row)
         else:
@@ -80,13 +83,12 @@ class LedgerFeed:
         return len(rows) - bad
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush from `loop` `flush_s` after a row comes, until `close`."""
         self._loop = loop
-        self._timer = loop.call_later(self.flush_s, self._tick)
 
     def _tick(self) -> None:
+        self._timer = None
         self.flush()
-        if self._loop is not None:
-            self._timer = self._loop.call_later(self.flush_s, self._tick)
 
     def close(self) -> None:
         """Stop the timer and ship the last rows (the worker calls this while draining)."""

@@ -91,6 +91,7 @@ def build(shared: SharedStats, limiter: Any, settings: Any, hub: ControlHub | No
             "in_flight": row[F.IN_FLIGHT],
             "ring_depth": row[F.RING_DEPTH],
             "upstream_connections": row[F.UPSTREAM_CONNECTIONS],
+            "timer_wakes": row[F.TIMER_WAKES],
             "latency_total": latency(hists[H.TOTAL], slot),
             "state": states.get(slot, "unavailable"),
         })

@@ -88,6 +88,9 @@ class F(IntEnum):
     # Access-log lines dropped because stdout blocked past VELOX_ACCESS_LOG_BUFFER_BYTES, or
     # was closed (velox.admin.accesslog).
     ACCESS_LOG_DROPPED = 56
+    # Runs of the worker's timers of periodic work (its tick, the access log's and the
+    # ledger's flushes, the upstream pools' sweeps): what wakes an idle worker (/stats).
+    TIMER_WAKES = 57
 
 
 class H(IntEnum):

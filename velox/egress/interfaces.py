@@ -277,6 +277,10 @@ class Tally:
         self.ping_timeouts += 1
         self._add(F.UPSTREAM_PING_TIMEOUTS)
 
+    def timer_wake(self) -> None:
+        """A pool's sweep ran (what wakes an idle worker: /stats timer_wakes)."""
+        self._add(F.TIMER_WAKES)
+
     def timeout_retirement(self) -> None:
         self.timeout_retirements += 1
         self._add(F.UPSTREAM_TIMEOUT_RETIREMENTS)

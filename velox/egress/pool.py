@@ -224,6 +224,7 @@ class BasePool:
         self.timer = self.loop.call_later(tick, self._sweep)
 
     def _sweep(self) -> None:
+        self.tally.timer_wake()
         self.sweep(time.monotonic())
         if not self.closing:
             self._schedule_sweep()
