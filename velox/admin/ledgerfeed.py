@@ -1,10 +1,10 @@
 """A worker's side of the ledger: rows collected on the loop, shipped to the supervisor.
 
 The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us).
-`FLUSH_S` after the first row since the last flush (the timer is armed by that row only, so an
-idle worker's feed never wakes its loop) a loop timer takes the collected rows, packs them by column into one binary
-control frame (velox.spend.rowframe, admin/control.py framing; a row that does not fit is
-left out, counted in `dropped` and logged) and hands the frame to `write` (the control
+`FLUSH_S` after the first row since the last flush (that row arms the timer: an idle worker's
+feed never wakes its loop) a loop timer takes the collected rows, packs them by column into
+one binary control frame (velox.spend.rowframe, admin/control.py framing; a row that does not
+fit is left out, counted in `dropped` and logged) and hands the frame to `write` (the control
 channel's transport.write: never blocking, it buffers in the loop). The supervisor's channel
 reader passes the frame to its `LedgerWriter.submit_frame` (velox.spend.ledger explains why
 the supervisor writes).

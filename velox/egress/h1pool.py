@@ -90,6 +90,8 @@ class H1Pool(BasePool):
     # --- sending -------------------------------------------------------------------------------
 
     def dispatch(self, attempt: UpstreamCall) -> None:
+        if self.sweep_idle:
+            self.wake_sweep()
         if self.depth > 1 and self._pipeline(attempt):
             return
         if self.idle_conns:

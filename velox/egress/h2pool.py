@@ -101,6 +101,8 @@ class H2Pool(BasePool):
         with the caller's `flush`, which every submitter calls after its submits (the
         worker after each micro-batch). Scheduling a flush here as well cost a loop callback
         per request (~0.7 us on uvloop) that found nothing left to write."""
+        if self.sweep_idle:
+            self.wake_sweep()
         conn = self._pick()
         if conn is None:
             self._enqueue(attempt)
@@ -164,6 +166,21 @@ class H2Pool(BasePool):
                 if conn is not None:
                     conn.check_liveness(now, options.liveness_tick_s, options.ping_interval_s,
                                         options.ping_timeout_s)
+
+    def _idle_for(self, now: float) -> float:
+        """No attempt: the sweep comes back when the first idle connection's PING is due
+        (VELOX_UPSTREAM_PING_INTERVAL_MS after it went quiet), or at once while a PING waits
+        for its ACK (VELOX_UPSTREAM_PING_TIMEOUT_MS is watched at the tick)."""
+        rest = super()._idle_for(now)
+        interval = self.options.ping_interval_s
+        if not rest or not self.options.liveness_tick_s:
+            return rest
+        for conn in (*self.conns, *self.retired):
+            if conn is not None and conn.state is _READY:
+                if conn.ping_sent_at:
+                    return 0.0
+                rest = min(rest, conn.quiet_since + interval - now)
+        return rest
 
     def _headers_timed_out(self, conn: Carrier) -> None:
         if isinstance(conn, H2Connection):

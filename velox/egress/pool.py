@@ -39,6 +39,11 @@ log = logging.getLogger("velox.egress")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 5.0
+# The sweep's period while a pool carries no attempt: nothing has a deadline then, and what
+# is left (an idle HTTP/2 connection's PING, due after VELOX_UPSTREAM_PING_INTERVAL_MS: see
+# H2Pool._idle_for; an HTTP/1.1 pool's surplus connections closed) can wait this long. The
+# tick (up to 1 s) woke every idle worker once a second per upstream.
+_IDLE_SWEEP_S = 5.0
 # Builds the HTTP/2 codec of one connection from its :authority and :scheme.
 CodecFactory = Callable[[bytes, bytes], Codec]
 
@@ -125,6 +130,7 @@ class BasePool:
         self.ready_once = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.timer: asyncio.TimerHandle | None = None
+        self.sweep_idle = False  # the sweep sleeps _IDLE_SWEEP_S: no attempt to watch
         self.down_since = 0.0  # monotonic time it was found down; 0.0: up (or not yet known)
 
     # --- the queue ------------------------------------------------------------------------------
@@ -180,6 +186,8 @@ class BasePool:
     def warmup_attempt(self, client: Client) -> UpstreamCall:
         """The warm-up request's attempt: the connect timeout is its deadline, so an upstream
         that accepts the connection but never answers cannot keep it warming forever."""
+        if self.sweep_idle:
+            self.wake_sweep()
         return UpstreamCall(client, MAX_ATTEMPTS, time.monotonic() + self.connect_timeout_s)
 
     def warmup_expired(self, what: str) -> None:
@@ -217,11 +225,32 @@ class BasePool:
         """Every attempt a connection of this pool carries."""
         raise NotImplementedError
 
-    def _schedule_sweep(self) -> None:
+    def _tick_s(self) -> float:
+        """The sweep's period while attempts run: a quarter of the shortest deadline."""
         shortest = min(self.spec.request_timeout_ms / 1000, self.idle_timeout_s,
                        self.connect_timeout_s)  # the warm-up's deadline
-        tick = min(1.0, max(0.01, shortest / 4), self.options.liveness_tick_s or 1.0)
-        self.timer = self.loop.call_later(tick, self._sweep)
+        return min(1.0, max(0.01, shortest / 4), self.options.liveness_tick_s or 1.0)
+
+    def _schedule_sweep(self) -> None:
+        tick = self._tick_s()
+        rest = self._idle_for(time.monotonic())
+        self.sweep_idle = rest > tick
+        self.timer = self.loop.call_later(max(tick, rest), self._sweep)
+
+    def _idle_for(self, now: float) -> float:
+        """How long the pool has no deadline to watch (0: an attempt waits or runs); the
+        next attempt (`wake_sweep`) brings the sweep back to its tick."""
+        if self.waiting or next(iter(self._live()), None) is not None:
+            return 0.0
+        return _IDLE_SWEEP_S
+
+    def wake_sweep(self) -> None:
+        """An attempt comes to a pool whose sweep sleeps (`sweep_idle`): its deadlines need
+        the tick again."""
+        self.sweep_idle = False
+        if self.timer is not None and not self.closing:
+            self.timer.cancel()
+            self.timer = self.loop.call_later(self._tick_s(), self._sweep)
 
     def _sweep(self) -> None:
         self.tally.timer_wake()
