@@ -50,12 +50,14 @@ listening socket and its own control socket: otherwise it would hold the admin s
 connections (and the other workers' channels and sockets) open for its whole life.
 
 Hung workers: each worker's loop writes a heartbeat (F.HEARTBEAT_MS, monotonic ms) every
-0.25 s tick. A worker silent for `_SILENT_S` (8 missed ticks) is marked not ready, so /readyz
-and /stats stop counting it; one silent for VELOX_WORKER_HANG_S is SIGKILLed and its slot
-restarted (logged, counted in F.HANG_KILLS). A stopped process (SIGSTOP) or a loop stuck in
-one callback is both: the kernel still queues connections for it, nobody answers them.
+0.25 s tick (1 s while idle). A worker silent for `_SILENT_S` (8 missed ticks, 2 idle) is
+marked not ready, so /readyz and /stats stop counting it; one silent for VELOX_WORKER_HANG_S
+is SIGKILLed and its slot restarted (logged, counted in F.HANG_KILLS). A stopped process
+(SIGSTOP) or a loop stuck in one callback is both: the kernel still queues connections for
+it, nobody answers them.
 
-The supervisor never runs an event loop; it sleeps in select() on a signal wake-up pipe.
+The supervisor never runs an event loop; it sleeps in select() on a signal wake-up pipe (up
+to a second while nothing moves: `_wake_in`).
 
 The admin server (VELOX_ADMIN_ADDR: /metrics, /stats, /debug/pprof/) runs here too, on its
 own threads; each worker gets a control socketpair, made right before its fork.
@@ -103,7 +105,8 @@ _RESTART_BACKOFF_MAX_S = 5.0
 # A worker that dies sooner than this after starting is crash-looping: back off.
 _HEALTHY_UPTIME_S = 2.0
 _KILL_AFTER_GRACE_S = 5.0
-# Heartbeat silence after which a worker counts as not ready: 8 missed 0.25 s ticks.
+# Heartbeat silence after which a worker counts as not ready: 8 missed 0.25 s ticks (an idle
+# worker's 1 s tick leaves a second of margin).
 _SILENT_S = 2.0
 # A new worker's first heartbeat comes after its imports, its loop and its pool are built;
 # on a loaded 2-core box that has taken a few seconds, so silence before the first beat is

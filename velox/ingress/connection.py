@@ -156,7 +156,7 @@ class IngressState:
         "loop", "ring", "wake_drain", "arena", "auth", "max_body", "max_header",
         "connections", "draining", "is_ready", "ends", "overloaded", "receive_timeouts",
         "handoff", "unflushed", "flush_scheduled", "native", "write_timeouts", "reading",
-        "pushed", "after_read",
+        "pushed", "after_read", "first_client",
     )
 
     def __init__(
@@ -180,6 +180,9 @@ class IngressState:
         self.reading = False
         self.pushed = 0
         self.after_read: Callable[[int], None] = lambda pushed: wake_drain()
+        # Called when a client connects to a worker that had none: its idle tick (once a
+        # second) must watch this connection's deadlines at the busy period again.
+        self.first_client: Callable[[], None] | None = None
         self.arena = arena
         self.auth = auth
         self.max_body = max_body
@@ -294,7 +297,10 @@ class ClientConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.last_active = time.monotonic()
-        self.state.connections.add(self)
+        state = self.state
+        if not state.connections and state.first_client is not None:
+            state.first_client()
+        state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

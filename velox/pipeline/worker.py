@@ -182,6 +182,8 @@ class Worker:
                                      for r in tables.routes)
         self.probe_every_s = tables.breaker.probe_interval_s
         self._next_probe = 0.0
+        self._ticker: asyncio.TimerHandle | None = None
+        self._idle_ticking = False  # the tick's period is _IDLE_TICK_S (_tick, _busy_tick)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -249,6 +251,7 @@ class Worker:
             settings.max_header_bytes, self.is_ready, self, settings.native,
         )
         self.ingress.after_read = self.after_read
+        self.ingress.first_client = self._busy_tick
 
     def want_ledger(self) -> None:
         """Meter token usage from now on (made at build, or by the first run-time key with a
@@ -276,7 +279,7 @@ class Worker:
 
         agent = Agent(self)
         await agent.start()
-        ticker = loop.call_later(_TICK_S, self._tick)
+        self._ticker = loop.call_later(_TICK_S, self._tick)
         if server is None:
             server = await self._accept_when_ready()
         # Everything alive now lives as long as the worker: move it out of the collector's
@@ -285,8 +288,7 @@ class Worker:
         gc.collect()
         gc.freeze()
         await self.stopping.wait()
-        ticker.cancel()
-        await self.shutdown(server)
+        await self.shutdown(server)  # the tick goes on: it expires connections that stall
         agent.close()
         if self.traced is not None:
             self.traced.close()  # bounded: a dead collector does not hold the exit
@@ -419,7 +421,17 @@ class Worker:
         self.dispatch.log_breakers()
         if self.traced is not None:
             self.traced.tick()
-        self.loop.call_later(_IDLE_TICK_S if ready and self._idle() else _TICK_S, self._tick)
+        self._idle_ticking = bool(ready and self._idle())
+        self._ticker = self.loop.call_later(_IDLE_TICK_S if self._idle_ticking else _TICK_S,
+                                            self._tick)
+
+    def _busy_tick(self) -> None:
+        """A client connected while the tick was idle: the next tick within _TICK_S, so the
+        connection's deadlines (keep-alive, body, write) are checked as often as ever."""
+        if self._idle_ticking and self._ticker is not None:
+            self._idle_ticking = False
+            self._ticker.cancel()
+            self._ticker = self.loop.call_later(_TICK_S, self._tick)
 
     def _idle(self) -> bool:
         """Nothing for the tick to watch but the heartbeat: no client connection (no
