@@ -107,9 +107,13 @@ STREAM = "velox:ledger"
 # A batch is one transaction: 4,096 rows take ~10 ms to insert on this machine
 # (benches/bench_ledger.py), short enough that a reader never waits long for the WAL.
 BATCH_ROWS = 4096
-# The writer wakes at least this often; a row waits at most this long before it is committed
-# (the supervisor's share of what a SIGKILL can lose).
+# While rows come the writer wakes this often; a row waits at most this long before it is
+# committed (the supervisor's share of what a SIGKILL can lose).
 INTERVAL_S = 0.25
+# With nothing queued (and no Redis mirror to retry) the writer sleeps until the first row
+# comes or the next purge is due, looking at least this often: four wake-ups a second of an
+# idle supervisor were for an empty queue.
+IDLE_WAKE_S = 5.0
 # 262,144 queued rows (~60 MB of tuples) is over ten seconds of the gateway's top rate: a
 # writer that far behind is stuck, and dropping (counted) beats growing without bound.
 QUEUE_MAX = 262_144
@@ -675,6 +679,7 @@ class LedgerWriter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._sleeping = False  # the thread waits for a first row (_run): submit wakes it
         self._thread: threading.Thread | None = None
         self.purge_rows = PURGE_ROWS_START
         self._next_purge = 0.0
@@ -701,7 +706,7 @@ class LedgerWriter:
             self._queue.append(taken)
             self._queued += len(taken)
             self.counts["dropped"] += len(rows) - len(taken)
-            ready = self._queued >= self.batch_rows
+            ready = self._queued >= self.batch_rows or self._sleeping
         if ready:
             self._wake.set()
         return len(taken)
@@ -724,7 +729,7 @@ class LedgerWriter:
                 return 0
             self._queue.append(part)
             self._queued += part.rows
-            ready = self._queued >= self.batch_rows
+            ready = self._queued >= self.batch_rows or self._sleeping
         if ready:
             self._wake.set()
         return part.rows
@@ -750,13 +755,33 @@ class LedgerWriter:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            if self._sleep():  # a first row came: it waits `interval_s` for its batch
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
             self._guarded(self._drain)
             self._guarded(self._housekeep)
         self._guarded(self._drain)
         if self.mirror is not None:
             self._guarded(self._ship)
+
+    def _sleep(self) -> bool:
+        """Wait for the next pass: `interval_s` while rows come (or the Redis mirror may have
+        rows to retry), else until a first row wakes the thread (True: less than a batch came,
+        which waits for more) or the next purge is due."""
+        if self.mirror is not None or self._queued:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            return False
+        with self._lock:
+            self._sleeping = not self._queued
+        if self._sleeping:
+            until_purge = self._next_purge - self.clock()
+            self._wake.wait(min(IDLE_WAKE_S, max(self.interval_s, until_purge)))
+        with self._lock:
+            self._sleeping = False
+            self._wake.clear()
+            queued = self._queued
+        return 0 < queued < self.batch_rows and not self._stop.is_set()
 
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
