@@ -180,29 +180,30 @@ static int sink_add(const vxb_sink *sink, const vxb_sink_names *names, int name,
     return rc;
 }
 
-/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n). */
+/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n): memchr to each LF
+ * (an event has one LF pair and few others). */
 static Py_ssize_t sink_events(const char *p, size_t n)
 {
     Py_ssize_t k = 0;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (p[i] == '\n' && p[i + 1] == '\n') {
+    const char *end = p + n, *q = p;
+    while (end - q >= 2 && (q = memchr(q, '\n', (size_t)(end - q - 1))) != NULL) {
+        if (q[1] == '\n') {
             k++;
-            i++;
+            q += 2;
+        } else {
+            q++;
         }
+    }
     return k;
 }
 
-/* The first occurrence of needle[0 .. m) in p[0 .. n), or -1 (memchr on its first byte: the
- * needles start with a byte that is rare in event text). */
+/* The first occurrence of needle[0 .. m) in p[0 .. n), or -1. memmem, not memchr on the
+ * needle's first byte: '"' starts two of the needles and is every tenth byte of a JSON
+ * event, and the memcmp per quote was 14 % of a socket-free run of the direct path. */
 static Py_ssize_t sink_find(const char *p, size_t n, const char *needle, size_t m)
 {
-    for (const char *q = p; (q = memchr(q, needle[0], n - (size_t)(q - p))) != NULL; q++) {
-        if ((size_t)(p + n - q) >= m && memcmp(q, needle, m) == 0)
-            return q - p;
-        if (q + 1 >= p + n)
-            break;
-    }
-    return -1;
+    const char *q = memmem(p, n, needle, m);
+    return q == NULL ? -1 : q - p;
 }
 
 /* What the meter's feed (velox.relay.usage.SSEUsage.feed, with nothing pending) makes of the
