@@ -467,17 +467,9 @@ class Spend:
         assert gate is not None
         gate.settle(hold[0], hold[1], cost)
 
-    def cost_of(self, target: _Target, inp: int, out: int, parts: UsageLike | None) -> int | None:
-        """Nano-USD of a usage at `target`'s price: `parts` is the usage with its cached,
-        cache-write or reasoning parts when the answer reported any (else None: the plain
-        sum, ~0.3 us instead of ~1); None when the model has no price (logged once)."""
-        price = target[2]
-        if parts is None and price is not None:
-            return plain_cost(price, inp, out)
-        return self.prices.cost(target[1], target[0], parts or _Usage(inp, out))
-
     def target(self, exchange: Any) -> _Target:
-        """(model, upstream, price, route) of the route target that answered `exchange`,
+        """(model, upstream, price, route, price record, number, index) of the route target
+        that answered `exchange` (_Target),
         resolved at its first answer and kept per target: a target's upstream, model and
         route are fixed, but for a `*` route's target naming no model, kept while the
         request's model is the same (one dict lookup a request instead of three calls,
@@ -693,7 +685,7 @@ class PricedMeter(TokenMeter):
     def end(self) -> bytes:
         rest: bytes = TokenMeter.end(self)
         sse = self.sse
-        if sse is not None and sse.found:  # priced before the access log's line is made
+        if sse is not None and sse.found:  # its parts: priced at finish, with the rest
             self.input, self.output = sse.input, sse.output
             data = sse.usage_data
             found = usage_parts_scan(data[0]) if len(data) == 1 else None
@@ -701,7 +693,6 @@ class PricedMeter(TokenMeter):
             # several usage events (Anthropic's start and delta) merged by _parts.
             self.parts = _parts(data) if type(found) is not tuple else \
                 _Usage(*found) if found[2] or found[3] or found[4] else None
-            self._price_now()
         return rest
 
     def told(self, usage: Any) -> None:
@@ -710,7 +701,6 @@ class PricedMeter(TokenMeter):
         set input and output)."""
         self.parts = usage if usage.cached_input or usage.cache_write or usage.reasoning \
             else None
-        self._price_now()
 
     def body(self, body: bytes) -> None:
         # OpenAI's usage object read whole, its parts with it, in one native scan (vx_books):
@@ -753,12 +743,6 @@ class PricedMeter(TokenMeter):
                 else:
                     extra.append(header)
 
-    def _price_now(self) -> None:
-        exchange = self.request.exchange
-        if exchange is not None:
-            self.cost = self.spend.cost_of(self._target(exchange), self.input, self.output,
-                                           self.parts)
-
     def _target(self, exchange: Any) -> _Target:
         target = self.target = self.spend.target(exchange)
         return target
@@ -767,13 +751,12 @@ class PricedMeter(TokenMeter):
         if not self.done:  # an early meter counted its tokens at the body (TokenMeter.early)
             TokenMeter.finish(self, exchange, status)
         spend = self.spend
-        if not self.booked:
-            target = self.target
-            if target is None or not self.exact:
+        if not self.booked:  # a stream, or an answer that was no 2xx or had no usage
+            target = self._target(exchange)
+            if not self.exact:
                 # Cut short or no usage reported: what the token meter charged (estimated
                 # input and the output relayed), nothing when nothing was used.
                 self.parts = None
-                target = self._target(exchange)
                 if not self.input and not self.output:
                     target = (*target[:4], _FREE, *target[5:])
             self.cost, _ = spend.answer(target, _usage(self.input, self.output, self.parts),
