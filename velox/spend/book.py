@@ -25,6 +25,7 @@ import time
 from array import array
 from typing import Any
 
+from velox._native import SpendBook as SpendBook  # re-exported: the book's native face
 from velox.config.tables import PriceSpec
 from velox.spend.gate import usd_text
 from velox.spend.prices import PICO_PER_NANO

@@ -50,13 +50,19 @@ from typing import Any
 
 import orjson
 
-from velox._native import SpendBook
 from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.types import Kind, Request
 from velox.providers.anthropic import usage_of as anthropic_usage
 from velox.relay.usage import TokenMeter, estimate_scan, usage_parts_scan
-from velox.spend.book import API_NAMES, API_PATHS, cost_of, label_parts, price_record
+from velox.spend.book import (
+    API_NAMES,
+    API_PATHS,
+    SpendBook,
+    cost_of,
+    label_parts,
+    price_record,
+)
 from velox.spend.gate import NANOS_PER_USD, BudgetGate, GateTwin, usd_text
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable, UsageLike
@@ -253,7 +259,6 @@ _MEMO_MAX = 4096
 # route's model, the price as the native book reads it (velox.spend.book.PRICE_FIELDS), its
 # number in the ledger rows' labels, its index in the stats' targets or -1).
 _Target = tuple[str, str, PriceSpec | None, str, tuple[int, ...] | None, int, int]
-_PRICE, _RECORD, _NUMBER, _INDEX = 2, 4, 5, 6
 # Target numbers (a label's middle 24 bits) in use at most before they start again, after the
 # rows kept are shipped: a `*` route's client cycling model names cannot grow them without
 # bound. A request in flight across that reset (once per 65,536 distinct targets) may have its
@@ -545,9 +550,10 @@ class Spend:
         """One answer priced, counted and its ledger row kept (the native book's one call;
         the meters make it inline on the plain answer's path)."""
         try:
-            return self.book.answer(target[_RECORD], *usage, key, target[_INDEX],
-                                    target[_NUMBER], status, request.t_received,
-                                    request.upstream_path, exchange.request_id, header)
+            # target[4], [6], [5]: its price record, stats index and label number (_Target)
+            return self.book.answer(target[4], *usage, key, target[6], target[5], status,
+                                    request.t_received, request.upstream_path,
+                                    exchange.request_id, header)
         except ValueError:
             return self.overflow(target, usage, header)
 
@@ -555,7 +561,7 @@ class Spend:
                  ) -> tuple[int | None, tuple[bytes, bytes] | None]:
         """A usage past 64 bits (no upstream reports one): priced in Python, for the answer's
         header and the budget; no counter and no ledger row take a number that large."""
-        record = target[_RECORD]
+        record = target[4]
         cost = None if record is None else cost_of(record, usage)
         return cost, (COST_HEADER, usd_text(cost)) if header and cost is not None else None
 
