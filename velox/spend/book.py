@@ -81,6 +81,19 @@ def _pico(price: tuple[int, ...], usage: tuple[int, int, int, int, int]) -> int:
     return pico
 
 
+def count_spend(books: tuple[Any, ...], slot: int, width: int, keys: int, key: int, index: int,
+                cost: int | None) -> None:
+    """/metrics' spend counter of (key, route target `index`): field ((key + 1) * width +
+    index) * 2 (+ 1 for a request of unknown cost) of the blocks `books`; a key made at run
+    time (>= keys) under no key. Nothing for a cost of 0."""
+    if not books or cost == 0:
+        return
+    field = ((0 if key >= keys else key + 1) * width + index) * 2
+    if cost is None:
+        field += 1
+    books[field >> _BLOCK_SHIFT].add(slot, field & _BLOCK_MASK, 1 if cost is None else cost)
+
+
 def api_number(path: bytes) -> int:
     q = path.find(b"?")
     bare = path if q < 0 else path[:q]
@@ -137,13 +150,8 @@ class BookTwin:
         return cost, (COST_HEADER, usd_text(cost)) if header and cost is not None else None
 
     def _book(self, key: int, index: int, cost: int | None) -> None:
-        if index < 0 or not self.books or cost == 0:
-            return
-        field = ((0 if key >= self.keys else key + 1) * self.width + index) * 2
-        if cost is None:
-            field += 1
-        self.books[field >> _BLOCK_SHIFT].add(self.slot, field & _BLOCK_MASK,
-                                              1 if cost is None else cost)
+        if index >= 0:
+            count_spend(self.books, self.slot, self.width, self.keys, key, index, cost)
 
     def _row(self, key: int, target: int, status: int, usage: tuple[int, ...],
              cost: int | None, t_received: int, path: bytes, request_id: bytes | None) -> None:

@@ -60,6 +60,7 @@ from velox.spend.book import (
     API_PATHS,
     SpendBook,
     cost_of,
+    count_spend,
     label_parts,
     price_record,
 )
@@ -282,7 +283,7 @@ class Spend:
         self.default_output = default_output
         # Cost, cost header, /metrics' counter and ledger row of an answer in one native call
         # (velox.spend.book); its rows kept only once a ledger feed is set (`feed`).
-        self.book = SpendBook(tuple(books), slot, self.book_width, self.book_keys, API_PATHS)
+        self.priced = SpendBook(tuple(books), slot, self.book_width, self.book_keys, API_PATHS)
         self._feed: Any = None
         self._dropped = 0  # the book's dropped rows already added to the feed's count
         self.key_names = tuple(k.name for k in tables.keys)
@@ -521,14 +522,14 @@ class Spend:
     @feed.setter
     def feed(self, feed: Any) -> None:
         self._feed = feed
-        self.book.rows_max = 0 if feed is None else feed.rows_max
+        self.priced.rows_max = 0 if feed is None else feed.rows_max
         if feed is not None:
             feed.source = self.take
 
     def take(self) -> tuple[bytes, int, int] | None:
         """The rows the book kept since the last call, as one ledger frame (rowframe):
         (frame body, rows, rows dropped since the last call), None when there is nothing."""
-        book = self.book
+        book = self.priced
         dropped, self._dropped = book.dropped - self._dropped, book.dropped
         taken = book.take()
         if taken is None:
@@ -551,7 +552,7 @@ class Spend:
         the meters make it inline on the plain answer's path)."""
         try:
             # target[4], [6], [5]: its price record, stats index and label number (_Target)
-            return self.book.answer(target[4], *usage, key, target[6], target[5], status,
+            return self.priced.answer(target[4], *usage, key, target[6], target[5], status,
                                     request.t_received, request.upstream_path,
                                     exchange.request_id, header)
         except ValueError:
@@ -564,6 +565,14 @@ class Spend:
         record = target[4]
         cost = None if record is None else cost_of(record, usage)
         return cost, (COST_HEADER, usd_text(cost)) if header and cost is not None else None
+
+    def book(self, attempt: Any, key: int, cost: int | None) -> None:
+        """Count the cost (or one request of unknown cost) in /metrics' shared counters, under
+        the key and the route target that answered (see SharedStats.spend); the priced
+        answers count theirs in their one call (`answer`), this is the same count alone."""
+        if attempt is not None and attempt.index >= 0:
+            count_spend(self.books, self.slot, self.book_width, self.book_keys, key,
+                        attempt.index, cost)
 
     def member(self, request: Request, inp: int, out: int, exchange: Any) -> None:
         """A batched embeddings request, answered its share of a merged call's usage
@@ -670,7 +679,7 @@ class PricedMeter(TokenMeter):
     the usage read twice). Each Spend makes its own subclass naming it (`spend`, `meters`).
 
     A plain answer is priced, counted for /metrics and given its ledger row at its body, in
-    one native call (Spend.book: velox.spend.book), so that its `finish` has only a budget's
+    one native call (Spend.priced: velox.spend.book), so that its `finish` has only a budget's
     reservation left to settle; any other request is priced at its finish, the same way."""
 
     __slots__ = ("hold", "parts", "cost", "target", "booked")
@@ -736,7 +745,7 @@ class PricedMeter(TokenMeter):
             # Spend.answer inline (this runs for every plain answer): the cost, its header,
             # /metrics' counter and the ledger row in one native call.
             try:
-                self.cost, header = spend.book.answer(
+                self.cost, header = spend.priced.answer(
                     target[4], *found, request.key, target[6], target[5], exchange.status,
                     request.t_received, request.upstream_path, exchange.request_id, True)
             except ValueError:
