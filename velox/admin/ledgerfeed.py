@@ -1,18 +1,23 @@
 """A worker's side of the ledger: rows collected on the loop, shipped to the supervisor.
 
-The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us).
-`FLUSH_S` after the first row since the last flush (that row arms the timer: an idle worker's
-feed never wakes its loop) a loop timer takes the collected rows, packs them by column into
-one binary control frame (velox.spend.rowframe, admin/control.py framing; a row that does not
-fit is left out, counted in `dropped` and logged) and hands the frame to `write` (the control
-channel's transport.write: never blocking, it buffers in the loop). The supervisor's channel
-reader passes the frame to its `LedgerWriter.submit_frame` (velox.spend.ledger explains why
-the supervisor writes).
+The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us); or,
+with spend's native book (velox.spend.book), the rows are kept there by column and the feed's
+`source` hands them over as a ready frame at each flush. The flush timer runs only while rows
+come, so an idle worker's feed never wakes its loop: the first row `add`ed arms it, and the
+worker's tick calls `kick`, which arms it when the source holds rows (those first rows after a
+quiet spell wait up to a tick, 0.25 s, more); a flush that shipped rows arms the next. `FLUSH_S`
+after it is armed a loop timer takes the collected rows, packs them by column into one binary
+control frame (velox.spend.rowframe, admin/control.py framing; a row that does not fit is left
+out, counted in `dropped` and logged) and hands the frame to `write` (the control channel's
+transport.write: never blocking, it buffers in the loop). The supervisor's channel reader passes
+the frame to its `LedgerWriter.submit_frame` (velox.spend.ledger explains why the supervisor
+writes).
 
 Bounded: at most `ROWS_MAX` rows wait in the feed, and a frame is not written while the
-transport already buffers `BACKLOG_MAX` bytes (the supervisor is not reading); rows that find
-no room are dropped and counted (`dropped`), never kept. A worker SIGKILLed loses the rows of
-its last `FLUSH_S` at most; what it wrote to the socket is read by the supervisor all the same.
+transport already buffers `BACKLOG_MAX` bytes (the supervisor is not reading); rows that find no
+room are dropped and counted (`dropped`), never kept. A worker SIGKILLed loses the rows of its
+last `FLUSH_S` at most (its last tick and `FLUSH_S` for the source's first rows); what it wrote
+to the socket is read by the supervisor all the same.
 """
 
 from __future__ import annotations
@@ -50,19 +55,40 @@ class LedgerFeed:
         self.dropped = 0
         self.bad = 0  # of the dropped: rows that did not fit the columns (rowframe.pack)
         self._timer: asyncio.TimerHandle | None = None
+        # Rows kept elsewhere (velox.spend.wire.Spend.take): (frame body, rows, rows dropped
+        # since the last call) or None, taken at each flush.
+        self.source: Callable[[], tuple[bytes, int, int] | None] | None = None
+        # How many rows the source holds (SpendBook.rows), for `kick`.
+        self.source_rows: Callable[[], int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, row: Sequence[Any]) -> None:
         rows = self.rows
-        if not rows and self._timer is None and self._loop is not None:
-            self._timer = self._loop.call_later(self.flush_s, self._tick)
+        if not rows and self._timer is None:
+            self._arm()
         if len(rows) < self.rows_max:
             rows.append(row)
         else:
             self.dropped += 1
 
     def flush(self) -> int:
-        """Ship what was collected as one frame; return how many rows went."""
+        """Ship what was collected as one frame (and the source's, as another); return how
+        many rows went."""
+        sent = self._flush_rows()
+        source = self.source
+        taken = None if source is None else source()
+        if taken is not None:
+            body, rows, dropped = taken
+            self.dropped += dropped
+            if body and self.backlog() >= self.backlog_max:
+                self.dropped += rows
+            elif body:
+                self.write(frame(body))
+                self.sent += rows
+                sent += rows
+        return sent
+
+    def _flush_rows(self) -> int:
         rows = self.rows
         if not rows:
             return 0
@@ -83,12 +109,22 @@ class LedgerFeed:
         return len(rows) - bad
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Flush from `loop` `flush_s` after a row comes, until `close`."""
+        """Flush from `loop` `flush_s` after rows come, until `close`."""
         self._loop = loop
+
+    def kick(self) -> None:
+        """The worker's tick: rows in the source and no flush coming? Arm one."""
+        if self._timer is None and self.source_rows is not None and self.source_rows():
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._loop is not None:
+            self._timer = self._loop.call_later(self.flush_s, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
-        self.flush()
+        if self.flush():  # rows come: the next flush too
+            self._arm()
 
     def close(self) -> None:
         """Stop the timer and ship the last rows (the worker calls this while draining)."""

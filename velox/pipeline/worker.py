@@ -392,8 +392,11 @@ class Worker:
             self.ingress.overloaded = 0
         counters.set(slot, F.HEARTBEAT_MS, now_ms())  # the supervisor's hang watch
         spend = self.spend
-        if spend is not None and spend.held:
-            spend.sweep()  # reservations of clients gone before an exchange
+        if spend is not None:
+            if spend.held:
+                spend.sweep()  # reservations of clients gone before an exchange
+            if spend.feed is not None:
+                spend.feed.kick()  # the book's rows: their flush armed (ledgerfeed)
         now = time.monotonic()
         idle_before = now - self.settings.keepalive_timeout_s
         late_before = now - self.body_timeout_s
