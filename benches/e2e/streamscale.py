@@ -42,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import ssl
 import statistics
 import subprocess
@@ -503,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plain", type=int, default=0, metavar="SECONDS",
                    help="instead of streams: plain answers, wrk with --streams connections for "
                         "SECONDS each; CPU per request (the egress A/B without streaming)")
+    p.add_argument("--session-nice", type=int, default=None, metavar="N",
+                   help="run in a login session of its own weighted as nice N (-10: about 9x "
+                        "an ordinary session's share of the cores; negative needs root): the "
+                        "scheduler shares the cores between sessions first, so on a shared host "
+                        "the other sessions' load otherwise starves the whole run (stalls of "
+                        "every stream at once); it takes that share from them, so say so")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="A/B: a gateway per source tree (its native extension built in place), "
@@ -512,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     egresses = args.egress.split(",")
     if not set(egresses) <= {"http1", "h2"}:
         p.error("--egress: http1, h2 or http1,h2")
+    if args.session_nice is not None:
+        if os.getsid(0) != os.getpid():  # the weight is a session's: run in one of our own
+            return _in_own_session(sys.argv[1:] if argv is None else argv)
+        session_weight(args.session_nice)
     logdir = Path(tempfile.mkdtemp(prefix="velox-streamscale-"))
     t0 = time.monotonic()
     with bench_lock() as waited:
@@ -519,11 +530,37 @@ def main(argv: list[str] | None = None) -> int:
         load0 = os.getloadavg()
         runs = [run_egress(egress, args, logdir) for egress in egresses]
     doc = {"machine": facts(), "load_start": load0, "load": os.getloadavg(),
-           "duration_s": round(time.monotonic() - t0), "runs": runs}
+           "duration_s": round(time.monotonic() - t0), "runs": runs,
+           "session_nice": args.session_nice}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(markdown(doc))
     return 0
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def session_weight(nice: int, autogroup: Path = AUTOGROUP) -> None:
+    """Weight this process's session (its autogroup) as `nice`; every process the run starts
+    inherits the session."""
+    try:
+        autogroup.write_text(f"{nice}\n")
+    except OSError as exc:
+        raise SystemExit(f"--session-nice {nice}: cannot write {autogroup}: {exc.strerror} "
+                         "(a negative value needs root; the kernel needs autogroups)") from exc
+
+
+def _in_own_session(argv: list[str]) -> int:
+    """This benchmark again in a new session (a session leader can weight its session); a
+    Ctrl-C here is passed on, so the child still stops everything it started."""
+    child = subprocess.Popen([sys.executable, "-m", "benches.e2e.streamscale", *argv],
+                             start_new_session=True)
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
 
 
 def _added(row: dict, floor: dict, key: str, q: str) -> float:

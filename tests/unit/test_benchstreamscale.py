@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from benches import report as benchreport
 from benches.e2e import streamscale
 
@@ -143,6 +145,14 @@ def test_wait_share_of_a_process_and_of_the_host() -> None:
     ran, waited = streamscale._sched(os.getpid())
     again = streamscale._sched(os.getpid())
     assert again[0] >= ran > 0 and again[1] >= waited >= 0
+
+
+def test_session_weight_writes_the_nice_value_or_says_why_not(tmp_path: Path) -> None:
+    autogroup = tmp_path / "autogroup"
+    streamscale.session_weight(-10, autogroup)
+    assert autogroup.read_text() == "-10\n"
+    with pytest.raises(SystemExit, match=r"--session-nice -5: cannot write .*needs root"):
+        streamscale.session_weight(-5, tmp_path / "absent" / "autogroup")
 
 
 def test_event_counts_and_perf_report_parsing() -> None:
