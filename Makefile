@@ -45,7 +45,7 @@ ASAN_DIFF_TESTS := tests/native/test_reqhead_fuzz.py tests/native/test_reqhead.p
 	tests/native/test_h1resp_fuzz.py tests/native/test_h1resp_direct.py tests/egress/test_pool_h1.py \
 	tests/egress/test_pool_h1_pipeline.py tests/spend/test_wire.py tests/native/test_h2_direct.py \
 	tests/native/test_sink_twins.py tests/egress/test_pool_h2.py \
-	tests/native/test_usage_parts_twins.py
+	tests/native/test_usage_parts_twins.py tests/spend/test_book.py tests/egress/test_answer.py
 test-native-ext: $(STAMP)
 	$(MAKE) -C native ext-asan PYTHON=$(abspath $(PY))
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \

@@ -8,7 +8,7 @@ from setuptools import Extension, setup
 
 # The module file (state and init), one binding file per core, then the Python-free cores.
 BINDINGS = ["ring", "stats", "health", "cache", "h2", "hash", "json", "limits",
-            "http1", "reqhead", "relay", "books", "h1resp", "budgets", "sink"]
+            "http1", "reqhead", "relay", "books", "h1resp", "budgets", "sink", "spend"]
 NATIVE_SOURCES = [
     "native/_velox_native.c",
     *(f"native/bind_{name}.c" for name in BINDINGS),
@@ -25,6 +25,7 @@ NATIVE_SOURCES = [
     "native/vx_reqhead.c",
     "native/vx_books.c",
     "native/vx_h1resp.c",
+    "native/vx_spend.c",
 ]
 
 # Hidden: the binding files' shared vxb_* symbols stay inside each extension.

@@ -1,7 +1,7 @@
 /* velox._native: the CPython extension of the native core, reduced to its module state and
  * init. Each C core has its binding file (bind_<core>.c: ring, stats, health, cache, h2,
  * hash, json, limits, http1, reqhead, relay, books, h1resp; budgets drives limits + stats;
- * sink is the direct path h1resp and h2 share),
+ * sink is the direct path h1resp and h2 share; spend drives stats and the vx_spend core),
  * sharing bind.h; the cores themselves (vx_*.c) are plain C11 with no Python header.
  *
  * Heap types created per module (PyType_FromModuleAndSpec) and multi-phase init, so the
@@ -25,7 +25,7 @@ static int (*const binding_exec[])(PyObject *, module_state *) = {
     vxb_ring_exec,  vxb_stats_exec,  vxb_health_exec, vxb_cache_exec,
     vxb_h2_exec,    vxb_hash_exec,   vxb_json_exec,   vxb_limits_exec, vxb_http1_exec,
     vxb_reqhead_exec, vxb_relay_exec, vxb_books_exec,
-    vxb_h1resp_exec, vxb_budgets_exec, vxb_sink_exec,
+    vxb_h1resp_exec, vxb_budgets_exec, vxb_sink_exec, vxb_spend_exec,
 };
 
 static int module_exec(PyObject *module)

@@ -89,6 +89,7 @@ int vxb_books_exec(PyObject *module, module_state *st);
 int vxb_h1resp_exec(PyObject *module, module_state *st);
 int vxb_budgets_exec(PyObject *module, module_state *st);
 int vxb_sink_exec(PyObject *module, module_state *st);
+int vxb_spend_exec(PyObject *module, module_state *st);
 
 /* The core behind a Limits / Counters object, for a binding that drives several cores in one
  * call (bind_budgets.c); NULL with TypeError when o is not of that type. */

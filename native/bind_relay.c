@@ -6,13 +6,15 @@
 
 PyDoc_STRVAR(relay_head_doc,
              "relay_head(headers, drop, t_received, t_popped, t_parsed, t_admitted, t_sent,\n"
-             "           t_headers, extra, /) -> (list, bool)\n\n"
+             "           t_headers, extra, /) -> (list, bool, bytes | None)\n\n"
              "A client's response headers (velox.relay): the (name, value) tuples of the list\n"
              "`headers` whose name is not in the set `drop` nor named by a `connection` field\n"
              "(other than a plain keep-alive or close), then server-timing (formatted as\n"
              "h1_server_timing does), then the tuples of the tuple `extra`; and whether the\n"
-             "first content-type of `headers` starts with text/event-stream. The Python twin\n"
-             "is velox.relay.answer_head.");
+             "first content-type of `headers` starts with text/event-stream; and the value of\n"
+             "the first x-request-id field kept (None: none), so that neither the ledger row nor\n"
+             "the access record searches the list again. The Python twin is\n"
+             "velox.relay.answer_head.");
 
 /* A field named `connection` (names arrive lowercased, as velox.relay compares them). */
 static int rh_is_connection(PyObject *name)
@@ -162,6 +164,17 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
     }
     if (listing && rh_drop_listed(headers, out, &kept) < 0)
         goto fail;
+    /* The request id among the fields kept (a Connection field may name it: then it is
+     * dropped, and so not the answer's). */
+    PyObject *request_id = Py_None;
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        PyObject *name = PyTuple_GET_ITEM(PyList_GET_ITEM(out, i), 0);
+        if (PyBytes_GET_SIZE(name) == 12 &&
+            memcmp(PyBytes_AS_STRING(name), "x-request-id", 12) == 0) {
+            request_id = PyTuple_GET_ITEM(PyList_GET_ITEM(out, i), 1);
+            break;
+        }
+    }
     PyObject *timing = Py_BuildValue("(y#y#)", "server-timing", (Py_ssize_t)13, buf, (Py_ssize_t)tn);
     if (timing == NULL)
         goto fail;
@@ -172,11 +185,12 @@ static PyObject *native_relay_head(PyObject *Py_UNUSED(module), PyObject *const 
         PyList_SET_ITEM(out, kept++, field);
     }
     Py_SET_SIZE(out, kept); /* the dropped fields' slots (NULL) are past the end */
-    PyObject *result = PyTuple_New(2);
+    PyObject *result = PyTuple_New(3);
     if (result == NULL)
         goto fail;
     PyTuple_SET_ITEM(result, 0, out);
     PyTuple_SET_ITEM(result, 1, PyBool_FromLong(is_sse));
+    PyTuple_SET_ITEM(result, 2, Py_NewRef(request_id));
     return result;
 fail:
     Py_SET_SIZE(out, kept);

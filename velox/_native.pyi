@@ -597,9 +597,11 @@ def reqhead(buf: Buffer, start: int, max_header_bytes: int, drop: frozenset[byte
     share of the headers: those not in `drop`)."""
 def relay_head(headers: list[tuple[bytes, bytes]], drop: AbstractSet[bytes], t_received: int,
                t_popped: int, t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
-               extra: tuple[tuple[bytes, bytes], ...], /) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """headers without the names in drop, then server-timing, then extra; and whether the
-    first content-type is text/event-stream (velox.relay.exchange's answer head)."""
+               extra: tuple[tuple[bytes, bytes], ...], /
+               ) -> tuple[list[tuple[bytes, bytes]], bool, bytes | None]:
+    """headers without the names in drop, then server-timing, then extra; whether the first
+    content-type is text/event-stream; the first x-request-id kept (velox.relay.exchange's
+    answer head)."""
 
 @final
 class KeyTicket:
@@ -664,3 +666,24 @@ def usage_parts_scan(body: Buffer, /) -> tuple[int, int, int, int, int] | bool:
     one is in another form."""
 def estimate_scan(body: Buffer, /) -> tuple[int, int]:
     """(estimated input tokens, max_*tokens or -1) of a request body (velox.relay.usage)."""
+
+SPEND_PRICE_FIELDS: tuple[str, ...]
+
+@final
+class SpendBook:
+    """One worker's priced answers (native/bind_spend.c): cost, x-velox-cost-usd, /metrics'
+    spend counter and the ledger row's columns in one call (velox.spend.book.BookTwin is its
+    Python twin)."""
+
+    def __init__(self, books: tuple[Counters, ...], slot: int, width: int, keys: int,
+                 apis: tuple[bytes, ...]) -> None: ...
+    rows_max: int
+    @property
+    def rows(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    def answer(self, price: tuple[int, ...] | int | None, input: int, output: int, cached: int,
+               written: int, reasoning: int, key: int, index: int, target: int, status: int,
+               t_received: int, path: bytes, request_id: bytes | None, header: bool, /
+               ) -> tuple[int | None, tuple[bytes, bytes] | None]: ...
+    def take(self) -> tuple[int, bytes, list[int], bytes] | None: ...

@@ -203,8 +203,9 @@ def test_relay_head_matches_its_python_twin(hdrs: list, keyed: bool, stamps: lis
     # The native filter against velox.relay.exchange.answer_head (the Python writer's path), field
     # for field, the fields a Connection field names included (dropped by both).
     drop = _DROP_KEYED if keyed else _DROP
-    out, sse = _native.relay_head(hdrs, drop, *stamps, extra)
-    assert (out, sse) == answer_head(hdrs, drop, *stamps, extra)
+    out, sse, request_id = _native.relay_head(hdrs, drop, *stamps, extra)
+    assert (out, sse, request_id) == answer_head(hdrs, drop, *stamps, extra)
+    assert request_id == next((v for n, v in out if n == b"x-request-id"), None)
     assert out[-len(extra) - 1][0] == b"server-timing"  # the gateway's own are never dropped
     expected_sse = False
     for name, value in hdrs:
@@ -223,7 +224,7 @@ def test_fields_a_connection_field_names_do_not_reach_the_client(head: object) -
     hdrs = [(b"content-type", b"application/json"), (b"connection", b"x-hop, Keep-Alive"),
             (b"x-hop", b"1"), (b"keep-alive", b"timeout=5"), (b"x-kept", b"yes"),
             (b"connection", b"\tX-Other ,"), (b"x-other", b"2")]
-    out, _ = head(hdrs, _DROP, 0, 0, 0, 0, 0, 0, ())  # type: ignore[operator]
+    out, _, _ = head(hdrs, _DROP, 0, 0, 0, 0, 0, 0, ())  # type: ignore[operator]
     assert [name for name, _ in out] == [b"content-type", b"x-kept", b"server-timing"]
 
 
@@ -258,7 +259,7 @@ def test_answers_and_heads_keep_refcounts_and_rss_flat() -> None:
         codec.data_to_send()
         events = codec.receive_answers(headers(sid) + data(sid, b"{}", True))
         assert events[0][0] == ANSWER and events[0][4] == b"{}"
-        out, _ = _native.relay_head(hdrs, _DROP, 1, 2, 3, 4, 5, 6, extra)
+        out, _, _ = _native.relay_head(hdrs, _DROP, 1, 2, 3, 4, 5, 6, extra)
         assert len(out) == 4
         with pytest.raises(TypeError):  # fails after keeping two fields: they go back
             _native.relay_head([*hdrs, (b"x", 1)], _DROP, 1, 2, 3, 4, 5, 6, extra)

@@ -1,6 +1,8 @@
 """A worker's side of the ledger: rows collected on the loop, shipped to the supervisor.
 
-The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us).
+The hot path calls `LedgerFeed.add(row)`: one length check and one list append (~0.1 us);
+or, with spend's native book (velox.spend.book), the rows are kept there by column and the
+feed's `source` hands them over as a ready frame at each flush.
 Every `FLUSH_S` a loop timer takes the collected rows, packs them by column into one binary
 control frame (velox.spend.rowframe, admin/control.py framing; a row that does not fit is
 left out, counted in `dropped` and logged) and hands the frame to `write` (the control
@@ -49,6 +51,9 @@ class LedgerFeed:
         self.dropped = 0
         self.bad = 0  # of the dropped: rows that did not fit the columns (rowframe.pack)
         self._timer: asyncio.TimerHandle | None = None
+        # Rows kept elsewhere (velox.spend.wire.Spend.take): (frame body, rows, rows dropped
+        # since the last call) or None, taken at each flush.
+        self.source: Callable[[], tuple[bytes, int, int] | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, row: Sequence[Any]) -> None:
@@ -59,7 +64,23 @@ class LedgerFeed:
             self.dropped += 1
 
     def flush(self) -> int:
-        """Ship what was collected as one frame; return how many rows went."""
+        """Ship what was collected as one frame (and the source's, as another); return how
+        many rows went."""
+        sent = self._flush_rows()
+        source = self.source
+        taken = None if source is None else source()
+        if taken is not None:
+            body, rows, dropped = taken
+            self.dropped += dropped
+            if body and self.backlog() >= self.backlog_max:
+                self.dropped += rows
+            elif body:
+                self.write(frame(body))
+                self.sent += rows
+                sent += rows
+        return sent
+
+    def _flush_rows(self) -> int:
         rows = self.rows
         if not rows:
             return 0

@@ -96,6 +96,9 @@ class Exchange:
         # A stream whose pieces only the meter's event reader sees (no cache, no translation):
         # that reader's feed, called per piece without the layers in between; else None.
         "feed",
+        # The answer's x-request-id (the upstream's), found by the head's filter: the ledger
+        # row and the access record read it here instead of searching the headers again.
+        "request_id",
     )
 
     # The Anthropic Messages API in front (velox.relay.messages.MessagesExchange) shapes each
@@ -142,6 +145,7 @@ class Exchange:
         self.meter: Meter | None = None
         self.edge: Translation | None = None
         self.feed: Callable[[bytes], bytes] | None = None
+        self.request_id: bytes | None = None
 
     # --- what the request carries upstream ------------------------------------------------
 
@@ -209,14 +213,14 @@ class Exchange:
         edge = self.edge
         if edge is not None:  # the head of the answer in the client's API
             headers = edge.head(status, headers)
-        out, sse = self._head(headers)
+        out, sse, self.request_id = self._head(headers)
         if sse:
             self.sse = True
         self.status = status
         self.headers = out
         return True
 
-    def _head(self, headers: Headers) -> tuple[Headers, bool]:
+    def _head(self, headers: Headers) -> tuple[Headers, bool, bytes | None]:
         request = self.request
         drop = _DROP if request.extra_headers is None else _DROP_KEYED
         # One native call: the filter, server-timing, the extra headers, the SSE test (the
@@ -231,7 +235,7 @@ class Exchange:
         assert self.edge is not None
         answer = self.edge.answer(self.status, body)
         self.status = answer.status
-        self.headers, _ = self._head(answer.headers)
+        self.headers, _, self.request_id = self._head(answer.headers)
         return answer.body
 
     def _begin(self) -> None:
@@ -343,6 +347,7 @@ class Exchange:
         """Forget the abandoned attempt's answer: the next attempt starts afresh."""
         self.status = 0
         self.headers = []
+        self.request_id = None
         self.chunks = []
         self.size = 0
         self.t_sent = self.t_headers = 0
@@ -432,11 +437,11 @@ class Exchange:
 
 def answer_head(headers: Headers, drop: frozenset[bytes], t_received: int, t_popped: int,
                 t_parsed: int, t_admitted: int, t_sent: int, t_headers: int,
-                extra: tuple[tuple[bytes, bytes], ...]) -> tuple[Headers, bool]:
+                extra: tuple[tuple[bytes, bytes], ...]) -> tuple[Headers, bool, bytes | None]:
     """The client's answer head from the upstream's (the native relay_head, in Python: the
     Python writer's path and the reference the native one is tested against): the fields not
-    in `drop` and not named by a Connection field, then server-timing, then `extra`; and
-    whether the first content-type is an event stream."""
+    in `drop` and not named by a Connection field, then server-timing, then `extra`; whether
+    the first content-type is an event stream; and the first x-request-id kept."""
     listed: set[bytes] | None = None
     sse: bool | None = None
     for name, value in headers:
@@ -446,10 +451,11 @@ def answer_head(headers: Headers, drop: frozenset[bytes], t_received: int, t_pop
         elif name == b"content-type" and sse is None:
             sse = value.startswith(_EVENT_STREAM)
     out = [h for h in headers if h[0] not in drop and (listed is None or h[0] not in listed)]
+    request_id = next((value for name, value in out if name == b"x-request-id"), None)
     out.append((b"server-timing", h1write.py_server_timing(
         t_received, t_popped, t_parsed, t_admitted, t_sent, t_headers)))
     out.extend(extra)
-    return out, bool(sse)
+    return out, bool(sse), request_id
 
 
 class Observer(Protocol):

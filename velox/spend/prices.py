@@ -150,11 +150,12 @@ class PriceTable:
         """Nano-USD for `usage` of `model` on `upstream`; None (logged once) when unpriced."""
         price = self.price_for(upstream, model)
         if price is None:
-            self._tell_unpriced(model)
+            self.tell_unpriced(model)
             return None
         return cost_nanos(price, usage, images)
 
-    def _tell_unpriced(self, model: str) -> None:
+    def tell_unpriced(self, model: str) -> None:
+        """Log once per model that it has no price."""
         told = self._told
         if model in told or len(told) > _TOLD_MAX:
             return

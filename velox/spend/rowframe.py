@@ -96,6 +96,14 @@ def _pack(rows: Sequence[Sequence[Any]]) -> bytes:
     return b"".join(body)
 
 
+def pack_columns(rows: int, ints: bytes, names: Sequence[Sequence[str]], ids: bytes) -> bytes:
+    """A frame of rows kept by column (velox.spend.book: `take`'s rows, INT_COLUMNS as one
+    bytes, the request ids as UTF-8 joined by NUL), given its labels' six names each in the
+    order of their numbers."""
+    text = _text(chain.from_iterable(names), 6 * len(names)).encode("utf-8", "surrogatepass")
+    return b"".join((_HEAD.pack(TAG, rows, len(names)), ints, text, b"\0", ids))
+
+
 def _text(values: Any, count: int) -> str:
     values = list(values)
     text = _SEP.join(values)  # TypeError: a name or id that is not text

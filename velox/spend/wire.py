@@ -52,13 +52,22 @@ import orjson
 
 from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
-from velox.core.fields import TOKEN_BLOCK
 from velox.core.types import Kind, Request
 from velox.providers.anthropic import usage_of as anthropic_usage
-from velox.relay.usage import NOT_BOOKED, TokenMeter, estimate_scan, usage_parts_scan
+from velox.relay.usage import TokenMeter, estimate_scan, usage_parts_scan
+from velox.spend.book import (
+    API_NAMES,
+    API_PATHS,
+    SpendBook,
+    cost_of,
+    count_spend,
+    label_parts,
+    price_record,
+)
 from velox.spend.gate import NANOS_PER_USD, BudgetGate, GateTwin, usd_text
 from velox.spend.ledger import Store, connect, period_start, state_file
 from velox.spend.prices import PICO_PER_NANO, PriceTable, UsageLike
+from velox.spend.rowframe import pack_columns
 from velox.state.limits import Limits
 from velox.state.stats import Counters
 
@@ -70,9 +79,6 @@ log = logging.getLogger("velox.spend")
 _UNIT_NANOS = 1000
 _MAX_TOKENS = 10**9
 _MAX_BUDGETS = 4096  # the slots' reservation counters: a Counters row holds 4,096 fields
-# The spend counters are blocks of TOKEN_BLOCK (4096) fields, as the token counters are.
-_BLOCK_SHIFT = TOKEN_BLOCK.bit_length() - 1
-_BLOCK_MASK = TOKEN_BLOCK - 1
 COST_HEADER = b"x-velox-cost-usd"
 REMAINING_HEADER = b"x-velox-budget-remaining-usd"
 _NO_RETRY = ((b"x-should-retry", b"false"),)
@@ -90,10 +96,6 @@ _ZERO_PARTS = re.compile(
     rb'(?:,"prompt_tokens_details":\{"cached_tokens":0,"audio_tokens":\d+\},'
     rb'"completion_tokens_details":\{"reasoning_tokens":0,"audio_tokens":\d+,'
     rb'"accepted_prediction_tokens":\d+,"rejected_prediction_tokens":\d+\})?\}')
-# API names of the ledger's `api` column, by the request's upstream path.
-_APIS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completions",
-         b"/v1/embeddings": "embeddings", b"/v1/responses": "responses",
-         b"/v1/messages": "messages"}
 
 
 def period_number(period: str, now_s: float) -> int:
@@ -255,9 +257,15 @@ _Hold = tuple[tuple[int, ...], int]
 _UNSEEN: Any = object()
 _MEMO_MAX = 4096
 # The route target that answered, as priced: (upstream model, upstream name, its price, the
-# route's model).
-_Target = tuple[str, str, PriceSpec | None, str]
-_NO_PARTS = (0, 0, 0)  # a ledger row's cached, cache-write and reasoning tokens, none reported
+# route's model, the price as the native book reads it (velox.spend.book.PRICE_FIELDS), its
+# number in the ledger rows' labels, its index in the stats' targets or -1).
+_Target = tuple[str, str, PriceSpec | None, str, tuple[int, ...] | None, int, int]
+# Target numbers (a label's middle 24 bits) in use at most before they start again, after the
+# rows kept are shipped: a `*` route's client cycling model names cannot grow them without
+# bound. A request in flight across that reset (once per 65,536 distinct targets) may have its
+# row labelled with the new owner of its number.
+_NUMBERS_MAX = 1 << 16
+_FREE = (0, 0, -1, -1, -1, 0)  # a request that used nothing costs nothing, priced or not
 
 
 class Spend:
@@ -273,7 +281,11 @@ class Spend:
         self.shared = shared
         self.slot = slot
         self.default_output = default_output
-        self.feed: Any = None  # velox.admin.ledgerfeed.LedgerFeed, set by the agent
+        # Cost, cost header, /metrics' counter and ledger row of an answer in one native call
+        # (velox.spend.book); its rows kept only once a ledger feed is set (`feed`).
+        self.priced = SpendBook(tuple(books), slot, self.book_width, self.book_keys, API_PATHS)
+        self._feed: Any = None
+        self._dropped = 0  # the book's dropped rows already added to the feed's count
         self.key_names = tuple(k.name for k in tables.keys)
         index = {b.name if not b.team else "\0" + b.name: i
                  for i, b in enumerate(shared.budgets if shared is not None else ())}
@@ -310,9 +322,9 @@ class Spend:
         self._first_price: dict[str, PriceSpec | None] = {}
         # Per route target (its index in the stats' targets): what `target` resolved.
         self._targets: dict[int, _Target] = {}
-        # A ledger row's wall-clock time from the request clock (row): the offset, and until
-        # when it is used before it is taken again.
-        self._wall = self._wall_until = 0
+        # The targets' numbers in the rows' labels: (model, upstream, route) by number.
+        self._numbers: dict[tuple[str, str, str], int] = {}
+        self._named: list[tuple[str, str, str]] = []
         # The meters the worker makes for model calls (plain and streamed, reported-only).
         self.meters = (_bound(PricedMeter, self), _bound(PricedReported, self))
 
@@ -461,17 +473,9 @@ class Spend:
         assert gate is not None
         gate.settle(hold[0], hold[1], cost)
 
-    def cost_of(self, target: _Target, inp: int, out: int, parts: UsageLike | None) -> int | None:
-        """Nano-USD of a usage at `target`'s price: `parts` is the usage with its cached,
-        cache-write or reasoning parts when the answer reported any (else None: the plain
-        sum, ~0.3 us instead of ~1); None when the model has no price (logged once)."""
-        price = target[2]
-        if parts is None and price is not None:
-            return plain_cost(price, inp, out)
-        return self.prices.cost(target[1], target[0], parts or _Usage(inp, out))
-
     def target(self, exchange: Any) -> _Target:
-        """(model, upstream, price, route) of the route target that answered `exchange`,
+        """(model, upstream, price, route, price record, number, index) of the route target
+        that answered `exchange` (_Target),
         resolved at its first answer and kept per target: a target's upstream, model and
         route are fixed, but for a `*` route's target naming no model, kept while the
         request's model is the same (one dict lookup a request instead of three calls,
@@ -485,72 +489,106 @@ class Spend:
         if hit is None or hit[0] != model:
             upstream = _name(routing.upstream_name)
             route = attempt.route.model if attempt is not None else model
-            hit = (model, upstream, self.prices.price_for(upstream, model), route)
+            price = self.prices.price_for(upstream, model)
+            if price is None:
+                self.prices.tell_unpriced(model)
+            hit = (model, upstream, price, route, price_record(price),
+                   self._number(model, upstream, route), index)
             if index >= 0:
                 self._targets[index] = hit
         return hit
 
+    def _number(self, model: str, upstream: str, route: str) -> int:
+        """The target's number in the ledger rows' labels."""
+        named = (model, upstream, route)
+        number = self._numbers.get(named)
+        if number is None:
+            if len(self._named) >= _NUMBERS_MAX:  # start again, the rows kept shipped first
+                if self._feed is not None:
+                    self._feed.flush()
+                self._numbers.clear()
+                self._named.clear()
+                self._targets.clear()
+            number = self._numbers[named] = len(self._named)
+            self._named.append(named)
+        return number
+
+    @property
+    def feed(self) -> Any:
+        """The worker's ledger feed (velox.admin.ledgerfeed.LedgerFeed, set by the agent;
+        None: no ledger): the book keeps rows for it, which its flush takes (`take`)."""
+        return self._feed
+
+    @feed.setter
+    def feed(self, feed: Any) -> None:
+        self._feed = feed
+        self.priced.rows_max = 0 if feed is None else feed.rows_max
+        if feed is not None:
+            feed.source = self.take
+
+    def take(self) -> tuple[bytes, int, int] | None:
+        """The rows the book kept since the last call, as one ledger frame (rowframe):
+        (frame body, rows, rows dropped since the last call), None when there is nothing."""
+        book = self.priced
+        dropped, self._dropped = book.dropped - self._dropped, book.dropped
+        taken = book.take()
+        if taken is None:
+            return (b"", 0, dropped) if dropped else None
+        rows, ints, labels, ids = taken
+        names, teams, n_file, named = self.key_names, self.team_of, self.book_keys, self._named
+        out = []
+        for label in labels:
+            k, number, api = label_parts(label)
+            model, upstream, route = named[number]
+            out.append((names[k] if 0 <= k < len(names) else "",
+                        teams[k] if 0 <= k < n_file else "", route, upstream, model,
+                        API_NAMES[api]))
+        return pack_columns(rows, ints, out, ids), rows, dropped
+
+    def answer(self, target: _Target, usage: tuple[int, int, int, int, int], key: int,
+               status: int, request: Request, exchange: Any, header: bool
+               ) -> tuple[int | None, tuple[bytes, bytes] | None]:
+        """One answer priced, counted and its ledger row kept (the native book's one call;
+        the meters make it inline on the plain answer's path)."""
+        try:
+            # target[4], [6], [5]: its price record, stats index and label number (_Target)
+            return self.priced.answer(target[4], *usage, key, target[6], target[5], status,
+                                    request.t_received, request.upstream_path,
+                                    exchange.request_id, header)
+        except ValueError:
+            return self.overflow(target, usage, header)
+
+    def overflow(self, target: _Target, usage: tuple[int, int, int, int, int], header: bool
+                 ) -> tuple[int | None, tuple[bytes, bytes] | None]:
+        """A usage past 64 bits (no upstream reports one): priced in Python, for the answer's
+        header and the budget; no counter and no ledger row take a number that large."""
+        record = target[4]
+        cost = None if record is None else cost_of(record, usage)
+        return cost, (COST_HEADER, usd_text(cost)) if header and cost is not None else None
+
     def book(self, attempt: Any, key: int, cost: int | None) -> None:
         """Count the cost (or one request of unknown cost) in /metrics' shared counters, under
-        the key and the route target that answered (see SharedStats.spend)."""
-        if not self.books or attempt is None or attempt.index < 0:
-            return  # no target (nothing was sent)
-        if key >= self.book_keys:
-            key = -1  # a key made at run time: no row of its own, counted under "-"
-        field = ((key + 1) * self.book_width + attempt.index) * 2
-        if cost is None:
-            field += 1
-        elif not cost:
-            return
-        self.books[field >> _BLOCK_SHIFT].add(self.slot, field & _BLOCK_MASK,
-                                              1 if cost is None else cost)
+        the key and the route target that answered (see SharedStats.spend); the priced
+        answers count theirs in their one call (`answer`), this is the same count alone."""
+        if attempt is not None and attempt.index >= 0:
+            count_spend(self.books, self.slot, self.book_width, self.book_keys, key,
+                        attempt.index, cost)
 
     def member(self, request: Request, inp: int, out: int, exchange: Any) -> None:
         """A batched embeddings request, answered its share of a merged call's usage
         (velox.batching.batch): priced as if it had called alone (x-velox-cost-usd, its
         budget settled, its ledger row, /metrics); the merged call itself is not (finish)."""
         target = self.target(exchange)
-        cost = self.cost_of(target, inp, out, None)
-        if cost is not None:
-            _add_header(request, COST_HEADER, usd_text(cost))
+        cost, header = self.answer(target, (inp, out, 0, 0, 0), request.key, 200, request,
+                                   exchange, True)
+        if header is not None:
+            _add_header(request, *header)
             share = getattr(request.exchange, "meter", None)  # the Member's Share
             if share is not None:
                 share.cost = cost  # the access log's cost_usd (velox.relay.records)
         hold = self.held.pop(request, None)
         if hold is not None:
             self._settle(hold, cost or 0)
-        self.book(exchange.routing.attempt, request.key, cost)
-        self.row(exchange, request, 200, inp, out, None, cost, target)
-
-    def row(self, exchange: Any, request: Request, status: int, inp: int, out: int,
-            parts: UsageLike | None, cost: int | None, target: _Target) -> None:
-        """The ledger row of `request` answered by `exchange` at `target` (velox.spend.ledger
-        COLUMNS)."""
-        feed = self.feed
-        if feed is None:
-            return
-        k = request.key
-        names = self.key_names
-        cached, written, reasoning = _NO_PARTS if parts is None else \
-            (parts.cached_input, parts.cache_write, parts.reasoning)
-        # One clock read a row: the time is the monotonic clock plus the wall clock's offset
-        # to it, taken again every second (two reads were ~0.2 us of the row's ~1).
-        now = _monotonic_ns()
-        if now >= self._wall_until:
-            self._wall = time.time_ns() - _monotonic_ns()
-            self._wall_until = now + 1_000_000_000
-        path = request.upstream_path
-        api = _APIS.get(path) or _api(path)  # the call only for a path with a query string
-        request_id = ""
-        for name, value in exchange.headers:  # inline: a call was a fifth of the scan
-            if name == b"x-request-id":
-                request_id = value.decode("latin-1")[:128]
-                break
-        feed.add(((now + self._wall) // 1_000_000,
-                  names[k] if 0 <= k < len(names) else "",
-                  self.team_of[k] if 0 <= k < self.book_keys else "",
-                  target[3], target[1], target[0], api, status, inp, out, cached, written,
-                  reasoning, cost, (now - request.t_received) // 1000, request_id))
 
 
 def plain_cost(price: PriceSpec, inp: int, out: int) -> int:
@@ -638,9 +676,13 @@ class PricedMeter(TokenMeter):
     from the usage it reads, the budget's settlement and the ledger row when the request
     ends. One object and one pass over the answer's usage per request (a wrapper around the
     token meter was ~1 us more a request: its own object, a delegating call per meter call,
-    the usage read twice). Each Spend makes its own subclass naming it (`spend`, `meters`)."""
+    the usage read twice). Each Spend makes its own subclass naming it (`spend`, `meters`).
 
-    __slots__ = ("hold", "parts", "cost", "target")
+    A plain answer is priced, counted for /metrics and given its ledger row at its body, in
+    one native call (Spend.priced: velox.spend.book), so that its `finish` has only a budget's
+    reservation left to settle; any other request is priced at its finish, the same way."""
+
+    __slots__ = ("hold", "parts", "cost", "target", "booked")
     spend: Spend
 
     def __init__(self, ledger: Any, request: Request, strip: bool = False, cap: int = 0,
@@ -653,11 +695,12 @@ class PricedMeter(TokenMeter):
         self.parts: UsageLike | None = None
         self.cost: int | None = None  # nano-USD; None: unknown (or not yet priced)
         self.target: _Target | None = None  # what priced it (Spend.target), once priced
+        self.booked = False  # priced, counted and its row kept at the body
 
     def end(self) -> bytes:
         rest: bytes = TokenMeter.end(self)
         sse = self.sse
-        if sse is not None and sse.found:  # priced before the access log's line is made
+        if sse is not None and sse.found:  # its parts: priced at finish, with the rest
             self.input, self.output = sse.input, sse.output
             data = sse.usage_data
             found = usage_parts_scan(data[0]) if len(data) == 1 else None
@@ -665,7 +708,6 @@ class PricedMeter(TokenMeter):
             # several usage events (Anthropic's start and delta) merged by _parts.
             self.parts = _parts(data) if type(found) is not tuple else \
                 _Usage(*found) if found[2] or found[3] or found[4] else None
-            self._price_now()
         return rest
 
     def told(self, usage: Any) -> None:
@@ -674,7 +716,6 @@ class PricedMeter(TokenMeter):
         set input and output)."""
         self.parts = usage if usage.cached_input or usage.cache_write or usage.reasoning \
             else None
-        self._price_now()
 
     def body(self, body: bytes) -> None:
         # OpenAI's usage object read whole, its parts with it, in one native scan (vx_books):
@@ -682,44 +723,40 @@ class PricedMeter(TokenMeter):
         # any other form is read as the token meter reads it, its parts by _parts.
         found = usage_parts_scan(body)
         if type(found) is tuple:
-            inp, out, cached, written, reasoning = found
+            inp, out = found[0], found[1]
             self.input, self.output = inp, out
             self.exact = True
             if self.early:  # TokenMeter.body's rule: nothing to settle, counted now
                 self.done = True
                 self.ledger.count(self.request, inp, out)
-            parts = _Usage(inp, out, cached, written, reasoning) \
-                if cached or written or reasoning else None
+            if found[2] or found[3] or found[4]:
+                self.parts = _Usage(*found)
         else:
             TokenMeter.body(self, body)
             if not self.exact:
                 return  # no usage in it: priced at finish from what it was charged
-            parts = _parts((body,))
+            parts = self.parts = _parts((body,))
+            found = _usage(self.input, self.output, parts)
         request = self.request
         exchange: Any = request.exchange
         if exchange is not None and 200 <= exchange.status < 300:
             spend = self.spend
             target = self.target = spend.target(exchange)
-            self.parts = parts
-            price = target[2]
-            # Spend.cost_of and _add_header inline: this runs for every plain answer, and
-            # each call saved is ~0.05 us.
-            cost = self.cost = plain_cost(price, self.input, self.output) \
-                if parts is None and price is not None else \
-                spend.cost_of(target, self.input, self.output, parts)
-            if cost is not None:
-                header = _COST_HEADERS.get(cost) or _cost_header(cost)
+            # Spend.answer inline (this runs for every plain answer): the cost, its header,
+            # /metrics' counter and the ledger row in one native call.
+            try:
+                self.cost, header = spend.priced.answer(
+                    target[4], *found, request.key, target[6], target[5], exchange.status,
+                    request.t_received, request.upstream_path, exchange.request_id, True)
+            except ValueError:
+                self.cost, header = spend.overflow(target, found, True)
+            self.booked = True
+            if header is not None:
                 extra = request.extra_headers
                 if extra is None:
                     request.extra_headers = [header]
                 else:
                     extra.append(header)
-
-    def _price_now(self) -> None:
-        exchange = self.request.exchange
-        if exchange is not None:
-            self.cost = self.spend.cost_of(self._target(exchange), self.input, self.output,
-                                           self.parts)
 
     def _target(self, exchange: Any) -> _Target:
         target = self.target = self.spend.target(exchange)
@@ -728,24 +765,28 @@ class PricedMeter(TokenMeter):
     def finish(self, exchange: Any, status: int) -> None:
         if not self.done:  # an early meter counted its tokens at the body (TokenMeter.early)
             TokenMeter.finish(self, exchange, status)
-        target = self.target
-        if target is None or not self.exact:
-            # Cut short or no usage reported: what the token meter charged (estimated input
-            # and the output relayed), nothing when nothing was used.
-            self.parts = None
-            target = self._target(exchange)
-            self.cost = self.spend.cost_of(target, self.input, self.output, None) \
-                if self.input or self.output else 0
         spend = self.spend
+        if not self.booked:  # a stream, or an answer that was no 2xx or had no usage
+            target = self._target(exchange)
+            if not self.exact:
+                # Cut short or no usage reported: what the token meter charged (estimated
+                # input and the output relayed), nothing when nothing was used.
+                self.parts = None
+                if not self.input and not self.output:
+                    target = (*target[:4], _FREE, *target[5:])
+            self.cost, _ = spend.answer(target, _usage(self.input, self.output, self.parts),
+                                        self.request.key, status, self.request, exchange, False)
         hold = self.hold
         if hold is not None:
             self.hold = None
             spend.gate.settle(hold[0], hold[1], self.cost or 0)  # type: ignore[union-attr]
-        request = self.request
-        if request.key != NOT_BOOKED:  # a merged call's members are priced (Spend.member)
-            spend.book(exchange.routing.attempt, request.key, self.cost)
-            spend.row(exchange, request, status, self.input, self.output, self.parts,
-                      self.cost, target)
+
+
+def _usage(inp: int, out: int, parts: UsageLike | None) -> tuple[int, int, int, int, int]:
+    """The usage as the native book takes it: the parts' own when the answer reported any."""
+    if parts is None:
+        return inp, out, 0, 0, 0
+    return parts.input, parts.output, parts.cached_input, parts.cache_write, parts.reasoning
 
 
 class PricedReported(PricedMeter):
@@ -765,18 +806,6 @@ def _bound(cls: type[PricedMeter], spend: Spend) -> type[PricedMeter]:
     return type(cls.__name__, (cls,), {"__slots__": (), "spend": spend})
 
 
-# x-velox-cost-usd fields already made, by cost: answers of one model and similar size cost
-# the same (a hit is one dict lookup; a bound, emptied when full, as usd_text's texts).
-_COST_HEADERS: dict[int, tuple[bytes, bytes]] = {}
-
-
-def _cost_header(cost: int) -> tuple[bytes, bytes]:
-    if len(_COST_HEADERS) >= _MEMO_MAX:
-        _COST_HEADERS.clear()
-    header = _COST_HEADERS[cost] = (COST_HEADER, usd_text(cost))
-    return header
-
-
 def _add_header(request: Request, name: bytes, value: bytes) -> None:
     extra = request.extra_headers
     if extra is None:
@@ -785,12 +814,6 @@ def _add_header(request: Request, name: bytes, value: bytes) -> None:
         extra.append((name, value))
 
 
-def _api(path: bytes) -> str:
-    api = _APIS.get(path)
-    return api if api is not None else _APIS.get(path.split(b"?", 1)[0], "other")
-
-
-_monotonic_ns = time.perf_counter_ns  # the requests' clock (Request.t_received)
 _NAMES: dict[bytes, str] = {}  # upstream names seen (a few): decoded once
 
 
