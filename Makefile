@@ -54,12 +54,14 @@ test-native-ext: $(STAMP)
 		-m "not slow" $(ASAN_DIFF_TESTS)
 
 # The C suite already ran in test-native; its pytest wrapper (marked slow) is skipped here.
-# Two pytest processes (pytest-xdist), each taking whole files (--dist loadfile), so a module's
-# shared gateway or mocks start once: most tests wait on sockets and child processes, and
-# the suite took about 15 minutes in one process on a busy 2-core box. Ports are free ones
-# picked per gateway/mock, and temporary directories are per process.
+# pytest-xdist, each process taking whole files (--dist loadfile), so a module's shared
+# gateway or mocks start once. Two processes per core: the tests mostly wait on sockets and
+# child processes (a file of gateway tests used 20-50 % of one core over its wall time on the
+# busy 2-core box), so one per core left the cores idle while both waited. Ports are free
+# ones picked per gateway/mock, and temporary directories are per process.
+PYTEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
 test-py: build
-	$(VENV)/bin/pytest -q -m "not slow" -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 # The egress contracts (velox/egress/interfaces.py) are Protocols: mypy checks both sides.
 typecheck: $(STAMP)
