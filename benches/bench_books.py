@@ -3,9 +3,10 @@
 Groups:
 
 * books-pieces: one call of each piece a request pays for, the native one beside the Python
-  it replaced (kept here as the reference): the access-log line (its declared record built
-  and `access_line` of it, against the line's dict through orjson with the Python attribute
-  walk), the usage of an answer
+  it replaced (kept here as the reference): the access-log line (its fields gathered and
+  written into the worker's buffer, as the log makes it; its declared record built and
+  `access_line` of it, as it was; the line's dict through orjson with the Python attribute
+  walk, before that), the usage of an answer
   (`usage_scan` against the regular expression), the usage with its cached and reasoning
   parts as pricing reads it (`usage_parts_scan` against usage_scan and the parts' search and
   parse, on the mock's answer with its parts 0 and with both reported), the token estimate
@@ -40,10 +41,10 @@ from typing import Any
 import orjson
 import pytest
 
-from velox._native import access_line, estimate_scan, usage_parts_scan, usage_scan
+from velox._native import AccessBook, access_line, estimate_scan, usage_parts_scan, usage_scan
 from velox.admin.accesslog import AccessLog
 from velox.core.fields import F
-from velox.relay.records import access_record
+from velox.relay.records import access_record, log_fields
 from velox.relay.usage import input_tokens, output_limit
 from velox.spend.wire import _parts
 from velox.state.stats import SharedStats
@@ -119,7 +120,11 @@ def _pieces() -> dict[str, Any]:
     offset = 1_700_000_000_000_000_000
     counters = SharedStats(1).counters
     plain = int(F.REQUESTS)
+    book = AccessBook(0, b"p-", (), True, 0)  # room 0: each line written, then dropped
+    book.wall_offset = offset
     return {
+        "access line: log_fields + native AccessBook.add (as the log makes it)":
+            lambda: log_fields(book.add, item),
         "access line: access_record + native access_line":
             lambda: access_line(access_record(item), offset, 0, b"p-", 1, ()),
         "access line: native access_line of a record": lambda: access_line(record, offset, 0,
@@ -240,8 +245,10 @@ def test_books_writer(benchmark: Any, target: str, tmp_path: Any) -> None:
         log = AccessLog(0, fd=fd, priced=True, held_max=1 << 30)
 
         def run() -> None:
+            add = log.queue.add  # each line made as at its request's end, then a flush
             for start in range(0, WRITER_LINES, 1024):
-                log.queue.extend(records[start:start + 1024])
+                for record in records[start:start + 1024]:
+                    add(*record)
                 log.flush()
 
         clock = time.thread_time_ns

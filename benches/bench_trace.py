@@ -13,9 +13,13 @@ Groups:
   runs off the loop, but in the same process, so it is CPU the worker's process pays.
 * trace-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, one attempt each) with tracing off (VELOX_OTEL_ENDPOINT unset), on at 1% and on at
-  100% (VELOX_OTEL_SAMPLE), interleaved round by round on the loop thread's CPU clock; the
-  export thread encodes what is sampled as the OTLP exporter would (its whole CPU is counted
-  apart, on its own thread's clock, and added per request in `extra_info`).
+  100% (VELOX_OTEL_SAMPLE), interleaved round by round on the loop thread's CPU clock. A timed
+  round is 8 pipeline rounds (512 requests, ~5 sampled at 1%: with one pipeline round of 64,
+  half the rounds held no sampled request and the median round missed their cost). What a
+  variant sampled is encoded as the OTLP exporter would right after its round, untimed (a
+  flush; the CPU of its export calls counted apart and added per request in `extra_info`):
+  left to the processor's thread, the 100% variant's encoding ran during the next variant's
+  rounds, always the same one (the rotation keeps the order), and slowed it.
 
 Run: `.venv/bin/pytest --benchmark benches/bench_trace.py`.
 """
@@ -149,53 +153,86 @@ def test_trace_export_encoding(benchmark: Any) -> None:
     tracer.close(timeout_s=1)
 
 
-PIPELINE_ROUNDS = 300
-PIPELINE_WARMUP = 30
+PIPELINE_ROUNDS = 60
+PIPELINE_WARMUP = 4
+PER_ROUND = 8  # pipeline rounds of BATCH requests in a timed round
 
 
-def _pipeline(sample: str | None) -> tuple[Pipeline, Encoding | None]:
+class Flushed(Encoding):
+    """`Encoding`, exporting only when flushed: `cpu_ns` is the CPU of its export calls (on
+    whichever thread flushed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spent_ns = 0
+
+    @property
+    def cpu_ns(self) -> int:
+        return self.spent_ns
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        t0 = time.thread_time_ns()
+        encode_spans(spans).SerializePartialToString()
+        self.spans += len(spans)
+        self.spent_ns += time.thread_time_ns() - t0
+        return SpanExportResult.SUCCESS
+
+
+def _pipeline(sample: str | None) -> tuple[Pipeline, Flushed | None, Tracer | None]:
     """A socket-free worker with tracing off (None) or on at `sample`; its exporter encodes
-    and discards. The queue holds a whole run, so no span is dropped (dropping is cheaper
-    than recording: a full queue would flatter the figure)."""
+    and discards when flushed (the processor's own thread never exports: its batch is the
+    queue, its delay an hour). The queue holds a timed round, so no span is dropped
+    (dropping is cheaper than recording: a full queue would flatter the figure)."""
     if sample is None:
-        return Pipeline(clients=BATCH), None
+        return Pipeline(clients=BATCH), None, None
     pipeline = Pipeline(clients=BATCH, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
                         VELOX_OTEL_SAMPLE=sample)
     traced = pipeline.worker.traced
     assert traced is not None
     traced.tracer.close(timeout_s=1)  # the OTLP exporter it made never sent anything
-    encoding = Encoding()
+    encoding = Flushed()
     traced.tracer = Tracer(exporter=encoding, sample=float(sample), max_queue=1 << 17,
-                           schedule_delay_ms=200)
-    return pipeline, encoding
+                           max_export_batch=1 << 17, schedule_delay_ms=3_600_000)
+    return pipeline, encoding, traced.tracer
+
+
+def _rounds(pipeline: Pipeline) -> Any:
+    def run() -> None:
+        for _ in range(PER_ROUND):
+            pipeline.round()
+    return run
 
 
 def test_trace_pipeline_paired(benchmark: Any) -> None:
     variants = {"tracing off": _pipeline(None), "on, 1% sampled": _pipeline("0.01"),
                 "on, 100% sampled": _pipeline("1")}
-    for pipeline, _ in variants.values():
-        for _ in range(PIPELINE_WARMUP):
-            pipeline.round()
+    flushes = {name: tracer.processor.force_flush for name, (_, _, tracer) in variants.items()
+               if tracer is not None}
+    for name, (pipeline, encoding, _) in variants.items():
+        _rounds(pipeline)()  # warm-up, its spans encoded and not counted
+        for _ in range(PIPELINE_WARMUP - 1):
+            _rounds(pipeline)()
+        if encoding is not None:
+            flushes[name]()
+            encoding.spent_ns = 0
     loop_us = paired_cpu_us(
-        benchmark, "trace-pipeline: one worker, 64 requests per round, no sockets",
-        {name: pipeline.round for name, (pipeline, _) in variants.items()},
-        PIPELINE_ROUNDS, BATCH)
-    requests = (PIPELINE_ROUNDS + PIPELINE_WARMUP) * BATCH
+        benchmark, "trace-pipeline: one worker, 512 requests per round, no sockets",
+        {name: _rounds(pipeline) for name, (pipeline, _, _) in variants.items()},
+        PIPELINE_ROUNDS, BATCH * PER_ROUND, after=flushes)
+    requests = PIPELINE_ROUNDS * PER_ROUND * BATCH
     export_us: dict[str, float] = {}
-    for name, (pipeline, encoding) in variants.items():
+    for name, (pipeline, encoding, tracer) in variants.items():
         assert pipeline.worker.in_flight == 0, name
-        traced = pipeline.worker.traced
-        if encoding is None:
-            assert traced is None
+        if encoding is None or tracer is None:
+            assert pipeline.worker.traced is None
             continue
-        assert traced is not None
-        traced.tracer.close(timeout_s=60)  # every queued span encoded
-        stats = traced.tracer.stats()
+        tracer.close(timeout_s=60)
+        stats = tracer.stats()
         assert stats["dropped"] == 0 and stats["pending"] == 0, stats
         export_us[name] = encoding.cpu_ns / requests / 1000
     base = loop_us["tracing off"]
     benchmark.extra_info.update({
-        "requests_per_round": BATCH, "rounds_per_variant": PIPELINE_ROUNDS,
+        "requests_per_round": BATCH * PER_ROUND, "rounds_per_variant": PIPELINE_ROUNDS,
         "loop_cpu_us_per_request": {k: round(v, 2) for k, v in loop_us.items()},
         "loop_over_off_us": {k: round(v - base, 2) for k, v in loop_us.items()},
         "export_thread_cpu_us_per_request": {k: round(v, 2) for k, v in export_us.items()},

@@ -15,8 +15,11 @@ from typing import Any
 
 
 def paired_cpu_us(benchmark: Any, group: str, runs: Mapping[str, Callable[[], None]],
-                  rounds: int, items_per_round: int) -> dict[str, float]:
-    """CPU microseconds per item of each variant (the median round over `items_per_round`)."""
+                  rounds: int, items_per_round: int,
+                  after: Mapping[str, Callable[[], None]] | None = None) -> dict[str, float]:
+    """CPU microseconds per item of each variant (the median round over `items_per_round`).
+    `after[name]`, when given, runs after each of that variant's rounds, untimed (work of
+    its own it must not leave to the next variant's round: another thread's, say)."""
     names = list(runs)
     samples: dict[str, list[int]] = {name: [] for name in names}
 
@@ -29,6 +32,8 @@ def paired_cpu_us(benchmark: Any, group: str, runs: Mapping[str, Callable[[], No
                 t0 = clock()
                 one()
                 samples[name].append(clock() - t0)
+                if after is not None and name in after:
+                    after[name]()
 
     gc.collect()
     gc.freeze()

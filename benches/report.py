@@ -6,7 +6,8 @@ Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make be
 e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with nginx in
 front of the TLS mock, with and before the native path), soak.json (`make bench-soak`), routing.json
 (`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
-cluster.json (`make bench-cluster`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
+cluster.json (`make bench-cluster`), peers.json (`python -m benches.e2e.peers`) and
+balance.json (`pytest --benchmark benches/bench_balance.py`)
 when present, and writes into the same directory: one PNG per plot, report.html (every table and
 plot, with the machine facts and commits, and the project's goals with their verdicts), and the
 tables of docs/benchmarks.md (the user docs: figures, machine and date, no goals, verdicts or
@@ -19,6 +20,7 @@ commits), replaced between their markers:
     <!-- bench:cache:start --> ... <!-- bench:cache:end -->
     <!-- bench:batching:start --> ... <!-- bench:batching:end -->
     <!-- bench:cluster:start --> ... <!-- bench:cluster:end -->
+    <!-- bench:peers:start --> ... <!-- bench:peers:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -35,7 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster")
+from benches import report_peers
+
+MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster", "peers")
 # Sections of this marker (the projects' goals and verdicts) go to the developers' HTML page
 # only, never into the user docs.
 GOALS = "goals"
@@ -551,7 +555,8 @@ DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json"
              "cache": "cache.json", "batching": "batching.json", "cluster": "cluster.json",
              "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
              "native_before": "e2e-native-before.json", "streamscale": "streamscale.json",
-             "providers": "providers.json", "messages_front": "messages_front.json"}
+             "providers": "providers.json", "messages_front": "messages_front.json",
+             "peers": "peers.json"}
 
 
 def load_docs(results: Path) -> dict[str, Any]:
@@ -642,6 +647,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
                     f"{streamscale['interval_ms']} ms apart per stream, one client connection "
                     f"per stream, {_EGRESS[streamscale['egress']]}", table_streamscale(streamscale),
                     None))
+    out += report_peers.sections(docs.get("peers"))
     providers, front = docs.get("providers"), docs.get("messages_front")
     if providers:
         out.append(("providers", "Translation to another provider: OpenAI SDK, 64 requests in "
@@ -706,6 +712,8 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
         if marker == "native":
             lines += _load_lines(doc)
+        if marker == "peers":
+            lines += report_peers.intro(doc)
     front = docs.get("messages_front")
     if marker == "providers" and front:
         lines.append(f"The Messages API run: {machine_line(front, commit=False)}.")

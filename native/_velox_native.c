@@ -52,6 +52,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->limits_type);
     Py_VISIT(st->h2_type);
     Py_VISIT(st->gate_type);
+    Py_VISIT(st->book_type);
     for (int m = 0; m < VX_RH_METHODS; m++)
         Py_VISIT(st->methods[m]);
     for (size_t i = 0; i < VXB_RH_NAMES; i++)
@@ -74,6 +75,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->limits_type);
     Py_CLEAR(st->h2_type);
     Py_CLEAR(st->gate_type);
+    Py_CLEAR(st->book_type);
     for (int m = 0; m < VX_RH_METHODS; m++)
         Py_CLEAR(st->methods[m]);
     for (size_t i = 0; i < VXB_RH_NAMES; i++)

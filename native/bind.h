@@ -36,6 +36,7 @@ typedef struct {
     PyTypeObject *limits_type;
     PyTypeObject *h2_type;
     PyTypeObject *gate_type;
+    PyTypeObject *book_type; /* books: AccessBook, which access_lines also uses */
     PyObject *methods[VX_RH_METHODS]; /* reqhead: one bytes object per method, shared */
     PyObject *names[VXB_RH_NAMES];    /* reqhead: the lower-case common names, shared */
 } module_state;

@@ -681,6 +681,11 @@ static PyObject *H2_get_data_pending(H2Object *self, void *Py_UNUSED(c))
     return PyBool_FromLong(vx_h2_data_pending(self->c));
 }
 
+static PyObject *H2_get_has_output(H2Object *self, void *Py_UNUSED(c))
+{
+    return PyBool_FromLong(vx_h2_has_output(self->c));
+}
+
 static PyObject *H2_get_max_concurrent_streams(H2Object *self, void *Py_UNUSED(c))
 {
     return PyLong_FromUnsignedLong(vx_h2_max_concurrent_streams(self->c));
@@ -727,6 +732,8 @@ static PyMethodDef H2_methods[] = {
 
 static PyGetSetDef H2_getset[] = {
     {"data_pending", (getter)H2_get_data_pending, NULL, "Body data waits for data_to_send.", NULL},
+    {"has_output", (getter)H2_get_has_output, NULL,
+     "data_to_send has something to return (frames queued, or body data waiting).", NULL},
     {"max_concurrent_streams", (getter)H2_get_max_concurrent_streams, NULL,
      "The peer's MAX_CONCURRENT_STREAMS, capped.", NULL},
     {"next_stream_id", (getter)H2_get_next_stream_id, NULL, "The id of the next stream.", NULL},

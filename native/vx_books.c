@@ -41,7 +41,9 @@ char *vx_books_latin1(char *out, const unsigned char *s, size_t n)
     *out++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
-        if (c < 0x80) {
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { /* most bytes: copied, no call */
+            *out++ = (char)c;
+        } else if (c < 0x80) {
             out = put_ascii(out, c);
         } else { /* U+0080..U+00FF: two bytes of UTF-8 */
             *out++ = (char)(0xC0 | (c >> 6));
@@ -57,10 +59,10 @@ char *vx_books_utf8(char *out, const unsigned char *s, size_t n)
     *out++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = s[i];
-        if (c < 0x80)
-            out = put_ascii(out, c);
-        else
+        if (c >= 0x20 && c != '"' && c != '\\') /* most bytes, UTF-8's >= 0x80 included */
             *out++ = (char)c;
+        else
+            out = put_ascii(out, c);
     }
     *out++ = '"';
     return out;
@@ -79,21 +81,34 @@ size_t vx_books_utf8_prefix(const unsigned char *s, size_t n, size_t chars)
     return n;
 }
 
+/* "00".."99": two digits per division (an access line writes ~11 numbers). */
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 char *vx_books_i64(char *out, int64_t v)
 {
     char tmp[VX_BOOKS_I64_MAX];
-    size_t len = 0;
+    size_t at = sizeof(tmp); /* written from the end */
     /* Magnitude in unsigned arithmetic: INT64_MIN has no positive int64. */
     uint64_t m = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        tmp[len++] = (char)('0' + m % 10);
-        m /= 10;
-    } while (m);
+    while (m >= 100) {
+        unsigned pair = (unsigned)(m % 100) * 2;
+        m /= 100;
+        tmp[--at] = DIGIT_PAIRS[pair + 1];
+        tmp[--at] = DIGIT_PAIRS[pair];
+    }
+    if (m >= 10) {
+        tmp[--at] = DIGIT_PAIRS[m * 2 + 1];
+        tmp[--at] = DIGIT_PAIRS[m * 2];
+    } else {
+        tmp[--at] = (char)('0' + m);
+    }
     if (v < 0)
         *out++ = '-';
-    while (len)
-        *out++ = tmp[--len];
-    return out;
+    memcpy(out, tmp + at, sizeof(tmp) - at);
+    return out + (sizeof(tmp) - at);
 }
 
 char *vx_books_usd(char *out, int64_t nanos)

@@ -542,6 +542,8 @@ class H2Client:
     def data_to_send(self) -> bytes: ...
     @property
     def data_pending(self) -> bool: ...
+    @property
+    def has_output(self) -> bool: ...
     def acknowledge(self, stream_id: int, n: int, /) -> None: ...
     def reset_stream(self, stream_id: int, error_code: int = 8, /) -> None: ...
     def send_ping(self, opaque: Buffer, /) -> None: ...
@@ -632,6 +634,27 @@ def access_lines(items: list[Any], wall_offset_ns: int,
     """access_line of every record (item i with seq + 1 + i) joined into chunks of whole lines
     of at most `limit` bytes (a longer line alone); items that fail (None) are skipped.
     Returns the chunks and the number of lines."""
+class AccessBook:
+    """One worker's access-log lines between two flushes, each written by `add` at its
+    request's end into one buffer (len: the lines in it); twin: velox.admin.twins.AccessBook."""
+    room: int  # bytes the buffer may hold; lines past it are dropped and counted
+    wall_offset: int  # wall-clock ns minus perf_counter ns
+    key_names: tuple[str, ...]
+    @property
+    def seq(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    def __init__(self, worker: int, prefix: bytes, key_names: tuple[str, ...], priced: bool,
+                 room: int) -> None: ...
+    def __len__(self) -> int: ...
+    def add(self, *fields: Any) -> None:
+        """One request's line, its fields in ACCESS_FIELDS' order (request_id: bytes, None or
+        the answer's header pairs)."""
+    def take(self, limit: int, /) -> tuple[list[tuple[bytes, int]], int]:
+        """The lines as chunks of whole lines of at most `limit` bytes with their counts, and
+        the lines dropped since the last take; empties the buffer."""
 def usage_scan(body: Buffer, /) -> tuple[int, int] | bool:
     """(prompt_tokens, completion_tokens) of the last "usage" in OpenAI's own order; False:
     no "usage" key; True: the last one is in another form."""

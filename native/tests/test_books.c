@@ -48,6 +48,20 @@ static void test_numbers_and_time(void)
     CHECK(str_is(buf, end, "-9223372036854775808"));
     end = vx_books_i64(buf, INT64_MAX);
     CHECK(str_is(buf, end, "9223372036854775807"));
+    /* Every digit count, at and beside each power of ten (the two-digit steps' edges). */
+    for (int64_t p = 1;; p *= 10) {
+        for (int64_t d = -1; d <= 1; d++) {
+            for (int sign = -1; sign <= 1; sign += 2) {
+                char want[32];
+                int64_t v = sign * (p + d);
+                snprintf(want, sizeof want, "%lld", (long long)v);
+                end = vx_books_i64(buf, v);
+                CHECK(str_is(buf, end, want));
+            }
+        }
+        if (p == INT64_C(1000000000000000000)) /* the last power of ten an int64 holds */
+            break;
+    }
     end = vx_books_usd(buf, 0);
     CHECK(str_is(buf, end, "0"));
     end = vx_books_usd(buf, INT64_C(3000000000));

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from velox._native import ACCESS_FIELDS, access_line
+from velox._native import ACCESS_FIELDS, AccessBook, access_line
 from velox.admin import twins
 
 TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["", "m" * 700, "a\ud800b", 'q"\\\n\x00',
@@ -73,3 +73,83 @@ def test_both_refuse_a_record_of_another_layout() -> None:
             except TypeError:
                 continue
             raise AssertionError(f"{line} formatted {bad!r}")
+
+
+# --- the worker's buffer of lines (AccessBook) against its twin ------------------------------
+
+HOSTILE_ID = st.one_of(BYTES, st.sampled_from([b'"q\\\x00\n\r\t\x1f\x7f\xe9\xff', b"\\u0000",
+                                               b"</script>", b"r" * 700]))
+# The answer's header pairs as codecs hand them (lower-case names), with what either reader
+# must pass over: other names and spellings, non-pairs, several ids (the first counts), and
+# values that are not bytes (None: no id; anything else refused).
+HEADER = st.one_of(
+    st.tuples(st.sampled_from([b"x-request-id", b"content-type", b"X-Request-Id",
+                               b"x-request-id ", b"x-request-ids", b""]), HOSTILE_ID),
+    st.tuples(st.just(b"x-request-id"), st.sampled_from([None, "text", 7])),
+    st.sampled_from([(b"x-request-id",), (b"x-request-id", b"a", b"b"), [b"x-request-id", b"l"],
+                     b"x-request-id", ("x-request-id", b"str-name")]),
+)
+
+
+@st.composite
+def book_fields(draw: st.DrawFn) -> tuple[Any, ...]:
+    record = list(draw(records()))
+    record[ACCESS_FIELDS.index("request_id")] = draw(st.one_of(
+        st.none(), HOSTILE_ID, st.lists(HEADER, max_size=5),
+        st.lists(HEADER, max_size=3).map(tuple)))
+    return tuple(record)
+
+
+BOOK_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), book_fields()),
+    st.tuples(st.just("take"), st.integers(1, 3000)),
+    st.tuples(st.just("room"), st.integers(0, 6000)),
+    st.tuples(st.just("wall_offset"), st.integers(0, 1 << 61)),
+    st.tuples(st.just("key_names"), st.lists(st.text(max_size=8), max_size=3).map(tuple)),
+), max_size=40)
+
+
+def _run(book: Any, op: str, arg: Any) -> Any:
+    """One call on a book: its result, or the type of what it raised."""
+    try:
+        if op == "add":
+            return book.add(*arg)
+        if op == "take":
+            return book.take(arg)
+        setattr(book, op, arg)
+        return None
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(BOOK_OPS, st.integers(0, 4096), st.booleans(), st.integers(0, 8000))
+def test_the_native_book_is_its_twins(ops: list[tuple[str, Any]], worker: int, priced: bool,
+                                      room: int) -> None:
+    prefix = b"velox-2-0a0b-"
+    native = AccessBook(worker, prefix, ("k",), priced, room)
+    twin = twins.AccessBook(worker, prefix, ("k",), priced, room)
+    for op, arg in (*ops, ("take", 700)):
+        assert _run(native, op, arg) == _run(twin, op, arg), op
+        assert (len(native), native.size, native.seq, native.dropped) == \
+            (len(twin), twin.size, twin.seq, twin.dropped), op
+
+
+def test_a_full_book_drops_and_counts_and_its_chunks_hold_whole_lines() -> None:
+    # Lines are kept while they fit the room, dropped (not held, not waited for) past it, and
+    # taken as chunks of whole lines; the first x-request-id among the headers is the line's.
+    headers = [(b"content-type", b"application/json"), (b"x-request-id", b'id "1"\n'),
+               (b"x-request-id", b"second")]
+    fields = [0, 200, 10, b"POST", b"/v1/x?k=sk-1", "m", 5, 0, -1, b"u", 1, 1, 2, headers, 3, 4,
+              True, None]
+    line = twins.access_line(tuple(fields), 0, 0, b"p-", 1, (), True)
+    assert b'"request_id":"id \\"1\\"\\n"' in line and b'"cost_usd":null' in line
+    for book in (AccessBook(0, b"p-", (), True, 3 * len(line)),
+                 twins.AccessBook(0, b"p-", (), True, 3 * len(line))):
+        for bytes_out in range(5):
+            fields[2] = bytes_out
+            book.add(*fields)
+        assert (len(book), book.dropped, book.seq) == (3, 2, 5)
+        chunks, dropped = book.take(2 * len(line))
+        assert dropped == 2 and [n for _, n in chunks] == [2, 1]
+        assert b"".join(c for c, _ in chunks).count(b"\n") == 3 and len(book) == 0

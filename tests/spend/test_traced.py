@@ -16,6 +16,7 @@ from velox.batching.batch import BatchCall
 from velox.config import settings as settings_module
 from velox.config.settings import ConfigError, load
 from velox.core.fields import F
+from velox.core.types import QUEUED
 from velox.spend.trace import Tracer, parse_traceparent
 from velox.spend.traced import _answer_fields, _Keeper
 from velox_lab.pipeline import Pipeline
@@ -142,56 +143,71 @@ class _Sent:
 
 
 def _unsampled_upstream() -> tuple[Any, Any, _Sent]:
-    """A worker's tracing at VELOX_OTEL_SAMPLE=0, its first traced upstream, and what that
-    upstream was given to send."""
+    """A worker's tracing at VELOX_OTEL_SAMPLE=0, its first upstream as a traced request's
+    attempts see it (wrapped), and what that upstream was given to send."""
     pipeline = Pipeline(clients=2, VELOX_OTEL_ENDPOINT="http://127.0.0.1:9",
                         VELOX_OTEL_SAMPLE="0")
     traced = pipeline.worker.traced
     assert traced is not None
-    upstream: Any = pipeline.worker.dispatch.upstreams[0]
+    upstream: Any = traced.wrapped[0]
     sent = _Sent()
     upstream.inner = sent
     return traced, upstream, sent
 
 
-def test_an_unsampled_request_keeps_its_trace_over_attempts_with_a_span_each() -> None:
+def _queued(traceparent: bytes | None = None, headers: Sequence[tuple[bytes, bytes]] = ()
+            ) -> Any:
+    """A request as it enters the pipeline (the fields tracing reads)."""
+    return SimpleNamespace(headers=list(headers), ends=object(), conn=None, t_popped=0,
+                           state=QUEUED, traceparent=traceparent)
+
+
+CLIENT_UNSAMPLED = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+def test_a_clients_unsampled_trace_is_kept_over_attempts_with_a_span_each() -> None:
+    """Unsampled requests: the client's trace goes on upstream (a span of ours per attempt,
+    its flag obeyed, its own field replaced); one without a traceparent leaves no entry and
+    sends none."""
     traced, upstream, sent = _unsampled_upstream()
-    request = SimpleNamespace(headers=[(b"content-type", b"application/json")], ends=object(),
-                              conn=None, traceparent=None)
-    base = [(b"content-type", b"application/json")]
-    shared = [(b"x-api-key", b"k")]  # a translated attempt's headers may be its upstream's
+    dispatch = traced.dispatch
+    assert dispatch.upstreams is traced.plain  # nothing traced in flight
+    mine = (b"traceparent", CLIENT_UNSAMPLED)
+    request, alone = _queued(CLIENT_UNSAMPLED, [mine]), _queued()
+    traced.decide([alone, request])
+    assert list(traced.live) == [id(request)] and dispatch.upstreams is traced.wrapped
+    base = [(b"content-type", b"application/json"), mine]
+    shared = [(b"x-api-key", b"k"), mine]  # a translated attempt's headers may be its upstream's
     for edge, headers in ((None, base), (None, base), (object(), shared)):
         # dispatch makes each plain attempt's list anew
         exchange = SimpleNamespace(request=request, edge=edge,
                                    headers_out=list(headers) if edge is None else headers)
         upstream.submit(exchange)
-    assert shared == [(b"x-api-key", b"k")]  # not written into
+    assert shared == [(b"x-api-key", b"k"), mine]  # not written into
     parents = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
     assert all(p is not None and not p.sampled for p in parents)
-    assert len({p.trace_id for p in parents if p}) == 1  # one trace
-    assert len({p.span_id for p in parents if p}) == 3  # a span per attempt
+    assert {p.trace_id for p in parents if p} == {0x0af7651916cd43dd8448eb211c80319c}
+    assert len({p.span_id for p in parents if p} | {0xb7ad6b7169203331}) == 4  # a span each
     assert all(len(h) == 2 for h in sent.headers)  # one traceparent each, nothing else added
-    del traced.live[id(request)]
+    upstream.submit(SimpleNamespace(request=alone, edge=None, headers_out=[]))
+    assert sent.headers[-1] == []  # the request without one: nothing added
+    traced.ended(request, 200, None)
+    assert not traced.live and dispatch.upstreams is traced.plain
     traced.tracer.close(timeout_s=1)
 
 
-def test_an_unsampled_merged_batch_call_leaves_nothing_behind() -> None:
-    """A merged call is no client's request (no `finished` ends it): its trace entry goes
-    when its exchange ends, sampled or not."""
+def test_an_unsampled_merged_batch_call_sends_no_traceparent_and_keeps_nothing() -> None:
+    """A merged call is traced only when a member is: otherwise it goes as an unsampled
+    request does (its exchange's end is left alone)."""
     traced, upstream, sent = _unsampled_upstream()
-    members = [SimpleNamespace(live=True, request=SimpleNamespace(
-        headers=[], ends=object(), traceparent=None)) for _ in range(3)]
+    members = [SimpleNamespace(live=True, request=_queued()) for _ in range(3)]
+    traced.decide([m.request for m in members])
     call = BatchCall(None, None, members)  # type: ignore[arg-type]  # its members alone
     merged = SimpleNamespace(conn=call, ends=call, headers=[], model="emb")
     ended: list[int] = []
+    on_done = lambda ex, status: ended.append(status)  # noqa: E731
     exchange = SimpleNamespace(request=merged, edge=None, headers_out=[], observer=None,
-                               on_done=lambda ex, status: ended.append(status))
+                               on_done=on_done)
     upstream.submit(exchange)
-    (upstream_saw,) = [parse_traceparent(dict(h)[b"traceparent"]) for h in sent.headers]
-    assert upstream_saw is not None and not upstream_saw.sampled
-    exchange.on_done(exchange, 200)
-    assert ended == [200]  # the call's own end still runs
-    for member in members:  # the members' entries go at their own ends
-        assert isinstance(traced.live.pop(id(member.request)), bytes)
-    assert not traced.live
+    assert sent.headers == [[]] and exchange.on_done is on_done and not traced.live
     traced.tracer.close(timeout_s=1)

@@ -1,19 +1,20 @@
 """The access log: one JSON line per request on stdout, written from the worker's loop.
 
-When a request ends, the worker hands its item (`AccessLog.append`) and the log turns it into
-its declared record (velox.relay.records: a tuple of scalars) at once, or, when its meter has
-not settled yet (it settles right after, when the exchange ends: `AccessLog.done`), as soon
-as it has. The queue holds records only: holding each request and its exchange until the flush
-kept thousands of live objects for the cyclic GC to walk (at 64 connections: ~1,500 gen-0 and
-~130 gen-1 collections per worker in 8 s against ~60 and 6 without the log). Every
-`FLUSH_INTERVAL_S` a timer on the worker's own event loop formats what has accumulated and
-writes it with a non-blocking write: a few hundred lines a flush at one connection, thousands
-at 64, so one write call per chunk of lines and never one per request. No thread: a log
-thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a context switch
-in the middle of the loop's work. The formatting is native
-(`access_lines`, native/vx_books.h: one call per 1,024 lines writes the JSON of each record,
-byte for byte what orjson made of the line's dict, `cost_usd` included): about 1.5 us a line
-against 6 for the dict through orjson (benches/bench_books.py).
+When a request ends, the worker hands its item (`AccessLog.append`) and the log writes its line
+at once, or, when its meter has not settled yet (it settles right after, when the exchange
+ends: `AccessLog.done`), as soon as it has. The line is written by C straight into the worker's
+buffer (`AccessBook`, native/bind_books.c: the request's fields passed as one call's arguments,
+velox.relay.records.log_fields; the JSON byte for byte what orjson made of the line's dict,
+`cost_usd` included), so nothing of a request outlives its end: holding each request and its
+exchange until the flush kept thousands of live objects for the cyclic GC to walk (at 64
+connections: ~1,500 gen-0 and ~130 gen-1 collections per worker in 8 s against ~60 and 6
+without the log), and a record tuple per request, queued, then formatted into a bytes object
+per line, cost ~0.5 us more a request than this (benches/bench_books.py). Every
+`FLUSH_INTERVAL_S` a timer on the worker's own event loop takes what the buffer holds as chunks
+of whole lines and writes them with a non-blocking write: a few hundred lines a flush at one
+connection, thousands at 64, so one write call per chunk of lines and never one per request.
+No thread: a log thread cost a GIL hand-off per flush and, sharing the worker's pinned core, a
+context switch in the middle of the loop's work.
 
 A line: `{"time", "log": "access", "worker", "method", "path", "model", "status", "bytes_in",
 "bytes_out", "upstream_us", "total_us", "request_id", "key", "usage"}`. `key` is the name of
@@ -36,9 +37,10 @@ its offset under the kernel's lock, so writes do not interleave either): up to 6
 ~190 lines, where PIPE_BUF takes 12.
 
 When stdout would block (a pipe nobody reads, a stopped terminal), formatted lines are held, up
-to VELOX_ACCESS_LOG_BUFFER_BYTES per worker (1 MiB: about 3,000 lines), and written in order as
-soon as the reader takes bytes again (a partial write resumes where it stopped). Past that
-bound new lines are dropped, never waited for, and counted: F.ACCESS_LOG_DROPPED
+to VELOX_ACCESS_LOG_BUFFER_BYTES per worker (1 MiB: about 3,000 lines; the lines made since the
+last flush count against it too), and written in order as soon as the reader takes bytes
+again (a partial write resumes where it stopped). Past that bound new lines are dropped, never
+waited for, and counted: F.ACCESS_LOG_DROPPED
 (velox_access_log_dropped_lines_total). A worker stopping (SIGTERM) writes what it holds,
 waiting for a reader at most `close`'s timeout. Non-blocking without touching the descriptor
 other processes share (O_NONBLOCK on it would make the supervisor's and other workers' writes
@@ -62,9 +64,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from velox._native import access_line, access_lines
+from velox._native import AccessBook, access_line
 from velox.core.fields import F
-from velox.relay.records import AccessRecord, LogItem, access_record
+from velox.relay.records import LogItem, access_record, log_fields
 
 log = logging.getLogger("velox.accesslog")
 
@@ -75,9 +77,8 @@ HELD_MAX_BYTES = 1 << 20
 _PIPE_BUF = getattr(select, "PIPE_BUF", 512)
 _FILE_CHUNK = 1 << 16  # bytes a write to a regular file or /dev/null (no atomicity to keep)
 # Longest path/model/request id kept (bytes of path and id, characters of model): a log line
-# must stay small. The native formatter (native/vx_books.h) has the same constant.
+# must stay small. The native formatter (native/bind_books.c) has the same constant.
 _MAX_FIELD = 512
-_BATCH = 1024  # queued items formatted per native call
 
 
 class AccessLog:
@@ -90,14 +91,14 @@ class AccessLog:
         self.slot = slot
         # With pricing on (velox.spend): each line gains `cost_usd`.
         self.priced = priced
-        self.key_names = key_names  # [[key]] names by index (request.key)
         self.counters = counters
         self.fd = fd
-        # Records (None: one that could not be made, skipped by the formatter). Unbounded, yet
-        # bounded by the timer: it empties the deque every FLUSH_INTERVAL_S on the loop that
-        # fills it (what a flush cannot hold is dropped and counted).
-        self.queue: deque[AccessRecord | None] = deque()
-        self._record = self.queue.append
+        self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
+        # The lines made since the last flush, in C's buffer (len: how many). Bounded by the
+        # room the held chunks leave (set by each flush): past it lines are dropped, counted.
+        self._book = AccessBook(slot, self._prefix, key_names, priced, held_max)
+        self._book.wall_offset = time.time_ns() - time.perf_counter_ns()
+        self._add = self._book.add
         # Items whose meter had not settled when their request ended, by id of their holder
         # (the item keeps it alive): made into records by `done`, or by the second flush
         # after they came (a holder that is never `done`), reading what is there then.
@@ -113,14 +114,27 @@ class AccessLog:
         self._sent = 0
         self._out = _Out(fd)
         self._chunk = self._out.chunk
-        self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
-        self._seq = 0
+        self._seq = 0  # line()'s request ids
         self._told = False  # why a line could not be formatted was logged (_tell)
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def queue(self) -> AccessBook:
+        """The lines made and not yet taken by a flush (len: how many)."""
+        return self._book
+
+    @property
+    def key_names(self) -> tuple[str, ...]:
+        """[[key]] names by index (request.key); the worker publishes longer ones."""
+        return self._book.key_names
+
+    @key_names.setter
+    def key_names(self, names: tuple[str, ...]) -> None:
+        self._book.key_names = names
+
     def append(self, item: LogItem) -> None:
-        """A request ended: its record now, or once its meter has settled (`done`)."""
+        """A request ended: its line now, or once its meter has settled (`done`)."""
         holder = item[2]
         if holder is not None:
             try:
@@ -128,36 +142,47 @@ class AccessLog:
                 # A done meter's tokens are final; its price may still be set when its
                 # exchange ends (an answer priced at finish): a priced line waits for that.
                 settled = meter is None or (meter.done and not self.priced)
-            except Exception:  # _make tells what is missing
+            except Exception:  # _tell says what is missing
                 settled = True
             if not settled:
-                key = id(holder)
-                earlier = self.waiting.pop(key, None)
-                if earlier is not None:  # one holder, two requests: the first as it stands
+                waiting, key = self.waiting, id(holder)
+                earlier = waiting.setdefault(key, item)  # one dict operation as a rule
+                if earlier is not item:  # one holder, two requests: the first as it stands
                     self._make(earlier)
-                self.waiting[key] = item
+                    waiting[key] = item
                 return
-        self._make(item)
+        try:  # the hot path calls log_fields itself: a frame less a request
+            log_fields(self._add, item)
+        except Exception:
+            self._tell()
 
     def done(self, holder: object) -> None:
         """`holder` (an exchange) has ended, its meter settled: the line of the request it
         answered, if that one is waiting."""
-        key = id(holder)
-        item = self.waiting.pop(key, None)
-        if item is None and self.stale:
-            item = self.stale.pop(key, None)
-        if item is not None:
-            self._make(item)
+        item = self.waiting.pop(id(holder), None)
+        if item is None:
+            if not self.stale:
+                return
+            item = self.stale.pop(id(holder), None)
+            if item is None:
+                return
+        try:
+            log_fields(self._add, item)
+        except Exception:
+            self._tell()
 
     def _make(self, item: LogItem) -> None:
         try:
-            record: AccessRecord | None = access_record(item)
-        except Exception:  # a holder or meter lacking a field: skipped, told once
-            record = None
-            if not self._told:
-                self._told = True
-                log.exception("access log: a line could not be formatted (more are not told)")
-        self._record(record)
+            log_fields(self._add, item)
+        except Exception:
+            self._tell()
+
+    def _tell(self) -> None:
+        """A holder or meter lacking a field: its line is skipped, the reason logged once per
+        worker (F.ACCESS_LOG_LINES shows how many went missing)."""
+        if not self._told:
+            self._told = True
+            log.exception("access log: a line could not be formatted (more are not told)")
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Flush every FLUSH_INTERVAL_S from `loop` (the worker's) until `close`."""
@@ -206,10 +231,15 @@ class AccessLog:
                 self._make(item)
             stale.clear()
         self.stale, self.waiting = self.waiting, stale
-        dropped = self._format() if self.queue else 0
+        book = self._book
+        dropped = self._format() if book.size or book.dropped else 0
         if self.held:
             written += self._write()
         self._count(written, dropped)
+        # The next lines' room and clock: one clock pair per flush turns each line's
+        # perf_counter_ns into wall time, so the hot path never reads the wall clock.
+        book.room = max(0, self.held_max - self.held_bytes)
+        book.wall_offset = time.time_ns() - time.perf_counter_ns()
         return written
 
     def _count(self, written: int, dropped: int) -> None:
@@ -223,33 +253,12 @@ class AccessLog:
                 counters.add(self.slot, F.ACCESS_LOG_DROPPED, dropped)
 
     def _format(self) -> int:
-        """Queued items into held chunks; returns the lines dropped for want of room."""
-        queue, held, held_max = self.queue, self.held, self.held_max
-        # One clock pair per flush turns each line's perf_counter_ns into wall time, so the
-        # hot path never reads the wall clock.
-        offset = time.time_ns() - time.perf_counter_ns()
-        slot, prefix, names, chunk_max = self.slot, self._prefix, self.key_names, self._chunk
-        popleft = queue.popleft
-        dropped = 0
-        # Lines are formatted natively a batch at a time (access_lines: one call, chunks of
-        # whole lines up to chunk_max). Only the loop appends, and it is running this.
-        while queue:
-            if self.held_bytes >= held_max:  # full: drop without formatting
-                dropped += len(queue)
-                queue.clear()
-                break
-            records = [popleft() for _ in range(min(len(queue), _BATCH))]
-            chunks, lines = access_lines(records, offset, slot, prefix, self._seq, names,
-                                         chunk_max, self.priced)
-            self._seq += len(records)  # record i's request id, when made here: seq + 1 + i
-            for chunk in chunks:
-                if self.held_bytes + len(chunk) > held_max:
-                    dropped += chunk.count(b"\n")
-                    continue
-                held.append((chunk, chunk.count(b"\n")))
-                self.held_bytes += len(chunk)
-            if lines < len(records) - records.count(None) and not self._told:
-                self._tell(records, offset)
+        """The book's lines into held chunks (whole lines, at most the output's chunk size
+        each); returns the lines the book dropped for want of room."""
+        size = self._book.size
+        chunks, dropped = self._book.take(self._chunk)
+        self.held.extend(chunks)
+        self.held_bytes += size
         return dropped
 
     def _write(self) -> int:
@@ -282,24 +291,10 @@ class AccessLog:
         self._sent = 0
         return lines
 
-    def _tell(self, records: list[AccessRecord | None], offset: int) -> None:
-        """Log, once per worker, why a line could not be formatted (access_lines skips such a
-        record so the others are written; F.ACCESS_LOG_LINES shows how many went missing)."""
-        self._told = True
-        for record in records:
-            if record is None:
-                continue
-            try:
-                access_line(record, offset, self.slot, self._prefix, 0, self.key_names,
-                            self.priced)
-            except Exception:
-                log.exception("access log: a line could not be formatted (more are not told)")
-                return
-
     def line(self, item: LogItem, wall_offset_ns: int) -> bytes:
         """One line (see the module docstring), formatted natively (vx_books) from the item's
         record: exactly the bytes orjson makes of the line's dict (tests/unit/test_books.py),
-        about 5x cheaper."""
+        about 5x cheaper. The tests' form: the log itself writes into its book."""
         self._seq += 1  # the request id made here when the upstream gave none
         return access_line(access_record(item), wall_offset_ns, self.slot, self._prefix,
                            self._seq, self.key_names, self.priced)

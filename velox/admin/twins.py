@@ -1,9 +1,12 @@
-"""Pure-Python reference twin of the native access-log line (native/bind_books.c).
+"""Pure-Python reference twins of the native access log (native/bind_books.c).
 
 `access_line` makes a line of a declared record (velox.relay.records) as the log made it before
 the native formatter: the line's dict through orjson. The native one writes the same bytes about
-4x cheaper; tests/native/test_books_twins.py drives both with generated records, hostile strings
-included, and compares the bytes. A reference, not a switch: the log always formats natively.
+4x cheaper. `AccessBook` is the worker's buffer of lines between two flushes, made of those
+lines: its room, drops, sequence numbers and chunks of whole lines. tests/native/
+test_books_twins.py drives both with generated records and calls, hostile strings and header
+values included, and compares the bytes. References, not switches: the log always formats
+natively.
 """
 
 from __future__ import annotations
@@ -35,10 +38,22 @@ def _model(model: object) -> str | None:
     return model[:MAX_FIELD]
 
 
-def _request_id(request_id: bytes | None, prefix: bytes, seq: int) -> str:
+def _header_id(headers: list[Any] | tuple[Any, ...]) -> Any:
+    """The first x-request-id among header pairs (other items passed over), else None."""
+    for pair in headers:
+        if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], bytes) and \
+                pair[0] == b"x-request-id":
+            return pair[1]
+    return None
+
+
+def _request_id(request_id: Any, prefix: bytes, seq: int) -> str:
+    if isinstance(request_id, (list, tuple)):  # the answer's headers
+        request_id = _header_id(request_id)
     if request_id is not None:
         if not isinstance(request_id, bytes):
-            raise TypeError("access_line: a record's request_id must be bytes or None")
+            raise TypeError("access_line: a record's request_id must be bytes, None or the "
+                            "headers")
         return request_id[:MAX_FIELD].decode("latin-1")
     return prefix.decode("latin-1") + format(seq & ((1 << 64) - 1), "x")
 
@@ -74,3 +89,48 @@ def access_line(record: tuple[Any, ...], wall_offset_ns: int, worker: int, prefi
     if cost is not None and not -(1 << 63) <= cost < 1 << 63:
         raise OverflowError("access_line: a cost must fit in 64 bits")
     return line[:-2] + b',"cost_usd":' + (b"null" if cost is None else usd_text(cost)) + b"}\n"
+
+
+class AccessBook:
+    """The native AccessBook in Python: `add` makes a line (access_line of the fields, the
+    next sequence number) and keeps it while the buffer stays within `room`, else drops and
+    counts it; `take` gives the lines as chunks of whole lines of at most `limit` bytes (a
+    longer one alone) with their counts, and the drops since the last take."""
+
+    def __init__(self, worker: int, prefix: bytes, key_names: tuple[str, ...], priced: bool,
+                 room: int) -> None:
+        self.worker, self.prefix, self.key_names = worker, prefix, key_names
+        self.priced, self.room = priced, room
+        self.wall_offset = self.seq = self.size = self.dropped = 0
+        self._lines: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def add(self, *fields: Any) -> None:
+        if len(fields) != len(ACCESS_FIELDS):
+            raise TypeError(f"add() takes exactly {len(ACCESS_FIELDS)} positional arguments")
+        line = access_line(fields, self.wall_offset, self.worker, self.prefix, self.seq + 1,
+                           self.key_names, self.priced)
+        self.seq += 1
+        if self.size + len(line) > self.room:
+            self.dropped += 1
+            return
+        self._lines.append(line)
+        self.size += len(line)
+
+    def take(self, limit: int) -> tuple[list[tuple[bytes, int]], int]:
+        chunks: list[tuple[bytes, int]] = []
+        chunk: list[bytes] = []
+        size = 0
+        for line in self._lines:
+            if chunk and size + len(line) > limit:
+                chunks.append((b"".join(chunk), len(chunk)))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line)
+        if chunk:
+            chunks.append((b"".join(chunk), len(chunk)))
+        dropped = self.dropped
+        self._lines, self.size, self.dropped = [], 0, 0
+        return chunks, dropped

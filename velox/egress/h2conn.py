@@ -320,7 +320,9 @@ class H2Connection(H2Reader, asyncio.BufferedProtocol):
             else:
                 self._control(event)
         self.receiving = False
-        if not self.flush_pending:
+        # The native codec says whether the read left anything to send (an answer's read
+        # seldom does: credit goes back in large WINDOW_UPDATEs): no flush call otherwise.
+        if not self.flush_pending and getattr(codec, "has_output", True):
             self.flush()
 
     def _direct(self, attempt: UpstreamCall) -> None:

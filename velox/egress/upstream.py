@@ -54,6 +54,9 @@ class Upstream:
         self.tls_contexts: dict[tuple[str, ...], ssl.SSLContext] = {}
         self.pool: Pool = (H2Pool(self, options) if first_protocol(spec) == "h2"
                            else H1Pool(self, options))
+        # The worker flushes every upstream after each micro-batch (once per request at one
+        # client): the pool's own flush, without this object's frame in between.
+        self.flush = self.pool.flush  # type: ignore[method-assign]
 
     # --- Egress: what the worker uses -------------------------------------------------------
 
@@ -117,6 +120,7 @@ class Upstream:
                     self.spec.authority)
         old = self.pool
         self.pool = H1Pool(self, self.options)
+        self.flush = self.pool.flush  # type: ignore[method-assign]
         waiting = old.take_waiting()
         old.close()
         self.pool.start()

@@ -321,31 +321,29 @@ class ClientConnection(asyncio.Protocol):
             self._pending = None
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        if self.refused:
+            return  # the parser is in an error state; the connection closes after the refusal
+        # Requests pushed during this read wake the drain once it ends (IngressState.reading).
         state = self.state
         state.reading = True
         try:
-            self._received(data)
+            if not self._native:
+                self._feed(data)  # (which reports its callbacks' failures itself)
+            else:
+                try:
+                    self._fast(data)
+                except _Refuse as exc:
+                    self._refuse(exc.error)
+                except Exception as exc:  # as the httptools path reports a failing callback
+                    log.error("request handling failed", exc_info=exc)
+                    self._refuse(InternalError())
         finally:
             state.reading = False
             pushed = state.pushed
             if pushed:
                 state.pushed = 0
                 state.after_read(pushed)
-
-    def _received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
-        if self.refused:
-            return  # the parser is in an error state; the connection closes after the refusal
-        if self._native:
-            try:
-                self._fast(data)
-            except _Refuse as exc:
-                self._refuse(exc.error)
-            except Exception as exc:  # as the httptools path reports a failing callback
-                log.error("request handling failed", exc_info=exc)
-                self._refuse(InternalError())
-            return
-        self._feed(data)
 
     def _feed(self, data: bytes) -> None:
         try:

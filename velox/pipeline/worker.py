@@ -188,6 +188,9 @@ class Worker:
         self.ring = Ring(settings.ring_depth)
         # VELOX_ARENA_BYTES=0 makes an empty arena: every body then keeps its own buffer.
         self.arena = Arena(settings.arena_bytes)
+        # Request.release_body calls the arena's own release: no Worker frame in between
+        # (release_segment below is what it replaces, for the Lifecycle protocol's readers).
+        self.release_segment = self.arena.release  # type: ignore[method-assign]
         # VELOX_NATIVE=0: the Python response writer instead of the native one (velox.ingress.
         # h1write: module-wide, and this process is this worker's alone).
         h1write.use(native=settings.native)
@@ -458,13 +461,24 @@ class Worker:
             self.wake_drain()
 
     def drain(self) -> None:
+        """Up to _BATCHES_PER_PASS micro-batches from the ring, each through every stage
+        (`run` from "parse"), the current arena segment rewound after each."""
         self.drain_pending = False
         ring = self.ring
+        counters, slot, batch_max = self.counters, self.slot, self.batch_max
+        run, reset = self.run, self.arena.reset
         for _ in range(_BATCHES_PER_PASS):
-            batch = ring.pop_batch(self.batch_max)
+            batch = ring.pop_batch(batch_max)
             if not batch:
                 return
-            self.process(batch)
+            # (one batch: what a separate `process` frame did, once per request at one client)
+            size = len(batch)
+            counters.add(slot, _BATCHES, 1)
+            counters.add(slot, _BATCH_ITEMS, size)
+            if size == batch_max:
+                counters.add(slot, _BATCHES_FULL, 1)
+            run(batch, "parse")
+            reset()
         if len(ring):
             self.wake_drain()
 
@@ -522,6 +536,11 @@ class Worker:
         self.stages.insert(at, (name, stage))
         self._index_stages()
 
+    def replace_stage(self, name: str, stage: Stage) -> None:
+        """Run `stage` in place of the stage named `name` (a hook around it: traces)."""
+        self.stages = [(n, stage if n == name else s) for n, s in self.stages]
+        self._index_stages()
+
     def _index_stages(self) -> None:
         # Each stage's name -> it and the stages after it: run() does one dict lookup a batch
         # (a scan and a slice cost ~0.5 us a batch, seen at one request a batch).
@@ -540,17 +559,6 @@ class Worker:
                 break
         for upstream in self.upstreams:
             upstream.flush()
-
-    def process(self, batch: list[Request]) -> None:
-        """One micro-batch from the ring, through every stage."""
-        counters, slot = self.counters, self.slot
-        size = len(batch)
-        counters.add(slot, _BATCHES, 1)
-        counters.add(slot, _BATCH_ITEMS, size)
-        if size == self.batch_max:
-            counters.add(slot, _BATCHES_FULL, 1)
-        self.run(batch, "parse")
-        self.arena.reset()
 
     def _parse(self, batch: list[Request]) -> list[Request]:
         """400 for a body that is not a valid call; a large body goes to the scanner thread
@@ -747,7 +755,8 @@ class Worker:
         """Request.finish: the request is over, whichever way (answered, refused, its client
         gone before or during the answer, its connection cut by a timeout or the shutdown):
         its body and its key's place go back, it is counted and logged, once."""
-        request.release_body()
+        if request.arena_segment >= 0:  # (an answered request gave it back at its commit point)
+            request.release_body()
         ticket = request.ticket
         if ticket is not None and not ticket.released:  # the answer is written: the key's
             ticket.release()  # place goes back

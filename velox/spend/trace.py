@@ -40,6 +40,7 @@ made, never by a gateway without VELOX_OTEL_ENDPOINT.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import socket
@@ -52,6 +53,8 @@ from typing import Any, NamedTuple
 TRACES_PATH = "/v1/traces"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _LOW64 = (1 << 64) - 1
+# next_sampled at ratio 0: no request is ever sampled (a countdown that never ends).
+NEVER = 1 << 62
 CLOSE_TIMEOUT_S = 3.0
 SCOPE = "velox"
 # Provider names of the GenAI conventions, by upstream kind (velox.config.tables UPSTREAM_KINDS and
@@ -175,6 +178,25 @@ class RequestRecord:
         return f"{self.method} {self.path}"
 
 
+def next_sampled(ratio: float, draw: float) -> int:
+    """How many requests from now the next sampled one is (1: the next), for a `draw` in
+    [0, 1): each request sampled with probability `ratio` independently of the others, so the
+    gaps are geometric, `int(log(1 - draw) / log(1 - ratio)) + 1`. Requests between two
+    samples then cost a countdown, not a random draw each (Traced); `NEVER` at ratio 0."""
+    if ratio >= 1.0:
+        return 1
+    if ratio <= 0.0 or not sample_bound(ratio):
+        return NEVER
+    return min(int(math.log1p(-draw) / math.log1p(-ratio)) + 1, NEVER)
+
+
+def sampled_trace_id(ratio: float) -> int:
+    """A random trace id that TraceIdRatioBased at `ratio` samples: its low 64 bits uniform
+    below the bound (a sampled id of a random draw is exactly that), the high 64 random."""
+    low = random.randrange(sample_bound(ratio)) if ratio < 1.0 else random.getrandbits(64)
+    return (random.getrandbits(64) << 64 | low) or 1
+
+
 def is_sampled(trace_id: int, ratio: float) -> bool:
     """TraceIdRatioBased's rule, so Velox keeps the traces other samplers keep."""
     return (trace_id & _LOW64) < sample_bound(ratio)
@@ -227,7 +249,8 @@ class Tracer:
     # --- on the request path ---------------------------------------------------------------
 
     def start(self, traceparent: bytes | str | None = None) -> RequestTrace:
-        """The request's trace: the client's, or a new one sampled at VELOX_OTEL_SAMPLE."""
+        """The request's trace: the client's, or a new one sampled at VELOX_OTEL_SAMPLE (a
+        worker decides that by countdown instead: velox.spend.traced, `next_sampled`)."""
         parent = parse_traceparent(traceparent)
         span_id = random.getrandbits(64) or 1
         if parent is not None:

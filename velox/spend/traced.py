@@ -5,10 +5,17 @@ at build and on its tick).
 
 When on, these hooks, each taking the place of a call the worker makes anyway:
 
-* every upstream of the dispatcher is wrapped (`_TracedUpstream.submit`): a request's trace is
-  decided at its first attempt (a client's `traceparent` followed, else sampled at
-  VELOX_OTEL_SAMPLE), each attempt gets its own span id and sends `traceparent` naming it,
-  sampled or not (its flags say which), and a sampled attempt is noted with its start;
+* the parse stage decides each request's trace as a batch enters it (`Traced.sample`): a
+  client's `traceparent` is followed, else a request is sampled at VELOX_OTEL_SAMPLE by a
+  countdown to the next sampled one (trace.next_sampled: geometric gaps, the same odds as
+  a draw per request). A batch with no client's `traceparent` and no sample due costs one
+  subtraction and one count of its `traceparent` fields at C speed: an unsampled request has
+  no trace id, no entry, no header and no hook of its own. A traced request (sampled, or its
+  client's) gets an entry in `Traced.live` and an end of its own (`_TracedEnd`);
+* while a traced request is in flight (only then: a wrapper's call cost ~0.13 us an attempt,
+  timeit), the dispatcher's upstreams are wrapped (`_TracedUpstream.submit`): a traced
+  request's attempt gets its own span id and sends `traceparent` naming it (its sampled flag
+  as decided), and a sampled attempt is noted with its start;
 * dispatch's failure paths tell `attempt_failed` the status or error of an attempt that is
   retried or answered as it failed;
 * with a cache, a stage after it notes when a request left it (a miss); one answered without
@@ -16,9 +23,14 @@ When on, these hooks, each taking the place of a call the worker makes anyway:
 * a merged batch call (velox.batching) gets a trace of its own when any of its members is
   sampled: a CLIENT span per attempt, made when its exchange ends, linked to the members'
   SERVER spans, which link back to it;
-* the worker's `finished` is wrapped: once the request is counted and logged, its record is
-  built from the timestamps it carries and handed to the tracer, which turns only a sampled
-  one into spans (queued in memory for the exporter's thread).
+* a traced request's end (`_TracedEnd.finished`): once the worker counted and logged it, its
+  record is built from the timestamps it carries and handed to the tracer, which turns only
+  a sampled one into spans (queued in memory for the exporter's thread).
+
+An unsampled request without a client's `traceparent` sends none upstream: the upstream's side
+decides for itself, as without the gateway (sending one would cost each request a trace id,
+its hex and a header: ~1.5 us of the ~1.7 us tracing cost an unsampled request before,
+benches/bench_trace.py).
 
 A sampled request's exchange also gets an observer (wrapping the cache's, if any) keeping the
 first 256 KiB of its answer as the client gets it, to read the response model, finish reasons
@@ -30,8 +42,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from binascii import hexlify as _hexlify
-from random import getrandbits
+from collections.abc import Callable
+from operator import attrgetter, countOf
+from random import getrandbits, random
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -40,17 +53,25 @@ import orjson
 from velox.batching.batch import BatchCall
 from velox.cache.wait import Waiting
 from velox.core.fields import F
+from velox.core.types import DONE
 from velox.relay.exchange import Exchange
-from velox.spend.trace import AttemptSpan, RequestRecord, RequestTrace, Tracer, sample_bound
+from velox.spend.trace import (
+    AttemptSpan,
+    RequestRecord,
+    RequestTrace,
+    Tracer,
+    next_sampled,
+    sampled_trace_id,
+)
 
 if TYPE_CHECKING:
     from velox.config.tables import UpstreamSpec
-    from velox.core.types import Headers, Holder, Request
+    from velox.core.types import Headers, Holder, Lifecycle, Request
 
 log = logging.getLogger("velox.trace")
 
 TRACEPARENT = b"traceparent"
-_LOW64 = (1 << 64) - 1
+_TRACEPARENT_OF = attrgetter("traceparent")
 # What the observer keeps of a sampled answer: a chat answer's fields of interest are in its
 # first bytes (model) and last (finish reason, usage); 256 KiB holds any non-streamed answer
 # but a huge one, whose fields are then read from what was kept.
@@ -68,12 +89,9 @@ _OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 
 
 class _Live:
-    """One request's trace while it runs: its attempts (sampled only) and what it kept.
-
-    The common unsampled request (no traceparent of its client's) has none: its entry in
-    `Traced.live` is its first attempt's traceparent, whose first 36 bytes (`00-{trace id}-`)
-    are all a retry needs (an object and its ids cost ~1.5 us a request more; measured with
-    bench_trace.py)."""
+    """A traced request's trace while it runs (sampled, or its client's `traceparent`
+    followed): its attempts (sampled only) and what it kept. An unsampled request without a
+    client's `traceparent` has none."""
 
     __slots__ = ("trace", "parented", "attempts", "keeper", "cache_ns", "links")
 
@@ -95,12 +113,18 @@ class Traced:
         self.tracer = tracer
         self.counters = counters
         self.slot = slot
-        # By id(request), from its first attempt to its end: a _Live, or the traceparent's
-        # start of an unsampled request without a client's traceparent.
-        self.live: dict[int, _Live | bytes] = {}
-        self.bound = sample_bound(tracer.sample)
+        # By id(request), from its decision (`sample`) to its end: traced requests only, and a
+        # merged batch call with a sampled member. While it holds any, the dispatcher sends
+        # through `wrapped` (else `plain`, the upstreams themselves).
+        self.live: dict[int, _Live] = {}
+        self.dispatch: Any = None
+        self.plain: list[Any] = []
+        self.wrapped: list[_TracedUpstream] = []
+        # Requests to enter the pipeline until the next sampled one (1: the next).
+        self.countdown = next_sampled(tracer.sample, random())
         self.cached = False
-        self._finished: Any = None
+        # The worker's parse stage, which `sample` takes the place of.
+        self._parse: Callable[[list[Request]], list[Request]] = list
         self._counted = (0, 0)  # exported, dropped: already added to the shared counters
         self._failed_once = False
         # request.key -> the key's name (the worker publishes a longer tuple as run-time keys
@@ -109,52 +133,73 @@ class Traced:
 
     def install(self, worker: Any) -> None:
         """Put the hooks in place (at build, after the worker's stages and dispatch exist)."""
-        dispatch = worker.dispatch
-        dispatch.upstreams = [_TracedUpstream(self, u, spec) for u, spec in
-                              zip(dispatch.upstreams, worker.tables.upstreams, strict=True)]
+        dispatch = self.dispatch = worker.dispatch
+        self.plain = dispatch.upstreams
+        self.wrapped = [_TracedUpstream(self, u, spec) for u, spec in
+                        zip(self.plain, worker.tables.upstreams, strict=True)]
         dispatch.tracer = self
         if any(name == "cache" for name, _ in worker.stages):
             self.cached = True
             worker.add_stage("traced-cache", self._after_cache, "limit")
-        self._finished = worker.finished
-        worker.finished = self.finished  # the instance attribute shadows the method
+        # Before parse, so a request it refuses (400) has its server span too. A batch enters
+        # "parse" once per pass: a request scanned off the loop enters twice (`sample` leaves
+        # the second pass alone).
+        self._parse = dict(worker.stages)["parse"]
+        worker.replace_stage("parse", self.sample)
         self.key_names = tuple(k.name for k in worker.tables.keys)
         worker.add_key_name_reader(self)
 
     # --- the request path --------------------------------------------------------------------
 
-    def _begin(self, request: Request) -> _Live | bytes:
-        """The request's trace, decided at its first attempt (or its end). An unsampled one
-        without a client's traceparent is the traceparent of its first attempt, made from one
-        random draw (trace id and span id) in one C call: `%x` formatting of each id cost
-        ~0.3 us more (timeit on this 2-core host)."""
-        traceparent = request.traceparent  # ingress noted it while reading the head
-        if traceparent is None:  # most requests have none
-            ids = getrandbits(192)  # the trace id's 128 bits, then the span id's 64
-            if (ids >> 64) & _LOW64 >= self.bound:  # unsampled (Tracer.start's rule, in line)
-                if not (ids & _LOW64 and ids >> 64):  # all-zero ids are invalid (1 in 2**64)
-                    ids |= 1 | 1 << 64
-                value = b"00-" + _hexlify(ids.to_bytes(24, "big"), b"-", -16) + b"-00"
-                self.live[id(request)] = value
-                return value
-            live = _Live(RequestTrace(ids >> 64, getrandbits(64) or 1, 0, True), False)
+    def sample(self, batch: list[Request]) -> list[Request]:
+        """The parse stage, after the batch's traces are decided. Most batches hold no sampled
+        request and no client's `traceparent`: a subtraction, a comparison and one count at C
+        speed (`countOf` over the batch's `traceparent` fields, ~15 ns a request)."""
+        left = self.countdown - len(batch)
+        if left > 0 and countOf(map(_TRACEPARENT_OF, batch), None) == len(batch):
+            self.countdown = left
         else:
-            live = _Live(self.tracer.start(traceparent), True)
-        self.live[id(request)] = live
-        return live
+            self.decide(batch)
+        return self._parse(batch)
+
+    def decide(self, batch: list[Request]) -> None:
+        """The traces of a batch with a sample due or a client's `traceparent`, request by
+        request. A request seen before (back from the off-loop scan: its t_popped is set) or
+        already over (its client left while it queued) is left as it is; a sample due on it
+        goes to the next request."""
+        countdown = self.countdown
+        live = self.live
+        for request in batch:
+            countdown -= 1
+            traceparent = request.traceparent
+            if (traceparent is None and countdown > 0) or request.t_popped or \
+                    request.state == DONE or request.ends is None:
+                continue
+            if traceparent is None:  # a sample due: a new sampled trace
+                ratio = self.tracer.sample
+                countdown = next_sampled(ratio, random())
+                trace = RequestTrace(sampled_trace_id(ratio), getrandbits(64) or 1, 0, True)
+                entry = _Live(trace, False)
+            else:  # the client's decides (or a new trace, when it is not valid)
+                entry = _Live(self.tracer.start(traceparent), True)
+            live[id(request)] = entry
+            request.ends = _TracedEnd(self, request.ends)
+        self.countdown = countdown
+        if live:
+            self.dispatch.upstreams = self.wrapped
 
     def _after_cache(self, requests: list[Request]) -> list[Request]:
-        now = time.perf_counter_ns()
         live = self.live
-        for request in requests:
-            if request.ends is not None:
-                entry = live.get(id(request)) or self._begin(request)
-                if type(entry) is _Live:  # unsampled: no span to put the event in
+        if live:
+            now = time.perf_counter_ns()
+            for request in requests:
+                entry = live.get(id(request))
+                if entry is not None:  # unsampled: no span to put the event in
                     entry.cache_ns = now
         return requests
 
     def attempt(self, exchange: Any, live: _Live, up: _TracedUpstream) -> None:
-        """An attempt of a request with a _Live is about to be sent: its traceparent, and its
+        """An attempt of a traced request is about to be sent: its traceparent, and its
         start when sampled."""
         trace = live.trace
         span_id = trace.new_span_id()
@@ -172,68 +217,69 @@ class Traced:
         live.attempts.append(AttemptSpan(span_id, up.name, up.kind, up.address, up.port, model,
                                      time.perf_counter_ns(), 0))
 
-    def batch_attempt(self, exchange: Any, request: Request, live: _Live | bytes | None,
+    def batch_attempt(self, exchange: Any, request: Request, live: _Live | None,
                       up: _TracedUpstream) -> None:
         """An attempt of a merged batch call (velox.batching.batch.BatchCall) is about to be
-        sent. The call has a trace of its own, sampled when any member is: its CLIENT spans
-        (one per attempt) link to the sampled members' SERVER spans, and those link back."""
+        sent. The call is traced when any member is sampled, in a trace of its own: its CLIENT
+        spans (one per attempt) link to the sampled members' SERVER spans, and those link
+        back. Otherwise it goes as an unsampled request does."""
         members = request.conn.members  # type: ignore[attr-defined]  # a BatchCall
         if live is None:
             sampled = []
             for member in members:
-                if member.live:
-                    entry = self.live.get(id(member.request)) or self._begin(member.request)
-                    if type(entry) is _Live and entry.trace.sampled:
-                        sampled.append(entry)
+                entry = self.live.get(id(member.request)) if member.live else None
+                if entry is not None and entry.trace.sampled:
+                    sampled.append(entry)
+            if not sampled:
+                return
             trace_id = getrandbits(128) or 1
-            live = self.live[id(request)] = _Live(RequestTrace(trace_id, 0, 0, bool(sampled)),
-                                                  False)
+            live = self.live[id(request)] = _Live(RequestTrace(trace_id, 0, 0, True), False)
             live.links = [(e.trace.trace_id, e.trace.span_id) for e in sampled]
             # Its spans are made, and its entry dropped, when the call ends (its exchange's
             # on_done; no `finished` ends a call of the gateway's own).
             on_done = exchange.on_done
             exchange.on_done = lambda ex, status: self._batch_done(ex, status, on_done)
-        elif type(live) is not _Live:
-            return
         self.attempt(exchange, live, up)
         if live.attempts:  # each sampled member links to this attempt's span
             link = (live.trace.trace_id, live.attempts[-1].span_id)
             for member in members:
                 own = self.live.get(id(member.request))
-                if type(own) is _Live and own.trace.sampled:
+                if own is not None and own.trace.sampled:
                     own.links.append(link)
 
     def _batch_done(self, exchange: Any, status: int, on_done: Any) -> None:
-        """A merged call is over: its spans when sampled, then the call's own end."""
+        """A merged call is over: its spans, then the call's own end."""
         request = exchange.request
-        live = self.live.pop(id(request), None)
-        if type(live) is _Live and live.trace.sampled:
+        live = self._forget(request)
+        if live is not None:
             try:
                 self.tracer.record(self._call_record(request, exchange, status, live))
             except Exception:  # a tracing bug costs spans, never the worker
                 self._failed(log)
         on_done(exchange, status)
 
+    def _forget(self, request: Request) -> _Live | None:
+        """The request's entry, taken out; the last one out unwraps the upstreams."""
+        live = self.live
+        entry = live.pop(id(request), None)
+        if not live:
+            self.dispatch.upstreams = self.plain
+        return entry
+
     def attempt_failed(self, exchange: Any, status: int, error: str) -> None:
         """The current attempt failed (dispatch: before it is retried, or answered as is)."""
         live = self.live.get(id(exchange.request))
-        if type(live) is _Live and live.attempts:
+        if live is not None and live.attempts:
             attempt = live.attempts[-1]
             attempt.end_ns = time.perf_counter_ns()
             attempt.status = status
             attempt.error = error or str(status)
 
-    def finished(self, request: Request, status: int, bytes_out: int,
-                 holder: Holder | None) -> None:
-        """Worker.finished, then the request's spans when it is sampled."""
-        self._finished(request, status, bytes_out, holder)
-        live = self.live.pop(id(request), None)
-        if live is None:  # never sent upstream (refused, answered by the gateway or the cache)
-            if request.ends is None or not request.t_popped:
-                return  # not through the pipeline: a health check, a refusal at ingress
-            live = self._begin(request)
-            del self.live[id(request)]
-        if type(live) is not _Live or not live.trace.sampled:
+    def ended(self, request: Request, status: int, holder: Holder | None) -> None:
+        """A traced request is over (the worker counted and logged it): its spans when it is
+        sampled."""
+        live = self._forget(request)
+        if live is None or not live.trace.sampled:
             return
         try:
             self.tracer.record(self._record(request, status, holder, live))
@@ -325,28 +371,13 @@ class _TracedUpstream:
 
     def submit(self, client: Any, number: int = 0) -> None:
         request = getattr(client, "request", None)  # a breaker probe has none
-        if request is not None and request.ends is not None:  # None: a test's own request
+        if request is not None:
             traced = self.traced
-            live = traced.live.get(id(request))
+            entry = traced.live.get(id(request))
             if type(request.conn) is BatchCall:  # a merged batch call: no client's request
-                traced.batch_attempt(client, request, live, self)
-            elif live is None:
-                live = traced._begin(request)
-                if isinstance(live, bytes):
-                    # Unsampled, its first attempt: the traceparent _begin made. The headers
-                    # are this attempt's own list (dispatch builds one per attempt), but a
-                    # translated attempt's may be its upstream's: copied then.
-                    if client.edge is None:
-                        client.headers_out.append((TRACEPARENT, live))
-                    else:
-                        client.headers_out = [*client.headers_out, (TRACEPARENT, live)]
-                else:
-                    traced.attempt(client, live, self)
-            elif isinstance(live, bytes):  # unsampled, tried again: the same trace, a new span
-                client.headers_out = [*client.headers_out, (
-                    TRACEPARENT, live[:36] + b"%016x-00" % (getrandbits(64) or 1))]
-            else:
-                traced.attempt(client, live, self)
+                traced.batch_attempt(client, request, entry, self)
+            elif entry is not None:
+                traced.attempt(client, entry, self)
         self.inner.submit(client, number)
 
     def flush(self) -> None:
@@ -354,6 +385,26 @@ class _TracedUpstream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class _TracedEnd:
+    """A traced request's end (`Lifecycle`, in place of the worker's): the worker's, then the
+    request's spans (`Traced.ended`). Only traced requests have one, so the others' end costs
+    tracing nothing."""
+
+    __slots__ = ("traced", "ends")
+
+    def __init__(self, traced: Traced, ends: Lifecycle) -> None:
+        self.traced = traced
+        self.ends = ends
+
+    def release_segment(self, segment: int) -> None:
+        self.ends.release_segment(segment)
+
+    def finished(self, request: Request, status: int, bytes_out: int,
+                 holder: Holder | None) -> None:
+        self.ends.finished(request, status, bytes_out, holder)
+        self.traced.ended(request, status, holder)
 
 
 class _Keeper:
