@@ -156,10 +156,13 @@ bench-native: bench-deps
 	$(PY) -m benches.e2e run --no-litellm --sections fixed,stream,arch --concurrencies 1,64 \
 		--arch "default;egress=http1 cleartext;access_log=0" --name e2e-native
 
-# Many concurrent streams through nginx and Velox over an HTTP/1.1 upstream: CPU per relayed
-# event, added time to head and inter-event gap (benches/e2e/streamscale.py).
+# The streaming matrix (benches/e2e/streamscale.py): 1, 64 and 512 concurrent streams of
+# 20-200 events 20 ms apart (50 tokens/s) for 8 s each, through Velox's HTTP/1.1 cleartext
+# egress beside nginx, then its HTTP/2 + TLS egress beside nginx-tls; 3 interleaved rounds,
+# then perf of a worker at 64 and 512 streams (results only). About 13 minutes.
 bench-streamscale: bench-deps
-	$(PY) -m benches.e2e.streamscale --streams 64,256 --rounds 3
+	$(PY) -m benches.e2e.streamscale --egress http1,h2 --streams 1,64,512 --events 20-200 \
+		--interval-ms 20 --seconds 8 --rounds 3 --perf-streams 64,512
 	$(PY) -m benches.report --only streamscale
 
 # Other providers: translated against pass-through (OpenAI SDK), and the Messages API passed

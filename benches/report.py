@@ -6,8 +6,8 @@ Reads benches/results/micro.json (from `pytest --benchmark`), e2e.json (`make be
 e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comparison with nginx in
 front of the TLS mock, with and before the native path), soak.json (`make bench-soak`), routing.json
 (`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
-cluster.json (`make bench-cluster`), peers.json (`python -m benches.e2e.peers`) and
-balance.json (`pytest --benchmark benches/bench_balance.py`)
+cluster.json (`make bench-cluster`), streamscale.json (`make bench-streamscale`), peers.json
+(`python -m benches.e2e.peers`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
 when present, and writes into the same directory: one PNG per plot, report.html (every table and
 plot, with the machine facts and commits, and the project's goals with their verdicts), and the
 tables of docs/benchmarks.md (the user docs: figures, machine and date, no goals, verdicts or
@@ -20,6 +20,7 @@ commits), replaced between their markers:
     <!-- bench:cache:start --> ... <!-- bench:cache:end -->
     <!-- bench:batching:start --> ... <!-- bench:batching:end -->
     <!-- bench:cluster:start --> ... <!-- bench:cluster:end -->
+    <!-- bench:streamscale:start --> ... <!-- bench:streamscale:end -->
     <!-- bench:peers:start --> ... <!-- bench:peers:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
@@ -39,7 +40,8 @@ from typing import Any
 
 from benches import report_peers
 
-MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster", "peers")
+MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster", "peers",
+           "streamscale")
 # Sections of this marker (the projects' goals and verdicts) go to the developers' HTML page
 # only, never into the user docs.
 GOALS = "goals"
@@ -490,14 +492,45 @@ def table_c(doc: dict[str, Any]) -> Table | None:
     return ["operation (C, -O2, median of 7 runs)", "ns/op", "target ns"], rows
 
 
-_EGRESS = {"http1": "HTTP/1.1 cleartext upstream (Velox's HTTP/1.1 egress)",
-           "h2": "HTTP/2 + TLS upstream (nginx: HTTP/1.1 + TLS)"}
+_EGRESS = {"http1": "HTTP/1.1 cleartext upstream (Velox's HTTP/1.1 egress, against nginx)",
+           "h2": "HTTP/2 + TLS upstream (Velox's HTTP/2 egress; nginx-tls: HTTP/1.1 + TLS)"}
 
 
-def table_streamscale(doc: dict[str, Any]) -> Table:
+def table_streamscale(run: dict[str, Any]) -> Table:
+    """One egress's part of the streaming matrix: per target and stream count, CPU per event
+    and the delays added to the mock's own, with the ratios to nginx's in the same run."""
     from benches.e2e.streamscale import HEADER, summary
 
-    return HEADER, summary(doc)
+    return HEADER, summary(run)
+
+
+def table_streamscale_goals(doc: dict[str, Any]) -> Table:
+    """The streaming targets against nginx, with verdicts (the developers' HTML page only)."""
+    from benches.e2e.streamscale import goals, runs
+
+    head = ["egress", "target", "streams", "goal", "measured", "verdict", "figures"]
+    return head, [[run["egress"], g["target"], str(g["streams"]), g["goal"], g["measured"],
+                   VERDICT[g["reached"]], g["detail"]]
+                  for run in runs(doc) for g in goals(run)]
+
+
+def streamscale_sections(doc: dict[str, Any]) -> list[tuple[str, str, Table | None, str | None]]:
+    """A table per egress of the matrix (`make bench-streamscale`), in the order run, and
+    the goals' verdicts for the developers' page."""
+    from benches.e2e.streamscale import runs
+
+    out: list[tuple[str, str, Table | None, str | None]] = [
+        (GOALS, "Streaming at scale against nginx (issue 22)", table_streamscale_goals(doc),
+         None)]
+    for run in runs(doc):
+        events = str(run["events"]).replace("-", "–")
+        how = (f"one keep-alive client connection per concurrent stream, each starting its "
+               f"next stream as one ends, for {_n(run['seconds'])} s" if run.get("seconds")
+               else "one client connection per stream")
+        out.append(("streamscale", f"{_EGRESS[run['egress']]}: {events} events "
+                    f"{run['interval_ms']} ms apart per stream, {how}", table_streamscale(run),
+                    None))
+    return out
 
 
 def table_providers(doc: dict[str, Any]) -> Table:
@@ -643,10 +676,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
             out.append(("native", "Velox's egress, 64 connections", table_arch(s), None))
     streamscale = docs.get("streamscale")
     if streamscale:
-        out.append(("streamscale", f"{_n(streamscale['events'])} events "
-                    f"{streamscale['interval_ms']} ms apart per stream, one client connection "
-                    f"per stream, {_EGRESS[streamscale['egress']]}", table_streamscale(streamscale),
-                    None))
+        out += streamscale_sections(streamscale)
     out += report_peers.sections(docs.get("peers"))
     providers, front = docs.get("providers"), docs.get("messages_front")
     if providers:
@@ -712,6 +742,11 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          f"interleaved rounds of {doc['plan']['duration_s']} s.")
         if marker == "native":
             lines += _load_lines(doc)
+        if marker == "streamscale" and "load_start" in doc:
+            lines.append(f"Load average {doc['load_start'][0]:.2f} at the start of the run and "
+                         f"{doc['load'][0]:.2f} at its end; the run took "
+                         f"{_n(doc['duration_s'] / 60, 1)} min. Medians over rounds, the "
+                         "targets interleaved in each round.")
         if marker == "peers":
             lines += report_peers.intro(doc)
     front = docs.get("messages_front")

@@ -1,6 +1,6 @@
 #include "bind_sink.h"
 
-#include <stdio.h>
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,6 +23,59 @@ void vxb_sink_names_clear(vxb_sink_names *names)
     Py_CLEAR(names->two_lf);
 }
 
+/* Which of the sink's objects each attribute is read or written on. */
+static const int sink_owner[SN_NAMES] = {
+    [SN_OUT] = VXS_CONN,          [SN_Q] = VXS_CONN,          [SN_WRITE_PAUSED] = VXS_CONN,
+    [SN_CLOSED] = VXS_CONN,       [SN_OUT_HEAD] = VXS_CONN,   [SN_PENDING] = VXS_SSE,
+    [SN_SKIPPING] = VXS_SSE,      [SN_EVENTS] = VXS_SSE,      [SN_RELAYED] = VXS_SSE,
+    [SN_STREAM_BYTES] = VXS_CONN, [SN_TAIL] = VXS_EXCHANGE,   [SN_LAST_ACTIVITY] = VXS_ATTEMPT,
+    [SN_WITHHELD] = VXS_ATTEMPT,  [SN_STRIP] = VXS_SSE};
+
+/* The offset of attribute `name` in o when o's class keeps it in a writable object slot
+ * (a __slots__ member descriptor) and reads and writes attributes the generic way (no
+ * __getattribute__ or __setattr__ of its own), else -1. */
+static Py_ssize_t sink_slot(PyObject *o, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_setattro != PyObject_GenericSetAttr)
+        return -1;
+    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; sets no error */
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+        return -1;
+    return m->offset;
+}
+
+/* Attribute `name` of its object (a new reference), or NULL with an error. A slot not set
+ * yet takes the generic path, which raises AttributeError as it would. */
+static PyObject *sink_get(const vxb_sink *sink, const vxb_sink_names *names, int name)
+{
+    PyObject *o = sink->o[sink_owner[name]];
+    Py_ssize_t off = sink->off[name];
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)o + off);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, names->name[name]);
+}
+
+/* Set attribute `name` of its object to v (PyMember_SetOne's work for a slot). 0 or -1. */
+static int sink_put(const vxb_sink *sink, const vxb_sink_names *names, int name, PyObject *v)
+{
+    PyObject *o = sink->o[sink_owner[name]];
+    Py_ssize_t off = sink->off[name];
+    if (off < 0)
+        return PyObject_SetAttr(o, names->name[name], v);
+    PyObject **slot = (PyObject **)((char *)o + off);
+    PyObject *old = *slot;
+    *slot = Py_NewRef(v);
+    Py_XDECREF(old); /* last: it may run a finaliser */
+    return 0;
+}
+
 int vxb_sink_set(vxb_sink *sink, const vxb_sink_names *names, PyObject *const *args)
 {
     int chunked = PyObject_IsTrue(args[VXS_N]);
@@ -41,6 +94,10 @@ int vxb_sink_set(vxb_sink *sink, const vxb_sink_names *names, PyObject *const *a
     vxb_sink_clear(sink);
     for (int i = 0; i < VXS_N; i++)
         sink->o[i] = Py_NewRef(args[i]);
+    for (int i = 0; i < SN_NAMES; i++) {
+        PyObject *o = sink->o[sink_owner[i]];
+        sink->off[i] = o == Py_None ? -1 : sink_slot(o, names->name[i]);
+    }
     sink->chunked = chunked;
     sink->strip = strip;
     return 0;
@@ -75,10 +132,10 @@ int vxb_add(PyObject *o, PyObject *name, Py_ssize_t n)
     return rc;
 }
 
-/* 1 when attribute `name` of o is `want` (an identity test), 0 when not, -1 on error. */
-static int sink_is(PyObject *o, PyObject *name, PyObject *want)
+/* 1 when attribute `name` is `want` (an identity test), 0 when not, -1 on error. */
+static int sink_is(const vxb_sink *sink, const vxb_sink_names *names, int name, PyObject *want)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = sink_get(sink, names, name);
     if (v == NULL)
         return -1;
     int rc = v == want;
@@ -86,10 +143,10 @@ static int sink_is(PyObject *o, PyObject *name, PyObject *want)
     return rc;
 }
 
-/* 1 when attribute `name` of o is an empty bytes object. */
-static int sink_empty(PyObject *o, PyObject *name)
+/* 1 when attribute `name` is an empty bytes object. */
+static int sink_empty(const vxb_sink *sink, const vxb_sink_names *names, int name)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = sink_get(sink, names, name);
     if (v == NULL)
         return -1;
     int rc = PyBytes_Check(v) && PyBytes_GET_SIZE(v) == 0;
@@ -97,27 +154,65 @@ static int sink_empty(PyObject *o, PyObject *name)
     return rc;
 }
 
-/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n). */
+/* Add n to the int attribute `name` (an exact int in range without PyNumber_Add). 0 or -1. */
+static int sink_add(const vxb_sink *sink, const vxb_sink_names *names, int name, Py_ssize_t n)
+{
+    PyObject *v = sink_get(sink, names, name);
+    if (v == NULL)
+        return -1;
+    PyObject *sum = NULL;
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && x >= 0 && x < LLONG_MAX - n)
+            sum = PyLong_FromLongLong(x + n);
+    }
+    if (sum == NULL && !PyErr_Occurred()) {
+        PyObject *d = PyLong_FromSsize_t(n);
+        sum = d == NULL ? NULL : PyNumber_Add(v, d);
+        Py_XDECREF(d);
+    }
+    Py_DECREF(v);
+    if (sum == NULL)
+        return -1;
+    int rc = sink_put(sink, names, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* Events ("\n\n"-separated, counted as bytes.count does) in p[0 .. n): memchr to each LF
+ * (an event has one LF pair and few others). */
 static Py_ssize_t sink_events(const char *p, size_t n)
 {
     Py_ssize_t k = 0;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (p[i] == '\n' && p[i + 1] == '\n') {
+    const char *end = p + n, *q = p;
+    while (end - q >= 2 && (q = memchr(q, '\n', (size_t)(end - q - 1))) != NULL) {
+        if (q[1] == '\n') {
             k++;
-            i++;
+            q += 2;
+        } else {
+            q++;
         }
+    }
     return k;
 }
 
-/* The first occurrence of needle[0 .. m) in p[0 .. n), or -1 (memchr on its first byte: the
- * needles start with a byte that is rare in event text). */
-static Py_ssize_t sink_find(const char *p, size_t n, const char *needle, size_t m)
+/* The first occurrence of needle[0 .. m) in p[from .. n), or -1: memchr to each place its
+ * byte needle[k] could be (k picked rare in event text: 'u' of "usage", LF), then memcmp. Not
+ * on the needle's first byte: '"' is every tenth byte of a JSON event, and the memcmp per
+ * quote was 14 % of a socket-free run; nor memmem, whose setup per call (glibc's shift table)
+ * made it a third of a run whose every event carries ',"usage":null'. */
+static Py_ssize_t sink_find(const char *p, size_t n, size_t from, const char *needle, size_t m,
+                            size_t k)
 {
-    for (const char *q = p; (q = memchr(q, needle[0], n - (size_t)(q - p))) != NULL; q++) {
-        if ((size_t)(p + n - q) >= m && memcmp(q, needle, m) == 0)
-            return q - p;
-        if (q + 1 >= p + n)
+    const char *end = p + n, *q = p + from + k;
+    while (q < end && (q = memchr(q, needle[k], (size_t)(end - q))) != NULL) {
+        const char *at = q - k;
+        if ((size_t)(end - at) < m)
             break;
+        if (memcmp(at, needle, m) == 0)
+            return at - p;
+        q++;
     }
     return -1;
 }
@@ -132,38 +227,57 @@ static int sink_plain(const char *p, size_t n, int metered, int strip, Py_ssize_
     *cut = -1;
     if (n < 2 || p[n - 2] != '\n' || p[n - 1] != '\n')
         return 0;
-    if (!metered || sink_find(p, n, "\"usage\"", 7) < 0)
+    Py_ssize_t usage = metered ? sink_find(p, n, 0, "\"usage\"", 7, 1) : -1;
+    if (usage < 0)
         return 1;
-    if (!strip || sink_find(p, n, "\n\n", 2) != (Py_ssize_t)n - 2) /* one event only */
+    if (!strip || sink_find(p, n, 0, "\n\n", 2, 0) != (Py_ssize_t)n - 2) /* one event only */
         return 0;
-    *cut = sink_find(p, n, ",\"usage\":null", 13);
+    /* ',"usage":null' holds '"usage"' at 1: it cannot start before the first one, less 1. */
+    *cut = sink_find(p, n, usage ? (size_t)usage - 1 : 0, ",\"usage\":null", 13, 2);
     return *cut >= 0;
 }
 
 /* Whether the client connection writes at once (nothing queued, its head written, reading,
  * open) and the meter holds no unfinished event: 1, 0 or -1. */
-static int sink_ready(const vxb_sink *sink, PyObject *const *name)
+static int sink_ready(const vxb_sink *sink, const vxb_sink_names *names)
 {
-    PyObject *conn = sink->o[VXS_CONN], *sse = sink->o[VXS_SSE];
     int ok;
-    if ((ok = sink_is(conn, name[SN_OUT], Py_None)) != 1 ||
-        (ok = sink_is(conn, name[SN_Q], Py_None)) != 1 ||
-        (ok = sink_is(conn, name[SN_WRITE_PAUSED], Py_False)) != 1 ||
-        (ok = sink_is(conn, name[SN_CLOSED], Py_False)) != 1 ||
-        (ok = sink_empty(conn, name[SN_OUT_HEAD])) != 1)
+    if ((ok = sink_is(sink, names, SN_OUT, Py_None)) != 1 ||
+        (ok = sink_is(sink, names, SN_Q, Py_None)) != 1 ||
+        (ok = sink_is(sink, names, SN_WRITE_PAUSED, Py_False)) != 1 ||
+        (ok = sink_is(sink, names, SN_CLOSED, Py_False)) != 1 ||
+        (ok = sink_empty(sink, names, SN_OUT_HEAD)) != 1)
         return ok;
-    if (sse != Py_None && ((ok = sink_empty(sse, name[SN_PENDING])) != 1 ||
-                           (ok = sink_is(sse, name[SN_SKIPPING], Py_False)) != 1))
+    if (sink->o[VXS_SSE] != Py_None &&
+        ((ok = sink_empty(sink, names, SN_PENDING)) != 1 ||
+         (ok = sink_is(sink, names, SN_SKIPPING, Py_False)) != 1))
         return ok;
     return 1;
+}
+
+/* m as a chunk-size line ("%zx\r\n", as h1write.chunks writes it) at out: its length. By hand:
+ * snprintf's format machinery was 1 % of a streaming worker's samples. */
+static int sink_hexline(char *out, size_t m)
+{
+    char digits[2 * sizeof m];
+    int k = 0;
+    do {
+        digits[k++] = "0123456789abcdef"[m & 15];
+        m >>= 4;
+    } while (m);
+    for (int i = 0; i < k; i++)
+        out[i] = digits[k - 1 - i];
+    out[k] = '\r';
+    out[k + 1] = '\n';
+    return k + 2;
 }
 
 /* The piece p[0 .. n) without its cut, framed as h1write.chunks frames one when chunked. */
 static PyObject *sink_frame(const char *p, size_t n, Py_ssize_t cut, int chunked)
 {
     size_t m = cut < 0 ? n : n - 13;
-    char line[24];
-    int hl = chunked ? snprintf(line, sizeof line, "%zx\r\n", m) : 0;
+    char line[2 * sizeof m + 2];
+    int hl = chunked ? sink_hexline(line, m) : 0;
     PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((size_t)hl + m + (chunked ? 2 : 0)));
     if (frame == NULL)
         return NULL;
@@ -180,16 +294,38 @@ static PyObject *sink_frame(const char *p, size_t n, Py_ssize_t cut, int chunked
     return frame;
 }
 
+/* After a write: the bookkeeping the Python path keeps (the attempt's activity, the
+ * connection's byte count for the access log, the exchange's tail, the meter's counts). */
+static int sink_count(const vxb_sink *sink, const vxb_sink_names *names, const char *p, size_t n,
+                      Py_ssize_t cut, Py_ssize_t total)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock on Linux */
+    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    if (now == NULL)
+        return -1;
+    int rc = sink_put(sink, names, SN_LAST_ACTIVITY, now);
+    Py_DECREF(now);
+    if (rc < 0 || sink_add(sink, names, SN_STREAM_BYTES, total) < 0 ||
+        sink_put(sink, names, SN_TAIL, names->two_lf) < 0)
+        return -1;
+    size_t m = cut < 0 ? n : n - 13;
+    if (sink->o[VXS_SSE] != Py_None &&
+        (sink_add(sink, names, SN_EVENTS, cut < 0 ? sink_events(p, n) : 1) < 0 ||
+         sink_add(sink, names, SN_RELAYED, (Py_ssize_t)m) < 0))
+        return -1;
+    return 0;
+}
+
 int vxb_sink_write(const vxb_sink *sink, const vxb_sink_names *names, const char *p, size_t n,
                    int *paused)
 {
-    PyObject *const *name = names->name;
-    PyObject *conn = sink->o[VXS_CONN], *sse = sink->o[VXS_SSE];
     *paused = 0;
     Py_ssize_t cut;
-    if (conn == NULL || n > VXB_SINK_MAX || !sink_plain(p, n, sse != Py_None, sink->strip, &cut))
+    if (sink->o[VXS_CONN] == NULL || n > VXB_SINK_MAX ||
+        !sink_plain(p, n, sink->o[VXS_SSE] != Py_None, sink->strip, &cut))
         return 0;
-    int ok = sink_ready(sink, name);
+    int ok = sink_ready(sink, names);
     if (ok != 1)
         return ok;
     PyObject *frame = sink_frame(p, n, cut, sink->chunked);
@@ -201,24 +337,13 @@ int vxb_sink_write(const vxb_sink *sink, const vxb_sink_names *names, const char
     if (r == NULL)
         return -1;
     Py_DECREF(r);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock on Linux */
-    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
-    if (now == NULL)
-        return -1;
-    int rc = PyObject_SetAttr(sink->o[VXS_ATTEMPT], name[SN_LAST_ACTIVITY], now);
-    Py_DECREF(now);
-    if (rc < 0 || vxb_add(conn, name[SN_STREAM_BYTES], total) < 0 ||
-        PyObject_SetAttr(sink->o[VXS_EXCHANGE], name[SN_TAIL], names->two_lf) < 0)
-        return -1;
-    size_t m = cut < 0 ? n : n - 13;
-    if (sse != Py_None &&
-        (vxb_add(sse, name[SN_EVENTS], cut < 0 ? sink_events(p, n) : 1) < 0 ||
-         vxb_add(sse, name[SN_RELAYED], (Py_ssize_t)m) < 0))
+    if (sink->o[VXS_CONN] == NULL) /* the write's callbacks ended the stream (not uvloop's) */
+        return 1;
+    if (sink_count(sink, names, p, n, cut, total) < 0)
         return -1;
     /* The write may have filled the client's buffer (pause_writing ran inside it): egress
      * withholds, as after the Python path's send. */
-    if ((ok = sink_is(conn, name[SN_WRITE_PAUSED], Py_True)) < 0)
+    if ((ok = sink_is(sink, names, SN_WRITE_PAUSED, Py_True)) < 0)
         return -1;
     *paused = ok;
     return 1;

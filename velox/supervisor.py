@@ -717,6 +717,10 @@ def _die_with_parent() -> None:
 
 
 def serve(settings: Settings) -> int:
-    supervisor = Supervisor(settings)
+    try:
+        supervisor = Supervisor(settings)
+    except OSError as exc:  # the state directory, the ledger file, a socket: said in one line
+        log.error("cannot start: %s", exc)
+        return 1
     sys.stdout.flush()
     return supervisor.run()

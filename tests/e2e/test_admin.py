@@ -40,7 +40,7 @@ QUERY_SECRET = "qs-SECRET-in-the-query-4242"
 # host sometimes never reached the limit and the stage went missing from the profile.
 STAGES = {
     "ingress": ("data_received", "on_message_complete"),
-    "worker": ("drain", "process"),
+    "worker": ("drain",),
     "parse": ("parse_model_call",),
     "rate limit": ("admit", "_refuse_rate_limited", "retry_after_s"),
     "egress": ("send", "flush"),
@@ -53,7 +53,7 @@ def missing_stages(text: str) -> list[str]:
              if re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text)}
     missing = [f"{stage} (one of {names})" for stage, names in STAGES.items()
                if not found & set(names)]
-    must = {"data_received", "on_message_complete", "drain", "process", "parse_model_call"}
+    must = {"data_received", "on_message_complete", "drain", "parse_model_call"}
     missing += sorted(must - found)
     return missing
 

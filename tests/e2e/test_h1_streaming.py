@@ -69,8 +69,11 @@ def test_streams_relay_the_upstreams_chunks_and_count_its_usage(
     once = (real["prompt_tokens"], real["completion_tokens"])
     assert wait_for(lambda: tokens(gw).get(("-", "*")) == (2 * once[0], 2 * once[1])), \
         tokens(gw)
-    lines = wait_for(lambda: [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"]
-                     if len(access_lines(gw)) >= 2 else None)
+    def chat_lines() -> list[dict] | None:  # both chat lines, whatever else the log holds
+        lines = [a for a in access_lines(gw) if a["path"] == "/v1/chat/completions"]
+        return lines if len(lines) >= 2 else None
+
+    lines = wait_for(chat_lines)
     assert [a["usage"] for a in lines] == [
         {"input": once[0], "output": once[1], "exact": True}] * 2
 

@@ -63,14 +63,28 @@ class Holder:
     withheld = 0
 
 
+class SlotClient(Client):
+    """The client with its attributes in slots, as ingress's connection keeps them: the sink
+    then reads and writes them at their offsets instead of through getattr/setattr."""
+
+    __slots__ = ("_out", "_q", "_out_head", "write_paused", "closed", "_stream_bytes")
+
+
+class SlotHolder(Holder):
+    __slots__ = ("tail", "last_activity", "withheld")
+
+    def __init__(self) -> None:
+        self.tail, self.last_activity, self.withheld = b"", 0.0, 0
+
+
 class Reader(_native.H1Reader):
-    def __init__(self, client: Client, sse: SSEUsage | None) -> None:
+    def __init__(self, client: Client, sse: SSEUsage | None, holder: type = Holder) -> None:
         self.client = client
         self.sse = sse
         self.python_reads = 0
         self.withheld = 0
-        self.exchange = Holder()
-        self.attempt = Holder()
+        self.exchange = holder()
+        self.attempt = holder()
 
     def _h_head(self, status: int, headers: Any, keep_alive: bool, body: bytes) -> None:
         self.direct(self.client, self.client.write, self.sse, self.exchange, self.attempt, True)
@@ -134,15 +148,15 @@ def stream(draw: st.DrawFn) -> tuple[list[bytes], str]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(stream())
+@given(stream(), st.booleans())
 def test_the_direct_path_sends_and_counts_what_the_python_path_does(
-        case: tuple[list[bytes], str]) -> None:
+        case: tuple[list[bytes], str], slots: bool) -> None:
     reads, meter = case
     sse_py = None if meter == "none" else SSEUsage(meter == "strip")
     sse_c = None if meter == "none" else SSEUsage(meter == "strip")
     expected = _python_path(reads, sse_py)
-    client = Client()
-    reader = Reader(client, sse_c)
+    client = SlotClient() if slots else Client()
+    reader = Reader(client, sse_c, SlotHolder if slots else Holder)
     reader.data_received(HEAD)
     for read in reads:
         reader.data_received(b"%x\r\n%b\r\n" % (len(read), read))
@@ -154,6 +168,8 @@ def test_the_direct_path_sends_and_counts_what_the_python_path_does(
     assert reader.python_reads <= len(reads)
     if reads[-1].endswith(b"\n\n"):
         assert reader.exchange.tail == b"\n\n" or reader.python_reads
+    if reader.python_reads < len(reads):  # C wrote some: it kept the attempt's activity
+        assert reader.attempt.last_activity > 0
 
 
 def test_plain_reads_never_reach_python_and_a_full_client_withholds() -> None:
@@ -176,6 +192,23 @@ def test_plain_reads_never_reach_python_and_a_full_client_withholds() -> None:
     client.write_paused = False
     reader.data_received(b"%x\r\n%b\r\n" % (len(event), event))
     assert reader.python_reads == 2  # no target: Python
+
+
+def test_counts_past_int64_and_of_int_subclasses_add_as_python_does() -> None:
+    class Count(int):
+        pass
+
+    client = SlotClient()
+    client._stream_bytes = 2**70
+    sse = SSEUsage(True)
+    sse.relayed = Count(5)
+    reader = Reader(client, sse, SlotHolder)
+    reader.data_received(HEAD)
+    event = CHUNK % (b"t", b"")
+    reader.data_received(b"%x\r\n%b\r\n" % (len(event), event))
+    assert reader.python_reads == 0
+    assert client._stream_bytes == 2**70 + len(client.written[0])
+    assert sse.relayed == 5 + len(event) and sse.events == 1
 
 
 def test_readers_and_their_reads_keep_refcounts_and_rss_flat() -> None:

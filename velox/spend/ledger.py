@@ -177,6 +177,8 @@ _INSERT = (f"INSERT INTO requests ({', '.join(c + '_id' if c == 'label' else c f
            f" VALUES ({','.join('?' * len(_NARROW))})")
 # The first row of a batch after a purge removed the newest rows: at an id of its own.
 _INSERT_AT = _INSERT.replace("(ts_ms", "(id, ts_ms", 1).replace("VALUES (", "VALUES (?,", 1)
+BUSY_S = 5.0  # how long a statement waits for another connection's write lock
+OPEN_WAIT_S = 600  # at start-up, for another process's conversion of an older file
 LAST_ID = "last_id"  # meta: the largest id ever given, kept when its row was purged
 _CURSORS = "stream_cursor:"  # meta: the Redis mirror's cursor per stream (StreamMirror)
 _ADD_LABEL = (f"INSERT INTO labels ({_LABEL_IDS}) VALUES (?,?,?,?,?,?) ON CONFLICT "
@@ -217,7 +219,33 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
         conn.execute("PRAGMA query_only = ON")
         return conn
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+    try:
+        _prepare(conn)
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        # Another process holds the file's write lock past BUSY_S: a gateway sharing this
+        # state directory converting an older, large file in one transaction (about 2 s per
+        # million rows here), or a long write by hand. Say so and wait for it instead of
+        # dying at start-up with a traceback.
+        log.warning("ledger %s is locked by another process (converting an older file?): "
+                    "waiting up to %d s", path, OPEN_WAIT_S)
+        conn.execute(f"PRAGMA busy_timeout = {OPEN_WAIT_S * 1000}")
+        try:
+            _prepare(conn)
+        except sqlite3.OperationalError as again:
+            conn.close()
+            raise OSError(f"ledger {path}: still locked by another process after "
+                          f"{OPEN_WAIT_S} s ({again}); is another gateway using this "
+                          "VELOX_STATE_DIR?") from again
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    """WAL, the schema and any conversion of an older file; each step is idempotent, so a
+    second try after a lock wait repeats only what did not happen."""
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     # The WAL is truncated back to 64 MiB after a checkpoint, not left at its peak size.
@@ -232,7 +260,6 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
     conn.execute(f"INSERT OR IGNORE INTO meta SELECT '{LAST_ID}', MAX((SELECT COALESCE(MAX(id), "
                  f"0) FROM requests), (SELECT COALESCE(MAX(CAST(value AS INTEGER)), 0) FROM meta "
                  f"WHERE name >= '{_CURSORS}' AND name < '{_CURSORS[:-1]};'))")
-    return conn
 
 
 def _labels_from_columns(conn: sqlite3.Connection) -> None:
