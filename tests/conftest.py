@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import importlib
+import os
+import ssl
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -17,6 +20,32 @@ from velox_lab.mock import MockUpstream
 # check (the benchmarks measure speed), so no example has a deadline.
 settings.register_profile("velox", deadline=None)
 settings.load_profile("velox")
+
+
+# Every httpx client makes an SSL context as it is made, loading the CA bundle: 22-28 ms of
+# CPU, though the gateways under test speak plain HTTP. The tests make thousands of clients
+# (the SDKs' own are httpx2's, openai's and anthropic's): 685 in five of the e2e files, 10.9 s
+# of the 24.5 s of CPU their test process used. The default context (verify=True, no client
+# certificate, the same SSL_CERT_* variables) is made once per library and shared: one
+# SSLContext serves any number of connections, with the settings each client would have
+# made. Clients given their own `verify` (the mock's CA, a context) are not affected.
+def _share_the_default_ssl_context(transports: Any) -> None:
+    make = transports.create_ssl_context
+    made: dict[tuple[object, ...], ssl.SSLContext] = {}
+
+    def shared(verify: Any = True, cert: Any = None, trust_env: bool = True) -> ssl.SSLContext:
+        if verify is not True or cert is not None:
+            return make(verify=verify, cert=cert, trust_env=trust_env)  # type: ignore[no-any-return]
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if key not in made:
+            made[key] = make(verify=True, cert=None, trust_env=trust_env)
+        return made[key]
+
+    transports.create_ssl_context = shared
+
+
+for _library in ("httpx", "httpx2"):
+    _share_the_default_ssl_context(importlib.import_module(f"{_library}._transports.default"))
 
 
 class Closable(Protocol):

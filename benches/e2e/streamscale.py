@@ -15,7 +15,9 @@ target and count, the mock alone (`direct`) being the floor:
   second with no traffic, measured at the start of every round, times the phase's length);
 * the time from the request's write to the response head, and the gap between consecutive
   paced events minus the interval, as added to the floor's (p50, p99);
-* stalls (a gap over ten intervals) and errors.
+* stalls (a gap over ten intervals) and errors, beside the share of time the target's
+  processes (on the floor's row: the client's and the mock's) were ready to run but waited for
+  a core: stalls on a shared host come with a high share there.
 
 `--egress http1` is the self-hosted case (cleartext HTTP/1.1 as vLLM or Ollama speak it), `h2`
 HTTP/2 over TLS (nginx then proxies over TLS with HTTP/1.1: "nginx-tls"). `--tree NAME=PATH`
@@ -40,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import ssl
 import statistics
 import subprocess
@@ -281,34 +284,61 @@ def parse_perf_report(text: str) -> list[dict[str, object]]:
     return rows
 
 
-def _cpu(roots: list[int]) -> tuple[float, float, float]:
-    """CPU seconds of the process trees, the kernel's part of them, and the roots' own (a
-    gateway's supervisor: what its workers cost is the rest). The totals come from each
-    thread's schedstat (nanoseconds: one stream's few hundred events cost tens of ms, a few
-    clock ticks); the system part from /proc/PID/stat's stime, in 10 ms ticks (the kernel's
-    share of a proxy's work is the syscalls and loopback TCP, which a faster user space does
-    not change)."""
-    total = system = own = 0
+def _cpu(roots: list[int]) -> tuple[float, float, float, float]:
+    """CPU seconds of the process trees, the kernel's part of them, the roots' own (a
+    gateway's supervisor: what its workers cost is the rest), and the seconds their threads
+    were ready to run but waited for a core. The totals come from each thread's schedstat
+    (nanoseconds: one stream's few hundred events cost tens of ms, a few clock ticks); the
+    system part from /proc/PID/stat's stime, in 10 ms ticks (the kernel's share of a proxy's
+    work is the syscalls and loopback TCP, which a faster user space does not change)."""
+    total = system = own = wait = 0
     for root in roots:
         for pid in tree(root):
             try:
                 with open(f"/proc/{pid}/stat") as fh:
                     system += int(fh.read().rsplit(")", 1)[1].split()[12])
-                ns = sum(_thread_ns(pid, tid) for tid in os.listdir(f"/proc/{pid}/task"))
+                ran, waited = _sched(pid)
             except OSError:
                 continue
-            total += ns
+            total, wait = total + ran, wait + waited
             if pid == root:
-                own += ns
-    return total / 1e9, system / TICK, own / 1e9
+                own += ran
+    return total / 1e9, system / TICK, own / 1e9, wait / 1e9
 
 
-def _thread_ns(pid: int, tid: str) -> int:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-            return int(fh.read().split()[0])
-    except OSError:  # the thread ended meanwhile
-        return 0
+def _sched(pid: int) -> tuple[int, int]:
+    """Nanoseconds the process's threads ran, and spent runnable in a run queue."""
+    ran = waited = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                fields = fh.read().split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran, waited
+
+
+def wait_pct(ran: float, waited: float) -> float | None:
+    """The share of the time processes wanted a core that they spent waiting for one (the
+    host's other work, the rest of the bench's processes). On a shared host, stalls come with
+    a high share: the scheduler shares the cores between login sessions (autogroups) before
+    it shares them between processes, so a bench's client, mock and gateway together get one
+    session's part however many processes they are."""
+    busy = ran + waited
+    return round(waited / busy * 100, 1) if busy > 0 else None
+
+
+def _bench_sched(mock: list[int]) -> tuple[float, float]:
+    """Run and wait seconds of this process's own threads (the client) and the mock's tree."""
+    ran, waited = _sched(os.getpid())
+    for pid in (p for root in mock for p in tree(root)):
+        try:
+            r, w = _sched(pid)
+        except OSError:
+            continue
+        ran, waited = ran + r, waited + w
+    return ran / 1e9, waited / 1e9
 
 
 def idle_rate(roots: list[int], seconds: float) -> float:
@@ -320,8 +350,8 @@ def idle_rate(roots: list[int], seconds: float) -> float:
 
 def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
             streams: int, idle_us_per_s: float = 0.0,
-            tls: ssl.SSLContext | None = None) -> dict[str, object]:
-    cpu0, t0 = _cpu(roots), _now()
+            tls: ssl.SSLContext | None = None, mock: list[int] | None = None) -> dict[str, object]:
+    cpu0, bench0, t0 = _cpu(roots), _bench_sched(mock or []), _now()
     if args.plain:  # plain answers, wrk closed loop: "events" are requests, and the TTFB
         # columns are wrk's whole-answer latency (the floor's: the mock's own)
         # the TLS mock alone is asked over TLS (wrk does not verify its certificate)
@@ -333,8 +363,12 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         row = drive(port, streams, event_counts(args.events), args.interval_ms,
                     args.spread_ms, args.seconds, tls)
     wall = _now() - t0
-    total, system, root = (b - a for a, b in zip(cpu0, _cpu(roots), strict=True))
+    total, system, root, wait = (b - a for a, b in zip(cpu0, _cpu(roots), strict=True))
+    ran, waited = (b - a for a, b in zip(bench0, _bench_sched(mock or []), strict=True))
     row["target"] = target
+    # the client's and the mock's share of time waiting for a core: the floor's own, and
+    # beside a target's, whether the bench itself was starved during its phase
+    row["bench_wait_pct"] = wait_pct(ran, waited)
     if roots:
         events = max(1, row["events"])  # type: ignore[call-overload]
         row["cpu_us_per_event"] = round(total / events * 1e6, 2)
@@ -342,6 +376,7 @@ def measure(target: str, port: int, roots: list[int], args: argparse.Namespace,
         row["root_us_per_event"] = round(root / events * 1e6, 2)  # the supervisor's share
         # what the target would have spent over the phase with no traffic at all
         row["idle_us_per_event"] = round(idle_us_per_s * wall / events, 2)
+        row["wait_pct"] = wait_pct(total, wait)
     row["wall_s"] = round(wall, 2)
     return row
 
@@ -385,7 +420,7 @@ def _rounds(services: list[Service], args: argparse.Namespace,
                 rows.append({"round": r, **measure(
                     "direct" if floor else service.name, service.port,
                     [] if floor else service.roots, args, streams,
-                    idle.get(service.name, 0.0), tls if floor else None)})
+                    idle.get(service.name, 0.0), tls if floor else None, mock.roots)})
                 if not floor:
                     rows[-1]["idle_us_per_s"] = round(idle.get(service.name, 0.0), 1)
                 print(json.dumps({k: v for k, v in rows[-1].items()
@@ -469,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plain", type=int, default=0, metavar="SECONDS",
                    help="instead of streams: plain answers, wrk with --streams connections for "
                         "SECONDS each; CPU per request (the egress A/B without streaming)")
+    p.add_argument("--session-nice", type=int, default=None, metavar="N",
+                   help="run in a login session of its own weighted as nice N (-10: about 9x "
+                        "an ordinary session's share of the cores; negative needs root): the "
+                        "scheduler shares the cores between sessions first, so on a shared host "
+                        "the other sessions' load otherwise starves the whole run (stalls of "
+                        "every stream at once); it takes that share from them, so say so")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="A/B: a gateway per source tree (its native extension built in place), "
@@ -478,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     egresses = args.egress.split(",")
     if not set(egresses) <= {"http1", "h2"}:
         p.error("--egress: http1, h2 or http1,h2")
+    if args.session_nice is not None:
+        if os.getsid(0) != os.getpid():  # the weight is a session's: run in one of our own
+            return _in_own_session(sys.argv[1:] if argv is None else argv)
+        session_weight(args.session_nice)
     logdir = Path(tempfile.mkdtemp(prefix="velox-streamscale-"))
     t0 = time.monotonic()
     with bench_lock() as waited:
@@ -485,11 +530,37 @@ def main(argv: list[str] | None = None) -> int:
         load0 = os.getloadavg()
         runs = [run_egress(egress, args, logdir) for egress in egresses]
     doc = {"machine": facts(), "load_start": load0, "load": os.getloadavg(),
-           "duration_s": round(time.monotonic() - t0), "runs": runs}
+           "duration_s": round(time.monotonic() - t0), "runs": runs,
+           "session_nice": args.session_nice}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(markdown(doc))
     return 0
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def session_weight(nice: int, autogroup: Path = AUTOGROUP) -> None:
+    """Weight this process's session (its autogroup) as `nice`; every process the run starts
+    inherits the session."""
+    try:
+        autogroup.write_text(f"{nice}\n")
+    except OSError as exc:
+        raise SystemExit(f"--session-nice {nice}: cannot write {autogroup}: {exc.strerror} "
+                         "(a negative value needs root; the kernel needs autogroups)") from exc
+
+
+def _in_own_session(argv: list[str]) -> int:
+    """This benchmark again in a new session (a session leader can weight its session); a
+    Ctrl-C here is passed on, so the child still stops everything it started."""
+    child = subprocess.Popen([sys.executable, "-m", "benches.e2e.streamscale", *argv],
+                             start_new_session=True)
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
 
 
 def _added(row: dict, floor: dict, key: str, q: str) -> float:
@@ -502,7 +573,7 @@ def _added(row: dict, floor: dict, key: str, q: str) -> float:
 MIN_ADDED_MS = 0.05
 HEADER = ["target", "streams", "rounds", "CPU µs/event", "of which system", "of which idle",
           "× nginx", "+TTFB p50 ms", "× nginx", "+TTFB p99 ms", "× nginx", "+gap p50 ms",
-          "+gap p99 ms", "× nginx", "stalls", "errors"]
+          "+gap p99 ms", "× nginx", "waiting for a core %", "stalls", "errors"]
 # the columns a ratio to nginx's figure follows, in HEADER's order
 _RATIOS = ("cpu", "ttfb_p50", "ttfb_p99", "gap_p99")
 
@@ -537,7 +608,8 @@ def figures(run: dict) -> dict[tuple[str, int], dict[str, float]]:
         out[key] = {"cpu": med("cpu_us_per_event"), "system": med("system_us_per_event"),
                     "idle": med("idle_us_per_event"), "ttfb_p50": med("ttfb_us", "p50"),
                     "ttfb_p99": med("ttfb_us", "p99"), "gap_p50": med("gap_us", "p50"),
-                    "gap_p99": med("gap_us", "p99"), "rounds": len(group),
+                    "gap_p99": med("gap_us", "p99"), "wait": _median_of(group, "wait_pct"),
+                    "rounds": len(group),
                     "stalls": sum(r["stalls"] for r in group),
                     "errors": sum(r["errors"] for r in group)}
     return out
@@ -559,7 +631,7 @@ def summary(run: dict) -> list[list[str]]:
                     f"{f['system']:.1f}", f"{f['idle']:.1f}", ratio["cpu"],
                     f"{f['ttfb_p50']:+.2f}", ratio["ttfb_p50"], f"{f['ttfb_p99']:+.2f}",
                     ratio["ttfb_p99"], f"{f['gap_p50']:+.2f}", f"{f['gap_p99']:+.2f}",
-                    ratio["gap_p99"], str(f["stalls"]), str(f["errors"])])
+                    ratio["gap_p99"], _pct(f["wait"]), str(f["stalls"]), str(f["errors"])])
     return out
 
 
@@ -570,8 +642,19 @@ def _floor_row(run: dict, streams: int) -> list[str]:
     """The floor's row: nothing added, but its stalls and errors, which say when the host
     itself (the mock and the client, sharing the cores) could not keep the pace."""
     rows = [r for r in run["rows"] if r["target"] == "direct" and r["streams"] == streams]
-    return [FLOOR, str(streams), str(len(rows)), *["–"] * (len(HEADER) - 5),
+    return [FLOOR, str(streams), str(len(rows)), *["–"] * (len(HEADER) - 6),
+            _pct(_median_of(rows, "bench_wait_pct")),
             str(sum(r["stalls"] for r in rows)), str(sum(r["errors"] for r in rows))]
+
+
+def _median_of(rows: list[dict], field: str) -> float | None:
+    """The median of a field over rounds; None where no round has it (older result files)."""
+    values = [r[field] for r in rows if r.get(field) is not None]
+    return statistics.median(values) if values else None
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
 
 
 # The streaming targets against nginx (the same run, the same count): figure, the counts it

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from tests.conftest import closed_after_the_test
-from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for
+from tests.e2e.conftest import UPSTREAM_KEY, client_for, wait_for, worker_rows
 from tests.e2e.test_cache import calls, send_raw, start
 from tests.e2e.test_cache import stats as cache_stats
 from velox_lab.launch import GatewayProcess, RedisProcess
@@ -189,8 +189,7 @@ PAR_KEY = "vx-par-cache-0123456789"
 
 
 def worker_state(gw: GatewayProcess) -> dict[str, Any]:
-    (worker,) = json.loads(gw.admin_get("/stats")[1])["workers"]
-    assert isinstance(worker["state"], dict)
+    (worker,) = worker_rows(gw)
     return worker["state"]  # type: ignore[no-any-return]
 
 

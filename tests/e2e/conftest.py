@@ -7,6 +7,7 @@ stopped by PID at the end of the test (or module) that started them.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -113,6 +114,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 
             return value
         time.sleep(step)
     raise AssertionError("condition not met in time")
+
+
+def worker_rows(gw: GatewayProcess, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """The gateway's /stats rows of its workers once every worker has answered the snapshot's
+    question: one whose loop is a moment behind on a busy host is "busy" there (the snapshot
+    waits 0.25 s), and is asked again."""
+    def answered() -> list[dict[str, Any]] | None:
+        status, body = gw.admin_get("/stats")
+        assert status == 200, body
+        rows: list[dict[str, Any]] = json.loads(body)["workers"]
+        return rows if all(isinstance(row["state"], dict) for row in rows) else None
+
+    return wait_for(answered, timeout)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager

@@ -227,6 +227,7 @@ class _H2Server(asyncio.Protocol):
                     continue
                 conn.send_data(sid, body[:n] if body is _EVENT else body[sent:sent + n])
                 sent += n
+                self.owner.bytes_sent += n
                 self.flush()
                 if self.transport.get_write_buffer_size() > 1 << 20:
                     await asyncio.sleep(0.002)
@@ -326,6 +327,7 @@ class HostileUpstream:
         self.warmups = 0
         self.pings = 0
         self.streams_finished = 0  # `stream=` / `stream-reset=` responses sent to the end
+        self.bytes_sent = 0  # DATA payload of those responses, so far
         self.resets_received = 0  # RST_STREAM frames the gateway sent us
         self.requests: list[str] = []
         self.live: set[Any] = set()

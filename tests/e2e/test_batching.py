@@ -36,7 +36,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import closed_after_the_test
-from tests.e2e.conftest import CLIENT_KEY, wait_for
+from tests.e2e.conftest import CLIENT_KEY, wait_for, worker_rows
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
 from velox_lab.mock.payloads import EMBEDDING_DIMENSIONS, embedding_vector
@@ -571,7 +571,7 @@ def test_a_keyed_member_leaving_while_it_waits_and_while_its_batch_is_in_flight(
         # Each once, the two leavers too (their access-log lines say 499): every request ends
         # exactly once, whichever way.
         assert stats(gw)["requests"]["total"] == before + 7
-        assert wait_for(lambda: stats(gw)["workers"][0]["state"]["in_flight"] == 0, timeout=5)
+        assert wait_for(lambda: worker_rows(gw)[0]["state"]["in_flight"] == 0, timeout=5)
 
 # --- between tenants ------------------------------------------------------------------------
 

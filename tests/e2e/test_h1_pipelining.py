@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import orjson
 import pytest
 
-from tests.e2e.conftest import client_for, gateway_env, wait_for
+from tests.e2e.conftest import client_for, gateway_env, wait_for, worker_rows
 from velox_lab.launch import GatewayProcess
 from velox_lab.mock import MockUpstream
 
@@ -41,9 +40,7 @@ def gw(request: pytest.FixtureRequest, plain_mock: MockUpstream,
 
 
 def _upstream(gw: GatewayProcess) -> dict[str, Any]:
-    status, body = gw.admin_get("/stats")
-    assert status == 200, body
-    (worker,) = orjson.loads(body)["workers"]
+    (worker,) = worker_rows(gw)
     return worker["state"]["upstream"]  # type: ignore[no-any-return]
 
 

@@ -30,6 +30,23 @@ def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _wait_while_sending(up: HostileUpstream, cond: Callable[[], bool], stall_s: float,
+                        what: str) -> None:
+    """Until cond(), failing once the upstream has sent no byte for `stall_s` seconds. How
+    long its paused streams' 168 MiB take through this Python peer depends on the host
+    (13 s at a load average of 9-21, more than 30 s at 25); a connection window that is not
+    handed back stops the sending for good."""
+    sent, moved = up.bytes_sent, time.monotonic()
+    while not cond():
+        if up.bytes_sent != sent:
+            sent, moved = up.bytes_sent, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise AssertionError(f"nothing sent for {stall_s} s while waiting for {what} "
+                                 f"(finished: {up.streams_finished}, "
+                                 f"send windows {up.send_windows()})")
+        time.sleep(0.05)
+
+
 def _stream_request(action: str) -> bytes:
     body = json.dumps({"model": "m", "stream": True,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -95,9 +112,8 @@ def test_paused_streams_return_connection_credit(ending: str, start_gateway: Gat
             # 24 x 7 MiB = 168 MiB, of which the kernel's socket buffers absorb at most ~3 MiB
             # per client: only if each ended stream hands back its held credit can all of them
             # be sent through a 64 MiB connection window.
-            _wait_for(lambda: up.streams_finished == _CLIENTS, 30,
-                      f"all {_CLIENTS} streams to be sent (finished: {up.streams_finished}, "
-                      f"send windows {up.send_windows()})")
+            _wait_while_sending(up, lambda: up.streams_finished == _CLIENTS, 30,
+                                f"all {_CLIENTS} streams to be sent")
         else:
             _wait_for(lambda: up.send_windows() == [0], 30,
                       f"the paused clients to exhaust the connection window "

@@ -192,7 +192,9 @@ targets = [{ upstream = "a" }, { upstream = "b" }]
 """)
     gw = start(tmp_path, config)
     gateways.append(gw)
-    fresh["b"].behave(latency_ms=100)
+    # b slower by a second: at 100 ms, a host at a load average of 25 made the mock a about
+    # as slow as b (181 of 600 went to b).
+    fresh["b"].behave(latency_ms=1000)
     responses = fire(gw, 600, concurrency=32)
     assert all(r.status_code == 200 for r in responses)
     seen = shares(responses)

@@ -299,17 +299,26 @@ probe_interval_s = 1
     # One 200 came from one worker; on a loaded host the other may still be warming its
     # connections for a moment: wait (bounded) until both say so, before the checks below.
     wait_for(lambda: [readyz(gw) for _ in range(4)] == [200] * 4)
-    # b at its max_in_flight is busy, not broken: still ready.
-    fresh["b"].behave(latency_ms=3000)
+    # b at its max_in_flight is busy, not broken: still ready. Its one place is held by an
+    # answer the mock delays; when asking took longer than the hold (a loaded host once took
+    # more than 3 s for the pause and four questions), b was no longer full while asked, so
+    # it is asked again under a hold twice as long.
     held: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: held.append(post(gw, {**CHAT, "model": "n"})))
-    t.start()
-    wait_for(lambda: upstream_stats(gw, "b")["in_flight"] == 1)
-    time.sleep(0.6)  # more than two worker ticks: each worker's READY gauge is current
-    assert [readyz(gw) for _ in range(4)] == [200] * 4
-    assert upstream_stats(gw, "b")["in_flight"] == 1  # asked while b was still full
-    t.join(timeout=30)
-    assert held[0].status_code == 200
+    for hold_ms in (3000, 6000, 12000, 24000):
+        fresh["b"].behave(latency_ms=hold_ms)
+        held.clear()
+        t = threading.Thread(target=lambda: held.append(post(gw, {**CHAT, "model": "n"})))
+        t.start()
+        wait_for(lambda: upstream_stats(gw, "b")["in_flight"] == 1)
+        time.sleep(0.6)  # more than two worker ticks: each worker's READY gauge is current
+        assert [readyz(gw) for _ in range(4)] == [200] * 4
+        full_while_asked = upstream_stats(gw, "b")["in_flight"] == 1
+        t.join(timeout=hold_ms / 1000 + 30)
+        assert held[0].status_code == 200
+        if full_while_asked:
+            break
+    else:
+        raise AssertionError("b's place was never still held when readiness had been asked")
     # Every upstream of route n open: not ready, though route m is fine.
     fresh["b"].behave(status=503)
     for _ in range(3):

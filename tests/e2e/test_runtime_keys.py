@@ -231,7 +231,11 @@ def test_a_key_revoked_during_a_reload_is_refused_by_the_draining_workers_too(
     with GatewayProcess(env, log_path=tmp_path / "velox.log") as gw, admin(gw) as api:
         secret = api.post("/keys", json={"name": "rt-drain"}).json()["key"]
         until_all(gw, secret, "200", 1.0)
+        # The kept connection must outlive the reload and the checks on the new workers: 9 s
+        # and more on a loaded host, where httpx's default expiry of an idle pooled
+        # connection (5 s) made it open a new one, to a new worker.
         with httpx.Client(base_url=gw.base_url, timeout=20,
+                          limits=httpx.Limits(keepalive_expiry=300),
                           headers={"Authorization": f"Bearer {secret}"}) as kept:
             assert kept.post("/v1/chat/completions", json=body).status_code == 200
             old = {int(w["pid"]) for w in workers(gw)}  # type: ignore[call-overload]

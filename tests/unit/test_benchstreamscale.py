@@ -8,7 +8,10 @@ A small synthetic result file: no gateway is started here.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from benches import report as benchreport
 from benches.e2e import streamscale
@@ -20,11 +23,14 @@ MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores"
 
 
 def _row(rnd: int, target: str, streams: int, ttfb: tuple[float, float],
-         gap: tuple[float, float], cpu: float | None = None, stalls: int = 0) -> dict:
-    """One measured phase; latencies in µs as drive() gives them."""
+         gap: tuple[float, float], cpu: float | None = None, stalls: int = 0,
+         wait: float | None = None) -> dict:
+    """One measured phase; latencies in µs as drive() gives them; `wait`: the share of time
+    the processes waited for a core (the target's, or on the floor's row the bench's own)."""
     row = {"round": rnd, "target": target, "streams": streams, "errors": 0, "events": 1000,
            "stalls": stalls, "ttfb_us": {"p50": ttfb[0], "p99": ttfb[1]},
-           "gap_us": {"p50": gap[0], "p99": gap[1]}}
+           "gap_us": {"p50": gap[0], "p99": gap[1]},
+           "wait_pct" if cpu is not None else "bench_wait_pct": wait}
     if cpu is not None:
         row |= {"cpu_us_per_event": cpu, "system_us_per_event": cpu / 2,
                 "idle_us_per_event": 1.0}
@@ -41,10 +47,10 @@ def _run(egress: str) -> dict:
             # nginx adds 0.02 ms to the head and 0.01 ms to the gap: within the noise
             _row(rnd, nginx, 1, (1020, 2020), (100, 510), cpu=50.0),
             _row(rnd, "velox", 1, (1300, 2400), (100, 800), cpu=100.0),
-            _row(rnd, "direct", 512, (1000, 2000), (100, 500)),
+            _row(rnd, "direct", 512, (1000, 2000), (100, 500), wait=10.0 * (rnd + 1)),
             _row(rnd, nginx, 512, (1200, 2500), (100, 1500), cpu=20.0),
             _row(rnd, "velox", 512, (1600, 2900), (100, 2000), cpu=velox_cpu,
-                 stalls=1 if rnd == 1 else 0),
+                 stalls=1 if rnd == 1 else 0, wait=(5.0, 60.0, 20.0)[rnd]),
         ]
     return {"egress": egress, "events": "20-200", "interval_ms": 20, "seconds": 8,
             "rows": rows, "profiles": []}
@@ -68,12 +74,15 @@ def test_medians_added_delays_and_ratios_to_nginx() -> None:
     rows = _by_target(_run("http1"))
     assert rows[("velox", "512")] == ["velox", "512", "3", "30.0", "15.0", "1.0", "1.50",
                                       "+0.60", "3.00", "+0.90", "1.80", "+0.00", "+1.50",
-                                      "1.50", "1", "0"]
+                                      "1.50", "20", "1", "0"]
     assert rows[("nginx", "512")][CPU_RATIO] == "1.00"
     # the floor's row comes first at each count: no figures of its own but its stalls
     assert [r[0] for r in streamscale.summary(_run("http1"))][:3] == [
         streamscale.FLOOR, "nginx", "velox"]
-    assert rows[(streamscale.FLOOR, "512")][3:] == ["–"] * 11 + ["0", "0"]
+    # its waiting share is the client's and the mock's (median over rounds)
+    assert rows[(streamscale.FLOOR, "512")][3:] == ["–"] * 11 + ["20", "0", "0"]
+    # rounds without the figure (a file from before it was kept) show none
+    assert rows[("nginx", "512")][-3] == "–" and rows[(streamscale.FLOOR, "1")][-3] == "–"
 
 
 def test_no_ratio_to_an_added_delay_within_the_noise() -> None:
@@ -126,6 +135,24 @@ def test_goals_go_to_the_html_page() -> None:
     assert len(goals) == 1 and goals[0] is not None
     head, rows = goals[0]
     assert "**missed**" in {r[head.index("verdict")] for r in rows}
+
+
+def test_wait_share_of_a_process_and_of_the_host() -> None:
+    assert streamscale.wait_pct(0.3, 0.1) == 25.0
+    assert streamscale.wait_pct(0.0, 0.0) is None  # nothing wanted a core: no share
+    # this process's own schedstat (updated at the scheduler's ticks): it has run, and
+    # neither figure goes back
+    ran, waited = streamscale._sched(os.getpid())
+    again = streamscale._sched(os.getpid())
+    assert again[0] >= ran > 0 and again[1] >= waited >= 0
+
+
+def test_session_weight_writes_the_nice_value_or_says_why_not(tmp_path: Path) -> None:
+    autogroup = tmp_path / "autogroup"
+    streamscale.session_weight(-10, autogroup)
+    assert autogroup.read_text() == "-10\n"
+    with pytest.raises(SystemExit, match=r"--session-nice -5: cannot write .*needs root"):
+        streamscale.session_weight(-5, tmp_path / "absent" / "autogroup")
 
 
 def test_event_counts_and_perf_report_parsing() -> None:
