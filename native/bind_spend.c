@@ -48,6 +48,7 @@ typedef struct {
     size_t ids_len, ids_cap;
     int64_t dropped;       /* rows that found the buffers full */
     int64_t last_cost;     /* the last result, returned again for the same cost */
+    int last_header;       /* ... and the same header choice (its key is the pair) */
     PyObject *last;
 } BookObject;
 
@@ -205,8 +206,10 @@ static int book_row(BookObject *self, const int64_t v[C_COUNT], PyObject *reques
 /* (cost or None, (b"x-velox-cost-usd", USD) or None), the last one again for the same. */
 static PyObject *book_result(BookObject *self, int64_t cost, int header)
 {
-    int64_t tag = cost == NO_COST ? NO_COST : header ? cost : -1 - cost;
-    if (self->last != NULL && self->last_cost == tag)
+    /* The pair, not one folded int: -1 - cost for "no header" made INT64_MAX's tag NO_COST's,
+     * so an unknown cost got a cost of INT64_MAX's cached answer back. */
+    header = cost != NO_COST && header;
+    if (self->last != NULL && self->last_cost == cost && self->last_header == header)
         return Py_NewRef(self->last);
     PyObject *out;
     if (cost == NO_COST) {
@@ -221,7 +224,8 @@ static PyObject *book_result(BookObject *self, int64_t cost, int header)
     if (out == NULL)
         return NULL;
     Py_XSETREF(self->last, Py_NewRef(out));
-    self->last_cost = tag;
+    self->last_cost = cost;
+    self->last_header = header;
     return out;
 }
 

@@ -167,3 +167,14 @@ def test_the_columns_frame_reads_back_through_the_supervisors_decoder() -> None:
     assert [r[13] for r in got] == [cost] * 4 + [None]
     assert got[0][7:13] == (200, 10, 20, 1, 0, 3)
     assert NO_COST not in [r[13] for r in got]
+
+
+def test_an_unknown_cost_after_the_largest_known_one_is_still_unknown() -> None:
+    """The book returns its last answer again for the same cost; the cache's key once folded
+    "no header" into -1 - cost, which for INT64_MAX was the unknown cost's key."""
+    counters = Counters(SLOT + 1, _FIELDS)
+    book = _native.SpendBook((counters,), SLOT, WIDTH, KEYS, API_PATHS)
+    args = (0, 0, 0, 0, 0, -2, 0, 0, 200, 0, b"/v1/chat/completions", None, False)
+    assert book.answer(_I64, *args) == (_I64, None)
+    assert book.answer(None, *args) == (None, None)
+    assert book.answer(_I64, *args) == (_I64, None)
