@@ -10,6 +10,9 @@ is then the body's estimate plus the default output budget), unless `max_tokens`
         [--max-tokens N]
 
 Request k is due at START_AT (a time.time() value, shared by the processes) + k / RATE; with
+START_AT `-` the process imports the SDK, prints `ready` and reads START_AT from its stdin
+(`spawn(..., None)` then `start(procs)`: on a busy host the import can take longer than any
+fixed lead, and a process starting late would send all its overdue requests at once); with
 `--burst N` requests go out N at once every N / RATE seconds (the same mean rate). Bounded: at
 most RATE x DURATION_S requests, each with a 30 s timeout, and the process waits at most 35 s
 for the last answers. Prints one JSON line: per request (send time from START_AT, status),
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import select
 import subprocess
 import sys
 import time
@@ -80,14 +84,36 @@ async def load(base_url: str, api_key: str, rate: float, duration_s: float, star
     return out
 
 
-def spawn(base_url: str, api_key: str, rate: float, duration_s: float, start_at: float,
-          burst: int = 1, max_tokens: int | None = None) -> subprocess.Popen[str]:
-    """Start one load process (stdout: its JSON line); the caller waits for it (`collect`)."""
+def spawn(base_url: str, api_key: str, rate: float, duration_s: float,
+          start_at: float | None, burst: int = 1,
+          max_tokens: int | None = None) -> subprocess.Popen[str]:
+    """Start one load process (stdout: its JSON line); the caller waits for it (`collect`).
+    `start_at` None: it waits, SDK imported, for the time `start` gives every process."""
     cmd = [sys.executable, "-m", "benches.e2e.paced", base_url, api_key, repr(rate),
-           repr(duration_s), repr(start_at), "--burst", str(burst)]
+           repr(duration_s), "-" if start_at is None else repr(start_at), "--burst", str(burst)]
     if max_tokens is not None:
         cmd += ["--max-tokens", str(max_tokens)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE if start_at is None else None,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def start(procs: list[subprocess.Popen[str]], lead_s: float = 0.5,
+          timeout_s: float = 120.0) -> float:
+    """Once every process spawned with `start_at` None is ready (its SDK imported), give them
+    all one start time `lead_s` ahead, and return it."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdin is not None
+        ready = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"a load process did not get ready: {line!r}")
+    start_at = time.time() + lead_s
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start_at!r}\n")
+        proc.stdin.flush()  # one line is all it reads; `collect`'s communicate closes it
+    return start_at
 
 
 def collect(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
@@ -109,11 +135,18 @@ def main() -> None:
     p.add_argument("api_key")
     p.add_argument("rate", type=float)
     p.add_argument("duration_s", type=float)
-    p.add_argument("start_at", type=float)
+    p.add_argument("start_at", help="a time.time() value, or - to read it from stdin")
     p.add_argument("--burst", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=None)
     a = p.parse_args()
-    doc = asyncio.run(load(a.base_url, a.api_key, a.rate, a.duration_s, a.start_at, a.burst,
+    if a.start_at == "-":
+        import openai  # noqa: F401 - the slow part, done before the start is given
+
+        print("ready", flush=True)
+        start_at = float(sys.stdin.readline())
+    else:
+        start_at = float(a.start_at)
+    doc = asyncio.run(load(a.base_url, a.api_key, a.rate, a.duration_s, start_at, a.burst,
                            a.max_tokens))
     print(json.dumps(doc))
 

@@ -129,9 +129,9 @@ def test_three_hosts_hold_one_budget_within_the_bound(tmp_path: Path, mock: Mock
         wait_for(lambda: all(metric(gw, "velox_redis_hosts") == HOSTS for gw in gateways), 30)
         # The budget lasts ~110 requests; three times that over the run.
         per_host = 3 * 110 / DURATION_S / HOSTS
-        start = time.time() + 2.0  # the load processes import the SDK meanwhile
-        procs = [paced.spawn(gw.base_url + "/v1", CLIENT_KEY, per_host, DURATION_S, start)
+        procs = [paced.spawn(gw.base_url + "/v1", CLIENT_KEY, per_host, DURATION_S, None)
                  for gw in gateways]
+        start = paced.start(procs)  # once every process has imported the SDK
         if outage:  # down from a sixth of the run (the budget is not spent yet) to a quarter
             time.sleep(max(0.0, start + DURATION_S / 6 - time.time()))
             redis.kill()
@@ -256,9 +256,9 @@ def test_budget_grants_are_in_metrics(tmp_path: Path, mock: MockUpstream) -> Non
         gateways = start_hosts(tmp_path, mock, redis.url, hosts=2)
         wait_for(lambda: all(metric(gw, "velox_redis_hosts") == 2 for gw in gateways), 30)
         duration = 6.0  # the budget lasts ~110 requests: twice that over the run
-        start = time.time() + 2.0
         procs = [paced.spawn(gw.base_url + "/v1", CLIENT_KEY, 220 / duration / 2, duration,
-                             start) for gw in gateways]
+                             None) for gw in gateways]
+        paced.start(procs)  # once every process has imported the SDK
         docs = [paced.collect(p, duration + 120) for p in procs]
         # The refresher's last call is at most a heartbeat old: its asks are counted.
         figures = [grants(gw) for gw in gateways]

@@ -52,9 +52,9 @@ def run(tmp_path: Path, hosts: int, per_host: float, duration_s: float, burst: i
             reply = c.redis.command("EVAL", EMPTY_LUA, "2", "velox:bucket:key:bench:rpm",
                                     "velox:bucket:key:bench:tpm")
             assert reply == b":1\r\n", reply
-        start = time.time() + 2.0  # the load processes import the SDK meanwhile
         procs = [paced.spawn(gw.base_url + "/v1", harness.CLIENT_KEY, per_host, duration_s,
-                             start, burst) for gw in c.gateways]
+                             None, burst) for gw in c.gateways]
+        start = paced.start(procs)  # once every process has imported the SDK
         docs = [paced.collect(p, duration_s + 120) for p in procs]
         stats = [json.loads(gw.admin_get("/stats")[1])["keys"][0] for gw in c.gateways]
         logs = [gw.log() for gw in c.gateways]
