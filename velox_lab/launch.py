@@ -29,10 +29,6 @@ from pathlib import Path
 from velox.system.ports import in_use, listening_inodes, socket_inodes
 
 
-class PortTaken(RuntimeError):
-    """The gateway's port (or its admin server's) was taken by another process."""
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -69,10 +65,6 @@ class GatewayProcess:
         # which then goes alone to the log file.
         self.stdout = stdout
         self.port = port or free_port(host)
-        # Ports picked here may be taken by another process between the pick and the
-        # gateway's bind (tests side by side): a first start may then move to fresh ones.
-        self._movable = port is None
-        self._started = False
         base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "")}
         # Settings come only from what the caller passes, not from a stray .env or shell.
         base = {k: v for k, v in base.items() if not k.startswith("VELOX_")}
@@ -118,26 +110,9 @@ class GatewayProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 30.0, wait_ready: bool = True) -> GatewayProcess:
-        for attempt in range(3):
-            try:
-                return self._start(timeout, wait_ready)
-            except PortTaken:
-                if not self._movable or self._started or attempt == 2:
-                    raise
-                self.port = free_port(self.host)
-                self.env["VELOX_PORT"] = str(self.port)
-                admin_host, _, admin_port = self.env["VELOX_ADMIN_ADDR"].rpartition(":")
-                if admin_port.isdigit() and admin_port != "0":  # not "off": picked, like ours
-                    self.env["VELOX_ADMIN_ADDR"] = f"{admin_host}:{free_port(self.host)}"
-            finally:
-                self._started = self._started or (self.proc is not None and
-                                                   self.proc.poll() is None)
-        raise AssertionError("unreachable")
-
-    def _start(self, timeout: float, wait_ready: bool) -> GatewayProcess:
         taken = in_use(self.host, self.port)
         if taken is not None:
-            raise PortTaken(f"{self.host}:{self.port} is taken before velox started "
+            raise RuntimeError(f"{self.host}:{self.port} is taken before velox started "
                                f"({taken.strerror or taken}): another gateway or program "
                                f"listens there (VELOX_PORT)")
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
@@ -152,9 +127,7 @@ class GatewayProcess:
         path = "/readyz" if wait_ready else "/healthz"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                text = self.log()
-                kind = PortTaken if "cannot listen on" in text else RuntimeError
-                raise kind(f"velox exited with {self.proc.returncode}:\n{text}")
+                raise RuntimeError(f"velox exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 status, _ = http_get(self.host, self.port, path, timeout=1.0)
                 if status == 200 and self._listens_alone():
