@@ -50,11 +50,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
+import orjson
+
 from velox.spend.otlp import CLIENT, SERVER, Encoder, SpanData
 
 TRACES_PATH = "/v1/traces"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _LOW64 = (1 << 64) - 1
+# An event stream's fields, found without parsing each event (OpenAI's and Anthropic's names).
+_FINISH = re.compile(rb'"(?:finish|stop)_reason"\s*:\s*"([^"]+)"')
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"]+)"')
+_IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 # next_sampled at ratio 0: no request is ever sampled (a countdown that never ends).
 NEVER = 1 << 62
 CLOSE_TIMEOUT_S = 3.0
@@ -171,6 +178,28 @@ class RequestRecord:
     # several requests has no SERVER span, its CLIENT spans (one per attempt) start its trace.
     # 0: a client's request.
     members: int = 0
+    # The answer as the client got it (its first 256 KiB), read for the response model, finish
+    # reasons and usage in the export thread (`read_answer`), not on the loop: at 1% sampling
+    # a sampled request's path runs cold and its parse cost the loop tens of us.
+    answer: Sequence[bytes] = ()
+    # A batched member's share of the merged call's tokens, when its answer says none.
+    share_tokens: tuple[int, int] | None = None
+
+    def read_answer(self) -> None:
+        """Fill the answer's fields from what was kept (once), and the answering attempt's."""
+        if not self.answer:
+            return
+        model, finish, tokens_in, tokens_out = answer_fields(self.answer)
+        self.answer = ()
+        if self.attempts:
+            last = self.attempts[-1]
+            if last.status and last.status < 400:
+                last.response_model, last.finish_reasons = model, finish
+                last.input_tokens, last.output_tokens = tokens_in, tokens_out
+        if tokens_in is None and self.share_tokens is not None:
+            tokens_in, tokens_out = self.share_tokens
+        self.response_model, self.finish_reasons = model, finish
+        self.input_tokens, self.output_tokens = tokens_in, tokens_out
 
     def span_name(self, model: str) -> str:
         """`{gen_ai.operation.name} {model}` (the GenAI conventions), else `{method} {path}`
@@ -178,6 +207,42 @@ class RequestRecord:
         if self.operation:
             return f"{self.operation} {model}" if model else self.operation
         return f"{self.method} {self.path}"
+
+
+def answer_fields(pieces: Sequence[bytes]) -> tuple[str, tuple[str, ...], int | None,
+                                                   int | None]:
+    """Response model, finish reasons, input and output tokens of an answer as kept."""
+    if not pieces:
+        return "", (), None, None
+    body = b"".join(pieces)
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:  # an event stream (or a cut answer): scan it
+        return _scanned_fields(body)
+    if not isinstance(doc, dict):
+        return "", (), None, None
+    choices = doc.get("choices")
+    finish = tuple(str(c["finish_reason"]) for c in choices if isinstance(c, dict)
+                   and c.get("finish_reason")) if isinstance(choices, list) else ()
+    if not finish and doc.get("stop_reason"):  # the Messages API's
+        finish = (str(doc["stop_reason"]),)
+    usage = doc.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    tokens_in = usage.get("prompt_tokens", usage.get("input_tokens"))
+    tokens_out = usage.get("completion_tokens", usage.get("output_tokens"))
+    model = doc.get("model")
+    return (model if isinstance(model, str) else "", finish,
+            tokens_in if isinstance(tokens_in, int) else None,
+            tokens_out if isinstance(tokens_out, int) else None)
+
+
+def _scanned_fields(body: bytes) -> tuple[str, tuple[str, ...], int | None, int | None]:
+    model = _MODEL.search(body)
+    finish = tuple(dict.fromkeys(m.decode("latin-1") for m in _FINISH.findall(body)))
+    tokens_in, tokens_out = _IN.findall(body), _OUT.findall(body)
+    return (model.group(1).decode("latin-1") if model else "", finish,
+            int(tokens_in[-1]) if tokens_in else None,
+            int(tokens_out[-1]) if tokens_out else None)
 
 
 def next_sampled(ratio: float, draw: float) -> int:
@@ -328,6 +393,7 @@ class Pending(_PendingFields):
 
 def span_data(pending: Pending) -> SpanData:
     """The span a queued entry stands for."""
+    pending.rec.read_answer()
     if pending.attempt is None:
         return server_span(pending.rec, pending.offset)
     return client_span(pending.rec, pending.attempt, pending.offset)
