@@ -187,17 +187,18 @@ class RequestRecord:
 
     def read_answer(self) -> None:
         """Fill the answer's fields from what was kept (once), and the answering attempt's."""
-        if not self.answer:
+        pieces, share = self.answer, self.share_tokens
+        if not pieces and share is None:
             return
-        model, finish, tokens_in, tokens_out = answer_fields(self.answer)
-        self.answer = ()
+        self.answer, self.share_tokens = (), None
+        model, finish, tokens_in, tokens_out = answer_fields(pieces)
         if self.attempts:
             last = self.attempts[-1]
             if last.status and last.status < 400:
                 last.response_model, last.finish_reasons = model, finish
                 last.input_tokens, last.output_tokens = tokens_in, tokens_out
-        if tokens_in is None and self.share_tokens is not None:
-            tokens_in, tokens_out = self.share_tokens
+        if tokens_in is None and share is not None:
+            tokens_in, tokens_out = share
         self.response_model, self.finish_reasons = model, finish
         self.input_tokens, self.output_tokens = tokens_in, tokens_out
 
