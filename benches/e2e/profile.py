@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", action="store_true",
                    help="keep py-spy's collapsed stacks beside --out (one file per count)")
     args = p.parse_args(argv)
+    load_start = list(os.getloadavg())
     if not wrk.available():
         print("wrk is not installed", file=sys.stderr)
         return 2
@@ -231,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         velox.stop()
         mock.stop()
-    doc = {"machine": facts(), "results": results}
+    # What the report (benches/report_profile.py) says of the run beside its tables.
+    doc = {"machine": facts(), "loadavg_start": load_start, "seconds": args.seconds,
+           "egress": "http1" if args.cleartext else "h2", "settings": args.env,
+           "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"load average {os.getloadavg()}")
