@@ -21,11 +21,14 @@ from typing import Any
 import orjson
 import pytest
 
+from velox import _native
 from velox.admin import twins as access_twins
 from velox.admin.accesslog import AccessLog
 from velox.ingress import h1write
 from velox.relay import twins as usage_twins
 from velox.relay import usage
+from velox.routing import balance
+from velox.routing import twins as hash_twins
 from velox.spend.book import BookTwin, SpendBook
 from velox.spend.rowframe import FRAME_COLUMNS, unpack
 from velox_lab.pipeline import CHAT_BODY, Pipeline
@@ -50,6 +53,7 @@ def _native_again() -> Iterator[None]:
     yield
     usage.use(native=True)
     h1write.use(native=True)
+    balance.use(native=True)
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
@@ -66,7 +70,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
 
 def _run(native: bool, config: Path, out: int) -> tuple[list[bytes], list[dict[str, Any]], Any]:
     """Plain answers and streams through one priced worker, its access log written to `out`:
-    the client's cost headers, the ledger's rows and the worker's spend book."""
+    the client's cost headers, the ledger's rows and the worker."""
     pipeline = Pipeline(clients=4, codec="native" if native else "framer",
                         VELOX_CONFIG=str(config))
     worker = pipeline.worker
@@ -90,7 +94,7 @@ def _run(native: bool, config: Path, out: int) -> tuple[list[bytes], list[dict[s
             | {"names": frame.labels[frame.columns[1][r]]} for r in range(taken[1])]
     for row in rows:
         del row["label"]  # a number per frame; its names are compared instead
-    return headers, rows, spend.priced
+    return headers, rows, worker
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -112,15 +116,20 @@ def test_native_0_prices_and_logs_on_the_twins_with_the_native_results(
         path = tmp_path / f"access-{int(native)}.log"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            headers, rows, book = _run(native, config, fd)
+            headers, rows, worker = _run(native, config, fd)
         finally:
             os.close(fd)
         results[native] = headers, rows, _lines(path)
+        book = worker.spend.priced
+        hashers = {type(tier.hasher) for chain in worker.dispatch.router.chains.values()
+                   for picker in chain for tier in picker.tiers}
         if native:
             assert type(book) is SpendBook
+            assert hashers == {_native.Rendezvous} and balance.hash64 is _native.hash64
             assert calls == dict.fromkeys(calls, 0), "a twin ran with VELOX_NATIVE=1"
         else:
             assert type(book) is BookTwin
+            assert hashers == {hash_twins.Rendezvous} and balance.hash64 is hash_twins.hash64
             # Plain answers' usage with its parts (spend), streams' usage chunk (the meter's
             # scan), every line by the twin's formatter.
             assert calls["usage_parts_scan"] >= 8 and calls["usage_scan"] >= 4, calls
