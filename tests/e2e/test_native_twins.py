@@ -24,6 +24,7 @@ import openai
 
 from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import wait_for
+from tests.e2e.test_spend_parts import price_tables
 from tests.e2e.test_spend_wire import ledger_rows
 from velox_lab.launch import GatewayProcess, free_port
 from velox_lab.mock import MockUpstream
@@ -40,34 +41,15 @@ _CLOCK_HEADERS = ("server-timing", "openai-processing-ms")
 
 
 def _config(mock: MockUpstream) -> str:
+    """An OpenAI and an Anthropic upstream, a route to each, every part priced apart (the
+    prices of tests/e2e/test_spend_parts.py), and the key."""
     upstreams = "".join(
         f'[[upstream]]\nname = "{name}"\norigin = "{mock.origin}"\n'
         f'api_key_env = "KEY_{name.upper()}"\nca_file = "{mock.ca_file}"\n{extra}\n'
         for name, extra in (("oa", ""), ("an", 'kind = "anthropic"\n')))
-    return upstreams + f"""
-[[price]]
-model = "gpt-x"
-input = 100
-cached_input = 10
-output = 200
-reasoning = 700
-
-[[price]]
-model = "claude-x"
-input = 300
-cached_input = 30
-cache_write = 375
-output = 1500
-
-[[route]]
-model = "gpt-x"
-targets = [{{ upstream = "oa" }}]
-
-[[route]]
-model = "claude-x"
-targets = [{{ upstream = "an" }}]
-
-[[key]]
+    routes = "".join(f'[[route]]\nmodel = "{model}"\ntargets = [{{ upstream = "{name}" }}]\n\n'
+                     for model, name in (("gpt-x", "oa"), ("claude-x", "an")))
+    return upstreams + price_tables() + routes + f"""[[key]]
 name = "twins"
 sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"
 tpm = 10000000
