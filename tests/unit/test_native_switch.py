@@ -12,6 +12,7 @@ test_native_twins.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ import pytest
 from velox import _native
 from velox.admin import twins as access_twins
 from velox.admin.accesslog import AccessLog
+from velox.admin.agent import Agent
 from velox.ingress import h1write
 from velox.relay import twins as usage_twins
 from velox.relay import usage
@@ -150,3 +152,19 @@ def test_the_estimate_twin_reads_what_the_native_scan_reads() -> None:
     assert usage.estimate_scan is usage.estimate_twin
     usage.use(native=True)
     assert usage.estimate_scan is not usage.estimate_twin
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_agent_starts_the_log_the_setting_selects(native: bool) -> None:
+    """The worker's access log is the admin agent's to make (velox.admin.agent): with
+    VELOX_NATIVE=0 it writes through the twin's book and formatter."""
+    worker = Pipeline(clients=1, codec="native" if native else "framer").worker
+    agent = Agent(worker)
+    asyncio.run(agent.start())  # no control socket here: the access log alone
+    log = agent.access_log
+    assert log is not None and worker.log_access == log.append
+    try:
+        assert type(log.queue) is (_native.AccessBook if native else access_twins.AccessBook)
+        assert log._line is (_native.access_line if native else access_twins.access_line)
+    finally:
+        log.close(timeout=0)
