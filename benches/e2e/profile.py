@@ -195,6 +195,10 @@ def markdown(results: list[dict[str, object]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e.profile")
     p.add_argument("--conns", default="1,64")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="profiles per count, the counts interleaved (a shared host moves the "
+                        "shares from one profile to the next: the report pools the rounds and "
+                        "gives their range)")
     p.add_argument("--seconds", type=float, default=8.0, help="sampled seconds per count")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--env", action="append", default=[], metavar="VELOX_X=VALUE",
@@ -225,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         workers = children(velox.pid)
         with bench_lock() as waited:  # never overlaps another timed section on this machine
             print(f"waited {waited:.0f}s for the benchmark lock", flush=True)
-            for conns in (int(c) for c in args.conns.split(",")):
-                raw = args.out.with_name(f"{args.out.stem}-{conns}.pyspy.txt") if args.raw \
-                    else None
-                results.append(profile(conns, args.seconds, velox.port, workers, raw))
+            for rnd in range(args.rounds):
+                for conns in (int(c) for c in args.conns.split(",")):
+                    raw = args.out.with_name(f"{args.out.stem}-{conns}-{rnd}.pyspy.txt") \
+                        if args.raw else None
+                    results.append({**profile(conns, args.seconds, velox.port, workers, raw),
+                                    "round": rnd})
     finally:
         velox.stop()
         mock.stop()

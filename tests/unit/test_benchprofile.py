@@ -20,10 +20,11 @@ MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores"
            "git_dirty": False, "loadavg": [3.0, 2.0, 1.0]}
 
 
-def _result(conns: int, stages: dict[str, float], objects: dict[str, float]) -> dict:
+def _result(conns: int, stages: dict[str, float], objects: dict[str, float],
+            samples: int = 500) -> dict:
     return {"conns": conns, "rps": 1000.0 * conns, "worker_user_s": 3.0, "worker_system_s": 1.0,
             "perf": {"shares": objects},
-            "py_spy": {"samples": 500, "rate_hz": 250, "shares": stages, "top_frames": {
+            "py_spy": {"samples": samples, "rate_hz": 250, "shares": stages, "top_frames": {
                 "run_worker (/srv/build/tree/velox/supervisor.py:600)": 0.4,
                 "SSLObject.write (/usr/lib/python3.11/ssl.py:930)": 0.1,
                 "ClientConnection.respond (/home/dev/velox/velox/ingress/connection.py:90)": 0.05,
@@ -92,3 +93,22 @@ def test_the_docs_section_is_written_between_its_markers(tmp_path: Path) -> None
 def test_no_profile_no_section() -> None:
     assert report_profile.sections(None) == []
     assert report_profile.sections({"machine": MACHINE, "results": []}) == []
+
+
+def test_rounds_pool_their_samples_and_show_their_range(tmp_path: Path) -> None:
+    """Two rounds at one count: a stage's share is over both rounds' samples (100 at 20%
+    and 300 at 60%: 50%), perf's objects the mean of the rounds, each with the rounds' range;
+    equal shares in the order of their names."""
+    doc = {**_doc(), "results": [
+        _result(64, {"event loop": 0.2, "relay": 0.8}, {"libpython3.11.so.1.0": 0.6},
+                samples=100),
+        _result(64, {"event loop": 0.6, "relay": 0.4}, {"libpython3.11.so.1.0": 0.4},
+                samples=300)]}
+    head, rows = report_profile.table_stages(doc)
+    assert head == ["stage (py-spy)", "64 connections"]
+    assert rows == [["event loop", "50% (20–60)"], ["relay", "50% (40–80)"]]
+    _, rows = report_profile.table_objects(doc)
+    assert {r[0]: r[1] for r in rows}["the Python interpreter"] == "50% (40–60)"
+    _, rows = report_profile.table_frames(doc)
+    assert rows[0] == ["run_worker (velox/supervisor.py:600)", "40%"]
+    assert "2 rounds with the counts interleaved" in report_profile.intro(doc)[0]
