@@ -2,9 +2,10 @@
 processes, two workers each, two ports) sharing one real redis-server and VELOX_CACHE=1, the
 bundled mock upstream over HTTP/2 + TLS, the official openai SDK.
 
-VELOX_CACHE_REDIS_TIMEOUT_MS is raised to 500 here so a loaded 2-core box does not turn a
-shared answer into a timeout miss (the default is a few ms); the Redis-down test does not
-depend on it: a killed Redis refuses at once."""
+VELOX_CACHE_REDIS_TIMEOUT_MS is raised to 3 s here so a loaded 2-core box does not turn a
+shared answer into a timeout miss (the default is a few ms; 500 ms was overrun at load 20, the
+worker's first lookup opening its connection too); the Redis-down test does not depend on it:
+a killed Redis refuses at once."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def hosts(upstream: MockUpstream, redis_server: RedisProcess,
     try:
         for _ in range(2):  # test_cache's gateway (two workers, VELOX_CACHE=1), plus Redis
             start(started, upstream, tmp_path, VELOX_REDIS_URL=redis_server.url,
-                  VELOX_CACHE_REDIS_TIMEOUT_MS="500", VELOX_SHUTDOWN_GRACE_S="2")
+                  VELOX_CACHE_REDIS_TIMEOUT_MS="3000", VELOX_SHUTDOWN_GRACE_S="2")
         yield started
     finally:
         for gw in started:
