@@ -20,11 +20,15 @@ and then a worker pays on its loop only for what a sampled request needs:
   `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
   `server.address` / `server.port`, `error.type`, HTTP status codes).
 
-Spans are built as the SDK's own `ReadableSpan` with the ids chosen during the request (an
-SDK `Tracer` would pick its own ids, and a span built after the fact must carry the ids sent
-upstream), and handed to the SDK's `BatchSpanProcessor`, whose thread batches them to the
-official OTLP/HTTP exporter; the SDK's `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` settings
-(schedule delay, queue size, timeout, headers) apply as usual.
+Spans carry the ids chosen during the request (an SDK `Tracer` would pick its own ids, and a
+span made after the fact must carry the ids sent upstream). `record` queues one entry per span
+(`Pending`: the record, the attempt) in the SDK's `BatchSpanProcessor`; its thread hands a
+batch to the exporter, and only there are the spans made (`server_span`, `client_span`: the
+answer's fields read from what was kept) and encoded by velox.spend.otlp into the bytes the
+SDK's encoder would make, which the official OTLP/HTTP exporter sends (an exporter of another
+kind gets the SDK's `ReadableSpan`s). The loop pays a few us per sampled request, the thread
+about 12 us per span (benches/bench_trace.py); the SDK's `OTEL_BSP_*` and
+`OTEL_EXPORTER_OTLP_*` settings (schedule delay, queue size, timeout, headers) apply as usual.
 
 A dead or silent collector costs no request anything: `record` only appends to the processor's
 queue. At most `max_queue` spans wait (sent or not); past that `record` drops the request's

@@ -33,8 +33,9 @@ its hex and a header: ~1.5 us of the ~1.7 us tracing cost an unsampled request b
 benches/bench_trace.py).
 
 A sampled request's exchange also gets an observer (wrapping the cache's, if any) keeping the
-first 256 KiB of its answer as the client gets it, to read the response model, finish reasons
-and usage from at the end. Contents are never recorded: only those fields are read from it.
+first 256 KiB of its answer as the client gets it, from which the export thread reads the
+response model, finish reasons and usage (RequestRecord.read_answer). Contents are never
+recorded: only those fields are read from it.
 """
 
 from __future__ import annotations
