@@ -179,3 +179,23 @@ def test_the_sdk_s_otlp_exporter_is_sent_the_encoded_bytes_others_get_spans() ->
         assert span_data(entries[0]).name == "chat gpt-4o"
     finally:
         other.close(timeout_s=5)
+
+
+def test_the_benchmarks_sink_takes_what_the_exporter_sends() -> None:
+    """benches/e2e/otlpsink.py (the collector of the end-to-end tracing figures) answers the
+    SDK's exporter, which counts the spans exported, and counts the export and its bytes."""
+    from benches.e2e.otlpsink import Sink
+
+    sink = Sink()
+    t = Tracer(sink.endpoint, schedule_delay_ms=3_600_000)
+    try:
+        rec = RequestRecord(RequestTrace(5, 6, 0, True), "chat", "POST", "/v1/chat/completions",
+                            "gpt-4o", 200, 10, 20)
+        assert t.record(rec) == 1
+        t.close(timeout_s=30)  # exports what waits
+        assert t.stats()["exported"] == 1
+        counts = sink.counts()
+        assert counts["exports"] == 1
+        assert counts["bytes"] == len(t.exporter.spans.encoded([Pending(rec, None, 0)])) > 0
+    finally:
+        sink.close()
