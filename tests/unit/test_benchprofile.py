@@ -8,11 +8,11 @@ A small synthetic result file: no gateway is started here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from benches import report as benchreport
 from benches import report_profile
+
+from .benchpage import regenerate, section
 
 MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores": 2,
            "memory_mib": 4096, "os": "TestOS", "kernel": "6.0", "python": "3.11.7",
@@ -72,15 +72,9 @@ def test_frames_keep_no_directory_of_the_machine() -> None:
 
 
 def test_the_docs_section_is_written_between_its_markers(tmp_path: Path) -> None:
-    results = tmp_path / "results"
-    results.mkdir()
-    (results / "profile.json").write_text(json.dumps(_doc()))
-    page = tmp_path / "benchmarks.md"
-    page.write_text("## Where Velox's time goes\n\nkept\n\n<!-- bench:profile:start -->\nold\n"
-                    "<!-- bench:profile:end -->\nafter\n")
-    assert benchreport.generate_only(results, page, ["profile"]) == ["profile"]
-    text = page.read_text()
-    block = text.split("<!-- bench:profile:start -->")[1].split("<!-- bench:profile:end -->")[0]
+    text = regenerate(tmp_path, "profile", "profile.json", _doc(),
+                      before="## Where Velox's time goes\n\nkept\n\n", after="after\n")
+    block = section(text, "profile")
     assert "old" not in block and "kept" in text and text.endswith("after\n")
     assert "Test CPU" in block and "2026-01-01 00:00 UTC" in block
     assert "abc1234" not in block and "issue" not in block.lower()

@@ -7,7 +7,6 @@ A small synthetic result file: no gateway is started here.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import pytest
 
 from benches import report as benchreport
 from benches.e2e import streamscale
+
+from .benchpage import regenerate
 
 MACHINE = {"date": "2026-01-01T00:00:00+00:00", "cpu_model": "Test CPU", "cores": 2,
            "memory_mib": 4096, "os": "TestOS", "kernel": "6.0", "python": "3.11.7",
@@ -114,12 +115,7 @@ def test_a_file_from_before_the_matrix_is_one_run() -> None:
 
 
 def test_docs_section_has_a_table_per_egress_and_no_verdicts(tmp_path: Path) -> None:
-    (tmp_path / "streamscale.json").write_text(json.dumps(_doc()))
-    page = tmp_path / "benchmarks.md"
-    page.write_text("intro\n<!-- bench:streamscale:start -->\nold\n"
-                    "<!-- bench:streamscale:end -->\n")
-    assert benchreport.generate_only(tmp_path, page, ["streamscale"]) == ["streamscale"]
-    text = page.read_text()
+    text = regenerate(tmp_path, "streamscale", "streamscale.json", _doc())
     assert "old" not in text and "do not edit" in text
     assert text.count("| target | streams |") == 2
     assert "HTTP/1.1 cleartext upstream" in text and "HTTP/2 + TLS upstream" in text
