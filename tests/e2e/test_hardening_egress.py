@@ -86,13 +86,16 @@ def hostile_h2c() -> Iterator[HostileUpstream]:
 
 
 def _one_connection(**extra: str) -> dict[str, str]:
-    # The request timeout stays the default (600 s): a stream's response headers queue in
-    # the upstream's send buffer behind up to a connection window (64 MiB) of other streams'
-    # data, which a gateway starved of CPU reads at ~5 MiB/s; a 10 s timeout then reset
-    # streams the test waits for. What is not credited back still fails: the sending stalls
-    # (_wait_while_sending), or the hundred requests' own 15 s client timeout.
+    # The paused streams end only as each test means them to, however long a starved host
+    # takes to move their 168 MiB (more than 50 s at a load average of 18):
+    # - no request timeout (the default, 600 s): a stream's response headers queue in the
+    #   upstream's send buffer behind up to a connection window (64 MiB) of other streams'
+    #   data, which such a gateway reads at ~5 MiB/s; at 10 s it reset late streams;
+    # - no write timeout within the test (the default, 30 s, cut a client paused longer).
+    # What is not credited back still fails: the sending stalls (_wait_while_sending), or the
+    # hundred requests' own 15 s client timeout.
     env = {"VELOX_WORKERS": "1", "VELOX_EGRESS_POOL_CONNECTIONS": "1",
-           "VELOX_UPSTREAM_PROTOCOL": "h2"}
+           "VELOX_UPSTREAM_PROTOCOL": "h2", "VELOX_WRITE_TIMEOUT_MS": "600000"}
     env.update(extra)
     return env
 
