@@ -8,16 +8,18 @@ Groups:
   start and an early return), sampled with one attempt (two ReadableSpans built and queued),
   sampled with three attempts (four spans). Interleaved round by round, timed with the
   thread's CPU clock; `extra_info` has what each adds to `record-only`, in us per request.
-* trace-export: the batch processor's thread encoding those spans to OTLP protobuf (the
-  official encoder; the bytes are discarded instead of sent), per request of two spans. It
-  runs off the loop, but in the same process, so it is CPU the worker's process pays.
+* trace-export: the batch processor's thread making those spans and encoding them to OTLP
+  protobuf (the bytes are discarded instead of sent), per request of two spans, two ways:
+  Velox's encoder (velox/spend/otlp.py, what the OTLP/HTTP exporter is sent) and the SDK's
+  (`encode_spans` over the SDK's spans, what any other exporter gets). It runs off the loop,
+  but in the same process, so it is CPU the worker's process pays.
 * trace-pipeline: one worker's whole request path without sockets (velox_lab/pipeline.py, 64
   clients, one attempt each) with tracing off (VELOX_OTEL_ENDPOINT unset), on at 1% and on at
   100% (VELOX_OTEL_SAMPLE), interleaved round by round on the loop thread's CPU clock. A timed
   round is 8 pipeline rounds (512 requests, ~5 sampled at 1%: with one pipeline round of 64,
   half the rounds held no sampled request and the median round missed their cost). What a
-  variant sampled is encoded as the OTLP exporter would right after its round, untimed (a
-  flush; the CPU of its export calls counted apart and added per request in `extra_info`):
+  variant sampled is made into spans and encoded as for the OTLP exporter right after its
+  round, untimed (a flush; its CPU counted apart and added per request in `extra_info`):
   left to the processor's thread, the 100% variant's encoding ran during the next variant's
   rounds, always the same one (the rotation keeps the order), and slowed it.
 
@@ -44,23 +46,24 @@ BATCH = 64
 
 
 class Encoding:
-    """An exporter that encodes like the OTLP/HTTP one and sends nothing. `cpu_ns`: all the
-    CPU of the threads that exported (the processor's, and the one closing it), since they
-    started: encoding the spans, and the queue's handling."""
+    """An exporter that is handed what the OTLP/HTTP one is (the request's bytes, encoded by
+    Velox) and sends nothing. `cpu_ns`: all the CPU of the threads that exported (the
+    processor's, and the one closing it), since they started: making and encoding the spans,
+    and the queue's handling."""
 
     def __init__(self) -> None:
-        self.spans = 0
         self.threads: dict[int, int] = {}
 
     @property
     def cpu_ns(self) -> int:
         return sum(self.threads.values())
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        encode_spans(spans).SerializePartialToString()
-        self.spans += len(spans)
+    def export_encoded(self, data: bytes) -> bool:
         self.threads[threading.get_ident()] = time.thread_time_ns()  # its CPU so far
-        return SpanExportResult.SUCCESS
+        return True
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        raise AssertionError("handed spans, not the encoded request")
 
     def shutdown(self) -> None:
         pass
@@ -133,23 +136,29 @@ def test_trace_request_paired(benchmark: Any) -> None:
 
 
 def test_trace_export_encoding(benchmark: Any) -> None:
-    """The export thread's OTLP encoding of one request's two spans (thread CPU clock)."""
+    """The export thread's work for one request's two spans (thread CPU clock): made from the
+    queued records and encoded by Velox (what the OTLP/HTTP exporter is sent), and the SDK's
+    way (its spans, `encode_spans`) interleaved with it for comparison."""
     tracer = Tracer(exporter=Encoding(), max_queue=1 << 16, schedule_delay_ms=3_600_000)
-    spans: list[Any] = []
-    tracer.processor.on_end = spans.append  # type: ignore[method-assign]
+    entries: list[Any] = []
+    tracer.processor.on_end = entries.append  # type: ignore[method-assign]
     for _ in range(BATCH):
         tracer.record(_record(tracer, 1, TRACEPARENT))
-    exporter = Encoding()
-    samples: list[float] = []
+    spans = tracer.exporter.spans
+    samples: dict[str, list[float]] = {"velox": [], "sdk": []}
 
     def run() -> None:
-        t0 = time.thread_time_ns()
-        exporter.export(spans)
-        samples.append((time.thread_time_ns() - t0) / BATCH / 1000)
+        for name, encode in (("velox", lambda: spans.encoded(entries)),
+                             ("sdk", lambda: encode_spans(
+                                 spans.readables(entries)).SerializePartialToString())):
+            t0 = time.thread_time_ns()
+            encode()
+            samples[name].append((time.thread_time_ns() - t0) / BATCH / 1000)
 
-    benchmark.group = "trace-export: OTLP encoding, per request of 2 spans"
+    benchmark.group = "trace-export: spans made and encoded, per request of 2 spans"
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=5)
-    benchmark.extra_info["cpu_us_per_request"] = round(statistics.median(samples), 2)
+    benchmark.extra_info.update({f"{name}_cpu_us_per_request": round(statistics.median(v), 2)
+                                 for name, v in samples.items()})
     tracer.close(timeout_s=1)
 
 
@@ -159,23 +168,23 @@ PER_ROUND = 8  # pipeline rounds of BATCH requests in a timed round
 
 
 class Flushed(Encoding):
-    """`Encoding`, exporting only when flushed: `cpu_ns` is the CPU of its export calls (on
-    whichever thread flushed)."""
+    """`Encoding`, exporting only when flushed (`flush`): `cpu_ns` is the CPU of the flushes
+    (the export runs on the flushing thread: the spans made, encoded, handed over)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.spent_ns = 0
+        self.tracer: Tracer | None = None
 
     @property
     def cpu_ns(self) -> int:
         return self.spent_ns
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+    def flush(self) -> None:
+        assert self.tracer is not None
         t0 = time.thread_time_ns()
-        encode_spans(spans).SerializePartialToString()
-        self.spans += len(spans)
+        self.tracer.processor.force_flush()
         self.spent_ns += time.thread_time_ns() - t0
-        return SpanExportResult.SUCCESS
 
 
 def _pipeline(sample: str | None) -> tuple[Pipeline, Flushed | None, Tracer | None]:
@@ -191,8 +200,9 @@ def _pipeline(sample: str | None) -> tuple[Pipeline, Flushed | None, Tracer | No
     assert traced is not None
     traced.tracer.close(timeout_s=1)  # the OTLP exporter it made never sent anything
     encoding = Flushed()
-    traced.tracer = Tracer(exporter=encoding, sample=float(sample), max_queue=1 << 17,
-                           max_export_batch=1 << 17, schedule_delay_ms=3_600_000)
+    traced.tracer = encoding.tracer = Tracer(exporter=encoding, sample=float(sample),
+                                             max_queue=1 << 17, max_export_batch=1 << 17,
+                                             schedule_delay_ms=3_600_000)
     return pipeline, encoding, traced.tracer
 
 
@@ -206,8 +216,8 @@ def _rounds(pipeline: Pipeline) -> Any:
 def test_trace_pipeline_paired(benchmark: Any) -> None:
     variants = {"tracing off": _pipeline(None), "on, 1% sampled": _pipeline("0.01"),
                 "on, 100% sampled": _pipeline("1")}
-    flushes = {name: tracer.processor.force_flush for name, (_, _, tracer) in variants.items()
-               if tracer is not None}
+    flushes = {name: encoding.flush for name, (_, encoding, _) in variants.items()
+               if encoding is not None}
     for name, (pipeline, encoding, _) in variants.items():
         _rounds(pipeline)()  # warm-up, its spans encoded and not counted
         for _ in range(PIPELINE_WARMUP - 1):

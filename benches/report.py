@@ -7,11 +7,12 @@ e2e-native.json and e2e-native-before.json (`make bench-native`: issue 12's comp
 front of the TLS mock, with and before the native path), soak.json (`make bench-soak`), routing.json
 (`make bench-routing`), cache.json (`make bench-cache`), batching.json (`make bench-batching`),
 cluster.json (`make bench-cluster`), streamscale.json (`make bench-streamscale`), peers.json
-(`python -m benches.e2e.peers`) and balance.json (`pytest --benchmark benches/bench_balance.py`)
-when present, and writes into the same directory: one PNG per plot, report.html (every table and
-plot, with the machine facts and commits, and the project's goals with their verdicts), and the
-tables of docs/benchmarks.md (the user docs: figures, machine and date, no goals, verdicts or
-commits), replaced between their markers:
+(`python -m benches.e2e.peers`), profile.json (`python -m benches.e2e.profile --conns 1,64`) and
+balance.json (`pytest --benchmark benches/bench_balance.py`) when present, and writes into the
+same directory: one PNG per plot, report.html (every table and plot, with the machine facts and
+commits, and the project's goals with their verdicts), and the tables of docs/benchmarks.md
+(the user docs: figures, machine and date, no goals, verdicts or commits), replaced between
+their markers:
 
     <!-- bench:e2e:start --> ... <!-- bench:e2e:end -->
     <!-- bench:native:start --> ... <!-- bench:native:end -->
@@ -22,6 +23,7 @@ commits), replaced between their markers:
     <!-- bench:cluster:start --> ... <!-- bench:cluster:end -->
     <!-- bench:streamscale:start --> ... <!-- bench:streamscale:end -->
     <!-- bench:peers:start --> ... <!-- bench:peers:end -->
+    <!-- bench:profile:start --> ... <!-- bench:profile:end -->
 
 Every number comes from the saved files; nothing is typed in here. The plots are drawn by
 benches/e2e/plots.py with matplotlib (`pip install -e '.[bench]'`, which `make bench-report`
@@ -38,10 +40,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benches import report_peers
+from benches import report_peers, report_profile
 
 MARKERS = ("e2e", "native", "micro", "routing", "cache", "batching", "cluster", "peers",
-           "streamscale")
+           "streamscale", "profile")
 # Sections of this marker (the projects' goals and verdicts) go to the developers' HTML page
 # only, never into the user docs.
 GOALS = "goals"
@@ -589,7 +591,7 @@ DOCUMENTS = {"e2e": "e2e.json", "micro": "micro.json", "routing": "routing.json"
              "native": "e2e-native.json", "soak": "soak.json", "balance": "balance.json",
              "native_before": "e2e-native-before.json", "streamscale": "streamscale.json",
              "providers": "providers.json", "messages_front": "messages_front.json",
-             "peers": "peers.json"}
+             "peers": "peers.json", "profile": "profile.json"}
 
 
 def load_docs(results: Path) -> dict[str, Any]:
@@ -678,6 +680,7 @@ def sections(docs: dict[str, Any]) -> list[tuple[str, str, Table | None, str | N
     if streamscale:
         out += streamscale_sections(streamscale)
     out += report_peers.sections(docs.get("peers"))
+    out += report_profile.sections(docs.get("profile"))
     providers, front = docs.get("providers"), docs.get("messages_front")
     if providers:
         out.append(("providers", "Translation to another provider: OpenAI SDK, 64 requests in "
@@ -749,6 +752,8 @@ def readme_block(marker: str, secs: list, docs: dict[str, Any], plots: set[str])
                          "targets interleaved in each round.")
         if marker == "peers":
             lines += report_peers.intro(doc)
+        if marker == "profile":
+            lines += report_profile.intro(doc)
     front = docs.get("messages_front")
     if marker == "providers" and front:
         lines.append(f"The Messages API run: {machine_line(front, commit=False)}.")

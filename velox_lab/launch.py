@@ -15,8 +15,10 @@ shows who listens, every socket listening on the port must be its process's.
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,11 +30,69 @@ from pathlib import Path
 
 from velox.system.ports import in_use, listening_inodes, socket_inodes
 
+# A port `free_port` hands out is one no other caller on this host gets again for this long: the
+# gateway, mock or redis-server it is for binds it well within that (a start takes 0.5-3 s on a
+# loaded 2-core host), and a restart on the same port (a killed redis-server) is covered too.
+RESERVE_S = 300.0
+RESERVED = Path(tempfile.gettempdir()) / "velox-lab-ports"  # "port until" lines, under flock
+BELOW_EPHEMERAL = 16384  # ports picked from this many just below the kernel's ephemeral range
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on, for a process about to be started to bind.
+
+    Picking one with bind(0) and closing it left a window until the process bound it, and tests
+    running side by side lost it in there: the kernel handed the same port to an outgoing
+    connection (a client's source port comes from the ephemeral range bind(0) picks from) or to
+    another test's bind(0). So the port comes from below the ephemeral range, where no
+    connection's source port falls, and is reserved in a file shared by every process on the
+    host for RESERVE_S, so no other caller picks it meanwhile. Where the range cannot be read,
+    or leaves no room below it, this falls back to bind(0)."""
+    low = _ephemeral_low()
+    if low - BELOW_EPHEMERAL < 1024:
+        return _kernel_port(host)
+    with open(RESERVED, "a+") as book:
+        fcntl.flock(book, fcntl.LOCK_EX)  # released when the file closes
+        now = time.time()
+        book.seek(0)
+        held = {}
+        for line in book.read().splitlines():
+            port, _, until = line.partition(" ")
+            if port.isdigit() and float(until or 0) > now:
+                held[int(port)] = float(until)
+        for _ in range(200):
+            port = random.randrange(low - BELOW_EPHEMERAL, low)
+            if port not in held and _bindable(host, port):
+                break
+        else:
+            return _kernel_port(host)
+        held[port] = now + RESERVE_S
+        book.seek(0)
+        book.truncate()
+        book.write("".join(f"{p} {u:.0f}\n" for p, u in held.items()))
+        return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _kernel_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def http_get(host: str, port: int, path: str, timeout: float = 2.0,

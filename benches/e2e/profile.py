@@ -195,6 +195,10 @@ def markdown(results: list[dict[str, object]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benches.e2e.profile")
     p.add_argument("--conns", default="1,64")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="profiles per count, the counts interleaved (a shared host moves the "
+                        "shares from one profile to the next: the report pools the rounds and "
+                        "gives their range)")
     p.add_argument("--seconds", type=float, default=8.0, help="sampled seconds per count")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--env", action="append", default=[], metavar="VELOX_X=VALUE",
@@ -204,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", action="store_true",
                    help="keep py-spy's collapsed stacks beside --out (one file per count)")
     args = p.parse_args(argv)
+    load_start = list(os.getloadavg())
     if not wrk.available():
         print("wrk is not installed", file=sys.stderr)
         return 2
@@ -224,14 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         workers = children(velox.pid)
         with bench_lock() as waited:  # never overlaps another timed section on this machine
             print(f"waited {waited:.0f}s for the benchmark lock", flush=True)
-            for conns in (int(c) for c in args.conns.split(",")):
-                raw = args.out.with_name(f"{args.out.stem}-{conns}.pyspy.txt") if args.raw \
-                    else None
-                results.append(profile(conns, args.seconds, velox.port, workers, raw))
+            for rnd in range(args.rounds):
+                for conns in (int(c) for c in args.conns.split(",")):
+                    raw = args.out.with_name(f"{args.out.stem}-{conns}-{rnd}.pyspy.txt") \
+                        if args.raw else None
+                    results.append({**profile(conns, args.seconds, velox.port, workers, raw),
+                                    "round": rnd})
     finally:
         velox.stop()
         mock.stop()
-    doc = {"machine": facts(), "results": results}
+    # What the report (benches/report_profile.py) says of the run beside its tables.
+    doc = {"machine": facts(), "loadavg_start": load_start, "seconds": args.seconds,
+           "egress": "http1" if args.cleartext else "h2", "settings": args.env,
+           "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"load average {os.getloadavg()}")

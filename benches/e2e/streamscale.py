@@ -59,6 +59,7 @@ import uvloop
 from benches.e2e import workload, wrk
 from benches.e2e.loadgen import percentiles
 from benches.e2e.machine import TICK, bench_lock, facts, tree
+from benches.e2e.otlpsink import Sink
 from benches.e2e.targets import Mock, Nginx, Service, Velox
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "streamscale.json"
@@ -391,6 +392,7 @@ def _services(egress: str, args: argparse.Namespace, logdir: Path) -> list[Servi
         protocol = {} if egress == "h2" else {"VELOX_UPSTREAM_PROTOCOL": "http1"}
         for name, spec in [t.partition("=")[::2] for t in args.tree] or [("velox", "")]:
             path, _, settings = spec.partition("@")  # PATH@VELOX_X=1,VELOX_Y=2
+            settings = settings.replace("{otlp}", getattr(args, "otlp_endpoint", ""))
             extra = dict(kv.partition("=")[::2] for kv in settings.split(",") if kv)
             env = {**protocol, **({"PYTHONPATH": path} if path else {}), **extra}
             services.append(Velox(mock, logdir, name, env).start())
@@ -462,7 +464,15 @@ def run_egress(egress: str, args: argparse.Namespace, logdir: Path) -> dict[str,
     """One egress's part of the matrix: its services started, measured, stopped."""
     args.egress = egress
     counts = [int(c) for c in args.streams.split(",")]
-    services = _services(egress, args, logdir)
+    # "{otlp}" in a tree's settings: this run's OTLP/HTTP sink (a collector that answers)
+    sink = Sink() if any("{otlp}" in t for t in args.tree) else None
+    args.otlp_endpoint = sink.endpoint if sink is not None else ""
+    try:
+        services = _services(egress, args, logdir)
+    except BaseException:
+        if sink is not None:
+            sink.close()
+        raise
     try:
         rows = _rounds(services, args, counts)
         wanted = [int(c) for c in args.perf_streams.split(",") if c] if args.perf_streams \
@@ -471,9 +481,11 @@ def run_egress(egress: str, args: argparse.Namespace, logdir: Path) -> dict[str,
     finally:
         for service in reversed(services):
             service.stop()
+        if sink is not None:
+            sink.close()
     return {"egress": egress, "events": args.events, "interval_ms": args.interval_ms,
             "seconds": args.seconds, "rows": rows, "profiles": profiles,
-            "load": os.getloadavg()}
+            "load": os.getloadavg(), **({"otlp": sink.counts()} if sink is not None else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -514,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="A/B: a gateway per source tree (its native extension built in place), "
                         "measured in turn every round; PATH@VELOX_X=0,VELOX_Y=1 adds settings "
-                        "to that gateway; default: this checkout")
+                        "to that gateway ({otlp} in them: the run's OTLP/HTTP sink, e.g. "
+                        "VELOX_OTEL_ENDPOINT={otlp}); default: this checkout")
     args = p.parse_args(argv)
     egresses = args.egress.split(",")
     if not set(egresses) <= {"http1", "h2"}:

@@ -25,7 +25,6 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import closed_after_the_test
 from tests.e2e.conftest import CLIENT_KEY, wait_for
 from tests.e2e.test_routing import KEYS, start_mock, upstream_table
 from velox_lab.launch import GatewayProcess, free_port
@@ -60,14 +59,13 @@ def a_and_b_to_b(mocks: dict[str, MockUpstream]) -> str:
             + ROUTE_TO.format(name="b"))
 
 
-@pytest.fixture
-def gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream]
-            ) -> Iterator[tuple[GatewayProcess, Path]]:
+def _gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream], grace_s: int
+             ) -> Iterator[tuple[GatewayProcess, Path]]:
     config = tmp_path / "velox.toml"
     config.write_text(only_a(two_mocks))
     env = {
         "VELOX_CONFIG": str(config), "VELOX_WORKERS": "2", "VELOX_RATE_LIMIT_RPM": "0",
-        "VELOX_SHUTDOWN_GRACE_S": "5", "VELOX_ACCESS_LOG": "0",
+        "VELOX_SHUTDOWN_GRACE_S": str(grace_s), "VELOX_ACCESS_LOG": "0",
         "VELOX_ADMIN_ADDR": f"127.0.0.1:{free_port()}", **KEYS,
     }
     gw = GatewayProcess(env, log_path=tmp_path / "velox.log").start(wait_ready=True)
@@ -75,6 +73,22 @@ def gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream]
         yield gw, config
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream]
+            ) -> Iterator[tuple[GatewayProcess, Path]]:
+    yield from _gateway(tmp_path, two_mocks, 5)
+
+
+@pytest.fixture
+def patient_gateway(tmp_path: Path, two_mocks: dict[str, MockUpstream]
+                    ) -> Iterator[tuple[GatewayProcess, Path]]:
+    """A grace period longer than a starved host takes to turn 64 busy keep-alive connections
+    over to the new workers: past the grace, a draining worker closes what is left (as it
+    should), and the clients sending on them then fail. With 5 s that happened at load 30.
+    The drain ends as soon as the connections are gone, so the test takes no longer."""
+    yield from _gateway(tmp_path, two_mocks, 30)
 
 
 def stats(gw: GatewayProcess) -> dict[str, Any]:
@@ -88,10 +102,12 @@ def worker_pids(gw: GatewayProcess) -> set[int]:
 
 
 def upstream_of(gw: GatewayProcess) -> str:
-    client = openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY, max_retries=0)
-    closed_after_the_test(client)
-    raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
-    return raw.headers["x-velox-upstream"]
+    # Closed at once: an idle keep-alive connection would hold a reload's old worker draining
+    # until its grace period ends.
+    with openai.OpenAI(base_url=gw.base_url + "/v1", api_key=CLIENT_KEY,
+                       max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        return raw.headers["x-velox-upstream"]
 
 
 class Watch(threading.Thread):
@@ -167,15 +183,16 @@ def hup_under_load(gw: GatewayProcess, config: Path, text: str, line: str, befor
 
 
 def test_sighup_under_load_switches_the_route_with_no_failed_request(
-        gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
-    gw, config = gateway
+        patient_gateway: tuple[GatewayProcess, Path], two_mocks: dict[str, MockUpstream]) -> None:
+    gw, config = patient_gateway
     assert upstream_of(gw) == "a"
     before = worker_pids(gw)
     # ~1.5 s of traffic before the HUP, then until 2.5 s after the reload is done.
     calls, hup_at, done_at = hup_under_load(gw, config, a_and_b_to_b(two_mocks), DONE,
                                             before_s=1.5, after_s=2.5, concurrency=64)
     failed = [c for c in calls if c[1] != 200]
-    assert not failed, (len(failed), failed[:5], gw.log()[-3000:])
+    warnings = [line for line in gw.log().splitlines() if "WARNING" in line or "ERROR" in line]
+    assert not failed, (len(failed), failed[:5], warnings[-20:])
     seen = Counter(up for _, _, up in calls)
     assert seen["a"] > 0 and seen["b"] > 0, seen
     late = [up for sent, _, up in calls if sent > done_at + 2.0]
@@ -333,8 +350,12 @@ def test_a_reload_that_cannot_serve_fails_no_request_under_load(
             concurrency=16, fresh=True)
         failed = [c for c in calls if c[1] != 200]
         assert not failed, (len(failed), len(calls), failed[:5], gw.log()[-3000:])
-        during = [c for c in calls if hup_at < c[0] < aborted_at]
-        assert len(during) > 100, len(during)  # new connections all through the ready window
+        # New connections all through the ready window: calls started in each of its quarters
+        # (a count would measure the host's speed; at load 20 the window saw 89 calls).
+        quarter = (aborted_at - hup_at) / 4
+        covered = {int((sent - hup_at) // quarter) for sent, _, _ in calls
+                   if hup_at < sent < aborted_at}
+        assert covered == {0, 1, 2, 3}, (covered, aborted_at - hup_at)
         assert Counter(up for _, _, up in calls) == {"a": len(calls)}
         assert "was not ready within 4s (VELOX_RELOAD_READY_S)" in gw.log()
         assert worker_pids(gw) == before

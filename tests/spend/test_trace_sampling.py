@@ -125,16 +125,44 @@ def _queued(**fields: Any) -> Any:
                               "traceparent": None, **fields})
 
 
-def test_a_request_seen_before_or_over_is_left_alone_and_the_sample_goes_on() -> None:
+@pytest.mark.parametrize("way", ["due", "decide"])
+def test_a_request_seen_before_or_over_is_left_alone_and_the_sample_goes_on(way: str) -> None:
+    """`due` (a batch without a client's traceparent: only the requests the countdown falls
+    on) and `decide` (request by request) agree."""
     _, traced, _ = _traced_pipeline("0.01")
     back = _queued(t_popped=123)  # back from the off-loop scan: decided on its first pass
     gone = _queued(state=DONE)  # its client left while it queued
     fresh, after = _queued(), _queued()
     traced.countdown = 1  # the next request is due
-    traced.decide([back, gone, fresh, after])
+    getattr(traced, way)([back, gone, fresh, after])
     assert list(traced.live) == [id(fresh)]
     assert traced.live[id(fresh)].trace.sampled and traced.countdown >= 1
     assert type(fresh.ends).__name__ == "_TracedEnd" and back.ends is not fresh.ends
     traced._forget(fresh)
     assert traced.dispatch.upstreams is traced.plain
+    traced.tracer.close(timeout_s=1)
+
+
+def test_due_samples_the_requests_decide_would_from_the_same_draws() -> None:
+    """Over batches of every size, countdowns carried across them and requests not to be
+    traced here and there, `due` traces the same requests as `decide` and leaves the same
+    countdown, given the same random draws."""
+    _, traced, _ = _traced_pipeline("0.2")
+    shapes = random.Random(7)
+    for _ in range(300):
+        flags = [shapes.random() < 0.15 for _ in range(shapes.randint(1, 40))]
+        countdown = shapes.randint(-3, 12)
+        seed = shapes.random()
+        picked = []
+        for way in ("due", "decide"):
+            batch = [_queued(t_popped=1) if skip else _queued() for skip in flags]
+            traced.countdown = countdown
+            random.seed(seed)
+            getattr(traced, way)(batch)
+            # a countdown at or below 1 means the same: the next batch's first is due
+            picked.append(([n for n, r in enumerate(batch) if id(r) in traced.live],
+                           max(traced.countdown, 1)))
+            for request in batch:
+                traced.live.pop(id(request), None)
+        assert picked[0] == picked[1], (flags, countdown)
     traced.tracer.close(timeout_s=1)

@@ -17,8 +17,8 @@ from velox.config import settings as settings_module
 from velox.config.settings import ConfigError, load
 from velox.core.fields import F
 from velox.core.types import QUEUED
-from velox.spend.trace import Tracer, parse_traceparent
-from velox.spend.traced import _answer_fields, _Keeper
+from velox.spend.trace import Tracer, answer_fields, parse_traceparent
+from velox.spend.traced import _Keeper
 from velox_lab.pipeline import Pipeline
 
 
@@ -34,7 +34,7 @@ def test_fields_of_a_whole_openai_answer() -> None:
         {"index": 0, "finish_reason": "stop", "message": {"content": "hi"}},
         {"index": 1, "finish_reason": "length", "message": {"content": "h"}}],
         "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}})
-    assert _answer_fields(_kept(body[:40], body[40:])) == ("gpt-4o-2024-08-06",
+    assert answer_fields(_kept(body[:40], body[40:]).pieces) == ("gpt-4o-2024-08-06",
                                                           ("stop", "length"), 12, 5)
 
 
@@ -45,27 +45,27 @@ def test_fields_of_an_openai_stream() -> None:
               {"model": "gpt-4o-mini", "choices": [],
                "usage": {"prompt_tokens": 7, "completion_tokens": 2}}]
     stream = [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
-    assert _answer_fields(_kept(*stream)) == ("gpt-4o-mini", ("stop",), 7, 2)
+    assert answer_fields(_kept(*stream).pieces) == ("gpt-4o-mini", ("stop",), 7, 2)
     # Without usage in the stream (the client did not ask for it): none is made up.
-    assert _answer_fields(_kept(*stream[:2])) == ("gpt-4o-mini", ("stop",), None, None)
+    assert answer_fields(_kept(*stream[:2]).pieces) == ("gpt-4o-mini", ("stop",), None, None)
 
 
 def test_fields_of_anthropic_answers() -> None:
     whole = orjson.dumps({"type": "message", "model": "claude-sonnet-4-5",
                           "stop_reason": "end_turn", "content": [],
                           "usage": {"input_tokens": 30, "output_tokens": 9}})
-    assert _answer_fields(_kept(whole)) == ("claude-sonnet-4-5", ("end_turn",), 30, 9)
+    assert answer_fields(_kept(whole).pieces) == ("claude-sonnet-4-5", ("end_turn",), 30, 9)
     stream = (b'event: message_start\ndata: {"type":"message_start","message":{"model":'
               b'"claude-sonnet-4-5","stop_reason":null,"usage":{"input_tokens":30,'
               b'"output_tokens":1}}}\n\n'
               b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
               b'"max_tokens"},"usage":{"output_tokens":64}}\n\n')
-    assert _answer_fields(_kept(stream)) == ("claude-sonnet-4-5", ("max_tokens",), 30, 64)
+    assert answer_fields(_kept(stream).pieces) == ("claude-sonnet-4-5", ("max_tokens",), 30, 64)
 
 
 def test_nothing_kept_nothing_read() -> None:
-    assert _answer_fields(None) == ("", (), None, None)
-    assert _answer_fields(_kept(b"[1, 2]")) == ("", (), None, None)
+    assert answer_fields(()) == ("", (), None, None)
+    assert answer_fields(_kept(b"[1, 2]").pieces) == ("", (), None, None)
 
 
 def test_off_installs_nothing() -> None:

@@ -68,6 +68,7 @@ from functools import partial
 from typing import Any
 
 from velox._native import AccessBook, access_line
+from velox.admin import twins
 from velox.core.fields import F
 from velox.relay.records import LogItem, access_record, log_fields
 
@@ -90,7 +91,7 @@ class AccessLog:
 
     def __init__(self, slot: int, counters: Any = None, fd: int = 1,
                  key_names: tuple[str, ...] = (), priced: bool = False,
-                 held_max: int = HELD_MAX_BYTES) -> None:
+                 held_max: int = HELD_MAX_BYTES, native: bool = True) -> None:
         self.slot = slot
         # With pricing on (velox.spend): each line gains `cost_usd`.
         self.priced = priced
@@ -99,7 +100,11 @@ class AccessLog:
         self._prefix = f"velox-{slot}-{secrets.token_hex(4)}-".encode()
         # The lines made since the last flush, in C's buffer (len: how many). Bounded by the
         # room the held chunks leave (set by each flush): past it lines are dropped, counted.
-        self._book = AccessBook(slot, self._prefix, key_names, priced, held_max)
+        # VELOX_NATIVE=0: the Python twins (velox.admin.twins), the same bytes through orjson.
+        self._book: AccessBook | twins.AccessBook = \
+            (AccessBook if native else twins.AccessBook)(slot, self._prefix, key_names, priced,
+                                                         held_max)
+        self._line = access_line if native else twins.access_line
         self._book.wall_offset = time.time_ns() - time.perf_counter_ns()
         self._add = self._book.add
         # Items whose meter had not settled when their request ended, by id of their holder
@@ -123,7 +128,7 @@ class AccessLog:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def queue(self) -> AccessBook:
+    def queue(self) -> AccessBook | twins.AccessBook:
         """The lines made and not yet taken by a flush (len: how many)."""
         return self._book
 
@@ -317,8 +322,8 @@ class AccessLog:
         record: exactly the bytes orjson makes of the line's dict (tests/unit/test_books.py),
         about 5x cheaper. The tests' form: the log itself writes into its book."""
         self._seq += 1  # the request id made here when the upstream gave none
-        return access_line(access_record(item), wall_offset_ns, self.slot, self._prefix,
-                           self._seq, self.key_names, self.priced)
+        return self._line(access_record(item), wall_offset_ns, self.slot, self._prefix,
+                          self._seq, self.key_names, self.priced)
 
 
 

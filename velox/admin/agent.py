@@ -51,7 +51,8 @@ class Agent:
             self.access_log = AccessLog(worker.slot, worker.counters,
                                         key_names=tuple(k.name for k in worker.tables.keys),
                                         priced=spend is not None,
-                                        held_max=worker.settings.access_log_buffer_bytes)
+                                        held_max=worker.settings.access_log_buffer_bytes,
+                                        native=worker.settings.native)
             self.access_log.start(worker.loop)
             worker.log_access = self.access_log.append
             worker.log_done = self.access_log.done

@@ -5,8 +5,8 @@ the native formatter: the line's dict through orjson. The native one writes the 
 4x cheaper. `AccessBook` is the worker's buffer of lines between two flushes, made of those
 lines: its room, drops, sequence numbers and chunks of whole lines. tests/native/
 test_books_twins.py drives both with generated records and calls, hostile strings and header
-values included, and compares the bytes. References, not switches: the log always formats
-natively.
+values included, and compares the bytes. VELOX_NATIVE=0 runs the log on them
+(velox.admin.accesslog.AccessLog's `native`).
 """
 
 from __future__ import annotations

@@ -388,8 +388,12 @@ FIELDS: tuple[Field, ...] = (
           "serve clients that present no key on a VELOX_HOST other than loopback, with the "
           "upstream keys (an open relay: refused at start-up unless 1, and then logged)"),
     Field("VELOX_NATIVE", "native", _bool, "1",
-          "the native C paths (0: their Python reference twins: httptools alone for request "
-          "heads, the Python response writer, the Python HTTP/2 framer; for differential tests)"),
+          "the native C paths (0: their Python reference twins, for differential tests: "
+          "httptools alone for request heads and HTTP/1.1 upstream answers, the Python response "
+          "writer, the Python HTTP/2 framer, the usage and estimate scans, the spend book, the "
+          "access log's lines and the routes' hashing in Python; the same answers, costs, "
+          "ledger rows and log lines, slower. Shared-memory state (counters, limits, ring, "
+          "cache) and the request-body JSON scanner stay native)"),
     Field("VELOX_STATE_DIR", "state_dir", _text, "",
           "directory of this host's durable state: the usage ledger (ledger.sqlite3) and "
           "run-time keys (keys.sqlite3), made mode 0700 by the first write (empty: "

@@ -70,6 +70,8 @@ from velox.ingress.ring import Ring
 from velox.relay.exchange import Exchange
 from velox.relay.messages import MessagesExchange
 from velox.relay.usage import Ledger, ReportedMeter, TokenMeter, set_default_output
+from velox.relay.usage import use as use_scans
+from velox.routing import balance
 from velox.routing.dispatch import Dispatch
 from velox.spend.traced import Traced
 from velox.spend.traced import install as install_tracing
@@ -199,8 +201,12 @@ class Worker:
         # (release_segment below is what it replaces, for the Lifecycle protocol's readers).
         self.release_segment = self.arena.release  # type: ignore[method-assign]
         # VELOX_NATIVE=0: the Python response writer instead of the native one (velox.ingress.
-        # h1write: module-wide, and this process is this worker's alone).
+        # h1write: module-wide, and this process is this worker's alone), the usage and
+        # estimate scans' twins (velox.relay.usage) and the routes' hashing twins (velox.
+        # routing.balance; before Dispatch builds the routes).
         h1write.use(native=settings.native)
+        use_scans(native=settings.native)
+        balance.use(native=settings.native)
         options = EgressOptions.from_settings(settings)
         self.upstreams = [Upstream(spec, options, loop, Tally(self.counters, self.slot))
                           for spec in self.tables.upstreams]
@@ -227,7 +233,7 @@ class Worker:
             if self.budgets is not None:
                 self.budgets.start_slot(self.slot)
             self.spend = Spend(self.tables, self.budgets, self.slot,
-                               settings.tokens_default_output, shared.spend)
+                               settings.tokens_default_output, shared.spend, settings.native)
             self.add_key_name_reader(self.spend)
         # Pricing needs every model call's usage.
         self.meter_all = settings.token_accounting or shared.health.tpm is not None or \

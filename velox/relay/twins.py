@@ -2,8 +2,11 @@
 
 `usage_scan` reads an answer's token usage without Python on every plain answer; this twin says
 the same in regular expressions, and tests/native/test_usage_twins.py drives both with
-generated bodies and compares them. `sink_piece` is the direct path's decision on one streamed
-read (native/bind_sink.c; tests/native/test_sink_twins.py).
+generated bodies and compares them; `usage_parts_scan` the same for spend's pricing. With
+VELOX_NATIVE=0 the gateway reads usage with them (velox.relay.usage.use). `sink_piece` is the
+direct path's decision on one streamed read (native/bind_sink.c; tests/native/
+test_sink_twins.py): a reference only, since VELOX_NATIVE=0's upstream readers have no direct
+path.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ _DETAILS_PARTS = {b"prompt_tokens_details": {b"cached_tokens": 2, b"cache_write_
 _TWO = (b"prompt_tokens", b"completion_tokens")
 
 
-def usage_parts_scan(body: bytes | bytearray | memoryview) -> tuple[int, ...] | bool:
+def usage_parts_scan(body: bytes | bytearray | memoryview
+                     ) -> tuple[int, int, int, int, int] | bool:
     """(input, output, cached, cache-write, reasoning) tokens of the last "usage" key when it
     is in OpenAI's own order and every member after its first two is a number or an object of
     numbers (the details: a repeated one replaces the earlier); False when there is no "usage"
@@ -97,7 +101,8 @@ def usage_parts_scan(body: bytes | bytearray | memoryview) -> tuple[int, ...] | 
                 if key in named:
                     parts[named[key]] = int(value)
         at = member.end()
-    return tuple(parts)
+    inp, out, cached, written, reasoning = parts
+    return inp, out, cached, written, reasoning
 
 
 # The direct path's sink (native/bind_sink.c): a piece it writes is at most this long.

@@ -52,9 +52,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from velox._native import estimate_scan as estimate_scan  # re-exported: the estimate's native scan
-from velox._native import usage_parts_scan as usage_parts_scan  # re-exported: spend's pricing
-from velox._native import usage_scan
+from velox import _native
+from velox.relay import twins
+
+# The scans a request and its answer go through: the native ones, or with VELOX_NATIVE=0 their
+# twins (`use`). Callers outside this module (velox.spend.wire) read them from it at call time,
+# so one switch selects them everywhere.
+_Body = bytes | bytearray | memoryview
+estimate_scan: Callable[[_Body], tuple[int, int]] = _native.estimate_scan
+# spend's pricing: the usage with its parts
+usage_parts_scan: Callable[[_Body], tuple[int, int, int, int, int] | bool] = \
+    _native.usage_parts_scan
+usage_scan: Callable[[_Body], tuple[int, int] | bool] = _native.usage_scan
 
 if TYPE_CHECKING:
     from velox.core.types import Request
@@ -162,6 +171,27 @@ def output_limit(body: bytes | bytearray | memoryview) -> int | None:
     last = {key: value for key, value in doc if key in _OUTPUT_KEYS}
     limits = [min(v, OUTPUT_CAP) for v in last.values() if type(v) is int and v >= 0]
     return max(limits) if limits else None
+
+
+def estimate_twin(body: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """estimate_scan's twin: (input tokens, output maximum or -1), by input_tokens and
+    output_limit (two parses of the body where the scan makes one pass)."""
+    limit = output_limit(body)
+    return input_tokens(body), -1 if limit is None else limit
+
+
+def use(native: bool) -> None:
+    """Select the scans: VELOX_NATIVE=0 the twins (velox.relay.twins, estimate_twin), which
+    read the same numbers (tests/unit/test_books.py, tests/unit/test_usage_scan.py). The
+    worker calls this once; a worker is a process of its own, so module globals are the
+    cheapest switch (as velox.ingress.h1write.use)."""
+    global estimate_scan, usage_parts_scan, usage_scan  # noqa: PLW0603 - the switch
+    if native:
+        estimate_scan, usage_parts_scan = _native.estimate_scan, _native.usage_parts_scan
+        usage_scan = _native.usage_scan
+    else:
+        estimate_scan, usage_parts_scan = estimate_twin, twins.usage_parts_scan
+        usage_scan = twins.usage_scan
 
 
 def bare_path(path: bytes) -> bytes:

@@ -75,10 +75,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
-from velox._native import Rendezvous, hash64
+from velox import _native
 from velox.config.tables import RetryPolicy, RouteSpec, Tables, TargetSpec
 from velox.core.clock import now_ms
 from velox.core.errors import Overloaded, RateLimited, VeloxError
+from velox.routing import twins
 from velox.state.health import FAILURE, NEUTRAL, REASON_FULL, REASON_RATE, SUCCESS
 
 BOUNDED_LOAD = 1.25  # a hash target may hold at most this times its share of the in-flight load
@@ -217,6 +218,24 @@ def verdict_of(event: Event, status: int = 0, retry_after_s: float | None = None
 
 
 # ------------------------------------------------------------------------------ hashing
+
+
+# The hashing routes place keys with: the native hash64 and Rendezvous, or with VELOX_NATIVE=0
+# their twins (`use`), which give the same numbers bit for bit (tests/native/test_hash_twins.py).
+hash64: Callable[[bytes], int] = _native.hash64
+Rendezvous: Callable[[list[int], list[float]], _native.Rendezvous | twins.Rendezvous] = \
+    _native.Rendezvous
+
+
+def use(native: bool) -> None:
+    """Select the hashing: VELOX_NATIVE=0 the twins (velox.routing.twins: ~3 to 30 us a call
+    where the C takes ~0.1). The worker calls this once, before its routes are built; a worker
+    is a process of its own, so module globals are the cheapest switch."""
+    global hash64, Rendezvous
+    if native:
+        hash64, Rendezvous = _native.hash64, _native.Rendezvous
+    else:
+        hash64, Rendezvous = twins.hash64, twins.Rendezvous
 
 
 def target_seed(target: TargetSpec) -> int:

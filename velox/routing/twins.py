@@ -4,8 +4,9 @@
 worker, run and host; `Rendezvous` ranks a route's targets for a key by weighted rendezvous
 hashing. These twins say what the C computes in a few lines each (the same integer mixing, the
 same libm `log` of the same doubles) and tests/native/test_hash_twins.py drives both with
-generated inputs and compares every result bit for bit. They are references, not a switch:
-the native ones cost about 0.1 us a call, these about 3 to 30.
+generated inputs and compares every result bit for bit. The native ones cost about 0.1 us a
+call, these about 3 to 30: the gateway hashes with them only with VELOX_NATIVE=0
+(velox.routing.balance.use).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ int, `(key + 1) << 32 | target << 8 | api`, whose names the Spend gives back at 
 path's index in `API_PATHS` (any other path: `len(API_PATHS)`, "other").
 
 `BookTwin` is the same in Python: the reference the differential test runs beside the
-native one, step for step.
+native one, step for step, and the book a worker uses with VELOX_NATIVE=0
+(velox.spend.wire.Spend's `native`).
 """
 
 from __future__ import annotations

@@ -20,11 +20,15 @@ and then a worker pays on its loop only for what a sampled request needs:
   `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.response.finish_reasons`,
   `server.address` / `server.port`, `error.type`, HTTP status codes).
 
-Spans are built as the SDK's own `ReadableSpan` with the ids chosen during the request (an
-SDK `Tracer` would pick its own ids, and a span built after the fact must carry the ids sent
-upstream), and handed to the SDK's `BatchSpanProcessor`, whose thread batches them to the
-official OTLP/HTTP exporter; the SDK's `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` settings
-(schedule delay, queue size, timeout, headers) apply as usual.
+Spans carry the ids chosen during the request (an SDK `Tracer` would pick its own ids, and a
+span made after the fact must carry the ids sent upstream). `record` queues one entry per span
+(`Pending`: the record, the attempt) in the SDK's `BatchSpanProcessor`; its thread hands a
+batch to the exporter, and only there are the spans made (`server_span`, `client_span`: the
+answer's fields read from what was kept) and encoded by velox.spend.otlp into the bytes the
+SDK's encoder would make, which the official OTLP/HTTP exporter sends (an exporter of another
+kind gets the SDK's `ReadableSpan`s). The loop pays a few us per sampled request, the thread
+about 12 us per span (benches/bench_trace.py); the SDK's `OTEL_BSP_*` and
+`OTEL_EXPORTER_OTLP_*` settings (schedule delay, queue size, timeout, headers) apply as usual.
 
 A dead or silent collector costs no request anything: `record` only appends to the processor's
 queue. At most `max_queue` spans wait (sent or not); past that `record` drops the request's
@@ -46,13 +50,22 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
+
+import orjson
+
+from velox.spend.otlp import CLIENT, SERVER, Encoder, SpanData
 
 TRACES_PATH = "/v1/traces"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _LOW64 = (1 << 64) - 1
+# An event stream's fields, found without parsing each event (OpenAI's and Anthropic's names).
+_FINISH = re.compile(rb'"(?:finish|stop)_reason"\s*:\s*"([^"]+)"')
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"]+)"')
+_IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 # next_sampled at ratio 0: no request is ever sampled (a countdown that never ends).
 NEVER = 1 << 62
 CLOSE_TIMEOUT_S = 3.0
@@ -169,6 +182,29 @@ class RequestRecord:
     # several requests has no SERVER span, its CLIENT spans (one per attempt) start its trace.
     # 0: a client's request.
     members: int = 0
+    # The answer as the client got it (its first 256 KiB), read for the response model, finish
+    # reasons and usage in the export thread (`read_answer`), not on the loop: at 1% sampling
+    # a sampled request's path runs cold and its parse cost the loop tens of us.
+    answer: Sequence[bytes] = ()
+    # A batched member's share of the merged call's tokens, when its answer says none.
+    share_tokens: tuple[int, int] | None = None
+
+    def read_answer(self) -> None:
+        """Fill the answer's fields from what was kept (once), and the answering attempt's."""
+        pieces, share = self.answer, self.share_tokens
+        if not pieces and share is None:
+            return
+        self.answer, self.share_tokens = (), None
+        model, finish, tokens_in, tokens_out = answer_fields(pieces)
+        if self.attempts:
+            last = self.attempts[-1]
+            if last.status and last.status < 400:
+                last.response_model, last.finish_reasons = model, finish
+                last.input_tokens, last.output_tokens = tokens_in, tokens_out
+        if tokens_in is None and share is not None:
+            tokens_in, tokens_out = share
+        self.response_model, self.finish_reasons = model, finish
+        self.input_tokens, self.output_tokens = tokens_in, tokens_out
 
     def span_name(self, model: str) -> str:
         """`{gen_ai.operation.name} {model}` (the GenAI conventions), else `{method} {path}`
@@ -176,6 +212,42 @@ class RequestRecord:
         if self.operation:
             return f"{self.operation} {model}" if model else self.operation
         return f"{self.method} {self.path}"
+
+
+def answer_fields(pieces: Sequence[bytes]) -> tuple[str, tuple[str, ...], int | None,
+                                                   int | None]:
+    """Response model, finish reasons, input and output tokens of an answer as kept."""
+    if not pieces:
+        return "", (), None, None
+    body = b"".join(pieces)
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:  # an event stream (or a cut answer): scan it
+        return _scanned_fields(body)
+    if not isinstance(doc, dict):
+        return "", (), None, None
+    choices = doc.get("choices")
+    finish = tuple(str(c["finish_reason"]) for c in choices if isinstance(c, dict)
+                   and c.get("finish_reason")) if isinstance(choices, list) else ()
+    if not finish and doc.get("stop_reason"):  # the Messages API's
+        finish = (str(doc["stop_reason"]),)
+    usage = doc.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    tokens_in = usage.get("prompt_tokens", usage.get("input_tokens"))
+    tokens_out = usage.get("completion_tokens", usage.get("output_tokens"))
+    model = doc.get("model")
+    return (model if isinstance(model, str) else "", finish,
+            tokens_in if isinstance(tokens_in, int) else None,
+            tokens_out if isinstance(tokens_out, int) else None)
+
+
+def _scanned_fields(body: bytes) -> tuple[str, tuple[str, ...], int | None, int | None]:
+    model = _MODEL.search(body)
+    finish = tuple(dict.fromkeys(m.decode("latin-1") for m in _FINISH.findall(body)))
+    tokens_in, tokens_out = _IN.findall(body), _OUT.findall(body)
+    return (model.group(1).decode("latin-1") if model else "", finish,
+            int(tokens_in[-1]) if tokens_in else None,
+            int(tokens_out[-1]) if tokens_out else None)
 
 
 def next_sampled(ratio: float, draw: float) -> int:
@@ -224,7 +296,11 @@ class Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + TRACES_PATH)
-        self.exporter = _Counting(exporter)
+        self.resource = Resource.create({"service.name": service_name,
+                                         "service.version": __version__,
+                                         "host.name": socket.gethostname()})
+        self.scope = InstrumentationScope(SCOPE, __version__)
+        self.exporter = _Counting(exporter, _Spans(self.resource, self.scope))
         # Unset sizes are the SDK's (its OTEL_BSP_* variables, else 2,048 and 512); the queue
         # size is read back from the SDK so `record` can keep within it.
         defaults: Any = BatchSpanProcessor  # its default-size helpers are untyped
@@ -238,13 +314,8 @@ class Tracer:
                                             max_export_batch_size=min(max_export_batch,
                                                                       max_queue),
                                             schedule_delay_millis=schedule_delay_ms)
-        self.resource = Resource.create({"service.name": service_name,
-                                         "service.version": __version__,
-                                         "host.name": socket.gethostname()})
-        self.scope = InstrumentationScope(SCOPE, __version__)
         self.submitted = 0
         self.dropped = 0
-        self._sdk = _sdk_names()
 
     # --- on the request path ---------------------------------------------------------------
 
@@ -260,7 +331,11 @@ class Tracer:
 
     def record(self, rec: RequestRecord) -> int:
         """Export a settled request's spans if it is sampled; return how many were queued
-        (0 when unsampled, or dropped because `max_queue` spans already wait)."""
+        (0 when unsampled, or dropped because `max_queue` spans already wait).
+
+        The spans are queued as they are described (`Pending`: the record, the attempt, the
+        clock's offset) and made in the export thread: on the loop this costs a few us a
+        request where building the SDK's spans cost ~26 (two spans, benches/bench_trace.py)."""
         if not rec.trace.sampled:
             return 0
         count = (not rec.members) + len(rec.attempts)
@@ -268,96 +343,13 @@ class Tracer:
             self.dropped += count
             return 0
         offset = time.time_ns() - time.perf_counter_ns()
-        spans = [] if rec.members else [self._server_span(rec, offset)]
-        spans += [self._client_span(rec, a, offset) for a in rec.attempts]
         on_end = self.processor.on_end
-        for span in spans:
-            on_end(span)
+        if not rec.members:
+            on_end(Pending(rec, None, offset))  # type: ignore[arg-type]
+        for attempt in rec.attempts:
+            on_end(Pending(rec, attempt, offset))  # type: ignore[arg-type]
         self.submitted += count
         return count
-
-    # --- spans -----------------------------------------------------------------------------
-
-    def _server_span(self, rec: RequestRecord, offset: int) -> Any:
-        sdk = self._sdk
-        trace = rec.trace
-        attrs: dict[str, Any] = {
-            "http.request.method": rec.method, "url.path": rec.path,
-            "http.response.status_code": rec.status,
-            "velox.attempts": len(rec.attempts),
-        }
-        if rec.operation:
-            attrs["gen_ai.operation.name"] = rec.operation
-        if rec.model:
-            attrs["gen_ai.request.model"] = rec.model
-        if rec.attempts:
-            provider = PROVIDERS.get(rec.attempts[-1].kind, rec.attempts[-1].kind)
-            attrs["gen_ai.provider.name"] = provider
-        _usage_attrs(attrs, rec.response_model, rec.finish_reasons, rec.input_tokens,
-                     rec.output_tokens)
-        attrs.update((name, value) for name, value in (("velox.key", rec.key),
-                                                       ("velox.route", rec.route)) if value)
-        if rec.cost_nanos is not None:
-            attrs["velox.cost_usd"] = rec.cost_nanos / 1e9
-        if rec.cache_hit is not None:
-            attrs["velox.cache.hit"] = rec.cache_hit
-        error = rec.error or (str(rec.status) if rec.status >= 500 else "")
-        if error:
-            attrs["error.type"] = error
-        events = [sdk.Event(name, {}, when + offset) for name, when in (
-            ("velox.queued", rec.queued_ns), ("velox.parsed", rec.parsed_ns),
-            ("velox.limits", rec.limits_ns)) if when]
-        if rec.cache_ns:
-            events.append(sdk.Event("velox.cache", {"velox.cache.hit": bool(rec.cache_hit)},
-                                    rec.cache_ns + offset))
-        parent = (sdk.SpanContext(trace.trace_id, trace.parent_span_id, is_remote=True,
-                                  trace_flags=sdk.SAMPLED) if trace.parent_span_id else None)
-        # HTTP server conventions: only 5xx is an error of the server span.
-        status = sdk.Status(sdk.ERROR) if rec.status >= 500 or rec.error else sdk.UNSET_STATUS
-        return sdk.ReadableSpan(
-            rec.span_name(rec.model), context=self._context(trace.span_id, trace),
-            parent=parent, resource=self.resource, attributes=attrs, events=events,
-            links=self._links(rec) if rec.links else (), kind=sdk.SERVER, status=status,
-            start_time=rec.start_ns + offset,
-            end_time=rec.end_ns + offset, instrumentation_scope=self.scope)
-
-    def _client_span(self, rec: RequestRecord, attempt: AttemptSpan, offset: int) -> Any:
-        sdk = self._sdk
-        provider = PROVIDERS.get(attempt.kind, attempt.kind)
-        attrs: dict[str, Any] = {
-            "gen_ai.provider.name": provider, "gen_ai.request.model": attempt.model,
-            "server.address": attempt.address, "server.port": attempt.port,
-            "velox.upstream": attempt.upstream,
-        }
-        if rec.operation:
-            attrs["gen_ai.operation.name"] = rec.operation
-        if attempt.status:
-            attrs["http.response.status_code"] = attempt.status
-        _usage_attrs(attrs, attempt.response_model, attempt.finish_reasons,
-                     attempt.input_tokens, attempt.output_tokens)
-        error = attempt.error or (str(attempt.status) if attempt.status >= 400 else "")
-        if error:
-            attrs["error.type"] = error
-        parent = sdk.SpanContext(rec.trace.trace_id, rec.trace.span_id, is_remote=False,
-                                 trace_flags=sdk.SAMPLED) if not rec.members else None
-        if rec.members:  # a merged call: how many requests it carried
-            attrs["velox.batch.members"] = rec.members
-        return sdk.ReadableSpan(
-            rec.span_name(attempt.model), context=self._context(attempt.span_id, rec.trace),
-            parent=parent, resource=self.resource, attributes=attrs, kind=sdk.CLIENT,
-            links=self._links(rec) if rec.members else (),
-            status=sdk.Status(sdk.ERROR) if error else sdk.UNSET_STATUS,
-            start_time=attempt.start_ns + offset, end_time=attempt.end_ns + offset,
-            instrumentation_scope=self.scope)
-
-    def _links(self, rec: RequestRecord) -> list[Any]:
-        sdk = self._sdk
-        return [sdk.Link(sdk.SpanContext(trace, span, is_remote=False, trace_flags=sdk.SAMPLED))
-                for trace, span in rec.links]
-
-    def _context(self, span_id: int, trace: RequestTrace) -> Any:
-        return self._sdk.SpanContext(trace.trace_id, span_id, is_remote=False,
-                                     trace_flags=self._sdk.SAMPLED)
 
     # --- the rest --------------------------------------------------------------------------
 
@@ -379,6 +371,106 @@ class Tracer:
             self.exporter.shutdown()  # stops the exporter's retries; the thread is a daemon
 
 
+class _Sampled:
+    """What the SDK's BatchSpanProcessor reads of a span before queueing it: its context's
+    sampled flag (only sampled records are queued)."""
+
+    class trace_flags:  # the SDK's attribute name
+        sampled = True
+
+
+class _PendingFields(NamedTuple):
+    rec: RequestRecord
+    attempt: AttemptSpan | None
+    offset: int
+
+
+class Pending(_PendingFields):
+    """A span waiting in the batch processor's queue: the settled request's record, the
+    attempt for a CLIENT span (None: the SERVER span), and the offset from
+    time.perf_counter_ns to Unix time when it was recorded."""
+
+    __slots__ = ()
+    context = _Sampled  # the processor's look at the span (not a field)
+
+
+# --- spans (in the export thread) ------------------------------------------------------------
+
+def span_data(pending: Pending) -> SpanData:
+    """The span a queued entry stands for."""
+    pending.rec.read_answer()
+    if pending.attempt is None:
+        return server_span(pending.rec, pending.offset)
+    return client_span(pending.rec, pending.attempt, pending.offset)
+
+
+def server_span(rec: RequestRecord, offset: int) -> SpanData:
+    """The request's SERVER span: one event per stage it went through."""
+    trace = rec.trace
+    attrs: dict[str, Any] = {
+        "http.request.method": rec.method, "url.path": rec.path,
+        "http.response.status_code": rec.status,
+        "velox.attempts": len(rec.attempts),
+    }
+    if rec.operation:
+        attrs["gen_ai.operation.name"] = rec.operation
+    if rec.model:
+        attrs["gen_ai.request.model"] = rec.model
+    if rec.attempts:
+        provider = PROVIDERS.get(rec.attempts[-1].kind, rec.attempts[-1].kind)
+        attrs["gen_ai.provider.name"] = provider
+    _usage_attrs(attrs, rec.response_model, rec.finish_reasons, rec.input_tokens,
+                 rec.output_tokens)
+    attrs.update((name, value) for name, value in (("velox.key", rec.key),
+                                                   ("velox.route", rec.route)) if value)
+    if rec.cost_nanos is not None:
+        attrs["velox.cost_usd"] = rec.cost_nanos / 1e9
+    if rec.cache_hit is not None:
+        attrs["velox.cache.hit"] = rec.cache_hit
+    error = rec.error or (str(rec.status) if rec.status >= 500 else "")
+    if error:
+        attrs["error.type"] = error
+    no_attrs: dict[str, Any] = {}
+    events = [(name, no_attrs, when + offset) for name, when in (
+        ("velox.queued", rec.queued_ns), ("velox.parsed", rec.parsed_ns),
+        ("velox.limits", rec.limits_ns)) if when]
+    if rec.cache_ns:
+        events.append(("velox.cache", {"velox.cache.hit": bool(rec.cache_hit)},
+                       rec.cache_ns + offset))
+    # HTTP server conventions: only 5xx is an error of the server span.
+    return SpanData(trace.trace_id, trace.span_id, trace.parent_span_id, True,
+                    rec.span_name(rec.model), SERVER, rec.start_ns + offset,
+                    rec.end_ns + offset, attrs, events, rec.links,
+                    rec.status >= 500 or bool(rec.error))
+
+
+def client_span(rec: RequestRecord, attempt: AttemptSpan, offset: int) -> SpanData:
+    """One attempt's CLIENT span: a child of the SERVER span, or, for a merged batch call
+    (no SERVER span), the root of the call's trace, linked to its members."""
+    provider = PROVIDERS.get(attempt.kind, attempt.kind)
+    attrs: dict[str, Any] = {
+        "gen_ai.provider.name": provider, "gen_ai.request.model": attempt.model,
+        "server.address": attempt.address, "server.port": attempt.port,
+        "velox.upstream": attempt.upstream,
+    }
+    if rec.operation:
+        attrs["gen_ai.operation.name"] = rec.operation
+    if attempt.status:
+        attrs["http.response.status_code"] = attempt.status
+    _usage_attrs(attrs, attempt.response_model, attempt.finish_reasons,
+                 attempt.input_tokens, attempt.output_tokens)
+    error = attempt.error or (str(attempt.status) if attempt.status >= 400 else "")
+    if error:
+        attrs["error.type"] = error
+    if rec.members:  # a merged call: how many requests it carried
+        attrs["velox.batch.members"] = rec.members
+    return SpanData(rec.trace.trace_id, attempt.span_id,
+                    0 if rec.members else rec.trace.span_id, False,
+                    rec.span_name(attempt.model), CLIENT, attempt.start_ns + offset,
+                    attempt.end_ns + offset, attrs, (), rec.links if rec.members else (),
+                    bool(error))
+
+
 def _usage_attrs(attrs: dict[str, Any], response_model: str, finish: Sequence[str],
                  tokens_in: int | None, tokens_out: int | None) -> None:
     if response_model:
@@ -391,14 +483,61 @@ def _usage_attrs(attrs: dict[str, Any], response_model: str, finish: Sequence[st
         attrs["gen_ai.usage.output_tokens"] = tokens_out
 
 
-class _Counting:
-    """The real exporter, counting what it exported and what failed (done = both)."""
+class _Spans:
+    """Queued entries to what an exporter takes: the OTLP request's bytes (velox.spend.otlp)
+    or the SDK's `ReadableSpan`s, under the tracer's resource and scope."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, resource: Any, scope: Any) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self.resource = resource
+        self.scope = scope
+        self.sdk = _sdk_names()
+        # The resource's and scope's messages as the SDK's encoder writes them (encoded once,
+        # through a span that carries them): every request repeats them as they are.
+        probe = encode_spans([self.readable(SpanData(1, 1, 0, False, "", SERVER, 0, 0, {}))])
+        scope_spans = probe.resource_spans[0].scope_spans[0]
+        self.encoder = Encoder(probe.resource_spans[0].resource.SerializeToString(),
+                               scope_spans.scope.SerializeToString())
+
+    def encoded(self, entries: Sequence[Pending]) -> bytes:
+        return self.encoder.request([span_data(p) for p in entries])
+
+    def readables(self, entries: Sequence[Pending]) -> list[Any]:
+        return [self.readable(span_data(p)) for p in entries]
+
+    def readable(self, s: SpanData) -> Any:
+        """The SDK's span for `s` (for an exporter that is not the OTLP one, and the
+        differential test of the encoder)."""
+        sdk = self.sdk
+        parent = sdk.SpanContext(s.trace_id, s.parent_span_id, is_remote=s.remote_parent,
+                                 trace_flags=sdk.SAMPLED) if s.parent_span_id else None
+        return sdk.ReadableSpan(
+            s.name, context=sdk.SpanContext(s.trace_id, s.span_id, is_remote=False,
+                                            trace_flags=sdk.SAMPLED),
+            parent=parent, resource=self.resource, attributes=s.attributes,
+            events=[sdk.Event(name, attrs, when) for name, attrs, when in s.events],
+            links=[sdk.Link(sdk.SpanContext(trace, span, is_remote=False,
+                                            trace_flags=sdk.SAMPLED)) for trace, span in s.links],
+            kind=sdk.SERVER if s.kind == SERVER else sdk.CLIENT,
+            status=sdk.Status(sdk.ERROR) if s.error else sdk.UNSET_STATUS,
+            start_time=s.start_ns, end_time=s.end_ns, instrumentation_scope=self.scope)
+
+
+class _Counting:
+    """The real exporter, counting what it exported and what failed (done = both). Given
+    queued entries (`Pending`), it hands the SDK's OTLP/HTTP exporter the request encoded by
+    velox.spend.otlp, and any other exporter the SDK's spans."""
+
+    def __init__(self, inner: Any, spans: _Spans) -> None:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         self.inner = inner
+        self.spans = spans
         self.success = SpanExportResult.SUCCESS
+        self.failure = SpanExportResult.FAILURE
+        self.send = _bytes_sender(inner)
+        self.closed = False
         self.exported = 0
         self.failed = 0
 
@@ -406,23 +545,52 @@ class _Counting:
     def done(self) -> int:
         return self.exported + self.failed
 
-    def export(self, spans: Sequence[Any]) -> Any:
+    def export(self, entries: Sequence[Pending]) -> Any:
         try:
-            result = self.inner.export(spans)
+            if self.send is not None:
+                result = self.failure if self.closed else \
+                    self.success if self.send(self.spans.encoded(entries)) else self.failure
+            else:
+                result = self.inner.export(self.spans.readables(entries))
         except Exception:
-            self.failed += len(spans)
+            self.failed += len(entries)
             raise
         if result == self.success:
-            self.exported += len(spans)
+            self.exported += len(entries)
         else:
-            self.failed += len(spans)
+            self.failed += len(entries)
         return result
 
     def shutdown(self) -> None:
+        self.closed = True
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
+
+
+def _bytes_sender(exporter: Any) -> Callable[[bytes], bool] | None:
+    """How to send an encoded request through `exporter`, or None: it takes spans only.
+
+    The SDK's OTLPSpanExporter encodes spans and hands the bytes to its HTTP client, which
+    POSTs them with the exporter's settings (endpoint, OTEL_EXPORTER_OTLP_* headers, timeout,
+    compression, certificates) and retries; that client is what Velox's bytes go through. It
+    is the exporter's own attribute (`_client`, SDK 1.39 and later), not public API: another
+    SDK without it gets its spans encoded by the SDK (slower, same bytes). An exporter of
+    another kind may offer `export_encoded(bytes) -> bool` (the benchmarks' do)."""
+    own = getattr(exporter, "export_encoded", None)
+    if callable(own):
+        return cast("Callable[[bytes], bool]", own)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    export = getattr(getattr(exporter, "_client", None), "export", None)
+    if type(exporter) is not OTLPSpanExporter or not callable(export):
+        return None
+
+    def send(data: bytes) -> bool:
+        return bool(export(data).success)
+
+    return send
 
 
 class _SdkNames:

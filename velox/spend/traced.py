@@ -33,22 +33,20 @@ its hex and a header: ~1.5 us of the ~1.7 us tracing cost an unsampled request b
 benches/bench_trace.py).
 
 A sampled request's exchange also gets an observer (wrapping the cache's, if any) keeping the
-first 256 KiB of its answer as the client gets it, to read the response model, finish reasons
-and usage from at the end. Contents are never recorded: only those fields are read from it.
+first 256 KiB of its answer as the client gets it, from which the export thread reads the
+response model, finish reasons and usage (RequestRecord.read_answer). Contents are never
+recorded: only those fields are read from it.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from operator import attrgetter, countOf
 from random import getrandbits, random
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import orjson
 
 from velox.batching.batch import BatchCall
 from velox.cache.wait import Waiting
@@ -81,11 +79,6 @@ _KEEP_BYTES = 256 * 1024
 _OPERATIONS = ((b"/chat/completions", "chat"), (b"/embeddings", "embeddings"),
                (b"/completions", "text_completion"), (b"/messages", "chat"),
                (b"/responses", "chat"))
-# An event stream's fields, found without parsing each event (OpenAI's and Anthropic's names).
-_FINISH = re.compile(rb'"(?:finish|stop)_reason"\s*:\s*"([^"]+)"')
-_MODEL = re.compile(rb'"model"\s*:\s*"([^"]+)"')
-_IN = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_OUT = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 
 
 class _Live:
@@ -156,37 +149,66 @@ class Traced:
         request and no client's `traceparent`: a subtraction, a comparison and one count at C
         speed (`countOf` over the batch's `traceparent` fields, ~15 ns a request)."""
         left = self.countdown - len(batch)
-        if left > 0 and countOf(map(_TRACEPARENT_OF, batch), None) == len(batch):
+        plain = countOf(map(_TRACEPARENT_OF, batch), None) == len(batch)
+        if left > 0 and plain:
             self.countdown = left
+        elif plain:
+            self.due(batch)
         else:
             self.decide(batch)
         return self._parse(batch)
 
+    def due(self, batch: list[Request]) -> None:
+        """The sampled requests of a batch without a client's `traceparent`: only those the
+        countdown falls on are looked at (a loop over the whole batch in Python is several us,
+        and at 1% this path runs cold). A request it falls on that is not to be traced
+        (`_traceable`) passes the sample to the next one."""
+        size = len(batch)
+        at = max(self.countdown - 1, 0)  # the index of the request due
+        while at < size:
+            request = batch[at]
+            if not _traceable(request):
+                at += 1
+                continue
+            gap = next_sampled(self.tracer.sample, random())  # drawn first, as `decide` does
+            self._start(request, None)
+            at += gap
+        self.countdown = at - size + 1
+        if self.live:
+            self.dispatch.upstreams = self.wrapped
+
     def decide(self, batch: list[Request]) -> None:
-        """The traces of a batch with a sample due or a client's `traceparent`, request by
-        request. A request seen before (back from the off-loop scan: its t_popped is set) or
-        already over (its client left while it queued) is left as it is; a sample due on it
-        goes to the next request."""
+        """The traces of a batch with a client's `traceparent`, request by request. A request
+        seen before (back from the off-loop scan: its t_popped is set) or already over (its
+        client left while it queued) is left as it is; a sample due on it goes to the next
+        request."""
         countdown = self.countdown
         live = self.live
         for request in batch:
             countdown -= 1
             traceparent = request.traceparent
-            if (traceparent is None and countdown > 0) or request.t_popped or \
-                    request.state == DONE or request.ends is None:
+            if (traceparent is None and countdown > 0) or not _traceable(request):
                 continue
-            if traceparent is None:  # a sample due: a new sampled trace
-                ratio = self.tracer.sample
-                countdown = next_sampled(ratio, random())
-                trace = RequestTrace(sampled_trace_id(ratio), getrandbits(64) or 1, 0, True)
-                entry = _Live(trace, False)
-            else:  # the client's decides (or a new trace, when it is not valid)
-                entry = _Live(self.tracer.start(traceparent), True)
-            live[id(request)] = entry
-            request.ends = _TracedEnd(self, request.ends)
+            if traceparent is None:  # a sample due
+                countdown = next_sampled(self.tracer.sample, random())
+            self._start(request, traceparent)
         self.countdown = countdown
         if live:
             self.dispatch.upstreams = self.wrapped
+
+    def _start(self, request: Request, traceparent: bytes | None) -> None:
+        """The request's trace: a new sampled one, or the client's (a new trace when its
+        `traceparent` is not valid); its entry, and its end of its own."""
+        if traceparent is None:
+            ratio = self.tracer.sample
+            trace = RequestTrace(sampled_trace_id(ratio), getrandbits(64) or 1, 0, True)
+            entry = _Live(trace, False)
+        else:
+            entry = _Live(self.tracer.start(traceparent), True)
+        ends = request.ends
+        assert ends is not None  # _traceable
+        self.live[id(request)] = entry
+        request.ends = _TracedEnd(self, ends)
 
     def _after_cache(self, requests: list[Request]) -> list[Request]:
         live = self.live
@@ -296,8 +318,7 @@ class Traced:
         end = time.perf_counter_ns()
         path = request.path.partition(b"?")[0]
         attempts = live.attempts
-        model, finish, tokens_in, tokens_out = _closed(
-            live, holder.status if isinstance(holder, Exchange) else 0, status, end)
+        _closed(live, holder.status if isinstance(holder, Exchange) else 0, status, end)
         cache_ns, cache_hit = live.cache_ns, None
         if cache_ns:
             cache_hit = False
@@ -309,16 +330,14 @@ class Traced:
         # The priced meter's (or a batched member's share's) nano-USD; None: unknown or unpriced.
         meter = getattr(holder, "meter", None) if holder is not None else None
         cost = getattr(meter, "cost", None)
-        if live.links and tokens_in is None and meter is not None:  # a batched member's share
-            tokens_in, tokens_out = meter.input, meter.output
+        share = (meter.input, meter.output) if live.links and meter is not None else None
         key, names = request.key, self.key_names
         return RequestRecord(
             live.trace, _operation(path), request.method.decode("latin-1"),
             path.decode("latin-1"), request.model or "", status, request.t_received, end,
             queued_ns=request.t_popped, parsed_ns=request.t_parsed,
             limits_ns=request.t_admitted, cache_ns=cache_ns, cache_hit=cache_hit,
-            response_model=model, finish_reasons=finish, input_tokens=tokens_in,
-            output_tokens=tokens_out, attempts=attempts, links=live.links,
+            answer=_kept(live), share_tokens=share, attempts=attempts, links=live.links,
             key=names[key] if 0 <= key < len(names) else "",
             route=route_attempt.route.model if route_attempt is not None else "",
             cost_nanos=cost if type(cost) is int else None)
@@ -328,12 +347,11 @@ class Traced:
         """A merged batch call's record: its attempts, linked to its sampled members."""
         end = time.perf_counter_ns()
         path = request.path.partition(b"?")[0]
-        model, finish, tokens_in, tokens_out = _closed(live, exchange.status, status, end)
+        _closed(live, exchange.status, status, end)
         return RequestRecord(
             live.trace, _operation(path), request.method.decode("latin-1"),
             path.decode("latin-1"), request.model or "", status, request.t_received, end,
-            response_model=model, finish_reasons=finish, input_tokens=tokens_in,
-            output_tokens=tokens_out, attempts=live.attempts, links=live.links,
+            answer=_kept(live), attempts=live.attempts, links=live.links,
             members=len(request.conn.members))  # type: ignore[attr-defined]  # a BatchCall
 
     # --- the rest ------------------------------------------------------------------------------
@@ -437,11 +455,9 @@ class _Keeper:
         return self.inner is not None and bool(self.inner.client_gone(exchange))
 
 
-def _closed(live: _Live, upstream_status: int, status: int,
-            end: int) -> tuple[str, tuple[str, ...], int | None, int | None]:
-    """The answer's fields (`_answer_fields`); the last attempt, when still open (the one that
-    answered), ended now with them."""
-    fields = _answer_fields(live.keeper)
+def _closed(live: _Live, upstream_status: int, status: int, end: int) -> None:
+    """The last attempt, when still open (the one that answered), ended now. The answer's
+    fields are read from what was kept in the export thread (RequestRecord.read_answer)."""
     attempts = live.attempts
     if attempts:
         last = attempts[-1]
@@ -450,10 +466,16 @@ def _closed(live: _Live, upstream_status: int, status: int,
             last.status = upstream_status
             if not last.status:
                 last.error = "499" if status == 499 else "no_answer"
-        if last.status and last.status < 400:
-            last.response_model, last.finish_reasons = fields[0], fields[1]
-            last.input_tokens, last.output_tokens = fields[2], fields[3]
-    return fields
+
+
+def _traceable(request: Request) -> bool:
+    """Not seen before (back from the off-loop scan, its t_popped set) and not already over
+    (its client left while it queued)."""
+    return not request.t_popped and request.state != DONE and request.ends is not None
+
+
+def _kept(live: _Live) -> list[bytes]:
+    return live.keeper.pieces if live.keeper is not None else []
 
 
 def _operation(path: bytes) -> str:
@@ -461,42 +483,6 @@ def _operation(path: bytes) -> str:
         if path.endswith(ending):
             return operation
     return ""
-
-
-def _answer_fields(keeper: _Keeper | None) -> tuple[str, tuple[str, ...], int | None,
-                                                     int | None]:
-    """Response model, finish reasons, input and output tokens of the answer kept."""
-    if keeper is None or not keeper.pieces:
-        return "", (), None, None
-    body = b"".join(keeper.pieces)
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:  # an event stream (or a cut answer): scan it
-        return _scanned_fields(body)
-    if not isinstance(doc, dict):
-        return "", (), None, None
-    choices = doc.get("choices")
-    finish = tuple(str(c["finish_reason"]) for c in choices if isinstance(c, dict)
-                   and c.get("finish_reason")) if isinstance(choices, list) else ()
-    if not finish and doc.get("stop_reason"):  # the Messages API's
-        finish = (str(doc["stop_reason"]),)
-    usage = doc.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
-    tokens_in = usage.get("prompt_tokens", usage.get("input_tokens"))
-    tokens_out = usage.get("completion_tokens", usage.get("output_tokens"))
-    model = doc.get("model")
-    return (model if isinstance(model, str) else "", finish,
-            tokens_in if isinstance(tokens_in, int) else None,
-            tokens_out if isinstance(tokens_out, int) else None)
-
-
-def _scanned_fields(body: bytes) -> tuple[str, tuple[str, ...], int | None, int | None]:
-    model = _MODEL.search(body)
-    finish = tuple(dict.fromkeys(m.decode("latin-1") for m in _FINISH.findall(body)))
-    tokens_in, tokens_out = _IN.findall(body), _OUT.findall(body)
-    return (model.group(1).decode("latin-1") if model else "", finish,
-            int(tokens_in[-1]) if tokens_in else None,
-            int(tokens_out[-1]) if tokens_out else None)
 
 
 def install(worker: Any, settings: Any) -> Traced | None:

@@ -54,10 +54,12 @@ from velox.config.tables import BudgetSpec, PriceSpec, Tables
 from velox.core.errors import InsufficientQuota
 from velox.core.types import Kind, Request
 from velox.providers.anthropic import usage_of as anthropic_usage
-from velox.relay.usage import TokenMeter, estimate_scan, usage_parts_scan
+from velox.relay import usage as relay_usage  # its scans, read at call time (relay_usage.use)
+from velox.relay.usage import TokenMeter
 from velox.spend.book import (
     API_NAMES,
     API_PATHS,
+    BookTwin,
     SpendBook,
     cost_of,
     count_spend,
@@ -272,7 +274,7 @@ class Spend:
     """Per worker: pricing, the budgets' admission and settlement, the ledger rows."""
 
     def __init__(self, tables: Tables, shared: SharedBudgets | None, slot: int,
-                 default_output: int, books: tuple[Any, ...] = ()) -> None:
+                 default_output: int, books: tuple[Any, ...] = (), native: bool = True) -> None:
         self.prices = PriceTable(tables.prices)
         # /metrics' spend counters (velox.state.stats.SharedStats.spend; none: not counted).
         self.books = books
@@ -282,8 +284,10 @@ class Spend:
         self.slot = slot
         self.default_output = default_output
         # Cost, cost header, /metrics' counter and ledger row of an answer in one native call
-        # (velox.spend.book); its rows kept only once a ledger feed is set (`feed`).
-        self.priced = SpendBook(tuple(books), slot, self.book_width, self.book_keys, API_PATHS)
+        # (velox.spend.book); its rows kept only once a ledger feed is set (`feed`). VELOX_NATIVE=0:
+        # its Python twin, the same costs, headers, counters and rows.
+        self.priced: SpendBook | BookTwin = (SpendBook if native else BookTwin)(
+            tuple(books), slot, self.book_width, self.book_keys, API_PATHS)
         self._feed: Any = None
         self._dropped = 0  # the book's dropped rows already added to the feed's count
         self.key_names = tuple(k.name for k in tables.keys)
@@ -401,7 +405,7 @@ class Spend:
             price = self._first_price_of(model)
         if price is None:
             return 0
-        inp, out = estimate_scan(request.body)
+        inp, out = relay_usage.estimate_scan(request.body)
         return plain_cost(price, inp, out if out >= 0 else self.default_output)
 
     def _first_price_of(self, model: str) -> PriceSpec | None:
@@ -708,7 +712,7 @@ class PricedMeter(TokenMeter):
         if sse is not None and sse.found:  # its parts: priced at finish, with the rest
             self.input, self.output = sse.input, sse.output
             data = sse.usage_data
-            found = usage_parts_scan(data[0]) if len(data) == 1 else None
+            found = relay_usage.usage_parts_scan(data[0]) if len(data) == 1 else None
             # OpenAI's one usage chunk read by the native scan (as a plain answer's, `body`);
             # several usage events (Anthropic's start and delta) merged by _parts.
             self.parts = _parts(data) if type(found) is not tuple else \
@@ -726,7 +730,7 @@ class PricedMeter(TokenMeter):
         # OpenAI's usage object read whole, its parts with it, in one native scan (vx_books):
         # no search of the answer for parts after the token meter's scan (~0.5 us a request);
         # any other form is read as the token meter reads it, its parts by _parts.
-        found = usage_parts_scan(body)
+        found = relay_usage.usage_parts_scan(body)
         if type(found) is tuple:
             inp, out = found[0], found[1]
             self.input, self.output = inp, out
