@@ -635,15 +635,25 @@ bool vx_h2_has_output(const vx_h2 *c)
     return c->out.len > 0 || c->deferred;
 }
 
-static void credit_connection(vx_h2 *c, int64_t n)
+/* Connection credit is handed back in large WINDOW_UPDATEs (half the window), unless the peer
+ * may send no more than what is held back: streams whose clients stopped reading withhold
+ * their part of the window, and credit held back for batching under them would starve every
+ * other stream on the connection. (Called on each credit and on each DATA frame received.) */
+static void flush_connection_credit(vx_h2 *c)
 {
-    int64_t credit = c->conn_unacked + n;
-    if (credit >= CONNECTION_WINDOW_UPDATE_THRESHOLD) {
+    int64_t credit = c->conn_unacked;
+    if (credit > 0 &&
+        (credit >= CONNECTION_WINDOW_UPDATE_THRESHOLD || credit >= c->conn_recv_window)) {
         put_u32_frame(c, F_WINDOW_UPDATE, 0, (uint32_t)credit);
         c->conn_recv_window += credit;
-        credit = 0;
+        c->conn_unacked = 0;
     }
-    c->conn_unacked = credit;
+}
+
+static void credit_connection(vx_h2 *c, int64_t n)
+{
+    c->conn_unacked += n;
+    flush_connection_credit(c);
 }
 
 int vx_h2_acknowledge(vx_h2 *c, uint32_t sid, int64_t n)
@@ -737,6 +747,7 @@ static int on_data(vx_h2 *c, uint8_t flags, uint32_t sid, const uint8_t *buf, si
     if (c->conn_recv_window - flow < 0)
         return fail(c, VX_H2_FLOW_CONTROL_ERROR, "DATA exceeds the connection receive window");
     c->conn_recv_window -= flow;
+    flush_connection_credit(c);
     if ((flags & FL_PADDED) && unpad(c, buf, &start, &stop) != VX_H2_OK)
         return VX_H2_ERROR;
     vx_stream *s = find(c, sid);

@@ -225,12 +225,15 @@ class _H2Server(asyncio.Protocol):
                     self.window_open.clear()
                     await self.window_open.wait()
                     continue
+                # No pause while the window lasts, however much the transport has buffered:
+                # pausing on a full buffer (a gateway slowed by a busy host) let every stream
+                # send a frame in turn, so the window ended up spread over all the streams
+                # with none finished, which paused clients then hold for good. Streams now
+                # take the window in the order they waited for it, as on a quiet host.
                 conn.send_data(sid, body[:n] if body is _EVENT else body[sent:sent + n])
                 sent += n
                 self.owner.bytes_sent += n
                 self.flush()
-                if self.transport.get_write_buffer_size() > 1 << 20:
-                    await asyncio.sleep(0.002)
             if reset:
                 conn.reset_stream(sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
             else:

@@ -204,6 +204,31 @@ def test_slow_headers_get_408_at_the_deadline(start_gateway: GatewayFactory) -> 
     assert client_for(gw).models.list().data
 
 
+# --- keep-alive: the idle time of a connection starts when its answer is written ---------
+
+
+def test_a_connection_is_kept_alive_for_the_timeout_after_a_slow_answer(
+        start_gateway: GatewayFactory) -> None:
+    # A model answering in 6 s, the keep-alive timeout 5 s: the connection is idle from the
+    # end of its answer. Counted from the request's arrival instead, the worker's first tick
+    # after the answer (<= 0.25 s) closed it, just as a client sent its next request on it
+    # (an SDK reusing its pooled connection), which then got a reset.
+    gw = start_gateway(VELOX_WORKERS="1", VELOX_KEEPALIVE_TIMEOUT_S="5")
+    body = orjson.dumps({"model": "m", "messages": MESSAGES})
+    with connect(gw, timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\nx-mock-latency-ms: 6000\r\n"
+                     b"content-length: %d\r\n\r\n" % len(body) + body)
+        status, _, reply = read_response(sock)
+        answered = time.monotonic()
+        assert status == 200, reply
+        assert is_closed(sock, timeout=30)  # the timeout does close it, once idle
+        idle = time.monotonic() - answered
+    # 5 s after the gateway wrote the answer, less the moments this client took to read it
+    # on a busy host: well above 2.5 s, where the bug closed it within a tick.
+    assert idle > 2.5, f"closed {idle:.2f} s after the answer"
+
+
 # --- finding 6: unnormalised paths ----------------------------------------------------------
 
 BAD_PATHS = [

@@ -408,6 +408,40 @@ def test_reset_stream_drops_late_frames_and_still_credits_the_connection(codec: 
 
 
 @each_codec
+def test_credit_is_handed_back_while_paused_streams_hold_most_of_the_window(codec: str) -> None:
+    # Streams whose clients stopped reading keep their bytes unacknowledged (the relay
+    # withholds them). What other streams hand back must still reach the server: held back
+    # until half the connection window had been returned (32 MiB), it never was once paused
+    # streams held more than half, and every stream on the connection starved with the credit
+    # sitting in the codec (a provider resetting streams under paused clients showed it).
+    peer = ready(codec)
+    block = b"p" * peer.server.max_outbound_frame_size
+    paused = [peer.codec.send_request(b"GET", b"/paused", [], None) for _ in range(6)]
+    ending = peer.codec.send_request(b"GET", b"/ending", [], None)
+    peer.up()
+    for sid in (*paused, ending):  # 6 x 7 MiB withheld, then a 7 MiB stream that ends
+        peer.server.send_headers(sid, [(b":status", b"200")])
+        for _ in range(7 * 64):
+            peer.server.send_data(sid, block)
+    peer.pump()
+    peer.codec.reset_stream(ending)
+    peer.codec.acknowledge(ending, 7 * MiB)  # its bytes handed back, as on any ending
+    peer.up()
+    more = [peer.codec.send_request(b"GET", b"/more", [], None) for _ in range(3)]
+    peer.up()
+    sent = 0
+    for sid in more:  # (their clients pause too: nothing of theirs is handed back)
+        peer.server.send_headers(sid, [(b":status", b"200")])
+        while (room := min(peer.server.local_flow_control_window(sid), len(block))) > 0:
+            peer.server.send_data(sid, block[:room])
+            sent += room
+            peer.pump()
+    # All the paused streams do not hold (64 - 42 MiB), not only the 15 MiB that were left
+    # before the ended stream's credit.
+    assert sent == LOCAL_CONNECTION_WINDOW - 42 * MiB
+
+
+@each_codec
 def test_server_reset_stream(codec: str) -> None:
     peer = ready(codec, server_settings(INITIAL_WINDOW_SIZE=100), server_acks=False)
     sid = peer.codec.send_request(b"POST", b"/x", [], b"b" * 1000)  # body left blocked

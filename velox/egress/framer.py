@@ -269,11 +269,7 @@ class Framer:
             raise ValueError(f"stream {stream_id} was never opened on this connection")
         if n <= 0:
             return
-        credit = self._conn_unacked + n
-        if credit >= CONNECTION_WINDOW_UPDATE_THRESHOLD:
-            self._credit_connection(n)
-        else:
-            self._conn_unacked = credit
+        self._credit_connection(n)
         if stream is not None and stream.rx == _RECEIVING_BODY:
             credit = stream.unacked + n
             if credit >= STREAM_WINDOW_UPDATE_THRESHOLD:
@@ -412,12 +408,20 @@ class Framer:
                 stream.body_off = self._write_data(sid, stream, stream.body, stream.body_off)
 
     def _credit_connection(self, n: int) -> None:
-        credit = self._conn_unacked + n
-        if credit >= CONNECTION_WINDOW_UPDATE_THRESHOLD:
+        self._conn_unacked += n
+        self._flush_connection_credit()
+
+    def _flush_connection_credit(self) -> None:
+        """Connection credit goes back in large WINDOW_UPDATEs (half the window), unless the
+        peer may send no more than what is held back: streams whose clients stopped reading
+        withhold their part of the window, and credit held back for batching under them would
+        starve every other stream on the connection. (On each credit and each DATA frame.)"""
+        credit = self._conn_unacked
+        if credit > 0 and (credit >= CONNECTION_WINDOW_UPDATE_THRESHOLD
+                           or credit >= self._conn_recv_window):
             self._out += _WINDOW_UPDATE_FRAME.pack(0, 4, _WINDOW_UPDATE, 0, 0, credit)
             self._conn_recv_window += credit
-            credit = 0
-        self._conn_unacked = credit
+            self._conn_unacked = 0
 
     def _queue_goaway(self, error_code: int, debug: bytes) -> None:
         self._goaway_sent = True
@@ -455,6 +459,8 @@ class Framer:
         if window < 0:
             self._fail(FLOW_CONTROL_ERROR, "DATA exceeds the connection receive window")
         self._conn_recv_window = window
+        if self._conn_unacked:
+            self._flush_connection_credit()
         if flags & _PADDED:
             start, stop = self._unpad(buf, start, stop)
         stream = self._streams.get(sid)

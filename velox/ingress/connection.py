@@ -686,6 +686,11 @@ class ClientConnection(asyncio.Protocol):
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
             return
+        # The keep-alive timeout counts from here: counted from the request's arrival, an
+        # answer longer than the timeout (a slow model, a long stream) left the connection
+        # idle "too long" the moment it ended, and the worker's next tick (<= 0.25 s) closed
+        # it while the client was sending its next request on it.
+        self.last_active = time.monotonic()
         if self._pending and not self.write_paused:
             # (While the client is not reading, the next answer waits for resume_writing:
             # answering requests it keeps pipelining would fill the transport's buffer.)
