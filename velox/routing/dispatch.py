@@ -335,7 +335,10 @@ class Dispatch:
                 log.info("upstream %r: circuit breaker closed: %d probe(s) succeeded; back in "
                          "service", name, self.tables.breaker.successes)
             else:
-                log.warning("upstream %r: circuit breaker %s; no requests for %g s", name,
+                # "Out of service", not "no requests": a route whose every target is open
+                # still sends to the one open longest (panic, velox.routing.balance).
+                log.warning("upstream %r: circuit breaker %s; out of service for %g s unless "
+                            "every target of a route is open", name,
                             self._opening(u, transition), open_ms / 1000)
         if lost:
             log.warning("%d circuit breaker transition(s) were made too fast to be logged", lost)
