@@ -79,7 +79,9 @@ def test_redis_down_then_back_loses_no_row_and_never_stalls_the_writer(
         redis_server.start()  # back, and empty (no persistence): like a replaced node
         # The rows written while Redis was down arrive.
         wait_for(lambda: _xlen(redis_server) == 1000, timeout=120)
-        assert writer.stats()["redis"]["up"] is True
+        # ... and the writer says Redis is up once it has noted the last batch as sent (its
+        # cursor in the ledger file, a moment after Redis has the rows).
+        wait_for(lambda: writer.stats()["redis"]["up"] is True, timeout=30)
     finally:
         writer.close()
     ids = {f[b"request_id"] for _, f in redis_server_entries(redis_server)}
