@@ -101,11 +101,16 @@ def check_port(name: str, variable: str, host: str, port: int, velox_paths: tupl
                      f"stop all but one of them, or set {variable} to a free port")
     try:
         status, body = _get_json(host, port, "/healthz")
-    except (OSError, http.client.HTTPException):
-        status, body = 0, None
+    except (OSError, http.client.HTTPException) as exc:
+        # Not proof of another program: a Velox starved of CPU answers late too.
+        held = f" by pid {programs[0]} ({process_name(programs[0])})" if programs else ""
+        return _fail(name, f"{where} is in use{held}, and /healthz did not answer within "
+                     f"{_PROBE_TIMEOUT_S:g} s ({type(exc).__name__}): another program, or a "
+                     "Velox too busy to answer", f"run doctor again; if it says the same, stop "
+                     f"that program or set {variable} to a free port")
     if status != 200 or not isinstance(body, dict) or body.get("status") != "ok":
-        return _fail(name, f"{where} is in use by another program (not Velox)",
-                     f"stop that program or set {variable} to a free port")
+        return _fail(name, f"{where} is in use by another program (not Velox: /healthz "
+                     f"answered {status})", f"stop that program or set {variable} to a free port")
     details = [f"Velox (pid {programs[0]}) is up there" if programs else "Velox is up there"]
     for path in velox_paths:
         try:
