@@ -169,7 +169,10 @@ class GatewayProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 30.0, wait_ready: bool = True) -> GatewayProcess:
+    # A gateway is ready in about a second on a quiet host (its start is ~0.75 s of CPU, mostly
+    # imports, then the upstream warm-ups); test suites side by side at load 20-30 have taken
+    # more than 30 s. The wait ends at readiness, so a generous bound costs nothing.
+    def start(self, timeout: float = 60.0, wait_ready: bool = True) -> GatewayProcess:
         taken = in_use(self.host, self.port)
         if taken is not None:
             raise RuntimeError(f"{self.host}:{self.port} is taken before velox started "
