@@ -66,11 +66,8 @@ the httptools path, for both settings.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import re
-import struct
-import termios
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -235,7 +232,7 @@ class _Refuse(Exception):
 
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
-        "state", "transport", "parser", "closed", "last_active", "write_paused", "taken_at",
+        "state", "transport", "parser", "closed", "last_active", "write_paused",
         # the request being parsed
         "_url", "_headers", "_chunks", "_assembled", "_body_size", "_header_bytes",
         "_content_length", "_authorization", "_traceparent", "_expect", "_reject", "_kind",
@@ -268,7 +265,6 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.last_active = 0.0
         self.write_paused = False
-        self.taken_at = 0.0  # last seen with answer bytes the client had not taken (taking_answer)
         self.current: Request | None = None
         self._pending: deque[tuple[Request, VeloxError | None]] | None = None
         self._chunked = True
@@ -378,10 +374,6 @@ class ClientConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self.stalled_since = 0.0
-        # The client took its answer down to the low-water mark: activity. An answer handed to
-        # the transport whole (a large one) ends for the client only now, so the keep-alive
-        # timeout counts from here, not from the hand-over.
-        self.last_active = time.monotonic()
         if self._q is not None:
             self._drain()
             if self.write_paused or self.closed:
@@ -1009,38 +1001,12 @@ class ClientConnection(asyncio.Protocol):
     def idle(self) -> bool:
         return self.current is None and not self._pending
 
-    def taking_answer(self, idle_before: float) -> bool:
-        """Whether the client is still taking its answer, or took its last byte after
-        `idle_before` (the keep-alive timeout counts from then): an answer handed over whole
-        sits, megabytes of it, in the socket's send queue after the transport's own buffer
-        drained, and a slow client reads it for seconds more. Asked at each tick of a
-        connection whose timeout ran out (one ioctl, SIOCOUTQ); False where that query is not
-        offered."""
-        transport = self.transport
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None or _OUTQ is None:
-            return False
-        try:
-            unsent = _INT.unpack(fcntl.ioctl(sock.fileno(), _OUTQ, _INT_ZERO))[0]
-        except OSError:
-            return False
-        if unsent > 0:
-            self.taken_at = time.monotonic()
-            return True
-        return self.taken_at >= idle_before
-
     def close_if_idle(self) -> bool:
         if self.current is None and not self._pending and not self.closed:
             self.closed = True
             self.transport.close()  # type: ignore[union-attr]
             return True
         return False
-
-
-# SIOCOUTQ, the bytes a socket's send queue holds: Linux's value of TIOCOUTQ (None elsewhere).
-_OUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
-_INT = struct.Struct("i")
-_INT_ZERO = bytes(_INT.size)
 
 
 def _x_api_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:

@@ -414,8 +414,8 @@ class Worker:
                 conn.expire_write()
             elif 0.0 < conn.receiving_since < late_before and not conn.read_paused:
                 conn.expire_receive()
-            elif not conn.write_paused and not conn.taking_answer(idle_before):
-                conn.close_if_idle()  # (a client still taking its answer is not idle)
+            else:
+                conn.close_if_idle()
         ingress = self.ingress
         if ingress.receive_timeouts:
             counters.add(slot, F.RECEIVE_TIMEOUTS, ingress.receive_timeouts)
