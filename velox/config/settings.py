@@ -327,8 +327,8 @@ FIELDS: tuple[Field, ...] = (
           str(DEFAULT_SHUTDOWN_GRACE_S), "on SIGTERM, time allowed for in-flight requests"),
     Field("VELOX_KEEPALIVE_TIMEOUT_S", "keepalive_timeout_s", _int_in(1, 3600),
           str(DEFAULT_KEEPALIVE_TIMEOUT_S),
-          "idle client connections are closed after this, counted from when the client "
-          "took the last byte of its last answer"),
+          "idle client connections are closed after this, counted from the end of the "
+          "last answer"),
     Field("VELOX_LOG_LEVEL", "log_level", _choice(*LOG_LEVELS), "info", "logging level"),
     Field("VELOX_ADMIN_ADDR", "admin_addr", _listen_addr, "127.0.0.1:6060",
           "admin server (/metrics, /stats, /debug/pprof/): host:port, port 0 picks one, off"),
